@@ -1,0 +1,57 @@
+# mixprec: two commands on a fresh Debian 12 machine, as root.
+#   make run    install what is missing, build (Release), run the main job
+#   make test   install what is missing, build Release and Debug+ASan+UBSan, run every test
+#   make bench  install what is missing, build (Release), run the benchmarks
+.PHONY: all deps release debug-asan run test test-release test-asan example bench fuzz clean
+
+JOBS     ?= $(shell nproc)
+RELEASE  := build/release
+ASAN     := build/debug-asan
+INSTALL  := build/install
+CMAKE_GEN := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
+MIXPREC  := $(RELEASE)/tools/mixprec/mixprec
+
+all: release
+
+deps:
+	@bash scripts/deps.sh
+
+$(RELEASE)/CMakeCache.txt: | deps
+	cmake -S . -B $(RELEASE) $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release
+
+$(ASAN)/CMakeCache.txt: | deps
+	cmake -S . -B $(ASAN) $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Debug -DMIXPREC_SANITIZE=ON -DMIXPREC_BUILD_BENCH=OFF
+
+release: deps $(RELEASE)/CMakeCache.txt
+	cmake --build $(RELEASE) -j $(JOBS)
+
+debug-asan: deps $(ASAN)/CMakeCache.txt
+	cmake --build $(ASAN) -j $(JOBS)
+
+run: release
+	$(MIXPREC) formats
+
+test: test-release test-asan example
+	@echo "make test: all test suites passed (Release, Debug+ASan+UBSan, installed-package consumer)"
+
+test-release: release
+	cd $(RELEASE) && ctest --output-on-failure -j 2
+
+test-asan: debug-asan
+	cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+		ctest --output-on-failure -j 2
+
+# A consumer project built against the installed package (find_package(mixprec CONFIG)).
+example: release
+	rm -rf $(INSTALL) build/example
+	cmake --install $(RELEASE) --prefix $(CURDIR)/$(INSTALL) > /dev/null
+	cmake -S examples/consumer -B build/example $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release \
+		-DCMAKE_PREFIX_PATH=$(CURDIR)/$(INSTALL)
+	cmake --build build/example -j $(JOBS)
+	./build/example/consumer
+
+bench: release
+	$(MIXPREC) bench formats
+
+clean:
+	rm -rf build

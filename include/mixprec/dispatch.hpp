@@ -1,0 +1,55 @@
+// Run-time choice of the kernel back end: made once, at the edge.
+//
+// The public conversion functions use active_isa(), picked at first use from
+// what the CPU reports (AVX2 with F16C and FMA, else scalar). The environment
+// variable MIXPREC_ISA=scalar|avx2 overrides the choice (an unavailable or
+// unknown value is an error at first use). Tests and benchmarks reach each
+// back end directly through kernel_table().
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+#include "mixprec/formats/bulk.hpp"
+
+namespace mixprec {
+
+enum class Isa : std::uint8_t { scalar, avx2 };
+
+std::string_view isa_name(Isa isa) noexcept;
+std::optional<Isa> parse_isa(std::string_view name) noexcept;
+bool isa_available(Isa isa) noexcept;  // compiled in and supported by this CPU
+Isa best_isa() noexcept;               // what the CPU supports best
+Isa active_isa();                      // best_isa(), or MIXPREC_ISA; throws if that is invalid
+
+// Kernels: pure loops over raw pointers. They never allocate, log or check
+// arguments; the public functions validate first. dst/src of the low format
+// point at n elements of its storage type.
+struct FormatKernels {
+  void (*encode)(const float* src, void* dst, std::size_t n, const ConvertOptions& o);
+  void (*encode_stochastic)(const float* src, void* dst, const std::uint32_t* random,
+                            std::size_t n, const ConvertOptions& o);
+  ConversionStats (*encode_counted)(const float* src, void* dst, std::size_t n,
+                                    const ConvertOptions& o);
+  void (*decode)(const void* src, float* dst, std::size_t n, const ConvertOptions& o);
+};
+
+struct KernelTable {
+  Isa isa;
+  FormatKernels f16, bf16, f8e4m3, f8e5m2;
+
+  template <LowPrecisionFormat T>
+  const FormatKernels& get() const noexcept {
+    if constexpr (std::is_same_v<T, mixprec::f16>) return f16;
+    else if constexpr (std::is_same_v<T, mixprec::bf16>) return bf16;
+    else if constexpr (std::is_same_v<T, mixprec::f8e4m3>) return f8e4m3;
+    else return f8e5m2;
+  }
+};
+
+// nullptr when the back end is not compiled in or the CPU lacks it.
+const KernelTable* kernel_table(Isa isa) noexcept;
+
+}  // namespace mixprec

@@ -1,0 +1,8 @@
+// mixprec: mixed-precision training toolkit. Umbrella header for the public API.
+#pragma once
+
+#include "mixprec/dispatch.hpp"
+#include "mixprec/formats/bulk.hpp"
+#include "mixprec/formats/scalar.hpp"
+#include "mixprec/formats/types.hpp"
+#include "mixprec/version.hpp"

@@ -1,0 +1,75 @@
+#include "mixprec/dispatch.hpp"
+
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+
+#include "formats/kernels.hpp"
+
+namespace mixprec {
+
+std::string_view isa_name(Isa isa) noexcept {
+  switch (isa) {
+    case Isa::scalar: return "scalar";
+    case Isa::avx2: return "avx2";
+  }
+  return "unknown";
+}
+
+std::optional<Isa> parse_isa(std::string_view name) noexcept {
+  if (name == "scalar") return Isa::scalar;
+  if (name == "avx2") return Isa::avx2;
+  return std::nullopt;
+}
+
+static bool cpu_has_avx2_f16c_fma() noexcept {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
+         __builtin_cpu_supports("fma");
+#else
+  return false;
+#endif
+}
+
+bool isa_available(Isa isa) noexcept {
+  switch (isa) {
+    case Isa::scalar: return true;
+    case Isa::avx2: return detail::avx2_kernels() != nullptr && cpu_has_avx2_f16c_fma();
+  }
+  return false;
+}
+
+Isa best_isa() noexcept { return isa_available(Isa::avx2) ? Isa::avx2 : Isa::scalar; }
+
+static Isa choose_isa() {
+  const char* env = std::getenv("MIXPREC_ISA");
+  if (env == nullptr || *env == '\0') return best_isa();
+  const auto isa = parse_isa(env);
+  if (!isa) {
+    throw std::invalid_argument(std::string("MIXPREC_ISA='") + env +
+                                "' is not a back end; allowed: scalar, avx2");
+  }
+  if (!isa_available(*isa)) {
+    throw std::invalid_argument(std::string("MIXPREC_ISA='") + env +
+                                "' is not available on this CPU or build; best here is " +
+                                std::string(isa_name(best_isa())));
+  }
+  return *isa;
+}
+
+Isa active_isa() {
+  static const Isa isa = choose_isa();
+  return isa;
+}
+
+const KernelTable* kernel_table(Isa isa) noexcept {
+  if (!isa_available(isa)) return nullptr;
+  switch (isa) {
+    case Isa::scalar: return &detail::scalar_kernels();
+    case Isa::avx2: return detail::avx2_kernels();
+  }
+  return nullptr;
+}
+
+}  // namespace mixprec

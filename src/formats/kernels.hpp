@@ -1,0 +1,68 @@
+// Private: the kernel back ends behind mixprec::kernel_table(), and the scalar
+// element loops that both the reference back end and SIMD tails use.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "mixprec/dispatch.hpp"
+#include "mixprec/formats/scalar.hpp"
+
+namespace mixprec::detail {
+
+const KernelTable& scalar_kernels() noexcept;
+const KernelTable* avx2_kernels() noexcept;  // nullptr when not compiled in
+
+inline EncodeMode mode_of(const ConvertOptions& o) noexcept { return {o.overflow, o.subnormals}; }
+
+// Classifies one conversion for ConversionStats, from the unscaled input and the code.
+template <const MiniFloatSpec& S>
+inline void count_one(float x, const EncodeResult& r, ConversionStats& st) noexcept {
+  constexpr std::uint32_t kMag = (1u << (S.bits - 1)) - 1;
+  const std::uint32_t a = std::bit_cast<std::uint32_t>(x) & 0x7fffffffu;
+  const std::uint32_t mag = r.code & kMag;
+  ++st.elements;
+  if (a != 0) ++st.nonzero;
+  if (a >= 0x7f800000u) {
+    ++st.nonfinite_input;
+    return;
+  }
+  if (a != 0 && mag == 0) ++st.underflow;
+  if (a != 0 && mag != 0 && mag < (1u << S.man_bits)) ++st.subnormal;
+  if (r.overflowed) ++st.overflow;
+}
+
+template <const MiniFloatSpec& S, class Storage>
+inline void encode_range(const float* src, Storage* dst, std::size_t n, const ConvertOptions& o) noexcept {
+  const EncodeMode m = mode_of(o);
+  for (std::size_t i = 0; i < n; ++i) {
+    dst[i] = static_cast<Storage>(encode_full<S>(src[i] * o.scale, m, false, 0).code);
+  }
+}
+
+template <const MiniFloatSpec& S, class Storage>
+inline void encode_stochastic_range(const float* src, Storage* dst, const std::uint32_t* random,
+                                    std::size_t n, const ConvertOptions& o) noexcept {
+  const EncodeMode m = mode_of(o);
+  for (std::size_t i = 0; i < n; ++i) {
+    dst[i] = static_cast<Storage>(encode_full<S>(src[i] * o.scale, m, true, random[i]).code);
+  }
+}
+
+template <const MiniFloatSpec& S, class Storage>
+inline void encode_counted_range(const float* src, Storage* dst, std::size_t n,
+                                 const ConvertOptions& o, ConversionStats& st) noexcept {
+  const EncodeMode m = mode_of(o);
+  for (std::size_t i = 0; i < n; ++i) {
+    const EncodeResult r = encode_full<S>(src[i] * o.scale, m, false, 0);
+    dst[i] = static_cast<Storage>(r.code);
+    count_one<S>(src[i], r, st);
+  }
+}
+
+template <const MiniFloatSpec& S, class Storage>
+inline void decode_range(const Storage* src, float* dst, std::size_t n, const ConvertOptions& o) noexcept {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = decode<S>(src[i], o.subnormals) * o.scale;
+}
+
+}  // namespace mixprec::detail
