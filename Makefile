@@ -41,14 +41,19 @@ test-asan: debug-asan
 	cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		ctest --output-on-failure -j 2
 
-# A consumer project built against the installed package (find_package(mixprec CONFIG)).
+# A consumer project built against the installed package (find_package(mixprec CONFIG)),
+# and the same project with mixprec added from source (add_subdirectory).
 example: release
-	rm -rf $(INSTALL) build/example
+	rm -rf $(INSTALL) build/example build/example-subdir
 	cmake --install $(RELEASE) --prefix $(CURDIR)/$(INSTALL) > /dev/null
 	cmake -S examples/consumer -B build/example $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release \
-		-DCMAKE_PREFIX_PATH=$(CURDIR)/$(INSTALL)
+		-DCMAKE_PREFIX_PATH=$(CURDIR)/$(INSTALL) > /dev/null
 	cmake --build build/example -j $(JOBS)
 	./build/example/consumer
+	cmake -S examples/consumer -B build/example-subdir $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release \
+		-DMIXPREC_SOURCE_DIR=$(CURDIR) > /dev/null
+	cmake --build build/example-subdir -j $(JOBS)
+	./build/example-subdir/consumer
 
 bench: release
 	$(MIXPREC) bench formats

@@ -161,6 +161,11 @@ inline __m128i encode8_f16(__m256 y, bool saturate, bool flush, __m256i& ovf_out
 }
 
 // ---- kernels ----------------------------------------------------------------
+// Layout equality (address comparison of the specs is not a constant expression
+// under the sanitizers).
+constexpr bool same_format(const MiniFloatSpec& a, const MiniFloatSpec& b) {
+  return a.bits == b.bits && a.man_bits == b.man_bits && a.bias == b.bias && a.has_inf == b.has_inf;
+}
 template <const MiniFloatSpec& S>
 using StorageOf = std::conditional_t<S.bits == 16, std::uint16_t, std::uint8_t>;
 
@@ -180,12 +185,12 @@ ConversionStats encode_kernel(const float* src, void* dst_v, std::size_t n, cons
     const __m256 y = _mm256_mul_ps(x, scale);
     __m256i ovf = _mm256_setzero_si256();
     __m256i code = _mm256_setzero_si256();
-    if constexpr (&S == &kF16Spec) {
+    if constexpr (same_format(S, kF16Spec)) {
       const __m128i h = encode8_f16(y, saturate, flush, ovf);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
       if constexpr (kCount) code = _mm256_cvtepu16_epi32(h);
     } else {
-      if constexpr (&S == &kBF16Spec) {
+      if constexpr (same_format(S, kBF16Spec)) {
         code = encode8_bf16(y, saturate, flush, ovf);
       } else {
         code = encode8_generic<S, false>(y, _mm256_setzero_si256(), ovf_code, flush, ovf);
@@ -236,11 +241,11 @@ void decode_kernel(const void* src_v, float* dst, std::size_t n, const ConvertOp
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) {
     __m256 f;
-    if constexpr (&S == &kF16Spec) {
+    if constexpr (same_format(S, kF16Spec)) {
       __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
       if (flush) h = flush_f16(h);
       f = _mm256_cvtph_ps(h);
-    } else if constexpr (&S == &kBF16Spec) {
+    } else if constexpr (same_format(S, kBF16Spec)) {
       __m256i u = _mm256_slli_epi32(
           _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))), 16);
       const __m256i a = _mm256_and_si256(u, set1(0x7fffffffu));
@@ -250,7 +255,7 @@ void decode_kernel(const void* src_v, float* dst, std::size_t n, const ConvertOp
         u = _mm256_andnot_si256(_mm256_and_si256(sub, set1(0x7fffffffu)), u);
       }
       f = _mm256_castsi256_ps(u);
-    } else if constexpr (&S == &kE5M2Spec) {
+    } else if constexpr (same_format(S, kE5M2Spec)) {
       // E5M2 is the top byte of an f16.
       const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i));
       __m128i h = _mm_slli_epi16(_mm_cvtepu8_epi16(b), 8);

@@ -1,0 +1,28 @@
+// `mixprec bench formats`: the conversion benchmarks of bench/, with their ratio table.
+#include "cmd_bench.hpp"
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "formats_bench.hpp"
+
+namespace mixprec::cli {
+
+void add_bench_command(CLI::App& app, std::function<int()>& action) {
+  auto* bench = app.add_subcommand("bench", "Measure kernel speed against memory copy and the scalar reference");
+  bench->require_subcommand(1);
+  auto* formats = bench->add_subcommand("formats", "Bulk conversions: GB/s, ratio to memcpy and to scalar");
+  formats->allow_extras();  // --benchmark_* flags go to Google Benchmark, which validates them
+  formats->callback([formats, &action] {
+    std::vector<std::string> args = {"mixprec bench formats"};
+    for (const std::string& a : formats->remaining()) args.push_back(a);
+    action = [args] {
+      std::vector<char*> argv;
+      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      return mixprec::bench::run_formats(static_cast<int>(argv.size()), argv.data());
+    };
+  });
+}
+
+}  // namespace mixprec::cli
