@@ -1,0 +1,494 @@
+// Format conversion benchmarks and their ratio table (docs/performance.md).
+//
+// Every conversion is timed next to a memcpy that moves the same number of
+// bytes, and (in cache) next to the scalar reference, in the same run; the
+// table reports ratios of medians, because absolute rates on shared machines
+// drift from run to run while ratios measured side by side do not.
+#include "formats_bench.hpp"
+
+#include <benchmark/benchmark.h>
+#include <fmt/core.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <new>
+#include <optional>
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mixprec/dispatch.hpp"
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
+
+namespace mixprec::bench {
+namespace {
+
+constexpr std::size_t kOutOfCache = std::size_t{64} << 20;  // 64 Mi elements
+constexpr std::size_t kInCache = std::size_t{8} << 10;      // 8 Ki elements
+constexpr std::size_t kSizes[] = {kOutOfCache, kInCache};
+constexpr int kThreadCounts[] = {1, 2};
+
+constexpr double kCopyTarget = 0.90;      // f32<->f16/bf16 out of cache, vs copy
+constexpr double kCountedTarget = 0.85;   // counting pass out of cache, vs copy
+constexpr double kInCacheTarget = 20e9;   // elements/s, f32<->f16/bf16, AVX-512 machines
+constexpr double kScalarTarget = 5.0;     // SIMD / scalar reference
+
+enum class Op { memcpy, stream, encode, decode, counted };
+enum class Fmt { f16, bf16, e4m3, e5m2 };
+constexpr Fmt kFormats[] = {Fmt::f16, Fmt::bf16, Fmt::e4m3, Fmt::e5m2};
+constexpr Op kConversions[] = {Op::encode, Op::decode, Op::counted};
+
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::memcpy: return "memcpy";
+    case Op::stream: return "stream";
+    case Op::encode: return "encode";
+    case Op::decode: return "decode";
+    case Op::counted: return "counted";
+  }
+  return "?";
+}
+const char* fmt_name(Fmt f) {
+  switch (f) {
+    case Fmt::f16: return "f16";
+    case Fmt::bf16: return "bf16";
+    case Fmt::e4m3: return "e4m3";
+    case Fmt::e5m2: return "e5m2";
+  }
+  return "?";
+}
+std::size_t width(Fmt f) { return f == Fmt::f16 || f == Fmt::bf16 ? 2 : 1; }
+bool is_16bit(Fmt f) { return width(f) == 2; }
+const char* size_name(std::size_t n) { return n == kOutOfCache ? "64Mi" : "8Ki"; }
+
+const FormatKernels& kernels_of(const KernelTable& t, Fmt f) {
+  switch (f) {
+    case Fmt::f16: return t.f16;
+    case Fmt::bf16: return t.bf16;
+    case Fmt::e4m3: return t.f8e4m3;
+    case Fmt::e5m2: return t.f8e5m2;
+  }
+  return t.f16;
+}
+
+// ---- buffers: allocated and touched once, shared by every case ---------------
+//
+// First touch of a page costs ~10 us, far more than converting it, so nothing
+// is allocated inside a timed loop. Huge pages (where THP allows madvise) keep
+// TLB misses out of both the copy and the conversions alike.
+struct FreeDeleter {
+  void operator()(void* p) const noexcept { std::free(p); }
+};
+using Buffer = std::unique_ptr<std::byte, FreeDeleter>;
+
+Buffer allocate(std::size_t bytes) {
+  constexpr std::size_t kAlign = std::size_t{2} << 20;
+  bytes = (bytes + kAlign - 1) / kAlign * kAlign;
+  void* p = std::aligned_alloc(kAlign, bytes);
+  if (p == nullptr) throw std::bad_alloc();
+  (void)madvise(p, bytes, MADV_HUGEPAGE);  // advisory; 4 KiB pages work too
+  std::memset(p, 0, bytes);
+  return Buffer(static_cast<std::byte*>(p));
+}
+
+struct Buffers {
+  Buffer f32_in;        // kOutOfCache floats, standard normal: encode input, copy source
+  Buffer f32_out;       // kOutOfCache floats: decode output, copy destination
+  Buffer low[4];        // per format: its encoding of f32_in (decode input, encode output)
+
+  float* in() const { return reinterpret_cast<float*>(f32_in.get()); }
+  float* out() const { return reinterpret_cast<float*>(f32_out.get()); }
+  std::byte* low_of(Fmt f) const { return low[static_cast<int>(f)].get(); }
+};
+
+Buffers make_buffers(const KernelTable& fast) {
+  Buffers b;
+  b.f32_in = allocate(kOutOfCache * sizeof(float));
+  b.f32_out = allocate(kOutOfCache * sizeof(float));
+  // Typical tensor values. A 1 Mi block tiled over the buffer: out of cache
+  // the kernels do not care about repeats, and in cache only the start is used.
+  constexpr std::size_t kBlock = std::size_t{1} << 20;
+  std::mt19937 rng(12345);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  float* in = b.in();
+  for (std::size_t i = 0; i < kBlock; ++i) in[i] = normal(rng);
+  for (std::size_t i = kBlock; i < kOutOfCache; i += kBlock) std::memcpy(in + i, in, kBlock * sizeof(float));
+  // Decode reads real codes of its own format; encoding the same input again
+  // in the encode cases writes the same bytes, so they can share the buffer.
+  for (Fmt f : kFormats) {
+    b.low[static_cast<int>(f)] = allocate(kOutOfCache * width(f));
+    kernels_of(fast, f).encode(in, b.low_of(f), kOutOfCache, ConvertOptions{});
+  }
+  return b;
+}
+
+// ---- cases ---------------------------------------------------------------------
+struct Case {
+  Op op;
+  Fmt fmt;                      // copy: the format whose byte volume it matches
+  const KernelTable* table;     // nullptr for the copy
+  std::size_t n;                // elements, all threads together
+  std::size_t bytes_per_elem;   // read + written by the conversion (4 + width)
+  std::string name;
+};
+
+bool is_copy(Op op) { return op == Op::memcpy || op == Op::stream; }
+
+std::string copy_name(Op op, std::size_t bytes_per_elem, std::size_t n) {
+  // (4 + w) / 2 bytes copied per element: "3B" for 16-bit formats, "2.5B" for 8-bit.
+  return fmt::format("copy/{}/{}B/{}", op_name(op),
+                     bytes_per_elem % 2 == 0 ? std::to_string(bytes_per_elem / 2) : "2.5", size_name(n));
+}
+
+// A copy with non-temporal stores. Out of cache it is the fastest plain copy
+// here: it skips the read-for-ownership of the destination, and glibc's memcpy
+// does not scale to two threads on this machine (measured ~22 GB/s with two
+// threads against ~32 GB/s for this loop), which would flatter the conversions.
+void stream_copy(std::byte* dst, const std::byte* src, std::size_t bytes) {
+#if defined(__x86_64__)
+  const std::size_t head = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(dst) % 16) % 16);
+  std::memcpy(dst, src, head);
+  std::size_t i = head;
+  for (; i + 16 <= bytes; i += 16) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
+                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+  }
+  _mm_sfence();
+  std::memcpy(dst + i, src + i, bytes - i);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
+}
+std::string case_name(Op op, Fmt f, const KernelTable& t, std::size_t n) {
+  return fmt::format("{}/{}/{}/{}", op_name(op), fmt_name(f), isa_name(t.isa), size_name(n));
+}
+
+// Each thread converts its own half of the shared buffers; Google Benchmark sums
+// items and bytes over threads and divides by the (real) time, giving the
+// aggregate rate.
+void run_case(benchmark::State& state, const Case& c, const Buffers& b) {
+  const auto threads = static_cast<std::size_t>(state.threads());
+  const std::size_t per = c.n / threads;
+  const std::size_t lo = per * static_cast<std::size_t>(state.thread_index());
+  const ConvertOptions opts{};
+  const std::size_t w = width(c.fmt);
+  switch (c.op) {
+    case Op::memcpy:
+    case Op::stream: {
+      const std::size_t bytes = per * c.bytes_per_elem / 2;  // per is even: 2.5 B/elem is exact
+      const std::byte* src = b.f32_in.get() + lo * c.bytes_per_elem / 2;
+      std::byte* dst = b.f32_out.get() + lo * c.bytes_per_elem / 2;
+      for (auto _ : state) {
+        if (c.op == Op::memcpy) std::memcpy(dst, src, bytes);
+        else stream_copy(dst, src, bytes);
+        benchmark::ClobberMemory();
+      }
+      break;
+    }
+    case Op::encode: {
+      const auto& k = kernels_of(*c.table, c.fmt);
+      for (auto _ : state) {
+        k.encode(b.in() + lo, b.low_of(c.fmt) + lo * w, per, opts);
+        benchmark::ClobberMemory();
+      }
+      break;
+    }
+    case Op::counted: {
+      const auto& k = kernels_of(*c.table, c.fmt);
+      for (auto _ : state) {
+        ConversionStats st = k.encode_counted(b.in() + lo, b.low_of(c.fmt) + lo * w, per, opts);
+        benchmark::DoNotOptimize(st);
+        benchmark::ClobberMemory();
+      }
+      break;
+    }
+    case Op::decode: {
+      const auto& k = kernels_of(*c.table, c.fmt);
+      for (auto _ : state) {
+        k.decode(b.low_of(c.fmt) + lo * w, b.out() + lo, per, opts);
+        benchmark::ClobberMemory();
+      }
+      break;
+    }
+  }
+  const auto items = static_cast<std::int64_t>(per) * static_cast<std::int64_t>(state.iterations());
+  state.SetItemsProcessed(items);
+  state.SetBytesProcessed(items * static_cast<std::int64_t>(c.bytes_per_elem));
+}
+
+// ---- results -------------------------------------------------------------------
+struct Result {
+  double items_per_s = 0;
+  double bytes_per_s = 0;
+  double cv = -1;  // coefficient of variation of the rate over repetitions; -1 if unknown
+};
+using Key = std::pair<std::string, int>;  // case name, threads
+
+double counter(const benchmark::BenchmarkReporter::Run& r, const char* name) {
+  const auto it = r.counters.find(name);
+  return it == r.counters.end() ? 0.0 : it->second.value;
+}
+
+// Shows the medians on the console and keeps them (and the spread) for the table.
+class Collector : public benchmark::ConsoleReporter {
+ public:
+  using ConsoleReporter::ConsoleReporter;
+
+  void ReportRuns(const std::vector<Run>& runs) override {
+    std::vector<Run> shown;
+    for (const Run& r : runs) {
+      if (r.error_occurred) continue;
+      const bool median = r.run_type == Run::RT_Aggregate && r.aggregate_name == "median";
+      // With --benchmark_repetitions=1 there are no aggregates: the single run stands in.
+      const bool single = r.run_type == Run::RT_Iteration && r.repetitions <= 1;
+      Result& res = results_[{r.run_name.function_name, static_cast<int>(r.threads)}];
+      if (median || single) {
+        res.items_per_s = counter(r, "items_per_second");
+        res.bytes_per_s = counter(r, "bytes_per_second");
+        shown.push_back(r);
+      } else if (r.run_type == Run::RT_Aggregate && r.aggregate_name == "cv") {
+        res.cv = counter(r, "items_per_second");
+      }
+    }
+    if (!shown.empty()) ConsoleReporter::ReportRuns(shown);
+  }
+
+  std::optional<Result> find(const std::string& name, int threads) const {
+    const auto it = results_.find({name, threads});
+    if (it == results_.end() || it->second.items_per_s <= 0) return std::nullopt;
+    return it->second;
+  }
+
+ private:
+  std::map<Key, Result> results_;
+};
+
+bool has_avx512() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+#else
+  return false;
+#endif
+}
+
+// One target's tally for the summary.
+struct Tally {
+  int met = 0;
+  std::vector<std::string> missed;
+  void add(bool ok, std::string what) {
+    if (ok) ++met;
+    else missed.push_back(std::move(what));
+  }
+  void print(const char* title) const {
+    const int total = met + static_cast<int>(missed.size());
+    if (total == 0) {
+      fmt::print("  {}: not measured in this run\n", title);
+      return;
+    }
+    fmt::print("  {}: {} ({}/{} met)\n", title, missed.empty() ? "MET" : "NOT MET", met, total);
+    for (const auto& m : missed) fmt::print("      not met: {}\n", m);
+  }
+};
+
+// The copy rate for a byte volume: the faster of memcpy and the streaming copy.
+struct CopyRef {
+  Result result;
+  Op op;
+};
+std::optional<CopyRef> copy_ref(const Collector& col, std::size_t bytes_per_elem, std::size_t n, int threads) {
+  std::optional<CopyRef> best;
+  for (Op op : {Op::memcpy, Op::stream}) {
+    const auto r = col.find(copy_name(op, bytes_per_elem, n), threads);
+    if (r && (!best || r->bytes_per_s > best->result.bytes_per_s)) best = CopyRef{*r, op};
+  }
+  return best;
+}
+
+void print_copies(const Collector& col) {
+  fmt::print("\nCopy reference (GB/s counts bytes read + written; the faster one is used):\n");
+  fmt::print("{:<7} {:>5} {:>3} {:>8} {:>5} {:>8} {:>5}\n", "bytes", "size", "thr", "memcpy", "cv%", "stream", "cv%");
+  for (std::size_t bpe : {std::size_t{6}, std::size_t{5}}) {
+    for (std::size_t n : kSizes) {
+      for (int t : kThreadCounts) {
+        std::string cells;
+        for (Op op : {Op::memcpy, Op::stream}) {
+          const auto r = col.find(copy_name(op, bpe, n), t);
+          cells += r ? fmt::format(" {:>8.1f} {:>5}", r->bytes_per_s / 1e9,
+                                   r->cv >= 0 ? fmt::format("{:.1f}", r->cv * 100) : "-")
+                     : fmt::format(" {:>8} {:>5}", "-", "-");
+        }
+        fmt::print("{:<7} {:>5} {:>3}{}\n", bpe == 6 ? "3B/el" : "2.5B/el", size_name(n), t, cells);
+      }
+    }
+  }
+}
+
+void print_table(const Collector& col, const std::vector<Case>& cases, const KernelTable& fast,
+                 const KernelTable* scalar) {
+  const bool avx512 = has_avx512();
+  const bool compare_scalar = scalar != nullptr && scalar != &fast;
+  Tally copy_tally, counted_tally, scalar_tally;
+  // Slowest and fastest in-cache single-thread f32<->f16/bf16 rate (the 20 G elem/s target).
+  double in_cache_min = 0, in_cache_max = 0;
+
+  fmt::print("\nmixprec bench formats: ratios of medians from this run\n");
+  fmt::print("SIMD path: {}; AVX-512: {}. GB/s = bytes read + written by the conversion;\n",
+             isa_name(fast.isa), avx512 ? "yes" : "no");
+  fmt::print("copy GB/s = the faster copy (mc: memcpy, st: streaming) of the same total bytes,\n");
+  fmt::print("same size and threads; cv% = spread of the conversion's rate over the repetitions.\n");
+  print_copies(col);
+  fmt::print("\n{:<22} {:>5} {:>3} {:>8} {:>7} {:>10} {:>7} {:>9} {:>5}  {}\n", "conversion", "size", "thr",
+             "Gelem/s", "GB/s", "copy GB/s", "vs copy", "vs scalar", "cv%", "target");
+
+  for (const Case& c : cases) {
+    if (is_copy(c.op)) continue;
+    const bool is_scalar_row = compare_scalar && c.table == scalar;
+    for (int t : kThreadCounts) {
+      const auto r = col.find(c.name, t);
+      if (!r) continue;
+      const auto copy = copy_ref(col, c.bytes_per_elem, c.n, t);
+      const double vs_copy = copy ? r->bytes_per_s / copy->result.bytes_per_s : 0;
+      std::string vs_scalar = "-";
+      std::string target;
+      const std::string label = fmt::format("{} {} {}/{}", op_name(c.op), fmt_name(c.fmt), size_name(c.n), t);
+
+      if (!is_scalar_row && c.n == kOutOfCache && copy) {
+        if (c.op == Op::counted) {
+          const bool ok = vs_copy >= kCountedTarget;
+          counted_tally.add(ok, fmt::format("{} at {:.3f} of copy", label, vs_copy));
+          target = fmt::format(">= {:.2f} copy: {}", kCountedTarget, ok ? "met" : "NOT MET");
+        } else if (is_16bit(c.fmt)) {
+          const bool ok = vs_copy >= kCopyTarget;
+          copy_tally.add(ok, fmt::format("{} at {:.3f} of copy", label, vs_copy));
+          target = fmt::format(">= {:.2f} copy: {}", kCopyTarget, ok ? "met" : "NOT MET");
+        }
+      }
+      if (!is_scalar_row && c.n == kInCache && t == 1) {
+        if (compare_scalar) {
+          const Case* ref = nullptr;
+          for (const Case& s : cases) {
+            if (s.table == scalar && s.op == c.op && s.fmt == c.fmt && s.n == c.n) ref = &s;
+          }
+          const auto rs = ref ? col.find(ref->name, 1) : std::nullopt;
+          if (rs) {
+            const double x = r->items_per_s / rs->items_per_s;
+            vs_scalar = fmt::format("{:.2f}x", x);
+            scalar_tally.add(x >= kScalarTarget, fmt::format("{} at {:.2f}x", label, x));
+            target = fmt::format(">= {:.0f}x scalar: {}", kScalarTarget, x >= kScalarTarget ? "met" : "NOT MET");
+          }
+        }
+        if (is_16bit(c.fmt) && c.op != Op::counted) {
+          in_cache_min = in_cache_min == 0 ? r->items_per_s : std::min(in_cache_min, r->items_per_s);
+          in_cache_max = std::max(in_cache_max, r->items_per_s);
+        }
+      }
+      const std::string cv = r->cv >= 0 ? fmt::format("{:.1f}", r->cv * 100) : "-";
+      fmt::print("{:<22} {:>5} {:>3} {:>8.2f} {:>7.1f} {:>10} {:>7} {:>9} {:>5}  {}\n",
+                 fmt::format("{} {} {}", op_name(c.op), fmt_name(c.fmt), isa_name(c.table->isa)),
+                 size_name(c.n), t, r->items_per_s / 1e9, r->bytes_per_s / 1e9,
+                 copy ? fmt::format("{:.1f} {}", copy->result.bytes_per_s / 1e9,
+                                    copy->op == Op::memcpy ? "mc" : "st")
+                      : "-",
+                 copy ? fmt::format("{:.3f}", vs_copy) : "-", vs_scalar, cv, target);
+    }
+  }
+
+  fmt::print("\nTargets (issue), judged on the medians above:\n");
+  copy_tally.print("out of cache, f32<->f16 and f32<->bf16 >= 90% of copy");
+  counted_tally.print("out of cache, counting pass >= 85% of copy");
+  const char* in_cache_title = "in cache, f32<->f16 and f32<->bf16 >= 20 G elem/s (AVX-512 machines)";
+  if (in_cache_max <= 0) {
+    fmt::print("  {}: not measured in this run\n", in_cache_title);
+  } else {
+    const bool ok = in_cache_min >= kInCacheTarget;
+    fmt::print("  {}: {} (here {:.2f} to {:.2f} G elem/s, 1 thread)\n", in_cache_title,
+               ok ? "MET" : (avx512 ? "NOT MET" : "n/a: no AVX-512"), in_cache_min / 1e9, in_cache_max / 1e9);
+  }
+  if (compare_scalar) {
+    scalar_tally.print("SIMD >= 5x scalar reference (in cache, 1 thread)");
+  } else {
+    fmt::print("  SIMD >= 5x scalar reference: n/a: no SIMD back end on this CPU\n");
+  }
+}
+
+}  // namespace
+
+int run_formats(int argc, char** argv) {
+  const KernelTable* scalar = kernel_table(Isa::scalar);
+  const KernelTable* fast = kernel_table(best_isa());
+  if (fast == nullptr) fast = scalar;
+
+  // The suite's defaults come first so that the caller's flags override them.
+  // Random interleaving spreads each case's repetitions over the whole run, so
+  // a conversion and its copy see the same machine weather.
+  std::vector<std::string> storage = {
+      argc > 0 ? argv[0] : "bench_formats",
+      "--benchmark_repetitions=9",
+      "--benchmark_report_aggregates_only=true",
+      "--benchmark_min_time=0.1",
+      "--benchmark_enable_random_interleaving=true",
+  };
+  for (int i = 1; i < argc; ++i) storage.emplace_back(argv[i]);
+  std::vector<char*> args;
+  for (auto& s : storage) args.push_back(s.data());
+  int n_args = static_cast<int>(args.size());
+  args.push_back(nullptr);
+  benchmark::Initialize(&n_args, args.data());
+  if (benchmark::ReportUnrecognizedArguments(n_args, args.data())) return 1;
+
+  std::vector<Case> cases;
+  for (std::size_t n : kSizes) {
+    for (std::size_t bpe : {std::size_t{6}, std::size_t{5}}) {
+      const Fmt f = bpe == 6 ? Fmt::f16 : Fmt::e4m3;
+      cases.push_back({Op::memcpy, f, nullptr, n, bpe, copy_name(Op::memcpy, bpe, n)});
+      // In cache, non-temporal stores only lose (they go to memory).
+      if (n == kOutOfCache) cases.push_back({Op::stream, f, nullptr, n, bpe, copy_name(Op::stream, bpe, n)});
+    }
+  }
+  // Table order: conversion, format, then size; the scalar reference only in
+  // cache and on one thread (it runs ~5 ns/element, too slow out of cache).
+  for (Op op : kConversions) {
+    for (Fmt f : kFormats) {
+      for (std::size_t n : kSizes) cases.push_back({op, f, fast, n, 4 + width(f), case_name(op, f, *fast, n)});
+      if (scalar != fast) {
+        cases.push_back({op, f, scalar, kInCache, 4 + width(f), case_name(op, f, *scalar, kInCache)});
+      }
+    }
+  }
+
+  const Buffers buffers = make_buffers(*fast);
+  for (const Case& c : cases) {
+    auto* b = benchmark::RegisterBenchmark(c.name.c_str(), [&c, &buffers](benchmark::State& s) {
+      run_case(s, c, buffers);
+    });
+    b->UseRealTime();
+    const bool scalar_case = c.table == scalar && scalar != fast;
+    if (scalar_case) {
+      b->Threads(1);
+    } else {
+      for (int t : kThreadCounts) b->Threads(t);
+    }
+  }
+
+  Collector reporter(isatty(STDOUT_FILENO) ? benchmark::ConsoleReporter::OO_Color
+                                           : benchmark::ConsoleReporter::OO_None);
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  print_table(reporter, cases, *fast, scalar);
+  // The registered lambdas refer to cases and buffers, which end here.
+  benchmark::ClearRegisteredBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
+
+}  // namespace mixprec::bench
