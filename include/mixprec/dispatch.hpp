@@ -49,6 +49,11 @@ struct KernelTable {
   }
 };
 
+// Conversions whose source + destination bytes reach this are written with
+// non-temporal stores (they cannot stay in cache; streaming saves the
+// read-for-ownership of every destination line). Results are identical.
+inline constexpr std::size_t kStreamingStoreBytes = std::size_t{16} << 20;
+
 // nullptr when the back end is not compiled in or the CPU lacks it.
 const KernelTable* kernel_table(Isa isa) noexcept;
 

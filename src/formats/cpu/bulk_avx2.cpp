@@ -1,10 +1,19 @@
 // AVX2 + F16C back end. Compiled with -mavx2 -mf16c -mfma and only called
-// after the dispatcher has checked the CPU. Eight lanes at a time; tails go
-// through the scalar loops, so every element matches the reference.
+// after the dispatcher has checked the CPU. Sixteen elements an iteration;
+// heads and tails go through the scalar loops, so every element matches the
+// reference bit for bit (the exhaustive tests sweep all 2^32 inputs).
 //
-// f32 -> f16 (round to nearest even) uses vcvtps2ph, the hardware oracle.
-// Every other encode runs the reference algorithm of scalar.hpp in integer
-// lanes (variable shifts), so there is one algorithm to trust.
+// How each encode rounds to nearest even:
+//   f16   vcvtps2ph, the hardware oracle;
+//   bf16  the integer trick (bits + 0x7fff + lsb) >> 16;
+//   fp8   normal results: the same integer trick after rebiasing the exponent;
+//         subnormal results: |y| + 2^(23 + log2 min_subnormal) in fp32, whose
+//         rounding (MXCSR default, round to nearest even) lands on the code.
+// Stochastic rounding runs the reference algorithm in integer lanes.
+// Saturation and flush-to-zero are applied to the 16-bit codes afterwards.
+//
+// Arrays too large to stay in cache are written with non-temporal stores:
+// it saves the read-for-ownership of every destination line.
 #include "formats/kernels.hpp"
 
 #if defined(__x86_64__)
@@ -13,70 +22,249 @@
 namespace mixprec::detail {
 namespace {
 
+constexpr std::size_t kStreamBytes = kStreamingStoreBytes;
+
 inline __m256i set1(std::uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); }
-inline __m128i set1_16(std::uint16_t v) { return _mm_set1_epi16(static_cast<short>(v)); }
+inline __m256i set1_16(std::uint16_t v) { return _mm256_set1_epi16(static_cast<short>(v)); }
+inline __m256i abs_bits(__m256 v) { return _mm256_and_si256(_mm256_castps_si256(v), set1(0x7fffffffu)); }
 
-// Per-lane 32-bit counters, spilled to 64 bits before they can wrap.
-struct LaneCounters {
+template <const MiniFloatSpec& S>
+using StorageOf = std::conditional_t<S.bits == 16, std::uint16_t, std::uint8_t>;
+
+// Layout equality (address comparison of the specs is not a constant
+// expression under the sanitizers).
+constexpr bool same_format(const MiniFloatSpec& a, const MiniFloatSpec& b) {
+  return a.bits == b.bits && a.man_bits == b.man_bits && a.bias == b.bias && a.has_inf == b.has_inf;
+}
+
+// Two vectors of 8 codes in 32-bit lanes -> 16 codes in 16-bit lanes, in order.
+inline __m256i pack_32_to_16(__m256i lo, __m256i hi) {
+  return _mm256_permute4x64_epi64(_mm256_packus_epi32(lo, hi), 0xd8);
+}
+
+// ---- raw codes: round to nearest even, IEEE overflow, subnormals kept --------
+// (fp8: the overflow code is passed in, so saturation happens here.)
+
+inline __m256i bf16_codes8(__m256 y) {
+  const __m256i u = _mm256_castps_si256(y);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), set1(1));
+  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(set1(0x7fffu), lsb)), 16);
+  const __m256i nan = _mm256_cmpgt_epi32(abs_bits(y), set1(0x7f800000u));
+  return _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(u, 16), set1(0x40u)), nan);
+}
+
+template <const MiniFloatSpec& S>
+inline __m256i fp8_codes8(__m256 y, __m256i ovf_code) {
+  constexpr int M = S.man_bits;
+  constexpr int kShift = 23 - M;
+  constexpr std::uint32_t kMinNormalBits = static_cast<std::uint32_t>(min_normal_f32_exponent(S)) << 23;
+  // Rebias (subtract (127 - bias) << 23) and add half an ulp minus one, in one constant.
+  constexpr std::uint32_t kBias = (1u << (kShift - 1)) - 1u - (static_cast<std::uint32_t>(127 - S.bias) << 23);
+  // Adding 2^(23 + 1 - bias - M) makes the fp32 ulp equal to the smallest subnormal.
+  constexpr std::uint32_t kMagicBits = static_cast<std::uint32_t>(127 + 23 + 1 - S.bias - M) << 23;
+  const __m256i a = abs_bits(y);
+  const __m256i normal = _mm256_srli_epi32(
+      _mm256_add_epi32(_mm256_add_epi32(a, set1(kBias)), _mm256_and_si256(_mm256_srli_epi32(a, kShift), set1(1))),
+      kShift);
+  const __m256 magic = _mm256_castsi256_ps(set1(kMagicBits));
+  const __m256i sub =
+      _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), magic)), set1(kMagicBits));
+  __m256i code = _mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(set1(kMinNormalBits), a));
+  code = _mm256_blendv_epi8(code, ovf_code, _mm256_cmpgt_epi32(a, set1(overflow_threshold_bits(S) - 1)));
+  __m256i nan_code;
+  if constexpr (S.has_inf) {
+    nan_code = _mm256_or_si256(set1(S.overflow_code | (1u << (M - 1))),
+                               _mm256_and_si256(_mm256_srli_epi32(a, kShift), set1((1u << M) - 1)));
+  } else {
+    nan_code = set1(S.nan_code);
+  }
+  code = _mm256_blendv_epi8(code, nan_code, _mm256_cmpgt_epi32(a, set1(0x7f800000u)));
+  const __m256i sign = _mm256_srli_epi32(_mm256_and_si256(_mm256_castps_si256(y), set1(0x80000000u)), 24);
+  return _mm256_or_si256(code, sign);
+}
+
+// 16 codes, in 16-bit lanes, for y0 (elements 0-7) and y1 (8-15).
+template <const MiniFloatSpec& S>
+inline __m256i raw_codes16(__m256 y0, __m256 y1, __m256i fp8_ovf_code) {
+  if constexpr (same_format(S, kF16Spec)) {
+    return _mm256_set_m128i(_mm256_cvtps_ph(y1, 0), _mm256_cvtps_ph(y0, 0));
+  } else if constexpr (same_format(S, kBF16Spec)) {
+    return pack_32_to_16(bf16_codes8(y0), bf16_codes8(y1));
+  } else {
+    return pack_32_to_16(fp8_codes8<S>(y0, fp8_ovf_code), fp8_codes8<S>(y1, fp8_ovf_code));
+  }
+}
+
+template <const MiniFloatSpec& S>
+constexpr std::uint16_t mag_mask16() {
+  return static_cast<std::uint16_t>((1u << (S.bits - 1)) - 1);
+}
+
+// f16 / bf16: +-inf codes become +-max (fp8 saturates in fp8_codes8).
+template <const MiniFloatSpec& S>
+inline __m256i saturate16(__m256i c) {
+  const __m256i mag = _mm256_and_si256(c, set1_16(mag_mask16<S>()));
+  const __m256i inf = _mm256_cmpeq_epi16(mag, set1_16(static_cast<std::uint16_t>(S.overflow_code)));
+  const __m256i maxed = _mm256_or_si256(_mm256_andnot_si256(set1_16(mag_mask16<S>()), c),
+                                        set1_16(static_cast<std::uint16_t>(S.max_code)));
+  return _mm256_blendv_epi8(c, maxed, inf);
+}
+
+// Subnormal codes become zeros of the same sign.
+template <const MiniFloatSpec& S>
+inline __m256i flush16(__m256i c) {
+  const __m256i magmask = set1_16(mag_mask16<S>());
+  const __m256i small = _mm256_cmpgt_epi16(set1_16(1u << S.man_bits), _mm256_and_si256(c, magmask));
+  return _mm256_andnot_si256(_mm256_and_si256(small, magmask), c);
+}
+
+// ---- counting ---------------------------------------------------------------
+// Four 16-bit lane counters; the stats follow from them:
+//   underflow = zeros out - zeros in        (only a finite input can give 0)
+//   subnormal = codes below min normal - zeros out
+//   overflow  = |y| >= threshold - non-finite inputs (those always land there)
+// Non-finite inputs are rare: a block holding one is counted by a scalar loop.
+template <const MiniFloatSpec& S>
+struct Counters {
   __m256i zero_in = _mm256_setzero_si256();
-  __m256i nonfinite = _mm256_setzero_si256();
-  __m256i underflow = _mm256_setzero_si256();
-  __m256i subnormal = _mm256_setzero_si256();
-  __m256i overflow = _mm256_setzero_si256();
-  std::size_t vectors = 0;
+  __m256i zero_out = _mm256_setzero_si256();
+  __m256i small_out = _mm256_setzero_si256();
+  __m256i past_max = _mm256_setzero_si256();
+  std::uint64_t nonfinite = 0;
+  std::uint32_t blocks = 0;
+  ConversionStats total;
 
-  static std::uint64_t hsum(__m256i v) {
-    alignas(32) std::uint32_t l[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(l), v);
-    std::uint64_t s = 0;
-    for (std::uint32_t x : l) s += x;
-    return s;
+  static __m256i lanes_to_16(__m256i m0, __m256i m1) { return _mm256_packs_epi32(m0, m1); }
+
+  void spill() {
+    // Lanes hold counts in [0, 2^16); madd treats them as signed, so undo that.
+    auto sum = [](__m256i v) {
+      const __m256i lo = _mm256_and_si256(v, _mm256_set1_epi32(0xffff));
+      const __m256i hi = _mm256_srli_epi32(v, 16);
+      alignas(32) std::uint32_t l[8], h[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(l), lo);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(h), hi);
+      std::uint64_t s = 0;
+      for (int i = 0; i < 8; ++i) s += l[i] + h[i];
+      return s;
+    };
+    const std::uint64_t elems = std::uint64_t{blocks} * 16;
+    const std::uint64_t zin = sum(zero_in), zout = sum(zero_out), small = sum(small_out), past = sum(past_max);
+    total.elements += elems;
+    total.nonzero += elems - zin;
+    total.nonfinite_input += nonfinite;
+    total.underflow += zout - zin;
+    total.subnormal += small - zout;
+    total.overflow += past - nonfinite;
+    zero_in = zero_out = small_out = past_max = _mm256_setzero_si256();
+    nonfinite = 0;
+    blocks = 0;
   }
-  void spill(ConversionStats& st) {
-    const std::uint64_t elems = vectors * 8;
-    const std::uint64_t zeros = hsum(zero_in);
-    st.elements += elems;
-    st.nonzero += elems - zeros;
-    st.nonfinite_input += hsum(nonfinite);
-    st.underflow += hsum(underflow);
-    st.subnormal += hsum(subnormal);
-    st.overflow += hsum(overflow);
-    *this = LaneCounters{};
-  }
-  // x: unscaled input; code: 32-bit lanes of the written codes; ovf: past-max mask.
-  template <const MiniFloatSpec& S>
-  void add(__m256 x, __m256i code, __m256i ovf, ConversionStats& st) {
-    constexpr std::uint32_t kMag = (1u << (S.bits - 1)) - 1;
-    const __m256i zero = _mm256_setzero_si256();
-    const __m256i ax = _mm256_and_si256(_mm256_castps_si256(x), set1(0x7fffffffu));
-    const __m256i zin = _mm256_cmpeq_epi32(ax, zero);
-    const __m256i nonfin = _mm256_cmpgt_epi32(ax, set1(0x7f7fffffu));
-    const __m256i fin_nz = _mm256_andnot_si256(_mm256_or_si256(zin, nonfin), set1(0xffffffffu));
-    const __m256i mag = _mm256_and_si256(code, set1(kMag));
-    const __m256i zout = _mm256_cmpeq_epi32(mag, zero);
-    const __m256i sub = _mm256_andnot_si256(zout, _mm256_cmpgt_epi32(set1(1u << S.man_bits), mag));
-    zero_in = _mm256_sub_epi32(zero_in, zin);
-    nonfinite = _mm256_sub_epi32(nonfinite, nonfin);
-    underflow = _mm256_sub_epi32(underflow, _mm256_and_si256(fin_nz, zout));
-    subnormal = _mm256_sub_epi32(subnormal, _mm256_and_si256(fin_nz, sub));
-    overflow = _mm256_sub_epi32(overflow, _mm256_andnot_si256(nonfin, ovf));
-    if (++vectors == (1u << 24)) spill(st);
+
+  void add(__m256 x0, __m256 x1, __m256 y0, __m256 y1, __m256i codes) {
+    const __m256 zero = _mm256_setzero_ps();
+    const __m256i zin = lanes_to_16(_mm256_castps_si256(_mm256_cmp_ps(x0, zero, _CMP_EQ_OQ)),
+                                    _mm256_castps_si256(_mm256_cmp_ps(x1, zero, _CMP_EQ_OQ)));
+    const __m256i threshold = set1(overflow_threshold_bits(S) - 1);
+    const __m256i past = lanes_to_16(_mm256_cmpgt_epi32(abs_bits(y0), threshold),
+                                     _mm256_cmpgt_epi32(abs_bits(y1), threshold));
+    const __m256i mag = _mm256_and_si256(codes, set1_16(mag_mask16<S>()));
+    zero_in = _mm256_sub_epi16(zero_in, zin);
+    past_max = _mm256_sub_epi16(past_max, past);
+    zero_out = _mm256_sub_epi16(zero_out, _mm256_cmpeq_epi16(mag, _mm256_setzero_si256()));
+    small_out = _mm256_sub_epi16(small_out, _mm256_cmpgt_epi16(set1_16(1u << S.man_bits), mag));
+    const __m256i ax_max = _mm256_max_epu32(abs_bits(x0), abs_bits(x1));
+    if (!_mm256_testz_si256(_mm256_cmpgt_epi32(ax_max, set1(0x7f7fffffu)), set1(0xffffffffu))) {
+      alignas(32) std::uint32_t b[16];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(b), abs_bits(x0));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(b + 8), abs_bits(x1));
+      for (std::uint32_t v : b) nonfinite += v >= 0x7f800000u;
+    }
+    if (++blocks == 32768) spill();  // 16-bit lanes must not wrap
   }
 };
 
-// ---- stores of 8 codes held in 32-bit lanes --------------------------------
-inline void store8(std::uint16_t* d, __m256i code) {
-  const __m128i p = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
-  _mm_storeu_si128(reinterpret_cast<__m128i*>(d), p);
+// ---- stores -------------------------------------------------------------------
+template <bool kStream>
+inline void store16(std::uint16_t* d, __m256i c) {
+  if constexpr (kStream) _mm256_stream_si256(reinterpret_cast<__m256i*>(d), c);
+  else _mm256_storeu_si256(reinterpret_cast<__m256i*>(d), c);
 }
-inline void store8(std::uint8_t* d, __m256i code) {
-  const __m128i p = _mm_packus_epi32(_mm256_castsi256_si128(code), _mm256_extracti128_si256(code, 1));
-  _mm_storel_epi64(reinterpret_cast<__m128i*>(d), _mm_packus_epi16(p, p));
+template <bool kStream>
+inline void store16(std::uint8_t* d, __m256i c) {
+  const __m128i b = _mm_packus_epi16(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+  if constexpr (kStream) _mm_stream_si128(reinterpret_cast<__m128i*>(d), b);
+  else _mm_storeu_si128(reinterpret_cast<__m128i*>(d), b);
+}
+template <bool kStream>
+inline void store8f(float* d, __m256 v) {
+  if constexpr (kStream) _mm256_stream_ps(d, v);
+  else _mm256_storeu_ps(d, v);
 }
 
-// ---- generic encode: the reference algorithm, eight lanes -------------------
-template <const MiniFloatSpec& S, bool kStochastic>
-inline __m256i encode8_generic(__m256 y, __m256i rnd, __m256i ovf_code, bool flush, __m256i& ovf_out) {
+// Elements before dst reaches `align` bytes (at most n).
+template <class T>
+std::size_t head_to_align(const T* dst, std::size_t align, std::size_t n) {
+  const auto mis = reinterpret_cast<std::uintptr_t>(dst) % align;
+  if (mis == 0) return 0;
+  const std::size_t head = (align - mis) / sizeof(T);
+  return head < n ? head : n;
+}
+
+// ---- encode ---------------------------------------------------------------------
+template <const MiniFloatSpec& S, bool kCount, bool kStream>
+std::size_t encode_blocks(const float* src, StorageOf<S>* dst, std::size_t n, const ConvertOptions& o,
+                          Counters<S>& counters) {
+  const bool saturate = o.overflow == Overflow::saturate;
+  const bool flush = o.subnormals == Subnormals::flush;
+  const __m256 scale = _mm256_set1_ps(o.scale);
+  const __m256i fp8_ovf = set1(saturate ? S.max_code : S.overflow_code);
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256 x0 = _mm256_loadu_ps(src + i);
+    const __m256 x1 = _mm256_loadu_ps(src + i + 8);
+    const __m256 y0 = _mm256_mul_ps(x0, scale);
+    const __m256 y1 = _mm256_mul_ps(x1, scale);
+    __m256i c = raw_codes16<S>(y0, y1, fp8_ovf);
+    if constexpr (S.bits == 16) {
+      if (saturate) c = saturate16<S>(c);
+    }
+    if (flush) c = flush16<S>(c);
+    if constexpr (kCount) counters.add(x0, x1, y0, y1, c);
+    store16<kStream>(dst + i, c);
+  }
+  return i;
+}
+
+template <const MiniFloatSpec& S, bool kCount>
+ConversionStats encode_kernel(const float* src, void* dst_v, std::size_t n, const ConvertOptions& o) {
+  using Storage = StorageOf<S>;
+  auto* dst = static_cast<Storage*>(dst_v);
+  Counters<S> counters;
+  ConversionStats head_tail;
+  std::size_t i = 0;
+  if (n * (sizeof(float) + sizeof(Storage)) >= kStreamBytes) {
+    i = head_to_align(dst, S.bits == 16 ? 32 : 16, n);
+    if constexpr (kCount) encode_counted_range<S>(src, dst, i, o, head_tail);
+    else encode_range<S>(src, dst, i, o);
+    i += encode_blocks<S, kCount, true>(src + i, dst + i, n - i, o, counters);
+    _mm_sfence();
+  } else {
+    i = encode_blocks<S, kCount, false>(src, dst, n, o, counters);
+  }
+  if constexpr (kCount) {
+    counters.spill();
+    encode_counted_range<S>(src + i, dst + i, n - i, o, head_tail);
+    counters.total += head_tail;
+  } else {
+    encode_range<S>(src + i, dst + i, n - i, o);
+  }
+  return counters.total;
+}
+
+// ---- stochastic rounding: the reference algorithm, eight integer lanes --------
+template <const MiniFloatSpec& S>
+inline __m256i encode8_stochastic(__m256 y, __m256i rnd, __m256i ovf_code, bool flush) {
   constexpr int M = S.man_bits;
   constexpr int kMinE = min_normal_f32_exponent(S);
   const __m256i zero = _mm256_setzero_si256();
@@ -94,187 +282,113 @@ inline __m256i encode8_generic(__m256 y, __m256i rnd, __m256i ovf_code, bool flu
   const __m256i pre = _mm256_min_epi32(_mm256_max_epi32(_mm256_sub_epi32(shift, set1(31)), zero), set1(31));
   sig = _mm256_srlv_epi32(sig, pre);
   shift = _mm256_min_epi32(shift, set1(31));
-  __m256i add;
-  if constexpr (kStochastic) {
-    add = _mm256_srlv_epi32(rnd, _mm256_sub_epi32(set1(32), shift));
-  } else {
-    const __m256i half_m1 = _mm256_sub_epi32(_mm256_sllv_epi32(set1(1), _mm256_sub_epi32(shift, set1(1))), set1(1));
-    add = _mm256_add_epi32(half_m1, _mm256_and_si256(_mm256_srlv_epi32(sig, shift), set1(1)));
-  }
+  const __m256i add = _mm256_srlv_epi32(rnd, _mm256_sub_epi32(set1(32), shift));
   __m256i code = _mm256_add_epi32(base, _mm256_srlv_epi32(_mm256_add_epi32(sig, add), shift));
-  const __m256i ovf = _mm256_cmpgt_epi32(code, set1(S.max_code));
-  code = _mm256_blendv_epi8(code, ovf_code, ovf);
+  code = _mm256_blendv_epi8(code, ovf_code, _mm256_cmpgt_epi32(code, set1(S.max_code)));
   if (flush) code = _mm256_andnot_si256(_mm256_cmpgt_epi32(set1(1u << M), code), code);
-  const __m256i nan = _mm256_cmpgt_epi32(a, set1(0x7f800000u));
   __m256i nan_code;
   if constexpr (S.has_inf) {
     nan_code = _mm256_or_si256(set1(S.overflow_code | (1u << (M - 1))), _mm256_srli_epi32(mant, 23 - M));
   } else {
     nan_code = set1(S.nan_code);
   }
-  code = _mm256_blendv_epi8(code, nan_code, nan);
-  ovf_out = _mm256_andnot_si256(nan, ovf);
+  code = _mm256_blendv_epi8(code, nan_code, _mm256_cmpgt_epi32(a, set1(0x7f800000u)));
   return _mm256_or_si256(code, sign);
-}
-
-// ---- bf16 round to nearest even: the integer rounding trick ----------------
-inline __m256i encode8_bf16(__m256 y, bool saturate, bool flush, __m256i& ovf_out) {
-  constexpr std::uint32_t kThreshold = overflow_threshold_bits(kBF16Spec);
-  const __m256i u = _mm256_castps_si256(y);
-  const __m256i a = _mm256_and_si256(u, set1(0x7fffffffu));
-  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), set1(1));
-  __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(set1(0x7fffu), lsb)), 16);
-  const __m256i nan = _mm256_cmpgt_epi32(a, set1(0x7f800000u));
-  const __m256i ovf = _mm256_andnot_si256(nan, _mm256_cmpgt_epi32(a, set1(kThreshold - 1)));
-  if (saturate) {
-    const __m256i sign16 = _mm256_slli_epi32(_mm256_srli_epi32(u, 31), 15);
-    r = _mm256_blendv_epi8(r, _mm256_or_si256(sign16, set1(kBF16Spec.max_code)), ovf);
-  }
-  if (flush) {
-    const __m256i sub = _mm256_cmpeq_epi32(_mm256_and_si256(r, set1(0x7f80u)), _mm256_setzero_si256());
-    r = _mm256_andnot_si256(_mm256_and_si256(sub, set1(0x7fffu)), r);
-  }
-  r = _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(u, 16), set1(0x40u)), nan);
-  ovf_out = ovf;
-  return r;
-}
-
-// ---- f16 round to nearest even: F16C --------------------------------------
-inline __m128i encode8_f16(__m256 y, bool saturate, bool flush, __m256i& ovf_out) {
-  constexpr std::uint32_t kThreshold = overflow_threshold_bits(kF16Spec);
-  const __m256 sign_mask = _mm256_castsi256_ps(set1(0x80000000u));
-  const __m256 ay = _mm256_andnot_ps(sign_mask, y);
-  const __m256i ai = _mm256_castps_si256(ay);
-  ovf_out = _mm256_andnot_si256(_mm256_cmpgt_epi32(ai, set1(0x7f800000u)),
-                                _mm256_cmpgt_epi32(ai, set1(kThreshold - 1)));
-  if (saturate) {
-    // min(max, |y|) returns |y| when it is NaN (MINPS returns its second operand).
-    const __m256 clamped = _mm256_min_ps(_mm256_set1_ps(65504.0f), ay);
-    y = _mm256_or_ps(clamped, _mm256_and_ps(sign_mask, y));
-  }
-  __m128i h = _mm256_cvtps_ph(y, 0);
-  if (flush) {
-    const __m128i sub = _mm_cmpeq_epi16(_mm_and_si128(h, set1_16(0x7c00)), _mm_setzero_si128());
-    h = _mm_andnot_si128(_mm_and_si128(sub, set1_16(0x7fff)), h);
-  }
-  return h;
-}
-
-// ---- kernels ----------------------------------------------------------------
-// Layout equality (address comparison of the specs is not a constant expression
-// under the sanitizers).
-constexpr bool same_format(const MiniFloatSpec& a, const MiniFloatSpec& b) {
-  return a.bits == b.bits && a.man_bits == b.man_bits && a.bias == b.bias && a.has_inf == b.has_inf;
-}
-template <const MiniFloatSpec& S>
-using StorageOf = std::conditional_t<S.bits == 16, std::uint16_t, std::uint8_t>;
-
-template <const MiniFloatSpec& S, bool kCount>
-ConversionStats encode_kernel(const float* src, void* dst_v, std::size_t n, const ConvertOptions& o) {
-  using Storage = StorageOf<S>;
-  auto* dst = static_cast<Storage*>(dst_v);
-  const bool saturate = o.overflow == Overflow::saturate;
-  const bool flush = o.subnormals == Subnormals::flush;
-  const __m256 scale = _mm256_set1_ps(o.scale);
-  const __m256i ovf_code = set1(saturate ? S.max_code : S.overflow_code);
-  ConversionStats st;
-  LaneCounters counters;
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 x = _mm256_loadu_ps(src + i);
-    const __m256 y = _mm256_mul_ps(x, scale);
-    __m256i ovf = _mm256_setzero_si256();
-    __m256i code = _mm256_setzero_si256();
-    if constexpr (same_format(S, kF16Spec)) {
-      const __m128i h = encode8_f16(y, saturate, flush, ovf);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), h);
-      if constexpr (kCount) code = _mm256_cvtepu16_epi32(h);
-    } else {
-      if constexpr (same_format(S, kBF16Spec)) {
-        code = encode8_bf16(y, saturate, flush, ovf);
-      } else {
-        code = encode8_generic<S, false>(y, _mm256_setzero_si256(), ovf_code, flush, ovf);
-      }
-      store8(dst + i, code);
-    }
-    if constexpr (kCount) counters.add<S>(x, code, ovf, st);
-  }
-  if constexpr (kCount) {
-    counters.spill(st);
-    encode_counted_range<S>(src + i, dst + i, n - i, o, st);
-  } else {
-    encode_range<S>(src + i, dst + i, n - i, o);
-  }
-  return st;
 }
 
 template <const MiniFloatSpec& S>
 void encode_stochastic_kernel(const float* src, void* dst_v, const std::uint32_t* random, std::size_t n,
                               const ConvertOptions& o) {
-  using Storage = StorageOf<S>;
-  auto* dst = static_cast<Storage*>(dst_v);
+  auto* dst = static_cast<StorageOf<S>*>(dst_v);
   const bool flush = o.subnormals == Subnormals::flush;
   const __m256 scale = _mm256_set1_ps(o.scale);
   const __m256i ovf_code = set1(o.overflow == Overflow::saturate ? S.max_code : S.overflow_code);
   std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    const __m256 y = _mm256_mul_ps(_mm256_loadu_ps(src + i), scale);
-    const __m256i rnd = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(random + i));
-    __m256i ovf;
-    store8(dst + i, encode8_generic<S, true>(y, rnd, ovf_code, flush, ovf));
+  for (; i + 16 <= n; i += 16) {
+    const auto* r = reinterpret_cast<const __m256i*>(random + i);
+    const __m256i c0 = encode8_stochastic<S>(_mm256_mul_ps(_mm256_loadu_ps(src + i), scale),
+                                             _mm256_loadu_si256(r), ovf_code, flush);
+    const __m256i c1 = encode8_stochastic<S>(_mm256_mul_ps(_mm256_loadu_ps(src + i + 8), scale),
+                                             _mm256_loadu_si256(r + 1), ovf_code, flush);
+    store16<false>(dst + i, pack_32_to_16(c0, c1));
   }
   encode_stochastic_range<S>(src + i, dst + i, random + i, n - i, o);
 }
 
-// Decode helpers: flush subnormal f16 patterns to a signed zero.
-inline __m128i flush_f16(__m128i h) {
-  const __m128i sub = _mm_cmpeq_epi16(_mm_and_si128(h, set1_16(0x7c00)), _mm_setzero_si128());
-  return _mm_andnot_si128(_mm_and_si128(sub, set1_16(0x7fff)), h);
+// ---- decode ----------------------------------------------------------------------
+// Subnormal f16 patterns (exponent field 0) become zeros of the same sign.
+inline __m256i flush_f16_16(__m256i h) {
+  const __m256i sub = _mm256_cmpeq_epi16(_mm256_and_si256(h, set1_16(0x7c00)), _mm256_setzero_si256());
+  return _mm256_andnot_si256(_mm256_and_si256(sub, set1_16(0x7fff)), h);
+}
+
+inline void f16x16_to_f32(__m256i h, __m256& lo, __m256& hi) {
+  lo = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
+  hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
+}
+
+template <const MiniFloatSpec& S, bool kStream>
+std::size_t decode_blocks(const StorageOf<S>* src, float* dst, std::size_t n, const ConvertOptions& o) {
+  const bool flush = o.subnormals == Subnormals::flush;
+  const __m256 scale = _mm256_set1_ps(o.scale);
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    __m256 lo, hi;
+    if constexpr (same_format(S, kF16Spec)) {
+      __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+      if (flush) h = flush_f16_16(h);
+      f16x16_to_f32(h, lo, hi);
+    } else if constexpr (same_format(S, kBF16Spec)) {
+      __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
+      const __m256i nan = _mm256_cmpgt_epi16(_mm256_and_si256(h, set1_16(0x7fff)), set1_16(0x7f80));
+      h = _mm256_or_si256(h, _mm256_and_si256(nan, set1_16(0x0040)));  // quiet
+      if (flush) {
+        const __m256i sub = _mm256_cmpeq_epi16(_mm256_and_si256(h, set1_16(0x7f80)), _mm256_setzero_si256());
+        h = _mm256_andnot_si256(_mm256_and_si256(sub, set1_16(0x7fff)), h);
+      }
+      lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16));
+      hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16));
+    } else if constexpr (same_format(S, kE5M2Spec)) {
+      // E5M2 is the top byte of an f16.
+      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
+      __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8);
+      if (flush) h = flush_f16_16(h);
+      f16x16_to_f32(h, lo, hi);
+    } else {
+      // E4M3 into an f16 (bias 15 vs 7: the f16 value is 2^-8 of it), NaN as f16 NaN.
+      const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
+      const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(w, set1_16(0x80)), 8);
+      __m256i mag = _mm256_and_si256(w, set1_16(0x7f));
+      const __m256i nan = _mm256_cmpeq_epi16(mag, set1_16(0x7f));
+      if (flush) {
+        mag = _mm256_andnot_si256(_mm256_cmpeq_epi16(_mm256_and_si256(mag, set1_16(0x78)), _mm256_setzero_si256()),
+                                  mag);
+      }
+      __m256i h = _mm256_or_si256(sign, _mm256_slli_epi16(mag, 7));
+      h = _mm256_blendv_epi8(h, _mm256_or_si256(sign, set1_16(0x7e00)), nan);
+      f16x16_to_f32(h, lo, hi);
+      const __m256 k256 = _mm256_set1_ps(256.0f);  // exact; NaN passes unchanged
+      lo = _mm256_mul_ps(lo, k256);
+      hi = _mm256_mul_ps(hi, k256);
+    }
+    store8f<kStream>(dst + i, _mm256_mul_ps(lo, scale));
+    store8f<kStream>(dst + i + 8, _mm256_mul_ps(hi, scale));
+  }
+  return i;
 }
 
 template <const MiniFloatSpec& S>
 void decode_kernel(const void* src_v, float* dst, std::size_t n, const ConvertOptions& o) {
   using Storage = StorageOf<S>;
   const auto* src = static_cast<const Storage*>(src_v);
-  const bool flush = o.subnormals == Subnormals::flush;
-  const __m256 scale = _mm256_set1_ps(o.scale);
   std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    __m256 f;
-    if constexpr (same_format(S, kF16Spec)) {
-      __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-      if (flush) h = flush_f16(h);
-      f = _mm256_cvtph_ps(h);
-    } else if constexpr (same_format(S, kBF16Spec)) {
-      __m256i u = _mm256_slli_epi32(
-          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))), 16);
-      const __m256i a = _mm256_and_si256(u, set1(0x7fffffffu));
-      u = _mm256_or_si256(u, _mm256_and_si256(_mm256_cmpgt_epi32(a, set1(0x7f800000u)), set1(0x400000u)));
-      if (flush) {
-        const __m256i sub = _mm256_cmpeq_epi32(_mm256_and_si256(u, set1(0x7f800000u)), _mm256_setzero_si256());
-        u = _mm256_andnot_si256(_mm256_and_si256(sub, set1(0x7fffffffu)), u);
-      }
-      f = _mm256_castsi256_ps(u);
-    } else if constexpr (same_format(S, kE5M2Spec)) {
-      // E5M2 is the top byte of an f16.
-      const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i));
-      __m128i h = _mm_slli_epi16(_mm_cvtepu8_epi16(b), 8);
-      if (flush) h = flush_f16(h);
-      f = _mm256_cvtph_ps(h);
-    } else {
-      // E4M3: place exponent and mantissa into an f16 (bias 15 vs 7: times 2^8), NaN fixed up.
-      const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src + i)));
-      const __m128i sign = _mm_slli_epi16(_mm_and_si128(w, set1_16(0x80)), 8);
-      __m128i mag = _mm_and_si128(w, set1_16(0x7f));
-      const __m128i nan16 = _mm_cmpeq_epi16(mag, set1_16(0x7f));
-      if (flush) mag = _mm_andnot_si128(_mm_cmpeq_epi16(_mm_and_si128(mag, set1_16(0x78)), _mm_setzero_si128()), mag);
-      f = _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(sign, _mm_slli_epi16(mag, 7))), _mm256_set1_ps(256.0f));
-      const __m256 nan = _mm256_castsi256_ps(_mm256_cvtepi16_epi32(nan16));
-      const __m256 qnan = _mm256_or_ps(_mm256_and_ps(f, _mm256_castsi256_ps(set1(0x80000000u))),
-                                       _mm256_castsi256_ps(set1(0x7fc00000u)));
-      f = _mm256_blendv_ps(f, qnan, nan);
-    }
-    _mm256_storeu_ps(dst + i, _mm256_mul_ps(f, scale));
+  if (n * (sizeof(float) + sizeof(Storage)) >= kStreamBytes) {
+    i = head_to_align(dst, 32, n);
+    decode_range<S>(src, dst, i, o);
+    i += decode_blocks<S, true>(src + i, dst + i, n - i, o);
+    _mm_sfence();
+  } else {
+    i = decode_blocks<S, false>(src, dst, n, o);
   }
   decode_range<S>(src + i, dst + i, n - i, o);
 }
