@@ -6,10 +6,27 @@
 
 #include <exception>
 #include <functional>
+#include <string>
 
 #include "cmd_bench.hpp"
 #include "cmd_formats.hpp"
 #include "mixprec/version.hpp"
+
+namespace {
+
+// CLI11 reports an unknown command only as "a subcommand is required": name it.
+bool reject_unknown_command(const CLI::App& app, const char* word) {
+  std::string known;
+  for (const CLI::App* sub : app.get_subcommands({})) {
+    if (sub->check_name(word)) return false;
+    known += (known.empty() ? "" : ", ") + sub->get_name();
+  }
+  fmt::print(stderr, "mixprec: error: unknown command '{}'; commands: {}\nRun 'mixprec --help' for usage.\n", word,
+             known);
+  return true;
+}
+
+}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"mixprec: mixed-precision training toolkit", "mixprec"};
@@ -18,6 +35,7 @@ int main(int argc, char** argv) {
   std::function<int()> action;
   mixprec::cli::add_formats_command(app, action);
   mixprec::cli::add_bench_command(app, action);
+  if (argc > 1 && argv[1][0] != '-' && reject_unknown_command(app, argv[1])) return 2;
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

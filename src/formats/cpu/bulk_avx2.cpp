@@ -19,10 +19,14 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+
+
 namespace mixprec::detail {
 namespace {
 
 constexpr std::size_t kStreamBytes = kStreamingStoreBytes;
+// Software prefetch distance for streamed sources (measured: +10-20% on one thread).
+constexpr int kPrefetchBytes = 2048;
 
 inline __m256i set1(std::uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); }
 inline __m256i set1_16(std::uint16_t v) { return _mm256_set1_epi16(static_cast<short>(v)); }
@@ -43,7 +47,8 @@ inline __m256i pack_32_to_16(__m256i lo, __m256i hi) {
 }
 
 // ---- raw codes: round to nearest even, IEEE overflow, subnormals kept --------
-// (fp8: the overflow code is passed in, so saturation happens here.)
+// (E4M3, which has no infinity to recognise afterwards, takes its overflow
+// code here: NaN, or max finite when saturating.)
 
 inline __m256i bf16_codes8(__m256 y) {
   const __m256i u = _mm256_castps_si256(y);
@@ -91,7 +96,8 @@ inline __m256i raw_codes16(__m256 y0, __m256 y1, __m256i fp8_ovf_code) {
   } else if constexpr (same_format(S, kBF16Spec)) {
     return pack_32_to_16(bf16_codes8(y0), bf16_codes8(y1));
   } else {
-    return pack_32_to_16(fp8_codes8<S>(y0, fp8_ovf_code), fp8_codes8<S>(y1, fp8_ovf_code));
+    const __m256i ovf = S.has_inf ? set1(S.overflow_code) : fp8_ovf_code;
+    return pack_32_to_16(fp8_codes8<S>(y0, ovf), fp8_codes8<S>(y1, ovf));
   }
 }
 
@@ -100,7 +106,7 @@ constexpr std::uint16_t mag_mask16() {
   return static_cast<std::uint16_t>((1u << (S.bits - 1)) - 1);
 }
 
-// f16 / bf16: +-inf codes become +-max (fp8 saturates in fp8_codes8).
+// Formats with infinity: +-inf codes become +-max (E4M3 saturates in fp8_codes8).
 template <const MiniFloatSpec& S>
 inline __m256i saturate16(__m256i c) {
   const __m256i mag = _mm256_and_si256(c, set1_16(mag_mask16<S>()));
@@ -119,11 +125,15 @@ inline __m256i flush16(__m256i c) {
 }
 
 // ---- counting ---------------------------------------------------------------
-// Four 16-bit lane counters; the stats follow from them:
-//   underflow = zeros out - zeros in        (only a finite input can give 0)
-//   subnormal = codes below min normal - zeros out
-//   overflow  = |y| >= threshold - non-finite inputs (those always land there)
-// Non-finite inputs are rare: a block holding one is counted by a scalar loop.
+// Four 16-bit lane counters on the raw codes (before saturation and flush):
+// zeros in, zero codes, codes below min normal, codes at or past the overflow
+// code (inf/NaN). The stats follow, because only a finite input can give a code
+// below min normal and every non-finite input lands at or past the overflow code:
+//   underflow = zero codes (flush: codes below min normal) - zeros in
+//   subnormal = codes below min normal - zero codes       (flush: none)
+//   overflow  = codes past max - non-finite inputs
+// Non-finite inputs are rare: a block with a code past max counts them in a
+// scalar loop over its 16 inputs.
 template <const MiniFloatSpec& S>
 struct Counters {
   __m256i zero_in = _mm256_setzero_si256();
@@ -131,56 +141,60 @@ struct Counters {
   __m256i small_out = _mm256_setzero_si256();
   __m256i past_max = _mm256_setzero_si256();
   std::uint64_t nonfinite = 0;
-  std::uint32_t blocks = 0;
+  std::uint64_t blocks = 0;
   ConversionStats total;
 
-  static __m256i lanes_to_16(__m256i m0, __m256i m1) { return _mm256_packs_epi32(m0, m1); }
-
-  void spill() {
-    // Lanes hold counts in [0, 2^16); madd treats them as signed, so undo that.
+  // Adds the lane counts (each < 2^16) to the totals and clears them.
+  void spill(bool flush) {
     auto sum = [](__m256i v) {
-      const __m256i lo = _mm256_and_si256(v, _mm256_set1_epi32(0xffff));
-      const __m256i hi = _mm256_srli_epi32(v, 16);
-      alignas(32) std::uint32_t l[8], h[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(l), lo);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(h), hi);
-      std::uint64_t s = 0;
-      for (int i = 0; i < 8; ++i) s += l[i] + h[i];
-      return s;
+      const __m256i w = _mm256_add_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(v, 16));
+      alignas(32) std::uint32_t l[8];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(l), w);
+      std::uint64_t t = 0;
+      for (std::uint32_t x : l) t += x;
+      return t;
     };
-    const std::uint64_t elems = std::uint64_t{blocks} * 16;
+    const std::uint64_t elems = blocks * 16;
     const std::uint64_t zin = sum(zero_in), zout = sum(zero_out), small = sum(small_out), past = sum(past_max);
     total.elements += elems;
     total.nonzero += elems - zin;
     total.nonfinite_input += nonfinite;
-    total.underflow += zout - zin;
-    total.subnormal += small - zout;
+    total.underflow += (flush ? small : zout) - zin;
+    total.subnormal += flush ? 0 : small - zout;
     total.overflow += past - nonfinite;
     zero_in = zero_out = small_out = past_max = _mm256_setzero_si256();
     nonfinite = 0;
     blocks = 0;
   }
 
-  void add(__m256 x0, __m256 x1, __m256 y0, __m256 y1, __m256i codes) {
+  // past: 16-bit lanes set where the value is at or past the overflow point.
+  void add(__m256 x0, __m256 x1, __m256i raw, __m256i past) {
     const __m256 zero = _mm256_setzero_ps();
-    const __m256i zin = lanes_to_16(_mm256_castps_si256(_mm256_cmp_ps(x0, zero, _CMP_EQ_OQ)),
-                                    _mm256_castps_si256(_mm256_cmp_ps(x1, zero, _CMP_EQ_OQ)));
-    const __m256i threshold = set1(overflow_threshold_bits(S) - 1);
-    const __m256i past = lanes_to_16(_mm256_cmpgt_epi32(abs_bits(y0), threshold),
-                                     _mm256_cmpgt_epi32(abs_bits(y1), threshold));
-    const __m256i mag = _mm256_and_si256(codes, set1_16(mag_mask16<S>()));
+    const __m256i zin = _mm256_packs_epi32(_mm256_castps_si256(_mm256_cmp_ps(x0, zero, _CMP_EQ_OQ)),
+                                           _mm256_castps_si256(_mm256_cmp_ps(x1, zero, _CMP_EQ_OQ)));
+    const __m256i mag = _mm256_and_si256(raw, set1_16(mag_mask16<S>()));
     zero_in = _mm256_sub_epi16(zero_in, zin);
-    past_max = _mm256_sub_epi16(past_max, past);
     zero_out = _mm256_sub_epi16(zero_out, _mm256_cmpeq_epi16(mag, _mm256_setzero_si256()));
     small_out = _mm256_sub_epi16(small_out, _mm256_cmpgt_epi16(set1_16(1u << S.man_bits), mag));
-    const __m256i ax_max = _mm256_max_epu32(abs_bits(x0), abs_bits(x1));
-    if (!_mm256_testz_si256(_mm256_cmpgt_epi32(ax_max, set1(0x7f7fffffu)), set1(0xffffffffu))) {
+    past_max = _mm256_sub_epi16(past_max, past);
+    if (!_mm256_testz_si256(past, past)) {
       alignas(32) std::uint32_t b[16];
       _mm256_store_si256(reinterpret_cast<__m256i*>(b), abs_bits(x0));
       _mm256_store_si256(reinterpret_cast<__m256i*>(b + 8), abs_bits(x1));
       for (std::uint32_t v : b) nonfinite += v >= 0x7f800000u;
     }
-    if (++blocks == 32768) spill();  // 16-bit lanes must not wrap
+    ++blocks;
+  }
+
+  // Lanes at or past the overflow point, from raw codes.
+  static __m256i past_from_codes(__m256i raw) {
+    const __m256i mag = _mm256_and_si256(raw, set1_16(mag_mask16<S>()));
+    return _mm256_cmpgt_epi16(mag, set1_16(static_cast<std::uint16_t>(S.overflow_code - 1)));
+  }
+  // The same from the scaled inputs (E4M3 saturating: its raw codes hide overflow).
+  static __m256i past_from_values(__m256 y0, __m256 y1) {
+    const __m256i threshold = set1(overflow_threshold_bits(S) - 1);
+    return _mm256_packs_epi32(_mm256_cmpgt_epi32(abs_bits(y0), threshold), _mm256_cmpgt_epi32(abs_bits(y1), threshold));
   }
 };
 
@@ -219,19 +233,29 @@ std::size_t encode_blocks(const float* src, StorageOf<S>* dst, std::size_t n, co
   const bool flush = o.subnormals == Subnormals::flush;
   const __m256 scale = _mm256_set1_ps(o.scale);
   const __m256i fp8_ovf = set1(saturate ? S.max_code : S.overflow_code);
+  constexpr std::size_t kSpillEvery = std::size_t{16} << 15;  // 16-bit lane counters must not wrap
   std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    const __m256 x0 = _mm256_loadu_ps(src + i);
-    const __m256 x1 = _mm256_loadu_ps(src + i + 8);
-    const __m256 y0 = _mm256_mul_ps(x0, scale);
-    const __m256 y1 = _mm256_mul_ps(x1, scale);
-    __m256i c = raw_codes16<S>(y0, y1, fp8_ovf);
-    if constexpr (S.bits == 16) {
-      if (saturate) c = saturate16<S>(c);
+  while (i + 16 <= n) {
+    const std::size_t end = (kCount && n - i > kSpillEvery) ? i + kSpillEvery : n;
+    for (; i + 16 <= end; i += 16) {
+      if constexpr (kStream) _mm_prefetch(reinterpret_cast<const char*>(src + i) + kPrefetchBytes, _MM_HINT_T0);
+      const __m256 x0 = _mm256_loadu_ps(src + i);
+      const __m256 x1 = _mm256_loadu_ps(src + i + 8);
+      const __m256 y0 = _mm256_mul_ps(x0, scale);
+      const __m256 y1 = _mm256_mul_ps(x1, scale);
+      __m256i c = raw_codes16<S>(y0, y1, fp8_ovf);
+      if constexpr (kCount) {
+        const __m256i past = (!S.has_inf && saturate) ? Counters<S>::past_from_values(y0, y1)
+                                                      : Counters<S>::past_from_codes(c);
+        counters.add(x0, x1, c, past);
+      }
+      if constexpr (S.has_inf) {
+        if (saturate) c = saturate16<S>(c);
+      }
+      if (flush) c = flush16<S>(c);
+      store16<kStream>(dst + i, c);
     }
-    if (flush) c = flush16<S>(c);
-    if constexpr (kCount) counters.add(x0, x1, y0, y1, c);
-    store16<kStream>(dst + i, c);
+    if constexpr (kCount) counters.spill(flush);
   }
   return i;
 }
@@ -253,7 +277,6 @@ ConversionStats encode_kernel(const float* src, void* dst_v, std::size_t n, cons
     i = encode_blocks<S, kCount, false>(src, dst, n, o, counters);
   }
   if constexpr (kCount) {
-    counters.spill();
     encode_counted_range<S>(src + i, dst + i, n - i, o, head_tail);
     counters.total += head_tail;
   } else {
