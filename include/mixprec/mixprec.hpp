@@ -1,6 +1,8 @@
 // mixprec: mixed-precision training toolkit. Umbrella header for the public API.
 #pragma once
 
+#include "mixprec/core/dtype.hpp"
+#include "mixprec/core/parallel.hpp"
 #include "mixprec/dispatch.hpp"
 #include "mixprec/formats/bulk.hpp"
 #include "mixprec/formats/scalar.hpp"
