@@ -8,28 +8,19 @@
 
 #include <benchmark/benchmark.h>
 #include <fmt/core.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <cstring>
-#include <map>
-#include <memory>
-#include <new>
 #include <optional>
 #include <random>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "bench_common.hpp"
 #include "mixprec/dispatch.hpp"
-
-#if defined(__x86_64__)
-#include <emmintrin.h>
-#endif
 
 namespace mixprec::bench {
 namespace {
@@ -85,23 +76,8 @@ const FormatKernels& kernels_of(const KernelTable& t, Fmt f) {
 // ---- buffers: allocated and touched once, shared by every case ---------------
 //
 // First touch of a page costs ~10 us, far more than converting it, so nothing
-// is allocated inside a timed loop. Huge pages (where THP allows madvise) keep
+// is allocated inside a timed loop (bench_common's allocate()). Huge pages keep
 // TLB misses out of both the copy and the conversions alike.
-struct FreeDeleter {
-  void operator()(void* p) const noexcept { std::free(p); }
-};
-using Buffer = std::unique_ptr<std::byte, FreeDeleter>;
-
-Buffer allocate(std::size_t bytes) {
-  constexpr std::size_t kAlign = std::size_t{2} << 20;
-  bytes = (bytes + kAlign - 1) / kAlign * kAlign;
-  void* p = std::aligned_alloc(kAlign, bytes);
-  if (p == nullptr) throw std::bad_alloc();
-  (void)madvise(p, bytes, MADV_HUGEPAGE);  // advisory; 4 KiB pages work too
-  std::memset(p, 0, bytes);
-  return Buffer(static_cast<std::byte*>(p));
-}
-
 struct Buffers {
   Buffer f32_in;        // kOutOfCache floats, standard normal: encode input, copy source
   Buffer f32_out;       // kOutOfCache floats: decode output, copy destination
@@ -151,25 +127,9 @@ std::string copy_name(Op op, std::size_t bytes_per_elem, std::size_t n) {
                      bytes_per_elem % 2 == 0 ? std::to_string(bytes_per_elem / 2) : "2.5", size_name(n));
 }
 
-// A copy with non-temporal stores. Out of cache it is the fastest plain copy
-// here: it skips the read-for-ownership of the destination, and glibc's memcpy
-// does not scale to two threads on this machine (measured ~22 GB/s with two
-// threads against ~32 GB/s for this loop), which would flatter the conversions.
-void stream_copy(std::byte* dst, const std::byte* src, std::size_t bytes) {
-#if defined(__x86_64__)
-  const std::size_t head = std::min(bytes, (16 - reinterpret_cast<std::uintptr_t>(dst) % 16) % 16);
-  std::memcpy(dst, src, head);
-  std::size_t i = head;
-  for (; i + 16 <= bytes; i += 16) {
-    _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i),
-                     _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
-  }
-  _mm_sfence();
-  std::memcpy(dst + i, src + i, bytes - i);
-#else
-  std::memcpy(dst, src, bytes);
-#endif
-}
+// stream_copy (bench_common): out of cache the fastest plain copy here; glibc's
+// memcpy does not scale to two threads on this machine, which would flatter
+// the conversions.
 std::string case_name(Op op, Fmt f, const KernelTable& t, std::size_t n) {
   return fmt::format("{}/{}/{}/{}", op_name(op), fmt_name(f), isa_name(t.isa), size_name(n));
 }
@@ -226,80 +186,6 @@ void run_case(benchmark::State& state, const Case& c, const Buffers& b) {
   state.SetItemsProcessed(items);
   state.SetBytesProcessed(items * static_cast<std::int64_t>(c.bytes_per_elem));
 }
-
-// ---- results -------------------------------------------------------------------
-struct Result {
-  double items_per_s = 0;
-  double bytes_per_s = 0;
-  double cv = -1;  // coefficient of variation of the rate over repetitions; -1 if unknown
-};
-using Key = std::pair<std::string, int>;  // case name, threads
-
-double counter(const benchmark::BenchmarkReporter::Run& r, const char* name) {
-  const auto it = r.counters.find(name);
-  return it == r.counters.end() ? 0.0 : it->second.value;
-}
-
-// Shows the medians on the console and keeps them (and the spread) for the table.
-class Collector : public benchmark::ConsoleReporter {
- public:
-  using ConsoleReporter::ConsoleReporter;
-
-  void ReportRuns(const std::vector<Run>& runs) override {
-    std::vector<Run> shown;
-    for (const Run& r : runs) {
-      if (r.error_occurred) continue;
-      const bool median = r.run_type == Run::RT_Aggregate && r.aggregate_name == "median";
-      // With --benchmark_repetitions=1 there are no aggregates: the single run stands in.
-      const bool single = r.run_type == Run::RT_Iteration && r.repetitions <= 1;
-      Result& res = results_[{r.run_name.function_name, static_cast<int>(r.threads)}];
-      if (median || single) {
-        res.items_per_s = counter(r, "items_per_second");
-        res.bytes_per_s = counter(r, "bytes_per_second");
-        shown.push_back(r);
-      } else if (r.run_type == Run::RT_Aggregate && r.aggregate_name == "cv") {
-        res.cv = counter(r, "items_per_second");
-      }
-    }
-    if (!shown.empty()) ConsoleReporter::ReportRuns(shown);
-  }
-
-  std::optional<Result> find(const std::string& name, int threads) const {
-    const auto it = results_.find({name, threads});
-    if (it == results_.end() || it->second.items_per_s <= 0) return std::nullopt;
-    return it->second;
-  }
-
- private:
-  std::map<Key, Result> results_;
-};
-
-bool has_avx512() {
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
-#else
-  return false;
-#endif
-}
-
-// One target's tally for the summary.
-struct Tally {
-  int met = 0;
-  std::vector<std::string> missed;
-  void add(bool ok, std::string what) {
-    if (ok) ++met;
-    else missed.push_back(std::move(what));
-  }
-  void print(const char* title) const {
-    const int total = met + static_cast<int>(missed.size());
-    if (total == 0) {
-      fmt::print("  {}: not measured in this run\n", title);
-      return;
-    }
-    fmt::print("  {}: {} ({}/{} met)\n", title, missed.empty() ? "MET" : "NOT MET", met, total);
-    for (const auto& m : missed) fmt::print("      not met: {}\n", m);
-  }
-};
 
 // The copy rate for a byte volume: the faster of memcpy and the streaming copy.
 struct CopyRef {
@@ -432,20 +318,7 @@ int run_formats(int argc, char** argv) {
   // The suite's defaults come first so that the caller's flags override them.
   // Random interleaving spreads each case's repetitions over the whole run, so
   // a conversion and its copy see the same machine weather.
-  std::vector<std::string> storage = {
-      argc > 0 ? argv[0] : "bench_formats",
-      "--benchmark_repetitions=9",
-      "--benchmark_report_aggregates_only=true",
-      "--benchmark_min_time=0.1",
-      "--benchmark_enable_random_interleaving=true",
-  };
-  for (int i = 1; i < argc; ++i) storage.emplace_back(argv[i]);
-  std::vector<char*> args;
-  for (auto& s : storage) args.push_back(s.data());
-  int n_args = static_cast<int>(args.size());
-  args.push_back(nullptr);
-  benchmark::Initialize(&n_args, args.data());
-  if (benchmark::ReportUnrecognizedArguments(n_args, args.data())) return 1;
+  if (!initialize(argc, argv, "bench_formats", default_flags())) return 1;
 
   std::vector<Case> cases;
   for (std::size_t n : kSizes) {
@@ -481,8 +354,7 @@ int run_formats(int argc, char** argv) {
     }
   }
 
-  Collector reporter(isatty(STDOUT_FILENO) ? benchmark::ConsoleReporter::OO_Color
-                                           : benchmark::ConsoleReporter::OO_None);
+  Collector reporter(console_options());
   benchmark::RunSpecifiedBenchmarks(&reporter);
   print_table(reporter, cases, *fast, scalar);
   // The registered lambdas refer to cases and buffers, which end here.
