@@ -50,32 +50,46 @@ inline __m256i pack_32_to_16(__m256i lo, __m256i hi) {
 // (E4M3, which has no infinity to recognise afterwards, takes its overflow
 // code here: NaN, or max finite when saturating.)
 
-inline __m256i bf16_codes8(__m256 y) {
+// Rounds 8 lanes; NaN lanes come out wrong and are fixed by bf16_nan_fix.
+inline __m256i bf16_round8(__m256 y) {
   const __m256i u = _mm256_castps_si256(y);
   const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(u, 16), set1(1));
-  const __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(set1(0x7fffu), lsb)), 16);
-  const __m256i nan = _mm256_cmpgt_epi32(abs_bits(y), set1(0x7f800000u));
-  return _mm256_blendv_epi8(r, _mm256_or_si256(_mm256_srli_epi32(u, 16), set1(0x40u)), nan);
+  return _mm256_srli_epi32(_mm256_add_epi32(u, _mm256_add_epi32(set1(0x7fffu), lsb)), 16);
+}
+inline __m256i bf16_nan_mask(__m256 y) { return _mm256_cmpgt_epi32(abs_bits(y), set1(0x7f800000u)); }
+// NaN: keep sign and top payload bits, set the quiet bit.
+inline __m256i bf16_nan_fix(__m256 y, __m256i r, __m256i nan) {
+  const __m256i q = _mm256_or_si256(_mm256_srli_epi32(_mm256_castps_si256(y), 16), set1(0x40u));
+  return _mm256_blendv_epi8(r, q, nan);
 }
 
+// Both candidate codes are computed for every lane and the smaller (unsigned)
+// wins: where the result is normal, the subnormal formula counts units of the
+// smallest subnormal linearly and is never smaller; below min normal, the
+// normal formula's exponent wraps around and makes it huge. Likewise every
+// finite value past max finite gives a code above it, so min() with the
+// overflow code applies the overflow rule.
 template <const MiniFloatSpec& S>
 inline __m256i fp8_codes8(__m256 y, __m256i ovf_code) {
   constexpr int M = S.man_bits;
   constexpr int kShift = 23 - M;
-  constexpr std::uint32_t kMinNormalBits = static_cast<std::uint32_t>(min_normal_f32_exponent(S)) << 23;
-  // Rebias (subtract (127 - bias) << 23) and add half an ulp minus one, in one constant.
-  constexpr std::uint32_t kBias = (1u << (kShift - 1)) - 1u - (static_cast<std::uint32_t>(127 - S.bias) << 23);
+  // Subtract the min-normal exponent (so every value below it wraps around to a
+  // huge number) and add half an ulp minus one, in one constant; the exponent
+  // field then counts binades above min normal, so add one binade back after.
+  constexpr std::uint32_t kBias =
+      (1u << (kShift - 1)) - 1u - (static_cast<std::uint32_t>(min_normal_f32_exponent(S)) << 23);
   // Adding 2^(23 + 1 - bias - M) makes the fp32 ulp equal to the smallest subnormal.
   constexpr std::uint32_t kMagicBits = static_cast<std::uint32_t>(127 + 23 + 1 - S.bias - M) << 23;
   const __m256i a = abs_bits(y);
-  const __m256i normal = _mm256_srli_epi32(
-      _mm256_add_epi32(_mm256_add_epi32(a, set1(kBias)), _mm256_and_si256(_mm256_srli_epi32(a, kShift), set1(1))),
-      kShift);
+  const __m256i normal = _mm256_add_epi32(
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(a, set1(kBias)),
+                                         _mm256_and_si256(_mm256_srli_epi32(a, kShift), set1(1))),
+                        kShift),
+      set1(1u << M));
   const __m256 magic = _mm256_castsi256_ps(set1(kMagicBits));
   const __m256i sub =
       _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), magic)), set1(kMagicBits));
-  __m256i code = _mm256_blendv_epi8(normal, sub, _mm256_cmpgt_epi32(set1(kMinNormalBits), a));
-  code = _mm256_blendv_epi8(code, ovf_code, _mm256_cmpgt_epi32(a, set1(overflow_threshold_bits(S) - 1)));
+  __m256i code = _mm256_min_epu32(_mm256_min_epu32(normal, sub), ovf_code);
   __m256i nan_code;
   if constexpr (S.has_inf) {
     nan_code = _mm256_or_si256(set1(S.overflow_code | (1u << (M - 1))),
@@ -94,7 +108,14 @@ inline __m256i raw_codes16(__m256 y0, __m256 y1, __m256i fp8_ovf_code) {
   if constexpr (same_format(S, kF16Spec)) {
     return _mm256_set_m128i(_mm256_cvtps_ph(y1, 0), _mm256_cvtps_ph(y0, 0));
   } else if constexpr (same_format(S, kBF16Spec)) {
-    return pack_32_to_16(bf16_codes8(y0), bf16_codes8(y1));
+    __m256i r0 = bf16_round8(y0), r1 = bf16_round8(y1);
+    const __m256i nan0 = bf16_nan_mask(y0), nan1 = bf16_nan_mask(y1);
+    const __m256i any = _mm256_or_si256(nan0, nan1);
+    if (!_mm256_testz_si256(any, any)) {  // rare: fix NaN lanes only when a block has one
+      r0 = bf16_nan_fix(y0, r0, nan0);
+      r1 = bf16_nan_fix(y1, r1, nan1);
+    }
+    return pack_32_to_16(r0, r1);
   } else {
     const __m256i ovf = S.has_inf ? set1(S.overflow_code) : fp8_ovf_code;
     return pack_32_to_16(fp8_codes8<S>(y0, ovf), fp8_codes8<S>(y1, ovf));
