@@ -1,0 +1,212 @@
+#include "mixprec/scaler/grad_scaler.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mixprec/kernels/unscale.hpp"
+#include "mixprec/optim/clip.hpp"
+
+namespace mixprec {
+namespace {
+
+constexpr std::string_view kStateFormat = "mixprec.grad_scaler";
+constexpr int kStateVersion = 1;
+
+}  // namespace
+
+std::string_view stage_name(OptimizerStage s) noexcept {
+  switch (s) {
+    case OptimizerStage::ready: return "ready";
+    case OptimizerStage::unscaled: return "unscaled";
+    case OptimizerStage::stepped: return "stepped";
+  }
+  return "?";
+}
+
+GradScaler::GradScaler(const LossScaleConfig& config, bool enabled)
+    : GradScaler(make_loss_scale(config), enabled) {}
+
+GradScaler::GradScaler(std::unique_ptr<LossScale> scale, bool enabled) : scale_(std::move(scale)), enabled_(enabled) {
+  if (!scale_) throw std::invalid_argument("GradScaler: the loss scale is null");
+}
+
+float GradScaler::get_scale() const noexcept { return enabled_ ? scale_->scale() : 1.0f; }
+
+float GradScaler::scale(float loss) const noexcept { return loss * get_scale(); }
+
+GradScaler::Record& GradScaler::record(Optimizer& opt) {
+  Record& r = records_[&opt];
+  if (r.grads.empty()) {
+    for (const GradView& v : opt.store().grad_views()) r.grads.push_back({v.data, v.size, v.dtype});
+  }
+  return r;
+}
+
+OptimizerStage GradScaler::stage(const Optimizer& opt) const noexcept {
+  const auto it = records_.find(&opt);
+  return it == records_.end() ? OptimizerStage::ready : it->second.stage;
+}
+
+void GradScaler::check_window_complete(const char* call) const {
+  if (accumulation_steps_ > 1 && backward_passes_ != accumulation_steps_) {
+    throw std::logic_error(std::string(call) + " after " + std::to_string(backward_passes_) + " of " +
+                           std::to_string(accumulation_steps_) +
+                           " backward passes of the accumulation window: one scale holds for the whole "
+                           "window; unscale, step and update once, at its end");
+  }
+}
+
+void GradScaler::unscale(Optimizer& opt, ThreadPool* pool) {
+  if (!enabled_) return;
+  Record& r = record(opt);
+  if (r.stage == OptimizerStage::unscaled) {
+    throw std::logic_error("unscale() has already been called on this optimizer since the last update()");
+  }
+  if (r.stage == OptimizerStage::stepped) throw std::logic_error("unscale() is being called after step()");
+  check_window_complete("unscale()");
+  UnscaleOptions o;
+  o.sum_squares = true;
+  const UnscaleResult res = unscale_and_check(r.grads, inv_scale_of(scale_->scale()), o, {}, pool);
+  r.found_inf = res.found_inf;
+  r.first_overflow = res.first_nonfinite;
+  r.grad_norm = std::sqrt(res.sum_squares);
+  r.stage = OptimizerStage::unscaled;
+}
+
+StepOutcome GradScaler::step(Optimizer& opt, const StepOptions& options) {
+  if (options.max_grad_norm && !(std::isfinite(*options.max_grad_norm) && *options.max_grad_norm > 0.0f)) {
+    throw std::invalid_argument("GradScaler::step: max_grad_norm " + std::to_string(*options.max_grad_norm) +
+                                " is not allowed; it must be finite and > 0");
+  }
+  Record& r = record(opt);
+  if (r.stage == OptimizerStage::stepped) {
+    throw std::logic_error("step() has already been called since the last update()");
+  }
+  if (enabled_) check_window_complete("step()");
+
+  // The check: fused (read-only pass over the scaled gradients) unless unscale() already ran.
+  float inv_scale = 1.0f;
+  if (r.stage == OptimizerStage::ready) {
+    inv_scale = enabled_ ? inv_scale_of(scale_->scale()) : 1.0f;
+    UnscaleOptions o;
+    o.write = false;
+    o.sum_squares = true;
+    const UnscaleResult res = unscale_and_check(r.grads, inv_scale, o, {}, options.pool);
+    r.found_inf = res.found_inf;
+    r.first_overflow = res.first_nonfinite;
+    r.grad_norm = std::sqrt(res.sum_squares);
+  }
+
+  StepOutcome out;
+  out.scale = get_scale();
+  out.found_inf = r.found_inf;
+  out.first_overflow = r.first_overflow;
+  if (r.first_overflow >= 0) out.first_overflow_name = opt.store().spec(static_cast<std::size_t>(r.first_overflow)).name;
+  out.grad_norm = r.grad_norm;
+  if (!r.found_inf) {
+    out.clip_coef = options.max_grad_norm ? clip_coefficient(r.grad_norm, *options.max_grad_norm) : 1.0f;
+    StepControls c;
+    c.inv_scale = inv_scale;
+    c.clip_coef = out.clip_coef;
+    c.lr = options.lr;
+    out.applied = opt.step(c, options.pool);
+  }
+  // A disabled scaler keeps no records: update() has nothing to do.
+  if (enabled_) r.stage = OptimizerStage::stepped;
+  else r.reset();
+  return out;
+}
+
+void GradScaler::update() {
+  if (!enabled_) return;
+  check_window_complete("update()");
+  bool any_recorded = false, found_inf = false;
+  for (auto& [opt, r] : records_) {
+    if (r.stage == OptimizerStage::ready) continue;
+    any_recorded = true;
+    found_inf = found_inf || r.found_inf;
+  }
+  if (!any_recorded) throw std::logic_error("No inf checks were recorded prior to update()");
+  for (auto& [opt, r] : records_) r.reset();
+  backward_passes_ = 0;
+  scale_->update(found_inf);
+}
+
+void GradScaler::set_accumulation_steps(int k) {
+  if (k < 1) throw std::invalid_argument("accumulation steps " + std::to_string(k) + " is not allowed; it must be >= 1");
+  if (backward_passes_ != 0) {
+    throw std::logic_error("set_accumulation_steps() in the middle of an accumulation window (" +
+                           std::to_string(backward_passes_) + " backward passes done)");
+  }
+  accumulation_steps_ = k;
+}
+
+void GradScaler::backward_done() {
+  for (const auto& [opt, r] : records_) {
+    if (r.stage != OptimizerStage::ready) {
+      throw std::logic_error("backward_done() after unscale() or step() and before update(): a new window starts "
+                             "after update()");
+    }
+  }
+  if (backward_passes_ == accumulation_steps_) {
+    throw std::logic_error("backward_done() called " + std::to_string(backward_passes_ + 1) +
+                           " times in an accumulation window of " + std::to_string(accumulation_steps_) +
+                           "; call step() and update() at the window's end");
+  }
+  ++backward_passes_;
+}
+
+std::string GradScaler::state_json() const {
+  nlohmann::json j;
+  j["format"] = kStateFormat;
+  j["version"] = kStateVersion;
+  j["enabled"] = enabled_;
+  j["accumulation_steps"] = accumulation_steps_;
+  j["loss_scale"] = nlohmann::json::parse(scale_->to_json());
+  return j.dump();
+}
+
+void GradScaler::load_state_json(std::string_view text) {
+  for (const auto& [opt, r] : records_) {
+    if (r.stage != OptimizerStage::ready) {
+      throw std::logic_error("load_state_json() in the middle of a step: an optimizer is " +
+                             std::string(stage_name(r.stage)) + "; load before the step or after update()");
+    }
+  }
+  if (backward_passes_ != 0) throw std::logic_error("load_state_json() in the middle of an accumulation window");
+  auto fail = [](const std::string& what) {
+    throw std::invalid_argument("GradScaler state: " + what);
+  };
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::parse_error& e) {
+    fail(std::string("not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) fail("expected a JSON object");
+  if (!j.contains("format") || j["format"] != kStateFormat) {
+    fail("field 'format' must be \"" + std::string(kStateFormat) + "\"");
+  }
+  if (!j.contains("version") || !j["version"].is_number_integer() || j["version"] != kStateVersion) {
+    fail("field 'version' must be " + std::to_string(kStateVersion));
+  }
+  if (!j.contains("enabled") || !j["enabled"].is_boolean()) fail("field 'enabled' must be true or false");
+  if (!j.contains("accumulation_steps") || !j["accumulation_steps"].is_number_integer() ||
+      j["accumulation_steps"].get<std::int64_t>() < 1 || j["accumulation_steps"].get<std::int64_t>() > 1 << 30) {
+    fail("field 'accumulation_steps' must be an integer in [1, 2^30]");
+  }
+  if (!j.contains("loss_scale") || !j["loss_scale"].is_object()) fail("field 'loss_scale' must be an object");
+  const LossScaleState state = LossScaleState::from_json(j["loss_scale"].dump());  // validates, names fields
+  std::unique_ptr<LossScale> fresh = make_loss_scale(state.config);
+  fresh->load(state);
+  // Everything checked: commit.
+  scale_ = std::move(fresh);
+  enabled_ = j["enabled"].get<bool>();
+  accumulation_steps_ = j["accumulation_steps"].get<int>();
+}
+
+}  // namespace mixprec

@@ -1,0 +1,311 @@
+// The GradScaler protocol: stages and misuse errors, skip outcomes, fused path
+// == explicit-unscale path, clipping on the true norm, accumulation windows,
+// several optimizers, enabled = false, f16/bf16 gradients, state round trips.
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "mixprec/mixprec.hpp"
+#include "mixprec/optim/clip.hpp"
+#include "mixprec/optim/optimizer.hpp"
+#include "mixprec/scaler/grad_scaler.hpp"
+
+namespace mixprec {
+namespace {
+
+std::vector<ParamSpec> specs() { return {{"w1", {3, 5}}, {"b1", {5}}, {"w2", {5, 2}}}; }
+
+ParamStore make_store(DType grads, DType model = DType::f16) {
+  ParamStore s(specs(), StoreOptions{model, grads, true, 2});
+  std::mt19937 rng(1);
+  std::normal_distribution<float> nd(0.0f, 0.5f);
+  for (std::size_t i = 0; i < s.tensor_count(); ++i) {
+    for (float& w : s.master(i)) w = nd(rng);
+  }
+  s.refresh_model();
+  return s;
+}
+
+// Writes grads = scale * g for a deterministic g (per step), in the store's grad dtype.
+void write_grads(ParamStore& s, float scale, int step, float poison = 0.0f, std::size_t poison_tensor = 0) {
+  std::mt19937 rng(100 + static_cast<unsigned>(step));
+  std::normal_distribution<float> nd(0.0f, 1e-3f);
+  for (std::size_t i = 0; i < s.tensor_count(); ++i) {
+    for (std::size_t k = 0; k < s.numel(i); ++k) {
+      float g = nd(rng) * scale;
+      if (poison != 0.0f && i == poison_tensor && k == 1) g = poison;
+      switch (s.grad_dtype()) {
+        case DType::f32: s.grads<float>(i)[k] = g; break;
+        case DType::f16: s.grads<f16>(i)[k] = f16(g); break;
+        case DType::bf16: s.grads<bf16>(i)[k] = bf16(g); break;
+      }
+    }
+  }
+}
+
+std::vector<std::uint32_t> master_bits(const ParamStore& s) {
+  std::vector<std::uint32_t> v;
+  for (std::size_t i = 0; i < s.tensor_count(); ++i) {
+    for (float w : s.master(i)) v.push_back(std::bit_cast<std::uint32_t>(w));
+  }
+  return v;
+}
+
+LossScaleConfig small_torch(double init = 1024.0, std::int64_t interval = 3) {
+  LossScaleConfig c = loss_scale_preset("torch");
+  c.init_scale = init;
+  c.growth_interval = interval;
+  return c;
+}
+
+StepOptions clip_to(float max_norm) {
+  StepOptions o;
+  o.max_grad_norm = max_norm;
+  return o;
+}
+
+template <class F>
+void expect_logic_error(F&& f, const std::string& needle) {
+  try {
+    f();
+    ADD_FAILURE() << "expected std::logic_error containing '" << needle << "'";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(GradScaler, MisuseIsNamed) {
+  ParamStore s = make_store(DType::f32);
+  Adam opt(s, {});
+  GradScaler scaler(small_torch());
+  expect_logic_error([&] { scaler.update(); }, "No inf checks were recorded prior to update()");
+  write_grads(s, scaler.get_scale(), 0);
+  scaler.unscale(opt);
+  EXPECT_EQ(scaler.stage(opt), OptimizerStage::unscaled);
+  expect_logic_error([&] { scaler.unscale(opt); }, "unscale() has already been called on this optimizer");
+  scaler.step(opt);
+  EXPECT_EQ(scaler.stage(opt), OptimizerStage::stepped);
+  expect_logic_error([&] { scaler.step(opt); }, "step() has already been called since the last update()");
+  expect_logic_error([&] { scaler.unscale(opt); }, "unscale() is being called after step()");
+  scaler.update();
+  EXPECT_EQ(scaler.stage(opt), OptimizerStage::ready);
+}
+
+TEST(GradScaler, OverflowSkipsAndReportsTheFirstTensor) {
+  ParamStore s = make_store(DType::f16);
+  Adam opt(s, {});
+  GradScaler scaler(small_torch(1024.0));
+  write_grads(s, scaler.get_scale(), 0, INFINITY, /*poison_tensor=*/1);
+  const auto before = master_bits(s);
+  const StepOutcome out = scaler.step(opt);
+  EXPECT_FALSE(out.applied);
+  EXPECT_TRUE(out.found_inf);
+  EXPECT_EQ(out.scale, 1024.0f);
+  EXPECT_EQ(out.first_overflow, 1);
+  EXPECT_EQ(out.first_overflow_name, "b1");
+  EXPECT_FALSE(std::isfinite(out.grad_norm));
+  EXPECT_EQ(master_bits(s), before) << "a skipped step must not touch the weights";
+  EXPECT_EQ(opt.step_count(), 0) << "a skipped step must not advance Adam's step counter";
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 512.0f);  // backed off
+
+  write_grads(s, scaler.get_scale(), 1);
+  const StepOutcome ok = scaler.step(opt);
+  EXPECT_TRUE(ok.applied);
+  EXPECT_FALSE(ok.found_inf);
+  EXPECT_EQ(ok.first_overflow, -1);
+  EXPECT_TRUE(std::isfinite(ok.grad_norm));
+  EXPECT_EQ(opt.step_count(), 1);
+  scaler.update();
+}
+
+// A NaN placed in the last tensor, then in the first: first_overflow follows it.
+TEST(GradScaler, FirstOverflowIsTheLowestIndex) {
+  ParamStore s = make_store(DType::bf16);
+  SGD opt(s, {});
+  GradScaler scaler(small_torch());
+  write_grads(s, scaler.get_scale(), 0, NAN, 2);
+  EXPECT_EQ(scaler.step(opt).first_overflow_name, "w2");
+  scaler.update();
+  write_grads(s, scaler.get_scale(), 0, NAN, 0);
+  EXPECT_EQ(scaler.step(opt).first_overflow_name, "w1");
+  scaler.update();
+}
+
+// The fused path and the explicit unscale() path give the same weights bit for bit
+// (f32 gradients: unscaling in place is then exactly what the fused step computes).
+TEST(GradScaler, FusedPathEqualsExplicitUnscale) {
+  ParamStore a = make_store(DType::f32, DType::bf16), b = make_store(DType::f32, DType::bf16);
+  AdamW oa(a, {}), ob(b, {});
+  GradScaler sa(small_torch(3000.0, 2)), sb(small_torch(3000.0, 2));  // not a power of two
+  for (int step = 0; step < 12; ++step) {
+    const float poison = step == 5 ? INFINITY : 0.0f;
+    write_grads(a, sa.get_scale(), step, poison);
+    write_grads(b, sb.get_scale(), step, poison);
+    const StepOutcome fa = sa.step(oa, clip_to(2e-3f));
+    sb.unscale(ob);
+    const StepOutcome fb = sb.step(ob, clip_to(2e-3f));
+    EXPECT_EQ(fa.applied, fb.applied) << "step " << step;
+    EXPECT_EQ(fa.clip_coef, fb.clip_coef) << "step " << step;
+    sa.update();
+    sb.update();
+    ASSERT_EQ(master_bits(a), master_bits(b)) << "step " << step;
+    EXPECT_EQ(sa.get_scale(), sb.get_scale());
+  }
+  EXPECT_EQ(oa.step_count(), 11);
+}
+
+// Clipping uses the true (unscaled) norm: the norm a scaler reports for grads
+// scaled by S equals the norm of the unscaled grads (S a power of two: exact).
+TEST(GradScaler, ClipsOnTheUnscaledNorm) {
+  ParamStore scaled = make_store(DType::f32), plain = make_store(DType::f32);
+  Adam os(scaled, {}), op(plain, {});
+  GradScaler with(small_torch(65536.0)), without(small_torch(1.0));
+  write_grads(scaled, 65536.0f, 0);
+  write_grads(plain, 1.0f, 0);
+  const StepOutcome a = with.step(os, clip_to(1e-3f));
+  const StepOutcome b = without.step(op, clip_to(1e-3f));
+  EXPECT_EQ(a.grad_norm, b.grad_norm);
+  EXPECT_LT(a.clip_coef, 1.0f);
+  EXPECT_EQ(a.clip_coef, clip_coefficient(b.grad_norm, 1e-3f));
+  EXPECT_EQ(master_bits(scaled), master_bits(plain));
+}
+
+TEST(GradScaler, AccumulationWindow) {
+  ParamStore s = make_store(DType::f32);
+  Adam opt(s, {});
+  GradScaler scaler(small_torch(1.0, 1));  // would grow after every clean step
+  scaler.set_accumulation_steps(3);
+  const float scale0 = scaler.get_scale();
+  scaler.backward_done();
+  expect_logic_error([&] { scaler.step(opt); }, "after 1 of 3 backward passes");
+  expect_logic_error([&] { scaler.unscale(opt); }, "after 1 of 3 backward passes");
+  expect_logic_error([&] { scaler.update(); }, "update() after 1 of 3 backward passes");
+  EXPECT_EQ(scaler.get_scale(), scale0) << "one scale for the whole window";
+  scaler.backward_done();
+  scaler.backward_done();
+  expect_logic_error([&] { scaler.backward_done(); }, "in an accumulation window of 3");
+  write_grads(s, scaler.get_scale(), 0);
+  EXPECT_TRUE(scaler.step(opt).applied);
+  expect_logic_error([&] { scaler.backward_done(); }, "before update()");
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 2.0f * scale0);
+  EXPECT_EQ(scaler.backward_passes(), 0);
+  EXPECT_THROW(scaler.set_accumulation_steps(0), std::invalid_argument);
+}
+
+TEST(GradScaler, SeveralOptimizersSkipOnTheirOwnAndBackOffTogether) {
+  ParamStore s1 = make_store(DType::f32), s2 = make_store(DType::f16);
+  Adam o1(s1, {});
+  SGD o2(s2, {});
+  GradScaler scaler(small_torch(256.0));
+  write_grads(s1, scaler.get_scale(), 0);
+  write_grads(s2, scaler.get_scale(), 0, -INFINITY);
+  EXPECT_TRUE(scaler.step(o1).applied);
+  EXPECT_FALSE(scaler.step(o2).applied);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 128.0f);
+  EXPECT_EQ(o1.step_count(), 1);
+  EXPECT_EQ(o2.step_count(), 0);
+}
+
+TEST(GradScaler, DisabledIsAPassThrough) {
+  ParamStore s = make_store(DType::f32), ref = make_store(DType::f32);
+  Adam opt(s, {}), ref_opt(ref, {});
+  GradScaler scaler(small_torch(1024.0), /*enabled=*/false);
+  EXPECT_EQ(scaler.scale(3.5f), 3.5f);
+  EXPECT_EQ(scaler.get_scale(), 1.0f);
+  write_grads(s, 1.0f, 0);
+  write_grads(ref, 1.0f, 0);
+  scaler.unscale(opt);  // no-op
+  EXPECT_TRUE(scaler.step(opt).applied);
+  scaler.update();  // no-op, and no error
+  ref_opt.step({});
+  EXPECT_EQ(master_bits(s), master_bits(ref));
+  // Still refuses to write a NaN into the weights.
+  write_grads(s, 1.0f, 1, NAN);
+  const StepOutcome out = scaler.step(opt);
+  EXPECT_FALSE(out.applied);
+  EXPECT_TRUE(out.found_inf);
+}
+
+TEST(GradScaler, StateRoundTripAndValidation) {
+  ParamStore s = make_store(DType::f32);
+  Adam opt(s, {});
+  GradScaler a(loss_scale_preset("deepspeed"));
+  a.set_accumulation_steps(2);
+  for (int step = 0; step < 7; ++step) {
+    a.backward_done();
+    a.backward_done();
+    write_grads(s, a.get_scale(), step, step == 2 || step == 3 ? INFINITY : 0.0f);
+    a.step(opt);
+    a.update();
+  }
+  const std::string json = a.state_json();
+  GradScaler b(small_torch(), false);
+  b.load_state_json(json);
+  EXPECT_EQ(b.state_json(), json);
+  EXPECT_TRUE(b.enabled());
+  EXPECT_EQ(b.accumulation_steps(), 2);
+  EXPECT_EQ(b.loss_scale().counters(), a.loss_scale().counters());
+  EXPECT_EQ(b.get_scale(), a.get_scale());
+
+  // Bad states change nothing.
+  const std::string before = b.state_json();
+  for (const std::string& bad : {std::string("{"), std::string("[]"), std::string(R"({"format":"other"})"),
+                                std::string(R"({"format":"mixprec.grad_scaler","version":2})"),
+                                std::string(R"({"format":"mixprec.grad_scaler","version":1,"enabled":1})"),
+                                std::string(R"({"format":"mixprec.grad_scaler","version":1,"enabled":true,)"
+                                            R"("accumulation_steps":0,"loss_scale":{}})"),
+                                std::string(R"({"format":"mixprec.grad_scaler","version":1,"enabled":true,)"
+                                            R"("accumulation_steps":1,"loss_scale":{"format":"x"}})")}) {
+    EXPECT_THROW(b.load_state_json(bad), std::invalid_argument) << bad;
+    EXPECT_EQ(b.state_json(), before) << bad;
+  }
+  // Not in the middle of a step.
+  write_grads(s, b.get_scale(), 9);
+  b.backward_done();
+  b.backward_done();
+  b.unscale(opt);
+  expect_logic_error([&] { b.load_state_json(json); }, "in the middle of a step");
+}
+
+TEST(GradScaler, CollapseIsReported) {
+  ParamStore s = make_store(DType::f32);
+  SGD opt(s, {});
+  LossScaleConfig c = loss_scale_preset("mixprec");
+  c.init_scale = 2.0;
+  c.max_floor_overflows = 3;
+  GradScaler scaler(c);
+  bool threw = false;
+  for (int step = 0; step < 10 && !threw; ++step) {
+    write_grads(s, scaler.get_scale(), step, NAN);
+    scaler.step(opt);
+    try {
+      scaler.update();
+    } catch (const ScaleCollapseError& e) {
+      threw = true;
+      EXPECT_NE(std::string(e.what()).find("floor"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_TRUE(threw);
+  EXPECT_EQ(opt.step_count(), 0);
+}
+
+TEST(GradScaler, RejectsBadStepOptions) {
+  ParamStore s = make_store(DType::f32);
+  SGD opt(s, {});
+  GradScaler scaler(small_torch());
+  for (float bad : {0.0f, -1.0f, NAN, INFINITY}) {
+    EXPECT_THROW(scaler.step(opt, clip_to(bad)), std::invalid_argument) << bad;
+    EXPECT_EQ(scaler.stage(opt), OptimizerStage::ready);
+  }
+}
+
+}  // namespace
+}  // namespace mixprec
