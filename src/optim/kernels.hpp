@@ -1,0 +1,73 @@
+// Private: the inner loops of the optimizers, one table per back end.
+//
+// Kernels never allocate, check, log or throw; the public entry points validate
+// first. Every loop is element-wise fp32 arithmetic in a fixed order, compiled
+// without FMA contraction (-ffp-contract=off), so the scalar and AVX2 builds give
+// bitwise the same results.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "mixprec/dispatch.hpp"
+
+namespace mixprec::optim_detail {
+
+// Scalars of one Adam/AdamW step, rounded to fp32 once per step (PyTorch passes
+// Python floats, which become fp32 when applied to fp32 tensors).
+struct AdamScalars {
+  float weight;          // lerp weight 1 - beta1
+  float one_minus_weight;
+  float beta2, one_minus_beta2;
+  float eps;
+  float weight_decay;    // Adam: g += wd * p
+  float decay_mul;       // AdamW: p *= 1 - lr * wd
+  float neg_step_size;   // -(lr / (1 - beta1^t))
+  float bc2_sqrt;        // sqrt(1 - beta2^t)
+  bool l2, decoupled, lerp_low;  // lerp_low: |weight| < 0.5
+};
+
+struct SgdScalars {
+  float weight_decay, momentum, one_minus_dampening, neg_lr;
+  bool has_wd, has_momentum, first, nesterov;
+};
+
+// Elements per chunk of the fused pass (the decoded chunk stays in L1).
+inline constexpr std::size_t kChunk = 1024;
+
+struct UpdateKernels {
+  // g_i = (g[i] * pre) * clip, then the optimizer's update of p (and m, v / buf).
+  void (*adam)(float* p, float* m, float* v, const float* g, std::size_t n, float pre, float clip,
+               const AdamScalars& s);
+  void (*sgd)(float* p, float* buf, const float* g, std::size_t n, float pre, float clip, const SgdScalars& s);
+  // acc[i % 8] += double(u[i])^2 for i in [0, n); n is a multiple of 8 except at a block's end.
+  void (*accumulate_squares)(const float* u, std::size_t n, double* acc);
+  // dst[i] = src[i] * a (dst may equal src).
+  void (*scale)(const float* src, float* dst, std::size_t n, float a);
+  // Stochastic-rounding words for flat indices first .. first + n - 1.
+  void (*sr_bits)(std::uint32_t* out, std::uint64_t first, std::size_t n, std::uint64_t key);
+};
+
+const UpdateKernels& scalar_update_kernels() noexcept;
+const UpdateKernels* avx2_update_kernels() noexcept;  // nullptr when not compiled in
+inline const UpdateKernels& update_kernels(Isa isa) noexcept {
+  if (isa == Isa::avx2 && avx2_update_kernels() != nullptr) return *avx2_update_kernels();
+  return scalar_update_kernels();
+}
+
+// Fixed combination of the 8 lane sums of a block.
+inline double combine_lanes(const double* a) noexcept {
+  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+}
+
+constexpr std::uint64_t splitmix64(std::uint64_t x) noexcept {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+constexpr std::uint64_t sr_key(std::uint64_t seed, std::uint64_t step) noexcept {
+  return splitmix64(seed ^ splitmix64(step));
+}
+
+}  // namespace mixprec::optim_detail

@@ -1,0 +1,160 @@
+#include "mixprec/optim/param_store.hpp"
+
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "mixprec/formats/bulk.hpp"
+
+namespace mixprec {
+namespace {
+
+std::size_t checked_mul(std::size_t a, std::size_t b, const std::string& what) {
+  if (b != 0 && a > std::numeric_limits<std::size_t>::max() / b)
+    throw std::invalid_argument("ParamStore: " + what + " overflows size_t");
+  return a * b;
+}
+std::size_t checked_add(std::size_t a, std::size_t b, const std::string& what) {
+  if (a > std::numeric_limits<std::size_t>::max() - b) throw std::invalid_argument("ParamStore: " + what + " overflows size_t");
+  return a + b;
+}
+
+}  // namespace
+
+void ParamStore::FreeAligned::operator()(std::byte* p) const noexcept { std::free(p); }
+
+ParamStore::ParamStore(std::vector<ParamSpec> specs, StoreOptions options)
+    : specs_(std::move(specs)), options_(options) {
+  if (specs_.empty()) throw std::invalid_argument("ParamStore: expected at least one tensor, found none");
+  if (options_.state_slots > kMaxStateSlots)
+    throw std::invalid_argument("ParamStore: state_slots must be 0, 1 or 2, found " +
+                                std::to_string(options_.state_slots));
+  if (options_.model != DType::f32 && options_.model != DType::f16 && options_.model != DType::bf16)
+    throw std::invalid_argument("ParamStore: model dtype must be f32, f16 or bf16");
+  if (options_.grads != DType::f32 && options_.grads != DType::f16 && options_.grads != DType::bf16)
+    throw std::invalid_argument("ParamStore: grads dtype must be f32, f16 or bf16");
+  numel_.reserve(specs_.size());
+  offset_.reserve(specs_.size());
+  std::size_t at = 0;
+  for (std::size_t i = 0; i < specs_.size(); ++i) {
+    const ParamSpec& s = specs_[i];
+    if (s.name.empty()) throw std::invalid_argument("ParamStore: tensor " + std::to_string(i) + " has an empty name");
+    for (std::size_t j = 0; j < i; ++j)
+      if (specs_[j].name == s.name)
+        throw std::invalid_argument("ParamStore: duplicate tensor name '" + s.name + "' (tensors " +
+                                    std::to_string(j) + " and " + std::to_string(i) + ")");
+    std::size_t n = 1;
+    for (std::size_t d : s.shape) n = checked_mul(n, d, "the size of tensor '" + s.name + "'");
+    numel_.push_back(n);
+    offset_.push_back(at);
+    param_count_ = checked_add(param_count_, n, "the parameter count");
+    const std::size_t padded = checked_add(n, kAlignElements - 1, "the padded size") / kAlignElements * kAlignElements;
+    at = checked_add(at, padded, "the padded size");
+  }
+  flat_size_ = at;
+  const std::size_t master_bytes = options_.master ? checked_mul(flat_size_, 4, "the master region") : 0;
+  const std::size_t model_bytes = checked_mul(flat_size_, dtype_size(options_.model), "the model region");
+  const std::size_t grad_bytes = checked_mul(flat_size_, dtype_size(options_.grads), "the grads region");
+  const std::size_t state_bytes = checked_mul(checked_mul(flat_size_, 4, "the state region"), options_.state_slots,
+                                              "the state region");
+  // Every region's size is a multiple of 64 bytes (flat_size_ is a multiple of 32).
+  bytes_ = checked_add(checked_add(master_bytes, model_bytes, "the store"), checked_add(grad_bytes, state_bytes, "the store"),
+                       "the store");
+  void* raw = std::aligned_alloc(kAlignBytes, bytes_ == 0 ? kAlignBytes : bytes_);
+  if (raw == nullptr) throw std::bad_alloc();
+  block_.reset(static_cast<std::byte*>(raw));
+  std::memset(raw, 0, bytes_);
+  std::byte* p = block_.get();
+  if (options_.master) {
+    master_ = reinterpret_cast<float*>(p);
+    p += master_bytes;
+  }
+  model_ = p;
+  p += model_bytes;
+  grads_ = p;
+  p += grad_bytes;
+  norm_block_count_ = (flat_size_ + kNormBlock - 1) / kNormBlock;
+  norm_blocks_ = std::make_unique<double[]>(norm_block_count_ == 0 ? 1 : norm_block_count_);
+  for (unsigned s = 0; s < options_.state_slots; ++s) {
+    state_[s] = reinterpret_cast<float*>(p);
+    p += flat_size_ * 4;
+  }
+}
+
+const ParamSpec& ParamStore::spec(std::size_t i) const {
+  if (i >= specs_.size())
+    throw std::invalid_argument("ParamStore: tensor index " + std::to_string(i) + " out of range (" +
+                                std::to_string(specs_.size()) + " tensors)");
+  return specs_[i];
+}
+
+std::size_t ParamStore::index_of(std::string_view name) const {
+  for (std::size_t i = 0; i < specs_.size(); ++i)
+    if (specs_[i].name == name) return i;
+  std::string known;
+  for (const ParamSpec& s : specs_) known += (known.empty() ? "" : ", ") + s.name;
+  throw std::invalid_argument("ParamStore: no tensor named '" + std::string(name) + "'; tensors: " + known);
+}
+
+std::size_t ParamStore::numel(std::size_t i) const { return (void)spec(i), numel_[i]; }
+std::size_t ParamStore::offset(std::size_t i) const { return (void)spec(i), offset_[i]; }
+
+std::span<float> ParamStore::master(std::size_t i) {
+  if (!options_.master) throw std::invalid_argument("ParamStore: expected a store with master weights, found a pure one");
+  return {master_ + offset(i), numel(i)};
+}
+std::span<const float> ParamStore::master(std::size_t i) const {
+  if (!options_.master) throw std::invalid_argument("ParamStore: expected a store with master weights, found a pure one");
+  return {master_ + offset(i), numel(i)};
+}
+
+float* ParamStore::state_data(unsigned slot) {
+  if (slot >= options_.state_slots)
+    throw std::invalid_argument("ParamStore: state slot " + std::to_string(slot) + " out of range (" +
+                                std::to_string(options_.state_slots) + " slots)");
+  return state_[slot];
+}
+const float* ParamStore::state_data(unsigned slot) const { return const_cast<ParamStore*>(this)->state_data(slot); }
+
+std::span<float> ParamStore::state(unsigned slot, std::size_t i) { return {state_data(slot) + offset(i), numel(i)}; }
+std::span<const float> ParamStore::state(unsigned slot, std::size_t i) const {
+  return {state_data(slot) + offset(i), numel(i)};
+}
+
+void ParamStore::check_view_type(std::size_t elem_size, DType want, DType have, const char* region) {
+  if (want != have || elem_size != dtype_size(have))
+    throw std::invalid_argument(std::string("ParamStore: ") + region + " view of type " +
+                                std::string(dtype_name(want)) + " requested, but the " + region + " region holds " +
+                                std::string(dtype_name(have)));
+}
+
+std::vector<GradView> ParamStore::grad_views() {
+  std::vector<GradView> v;
+  v.reserve(specs_.size());
+  const std::size_t es = dtype_size(options_.grads);
+  for (std::size_t i = 0; i < specs_.size(); ++i) v.push_back({grads_ + offset_[i] * es, numel_[i], options_.grads});
+  return v;
+}
+
+void ParamStore::zero_grads() noexcept { std::memset(grads_, 0, flat_size_ * dtype_size(options_.grads)); }
+
+void ParamStore::zero_state() noexcept {
+  for (unsigned s = 0; s < options_.state_slots; ++s) std::memset(state_[s], 0, flat_size_ * 4);
+}
+
+void ParamStore::refresh_model() {
+  if (!options_.master) return;
+  switch (options_.model) {
+    case DType::f32: std::memcpy(model_, master_, flat_size_ * 4); break;
+    case DType::f16:
+      convert(std::span<const float>(master_, flat_size_), std::span<f16>(reinterpret_cast<f16*>(model_), flat_size_));
+      break;
+    case DType::bf16:
+      convert(std::span<const float>(master_, flat_size_), std::span<bf16>(reinterpret_cast<bf16*>(model_), flat_size_));
+      break;
+  }
+}
+
+}  // namespace mixprec

@@ -1,0 +1,134 @@
+// Private: the bodies of the update kernels, included by one translation unit per
+// back end (update_scalar.cpp, update_avx2.cpp) inside a distinct namespace.
+// Plain loops the compiler vectorises; branches are hoisted into template
+// parameters so that each loop body is straight-line code.
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "optim/kernels.hpp"
+
+namespace MIXPREC_OPTIM_NS {
+
+using mixprec::optim_detail::AdamScalars;
+using mixprec::optim_detail::SgdScalars;
+
+template <bool L2, bool Decoupled, bool LerpLow>
+void adam_loop(float* __restrict p, float* __restrict m, float* __restrict v, const float* __restrict g,
+               std::size_t n, float pre, float clip, const AdamScalars& s) noexcept {
+  const float wd = s.weight_decay, decay = s.decay_mul, w = s.weight, omw = s.one_minus_weight;
+  const float b2 = s.beta2, omb2 = s.one_minus_beta2, eps = s.eps, nss = s.neg_step_size, bc2 = s.bc2_sqrt;
+  for (std::size_t i = 0; i < n; ++i) {
+    float gi = (g[i] * pre) * clip;
+    float pi = p[i];
+    if constexpr (L2) gi = gi + wd * pi;
+    if constexpr (Decoupled) pi = pi * decay;
+    float mi = m[i];
+    if constexpr (LerpLow) mi = mi + w * (gi - mi);
+    else mi = gi - (gi - mi) * omw;
+    float vi = v[i] * b2;
+    vi = vi + (omb2 * gi) * gi;
+    const float denom = std::sqrt(vi) / bc2 + eps;
+    pi = pi + nss * (mi / denom);
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi;
+  }
+}
+
+void adam(float* p, float* m, float* v, const float* g, std::size_t n, float pre, float clip,
+          const AdamScalars& s) noexcept {
+  const int k = (s.l2 ? 4 : 0) | (s.decoupled ? 2 : 0) | (s.lerp_low ? 1 : 0);
+  switch (k) {
+    case 0: return adam_loop<false, false, false>(p, m, v, g, n, pre, clip, s);
+    case 1: return adam_loop<false, false, true>(p, m, v, g, n, pre, clip, s);
+    case 2: return adam_loop<false, true, false>(p, m, v, g, n, pre, clip, s);
+    case 3: return adam_loop<false, true, true>(p, m, v, g, n, pre, clip, s);
+    case 4: return adam_loop<true, false, false>(p, m, v, g, n, pre, clip, s);
+    case 5: return adam_loop<true, false, true>(p, m, v, g, n, pre, clip, s);
+    case 6: return adam_loop<true, true, false>(p, m, v, g, n, pre, clip, s);
+    default: return adam_loop<true, true, true>(p, m, v, g, n, pre, clip, s);
+  }
+}
+
+// Mom: 0 none, 1 first step (buf = d_p), 2 later steps (buf = buf * mu + (1 - dampening) * d_p).
+template <bool WD, int Mom, bool Nesterov>
+void sgd_loop(float* __restrict p, float* __restrict buf, const float* __restrict g, std::size_t n, float pre,
+              float clip, const SgdScalars& s) noexcept {
+  const float wd = s.weight_decay, mu = s.momentum, omd = s.one_minus_dampening, nlr = s.neg_lr;
+  for (std::size_t i = 0; i < n; ++i) {
+    float d = (g[i] * pre) * clip;
+    const float pi = p[i];
+    if constexpr (WD) d = d + wd * pi;
+    if constexpr (Mom != 0) {
+      float b;
+      if constexpr (Mom == 1) b = d;
+      else b = buf[i] * mu + omd * d;
+      buf[i] = b;
+      if constexpr (Nesterov) d = d + mu * b;
+      else d = b;
+    }
+    p[i] = pi + nlr * d;
+  }
+}
+
+void sgd(float* p, float* buf, const float* g, std::size_t n, float pre, float clip, const SgdScalars& s) noexcept {
+  const int mom = s.has_momentum ? (s.first ? 1 : 2) : 0;
+  const bool nest = s.has_momentum && s.nesterov;
+  const int k = (s.has_wd ? 8 : 0) | (mom << 1) | (nest ? 1 : 0);
+  switch (k) {
+    case 0: return sgd_loop<false, 0, false>(p, buf, g, n, pre, clip, s);
+    case 2: return sgd_loop<false, 1, false>(p, buf, g, n, pre, clip, s);
+    case 3: return sgd_loop<false, 1, true>(p, buf, g, n, pre, clip, s);
+    case 4: return sgd_loop<false, 2, false>(p, buf, g, n, pre, clip, s);
+    case 5: return sgd_loop<false, 2, true>(p, buf, g, n, pre, clip, s);
+    case 8: return sgd_loop<true, 0, false>(p, buf, g, n, pre, clip, s);
+    case 10: return sgd_loop<true, 1, false>(p, buf, g, n, pre, clip, s);
+    case 11: return sgd_loop<true, 1, true>(p, buf, g, n, pre, clip, s);
+    case 12: return sgd_loop<true, 2, false>(p, buf, g, n, pre, clip, s);
+    default: return sgd_loop<true, 2, true>(p, buf, g, n, pre, clip, s);
+  }
+}
+
+void accumulate_squares(const float* u, std::size_t n, double* acc) noexcept {
+  double a[8];
+  for (int j = 0; j < 8; ++j) a[j] = acc[j];
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int j = 0; j < 8; ++j) {
+      const double x = static_cast<double>(u[i + static_cast<std::size_t>(j)]);
+      a[j] += x * x;
+    }
+  }
+  for (int j = 0; i < n; ++i, ++j) {
+    const double x = static_cast<double>(u[i]);
+    a[j] += x * x;
+  }
+  for (int j = 0; j < 8; ++j) acc[j] = a[j];
+}
+
+void scale(const float* src, float* dst, std::size_t n, float a) noexcept {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = src[i] * a;
+}
+
+inline std::uint32_t fmix32(std::uint32_t h) noexcept {
+  h ^= h >> 16;
+  h *= 0x85EBCA6Bu;
+  h ^= h >> 13;
+  h *= 0xC2B2AE35u;
+  h ^= h >> 16;
+  return h;
+}
+
+void sr_bits(std::uint32_t* out, std::uint64_t first, std::size_t n, std::uint64_t key) noexcept {
+  const auto klo = static_cast<std::uint32_t>(key), khi = static_cast<std::uint32_t>(key >> 32);
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint64_t idx = first + i;
+    const std::uint32_t h = fmix32(static_cast<std::uint32_t>(idx) ^ klo);
+    out[i] = fmix32(h ^ static_cast<std::uint32_t>(idx >> 32) ^ khi);
+  }
+}
+
+inline const mixprec::optim_detail::UpdateKernels kTable{adam, sgd, accumulate_squares, scale, sr_bits};
+
+}  // namespace MIXPREC_OPTIM_NS
