@@ -1,4 +1,4 @@
-// `mixprec bench formats`: the conversion benchmarks of bench/, with their ratio table.
+// `mixprec bench formats|scaler`: the benchmarks of bench/, with their ratio tables.
 #include "cmd_bench.hpp"
 
 #include <memory>
@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "formats_bench.hpp"
+#include "scaler_bench.hpp"
 
 namespace mixprec::cli {
 
@@ -21,6 +22,17 @@ void add_bench_command(CLI::App& app, std::function<int()>& action) {
       std::vector<char*> argv;
       for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
       return mixprec::bench::run_formats(static_cast<int>(argv.size()), argv.data());
+    };
+  });
+  auto* scaler = bench->add_subcommand("scaler", "Loss scaling: unscale_and_check vs an in-place multiply of the same bytes");
+  scaler->allow_extras();  // --benchmark_* flags go to Google Benchmark
+  scaler->callback([scaler, &action] {
+    std::vector<std::string> args = {"mixprec bench scaler"};
+    for (const std::string& a : scaler->remaining()) args.push_back(a);
+    action = [args] {
+      std::vector<char*> argv;
+      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      return mixprec::bench::run_scaler(static_cast<int>(argv.size()), argv.data());
     };
   });
 }
