@@ -7,6 +7,7 @@
 #include "mixprec/formats/bulk.hpp"
 #include "mixprec/formats/scalar.hpp"
 #include "mixprec/formats/types.hpp"
+#include "mixprec/scaler/loss_scale.hpp"
 #include "mixprec/kernels/unscale.hpp"
 #include "mixprec/optim/clip.hpp"
 #include "mixprec/optim/memory.hpp"

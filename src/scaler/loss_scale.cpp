@@ -1,0 +1,828 @@
+// Loss-scale policies. Each dynamic rule is transcribed from shared/REFERENCE.md; the
+// branches of DynamicLossScale::update() can be read side by side with its pseudocode.
+#include "mixprec/scaler/loss_scale.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <limits>
+#include <optional>
+#include <string>
+
+namespace mixprec {
+namespace {
+
+constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr std::int64_t kMaxCount = 2147483647;  // torch and jmp keep their counters in int32
+constexpr double kFloatMax = static_cast<double>(std::numeric_limits<float>::max());
+
+[[noreturn]] void fail(const std::string& what) { throw std::invalid_argument(what); }
+
+std::string num(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::string s;
+  for (const auto& n : names) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+constexpr LossScaleRule kRules[] = {LossScaleRule::static_scale, LossScaleRule::torch, LossScaleRule::deepspeed,
+                                    LossScaleRule::megatron,     LossScaleRule::apex,  LossScaleRule::keras,
+                                    LossScaleRule::jmp};
+
+bool known_rule(LossScaleRule r) {
+  return std::find(std::begin(kRules), std::end(kRules), r) != std::end(kRules);
+}
+
+std::string rule_names() {
+  std::string s;
+  for (LossScaleRule r : kRules) s += (s.empty() ? "" : ", ") + std::string(rule_name(r));
+  return s;
+}
+
+// Rules whose anchor holds (or computes) the scale in float32.
+bool holds_f32(LossScaleRule r) {
+  return r == LossScaleRule::static_scale || r == LossScaleRule::torch || r == LossScaleRule::megatron ||
+         r == LossScaleRule::keras || r == LossScaleRule::jmp;
+}
+// Rules whose anchor has a single factor: growth multiplies by it, backoff divides by it.
+bool single_factor(LossScaleRule r) {
+  return r == LossScaleRule::deepspeed || r == LossScaleRule::apex || r == LossScaleRule::keras ||
+         r == LossScaleRule::jmp;
+}
+bool has_hysteresis(LossScaleRule r) { return r == LossScaleRule::deepspeed || r == LossScaleRule::megatron; }
+
+// A bound (min or max scale) as the rule compares with it.
+double in_rule_precision(LossScaleRule r, double v) {
+  return holds_f32(r) ? static_cast<double>(static_cast<float>(v)) : v;
+}
+
+std::string collapse_message(const LossScaleConfig& c, double scale, std::int64_t step) {
+  const std::int64_t n = c.max_floor_overflows;
+  const std::string last = n == 1 ? "this step overflowed" : "the last " + std::to_string(n) + " steps all overflowed";
+  return "loss scale collapsed (rule " + std::string(rule_name(c.rule)) + ", update " + std::to_string(step) +
+         "): the scale is at its floor min_scale = " + num(scale) + " and " + last +
+         " (inf/NaN gradients) even there. Lowering the scale cannot fix this: the overflow does not come from "
+         "loss scaling. Likely causes: a learning rate too high (loss or weights diverging), bad data (inf/NaN "
+         "inputs or labels), or non-finite values produced in the forward pass (log(0), division by zero, "
+         "activations or attention logits overflowing in low precision). Check the loss and the activations for "
+         "inf/NaN, inspect the batch, lower the learning rate; set floor_policy=continue to keep skipping steps "
+         "instead.";
+}
+
+}  // namespace
+
+std::string_view rule_name(LossScaleRule r) noexcept {
+  switch (r) {
+    case LossScaleRule::static_scale: return "static";
+    case LossScaleRule::torch: return "torch";
+    case LossScaleRule::deepspeed: return "deepspeed";
+    case LossScaleRule::megatron: return "megatron";
+    case LossScaleRule::apex: return "apex";
+    case LossScaleRule::keras: return "keras";
+    case LossScaleRule::jmp: return "jmp";
+  }
+  return "?";
+}
+
+std::string_view floor_policy_name(FloorPolicy p) noexcept {
+  switch (p) {
+    case FloorPolicy::keep_going: return "continue";
+    case FloorPolicy::error: return "error";
+  }
+  return "?";
+}
+
+// ---- presets -----------------------------------------------------------------
+
+const std::vector<std::string>& loss_scale_preset_names() {
+  static const std::vector<std::string> names = {"mixprec", "torch", "deepspeed", "megatron",
+                                                 "apex",    "keras", "jmp",       "static"};
+  return names;
+}
+
+LossScaleConfig loss_scale_preset(std::string_view name) {
+  LossScaleConfig c;  // the mixprec preset
+  if (name == "mixprec") return c;
+  // Common to the anchors: no error at the floor unless the anchor raises.
+  c.floor_policy = FloorPolicy::keep_going;
+  c.hysteresis = 1;
+  c.consecutive_hysteresis = false;
+  c.growth_factor = 2.0;
+  c.backoff_factor = 0.5;
+  c.max_scale = kInf;
+  if (name == "torch") {
+    c.rule = LossScaleRule::torch;
+    c.init_scale = 65536.0;
+    c.growth_interval = 2000;
+    c.min_scale = 0.0;
+    c.refuse_nonfinite_growth = true;
+  } else if (name == "deepspeed") {
+    c.rule = LossScaleRule::deepspeed;
+    c.init_scale = 65536.0;  // initial_scale_power 16
+    c.growth_interval = 1000;
+    c.min_scale = 1.0;
+    c.hysteresis = 2;
+    c.refuse_nonfinite_growth = false;
+    c.floor_policy = FloorPolicy::error;  // raise_error_at_min_scale
+    c.max_floor_overflows = 1;
+  } else if (name == "megatron") {
+    c.rule = LossScaleRule::megatron;
+    c.init_scale = 4294967296.0;
+    c.growth_interval = 1000;
+    c.min_scale = 1.0;
+    c.hysteresis = 2;
+    c.refuse_nonfinite_growth = false;
+  } else if (name == "apex") {
+    c.rule = LossScaleRule::apex;
+    c.init_scale = 65536.0;
+    c.growth_interval = 2000;
+    c.min_scale = 0.0;
+    c.max_scale = 16777216.0;
+    c.refuse_nonfinite_growth = false;
+  } else if (name == "keras") {
+    c.rule = LossScaleRule::keras;
+    c.init_scale = 32768.0;
+    c.growth_interval = 2000;
+    c.min_scale = 1.0;
+    c.refuse_nonfinite_growth = true;
+  } else if (name == "jmp") {
+    c.rule = LossScaleRule::jmp;
+    c.init_scale = 32768.0;
+    c.growth_interval = 2000;
+    c.min_scale = 1.0;
+    c.refuse_nonfinite_growth = true;
+  } else if (name == "static") {
+    c.rule = LossScaleRule::static_scale;
+    c.init_scale = 1.0;  // DeepSpeed's and Apex's static LossScaler default; set init_scale
+    c.growth_interval = 2000;
+    c.min_scale = 0.0;
+    c.refuse_nonfinite_growth = true;
+  } else {
+    fail("unknown loss-scale preset '" + std::string(name) + "'; presets: " + join(loss_scale_preset_names()));
+  }
+  return c;
+}
+
+// ---- validation --------------------------------------------------------------
+
+void validate(const LossScaleConfig& c) {
+  if (!known_rule(c.rule)) fail("rule: expected one of " + rule_names() + ", found enum value " +
+                                std::to_string(static_cast<int>(c.rule)));
+  const std::string rule(rule_name(c.rule));
+  if (!(std::isfinite(c.init_scale) && c.init_scale > 0))
+    fail("init_scale: expected a finite number > 0, found " + num(c.init_scale));
+  if (holds_f32(c.rule)) {
+    if (c.init_scale > kFloatMax || static_cast<float>(c.init_scale) == 0.0f)
+      fail("init_scale: the " + rule + " rule holds the scale in float32; expected a value in (0, " + num(kFloatMax) +
+           "] that does not round to 0, found " + num(c.init_scale));
+  }
+  if (!(std::isfinite(c.growth_factor) && c.growth_factor > 1))
+    fail("growth_factor: expected a finite number > 1, found " + num(c.growth_factor));
+  if (!(c.backoff_factor > 0 && c.backoff_factor < 1))
+    fail("backoff_factor: expected a number in (0, 1), found " + num(c.backoff_factor));
+  if (c.growth_interval < 1 || c.growth_interval > kMaxCount)
+    fail("growth_interval: expected an integer in [1, " + std::to_string(kMaxCount) + "], found " +
+         std::to_string(c.growth_interval));
+  if (!(std::isfinite(c.min_scale) && c.min_scale >= 0))
+    fail("min_scale: expected a finite number >= 0 (0 = no floor), found " + num(c.min_scale));
+  if (!(c.max_scale > 0)) fail("max_scale: expected a number > 0 (inf = no cap), found " + num(c.max_scale));
+  if (c.min_scale > c.init_scale)
+    fail("min_scale: expected min_scale <= init_scale, found min_scale " + num(c.min_scale) + " > init_scale " +
+         num(c.init_scale));
+  if (c.init_scale > c.max_scale)
+    fail("max_scale: expected init_scale <= max_scale, found init_scale " + num(c.init_scale) + " > max_scale " +
+         num(c.max_scale));
+  if (c.hysteresis < 1 || c.hysteresis > kMaxCount)
+    fail("hysteresis: expected an integer in [1, " + std::to_string(kMaxCount) + "], found " +
+         std::to_string(c.hysteresis));
+  if (c.max_floor_overflows < 1 || c.max_floor_overflows > kMaxCount)
+    fail("max_floor_overflows: expected an integer in [1, " + std::to_string(kMaxCount) + "], found " +
+         std::to_string(c.max_floor_overflows));
+  if (c.floor_policy != FloorPolicy::keep_going && c.floor_policy != FloorPolicy::error)
+    fail("floor_policy: expected continue or error, found enum value " + std::to_string(static_cast<int>(c.floor_policy)));
+  if (c.rule == LossScaleRule::static_scale) return;  // the static rule uses init_scale only
+  if (c.floor_policy == FloorPolicy::error && c.min_scale == 0)
+    fail("floor_policy: 'error' needs a floor, but min_scale is 0 (none); set min_scale > 0 or floor_policy=continue");
+  if (single_factor(c.rule) && c.backoff_factor != 1.0 / c.growth_factor)
+    fail("backoff_factor: the " + rule + " rule has one factor (growth multiplies by it, backoff divides by it); "
+         "expected 1/growth_factor = " + num(1.0 / c.growth_factor) + ", found " + num(c.backoff_factor));
+  if (!has_hysteresis(c.rule) && c.hysteresis != 1)
+    fail("hysteresis: the " + rule + " rule has no hysteresis (deepspeed and megatron have it); expected 1, found " +
+         std::to_string(c.hysteresis));
+  if (c.rule != LossScaleRule::deepspeed && c.consecutive_hysteresis)
+    fail("consecutive_hysteresis: only the deepspeed rule has it; expected false, found true");
+}
+
+void validate(const LossScaleState& s) {
+  validate(s.config);
+  const LossScaleConfig& c = s.config;
+  const LossScaleCounters& k = s.counters;
+  const std::string rule(rule_name(c.rule));
+  const bool dynamic = c.rule != LossScaleRule::static_scale;
+  // scale
+  if (std::isnan(s.scale) || s.scale < 0) fail("scale: expected a number > 0, found " + num(s.scale));
+  if (s.scale == 0 && !(dynamic && c.min_scale == 0))
+    fail("scale: 0 is reachable only by a dynamic rule without a floor; expected > 0, found 0");
+  if (std::isinf(s.scale) && !(dynamic && !c.refuse_nonfinite_growth && std::isinf(c.max_scale)))
+    fail("scale: inf is reachable only when refuse_nonfinite_growth is false and max_scale is inf; found inf");
+  if (holds_f32(c.rule) && std::isfinite(s.scale) &&
+      (s.scale > kFloatMax || static_cast<double>(static_cast<float>(s.scale)) != s.scale))
+    fail("scale: the " + rule + " rule holds the scale in float32; " + num(s.scale) + " is not a float32 value");
+  if (!dynamic && s.scale != in_rule_precision(c.rule, c.init_scale))
+    fail("scale: a static scale equals init_scale (as float32) " + num(in_rule_precision(c.rule, c.init_scale)) +
+         ", found " + num(s.scale));
+  if (dynamic && c.min_scale > 0 && s.scale < in_rule_precision(c.rule, c.min_scale))
+    fail("scale: expected >= min_scale " + num(c.min_scale) + ", found " + num(s.scale));
+  if (dynamic && s.scale > in_rule_precision(c.rule, c.max_scale) && std::isfinite(c.max_scale))
+    fail("scale: expected <= max_scale " + num(c.max_scale) + ", found " + num(s.scale));
+  // counters
+  auto range = [](const char* name, std::int64_t v, std::int64_t lo, std::int64_t hi) {
+    if (v < lo || v > hi)
+      fail(std::string("counters.") + name + ": expected an integer in [" + std::to_string(lo) + ", " +
+           std::to_string(hi) + "], found " + std::to_string(v));
+  };
+  constexpr std::int64_t big = std::numeric_limits<std::int64_t>::max();
+  range("steps", k.steps, 0, big);
+  range("overflows", k.overflows, 0, k.steps);
+  range("growths", k.growths, 0, k.steps - k.overflows);
+  range("backoffs", k.backoffs, 0, k.overflows);
+  range("floor_overflows", k.floor_overflows, 0, k.overflows);
+  if (dynamic && c.floor_policy == FloorPolicy::error)
+    range("floor_overflows", k.floor_overflows, 0, c.max_floor_overflows - 1);
+  const bool tracker_used = dynamic && c.rule != LossScaleRule::deepspeed;
+  range("growth_tracker", k.growth_tracker, 0, tracker_used ? c.growth_interval - 1 : 0);
+  if (c.rule == LossScaleRule::deepspeed) {
+    range("hysteresis_left", k.hysteresis_left, 1, c.hysteresis);
+    range("iteration", k.iteration, 0, big);
+    range("last_overflow_iter", k.last_overflow_iter, -1, k.iteration - 1);
+  } else {
+    if (c.rule == LossScaleRule::megatron)  // Megatron's tracker keeps counting down below 0
+      range("hysteresis_left", k.hysteresis_left, c.hysteresis - k.overflows, c.hysteresis);
+    else
+      range("hysteresis_left", k.hysteresis_left, c.hysteresis, c.hysteresis);
+    range("iteration", k.iteration, 0, 0);
+    range("last_overflow_iter", k.last_overflow_iter, -1, -1);
+  }
+}
+
+LossScaleState initial_loss_scale_state(const LossScaleConfig& config) {
+  validate(config);
+  LossScaleState s;
+  s.config = config;
+  s.scale = in_rule_precision(config.rule, config.init_scale);
+  s.counters.hysteresis_left = config.hysteresis;
+  return s;
+}
+
+// ---- set() for the CLI's --set key=value ---------------------------------------
+
+const std::vector<std::string>& loss_scale_config_keys() {
+  static const std::vector<std::string> keys = {
+      "rule",       "init_scale", "growth_factor",          "backoff_factor",          "growth_interval",
+      "min_scale",  "max_scale",  "hysteresis",             "consecutive_hysteresis",  "refuse_nonfinite_growth",
+      "floor_policy", "max_floor_overflows"};
+  return keys;
+}
+
+namespace {
+
+// Decimal, scientific, inf, or hex (0x1p-24), with an optional sign.
+std::optional<double> parse_double(std::string_view s) {
+  bool negative = false;
+  if (!s.empty() && (s.front() == '+' || s.front() == '-')) {
+    negative = s.front() == '-';
+    s.remove_prefix(1);
+  }
+  auto format = std::chars_format::general;
+  if (s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
+    s.remove_prefix(2);
+    format = std::chars_format::hex;
+  }
+  if (s.empty() || s.front() == '+' || s.front() == '-') return std::nullopt;
+  double v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, format);
+  if (ec != std::errc{} || end != s.data() + s.size()) return std::nullopt;
+  return negative ? -v : v;
+}
+
+std::optional<std::int64_t> parse_int(std::string_view s) {
+  if (!s.empty() && s.front() == '+') s.remove_prefix(1);
+  if (s.empty()) return std::nullopt;
+  std::int64_t v = 0;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
+  if (ec != std::errc{} || end != s.data() + s.size()) return std::nullopt;
+  return v;
+}
+
+std::optional<bool> parse_bool(std::string_view s) {
+  if (s == "true" || s == "1") return true;
+  if (s == "false" || s == "0") return false;
+  return std::nullopt;
+}
+
+std::optional<LossScaleRule> parse_rule(std::string_view s) {
+  for (LossScaleRule r : kRules)
+    if (rule_name(r) == s) return r;
+  return std::nullopt;
+}
+
+std::optional<FloorPolicy> parse_floor_policy(std::string_view s) {
+  if (s == "continue") return FloorPolicy::keep_going;
+  if (s == "error") return FloorPolicy::error;
+  return std::nullopt;
+}
+
+}  // namespace
+
+void set(LossScaleConfig& c, std::string_view key, std::string_view value) {
+  const std::string k(key);
+  const std::string shown = "'" + std::string(value) + "'";
+  auto bad = [&](const std::string& expected) { fail(k + ": expected " + expected + ", found " + shown); };
+  auto real = [&](const std::string& expected, auto ok) {
+    const auto v = parse_double(value);
+    if (!v || !ok(*v)) bad(expected);
+    return *v;
+  };
+  auto integer = [&]() {
+    const auto v = parse_int(value);
+    if (!v || *v < 1 || *v > kMaxCount) bad("an integer in [1, " + std::to_string(kMaxCount) + "]");
+    return *v;
+  };
+  auto boolean = [&]() {
+    const auto v = parse_bool(value);
+    if (!v) bad("true or false");
+    return *v;
+  };
+  if (k == "rule") {
+    const auto r = parse_rule(value);
+    if (!r) bad("one of " + rule_names());
+    c.rule = *r;
+  } else if (k == "init_scale") {
+    c.init_scale = real("a finite number > 0", [](double v) { return std::isfinite(v) && v > 0; });
+  } else if (k == "growth_factor") {
+    c.growth_factor = real("a finite number > 1", [](double v) { return std::isfinite(v) && v > 1; });
+    if (single_factor(c.rule)) c.backoff_factor = 1.0 / c.growth_factor;
+  } else if (k == "backoff_factor") {
+    c.backoff_factor = real("a number in (0, 1)", [](double v) { return v > 0 && v < 1; });
+  } else if (k == "growth_interval") {
+    c.growth_interval = integer();
+  } else if (k == "min_scale") {
+    if (value == "none") {
+      c.min_scale = 0;
+    } else {
+      c.min_scale = real("a finite number >= 0 or none", [](double v) { return std::isfinite(v) && v >= 0; });
+    }
+  } else if (k == "max_scale") {
+    if (value == "none") {
+      c.max_scale = kInf;
+    } else {
+      c.max_scale = real("a number > 0, inf or none", [](double v) { return v > 0; });
+    }
+  } else if (k == "hysteresis") {
+    c.hysteresis = integer();
+  } else if (k == "consecutive_hysteresis") {
+    c.consecutive_hysteresis = boolean();
+  } else if (k == "refuse_nonfinite_growth") {
+    c.refuse_nonfinite_growth = boolean();
+  } else if (k == "floor_policy") {
+    const auto p = parse_floor_policy(value);
+    if (!p) bad("continue or error");
+    c.floor_policy = *p;
+  } else if (k == "max_floor_overflows") {
+    c.max_floor_overflows = integer();
+  } else {
+    fail("unknown key '" + k + "'; keys: " + join(loss_scale_config_keys()));
+  }
+}
+
+std::string describe(const LossScaleConfig& c) {
+  std::string s;
+  auto line = [&](const char* k, const std::string& v) { s += std::string(k) + " = " + v + "\n"; };
+  line("rule", std::string(rule_name(c.rule)));
+  line("init_scale", num(c.init_scale));
+  line("growth_factor", num(c.growth_factor));
+  line("backoff_factor", num(c.backoff_factor));
+  line("growth_interval", std::to_string(c.growth_interval));
+  line("min_scale", c.min_scale == 0 ? "none" : num(c.min_scale));
+  line("max_scale", std::isinf(c.max_scale) ? "none" : num(c.max_scale));
+  line("hysteresis", std::to_string(c.hysteresis));
+  line("consecutive_hysteresis", c.consecutive_hysteresis ? "true" : "false");
+  line("refuse_nonfinite_growth", c.refuse_nonfinite_growth ? "true" : "false");
+  line("floor_policy", std::string(floor_policy_name(c.floor_policy)));
+  line("max_floor_overflows", std::to_string(c.max_floor_overflows));
+  return s;
+}
+
+// ---- the scales --------------------------------------------------------------
+
+StaticLossScale::StaticLossScale(double scale) : StaticLossScale([scale] {
+        LossScaleConfig c = loss_scale_preset("static");
+        c.init_scale = scale;
+        return c;
+      }()) {}
+
+StaticLossScale::StaticLossScale(const LossScaleConfig& config) {
+  if (config.rule != LossScaleRule::static_scale)
+    fail("rule: StaticLossScale expects rule static, found " + std::string(rule_name(config.rule)) +
+         " (use DynamicLossScale or make_loss_scale)");
+  const LossScaleState s = initial_loss_scale_state(config);
+  config_ = s.config;
+  scale_ = s.scale;
+  counters_ = s.counters;
+}
+
+void StaticLossScale::update(bool found_inf) {
+  counters_.steps += 1;
+  if (found_inf) counters_.overflows += 1;
+}
+
+void StaticLossScale::load(const LossScaleState& s) {
+  if (s.config.rule != LossScaleRule::static_scale)
+    fail("rule: a static loss scale loads only static states, found rule " + std::string(rule_name(s.config.rule)));
+  validate(s);
+  config_ = s.config;
+  scale_ = s.scale;
+  counters_ = s.counters;
+}
+
+DynamicLossScale::DynamicLossScale(const LossScaleConfig& config) {
+  if (config.rule == LossScaleRule::static_scale)
+    fail("rule: DynamicLossScale expects a dynamic rule, found static (use StaticLossScale or make_loss_scale)");
+  const LossScaleState s = initial_loss_scale_state(config);
+  config_ = s.config;
+  scale_ = s.scale;
+  counters_ = s.counters;
+}
+
+void DynamicLossScale::load(const LossScaleState& s) {
+  if (s.config.rule == LossScaleRule::static_scale)
+    fail("rule: a dynamic loss scale loads only dynamic states, found rule static");
+  validate(s);
+  config_ = s.config;
+  scale_ = s.scale;
+  counters_ = s.counters;
+}
+
+// Called in each rule's backoff branch, before the rule changes anything. Throws with the state
+// untouched when the floor policy says the run is broken; otherwise counts overflows at the floor.
+void DynamicLossScale::check_floor(double scale_before) {
+  const bool at_floor = config_.min_scale > 0 && scale_before <= in_rule_precision(config_.rule, config_.min_scale);
+  if (!at_floor) {
+    counters_.floor_overflows = 0;
+    return;
+  }
+  if (config_.floor_policy == FloorPolicy::error && counters_.floor_overflows + 1 >= config_.max_floor_overflows)
+    throw ScaleCollapseError(collapse_message(config_, scale_before, counters_.steps + 1));
+  counters_.floor_overflows += 1;
+}
+
+void DynamicLossScale::update(bool found_inf) {
+  const LossScaleConfig& c = config_;
+  LossScaleCounters& k = counters_;
+  const bool refuse = c.refuse_nonfinite_growth;
+  // Bounds and factors in the rule's precision.
+  const double min_d = c.min_scale, max_d = c.max_scale;
+  const float min_f = static_cast<float>(c.min_scale), max_f = static_cast<float>(c.max_scale);
+  const float growth_f = static_cast<float>(c.growth_factor), backoff_f = static_cast<float>(c.backoff_factor);
+
+  switch (c.rule) {
+    case LossScaleRule::torch: {
+      // float32 scale; factor arithmetic in double, rounded to float (torch's _amp_update_scale_).
+      const float scale = static_cast<float>(scale_);
+      if (found_inf) {
+        check_floor(scale_);
+        float n = static_cast<float>(static_cast<double>(scale) * c.backoff_factor);
+        if (c.min_scale > 0) n = std::max(n, min_f);  // mixprec extension: floor
+        scale_ = n;
+        k.growth_tracker = 0;
+        k.backoffs += 1;
+      } else {
+        const std::int64_t t = k.growth_tracker + 1;
+        if (t == c.growth_interval) {
+          const float n = static_cast<float>(static_cast<double>(scale) * c.growth_factor);
+          if (std::isfinite(n) || !refuse) {
+            scale_ = std::min(n, max_f);
+            k.growths += 1;
+          }
+          k.growth_tracker = 0;
+        } else {
+          k.growth_tracker = t;
+        }
+        k.floor_overflows = 0;
+      }
+      break;
+    }
+    case LossScaleRule::deepspeed: {
+      // Python float (double) scale; one factor; iteration-based window; hysteresis.
+      if (found_inf) {
+        if (c.hysteresis == 1 || k.hysteresis_left == 1) {
+          check_floor(scale_);  // raise_error_at_min_scale
+          scale_ = std::max(scale_ / c.growth_factor, min_d);
+          k.backoffs += 1;
+        } else {
+          k.hysteresis_left -= 1;
+        }
+        k.last_overflow_iter = k.iteration;
+      } else {
+        if (c.consecutive_hysteresis) k.hysteresis_left = c.hysteresis;
+        const std::int64_t stable = k.iteration - k.last_overflow_iter - 1;
+        if (stable > 0 && stable % c.growth_interval == 0) {
+          if (!c.consecutive_hysteresis) k.hysteresis_left = c.hysteresis;
+          const double n = scale_ * c.growth_factor;
+          if (std::isfinite(n) || !refuse) {
+            scale_ = std::min(n, max_d);
+            k.growths += 1;
+          }
+        }
+        k.floor_overflows = 0;
+      }
+      k.iteration += 1;
+      break;
+    }
+    case LossScaleRule::megatron: {
+      // float32 tensors for scale, factors and min; hysteresis tracker refilled on growth.
+      const float scale = static_cast<float>(scale_);
+      if (found_inf) {
+        const std::int64_t h = k.hysteresis_left - 1;
+        if (h <= 0) check_floor(scale_);
+        k.growth_tracker = 0;
+        k.hysteresis_left = h;
+        if (h <= 0) {
+          scale_ = std::max(scale * backoff_f, min_f);
+          k.backoffs += 1;
+        }
+      } else {
+        k.growth_tracker += 1;
+        if (k.growth_tracker == c.growth_interval) {
+          k.growth_tracker = 0;
+          k.hysteresis_left = c.hysteresis;
+          const float n = scale * growth_f;
+          if (std::isfinite(n) || !refuse) {
+            scale_ = std::min(n, max_f);
+            k.growths += 1;
+          }
+        }
+        k.floor_overflows = 0;
+      }
+      break;
+    }
+    case LossScaleRule::apex: {
+      // Python float (double); min only when set; growth clamped to max (2^24 by default).
+      if (found_inf) {
+        check_floor(scale_);
+        scale_ = c.min_scale > 0 ? std::max(min_d, scale_ / c.growth_factor) : scale_ / c.growth_factor;
+        k.growth_tracker = 0;  // _unskipped
+        k.backoffs += 1;
+      } else {
+        k.growth_tracker += 1;
+        k.floor_overflows = 0;
+      }
+      if (k.growth_tracker == c.growth_interval) {
+        const double n = scale_ * c.growth_factor;
+        if (std::isfinite(n) || !refuse) {
+          scale_ = std::min(max_d, n);
+          k.growths += 1;
+        }
+        k.growth_tracker = 0;
+      }
+      break;
+    }
+    case LossScaleRule::keras: {
+      // float32 variable; counter + 1 >= growth_steps; growth only into a finite value.
+      const float scale = static_cast<float>(scale_);
+      if (!found_inf) {
+        if (k.growth_tracker + 1 >= c.growth_interval) {
+          const float n = scale * growth_f;
+          if (std::isfinite(n) || !refuse) {
+            scale_ = std::min(n, max_f);
+            k.growths += 1;
+          }
+          k.growth_tracker = 0;
+        } else {
+          k.growth_tracker += 1;
+        }
+        k.floor_overflows = 0;
+      } else {
+        check_floor(scale_);
+        k.growth_tracker = 0;
+        scale_ = std::max(scale / growth_f, min_f);
+        k.backoffs += 1;
+      }
+      break;
+    }
+    case LossScaleRule::jmp: {
+      // float32 array; counter modulo period; first_finite(scale * factor, scale).
+      const float scale = static_cast<float>(scale_);
+      if (!found_inf) {
+        if (k.growth_tracker == c.growth_interval - 1) {
+          const float n = scale * growth_f;
+          if (std::isfinite(n) || !refuse) {
+            scale_ = std::min(n, max_f);
+            k.growths += 1;
+          }
+        }
+        k.floor_overflows = 0;
+      } else {
+        check_floor(scale_);
+        scale_ = std::max(min_f, scale / growth_f);
+        k.backoffs += 1;
+      }
+      k.growth_tracker = !found_inf ? (k.growth_tracker + 1) % c.growth_interval : 0;
+      break;
+    }
+    case LossScaleRule::static_scale:
+      fail("rule: DynamicLossScale cannot run rule static");
+  }
+  k.steps += 1;
+  if (found_inf) k.overflows += 1;
+}
+
+std::unique_ptr<LossScale> make_loss_scale(const LossScaleConfig& config) {
+  if (config.rule == LossScaleRule::static_scale) return std::make_unique<StaticLossScale>(config);
+  return std::make_unique<DynamicLossScale>(config);
+}
+
+// ---- JSON --------------------------------------------------------------------
+
+namespace {
+
+using nlohmann::json;
+
+json config_json(const LossScaleConfig& c) {
+  json j = json::object();
+  j["rule"] = std::string(rule_name(c.rule));
+  j["init_scale"] = c.init_scale;
+  j["growth_factor"] = c.growth_factor;
+  j["backoff_factor"] = c.backoff_factor;
+  j["growth_interval"] = c.growth_interval;
+  j["min_scale"] = c.min_scale == 0 ? json(nullptr) : json(c.min_scale);
+  j["max_scale"] = std::isinf(c.max_scale) ? json(nullptr) : json(c.max_scale);
+  j["hysteresis"] = c.hysteresis;
+  j["consecutive_hysteresis"] = c.consecutive_hysteresis;
+  j["refuse_nonfinite_growth"] = c.refuse_nonfinite_growth;
+  j["floor_policy"] = std::string(floor_policy_name(c.floor_policy));
+  j["max_floor_overflows"] = c.max_floor_overflows;
+  return j;
+}
+
+// Reads the fields of one JSON object, each exactly once, and rejects unknown keys at the end.
+class Fields {
+ public:
+  Fields(const json& j, std::string prefix) : j_(j), prefix_(std::move(prefix)) {
+    if (!j_.is_object()) fail(where("") + "expected an object, found " + std::string(j_.type_name()));
+  }
+  const json& get(const std::string& key) {
+    const auto it = j_.find(key);
+    if (it == j_.end()) fail(where(key) + "missing");
+    seen_.push_back(key);
+    return *it;
+  }
+  double real(const std::string& key) {
+    const json& v = get(key);
+    if (!v.is_number()) fail(where(key) + "expected a number, found " + std::string(v.type_name()));
+    return v.get<double>();
+  }
+  std::int64_t integer(const std::string& key) {
+    const json& v = get(key);
+    if (v.is_number_unsigned()) {
+      const auto u = v.get<std::uint64_t>();
+      if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+        fail(where(key) + "expected a 64-bit integer, found " + v.dump());
+      return static_cast<std::int64_t>(u);
+    }
+    if (!v.is_number_integer()) fail(where(key) + "expected an integer, found " + v.dump());
+    return v.get<std::int64_t>();
+  }
+  bool boolean(const std::string& key) {
+    const json& v = get(key);
+    if (!v.is_boolean()) fail(where(key) + "expected true or false, found " + v.dump());
+    return v.get<bool>();
+  }
+  std::string text(const std::string& key) {
+    const json& v = get(key);
+    if (!v.is_string()) fail(where(key) + "expected a string, found " + v.dump());
+    return v.get<std::string>();
+  }
+  void no_others() const {
+    for (const auto& item : j_.items())
+      if (std::find(seen_.begin(), seen_.end(), item.key()) == seen_.end())
+        fail(where(item.key()) + "unknown field");
+  }
+  std::string where(const std::string& key) const {
+    std::string path = prefix_ + key;
+    if (!path.empty() && path.back() == '.') path.pop_back();
+    return "loss-scale state: " + path + (path.empty() ? "" : ": ");
+  }
+
+ private:
+  const json& j_;
+  std::string prefix_;
+  std::vector<std::string> seen_;
+};
+
+}  // namespace
+
+std::string LossScaleState::to_json() const {
+  json j = json::object();
+  j["format"] = "mixprec.loss_scale";
+  j["version"] = 1;
+  j["config"] = config_json(config);
+  j["scale"] = std::isinf(scale) ? json("inf") : json(scale);
+  json k = json::object();
+  k["steps"] = counters.steps;
+  k["overflows"] = counters.overflows;
+  k["growths"] = counters.growths;
+  k["backoffs"] = counters.backoffs;
+  k["growth_tracker"] = counters.growth_tracker;
+  k["hysteresis_left"] = counters.hysteresis_left;
+  k["iteration"] = counters.iteration;
+  k["last_overflow_iter"] = counters.last_overflow_iter;
+  k["floor_overflows"] = counters.floor_overflows;
+  j["counters"] = k;
+  return j.dump();
+}
+
+LossScaleState LossScaleState::from_json(std::string_view text) {
+  json j;
+  try {
+    j = json::parse(text.begin(), text.end());
+  } catch (const json::parse_error& e) {
+    fail(std::string("loss-scale state: not valid JSON: ") + e.what());
+  }
+  Fields top(j, "");
+  const std::string format = top.text("format");
+  if (format != "mixprec.loss_scale")
+    fail("loss-scale state: format: expected \"mixprec.loss_scale\", found \"" + format + "\"");
+  const std::int64_t version = top.integer("version");
+  if (version != 1) fail("loss-scale state: version: expected 1, found " + std::to_string(version));
+
+  LossScaleState s;
+  Fields cf(top.get("config"), "config.");
+  const std::string rule = cf.text("rule");
+  const auto r = parse_rule(rule);
+  if (!r) fail(cf.where("rule") + "expected one of " + rule_names() + ", found \"" + rule + "\"");
+  s.config.rule = *r;
+  s.config.init_scale = cf.real("init_scale");
+  s.config.growth_factor = cf.real("growth_factor");
+  s.config.backoff_factor = cf.real("backoff_factor");
+  s.config.growth_interval = cf.integer("growth_interval");
+  const json& mn = cf.get("min_scale");
+  if (!mn.is_null() && !mn.is_number())
+    fail(cf.where("min_scale") + "expected a number or null (none), found " + mn.dump());
+  s.config.min_scale = mn.is_null() ? 0.0 : mn.get<double>();
+  const json& mx = cf.get("max_scale");
+  if (!mx.is_null() && !mx.is_number())
+    fail(cf.where("max_scale") + "expected a number or null (none), found " + mx.dump());
+  s.config.max_scale = mx.is_null() ? kInf : mx.get<double>();
+  s.config.hysteresis = cf.integer("hysteresis");
+  s.config.consecutive_hysteresis = cf.boolean("consecutive_hysteresis");
+  s.config.refuse_nonfinite_growth = cf.boolean("refuse_nonfinite_growth");
+  const std::string policy = cf.text("floor_policy");
+  const auto p = parse_floor_policy(policy);
+  if (!p) fail(cf.where("floor_policy") + "expected \"continue\" or \"error\", found \"" + policy + "\"");
+  s.config.floor_policy = *p;
+  s.config.max_floor_overflows = cf.integer("max_floor_overflows");
+  cf.no_others();
+
+  const json& sc = top.get("scale");
+  if (sc.is_string() && sc.get<std::string>() == "inf") {
+    s.scale = kInf;
+  } else if (sc.is_number()) {
+    s.scale = sc.get<double>();
+  } else {
+    fail("loss-scale state: scale: expected a number or \"inf\", found " + sc.dump());
+  }
+
+  Fields kf(top.get("counters"), "counters.");
+  s.counters.steps = kf.integer("steps");
+  s.counters.overflows = kf.integer("overflows");
+  s.counters.growths = kf.integer("growths");
+  s.counters.backoffs = kf.integer("backoffs");
+  s.counters.growth_tracker = kf.integer("growth_tracker");
+  s.counters.hysteresis_left = kf.integer("hysteresis_left");
+  s.counters.iteration = kf.integer("iteration");
+  s.counters.last_overflow_iter = kf.integer("last_overflow_iter");
+  s.counters.floor_overflows = kf.integer("floor_overflows");
+  kf.no_others();
+  top.no_others();
+
+  try {
+    validate(s);
+  } catch (const std::invalid_argument& e) {
+    const std::string what = e.what();
+    if (what.rfind("counters.", 0) == 0 || what.rfind("scale", 0) == 0) fail("loss-scale state: " + what);
+    fail("loss-scale state: config." + what);
+  }
+  return s;
+}
+
+}  // namespace mixprec
