@@ -19,6 +19,14 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+// Only the functions defined between push_options and pop_options are compiled
+// for AVX2: the inline templates of the headers above (the scalar reference the
+// tails use) stay baseline code, so the linker can never hand an AVX2 copy of
+// them to the scalar back end; and avx2_kernels(), which the dispatcher calls
+// before it has checked the CPU, is baseline code too.
+#pragma GCC push_options
+#pragma GCC target("avx2,f16c,fma")
+
 
 
 namespace mixprec::detail {
@@ -157,10 +165,13 @@ inline __m256i flush16(__m256i c) {
 // scalar loop over its 16 inputs.
 template <const MiniFloatSpec& S>
 struct Counters {
-  __m256i zero_in = _mm256_setzero_si256();
-  __m256i zero_out = _mm256_setzero_si256();
-  __m256i small_out = _mm256_setzero_si256();
-  __m256i past_max = _mm256_setzero_si256();
+  // Written out so that it is compiled inside the AVX2 region (an implicit one may not be).
+  Counters()
+      : zero_in(_mm256_setzero_si256()),
+        zero_out(_mm256_setzero_si256()),
+        small_out(_mm256_setzero_si256()),
+        past_max(_mm256_setzero_si256()) {}
+  __m256i zero_in, zero_out, small_out, past_max;
   std::uint64_t nonfinite = 0;
   std::uint64_t blocks = 0;
   ConversionStats total;
@@ -253,6 +264,7 @@ std::size_t encode_blocks(const float* src, StorageOf<S>* dst, std::size_t n, co
   const bool saturate = o.overflow == Overflow::saturate;
   const bool flush = o.subnormals == Subnormals::flush;
   const __m256 scale = _mm256_set1_ps(o.scale);
+  const bool scaled = o.scale != 1.0f;
   const __m256i fp8_ovf = set1(saturate ? S.max_code : S.overflow_code);
   constexpr std::size_t kSpillEvery = std::size_t{16} << 15;  // 16-bit lane counters must not wrap
   std::size_t i = 0;
@@ -262,8 +274,8 @@ std::size_t encode_blocks(const float* src, StorageOf<S>* dst, std::size_t n, co
       if constexpr (kStream) _mm_prefetch(reinterpret_cast<const char*>(src + i) + kPrefetchBytes, _MM_HINT_T0);
       const __m256 x0 = _mm256_loadu_ps(src + i);
       const __m256 x1 = _mm256_loadu_ps(src + i + 8);
-      const __m256 y0 = _mm256_mul_ps(x0, scale);
-      const __m256 y1 = _mm256_mul_ps(x1, scale);
+      const __m256 y0 = scaled ? _mm256_mul_ps(x0, scale) : x0;  // x * 1 == x, bit for bit, after rounding
+      const __m256 y1 = scaled ? _mm256_mul_ps(x1, scale) : x1;
       __m256i c = raw_codes16<S>(y0, y1, fp8_ovf);
       if constexpr (kCount) {
         const __m256i past = (!S.has_inf && saturate) ? Counters<S>::past_from_values(y0, y1)
@@ -375,6 +387,7 @@ template <const MiniFloatSpec& S, bool kStream>
 std::size_t decode_blocks(const StorageOf<S>* src, float* dst, std::size_t n, const ConvertOptions& o) {
   const bool flush = o.subnormals == Subnormals::flush;
   const __m256 scale = _mm256_set1_ps(o.scale);
+  const bool scaled = o.scale != 1.0f;  // a decoded value times 1 is itself
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m256 lo, hi;
@@ -415,8 +428,12 @@ std::size_t decode_blocks(const StorageOf<S>* src, float* dst, std::size_t n, co
       lo = _mm256_mul_ps(lo, k256);
       hi = _mm256_mul_ps(hi, k256);
     }
-    store8f<kStream>(dst + i, _mm256_mul_ps(lo, scale));
-    store8f<kStream>(dst + i + 8, _mm256_mul_ps(hi, scale));
+    if (scaled) {
+      lo = _mm256_mul_ps(lo, scale);
+      hi = _mm256_mul_ps(hi, scale);
+    }
+    store8f<kStream>(dst + i, lo);
+    store8f<kStream>(dst + i + 8, hi);
   }
   return i;
 }
@@ -436,6 +453,13 @@ void decode_kernel(const void* src_v, float* dst, std::size_t n, const ConvertOp
   }
   decode_range<S>(src + i, dst + i, n - i, o);
 }
+
+}  // namespace
+}  // namespace mixprec::detail
+#pragma GCC pop_options
+
+namespace mixprec::detail {
+namespace {
 
 template <const MiniFloatSpec& S>
 FormatKernels make_avx2() {

@@ -19,6 +19,11 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+// Only the functions between push_options and pop_options are compiled for
+// AVX2 (see src/formats/cpu/bulk_avx2.cpp): header inline code stays baseline.
+#pragma GCC push_options
+#pragma GCC target("avx2,f16c,fma")
+
 namespace mixprec::detail {
 namespace {
 
@@ -135,6 +140,13 @@ void segment_avx2(void* data, std::size_t n, float inv, SegmentOut& out, ExactSu
     out.max_out = mo > out.max_out ? mo : out.max_out;
   }
 }
+
+}  // namespace
+}  // namespace mixprec::detail
+#pragma GCC pop_options
+
+namespace mixprec::detail {
+namespace {
 
 template <DType D>
 void fill(UnscaleKernels& k) {
