@@ -10,6 +10,7 @@
 
 #include "cmd_bench.hpp"
 #include "cmd_formats.hpp"
+#include "cmd_memory.hpp"
 #include "cmd_scaler.hpp"
 #include "mixprec/version.hpp"
 
@@ -36,6 +37,7 @@ int main(int argc, char** argv) {
   std::function<int()> action;
   mixprec::cli::add_formats_command(app, action);
   mixprec::cli::add_bench_command(app, action);
+  mixprec::cli::add_memory_command(app, action);
   mixprec::cli::add_scaler_command(app, action);
   if (argc > 1 && argv[1][0] != '-' && reject_unknown_command(app, argv[1])) return 2;
   try {

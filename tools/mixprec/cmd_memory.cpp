@@ -1,0 +1,98 @@
+// `mixprec memory --params 7e9`: master weights, moments, gradients and model copy
+// in bytes and GiB (mixprec::memory_plan), e.g. 4P + 8P + 4P + 2P for Adam with fp16.
+#include "cmd_memory.hpp"
+
+#include <fmt/core.h>
+
+#include <charconv>
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include "mixprec/optim/memory.hpp"
+
+namespace mixprec::cli {
+namespace {
+
+std::string grouped(std::uint64_t v) {
+  std::string s = std::to_string(v), out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (i != 0 && (s.size() - i) % 3 == 0) out += ',';
+    out += s[i];
+  }
+  return out;
+}
+
+// A parameter count: a whole number written as an integer or in scientific notation.
+std::uint64_t parse_params(const std::string& text) {
+  constexpr double kMax = 9007199254740992.0;  // 2^53: every count up to here is exact
+  double v = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, v, std::chars_format::general);
+  if (text.empty() || ec == std::errc::invalid_argument || ptr != end)
+    throw CLI::ValidationError("--params", "'" + text + "' is not a number; give a whole number such as 7e9 or 125000000");
+  if (ec == std::errc::result_out_of_range || !std::isfinite(v) || v > kMax)
+    throw CLI::ValidationError("--params", "'" + text + "' is out of range; expected a whole number from 0 to 2^53");
+  if (v < 0 || v != std::floor(v))
+    throw CLI::ValidationError("--params", "'" + text + "' is not a whole number >= 0");
+  return static_cast<std::uint64_t>(v);
+}
+
+int print_plan(std::uint64_t params, OptimizerKind opt, PrecisionPreset prec) {
+  const MemoryPlan m = memory_plan(params, opt, prec);
+  const bool pure = prec == PrecisionPreset::fp16_pure || prec == PrecisionPreset::bf16_pure;
+  const std::string_view low = (prec == PrecisionPreset::bf16 || prec == PrecisionPreset::bf16_pure) ? "bf16" : "fp16";
+  fmt::print("mixprec memory: {} parameters, optimizer {}, precision {}\n\n", grouped(params), optimizer_name(opt),
+             precision_name(prec));
+  fmt::print("{:<34} {:>7} {:>22} {:>12}\n", "buffer", "bytes/P", "bytes", "GiB");
+  auto row = [&](const std::string& name, std::uint64_t bytes) {
+    const std::uint64_t per = params == 0 ? 0 : bytes / params;
+    fmt::print("{:<34} {:>7} {:>22} {:>12.2f}\n", name, params == 0 ? "-" : std::to_string(per), grouped(bytes),
+               static_cast<double>(bytes) / 1073741824.0);
+  };
+  std::string moments = "optimizer state (none)";
+  if (opt == OptimizerKind::sgd_momentum) moments = "optimizer state (momentum, fp32)";
+  if (opt == OptimizerKind::adam || opt == OptimizerKind::adamw) moments = "optimizer state (m, v, fp32)";
+  row(prec == PrecisionPreset::fp32 ? "weights (fp32)" : pure ? "master weights (none)" : "master weights (fp32)",
+      m.master_weights);
+  row(moments, m.moments);
+  row(pure ? "gradients (" + std::string(low) + ")" : "gradients (fp32)", m.gradients);
+  row(prec == PrecisionPreset::fp32 ? "model copy (none)"
+      : pure                        ? "weights (" + std::string(low) + ", the only copy)"
+                                    : "model copy (" + std::string(low) + ")",
+      m.model_copy);
+  row("total", m.total);
+  if (params != 0) {
+    std::string sum;
+    for (std::uint64_t b : {m.master_weights, m.moments, m.gradients, m.model_copy})
+      if (b != 0) sum += (sum.empty() ? "" : " + ") + std::to_string(b / params) + "P";
+    fmt::print("\ntotal = {} = {}P bytes\n", sum, m.total / params);
+  }
+  fmt::print("Activations and temporary buffers are not counted.\n");
+  return 0;
+}
+
+}  // namespace
+
+void add_memory_command(CLI::App& app, std::function<int()>& action) {
+  auto* cmd = app.add_subcommand("memory", "Bytes of master weights, optimizer state, gradients and model copy");
+  auto params = std::make_shared<std::string>();
+  auto optimizer = std::make_shared<std::string>("adam");
+  auto precision = std::make_shared<std::string>("fp16");
+  cmd->add_option("--params", *params, "Parameter count, e.g. 7e9")->required();
+  cmd->add_option("--optimizer", *optimizer, "adam (default), adamw, sgd or sgd-momentum");
+  cmd->add_option("--precision", *precision, "fp16 (default), bf16, fp32, fp16-pure or bf16-pure");
+  cmd->callback([params, optimizer, precision, &action] {
+    const std::uint64_t p = parse_params(*params);
+    const auto opt = parse_optimizer(*optimizer);
+    if (!opt)
+      throw CLI::ValidationError("--optimizer", "unknown optimizer '" + *optimizer + "'; expected adam, adamw, sgd or sgd-momentum");
+    const auto prec = parse_precision(*precision);
+    if (!prec)
+      throw CLI::ValidationError("--precision",
+                                 "unknown precision '" + *precision + "'; expected fp32, fp16, bf16, fp16-pure or bf16-pure");
+    action = [p, o = *opt, r = *prec] { return print_plan(p, o, r); };
+  });
+}
+
+}  // namespace mixprec::cli

@@ -1,0 +1,11 @@
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <functional>
+
+namespace mixprec::cli {
+// Registers `memory --params N [--optimizer adam|adamw|sgd|sgd-momentum]
+// [--precision fp32|fp16|bf16|fp16-pure|bf16-pure]`: the bytes of each training buffer.
+void add_memory_command(CLI::App& app, std::function<int()>& action);
+}  // namespace mixprec::cli
