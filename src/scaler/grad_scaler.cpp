@@ -38,6 +38,15 @@ float GradScaler::get_scale() const noexcept { return enabled_ ? scale_->scale()
 
 float GradScaler::scale(float loss) const noexcept { return loss * get_scale(); }
 
+// found_inf is what the check read (REFERENCE.md), plus one case PyTorch lets
+// through: finite gradients whose unscaled values overflow (only possible with a
+// scale below 1). Their norm is inf; stepping would write inf into the weights.
+void GradScaler::record_check(Record& r, const UnscaleResult& res) {
+  r.first_overflow = res.first_nonfinite;
+  r.grad_norm = std::sqrt(res.sum_squares);
+  r.found_inf = res.found_inf || !std::isfinite(r.grad_norm);
+}
+
 GradScaler::Record& GradScaler::record(Optimizer& opt) {
   Record& r = records_[&opt];
   if (r.grads.empty()) {
@@ -71,9 +80,7 @@ void GradScaler::unscale(Optimizer& opt, ThreadPool* pool) {
   UnscaleOptions o;
   o.sum_squares = true;
   const UnscaleResult res = unscale_and_check(r.grads, inv_scale_of(scale_->scale()), o, {}, pool);
-  r.found_inf = res.found_inf;
-  r.first_overflow = res.first_nonfinite;
-  r.grad_norm = std::sqrt(res.sum_squares);
+  record_check(r, res);
   r.stage = OptimizerStage::unscaled;
 }
 
@@ -96,9 +103,7 @@ StepOutcome GradScaler::step(Optimizer& opt, const StepOptions& options) {
     o.write = false;
     o.sum_squares = true;
     const UnscaleResult res = unscale_and_check(r.grads, inv_scale, o, {}, options.pool);
-    r.found_inf = res.found_inf;
-    r.first_overflow = res.first_nonfinite;
-    r.grad_norm = std::sqrt(res.sum_squares);
+    record_check(r, res);
   }
 
   StepOutcome out;

@@ -297,6 +297,25 @@ TEST(GradScaler, CollapseIsReported) {
   EXPECT_EQ(opt.step_count(), 0);
 }
 
+// A scale below 1 can make finite gradients overflow when unscaled; the step
+// must be skipped rather than write inf into the weights.
+TEST(GradScaler, OverflowCreatedByUnscalingIsSkipped) {
+  ParamStore s = make_store(DType::f32);
+  Adam opt(s, {});
+  LossScaleConfig c = loss_scale_preset("torch");
+  c.init_scale = 0x1p-10;
+  GradScaler scaler(c);
+  write_grads(s, 1.0f, 0, 3.0e38f);  // finite, but times 2^10 it is inf
+  const auto before = master_bits(s);
+  const StepOutcome out = scaler.step(opt);
+  EXPECT_FALSE(out.applied);
+  EXPECT_TRUE(out.found_inf);
+  EXPECT_EQ(out.first_overflow, -1) << "no element read was inf or NaN";
+  EXPECT_EQ(master_bits(s), before);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 0x1p-11f);
+}
+
 TEST(GradScaler, RejectsBadStepOptions) {
   ParamStore s = make_store(DType::f32);
   SGD opt(s, {});

@@ -114,6 +114,7 @@ class GradScaler {
   };
   void check_window_complete(const char* call) const;
   Record& record(Optimizer& opt);
+  static void record_check(Record& r, const UnscaleResult& res);
 
   std::unique_ptr<LossScale> scale_;
   bool enabled_;
