@@ -1,4 +1,4 @@
-// `mixprec bench formats|scaler`: the benchmarks of bench/, with their ratio tables.
+// `mixprec bench formats|scaler|optim`: the benchmarks of bench/, with their ratio tables.
 #include "cmd_bench.hpp"
 
 #include <memory>
@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "formats_bench.hpp"
+#include "optim_bench.hpp"
 #include "scaler_bench.hpp"
 
 namespace mixprec::cli {
@@ -32,7 +33,21 @@ void add_bench_command(CLI::App& app, std::function<int()>& action) {
     action = [args] {
       std::vector<char*> argv;
       for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      return mixprec::bench::run_scaler(static_cast<int>(argv.size()), argv.data());
+      const int rc = mixprec::bench::run_scaler(static_cast<int>(argv.size()), argv.data());
+      if (rc != 0) return rc;
+      // The optimizer step that consumes the unscaled gradients (bench/optim_bench.hpp).
+      return mixprec::bench::run_optim(static_cast<int>(argv.size()), argv.data());
+    };
+  });
+  auto* optim = bench->add_subcommand("optim", "Fused Adam step vs a copy of the same bytes and vs the unfused passes");
+  optim->allow_extras();  // --benchmark_* flags go to Google Benchmark
+  optim->callback([optim, &action] {
+    std::vector<std::string> args = {"mixprec bench optim"};
+    for (const std::string& a : optim->remaining()) args.push_back(a);
+    action = [args] {
+      std::vector<char*> argv;
+      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      return mixprec::bench::run_optim(static_cast<int>(argv.size()), argv.data());
     };
   });
 }

@@ -5,6 +5,6 @@
 #include <functional>
 
 namespace mixprec::cli {
-// Registers `bench formats|scaler [benchmark flags...]`.
+// Registers `bench formats|scaler|optim [benchmark flags...]`.
 void add_bench_command(CLI::App& app, std::function<int()>& action);
 }  // namespace mixprec::cli
