@@ -40,8 +40,6 @@ struct UpdateKernels {
   void (*adam)(float* p, float* m, float* v, const float* g, std::size_t n, float pre, float clip,
                const AdamScalars& s);
   void (*sgd)(float* p, float* buf, const float* g, std::size_t n, float pre, float clip, const SgdScalars& s);
-  // acc[i % 8] += double(u[i])^2 for i in [0, n); n is a multiple of 8 except at a block's end.
-  void (*accumulate_squares)(const float* u, std::size_t n, double* acc);
   // dst[i] = src[i] * a (dst may equal src).
   void (*scale)(const float* src, float* dst, std::size_t n, float a);
   // Stochastic-rounding words for flat indices first .. first + n - 1.
@@ -53,11 +51,6 @@ const UpdateKernels* avx2_update_kernels() noexcept;  // nullptr when not compil
 inline const UpdateKernels& update_kernels(Isa isa) noexcept {
   if (isa == Isa::avx2 && avx2_update_kernels() != nullptr) return *avx2_update_kernels();
   return scalar_update_kernels();
-}
-
-// Fixed combination of the 8 lane sums of a block.
-inline double combine_lanes(const double* a) noexcept {
-  return ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
 }
 
 constexpr std::uint64_t splitmix64(std::uint64_t x) noexcept {

@@ -9,7 +9,6 @@
 #include "mixprec/core/parallel.hpp"
 #include "mixprec/optim/clip.hpp"
 #include "optim/kernels.hpp"
-#include "optim/norm.hpp"
 
 namespace mixprec {
 
@@ -307,7 +306,17 @@ bool Optimizer::step_unfused(const StepControls& c, std::span<float> scratch, st
   });
   // (2) clip on the unscaled norm.
   if (max_norm) {
-    const double sq = optim_detail::sum_squares_blocked(u, DType::f32, n, 1.0f, store_->norm_scratch(), isa_, pool);
+    // The norm in the library's one order: per tensor, as unscale_and_check reads the store.
+    if (scratch_views_.empty() || scratch_views_.front().data != u + store_->offset(0)) {
+      scratch_views_.clear();
+      for (std::size_t i = 0; i < store_->tensor_count(); ++i) {
+        scratch_views_.push_back({u + store_->offset(i), store_->numel(i), DType::f32});
+      }
+    }
+    UnscaleOptions norm_only;
+    norm_only.write = false;
+    norm_only.sum_squares = true;
+    const double sq = unscale_and_check(isa_, scratch_views_, 1.0f, norm_only, {}, pool).sum_squares;
     const float coef = clip_coefficient(std::sqrt(sq), *max_norm);
     if (!std::isfinite(coef))
       throw std::invalid_argument(

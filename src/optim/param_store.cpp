@@ -75,8 +75,9 @@ ParamStore::ParamStore(std::vector<ParamSpec> specs, StoreOptions options)
   p += model_bytes;
   grads_ = p;
   p += grad_bytes;
-  norm_block_count_ = (flat_size_ + kNormBlock - 1) / kNormBlock;
-  norm_blocks_ = std::make_unique<double[]>(norm_block_count_ == 0 ? 1 : norm_block_count_);
+  const std::size_t es = dtype_size(options_.grads);
+  grad_tensors_.reserve(specs_.size());
+  for (std::size_t i = 0; i < specs_.size(); ++i) grad_tensors_.push_back({grads_ + offset_[i] * es, numel_[i], options_.grads});
   for (unsigned s = 0; s < options_.state_slots; ++s) {
     state_[s] = reinterpret_cast<float*>(p);
     p += flat_size_ * 4;
@@ -128,14 +129,6 @@ void ParamStore::check_view_type(std::size_t elem_size, DType want, DType have, 
     throw std::invalid_argument(std::string("ParamStore: ") + region + " view of type " +
                                 std::string(dtype_name(want)) + " requested, but the " + region + " region holds " +
                                 std::string(dtype_name(have)));
-}
-
-std::vector<GradView> ParamStore::grad_views() {
-  std::vector<GradView> v;
-  v.reserve(specs_.size());
-  const std::size_t es = dtype_size(options_.grads);
-  for (std::size_t i = 0; i < specs_.size(); ++i) v.push_back({grads_ + offset_[i] * es, numel_[i], options_.grads});
-  return v;
 }
 
 void ParamStore::zero_grads() noexcept { std::memset(grads_, 0, flat_size_ * dtype_size(options_.grads)); }

@@ -90,23 +90,6 @@ void sgd(float* p, float* buf, const float* g, std::size_t n, float pre, float c
   }
 }
 
-void accumulate_squares(const float* u, std::size_t n, double* acc) noexcept {
-  double a[8];
-  for (int j = 0; j < 8; ++j) a[j] = acc[j];
-  std::size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int j = 0; j < 8; ++j) {
-      const double x = static_cast<double>(u[i + static_cast<std::size_t>(j)]);
-      a[j] += x * x;
-    }
-  }
-  for (int j = 0; i < n; ++i, ++j) {
-    const double x = static_cast<double>(u[i]);
-    a[j] += x * x;
-  }
-  for (int j = 0; j < 8; ++j) acc[j] = a[j];
-}
-
 void scale(const float* src, float* dst, std::size_t n, float a) noexcept {
   for (std::size_t i = 0; i < n; ++i) dst[i] = src[i] * a;
 }
@@ -129,6 +112,6 @@ void sr_bits(std::uint32_t* out, std::uint64_t first, std::size_t n, std::uint64
   }
 }
 
-inline const mixprec::optim_detail::UpdateKernels kTable{adam, sgd, accumulate_squares, scale, sr_bits};
+inline const mixprec::optim_detail::UpdateKernels kTable{adam, sgd, scale, sr_bits};
 
 }  // namespace MIXPREC_OPTIM_NS

@@ -48,11 +48,7 @@ void GradScaler::record_check(Record& r, const UnscaleResult& res) {
 }
 
 GradScaler::Record& GradScaler::record(Optimizer& opt) {
-  Record& r = records_[&opt];
-  if (r.grads.empty()) {
-    for (const GradView& v : opt.store().grad_views()) r.grads.push_back({v.data, v.size, v.dtype});
-  }
-  return r;
+  return records_[&opt];
 }
 
 OptimizerStage GradScaler::stage(const Optimizer& opt) const noexcept {
@@ -79,7 +75,7 @@ void GradScaler::unscale(Optimizer& opt, ThreadPool* pool) {
   check_window_complete("unscale()");
   UnscaleOptions o;
   o.sum_squares = true;
-  const UnscaleResult res = unscale_and_check(r.grads, inv_scale_of(scale_->scale()), o, {}, pool);
+  const UnscaleResult res = unscale_and_check(opt.store().grad_tensors(), inv_scale_of(scale_->scale()), o, {}, pool);
   record_check(r, res);
   r.stage = OptimizerStage::unscaled;
 }
@@ -102,7 +98,7 @@ StepOutcome GradScaler::step(Optimizer& opt, const StepOptions& options) {
     UnscaleOptions o;
     o.write = false;
     o.sum_squares = true;
-    const UnscaleResult res = unscale_and_check(r.grads, inv_scale, o, {}, options.pool);
+    const UnscaleResult res = unscale_and_check(opt.store().grad_tensors(), inv_scale, o, {}, options.pool);
     record_check(r, res);
   }
 

@@ -49,7 +49,7 @@ TEST(ParamStore, LayoutIsOneAlignedBlockWithNamedViews) {
   s.master("b")[2] = 1.5f;
   s.refresh_model();
   EXPECT_EQ(static_cast<float>(s.model<bf16>(1)[2]), 1.5f);
-  const auto views = s.grad_views();
+  const auto views = s.grad_tensors();
   ASSERT_EQ(views.size(), 4u);
   EXPECT_EQ(views[1].data, s.grads<f16>(1).data());
   EXPECT_EQ(views[1].size, 5u);
@@ -229,8 +229,9 @@ TEST(Clip, GradStatsFlagsInfAndNaNAndComputesTheUnscaledNorm) {
   EXPECT_TRUE(st.found_inf);
   EXPECT_TRUE(std::isnan(clip_coefficient(st.norm, 1.0f)));
   EXPECT_NE(error_of([&] { grad_stats(s, 0.0f); }).find("inv_scale"), std::string::npos);
-  const float u[3] = {3.0f, 0.0f, 4.0f};
-  EXPECT_EQ(global_grad_norm(std::span<const float>(u, 3)), 5.0);
+  float u[3] = {3.0f, 0.0f, 4.0f};
+  const GradTensor t{u, 3, DType::f32};
+  EXPECT_EQ(global_grad_norm(std::span<const GradTensor>(&t, 1)), 5.0);
 }
 
 TEST(Schedule, WarmupThenCosineToMin) {

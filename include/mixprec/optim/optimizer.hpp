@@ -16,6 +16,7 @@
 #include <optional>
 #include <span>
 #include <string_view>
+#include <vector>
 
 #include "mixprec/dispatch.hpp"
 #include "mixprec/optim/param_store.hpp"
@@ -115,6 +116,7 @@ class Optimizer {
   OptimizerState state_;
   PureOptions pure_;
   Isa isa_;
+  std::vector<GradTensor> scratch_views_;  // step_unfused: per-tensor views of its scratch, for the norm
 };
 
 class SGD : public Optimizer {

@@ -23,6 +23,7 @@
 
 #include "mixprec/core/dtype.hpp"
 #include "mixprec/formats/types.hpp"
+#include "mixprec/kernels/unscale.hpp"
 
 namespace mixprec {
 
@@ -31,14 +32,6 @@ namespace mixprec {
 struct ParamSpec {
   std::string name;
   std::vector<std::size_t> shape;
-};
-
-// A gradient buffer as the unscale/check kernels see it.
-// (Layout-compatible with kernels::GradTensor in mixprec/kernels/unscale.hpp.)
-struct GradView {
-  void* data;
-  std::size_t size;
-  DType dtype;
 };
 
 struct StoreOptions {
@@ -97,10 +90,11 @@ class ParamStore {
   template <class T>
   std::span<T> grads(std::string_view name) { return grads<T>(index_of(name)); }
 
-  // One GradView per tensor (exact sizes), for unscale_and_check over a model's grads.
-  std::vector<GradView> grad_views();
+  // One GradTensor per tensor (exact sizes, store order), for unscale_and_check
+  // over a model's gradients; built once, at construction.
+  std::span<const GradTensor> grad_tensors() const noexcept { return grad_tensors_; }
   // The whole grads region, padding included (zeros), as one tensor.
-  GradView flat_grads() noexcept { return {grads_, flat_size_, options_.grads}; }
+  GradTensor flat_grads() noexcept { return {grads_, flat_size_, options_.grads}; }
 
   // Flat regions (flat_size() elements each); master_data() is nullptr in a pure store.
   float* master_data() noexcept { return master_; }
@@ -117,10 +111,6 @@ class ParamStore {
   // Model copy := round-to-nearest-even(master). Call after writing the master weights.
   void refresh_model();
 
-  // Elements per block of the gradient norm's fixed summation order (clip.hpp), and
-  // one double per block that grad_stats() uses as scratch (allocated here, once).
-  static constexpr std::size_t kNormBlock = 16384;
-  std::span<double> norm_scratch() const noexcept { return {norm_blocks_.get(), norm_block_count_}; }
 
  private:
   template <class T>
@@ -144,8 +134,7 @@ class ParamStore {
   std::byte* model_ = nullptr;
   std::byte* grads_ = nullptr;
   float* state_[kMaxStateSlots] = {nullptr, nullptr};
-  std::unique_ptr<double[]> norm_blocks_;
-  std::size_t norm_block_count_ = 0;
+  std::vector<GradTensor> grad_tensors_;
 };
 
 }  // namespace mixprec

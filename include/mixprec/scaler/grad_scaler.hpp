@@ -104,7 +104,6 @@ class GradScaler {
     bool found_inf = false;
     std::int64_t first_overflow = -1;
     double grad_norm = std::numeric_limits<double>::quiet_NaN();
-    std::vector<GradTensor> grads;  // the optimizer's gradient list, built once
     void reset() {
       stage = OptimizerStage::ready;
       found_inf = false;
