@@ -117,11 +117,10 @@ inline __m256i raw_codes16(__m256 y0, __m256 y1, __m256i fp8_ovf_code) {
     return _mm256_set_m128i(_mm256_cvtps_ph(y1, 0), _mm256_cvtps_ph(y0, 0));
   } else if constexpr (same_format(S, kBF16Spec)) {
     __m256i r0 = bf16_round8(y0), r1 = bf16_round8(y1);
-    const __m256i nan0 = bf16_nan_mask(y0), nan1 = bf16_nan_mask(y1);
-    const __m256i any = _mm256_or_si256(nan0, nan1);
-    if (!_mm256_testz_si256(any, any)) {  // rare: fix NaN lanes only when a block has one
-      r0 = bf16_nan_fix(y0, r0, nan0);
-      r1 = bf16_nan_fix(y1, r1, nan1);
+    const __m256 any_nan = _mm256_cmp_ps(y0, y1, _CMP_UNORD_Q);  // a lane where y0 or y1 is NaN
+    if (!_mm256_testz_ps(any_nan, any_nan)) {  // rare: fix NaN lanes only when a block has one
+      r0 = bf16_nan_fix(y0, r0, bf16_nan_mask(y0));
+      r1 = bf16_nan_fix(y1, r1, bf16_nan_mask(y1));
     }
     return pack_32_to_16(r0, r1);
   } else {
