@@ -57,6 +57,7 @@ example: release
 
 bench: release
 	$(MIXPREC) bench formats
+	$(MIXPREC) bench scaler
 
 clean:
 	rm -rf build
