@@ -1,7 +1,6 @@
 // `mixprec bench formats|scaler|optim`: the benchmarks of bench/, with their ratio tables.
 #include "cmd_bench.hpp"
 
-#include <memory>
 #include <string>
 #include <vector>
 
@@ -10,46 +9,44 @@
 #include "scaler_bench.hpp"
 
 namespace mixprec::cli {
+namespace {
+
+using Runner = int (*)(int, char**);
+
+// One `bench NAME` subcommand running the given suites in order; the remaining
+// arguments are Google Benchmark flags, which the suites validate (a suite
+// returns 1 on an unrecognised flag: a bad command line, exit code 2).
+void add_suite(CLI::App& bench, std::function<int()>& action, const std::string& name, const std::string& help,
+               std::vector<Runner> runners) {
+  auto* cmd = bench.add_subcommand(name, help);
+  cmd->allow_extras();
+  cmd->callback([cmd, &action, name, runners] {
+    std::vector<std::string> args = {"mixprec bench " + name};
+    for (const std::string& a : cmd->remaining()) args.push_back(a);
+    action = [args, runners] {
+      std::vector<char*> argv;
+      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+      for (Runner run : runners) {
+        if (run(static_cast<int>(argv.size()), argv.data()) != 0) return 2;
+      }
+      return 0;
+    };
+  });
+}
+
+}  // namespace
 
 void add_bench_command(CLI::App& app, std::function<int()>& action) {
   auto* bench = app.add_subcommand("bench", "Measure kernel speed against memory copy and the scalar reference");
   bench->require_subcommand(1);
-  auto* formats = bench->add_subcommand("formats", "Bulk conversions: GB/s, ratio to memcpy and to scalar");
-  formats->allow_extras();  // --benchmark_* flags go to Google Benchmark, which validates them
-  formats->callback([formats, &action] {
-    std::vector<std::string> args = {"mixprec bench formats"};
-    for (const std::string& a : formats->remaining()) args.push_back(a);
-    action = [args] {
-      std::vector<char*> argv;
-      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      return mixprec::bench::run_formats(static_cast<int>(argv.size()), argv.data());
-    };
-  });
-  auto* scaler = bench->add_subcommand("scaler", "Loss scaling: unscale_and_check vs an in-place multiply of the same bytes");
-  scaler->allow_extras();  // --benchmark_* flags go to Google Benchmark
-  scaler->callback([scaler, &action] {
-    std::vector<std::string> args = {"mixprec bench scaler"};
-    for (const std::string& a : scaler->remaining()) args.push_back(a);
-    action = [args] {
-      std::vector<char*> argv;
-      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      const int rc = mixprec::bench::run_scaler(static_cast<int>(argv.size()), argv.data());
-      if (rc != 0) return rc;
-      // The optimizer step that consumes the unscaled gradients (bench/optim_bench.hpp).
-      return mixprec::bench::run_optim(static_cast<int>(argv.size()), argv.data());
-    };
-  });
-  auto* optim = bench->add_subcommand("optim", "Fused Adam step vs a copy of the same bytes and vs the unfused passes");
-  optim->allow_extras();  // --benchmark_* flags go to Google Benchmark
-  optim->callback([optim, &action] {
-    std::vector<std::string> args = {"mixprec bench optim"};
-    for (const std::string& a : optim->remaining()) args.push_back(a);
-    action = [args] {
-      std::vector<char*> argv;
-      for (const std::string& a : args) argv.push_back(const_cast<char*>(a.c_str()));
-      return mixprec::bench::run_optim(static_cast<int>(argv.size()), argv.data());
-    };
-  });
+  add_suite(*bench, action, "formats", "Bulk conversions: GB/s, ratio to memcpy and to scalar",
+            {&mixprec::bench::run_formats});
+  // The scaler suite ends with the optimizer step that consumes the unscaled gradients.
+  add_suite(*bench, action, "scaler",
+            "Loss scaling: unscale_and_check vs an in-place multiply of the same bytes, then the fused Adam step",
+            {&mixprec::bench::run_scaler, &mixprec::bench::run_optim});
+  add_suite(*bench, action, "optim", "Fused Adam step vs a copy of the same bytes and vs the unfused passes",
+            {&mixprec::bench::run_optim});
 }
 
 }  // namespace mixprec::cli
