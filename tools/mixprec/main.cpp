@@ -7,6 +7,7 @@
 #include <exception>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "cmd_bench.hpp"
 #include "cmd_formats.hpp"
@@ -16,16 +17,29 @@
 
 namespace {
 
-// CLI11 reports an unknown command only as "a subcommand is required": name it.
-bool reject_unknown_command(const CLI::App& app, const char* word) {
-  std::string known;
-  for (const CLI::App* sub : app.get_subcommands({})) {
-    if (sub->check_name(word)) return false;
-    known += (known.empty() ? "" : ", ") + sub->get_name();
+// CLI11 reports an unknown command only as "a subcommand is required": name it,
+// at the top level and one level down (mixprec bench NAME, mixprec scaler NAME).
+bool reject_unknown_command(const CLI::App& app, int argc, char** argv) {
+  const CLI::App* level = &app;
+  std::string path = "mixprec";
+  for (int i = 1; i < argc && i <= 2; ++i) {
+    const std::vector<const CLI::App*> subs = level->get_subcommands({});
+    if (subs.empty() || argv[i][0] == '-') return false;
+    const CLI::App* found = nullptr;
+    std::string known;
+    for (const CLI::App* sub : subs) {
+      if (sub->check_name(argv[i])) found = sub;
+      known += (known.empty() ? "" : ", ") + sub->get_name();
+    }
+    if (found == nullptr) {
+      fmt::print(stderr, "mixprec: error: unknown command '{} {}'; commands of {}: {}\nRun '{} --help' for usage.\n",
+                 path, argv[i], path, known, path);
+      return true;
+    }
+    level = found;
+    path += " " + found->get_name();
   }
-  fmt::print(stderr, "mixprec: error: unknown command '{}'; commands: {}\nRun 'mixprec --help' for usage.\n", word,
-             known);
-  return true;
+  return false;
 }
 
 }  // namespace
@@ -39,7 +53,7 @@ int main(int argc, char** argv) {
   mixprec::cli::add_bench_command(app, action);
   mixprec::cli::add_memory_command(app, action);
   mixprec::cli::add_scaler_command(app, action);
-  if (argc > 1 && argv[1][0] != '-' && reject_unknown_command(app, argv[1])) return 2;
+  if (reject_unknown_command(app, argc, argv)) return 2;
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
