@@ -1,10 +1,11 @@
-// `mixprec bench formats|scaler|optim`: the benchmarks of bench/, with their ratio tables.
+// `mixprec bench formats|scaler|optim|gemm`: the benchmarks of bench/, with their ratio tables.
 #include "cmd_bench.hpp"
 
 #include <string>
 #include <vector>
 
 #include "formats_bench.hpp"
+#include "gemm_bench.hpp"
 #include "optim_bench.hpp"
 #include "scaler_bench.hpp"
 
@@ -47,6 +48,8 @@ void add_bench_command(CLI::App& app, std::function<int()>& action) {
             {&mixprec::bench::run_scaler, &mixprec::bench::run_optim});
   add_suite(*bench, action, "optim", "Fused Adam step vs a copy of the same bytes and vs the unfused passes",
             {&mixprec::bench::run_optim});
+  add_suite(*bench, action, "gemm", "oneDNN matmul GFLOP/s: f32, bf16, f16 (widened), 1 and 2 threads, ratios to f32",
+            {&mixprec::bench::run_gemm});
 }
 
 }  // namespace mixprec::cli

@@ -1,0 +1,329 @@
+// Gemm: oneDNN matmul with a per-signature primitive cache and widening scratch
+// (docs/gemm.md). gemm_reference lives in gemm_reference.cpp.
+#include "mixprec/nn/gemm.hpp"
+
+#include <omp.h>
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <new>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#endif
+
+#include "nn/gemm_common.hpp"
+
+namespace mixprec::nn {
+namespace {
+
+using dnnl::memory;
+using dt = memory::data_type;
+
+// Runs oneDNN on exactly n OpenMP threads (n > 0) for the lifetime of the guard and
+// restores the calling thread's setting. oneDNN (OpenMP runtime) sizes its parallel
+// regions from omp_get_max_threads() both when it creates a primitive and when it
+// executes one, so the guard covers both.
+class OmpThreads {
+ public:
+  explicit OmpThreads(unsigned n) : saved_(n > 0 ? omp_get_max_threads() : 0) {
+    if (n > 0) omp_set_num_threads(static_cast<int>(n));
+  }
+  ~OmpThreads() {
+    if (saved_ > 0) omp_set_num_threads(saved_);
+  }
+  OmpThreads(const OmpThreads&) = delete;
+  OmpThreads& operator=(const OmpThreads&) = delete;
+
+ private:
+  int saved_;
+};
+
+// ---- the call signature a primitive is made for ---------------------------------
+struct Key {
+  std::size_t m, n, k, lda, ldb, ldc;
+  DType da, db;
+  Trans ta, tb;
+  std::uint32_t alpha_bits, beta_bits;
+  bool operator==(const Key&) const = default;
+};
+
+struct KeyHash {
+  std::size_t operator()(const Key& k) const noexcept {
+    std::uint64_t h = 0xcbf29ce484222325ull;
+    auto mix = [&h](std::uint64_t v) {
+      h ^= v;
+      h *= 0x100000001b3ull;
+      h ^= h >> 29;
+    };
+    mix(k.m);
+    mix(k.n);
+    mix(k.k);
+    mix(k.lda);
+    mix(k.ldb);
+    mix(k.ldc);
+    mix(static_cast<std::uint64_t>(k.da) | static_cast<std::uint64_t>(k.db) << 8 |
+        static_cast<std::uint64_t>(k.ta) << 16 | static_cast<std::uint64_t>(k.tb) << 24);
+    mix(static_cast<std::uint64_t>(k.alpha_bits) << 32 | k.beta_bits);
+    return static_cast<std::size_t>(h);
+  }
+};
+
+struct Plan {
+  dnnl::matmul prim;
+  memory a_mem, b_mem, c_mem, scratch_mem;
+  bool widen_a = false, widen_b = false;  // input goes through the f32 scratch
+  std::size_t scratch_bytes = 0;          // oneDNN scratchpad (user mode)
+};
+
+// 64-byte aligned raw storage that only ever grows (at plan creation).
+struct AlignedBuffer {
+  struct Free {
+    void operator()(std::byte* p) const noexcept { ::operator delete[](p, std::align_val_t{64}); }
+  };
+  std::unique_ptr<std::byte[], Free> data;
+  std::size_t bytes = 0;
+  void reserve(std::size_t n) {
+    if (n <= bytes) return;
+    data.reset(static_cast<std::byte*>(::operator new[](n, std::align_val_t{64})));
+    bytes = n;
+  }
+  float* floats() const noexcept { return reinterpret_cast<float*>(data.get()); }
+};
+
+dt to_dnnl(DType t) {
+  switch (t) {
+    case DType::f32: return dt::f32;
+    case DType::f16: return dt::f16;
+    case DType::bf16: return dt::bf16;
+  }
+  return dt::undef;
+}
+
+memory::dim dim(std::size_t v) { return static_cast<memory::dim>(v); }
+
+// op(A) as an M x K (or op(B) as K x N) descriptor over the stored row-major matrix.
+memory::desc op_desc(std::size_t rows, std::size_t cols, std::size_t ld, Trans t, dt type) {
+  if (t == Trans::no) return memory::desc({dim(rows), dim(cols)}, type, {dim(ld), 1});
+  return memory::desc({dim(rows), dim(cols)}, type, {1, dim(ld)});
+}
+
+// Widens a stored matrix (rows x cols, leading dimension ld) into dense fp32; exact.
+void widen(const MatrixView& v, float* dst) {
+  const std::size_t ld = v.ld == 0 ? v.cols : v.ld;
+  const bool dense = ld == v.cols;
+  const std::size_t rows = dense ? 1 : v.rows;
+  const std::size_t len = dense ? v.rows * v.cols : v.cols;
+  for (std::size_t r = 0; r < rows; ++r) {
+    std::span<float> out(dst + r * v.cols, len);
+    if (v.dtype == DType::f16) {
+      convert(std::span<const f16>(static_cast<const f16*>(v.data) + r * ld, len), out);
+    } else {
+      convert(std::span<const bf16>(static_cast<const bf16*>(v.data) + r * ld, len), out);
+    }
+  }
+}
+
+const char* isa_name(dnnl::cpu_isa isa) {
+  switch (isa) {
+    case dnnl::cpu_isa::sse41: return "sse41";
+    case dnnl::cpu_isa::avx: return "avx";
+    case dnnl::cpu_isa::avx2: return "avx2";
+    case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+    case dnnl::cpu_isa::avx512_mic: return "avx512_mic";
+    case dnnl::cpu_isa::avx512_mic_4ops: return "avx512_mic_4ops";
+    case dnnl::cpu_isa::avx512_core: return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+    default: return "other";
+  }
+}
+
+bool cpu_has_avx512_bf16() {
+#if defined(__x86_64__) || defined(__i386__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d) == 0) return false;
+  return (a >> 5 & 1u) != 0;  // CPUID.(EAX=7,ECX=1):EAX[5] = AVX512_BF16
+#else
+  return false;
+#endif
+}
+
+std::string impl_of(const dnnl::engine& eng, dt type) {
+  const memory::dim n = 64;
+  try {
+    const memory::desc a({n, n}, type, {n, 1}), b({n, n}, type, {n, 1}), c({n, n}, dt::f32, {n, 1});
+    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), eng);
+    return pd.impl_info_str();
+  } catch (const dnnl::error&) {
+    return {};
+  }
+}
+
+}  // namespace
+
+// ---- backend info ------------------------------------------------------------------
+const GemmBackendInfo& gemm_backend_info() {
+  static const GemmBackendInfo info = [] {
+    GemmBackendInfo i;
+    const dnnl_version_t* v = dnnl_version();
+    i.onednn_version = std::to_string(v->major) + "." + std::to_string(v->minor) + "." + std::to_string(v->patch);
+    i.cpu_isa = isa_name(dnnl::get_effective_cpu_isa());
+#if DNNL_CPU_THREADING_RUNTIME == DNNL_RUNTIME_OMP
+    i.threading = "OpenMP";
+#elif DNNL_CPU_THREADING_RUNTIME == DNNL_RUNTIME_TBB
+    i.threading = "TBB";
+#elif DNNL_CPU_THREADING_RUNTIME == DNNL_RUNTIME_THREADPOOL
+    i.threading = "threadpool";
+#else
+    i.threading = "sequential";
+#endif
+    const dnnl::engine eng(dnnl::engine::kind::cpu, 0);
+    i.f32_impl = impl_of(eng, dt::f32);
+    i.bf16_impl = impl_of(eng, dt::bf16);
+    i.bf16_native = !i.bf16_impl.empty();
+    i.avx512_bf16 = cpu_has_avx512_bf16();
+    return i;
+  }();
+  return info;
+}
+
+// ---- Gemm ----------------------------------------------------------------------------
+struct Gemm::Impl {
+  GemmOptions options;
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  std::unordered_map<Key, Plan, KeyHash> plans;
+  AlignedBuffer widen_a, widen_b, scratchpad;
+  bool bf16_native = false;
+
+  explicit Impl(GemmOptions o) : options(o), bf16_native(o.native_bf16 && gemm_backend_info().bf16_native) {}
+
+  bool native(DType a, DType b) const noexcept { return bf16_native && a == DType::bf16 && b == DType::bf16; }
+
+  Plan& plan_for(const Key& key) {
+    if (auto it = plans.find(key); it != plans.end()) return it->second;
+    const OmpThreads threads(options.threads);
+    Plan p;
+    const bool try_native = native(key.da, key.db);
+    p.widen_a = key.da != DType::f32 && !try_native;
+    p.widen_b = key.db != DType::f32 && !try_native;
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    if (key.alpha_bits != std::bit_cast<std::uint32_t>(1.0f)) {
+      attr.set_output_scales(0, {std::bit_cast<float>(key.alpha_bits)});
+    }
+    if (key.beta_bits != 0 && key.beta_bits != std::bit_cast<std::uint32_t>(-0.0f)) {
+      dnnl::post_ops po;
+      po.append_sum(std::bit_cast<float>(key.beta_bits));
+      attr.set_post_ops(po);
+    }
+    // Widened inputs are dense in scratch (leading dimension = stored columns).
+    auto make = [&](bool wa, bool wb) {
+      const std::size_t a_cols = key.ta == Trans::no ? key.k : key.m;
+      const std::size_t b_cols = key.tb == Trans::no ? key.n : key.k;
+      const memory::desc a = op_desc(key.m, key.k, wa ? a_cols : key.lda, key.ta, wa ? dt::f32 : to_dnnl(key.da));
+      const memory::desc b = op_desc(key.k, key.n, wb ? b_cols : key.ldb, key.tb, wb ? dt::f32 : to_dnnl(key.db));
+      const memory::desc c({dim(key.m), dim(key.n)}, dt::f32, {dim(key.ldc), 1});
+      return std::tuple{a, b, c, dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine)};
+    };
+    auto built = [&]() {
+      try {
+        return make(p.widen_a, p.widen_b);
+      } catch (const dnnl::error&) {
+        if (!try_native) throw;
+        // No bf16 matmul for this layout: widen both inputs instead.
+        p.widen_a = p.widen_b = true;
+        return make(true, true);
+      }
+    }();
+    auto& [a_md, b_md, c_md, pd] = built;
+    p.prim = dnnl::matmul(pd);
+    p.a_mem = memory(a_md, engine, nullptr);
+    p.b_mem = memory(b_md, engine, nullptr);
+    p.c_mem = memory(c_md, engine, nullptr);
+    p.scratch_bytes = pd.scratchpad_desc().get_size();
+    if (p.scratch_bytes > 0) p.scratch_mem = memory(pd.scratchpad_desc(), engine, nullptr);
+    // Scratch grows here only, so calls with a known signature never allocate.
+    if (p.widen_a) widen_a.reserve(key.m * key.k * sizeof(float));
+    if (p.widen_b) widen_b.reserve(key.k * key.n * sizeof(float));
+    scratchpad.reserve(p.scratch_bytes);
+    return plans.emplace(key, std::move(p)).first->second;
+  }
+};
+
+Gemm::Gemm(GemmOptions options) : impl_(std::make_unique<Impl>(options)) {}
+Gemm::~Gemm() = default;
+Gemm::Gemm(Gemm&&) noexcept = default;
+Gemm& Gemm::operator=(Gemm&&) noexcept = default;
+
+const GemmOptions& Gemm::options() const noexcept { return impl_->options; }
+std::size_t Gemm::cached_primitives() const noexcept { return impl_->plans.size(); }
+std::size_t Gemm::scratch_bytes() const noexcept {
+  return impl_->widen_a.bytes + impl_->widen_b.bytes + impl_->scratchpad.bytes;
+}
+GemmPath Gemm::path(DType a, DType b) const noexcept {
+  return impl_->native(a, b) ? GemmPath::onednn_bf16 : GemmPath::onednn_f32;
+}
+
+namespace {
+Key key_of(const detail::GemmShape& s, const MatrixView& a, const MatrixView& b, const GemmArgs& args) {
+  return Key{s.m,     s.n,     s.k,  s.lda, s.ldb, s.ldc, a.dtype, b.dtype, args.trans_a, args.trans_b,
+             std::bit_cast<std::uint32_t>(args.alpha), std::bit_cast<std::uint32_t>(args.beta)};
+}
+}  // namespace
+
+void Gemm::prepare(const MatrixView& a, const MatrixView& b, const OutputView& c, const GemmArgs& args) {
+  const detail::GemmShape s = detail::check_gemm(a, b, c, nullptr, args);
+  if (s.m == 0 || s.n == 0 || s.k == 0) return;
+  impl_->plan_for(key_of(s, a, b, args));
+}
+
+void Gemm::run(const MatrixView& a, const MatrixView& b, const OutputView& c, const GemmArgs& args) {
+  const detail::GemmShape s = detail::check_gemm(a, b, c, nullptr, args);
+  if (s.m == 0 || s.n == 0) return;
+  if (s.k == 0) {
+    detail::scale_output(c, s, args.beta);
+    return;
+  }
+  Plan& p = impl_->plan_for(key_of(s, a, b, args));
+  const OmpThreads threads(impl_->options.threads);
+  if (p.widen_a) widen(a, impl_->widen_a.floats());
+  if (p.widen_b) widen(b, impl_->widen_b.floats());
+  // Handles are set on every call (the scratch may have moved when a later plan grew it).
+  p.a_mem.set_data_handle(p.widen_a ? impl_->widen_a.floats() : const_cast<void*>(a.data));
+  p.b_mem.set_data_handle(p.widen_b ? impl_->widen_b.floats() : const_cast<void*>(b.data));
+  p.c_mem.set_data_handle(c.data);
+  // The C API takes a plain array; the C++ execute() builds an unordered_map per call.
+  dnnl_exec_arg_t exec_args[4] = {{DNNL_ARG_SRC, p.a_mem.get()},
+                                  {DNNL_ARG_WEIGHTS, p.b_mem.get()},
+                                  {DNNL_ARG_DST, p.c_mem.get()},
+                                  {DNNL_ARG_SCRATCHPAD, nullptr}};
+  int nargs = 3;
+  if (p.scratch_bytes > 0) {
+    p.scratch_mem.set_data_handle(impl_->scratchpad.data.get());
+    exec_args[3].memory = p.scratch_mem.get();
+    nargs = 4;
+  }
+  dnnl::error::wrap_c_api(dnnl_primitive_execute(p.prim.get(), impl_->stream.get(), nargs, exec_args),
+                          "mixprec::nn::Gemm: oneDNN matmul failed");
+  impl_->stream.wait();
+}
+
+ConversionStats Gemm::run(const MatrixView& a, const MatrixView& b, const OutputView& c, const LowOutputView& low,
+                          const GemmArgs& args) {
+  detail::check_gemm(a, b, c, &low, args);
+  run(a, b, c, args);
+  return detail::round_output(c, low);
+}
+
+}  // namespace mixprec::nn
