@@ -8,6 +8,8 @@
 #include "mixprec/formats/scalar.hpp"
 #include "mixprec/formats/types.hpp"
 #include "mixprec/kernels/unscale.hpp"
+#include "mixprec/nn/data.hpp"
+#include "mixprec/nn/gemm.hpp"
 #include "mixprec/optim/clip.hpp"
 #include "mixprec/optim/memory.hpp"
 #include "mixprec/optim/optimizer.hpp"
