@@ -44,6 +44,9 @@ inline __m256i bf16_fix_nan(__m256 y, __m256i r) {
 }
 
 // Also returns the raw 16-bit codes (f16/bf16), for the non-finite check.
+// bf16 is widened by interleaving with zeros, which leaves the elements in the
+// order [0-3, 8-11] (x0) and [4-7, 12-15] (x1): store16 packs them back into
+// place, and the sum of squares assigns lanes accordingly (kInterleaved).
 template <DType D>
 inline void load16(const void* data, std::size_t i, __m256& x0, __m256& x1, __m256i& raw) {
   if constexpr (D == DType::f32) {
@@ -59,8 +62,8 @@ inline void load16(const void* data, std::size_t i, __m256& x0, __m256& x1, __m2
       x0 = _mm256_cvtph_ps(_mm256_castsi256_si128(h));
       x1 = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
     } else {
-      x0 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16));
-      x1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16));
+      x0 = _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), h));
+      x1 = _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), h));
     }
   }
 }
@@ -83,7 +86,7 @@ inline void store16(void* data, std::size_t i, __m256 y0, __m256 y1) {
         r0 = bf16_fix_nan(y0, r0);
         r1 = bf16_fix_nan(y1, r1);
       }
-      c = _mm256_permute4x64_epi64(_mm256_packus_epi32(r0, r1), 0xd8);
+      c = _mm256_packus_epi32(r0, r1);  // undoes load16's interleaved order
     }
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), c);
   }
@@ -133,10 +136,11 @@ void segment_avx2(void* data, std::size_t n, float inv, SegmentOut& out, ExactSu
       const __m256 y1 = _mm256_mul_ps(x1, vinv);
       if constexpr (kWrite) store16<D>(data, i, y0, y1);
       if constexpr (kAmax) max_out = _mm256_max_epu32(max_out, _mm256_max_epu32(vabs(y0), vabs(y1)));
-      if constexpr (kSum) {
+      if constexpr (kSum) {  // element i of the block goes to lane i % 16
+        constexpr bool kInterleaved = D == DType::bf16;
         a0 = sq_acc(_mm256_castps256_ps128(y0), a0);
-        a1 = sq_acc(_mm256_extractf128_ps(y0, 1), a1);
-        a2 = sq_acc(_mm256_castps256_ps128(y1), a2);
+        a1 = sq_acc(kInterleaved ? _mm256_castps256_ps128(y1) : _mm256_extractf128_ps(y0, 1), a1);
+        a2 = sq_acc(kInterleaved ? _mm256_extractf128_ps(y0, 1) : _mm256_castps256_ps128(y1), a2);
         a3 = sq_acc(_mm256_extractf128_ps(y1, 1), a3);
       }
     }
