@@ -1,14 +1,27 @@
 // The update kernels built with AVX2 + FMA enabled (entered only when the CPU has
 // them). FMA contraction is off for this file, so results equal the scalar build.
-#if defined(__AVX2__)
+//
+// The headers the kernels use are included first, for the baseline ISA; only the
+// functions of update_impl.hpp are compiled for AVX2 (#pragma GCC target), so no
+// inline function from a header gets an AVX2 copy the linker could pick for
+// baseline code (see src/formats/cpu/bulk_avx2.cpp).
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+
+#include "optim/kernels.hpp"
+
+#if defined(__x86_64__)
+#pragma GCC push_options
+#pragma GCC target("avx2,f16c,fma")
 #define MIXPREC_OPTIM_NS mixprec::optim_detail::avx2_impl
 #include "optim/update_impl.hpp"
+#pragma GCC pop_options
 
 namespace mixprec::optim_detail {
 const UpdateKernels* avx2_update_kernels() noexcept { return &avx2_impl::kTable; }
 }  // namespace mixprec::optim_detail
 #else
-#include "optim/kernels.hpp"
 namespace mixprec::optim_detail {
 const UpdateKernels* avx2_update_kernels() noexcept { return nullptr; }
 }  // namespace mixprec::optim_detail
