@@ -1,0 +1,467 @@
+// fp32 layers, llm.c style (include/mixprec/nn/layers.hpp, docs/layers.md).
+#include "mixprec/nn/layers.hpp"
+
+#include <cmath>
+#include <cstddef>
+#include <stdexcept>
+#include <string>
+
+namespace mixprec::nn {
+namespace {
+
+[[noreturn]] void fail(const char* fn, const std::string& what) {
+  throw std::invalid_argument(std::string(fn) + ": " + what);
+}
+
+void check_dim(const char* fn, const char* name, std::size_t v) {
+  if (v == 0) fail(fn, std::string(name) + ": expected > 0, found 0");
+}
+
+// `found` elements in buffer `name`, `expected` needed (shape text for the message).
+void check_size(const char* fn, const char* name, std::size_t found, std::size_t expected, const char* shape) {
+  if (found != expected) {
+    fail(fn, std::string(name) + ": expected " + std::to_string(expected) + " elements (" + shape + "), found " +
+                 std::to_string(found));
+  }
+}
+
+void check_tokens(const char* fn, const char* name, std::span<const TokenId> ids, std::size_t V) {
+  for (std::size_t i = 0; i < ids.size(); ++i) {
+    if (ids[i] >= V) {
+      fail(fn, std::string(name) + "[" + std::to_string(i) + "]: expected an id < V = " + std::to_string(V) +
+                   ", found " + std::to_string(ids[i]));
+    }
+  }
+}
+
+// wpe / dwpe: [maxT, C] with maxT >= T.
+void check_wpe(const char* fn, const char* name, std::size_t found, std::size_t T, std::size_t C) {
+  if (found % C != 0 || found < T * C) {
+    fail(fn, std::string(name) + ": expected a multiple of C = " + std::to_string(C) + " elements, at least T*C = " +
+                 std::to_string(T * C) + " ([maxT,C], maxT >= T), found " + std::to_string(found));
+  }
+}
+
+constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
+
+}  // namespace
+
+// ---- linear --------------------------------------------------------------------
+
+void linear_forward(Gemm& gemm, std::span<float> out, std::span<const float> inp, std::span<const float> weight,
+                    std::span<const float> bias, std::size_t N, std::size_t C, std::size_t OC) {
+  constexpr const char* fn = "linear_forward";
+  check_dim(fn, "N", N);
+  check_dim(fn, "C", C);
+  check_dim(fn, "OC", OC);
+  check_size(fn, "out", out.size(), N * OC, "N*OC");
+  check_size(fn, "inp", inp.size(), N * C, "N*C");
+  check_size(fn, "weight", weight.size(), OC * C, "OC*C");
+  if (!bias.empty()) check_size(fn, "bias", bias.size(), OC, "OC, or empty for no bias");
+
+  gemm.run(view(inp.data(), N, C), view(weight.data(), OC, C), output(out.data(), N, OC),
+           {.trans_a = Trans::no, .trans_b = Trans::yes});
+  if (!bias.empty()) {
+    for (std::size_t n = 0; n < N; ++n) {
+      float* row = out.data() + n * OC;
+      for (std::size_t o = 0; o < OC; ++o) row[o] += bias[o];
+    }
+  }
+}
+
+void linear_backward(Gemm& gemm, std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
+                     std::span<const float> dout, std::span<const float> inp, std::span<const float> weight,
+                     std::size_t N, std::size_t C, std::size_t OC) {
+  constexpr const char* fn = "linear_backward";
+  check_dim(fn, "N", N);
+  check_dim(fn, "C", C);
+  check_dim(fn, "OC", OC);
+  if (!dinp.empty()) check_size(fn, "dinp", dinp.size(), N * C, "N*C, or empty to skip");
+  check_size(fn, "dweight", dweight.size(), OC * C, "OC*C");
+  if (!dbias.empty()) check_size(fn, "dbias", dbias.size(), OC, "OC, or empty for no bias");
+  check_size(fn, "dout", dout.size(), N * OC, "N*OC");
+  check_size(fn, "inp", inp.size(), N * C, "N*C");
+  check_size(fn, "weight", weight.size(), OC * C, "OC*C");
+
+  const GemmArgs accumulate_nn{.trans_a = Trans::no, .trans_b = Trans::no, .alpha = 1.0f, .beta = 1.0f};
+  const GemmArgs accumulate_tn{.trans_a = Trans::yes, .trans_b = Trans::no, .alpha = 1.0f, .beta = 1.0f};
+  // dinp[N,C] += dout[N,OC] * weight[OC,C]
+  if (!dinp.empty()) {
+    gemm.run(view(dout.data(), N, OC), view(weight.data(), OC, C), output(dinp.data(), N, C), accumulate_nn);
+  }
+  // dweight[OC,C] += dout^T[OC,N] * inp[N,C]
+  gemm.run(view(dout.data(), N, OC), view(inp.data(), N, C), output(dweight.data(), OC, C), accumulate_tn);
+  if (!dbias.empty()) {
+    for (std::size_t n = 0; n < N; ++n) {
+      const float* row = dout.data() + n * OC;
+      for (std::size_t o = 0; o < OC; ++o) dbias[o] += row[o];
+    }
+  }
+}
+
+// ---- embedding -------------------------------------------------------------------
+
+void embedding_forward(std::span<float> out, std::span<const TokenId> tokens, std::span<const float> wte,
+                       std::span<const float> wpe, std::size_t B, std::size_t T, std::size_t C, std::size_t V) {
+  constexpr const char* fn = "embedding_forward";
+  check_dim(fn, "B", B);
+  check_dim(fn, "T", T);
+  check_dim(fn, "C", C);
+  check_dim(fn, "V", V);
+  check_size(fn, "out", out.size(), B * T * C, "B*T*C");
+  check_size(fn, "tokens", tokens.size(), B * T, "B*T");
+  check_size(fn, "wte", wte.size(), V * C, "V*C");
+  check_wpe(fn, "wpe", wpe.size(), T, C);
+  check_tokens(fn, "tokens", tokens, V);
+
+  for (std::size_t b = 0; b < B; ++b) {
+    for (std::size_t t = 0; t < T; ++t) {
+      float* o = out.data() + (b * T + t) * C;
+      const float* e = wte.data() + static_cast<std::size_t>(tokens[b * T + t]) * C;
+      const float* p = wpe.data() + t * C;
+      for (std::size_t i = 0; i < C; ++i) o[i] = e[i] + p[i];
+    }
+  }
+}
+
+void embedding_backward(std::span<float> dwte, std::span<float> dwpe, std::span<const float> dout,
+                        std::span<const TokenId> tokens, std::size_t B, std::size_t T, std::size_t C, std::size_t V) {
+  constexpr const char* fn = "embedding_backward";
+  check_dim(fn, "B", B);
+  check_dim(fn, "T", T);
+  check_dim(fn, "C", C);
+  check_dim(fn, "V", V);
+  check_size(fn, "dwte", dwte.size(), V * C, "V*C");
+  check_wpe(fn, "dwpe", dwpe.size(), T, C);
+  check_size(fn, "dout", dout.size(), B * T * C, "B*T*C");
+  check_size(fn, "tokens", tokens.size(), B * T, "B*T");
+  check_tokens(fn, "tokens", tokens, V);
+
+  for (std::size_t b = 0; b < B; ++b) {
+    for (std::size_t t = 0; t < T; ++t) {
+      const float* d = dout.data() + (b * T + t) * C;
+      float* e = dwte.data() + static_cast<std::size_t>(tokens[b * T + t]) * C;
+      float* p = dwpe.data() + t * C;
+      for (std::size_t i = 0; i < C; ++i) {
+        e[i] += d[i];
+        p[i] += d[i];
+      }
+    }
+  }
+}
+
+// ---- layer norm ------------------------------------------------------------------
+
+void layernorm_forward(std::span<float> out, std::span<float> mean, std::span<float> rstd, std::span<const float> inp,
+                       std::span<const float> weight, std::span<const float> bias, std::size_t N, std::size_t C,
+                       float eps) {
+  constexpr const char* fn = "layernorm_forward";
+  check_dim(fn, "N", N);
+  check_dim(fn, "C", C);
+  check_size(fn, "out", out.size(), N * C, "N*C");
+  check_size(fn, "mean", mean.size(), N, "N");
+  check_size(fn, "rstd", rstd.size(), N, "N");
+  check_size(fn, "inp", inp.size(), N * C, "N*C");
+  check_size(fn, "weight", weight.size(), C, "C");
+  check_size(fn, "bias", bias.size(), C, "C");
+  if (!(eps > 0.0f)) fail(fn, "eps: expected > 0, found " + std::to_string(eps));
+
+  const float inv_c = 1.0f / static_cast<float>(C);
+  for (std::size_t n = 0; n < N; ++n) {
+    const float* x = inp.data() + n * C;
+    float m = 0.0f;
+    for (std::size_t i = 0; i < C; ++i) m += x[i];
+    m *= inv_c;
+    float v = 0.0f;
+    for (std::size_t i = 0; i < C; ++i) {
+      const float d = x[i] - m;
+      v += d * d;
+    }
+    v *= inv_c;
+    const float s = 1.0f / std::sqrt(v + eps);
+    float* o = out.data() + n * C;
+    for (std::size_t i = 0; i < C; ++i) o[i] = (s * (x[i] - m)) * weight[i] + bias[i];
+    mean[n] = m;
+    rstd[n] = s;
+  }
+}
+
+void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
+                        std::span<const float> dout, std::span<const float> inp, std::span<const float> weight,
+                        std::span<const float> mean, std::span<const float> rstd, std::size_t N, std::size_t C) {
+  constexpr const char* fn = "layernorm_backward";
+  check_dim(fn, "N", N);
+  check_dim(fn, "C", C);
+  check_size(fn, "dinp", dinp.size(), N * C, "N*C");
+  check_size(fn, "dweight", dweight.size(), C, "C");
+  check_size(fn, "dbias", dbias.size(), C, "C");
+  check_size(fn, "dout", dout.size(), N * C, "N*C");
+  check_size(fn, "inp", inp.size(), N * C, "N*C");
+  check_size(fn, "weight", weight.size(), C, "C");
+  check_size(fn, "mean", mean.size(), N, "N");
+  check_size(fn, "rstd", rstd.size(), N, "N");
+
+  const float inv_c = 1.0f / static_cast<float>(C);
+  for (std::size_t n = 0; n < N; ++n) {
+    const float* x = inp.data() + n * C;
+    const float* dy = dout.data() + n * C;
+    float* dx = dinp.data() + n * C;
+    const float m = mean[n];
+    const float s = rstd[n];
+    // two reductions: mean of dnorm and mean of dnorm * norm
+    float dnorm_mean = 0.0f;
+    float dnorm_norm_mean = 0.0f;
+    for (std::size_t i = 0; i < C; ++i) {
+      const float norm = (x[i] - m) * s;
+      const float dnorm = weight[i] * dy[i];
+      dnorm_mean += dnorm;
+      dnorm_norm_mean += dnorm * norm;
+    }
+    dnorm_mean *= inv_c;
+    dnorm_norm_mean *= inv_c;
+    for (std::size_t i = 0; i < C; ++i) {
+      const float norm = (x[i] - m) * s;
+      const float dnorm = weight[i] * dy[i];
+      dbias[i] += dy[i];
+      dweight[i] += norm * dy[i];
+      dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
+    }
+  }
+}
+
+// ---- GELU ---------------------------------------------------------------------------
+
+void gelu_forward(std::span<float> out, std::span<const float> inp) {
+  check_size("gelu_forward", "out", out.size(), inp.size(), "inp.size()");
+  for (std::size_t i = 0; i < inp.size(); ++i) {
+    const float x = inp[i];
+    const float cube = 0.044715f * x * x * x;
+    out[i] = 0.5f * x * (1.0f + std::tanh(kGeluScale * (x + cube)));
+  }
+}
+
+void gelu_backward(std::span<float> dinp, std::span<const float> inp, std::span<const float> dout) {
+  check_size("gelu_backward", "dinp", dinp.size(), inp.size(), "inp.size()");
+  check_size("gelu_backward", "dout", dout.size(), inp.size(), "inp.size()");
+  for (std::size_t i = 0; i < inp.size(); ++i) {
+    const float x = inp[i];
+    const float cube = 0.044715f * x * x * x;
+    const float th = std::tanh(kGeluScale * (x + cube));
+    const float sech2 = 1.0f - th * th;  // 1/cosh^2, no overflow for large |x|
+    const float local = 0.5f * (1.0f + th) + x * 0.5f * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
+    dinp[i] += local * dout[i];
+  }
+}
+
+// ---- residual ------------------------------------------------------------------------
+
+void residual_forward(std::span<float> out, std::span<const float> a, std::span<const float> b) {
+  check_size("residual_forward", "b", b.size(), a.size(), "a.size()");
+  check_size("residual_forward", "out", out.size(), a.size(), "a.size()");
+  for (std::size_t i = 0; i < a.size(); ++i) out[i] = a[i] + b[i];
+}
+
+void residual_backward(std::span<float> da, std::span<float> db, std::span<const float> dout) {
+  check_size("residual_backward", "da", da.size(), dout.size(), "dout.size()");
+  check_size("residual_backward", "db", db.size(), dout.size(), "dout.size()");
+  for (std::size_t i = 0; i < dout.size(); ++i) {
+    da[i] += dout[i];
+    db[i] += dout[i];
+  }
+}
+
+// ---- attention -------------------------------------------------------------------------
+
+namespace {
+void check_attention(const char* fn, std::size_t B, std::size_t T, std::size_t C, std::size_t NH) {
+  check_dim(fn, "B", B);
+  check_dim(fn, "T", T);
+  check_dim(fn, "C", C);
+  check_dim(fn, "NH", NH);
+  if (C % NH != 0) {
+    fail(fn, "NH: expected a divisor of C = " + std::to_string(C) + ", found " + std::to_string(NH));
+  }
+}
+}  // namespace
+
+void attention_forward(std::span<float> out, std::span<float> preatt, std::span<float> att, std::span<const float> qkv,
+                       std::size_t B, std::size_t T, std::size_t C, std::size_t NH) {
+  constexpr const char* fn = "attention_forward";
+  check_attention(fn, B, T, C, NH);
+  check_size(fn, "out", out.size(), B * T * C, "B*T*C");
+  check_size(fn, "preatt", preatt.size(), B * NH * T * T, "B*NH*T*T");
+  check_size(fn, "att", att.size(), B * NH * T * T, "B*NH*T*T");
+  check_size(fn, "qkv", qkv.size(), B * T * 3 * C, "B*T*3C");
+
+  const std::size_t C3 = 3 * C;
+  const std::size_t hs = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  for (std::size_t b = 0; b < B; ++b) {
+    for (std::size_t t = 0; t < T; ++t) {
+      for (std::size_t h = 0; h < NH; ++h) {
+        const float* q = qkv.data() + (b * T + t) * C3 + h * hs;
+        float* pre = preatt.data() + ((b * NH + h) * T + t) * T;
+        float* a = att.data() + ((b * NH + h) * T + t) * T;
+        // q.k / sqrt(hs) and the row maximum
+        float maxval = 0.0f;
+        for (std::size_t t2 = 0; t2 <= t; ++t2) {
+          const float* k = qkv.data() + (b * T + t2) * C3 + h * hs + C;
+          float dot = 0.0f;
+          for (std::size_t i = 0; i < hs; ++i) dot += q[i] * k[i];
+          dot *= scale;
+          if (t2 == 0 || dot > maxval) maxval = dot;
+          pre[t2] = dot;
+        }
+        float expsum = 0.0f;
+        for (std::size_t t2 = 0; t2 <= t; ++t2) {
+          const float e = std::exp(pre[t2] - maxval);
+          expsum += e;
+          a[t2] = e;
+        }
+        const float inv = 1.0f / expsum;  // expsum >= 1 (the maximum contributes exp(0))
+        for (std::size_t t2 = 0; t2 <= t; ++t2) a[t2] *= inv;
+        for (std::size_t t2 = t + 1; t2 < T; ++t2) {
+          a[t2] = 0.0f;
+          pre[t2] = 0.0f;
+        }
+        // out = att . v
+        float* o = out.data() + (b * T + t) * C + h * hs;
+        for (std::size_t i = 0; i < hs; ++i) o[i] = 0.0f;
+        for (std::size_t t2 = 0; t2 <= t; ++t2) {
+          const float* v = qkv.data() + (b * T + t2) * C3 + h * hs + 2 * C;
+          const float w = a[t2];
+          for (std::size_t i = 0; i < hs; ++i) o[i] += w * v[i];
+        }
+      }
+    }
+  }
+}
+
+void attention_backward(std::span<float> dqkv, std::span<float> dpreatt, std::span<float> datt,
+                        std::span<const float> dout, std::span<const float> qkv, std::span<const float> att,
+                        std::size_t B, std::size_t T, std::size_t C, std::size_t NH) {
+  constexpr const char* fn = "attention_backward";
+  check_attention(fn, B, T, C, NH);
+  check_size(fn, "dqkv", dqkv.size(), B * T * 3 * C, "B*T*3C");
+  check_size(fn, "dpreatt", dpreatt.size(), B * NH * T * T, "B*NH*T*T");
+  check_size(fn, "datt", datt.size(), B * NH * T * T, "B*NH*T*T");
+  check_size(fn, "dout", dout.size(), B * T * C, "B*T*C");
+  check_size(fn, "qkv", qkv.size(), B * T * 3 * C, "B*T*3C");
+  check_size(fn, "att", att.size(), B * NH * T * T, "B*NH*T*T");
+
+  const std::size_t C3 = 3 * C;
+  const std::size_t hs = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  for (std::size_t b = 0; b < B; ++b) {
+    for (std::size_t t = 0; t < T; ++t) {
+      for (std::size_t h = 0; h < NH; ++h) {
+        const float* q = qkv.data() + (b * T + t) * C3 + h * hs;
+        float* dq = dqkv.data() + (b * T + t) * C3 + h * hs;
+        const float* a = att.data() + ((b * NH + h) * T + t) * T;
+        float* da = datt.data() + ((b * NH + h) * T + t) * T;
+        float* dpre = dpreatt.data() + ((b * NH + h) * T + t) * T;
+        const float* dy = dout.data() + (b * T + t) * C + h * hs;
+
+        // through out = att . v: datt[t2] = v[t2] . dout; dv[t2] += att[t2] * dout
+        for (std::size_t t2 = 0; t2 <= t; ++t2) {
+          const float* v = qkv.data() + (b * T + t2) * C3 + h * hs + 2 * C;
+          float* dv = dqkv.data() + (b * T + t2) * C3 + h * hs + 2 * C;
+          const float w = a[t2];
+          float s = 0.0f;
+          for (std::size_t i = 0; i < hs; ++i) {
+            s += v[i] * dy[i];
+            dv[i] += w * dy[i];
+          }
+          da[t2] = s;
+        }
+        // through the softmax: dpre[t3] = att[t3] * (datt[t3] - sum_t2 att[t2] datt[t2])
+        float dot = 0.0f;
+        for (std::size_t t2 = 0; t2 <= t; ++t2) dot += a[t2] * da[t2];
+        for (std::size_t t3 = 0; t3 <= t; ++t3) dpre[t3] = a[t3] * (da[t3] - dot);
+        for (std::size_t t2 = t + 1; t2 < T; ++t2) {
+          da[t2] = 0.0f;
+          dpre[t2] = 0.0f;
+        }
+        // through preatt = q.k * scale
+        for (std::size_t t2 = 0; t2 <= t; ++t2) {
+          const float* k = qkv.data() + (b * T + t2) * C3 + h * hs + C;
+          float* dk = dqkv.data() + (b * T + t2) * C3 + h * hs + C;
+          const float g = dpre[t2] * scale;
+          for (std::size_t i = 0; i < hs; ++i) {
+            dq[i] += k[i] * g;
+            dk[i] += q[i] * g;
+          }
+        }
+      }
+    }
+  }
+}
+
+// ---- softmax + cross-entropy -------------------------------------------------------------
+
+namespace {
+void check_crossentropy(const char* fn, std::size_t B, std::size_t T, std::size_t V) {
+  check_dim(fn, "B", B);
+  check_dim(fn, "T", T);
+  check_dim(fn, "V", V);
+}
+}  // namespace
+
+void softmax_crossentropy_forward(std::span<float> losses, std::span<float> probs, std::span<const float> logits,
+                                  std::span<const TokenId> targets, std::size_t B, std::size_t T, std::size_t V) {
+  constexpr const char* fn = "softmax_crossentropy_forward";
+  check_crossentropy(fn, B, T, V);
+  check_size(fn, "losses", losses.size(), B * T, "B*T");
+  check_size(fn, "probs", probs.size(), B * T * V, "B*T*V");
+  check_size(fn, "logits", logits.size(), B * T * V, "B*T*V");
+  check_size(fn, "targets", targets.size(), B * T, "B*T");
+  check_tokens(fn, "targets", targets, V);
+
+  for (std::size_t n = 0; n < B * T; ++n) {
+    const float* l = logits.data() + n * V;
+    float* p = probs.data() + n * V;
+    float maxval = l[0];
+    for (std::size_t i = 1; i < V; ++i) maxval = l[i] > maxval ? l[i] : maxval;
+    float sum = 0.0f;
+    for (std::size_t i = 0; i < V; ++i) {
+      const float e = std::exp(l[i] - maxval);
+      p[i] = e;
+      sum += e;
+    }
+    const float inv = 1.0f / sum;  // sum >= 1
+    for (std::size_t i = 0; i < V; ++i) p[i] *= inv;
+    losses[n] = std::log(sum) - (l[targets[n]] - maxval);
+  }
+}
+
+void crossentropy_softmax_backward(std::span<float> dlogits, std::span<const float> dlosses,
+                                   std::span<const float> probs, std::span<const TokenId> targets, std::size_t B,
+                                   std::size_t T, std::size_t V) {
+  constexpr const char* fn = "crossentropy_softmax_backward";
+  check_crossentropy(fn, B, T, V);
+  check_size(fn, "dlogits", dlogits.size(), B * T * V, "B*T*V");
+  check_size(fn, "dlosses", dlosses.size(), B * T, "B*T");
+  check_size(fn, "probs", probs.size(), B * T * V, "B*T*V");
+  check_size(fn, "targets", targets.size(), B * T, "B*T");
+  check_tokens(fn, "targets", targets, V);
+
+  for (std::size_t n = 0; n < B * T; ++n) {
+    const float* p = probs.data() + n * V;
+    float* d = dlogits.data() + n * V;
+    const float dl = dlosses[n];
+    const std::size_t target = targets[n];
+    for (std::size_t i = 0; i < V; ++i) {
+      const float indicator = i == target ? 1.0f : 0.0f;
+      d[i] += (p[i] - indicator) * dl;
+    }
+  }
+}
+
+float mean_loss(std::span<const float> losses) noexcept {
+  if (losses.empty()) return 0.0f;
+  double sum = 0.0;
+  for (const float l : losses) sum += static_cast<double>(l);
+  return static_cast<float>(sum / static_cast<double>(losses.size()));
+}
+
+}  // namespace mixprec::nn
