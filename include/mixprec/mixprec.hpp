@@ -10,6 +10,7 @@
 #include "mixprec/kernels/unscale.hpp"
 #include "mixprec/nn/data.hpp"
 #include "mixprec/nn/gemm.hpp"
+#include "mixprec/nn/layers.hpp"
 #include "mixprec/optim/clip.hpp"
 #include "mixprec/optim/memory.hpp"
 #include "mixprec/optim/optimizer.hpp"
