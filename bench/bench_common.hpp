@@ -73,6 +73,19 @@ bool has_avx512();
 // (after Google Benchmark has printed why) when an argument is not recognised.
 bool initialize(int argc, char** argv, const char* program, const std::vector<std::string>& defaults);
 
+// Runs every registered benchmark into a Collector, hands it to report (the
+// suite's ratio table), then clears the registry (its lambdas refer to the
+// suite's cases and buffers) and shuts Google Benchmark down, so that the next
+// suite in the same process starts clean.
+template <class Report>
+void run_registered(Report&& report) {
+  Collector reporter(console_options());
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  report(static_cast<const Collector&>(reporter));
+  benchmark::ClearRegisteredBenchmarks();
+  benchmark::Shutdown();
+}
+
 // The defaults every suite uses: 9 repetitions, aggregates only, 0.1 s each,
 // randomly interleaved so a kernel and its reference see the same machine weather.
 std::vector<std::string> default_flags();

@@ -354,12 +354,7 @@ int run_formats(int argc, char** argv) {
     }
   }
 
-  Collector reporter(console_options());
-  benchmark::RunSpecifiedBenchmarks(&reporter);
-  print_table(reporter, cases, *fast, scalar);
-  // The registered lambdas refer to cases and buffers, which end here.
-  benchmark::ClearRegisteredBenchmarks();
-  benchmark::Shutdown();
+  run_registered([&](const Collector& results) { print_table(results, cases, *fast, scalar); });
   return 0;
 }
 

@@ -223,11 +223,7 @@ int run_gemm(int argc, char** argv) {
     b->UseRealTime();
     b->Unit(benchmark::kMillisecond);
   }
-  Collector reporter(console_options());
-  benchmark::RunSpecifiedBenchmarks(&reporter);
-  print_table(reporter, *state);
-  benchmark::ClearRegisteredBenchmarks();
-  benchmark::Shutdown();
+  run_registered([&](const Collector& results) { print_table(results, *state); });
   return 0;
 }
 

@@ -155,11 +155,7 @@ int run_optim(int argc, char** argv) {
     b->UseRealTime();
     b->Unit(benchmark::kMillisecond);
   }
-  Collector reporter(console_options());
-  benchmark::RunSpecifiedBenchmarks(&reporter);
-  print_table(reporter);
-  benchmark::ClearRegisteredBenchmarks();
-  benchmark::Shutdown();
+  run_registered([&](const Collector& results) { print_table(results); });
   return 0;
 }
 

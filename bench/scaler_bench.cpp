@@ -221,11 +221,7 @@ int run_scaler(int argc, char** argv) {
     b->UseRealTime();
     b->Unit(benchmark::kMillisecond);
   }
-  Collector reporter(console_options());
-  benchmark::RunSpecifiedBenchmarks(&reporter);
-  print_table(reporter, cases);
-  benchmark::ClearRegisteredBenchmarks();
-  benchmark::Shutdown();
+  run_registered([&](const Collector& results) { print_table(results, cases); });
   return 0;
 }
 
