@@ -1,0 +1,129 @@
+// Trainable models under a precision policy: a decoder-only transformer (`gpt`) and
+// a deep MLP next-token classifier (`mlp`), llm.c style.
+//
+// Everything is allocated at construction: parameters, gradients and optimizer-state
+// slots in one ParamStore, every saved activation in the policy's activation format,
+// and the fp32 scratch the fp32 layers (layers.hpp) run in. forward/backward then
+// allocate nothing (the Gemm primitives are prepared up front too).
+//
+// Protocol per optimizer step (the Trainer does this):
+//   params().zero_grads();
+//   for each micro-batch: forward(inputs, targets); backward(dloss);
+//   ... scaler / optimizer step on params() ...
+//   weights_updated();   // re-read the (possibly low-precision) weights
+// dloss is d(objective)/d(per-token loss) including the loss scale, e.g.
+// scale / tokens_per_step for a loss averaged over the whole effective batch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mixprec/formats/bulk.hpp"
+#include "mixprec/nn/data.hpp"
+#include "mixprec/nn/precision.hpp"
+#include "mixprec/optim/param_store.hpp"
+
+namespace mixprec::nn {
+
+enum class ModelKind : std::uint8_t { gpt, mlp };
+std::string_view model_kind_name(ModelKind k) noexcept;
+std::optional<ModelKind> parse_model_kind(std::string_view s) noexcept;
+
+struct ModelConfig {
+  ModelKind kind = ModelKind::gpt;
+  std::size_t vocab = 0;     // V: set from the data
+  std::size_t context = 64;  // T: tokens per sequence (gpt: positions; mlp: tokens of context)
+  std::size_t batch = 16;    // B: sequences per micro-batch
+  // gpt
+  std::size_t layers = 2;
+  std::size_t heads = 4;
+  std::size_t channels = 64;  // C; heads must divide it
+  // mlp: embedding of C channels per context token, concatenated, then `depth` hidden
+  // Linear+GELU layers of width `hidden`, then a Linear to V logits.
+  std::size_t depth = 4;
+  std::size_t hidden = 256;
+  std::uint64_t seed = 1;    // weight initialisation
+  friend bool operator==(const ModelConfig&, const ModelConfig&) = default;
+};
+
+// Throws std::invalid_argument naming the field, the allowed range and the value.
+void validate(const ModelConfig& c);
+
+// What rounding to the activation format did to activation gradients during backward
+// (the counting conversion of every activation-gradient store), and where overflow
+// first appeared. Reset by reset_stats().
+struct BackwardStats {
+  ConversionStats activation_grads;  // all activation-gradient stores together
+  std::string first_overflow;        // first activation-gradient tensor whose store overflowed or was non-finite
+  std::uint64_t stores = 0;
+};
+
+struct ForwardResult {
+  double loss_sum = 0;        // sum of per-token (per-example) losses, fp32 values summed in double
+  std::size_t count = 0;      // how many losses
+  bool finite = true;         // every loss finite
+  std::string first_nonfinite;  // the first activation (layer output) that held inf/NaN, when !finite
+};
+
+struct ModelMemory {
+  std::size_t parameter_bytes = 0;   // ParamStore: master + model copy + grads + optimizer state
+  std::size_t activation_bytes = 0;  // saved activations (in the activation format) + their fp32 statistics
+  std::size_t gradient_bytes = 0;    // activation-gradient buffers (activation format)
+  std::size_t scratch_bytes = 0;     // fp32 working buffers + decoded weights + GEMM scratch
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+
+  const ModelConfig& config() const noexcept { return config_; }
+  const PrecisionPolicy& policy() const noexcept { return policy_; }
+  ParamStore& params() noexcept { return *store_; }
+  const ParamStore& params() const noexcept { return *store_; }
+
+  // Tokens per micro-batch as the sampler must deliver them (B*T each for inputs and targets).
+  std::size_t tokens_per_batch() const noexcept { return config_.batch * config_.context; }
+  // Losses per micro-batch: B*T for gpt, B for mlp (it predicts each window's last target).
+  virtual std::size_t losses_per_batch() const noexcept = 0;
+
+  // Forward over one micro-batch; saves what backward needs. `rows` <= batch: only the
+  // first rows*T tokens are used (evaluation's last partial batch).
+  virtual ForwardResult forward(std::span<const TokenId> inputs, std::span<const TokenId> targets,
+                                std::size_t rows) = 0;
+  ForwardResult forward(std::span<const TokenId> inputs, std::span<const TokenId> targets) {
+    return forward(inputs, targets, config_.batch);
+  }
+  // Accumulates (+=) parameter gradients of sum_i dloss * loss_i for the last forward
+  // (which must have used all rows).
+  virtual void backward(float dloss) = 0;
+
+  // Call after anything writes the weights (optimizer step, checkpoint load).
+  virtual void weights_updated() = 0;
+
+  const BackwardStats& stats() const noexcept { return stats_; }
+  void reset_stats() noexcept { stats_ = {}; }
+  virtual ModelMemory memory() const = 0;
+  // One line, e.g. "gpt: 2 layers, 4 heads, 64 channels, context 64, vocab 1024 (200,448 parameters)".
+  virtual std::string describe() const = 0;
+
+ protected:
+  Model(const ModelConfig& c, PrecisionPolicy p) : config_(c), policy_(p) {}
+  ModelConfig config_;
+  PrecisionPolicy policy_;
+  std::unique_ptr<ParamStore> store_;
+  BackwardStats stats_;
+};
+
+// Builds the model with initialised weights (GPT-2 style: normal(0, 0.02), residual
+// projections scaled by 1/sqrt(2*layers), layer-norm weights 1, biases 0; deterministic
+// from config.seed). state_slots: optimizer state arrays to reserve in the store.
+std::unique_ptr<Model> make_model(const ModelConfig& config, Precision precision, unsigned state_slots);
+
+}  // namespace mixprec::nn

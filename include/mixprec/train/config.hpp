@@ -1,0 +1,73 @@
+// Everything a training run is configured by, with its defaults (the embedded default
+// task), parsed once at the edge (command-line flags and/or a JSON config file) and
+// echoed in logs, checkpoints and reports. JSON keys are the long flag names without
+// the dashes ("loss-scale", "checkpoint-every", ...); see docs/training.md.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mixprec/nn/model.hpp"
+#include "mixprec/nn/precision.hpp"
+
+namespace mixprec::train {
+
+struct TrainConfig {
+  // model (model.vocab is set from the data; model.seed from `seed`)
+  nn::ModelConfig model{};
+  nn::Precision precision = nn::Precision::fp16;
+  // "none" | "static:S" (S finite, > 0) | "dynamic" (the mixprec preset) | a preset name
+  // (mixprec, torch, deepspeed, megatron, apex, keras, jmp).
+  std::string loss_scale = "dynamic";
+
+  // data: the embedded corpus when `data` is empty
+  std::string data;
+  std::string vocab = "word:1024";             // char | word:N
+  std::size_t corpus_tokens = 2'000'000;       // size of the embedded corpus
+  double val_fraction = 0.1;                   // held-out tail of the token stream
+
+  // optimisation: AdamW over fp32 master weights (or the low-precision weights in fp16-pure)
+  std::string optimizer = "adamw";             // adamw | adam | sgd
+  double lr = 3e-3;                            // peak learning rate
+  double min_lr = 3e-4;                        // cosine floor
+  std::size_t warmup = 10;                     // linear warmup steps
+  double weight_decay = 0.1;
+  double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
+  double clip = 1.0;                           // max global grad norm; 0 = no clipping
+  std::size_t steps = 150;                     // optimizer steps (applied or skipped)
+  std::size_t accum = 32;                      // micro-batches per step; loss averaged over all of their tokens
+  std::uint64_t seed = 1;                      // weights, batch order, corpus
+
+  // evaluation
+  std::size_t eval_every = 50;                 // validation loss every N steps (and at the end); 0 = only at the end
+  std::size_t eval_windows = 256;              // validation windows used (0 = the whole split)
+
+  // outputs
+  std::string out;                             // run folder: log, checkpoints, summary ("" = none)
+  std::size_t checkpoint_every = 0;            // 0 = only the final checkpoint (when `out` is set)
+  std::size_t keep_checkpoints = 3;
+  std::string resume;                          // run folder to resume from ("" = fresh run)
+
+  // testing: after backward at these steps (1-based), +inf is written into the first
+  // gradient element, as if the backward pass had overflowed.
+  std::vector<std::size_t> inject_overflow_at;
+  unsigned threads = 0;                        // 0 = all cores (MIXPREC_THREADS / OMP_NUM_THREADS respected)
+
+  friend bool operator==(const TrainConfig&, const TrainConfig&) = default;
+};
+
+// Throws std::invalid_argument: "<key>: expected <allowed>, found <value>".
+void validate(const TrainConfig& c);
+
+// JSON config text (an object of flag names) applied on top of `base`; unknown keys,
+// wrong types and invalid values are errors naming `source` and the key. Does not
+// validate cross-field constraints (call validate).
+TrainConfig apply_json(const TrainConfig& base, std::string_view json_text, std::string_view source);
+// The whole config as one JSON object (the same keys), for logs, reports, checkpoints.
+std::string to_json(const TrainConfig& c, int indent = -1);
+
+}  // namespace mixprec::train

@@ -1,0 +1,231 @@
+// Model machinery shared by gpt and mlp (src/nn/engine.hpp).
+#include "engine.hpp"
+
+#include <cmath>
+#include <limits>
+#include <numbers>
+#include <stdexcept>
+
+#include "data_rng.hpp"
+
+namespace mixprec::nn::detail {
+namespace {
+
+constexpr std::size_t kAlign = 64;
+
+std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+
+void decode(const std::byte* src, DType t, std::span<float> dst) {
+  switch (t) {
+    case DType::f32: std::memcpy(dst.data(), src, dst.size() * 4); return;
+    case DType::f16: convert(std::span<const f16>(reinterpret_cast<const f16*>(src), dst.size()), dst); return;
+    case DType::bf16: convert(std::span<const bf16>(reinterpret_cast<const bf16*>(src), dst.size()), dst); return;
+  }
+}
+
+void encode(std::span<const float> src, std::byte* dst, DType t) {
+  switch (t) {
+    case DType::f32: std::memcpy(dst, src.data(), src.size() * 4); return;
+    case DType::f16: convert(src, std::span<f16>(reinterpret_cast<f16*>(dst), src.size())); return;
+    case DType::bf16: convert(src, std::span<bf16>(reinterpret_cast<bf16*>(dst), src.size())); return;
+  }
+}
+
+ConversionStats encode_counted(std::span<const float> src, std::byte* dst, DType t) {
+  switch (t) {
+    case DType::f16: return convert_counted(src, std::span<f16>(reinterpret_cast<f16*>(dst), src.size()));
+    case DType::bf16: return convert_counted(src, std::span<bf16>(reinterpret_cast<bf16*>(dst), src.size()));
+    case DType::f32: break;
+  }
+  std::memcpy(dst, src.data(), src.size() * 4);
+  return {};
+}
+
+}  // namespace
+
+// ---- Arena ---------------------------------------------------------------------
+
+std::size_t Arena::add(std::string name, DType dtype, std::size_t numel) {
+  if (base_ != nullptr) throw std::logic_error("Arena::add after finish");
+  acts_.push_back({std::move(name), dtype, numel, bytes_});
+  bytes_ += round_up(numel * dtype_size(dtype), kAlign);
+  return acts_.size() - 1;
+}
+
+void Arena::finish() {
+  storage_.assign(bytes_ + kAlign, std::byte{0});
+  auto addr = reinterpret_cast<std::uintptr_t>(storage_.data());
+  base_ = storage_.data() + (round_up(addr, kAlign) - addr);
+}
+
+std::span<float> Arena::f32(std::size_t i, std::size_t n) {
+  if (acts_[i].dtype != DType::f32 || n > acts_[i].numel) {
+    throw std::logic_error("Arena::f32: buffer '" + acts_[i].name + "' is not fp32 or too short");
+  }
+  return {reinterpret_cast<float*>(data(i)), n};
+}
+
+// ---- Engine --------------------------------------------------------------------
+
+Engine::Engine(PrecisionPolicy policy, ParamStore& store, std::size_t scratch_floats, std::size_t scratch_count)
+    : policy_(policy), store_(&store), scratch_(scratch_count, std::vector<float>(scratch_floats, 0.0f)) {
+  if (policy_.weights != DType::f32) weights_f32_.assign(store.flat_size(), 0.0f);
+  if (policy_.weight_grads != DType::f32) grad_acc_.assign(store.flat_size(), 0.0f);
+}
+
+std::span<float> Engine::scratch(std::size_t k, std::size_t n) {
+  if (n > scratch_[k].size()) throw std::logic_error("Engine::scratch: request beyond the planned size");
+  return {scratch_[k].data(), n};
+}
+
+std::span<float> Engine::zeroed(std::size_t k, std::size_t n) {
+  std::span<float> s = scratch(k, n);
+  std::memset(s.data(), 0, n * sizeof(float));
+  return s;
+}
+
+std::span<float> Engine::target(std::size_t a, std::size_t k, std::size_t n) {
+  if (acts_.act(a).dtype == DType::f32) return acts_.f32(a, n);
+  return scratch(k, n);
+}
+
+void Engine::commit(std::size_t a, std::span<float> v) {
+  const Act& act = acts_.act(a);
+  if (act.dtype == DType::f32) {
+    if (v.data() != reinterpret_cast<float*>(acts_.data(a))) std::memcpy(acts_.data(a), v.data(), v.size() * 4);
+    return;
+  }
+  encode(v, acts_.data(a), act.dtype);
+  decode(acts_.data(a), act.dtype, v);
+}
+
+void Engine::commit_grad(std::size_t a, std::span<float> v, BackwardStats& stats, std::string_view label) {
+  const Act& act = acts_.act(a);
+  ++stats.stores;
+  if (act.dtype == DType::f32) {
+    if (v.data() != reinterpret_cast<float*>(acts_.data(a))) std::memcpy(acts_.data(a), v.data(), v.size() * 4);
+    return;
+  }
+  const ConversionStats s = encode_counted(v, acts_.data(a), act.dtype);
+  stats.activation_grads += s;
+  if ((s.overflow > 0 || s.nonfinite_input > 0) && stats.first_overflow.empty()) stats.first_overflow = label;
+  decode(acts_.data(a), act.dtype, v);
+}
+
+std::span<const float> Engine::load(std::size_t a, std::size_t k, std::size_t n) {
+  const Act& act = acts_.act(a);
+  if (act.dtype == DType::f32) return acts_.f32(a, n);
+  std::span<float> s = scratch(k, n);
+  decode(acts_.data(a), act.dtype, s);
+  return s;
+}
+
+std::size_t Engine::first_nonfinite(std::size_t a, std::size_t n) const {
+  const Act& act = acts_.act(a);
+  const std::byte* p = acts_.data(a);
+  for (std::size_t i = 0; i < n; ++i) {
+    float x = 0;
+    switch (act.dtype) {
+      case DType::f32: std::memcpy(&x, p + i * 4, 4); break;
+      case DType::f16: x = mixprec::decode(reinterpret_cast<const f16*>(p)[i]); break;
+      case DType::bf16: x = mixprec::decode(reinterpret_cast<const bf16*>(p)[i]); break;
+    }
+    if (!std::isfinite(x)) return i;
+  }
+  return std::numeric_limits<std::size_t>::max();
+}
+
+std::span<const float> Engine::w(std::size_t param) const {
+  const std::size_t off = store_->offset(param), n = store_->numel(param);
+  if (policy_.weights == DType::f32) return {static_cast<const float*>(store_->model_data()) + off, n};
+  return {weights_f32_.data() + off, n};
+}
+
+void Engine::weights_updated() {
+  if (policy_.weights == DType::f32) return;
+  decode(static_cast<const std::byte*>(store_->model_data()), policy_.weights, weights_f32_);
+}
+
+std::span<float> Engine::dw(std::size_t param) {
+  const std::size_t off = store_->offset(param), n = store_->numel(param);
+  if (policy_.weight_grads == DType::f32) return {static_cast<float*>(store_->grad_data()) + off, n};
+  return {grad_acc_.data() + off, n};
+}
+
+void Engine::begin_backward() {
+  if (!grad_acc_.empty()) std::memset(grad_acc_.data(), 0, grad_acc_.size() * sizeof(float));
+}
+
+// Low-precision weight gradients accumulate over micro-batches the way .grad does in a
+// pure-fp16 model: stored = round(stored + this micro-batch's fp32 gradient).
+void Engine::finish_backward() {
+  if (grad_acc_.empty()) return;
+  std::byte* g = static_cast<std::byte*>(store_->grad_data());
+  std::span<float> tmp = scratch(0, std::min(scratch_[0].size(), grad_acc_.size()));
+  for (std::size_t begin = 0; begin < grad_acc_.size(); begin += tmp.size()) {
+    const std::size_t n = std::min(tmp.size(), grad_acc_.size() - begin);
+    std::span<float> t = tmp.first(n);
+    std::byte* gp = g + begin * dtype_size(policy_.weight_grads);
+    decode(gp, policy_.weight_grads, t);
+    for (std::size_t i = 0; i < n; ++i) t[i] += grad_acc_[begin + i];
+    encode(t, gp, policy_.weight_grads);
+  }
+}
+
+std::size_t Engine::scratch_bytes() const noexcept {
+  std::size_t b = (weights_f32_.size() + grad_acc_.size()) * sizeof(float) + gemm_.scratch_bytes();
+  for (const auto& s : scratch_) b += s.size() * sizeof(float);
+  return b;
+}
+
+void check_batch(const char* fn, std::span<const TokenId> inputs, std::span<const TokenId> targets, std::size_t rows,
+                 std::size_t batch, std::size_t T, std::size_t V) {
+  auto fail = [&](const std::string& what) { throw std::invalid_argument(std::string(fn) + ": " + what); };
+  if (rows == 0 || rows > batch) {
+    fail("rows: expected 1.." + std::to_string(batch) + ", found " + std::to_string(rows));
+  }
+  const std::size_t n = rows * T;
+  if (inputs.size() < n || targets.size() < n) {
+    fail("expected at least rows*T = " + std::to_string(n) + " inputs and targets, found " +
+         std::to_string(inputs.size()) + " and " + std::to_string(targets.size()));
+  }
+  for (std::size_t i = 0; i < n; ++i) {
+    if (inputs[i] >= V || targets[i] >= V) {
+      fail("token " + std::to_string(i) + ": expected ids < vocab " + std::to_string(V) + ", found " +
+           std::to_string(std::max(inputs[i], targets[i])));
+    }
+  }
+}
+
+std::string group_thousands(std::size_t n) {
+  const std::string digits = std::to_string(n);
+  std::string s;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) s.push_back(',');
+    s.push_back(digits[i]);
+  }
+  return s;
+}
+
+// ---- initialisation --------------------------------------------------------------
+
+// Box-Muller over splitmix64 words: deterministic on every platform (libm's log/cos
+// are correctly rounded enough for initial weights; exact reproducibility across
+// platforms is not promised for them).
+void init_normal(std::span<float> w, float stddev, std::uint64_t seed, std::uint64_t stream) {
+  SplitMix rng(mix64(seed) ^ mix64(stream + 0x1234567ull));
+  constexpr double kTwoPow53 = 9007199254740992.0;
+  for (std::size_t i = 0; i < w.size(); i += 2) {
+    const double u1 = (static_cast<double>(rng.next() >> 11) + 1.0) / (kTwoPow53 + 1.0);
+    const double u2 = static_cast<double>(rng.next() >> 11) / kTwoPow53;
+    const double r = std::sqrt(-2.0 * std::log(u1));
+    w[i] = static_cast<float>(static_cast<double>(stddev) * r * std::cos(2.0 * std::numbers::pi * u2));
+    if (i + 1 < w.size()) w[i + 1] = static_cast<float>(static_cast<double>(stddev) * r * std::sin(2.0 * std::numbers::pi * u2));
+  }
+}
+
+void init_constant(std::span<float> w, float value) {
+  for (float& x : w) x = value;
+}
+
+}  // namespace mixprec::nn::detail

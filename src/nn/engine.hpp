@@ -1,0 +1,109 @@
+// Shared machinery of the models (private): activation buffers in the policy's storage
+// format, fp32 working scratch, the decoded fp32 view of the weights, and weight-
+// gradient targets. Every op of a model reads fp32 values, computes with the fp32
+// layers of layers.hpp, and commits its output to storage, which rounds it; after
+// commit the fp32 span holds exactly the stored values, ready for the next op.
+#pragma once
+
+#include <cstddef>
+#include <cstring>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mixprec/formats/bulk.hpp"
+#include "mixprec/nn/gemm.hpp"
+#include "mixprec/nn/model.hpp"
+#include "mixprec/optim/param_store.hpp"
+
+namespace mixprec::nn::detail {
+
+// One stored tensor: `numel` elements of `dtype` at `offset` bytes into the arena.
+struct Act {
+  std::string name;
+  DType dtype = DType::f32;
+  std::size_t numel = 0;
+  std::size_t offset = 0;
+};
+
+// A growable list of buffers, allocated once (finish()) as one block.
+class Arena {
+ public:
+  std::size_t add(std::string name, DType dtype, std::size_t numel);  // returns its index
+  void finish();
+  const Act& act(std::size_t i) const { return acts_[i]; }
+  std::size_t bytes() const noexcept { return bytes_; }
+  std::byte* data(std::size_t i) { return base_ + acts_[i].offset; }
+  const std::byte* data(std::size_t i) const { return base_ + acts_[i].offset; }
+  std::span<float> f32(std::size_t i, std::size_t n);  // only for f32 buffers; first n elements
+  std::size_t count() const noexcept { return acts_.size(); }
+
+ private:
+  std::vector<Act> acts_;
+  std::vector<std::byte> storage_;
+  std::byte* base_ = nullptr;
+  std::size_t bytes_ = 0;
+};
+
+class Engine {
+ public:
+  Engine(PrecisionPolicy policy, ParamStore& store, std::size_t scratch_floats, std::size_t scratch_count);
+
+  const PrecisionPolicy& policy() const noexcept { return policy_; }
+  Gemm& gemm() noexcept { return gemm_; }
+  Arena& acts() noexcept { return acts_; }
+  const Arena& acts() const noexcept { return acts_; }
+
+  // fp32 scratch k (scratch_floats elements), first n elements.
+  std::span<float> scratch(std::size_t k, std::size_t n);
+  std::span<float> zeroed(std::size_t k, std::size_t n);
+
+  // Where an op writes activation `a` (first n elements): the buffer itself when it is
+  // fp32, else scratch k.
+  std::span<float> target(std::size_t a, std::size_t k, std::size_t n);
+  // Stores v (from target) into activation a (rounding when a is low precision) and
+  // leaves v holding the stored values.
+  void commit(std::size_t a, std::span<float> v);
+  // The same for an activation gradient, counting what rounding lost into stats.
+  // `label` names the tensor in stats.first_overflow (layer and role).
+  void commit_grad(std::size_t a, std::span<float> v, BackwardStats& stats, std::string_view label);
+  // fp32 values of activation a (first n elements): the buffer itself when fp32, else
+  // decoded into scratch k.
+  std::span<const float> load(std::size_t a, std::size_t k, std::size_t n);
+  // First element index of activation a that is inf/NaN within n, or npos.
+  std::size_t first_nonfinite(std::size_t a, std::size_t n) const;
+
+  // Weights as fp32 (exact values of the stored, possibly rounded, weights).
+  std::span<const float> w(std::size_t param) const;
+  void weights_updated();  // re-decodes the model copy
+
+  // Where backward accumulates the gradient of `param`: the store's fp32 grads, or
+  // (fp16 grads) an fp32 accumulator that finish_backward rounds into the store.
+  std::span<float> dw(std::size_t param);
+  void begin_backward();
+  void finish_backward();
+
+  std::size_t scratch_bytes() const noexcept;
+
+ private:
+  PrecisionPolicy policy_;
+  ParamStore* store_;
+  Gemm gemm_;
+  Arena acts_;
+  std::vector<std::vector<float>> scratch_;
+  std::vector<float> weights_f32_;  // decoded model copy (empty when the model copy is fp32)
+  std::vector<float> grad_acc_;     // fp32 accumulator (only when weight grads are low precision)
+};
+
+// Checks a forward call's token spans: rows in [1, batch], both spans at least rows*T
+// long, every id < V. std::invalid_argument naming `fn` otherwise.
+void check_batch(const char* fn, std::span<const TokenId> inputs, std::span<const TokenId> targets, std::size_t rows,
+                 std::size_t batch, std::size_t T, std::size_t V);
+std::string group_thousands(std::size_t n);  // 1234567 -> "1,234,567"
+
+// GPT-2 style initialisation helpers (deterministic).
+void init_normal(std::span<float> w, float stddev, std::uint64_t seed, std::uint64_t stream);
+void init_constant(std::span<float> w, float value);
+
+}  // namespace mixprec::nn::detail

@@ -1,0 +1,354 @@
+// The decoder-only transformer (GPT-2 architecture, llm.c's layout) under a precision
+// policy. See include/mixprec/nn/model.hpp for the protocol and docs/training.md for
+// which format every tensor is stored in.
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine.hpp"
+#include "mixprec/nn/layers.hpp"
+#include "model_impl.hpp"
+
+namespace mixprec::nn::detail {
+namespace {
+
+struct LayerParams {
+  std::size_t ln1w, ln1b, qkvw, qkvb, projw, projb, ln2w, ln2b, fcw, fcb, fcprojw, fcprojb;
+};
+
+struct LayerActs {
+  std::size_t ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fchg, res3;
+};
+
+// Gradient labels per layer, built once (nothing is allocated per step).
+struct LayerLabels {
+  std::string fcproj_in, fc_out, ln2_out, res2, attproj_in, qkv_out, ln1_out, res_in;
+};
+
+// "h<l>." (built with append: GCC 12's -Wrestrict misfires on "h" + std::string).
+std::string layer_prefix(std::size_t l) { return std::string("h").append(std::to_string(l)).append("."); }
+
+std::vector<ParamSpec> gpt_specs(const ModelConfig& c) {
+  const std::size_t C = c.channels;
+  std::vector<ParamSpec> s{{"wte", {c.vocab, C}}, {"wpe", {c.context, C}}};
+  for (std::size_t l = 0; l < c.layers; ++l) {
+    const std::string h = layer_prefix(l);
+    s.push_back({h + "ln1.weight", {C}});
+    s.push_back({h + "ln1.bias", {C}});
+    s.push_back({h + "attn.qkv.weight", {3 * C, C}});
+    s.push_back({h + "attn.qkv.bias", {3 * C}});
+    s.push_back({h + "attn.proj.weight", {C, C}});
+    s.push_back({h + "attn.proj.bias", {C}});
+    s.push_back({h + "ln2.weight", {C}});
+    s.push_back({h + "ln2.bias", {C}});
+    s.push_back({h + "mlp.fc.weight", {4 * C, C}});
+    s.push_back({h + "mlp.fc.bias", {4 * C}});
+    s.push_back({h + "mlp.proj.weight", {C, 4 * C}});
+    s.push_back({h + "mlp.proj.bias", {C}});
+  }
+  s.push_back({"lnf.weight", {C}});
+  s.push_back({"lnf.bias", {C}});
+  return s;
+}
+
+class Gpt final : public Model {
+ public:
+  Gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots) : Model(c, p) {
+    store_ = std::make_unique<ParamStore>(
+        gpt_specs(c), StoreOptions{p.weights, p.weight_grads, p.master, state_slots});
+    const std::size_t B = c.batch, T = c.context, C = c.channels, V = c.vocab, NH = c.heads, L = c.layers;
+    const std::size_t N = B * T;
+    engine_ = std::make_unique<Engine>(p, *store_, N * std::max(V, 4 * C), 6);
+    Arena& a = engine_->acts();
+    const DType act = p.activations;
+    wte_ = store_->index_of("wte");
+    wpe_ = store_->index_of("wpe");
+    lnfw_ = store_->index_of("lnf.weight");
+    lnfb_ = store_->index_of("lnf.bias");
+    enc_ = a.add("embedding", act, N * C);
+    for (std::size_t l = 0; l < L; ++l) {
+      const std::string h = layer_prefix(l);
+      auto idx = [&](const char* n) { return store_->index_of(h + n); };
+      params_.push_back({idx("ln1.weight"), idx("ln1.bias"), idx("attn.qkv.weight"), idx("attn.qkv.bias"),
+                         idx("attn.proj.weight"), idx("attn.proj.bias"), idx("ln2.weight"), idx("ln2.bias"),
+                         idx("mlp.fc.weight"), idx("mlp.fc.bias"), idx("mlp.proj.weight"), idx("mlp.proj.bias")});
+      LayerActs la{};
+      la.ln1 = a.add(h + "ln1", act, N * C);
+      la.ln1_mean = a.add(h + "ln1.mean", DType::f32, N);
+      la.ln1_rstd = a.add(h + "ln1.rstd", DType::f32, N);
+      la.qkv = a.add(h + "attn.qkv", act, N * 3 * C);
+      la.att = a.add(h + "attn.softmax", DType::f32, B * NH * T * T);
+      la.atty = a.add(h + "attn", act, N * C);
+      la.res2 = a.add(h + "attn.residual", act, N * C);
+      la.ln2 = a.add(h + "ln2", act, N * C);
+      la.ln2_mean = a.add(h + "ln2.mean", DType::f32, N);
+      la.ln2_rstd = a.add(h + "ln2.rstd", DType::f32, N);
+      la.fch = a.add(h + "mlp.fc", act, N * 4 * C);
+      la.fchg = a.add(h + "mlp.gelu", act, N * 4 * C);
+      la.res3 = a.add(h + "mlp.residual", act, N * C);
+      acts_.push_back(la);
+      labels_.push_back({h + "mlp.gelu.grad", h + "mlp.fc.grad", h + "ln2.grad", h + "attn.residual.grad",
+                         h + "attn.grad", h + "attn.qkv.grad", h + "ln1.grad",
+                         (l == 0 ? std::string("embedding.grad") : layer_prefix(l - 1) + "mlp.residual.grad")});
+    }
+    lnf_ = a.add("lnf", act, N * C);
+    lnf_mean_ = a.add("lnf.mean", DType::f32, N);
+    lnf_rstd_ = a.add("lnf.rstd", DType::f32, N);
+    logits_ = a.add("logits", act, N * V);
+    probs_ = a.add("probs", DType::f32, N * V);
+    losses_ = a.add("losses", DType::f32, N);
+    saved_bytes_end_ = a.count();
+    tmp_ = a.add("projection", act, N * C);
+    preatt_ = a.add("attn.scores", DType::f32, B * NH * T * T);
+    dpreatt_ = a.add("attn.scores.grad", DType::f32, B * NH * T * T);
+    datt_ = a.add("attn.softmax.grad", DType::f32, B * NH * T * T);
+    dlogits_ = a.add("logits.grad", act, N * V);
+    dbig_ = a.add("wide.grad", act, N * 4 * C);
+    dmid_ = a.add("narrow.grad", act, N * C);
+    dres_ = a.add("residual.grad", act, N * C);
+    a.finish();
+    last_res_label_ = layer_prefix(L - 1) + "mlp.residual.grad";
+    tokens_.assign(N, 0);
+    targets_.assign(N, 0);
+    dlosses_.assign(N, 0.0f);
+
+    init_weights();
+    engine_->weights_updated();
+    prepare_gemms();
+  }
+
+  std::size_t losses_per_batch() const noexcept override { return config_.batch * config_.context; }
+
+  ForwardResult forward(std::span<const TokenId> inputs, std::span<const TokenId> targets, std::size_t rows) override {
+    const std::size_t B = config_.batch, T = config_.context, C = config_.channels, V = config_.vocab;
+    const std::size_t NH = config_.heads;
+    check_batch("gpt forward", inputs, targets, rows, B, T, V);
+    const std::size_t N = rows * T;
+    std::copy_n(inputs.begin(), N, tokens_.begin());
+    std::copy_n(targets.begin(), N, targets_.begin());
+    rows_ = rows;
+    Engine& e = *engine_;
+    Arena& a = e.acts();
+    Gemm& g = e.gemm();
+    const std::span<const TokenId> tok(tokens_.data(), N), tgt(targets_.data(), N);
+
+    std::span<float> res = e.target(enc_, 0, N * C);
+    embedding_forward(res, tok, e.w(wte_), e.w(wpe_), rows, T, C, V);
+    e.commit(enc_, res);
+    for (std::size_t l = 0; l < config_.layers; ++l) {
+      const LayerParams& p = params_[l];
+      const LayerActs& s = acts_[l];
+      std::span<float> ln = e.target(s.ln1, 1, N * C);
+      layernorm_forward(ln, a.f32(s.ln1_mean, N), a.f32(s.ln1_rstd, N), res, e.w(p.ln1w), e.w(p.ln1b), N, C);
+      e.commit(s.ln1, ln);
+      std::span<float> qkv = e.target(s.qkv, 2, N * 3 * C);
+      linear_forward(g, qkv, ln, e.w(p.qkvw), e.w(p.qkvb), N, C, 3 * C);
+      e.commit(s.qkv, qkv);
+      std::span<float> y = e.target(s.atty, 1, N * C);
+      attention_forward(y, a.f32(preatt_, rows * NH * T * T), a.f32(s.att, rows * NH * T * T), qkv, rows, T, C, NH);
+      e.commit(s.atty, y);
+      std::span<float> proj = e.target(tmp_, 4, N * C);
+      linear_forward(g, proj, y, e.w(p.projw), e.w(p.projb), N, C, C);
+      e.commit(tmp_, proj);
+      std::span<float> res2 = e.target(s.res2, 0, N * C);
+      residual_forward(res2, res, proj);
+      e.commit(s.res2, res2);
+      res = res2;
+      std::span<float> ln2 = e.target(s.ln2, 1, N * C);
+      layernorm_forward(ln2, a.f32(s.ln2_mean, N), a.f32(s.ln2_rstd, N), res, e.w(p.ln2w), e.w(p.ln2b), N, C);
+      e.commit(s.ln2, ln2);
+      std::span<float> h = e.target(s.fch, 2, N * 4 * C);
+      linear_forward(g, h, ln2, e.w(p.fcw), e.w(p.fcb), N, C, 4 * C);
+      e.commit(s.fch, h);
+      std::span<float> hg = e.target(s.fchg, 3, N * 4 * C);
+      gelu_forward(hg, h);
+      e.commit(s.fchg, hg);
+      std::span<float> fp = e.target(tmp_, 4, N * C);
+      linear_forward(g, fp, hg, e.w(p.fcprojw), e.w(p.fcprojb), N, 4 * C, C);
+      e.commit(tmp_, fp);
+      std::span<float> res3 = e.target(s.res3, 0, N * C);
+      residual_forward(res3, res, fp);
+      e.commit(s.res3, res3);
+      res = res3;
+    }
+    std::span<float> lf = e.target(lnf_, 1, N * C);
+    layernorm_forward(lf, a.f32(lnf_mean_, N), a.f32(lnf_rstd_, N), res, e.w(lnfw_), e.w(lnfb_), N, C);
+    e.commit(lnf_, lf);
+    std::span<float> logits = e.target(logits_, 2, N * V);
+    linear_forward(g, logits, lf, e.w(wte_), {}, N, C, V);
+    e.commit(logits_, logits);
+    const std::span<float> losses = a.f32(losses_, N);
+    softmax_crossentropy_forward(losses, a.f32(probs_, N * V), logits, tgt, rows, T, V);
+    return finish_forward(losses, N);
+  }
+
+  void backward(float dloss) override {
+    const std::size_t B = config_.batch, T = config_.context, C = config_.channels, V = config_.vocab;
+    const std::size_t NH = config_.heads, N = B * T;
+    if (rows_ != B) throw std::logic_error("gpt backward: expected a full-batch forward before backward");
+    Engine& e = *engine_;
+    Arena& a = e.acts();
+    Gemm& g = e.gemm();
+    const std::span<const TokenId> tok(tokens_.data(), N), tgt(targets_.data(), N);
+    e.begin_backward();
+    std::fill(dlosses_.begin(), dlosses_.end(), dloss);
+
+    std::span<float> dlogits = e.zeroed(0, N * V);
+    crossentropy_softmax_backward(dlogits, dlosses_, a.f32(probs_, N * V), tgt, B, T, V);
+    e.commit_grad(dlogits_, dlogits, stats_, "logits.grad");
+    std::span<float> dlf = e.zeroed(1, N * C);
+    linear_backward(g, dlf, e.dw(wte_), {}, dlogits, e.load(lnf_, 2, N * C), e.w(wte_), N, C, V);
+    e.commit_grad(dmid_, dlf, stats_, "lnf.grad");
+    std::span<float> dres = e.zeroed(3, N * C);
+    const std::size_t last = config_.layers - 1;
+    layernorm_backward(dres, e.dw(lnfw_), e.dw(lnfb_), dlf, e.load(acts_[last].res3, 2, N * C), e.w(lnfw_),
+                       a.f32(lnf_mean_, N), a.f32(lnf_rstd_, N), N, C);
+    e.commit_grad(dres_, dres, stats_, last_res_label_);
+
+    for (std::size_t l = config_.layers; l-- > 0;) {
+      const LayerParams& p = params_[l];
+      const LayerActs& s = acts_[l];
+      const LayerLabels& lb = labels_[l];
+      // res3 = res2 + proj(gelu(fc(ln2(res2)))): dres flows to both.
+      std::span<float> dhg = e.zeroed(0, N * 4 * C);
+      linear_backward(g, dhg, e.dw(p.fcprojw), e.dw(p.fcprojb), dres, e.load(s.fchg, 2, N * 4 * C), e.w(p.fcprojw),
+                      N, 4 * C, C);
+      e.commit_grad(dbig_, dhg, stats_, lb.fcproj_in);
+      std::span<float> dh = e.zeroed(4, N * 4 * C);
+      gelu_backward(dh, e.load(s.fch, 2, N * 4 * C), dhg);
+      e.commit_grad(dbig_, dh, stats_, lb.fc_out);
+      std::span<float> dln2 = e.zeroed(1, N * C);
+      linear_backward(g, dln2, e.dw(p.fcw), e.dw(p.fcb), dh, e.load(s.ln2, 2, N * C), e.w(p.fcw), N, C, 4 * C);
+      e.commit_grad(dmid_, dln2, stats_, lb.ln2_out);
+      std::span<float> dres2 = e.scratch(5, N * C);
+      std::memcpy(dres2.data(), dres.data(), N * C * sizeof(float));
+      layernorm_backward(dres2, e.dw(p.ln2w), e.dw(p.ln2b), dln2, e.load(s.res2, 2, N * C), e.w(p.ln2w),
+                         a.f32(s.ln2_mean, N), a.f32(s.ln2_rstd, N), N, C);
+      e.commit_grad(dres_, dres2, stats_, lb.res2);
+      // res2 = res + proj(attention(qkv(ln1(res)))).
+      std::span<float> dy = e.zeroed(1, N * C);
+      linear_backward(g, dy, e.dw(p.projw), e.dw(p.projb), dres2, e.load(s.atty, 2, N * C), e.w(p.projw), N, C, C);
+      e.commit_grad(dmid_, dy, stats_, lb.attproj_in);
+      std::span<float> dqkv = e.zeroed(0, N * 3 * C);
+      attention_backward(dqkv, a.f32(dpreatt_, B * NH * T * T), a.f32(datt_, B * NH * T * T), dy,
+                         e.load(s.qkv, 2, N * 3 * C), a.f32(s.att, B * NH * T * T), B, T, C, NH);
+      e.commit_grad(dbig_, dqkv, stats_, lb.qkv_out);
+      std::span<float> dln1 = e.zeroed(1, N * C);
+      linear_backward(g, dln1, e.dw(p.qkvw), e.dw(p.qkvb), dqkv, e.load(s.ln1, 4, N * C), e.w(p.qkvw), N, C, 3 * C);
+      e.commit_grad(dmid_, dln1, stats_, lb.ln1_out);
+      std::memcpy(dres.data(), dres2.data(), N * C * sizeof(float));
+      const std::size_t res_in = l == 0 ? enc_ : acts_[l - 1].res3;
+      layernorm_backward(dres, e.dw(p.ln1w), e.dw(p.ln1b), dln1, e.load(res_in, 2, N * C), e.w(p.ln1w),
+                         a.f32(s.ln1_mean, N), a.f32(s.ln1_rstd, N), N, C);
+      e.commit_grad(dres_, dres, stats_, lb.res_in);
+    }
+    embedding_backward(e.dw(wte_), e.dw(wpe_), dres, tok, B, T, C, V);
+    e.finish_backward();
+  }
+
+  void weights_updated() override { engine_->weights_updated(); }
+
+  ModelMemory memory() const override {
+    ModelMemory m;
+    m.parameter_bytes = store_->bytes();
+    const Arena& a = engine_->acts();
+    for (std::size_t i = 0; i < a.count(); ++i) {
+      const Act& act = a.act(i);
+      const std::size_t b = act.numel * dtype_size(act.dtype);
+      if (i < saved_bytes_end_) m.activation_bytes += b;
+      else if (i >= dlogits_) m.gradient_bytes += b;
+      else m.scratch_bytes += b;
+    }
+    m.scratch_bytes += engine_->scratch_bytes();
+    return m;
+  }
+
+  std::string describe() const override {
+    return "gpt: " + std::to_string(config_.layers) + " layers, " + std::to_string(config_.heads) + " heads, " +
+           std::to_string(config_.channels) + " channels, context " + std::to_string(config_.context) + ", vocab " +
+           std::to_string(config_.vocab) + " (" + group_thousands(store_->param_count()) + " parameters)";
+  }
+
+ private:
+  void init_weights() {
+    std::vector<float> flat(store_->flat_size(), 0.0f);
+    const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.layers));
+    for (std::size_t i = 0; i < store_->tensor_count(); ++i) {
+      const std::string& n = store_->spec(i).name;
+      std::span<float> w(flat.data() + store_->offset(i), store_->numel(i));
+      if (n.ends_with(".bias")) init_constant(w, 0.0f);
+      else if (n.find("ln") != std::string::npos) init_constant(w, 1.0f);
+      else if (n.ends_with("proj.weight")) init_normal(w, residual_std, config_.seed, i);
+      else init_normal(w, 0.02f, config_.seed, i);
+    }
+    write_initial_weights(*store_, flat);
+  }
+
+  // Creates every GEMM primitive now, so training allocates nothing later.
+  void prepare_gemms() {
+    const std::size_t N = config_.batch * config_.context, C = config_.channels, V = config_.vocab;
+    Gemm& g = engine_->gemm();
+    float x = 0;  // only shapes matter to prepare(); pointers must be non-null
+    auto fwd = [&](std::size_t n, std::size_t in, std::size_t out) {
+      g.prepare(view(&x, n, in), view(&x, out, in), output(&x, n, out), {.trans_a = Trans::no, .trans_b = Trans::yes});
+      g.prepare(view(&x, n, out), view(&x, out, in), output(&x, n, in), {.trans_a = Trans::no, .trans_b = Trans::no,
+                                                                          .alpha = 1.0f, .beta = 1.0f});
+      g.prepare(view(&x, n, out), view(&x, n, in), output(&x, out, in), {.trans_a = Trans::yes, .trans_b = Trans::no,
+                                                                          .alpha = 1.0f, .beta = 1.0f});
+    };
+    fwd(N, C, 3 * C);
+    fwd(N, C, C);
+    fwd(N, C, 4 * C);
+    fwd(N, 4 * C, C);
+    fwd(N, C, V);
+  }
+
+  ForwardResult finish_forward(std::span<const float> losses, std::size_t n) {
+    ForwardResult r;
+    r.count = n;
+    for (float l : losses) r.loss_sum += static_cast<double>(l);
+    r.finite = std::isfinite(r.loss_sum);
+    if (!r.finite) r.first_nonfinite = first_nonfinite_activation(n);
+    return r;
+  }
+
+  std::string first_nonfinite_activation(std::size_t N) const {
+    const std::size_t C = config_.channels;
+    std::vector<std::pair<std::size_t, std::size_t>> order{{enc_, N * C}};
+    for (const LayerActs& s : acts_) {
+      order.insert(order.end(), {{s.ln1, N * C}, {s.qkv, 3 * N * C}, {s.atty, N * C}, {s.res2, N * C},
+                                 {s.ln2, N * C}, {s.fch, 4 * N * C}, {s.fchg, 4 * N * C}, {s.res3, N * C}});
+    }
+    order.insert(order.end(), {{lnf_, N * C}, {logits_, N * config_.vocab}, {probs_, N * config_.vocab}});
+    for (auto [act, n] : order) {
+      if (engine_->first_nonfinite(act, n) != std::numeric_limits<std::size_t>::max()) {
+        return engine_->acts().act(act).name;
+      }
+    }
+    return "losses";
+  }
+
+  std::unique_ptr<Engine> engine_;
+  std::vector<LayerParams> params_;
+  std::vector<LayerActs> acts_;
+  std::vector<LayerLabels> labels_;
+  std::size_t wte_ = 0, wpe_ = 0, lnfw_ = 0, lnfb_ = 0;
+  std::size_t enc_ = 0, lnf_ = 0, lnf_mean_ = 0, lnf_rstd_ = 0, logits_ = 0, probs_ = 0, losses_ = 0;
+  std::size_t tmp_ = 0, preatt_ = 0, dpreatt_ = 0, datt_ = 0, dlogits_ = 0, dbig_ = 0, dmid_ = 0, dres_ = 0;
+  std::size_t saved_bytes_end_ = 0;
+  std::string last_res_label_;
+  std::size_t rows_ = 0;
+  std::vector<TokenId> tokens_, targets_;
+  std::vector<float> dlosses_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots) {
+  return std::make_unique<Gpt>(c, p, state_slots);
+}
+
+}  // namespace mixprec::nn::detail

@@ -1,0 +1,201 @@
+// The deep MLP next-token classifier (Bengio-style): the embeddings of a window's T
+// tokens, concatenated, pass through `depth` Linear+GELU layers and a Linear to V
+// logits that predict the window's last target. Same precision policy as gpt.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "engine.hpp"
+#include "mixprec/nn/layers.hpp"
+#include "model_impl.hpp"
+
+namespace mixprec::nn::detail {
+namespace {
+
+std::vector<ParamSpec> mlp_specs(const ModelConfig& c) {
+  std::vector<ParamSpec> s{{"wte", {c.vocab, c.channels}}};
+  std::size_t in = c.context * c.channels;
+  for (std::size_t i = 0; i < c.depth; ++i) {
+    const std::string f = std::string("fc").append(std::to_string(i)).append(".");
+    s.push_back({f + "weight", {c.hidden, in}});
+    s.push_back({f + "bias", {c.hidden}});
+    in = c.hidden;
+  }
+  s.push_back({"head.weight", {c.vocab, c.hidden}});
+  s.push_back({"head.bias", {c.vocab}});
+  return s;
+}
+
+class Mlp final : public Model {
+ public:
+  Mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots) : Model(c, p) {
+    store_ = std::make_unique<ParamStore>(mlp_specs(c), StoreOptions{p.weights, p.weight_grads, p.master, state_slots});
+    const std::size_t B = c.batch, TC = c.context * c.channels, H = c.hidden, V = c.vocab;
+    engine_ = std::make_unique<Engine>(p, *store_, B * std::max({TC, H, V}), 4);
+    Arena& a = engine_->acts();
+    const DType act = p.activations;
+    wte_ = store_->index_of("wte");
+    x0_ = a.add("embedding", act, B * TC);
+    for (std::size_t i = 0; i < c.depth; ++i) {
+      const std::string f = std::string("fc").append(std::to_string(i));
+      w_.push_back(store_->index_of(f + ".weight"));
+      b_.push_back(store_->index_of(f + ".bias"));
+      pre_.push_back(a.add(f, act, B * H));
+      post_.push_back(a.add(f + ".gelu", act, B * H));
+      labels_.push_back({f + ".grad", f + ".gelu.grad"});
+    }
+    headw_ = store_->index_of("head.weight");
+    headb_ = store_->index_of("head.bias");
+    logits_ = a.add("logits", act, B * V);
+    probs_ = a.add("probs", DType::f32, B * V);
+    losses_ = a.add("losses", DType::f32, B);
+    saved_end_ = a.count();
+    dlogits_ = a.add("logits.grad", act, B * V);
+    dhid_ = a.add("hidden.grad", act, B * std::max(H, TC));
+    a.finish();
+    tokens_.assign(B * c.context, 0);
+    targets_.assign(B, 0);
+    dlosses_.assign(B, 0.0f);
+
+    std::vector<float> flat(store_->flat_size(), 0.0f);
+    auto w = [&](std::size_t i) { return std::span<float>(flat.data() + store_->offset(i), store_->numel(i)); };
+    init_normal(w(wte_), 1.0f, c.seed, wte_);
+    std::size_t in = TC;
+    for (std::size_t i = 0; i < c.depth; ++i) {
+      init_normal(w(w_[i]), std::sqrt(2.0f / static_cast<float>(in)), c.seed, w_[i]);  // He init for GELU
+      in = H;
+    }
+    init_normal(w(headw_), 1.0f / std::sqrt(static_cast<float>(H)), c.seed, headw_);
+    write_initial_weights(*store_, flat);
+    engine_->weights_updated();
+  }
+
+  std::size_t losses_per_batch() const noexcept override { return config_.batch; }
+
+  ForwardResult forward(std::span<const TokenId> inputs, std::span<const TokenId> targets, std::size_t rows) override {
+    const std::size_t T = config_.context, C = config_.channels, H = config_.hidden, V = config_.vocab;
+    check_batch("mlp forward", inputs, targets, rows, config_.batch, T, V);
+    std::copy_n(inputs.begin(), rows * T, tokens_.begin());
+    for (std::size_t b = 0; b < rows; ++b) targets_[b] = targets[b * T + T - 1];
+    rows_ = rows;
+    Engine& e = *engine_;
+    Arena& a = e.acts();
+    const std::span<const float> wte = e.w(wte_);
+
+    std::span<float> x = e.target(x0_, 0, rows * T * C);
+    for (std::size_t i = 0; i < rows * T; ++i) std::memcpy(&x[i * C], &wte[tokens_[i] * C], C * sizeof(float));
+    e.commit(x0_, x);
+    std::span<const float> in = x;
+    std::size_t fan_in = T * C;
+    for (std::size_t i = 0; i < config_.depth; ++i) {
+      std::span<float> h = e.target(pre_[i], 1, rows * H);
+      linear_forward(e.gemm(), h, in, e.w(w_[i]), e.w(b_[i]), rows, fan_in, H);
+      e.commit(pre_[i], h);
+      std::span<float> g = e.target(post_[i], i % 2 == 0 ? 2 : 0, rows * H);
+      gelu_forward(g, h);
+      e.commit(post_[i], g);
+      in = g;
+      fan_in = H;
+    }
+    std::span<float> logits = e.target(logits_, 3, rows * V);
+    linear_forward(e.gemm(), logits, in, e.w(headw_), e.w(headb_), rows, H, V);
+    e.commit(logits_, logits);
+    const std::span<float> losses = a.f32(losses_, rows);
+    softmax_crossentropy_forward(losses, a.f32(probs_, rows * V), logits, {targets_.data(), rows}, rows, 1, V);
+    ForwardResult r;
+    r.count = rows;
+    for (float l : losses) r.loss_sum += static_cast<double>(l);
+    r.finite = std::isfinite(r.loss_sum);
+    if (!r.finite) r.first_nonfinite = first_nonfinite_activation(rows);
+    return r;
+  }
+
+  void backward(float dloss) override {
+    const std::size_t B = config_.batch, T = config_.context, C = config_.channels, H = config_.hidden;
+    const std::size_t V = config_.vocab;
+    if (rows_ != B) throw std::logic_error("mlp backward: expected a full-batch forward before backward");
+    Engine& e = *engine_;
+    Arena& a = e.acts();
+    e.begin_backward();
+    std::fill(dlosses_.begin(), dlosses_.end(), dloss);
+    std::span<float> dlogits = e.zeroed(0, B * V);
+    crossentropy_softmax_backward(dlogits, dlosses_, a.f32(probs_, B * V), targets_, B, 1, V);
+    e.commit_grad(dlogits_, dlogits, stats_, "logits.grad");
+    const std::size_t last = config_.depth - 1;
+    std::span<float> dout = e.zeroed(1, B * H);
+    linear_backward(e.gemm(), dout, e.dw(headw_), e.dw(headb_), dlogits, e.load(post_[last], 2, B * H), e.w(headw_),
+                    B, H, V);
+    e.commit_grad(dhid_, dout, stats_, labels_[last].second);
+    for (std::size_t i = config_.depth; i-- > 0;) {
+      std::span<float> dpre = e.zeroed(0, B * H);
+      gelu_backward(dpre, e.load(pre_[i], 2, B * H), dout);
+      e.commit_grad(dhid_, dpre, stats_, labels_[i].first);
+      const std::size_t fan_in = i == 0 ? T * C : H;
+      const std::size_t in_act = i == 0 ? x0_ : post_[i - 1];
+      std::span<float> din = e.zeroed(1, B * fan_in);
+      linear_backward(e.gemm(), din, e.dw(w_[i]), e.dw(b_[i]), dpre, e.load(in_act, 2, B * fan_in), e.w(w_[i]), B,
+                      fan_in, H);
+      e.commit_grad(dhid_, din, stats_, i == 0 ? std::string_view("embedding.grad") : labels_[i - 1].second);
+      dout = din;
+    }
+    std::span<float> dwte = e.dw(wte_);
+    for (std::size_t i = 0; i < B * T; ++i) {
+      float* row = &dwte[tokens_[i] * C];
+      for (std::size_t k = 0; k < C; ++k) row[k] += dout[i * C + k];
+    }
+    e.finish_backward();
+  }
+
+  void weights_updated() override { engine_->weights_updated(); }
+
+  ModelMemory memory() const override {
+    ModelMemory m;
+    m.parameter_bytes = store_->bytes();
+    const Arena& a = engine_->acts();
+    for (std::size_t i = 0; i < a.count(); ++i) {
+      const std::size_t b = a.act(i).numel * dtype_size(a.act(i).dtype);
+      (i < saved_end_ ? m.activation_bytes : m.gradient_bytes) += b;
+    }
+    m.scratch_bytes = engine_->scratch_bytes();
+    return m;
+  }
+
+  std::string describe() const override {
+    return "mlp: " + std::to_string(config_.depth) + " hidden layers of " + std::to_string(config_.hidden) +
+           ", context " + std::to_string(config_.context) + " x " + std::to_string(config_.channels) +
+           " channels, vocab " + std::to_string(config_.vocab) + " (" + group_thousands(store_->param_count()) +
+           " parameters)";
+  }
+
+ private:
+  std::string first_nonfinite_activation(std::size_t rows) const {
+    const std::size_t H = config_.hidden;
+    std::vector<std::pair<std::size_t, std::size_t>> order{{x0_, rows * config_.context * config_.channels}};
+    for (std::size_t i = 0; i < config_.depth; ++i) order.insert(order.end(), {{pre_[i], rows * H}, {post_[i], rows * H}});
+    order.push_back({logits_, rows * config_.vocab});
+    for (auto [act, n] : order) {
+      if (engine_->first_nonfinite(act, n) != std::numeric_limits<std::size_t>::max()) return engine_->acts().act(act).name;
+    }
+    return "losses";
+  }
+
+  std::unique_ptr<Engine> engine_;
+  std::size_t wte_ = 0, headw_ = 0, headb_ = 0;
+  std::vector<std::size_t> w_, b_, pre_, post_;
+  std::vector<std::pair<std::string, std::string>> labels_;
+  std::size_t x0_ = 0, logits_ = 0, probs_ = 0, losses_ = 0, dlogits_ = 0, dhid_ = 0, saved_end_ = 0;
+  std::size_t rows_ = 0;
+  std::vector<TokenId> tokens_, targets_;
+  std::vector<float> dlosses_;
+};
+
+}  // namespace
+
+std::unique_ptr<Model> make_mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots) {
+  return std::make_unique<Mlp>(c, p, state_slots);
+}
+
+}  // namespace mixprec::nn::detail

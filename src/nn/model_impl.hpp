@@ -1,0 +1,18 @@
+// Private: the model classes' factories and shared helpers.
+#pragma once
+
+#include <memory>
+#include <span>
+
+#include "mixprec/nn/model.hpp"
+
+namespace mixprec::nn::detail {
+
+std::unique_ptr<Model> make_gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots);
+std::unique_ptr<Model> make_mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots);
+
+// Writes fp32 initial values (flat, store layout) as the store's weights of record:
+// the master weights (and their rounded model copy), or the model weights themselves.
+void write_initial_weights(ParamStore& store, std::span<const float> flat);
+
+}  // namespace mixprec::nn::detail

@@ -1,0 +1,295 @@
+// The training loop (include/mixprec/train/trainer.hpp).
+#include "mixprec/train/trainer.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <stdexcept>
+
+#include "mixprec/scaler/loss_scale.hpp"
+#include "trainer_impl.hpp"
+
+namespace mixprec::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+nn::Dataset load_data(const TrainConfig& c) {
+  nn::DataOptions o;
+  o.vocab = nn::parse_vocab_spec(c.vocab);
+  o.validation_fraction = c.val_fraction;
+  o.context = c.model.context;
+  if (!c.data.empty()) return nn::Dataset::from_file(c.data, o);
+  nn::CorpusOptions corpus;
+  corpus.seed = c.seed;
+  corpus.tokens = c.corpus_tokens;
+  return nn::Dataset::from_corpus(corpus, o);
+}
+
+nn::ModelConfig model_config(const TrainConfig& c, const nn::Dataset& d) {
+  nn::ModelConfig m = c.model;
+  m.vocab = d.vocab().size();
+  m.seed = c.seed;
+  return m;
+}
+
+std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& c, ParamStore& store) {
+  const OptimizerKind kind = *parse_optimizer(c.optimizer);
+  if (kind == OptimizerKind::sgd || kind == OptimizerKind::sgd_momentum) {
+    SgdConfig s;
+    s.lr = c.lr;
+    s.momentum = kind == OptimizerKind::sgd_momentum ? c.beta1 : 0.0;
+    s.weight_decay = c.weight_decay;
+    return std::make_unique<SGD>(store, s);
+  }
+  AdamConfig a;
+  a.lr = c.lr;
+  a.beta1 = c.beta1;
+  a.beta2 = c.beta2;
+  a.eps = c.eps;
+  a.weight_decay = c.weight_decay;
+  if (kind == OptimizerKind::adam) return std::make_unique<Adam>(store, a);
+  return std::make_unique<AdamW>(store, a);
+}
+
+// The weights the optimizer keeps: the fp32 master copy, or the model weights.
+std::span<const std::byte> weights_of_record(const ParamStore& s) {
+  if (s.has_master()) return {reinterpret_cast<const std::byte*>(s.master_data()), s.flat_size() * 4};
+  return {static_cast<const std::byte*>(s.model_data()), s.flat_size() * dtype_size(s.model_dtype())};
+}
+
+// Of the parameters the optimizer meant to move, the fraction whose stored value did
+// not change (the update rounded away). Adam-family: meant to move when the first
+// moment is nonzero, or decoupled/L2 decay acts on a nonzero weight. SGD: when the
+// gradient is nonzero or decay acts.
+double lost_update_fraction(const ParamStore& s, std::span<const std::byte> before, OptimizerKind kind,
+                            double weight_decay) {
+  const std::span<const std::byte> after = weights_of_record(s);
+  const std::size_t w = after.size() / s.flat_size();
+  std::uint64_t meant = 0, lost = 0;
+  for (std::size_t t = 0; t < s.tensor_count(); ++t) {
+    const std::size_t off = s.offset(t);
+    for (std::size_t i = off; i < off + s.numel(t); ++i) {
+      const bool changed = std::memcmp(&before[i * w], &after[i * w], w) != 0;
+      bool moves = false;
+      if (kind == OptimizerKind::adam || kind == OptimizerKind::adamw) {
+        moves = s.state_data(0)[i] != 0.0f;
+      } else {
+        float g = 0;
+        if (s.grad_dtype() == DType::f32) g = static_cast<const float*>(s.grad_data())[i];
+        else g = s.grad_dtype() == DType::f16 ? decode(static_cast<const f16*>(s.grad_data())[i])
+                                              : decode(static_cast<const bf16*>(s.grad_data())[i]);
+        moves = g != 0.0f;
+      }
+      if (!moves && weight_decay > 0) {  // decay moves any nonzero weight (sign bit ignored)
+        const std::byte* b = &before[i * w];
+        bool nonzero = (b[w - 1] & std::byte{0x7f}) != std::byte{0};
+        for (std::size_t k = 0; k + 1 < w; ++k) nonzero = nonzero || b[k] != std::byte{0};
+        moves = nonzero;
+      }
+      if (moves) {
+        ++meant;
+        if (!changed) ++lost;
+      }
+    }
+  }
+  return meant == 0 ? 0.0 : static_cast<double>(lost) / static_cast<double>(meant);
+}
+
+// Writes +inf into the first element of the first gradient tensor, as an overflowing
+// backward would.
+void inject_inf(ParamStore& s) {
+  const std::size_t off = s.offset(0);
+  switch (s.grad_dtype()) {
+    case DType::f32: static_cast<float*>(s.grad_data())[off] = INFINITY; break;
+    case DType::f16: static_cast<f16*>(s.grad_data())[off] = f16::from_bits(0x7C00); break;
+    case DType::bf16: static_cast<bf16*>(s.grad_data())[off] = bf16::from_bits(0x7F80); break;
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<GradScaler> make_scaler(const std::string& spec) {
+  if (spec == "none") return std::make_unique<GradScaler>(LossScaleConfig{}, false);
+  if (spec == "dynamic") return std::make_unique<GradScaler>(loss_scale_preset("mixprec"));
+  if (spec.starts_with("static:")) {
+    LossScaleConfig c = loss_scale_preset("static");
+    const std::string v = spec.substr(7);
+    std::size_t used = 0;
+    double s = 0;
+    try {
+      s = std::stod(v, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != v.size() || v.empty() || !std::isfinite(s) || s <= 0) {
+      throw std::invalid_argument("loss-scale: expected static:S with S finite and > 0, found '" + spec + "'");
+    }
+    c.init_scale = s;
+    return std::make_unique<GradScaler>(c);
+  }
+  return std::make_unique<GradScaler>(loss_scale_preset(spec));
+}
+
+Trainer::Impl::Impl(const TrainConfig& c, nn::Dataset d)
+    : config(c),
+      data(std::move(d)),
+      schedule(WarmupCosine{c.lr, static_cast<std::int64_t>(c.warmup), static_cast<std::int64_t>(c.steps), c.min_lr}),
+      sampler(data.train(), c.seed) {}
+
+Trainer::Trainer(const TrainConfig& config) {
+  validate(config);
+  std::unique_ptr<GradScaler> scaler = make_scaler(config.loss_scale);
+  nn::Dataset data = load_data(config);
+  impl_ = std::make_unique<Impl>(config, std::move(data));
+  Impl& m = *impl_;
+  const OptimizerKind kind = *parse_optimizer(config.optimizer);
+  m.model = nn::make_model(model_config(config, m.data), config.precision, optimizer_state_slots(kind));
+  m.optimizer = make_optimizer(config, m.model->params());
+  m.scaler = std::move(scaler);
+  m.scaler->set_accumulation_steps(static_cast<int>(config.accum));
+  m.inputs.assign(m.model->tokens_per_batch(), 0);
+  m.targets.assign(m.model->tokens_per_batch(), 0);
+  m.snapshot.resize(weights_of_record(m.model->params()).size());
+  m.step_ms.reserve(config.steps);
+}
+
+Trainer::~Trainer() = default;
+
+const TrainConfig& Trainer::config() const noexcept { return impl_->config; }
+const nn::Dataset& Trainer::data() const noexcept { return impl_->data; }
+nn::Model& Trainer::model() noexcept { return *impl_->model; }
+const GradScaler& Trainer::scaler() const noexcept { return *impl_->scaler; }
+const Optimizer& Trainer::optimizer() const noexcept { return *impl_->optimizer; }
+std::uint64_t Trainer::steps_done() const noexcept { return impl_->totals.steps; }
+bool Trainer::done() const noexcept { return impl_->totals.steps >= impl_->config.steps; }
+
+StepRecord Trainer::train_step() {
+  Impl& m = *impl_;
+  if (done()) throw std::logic_error("Trainer::train_step: all " + std::to_string(m.config.steps) + " steps are done");
+  const auto t0 = Clock::now();
+  nn::Model& model = *m.model;
+  ParamStore& store = model.params();
+  const TrainConfig& c = m.config;
+  StepRecord r;
+  r.step = m.totals.steps + 1;
+  r.lr = m.schedule.lr();
+  r.scale = m.scaler->get_scale();
+  model.reset_stats();
+  store.zero_grads();
+
+  // The loss is the mean over every token of the effective batch, so each token's
+  // loss gradient is scale / (accum * losses per micro-batch).
+  const std::size_t losses_per_step = c.accum * model.losses_per_batch();
+  const float dloss = static_cast<float>(static_cast<double>(r.scale) / static_cast<double>(losses_per_step));
+  double loss_sum = 0;
+  for (std::size_t k = 0; k < c.accum; ++k) {
+    m.sampler.next_batch(c.model.batch, c.model.context, m.inputs, m.targets);
+    const nn::ForwardResult f = model.forward(m.inputs, m.targets);
+    loss_sum += f.loss_sum;
+    if (!f.finite && r.loss_finite) {
+      r.loss_finite = false;
+      r.forward_nonfinite = f.first_nonfinite;
+    }
+    model.backward(dloss);
+    m.scaler->backward_done();
+  }
+  r.loss = loss_sum / static_cast<double>(losses_per_step);
+  r.tokens = c.accum * model.tokens_per_batch();
+  if (std::find(c.inject_overflow_at.begin(), c.inject_overflow_at.end(), r.step) != c.inject_overflow_at.end()) {
+    inject_inf(store);
+    r.injected = true;
+  }
+  r.act_grads = model.stats().activation_grads;
+  r.overflow_activation = model.stats().first_overflow;
+
+  const std::span<const std::byte> w = weights_of_record(store);
+  std::memcpy(m.snapshot.data(), w.data(), w.size());
+  const auto ts = Clock::now();
+  StepOptions so;
+  if (c.clip > 0) so.max_grad_norm = static_cast<float>(c.clip);
+  so.lr = r.lr;
+  const StepOutcome out = m.scaler->step(*m.optimizer, so);
+  m.scaler->update();
+  r.scaler_seconds = seconds_since(ts);
+  r.found_inf = out.found_inf;
+  r.skipped = !out.applied;
+  r.grad_norm = out.grad_norm;
+  r.clip_coef = out.clip_coef;
+  r.overflow_param = out.first_overflow_name;
+  r.next_scale = m.scaler->get_scale();
+  m.schedule.on_step(out.applied);
+  if (out.applied) {
+    model.weights_updated();
+    r.lost_update_fraction = lost_update_fraction(store, m.snapshot, m.optimizer->kind(), c.weight_decay);
+  }
+  r.seconds = seconds_since(t0);
+
+  RunTotals& t = m.totals;
+  ++t.steps;
+  (out.applied ? t.applied : t.skipped) += 1;
+  t.tokens += r.tokens;
+  t.act_grads += r.act_grads;
+  if (out.applied) t.lost_update_sum += r.lost_update_fraction;
+  t.seconds += r.seconds;
+  t.final_loss = r.loss;
+  m.step_ms.push_back(r.seconds * 1e3);
+  if ((c.eval_every > 0 && r.step % c.eval_every == 0) || done()) r.val_loss = evaluate();
+  return r;
+}
+
+double Trainer::evaluate() {
+  Impl& m = *impl_;
+  const nn::ModelConfig& mc = m.config.model;
+  nn::ValidationWindows windows(m.data.validation(), mc.context);
+  const std::size_t limit = m.config.eval_windows == 0 ? windows.window_count()
+                                                       : std::min(m.config.eval_windows, windows.window_count());
+  double sum = 0;
+  std::size_t count = 0, used = 0;
+  while (used < limit) {
+    std::size_t rows = windows.next(mc.batch, m.inputs, m.targets);
+    if (rows == 0) break;
+    rows = std::min(rows, limit - used);
+    const nn::ForwardResult f = m.model->forward(m.inputs, m.targets, rows);
+    sum += f.loss_sum;
+    count += f.count;
+    used += rows;
+  }
+  const double v = count == 0 ? std::numeric_limits<double>::quiet_NaN() : sum / static_cast<double>(count);
+  m.totals.val_loss = v;
+  return v;
+}
+
+TrainSummary Trainer::summary() const {
+  const Impl& m = *impl_;
+  const RunTotals& t = m.totals;
+  TrainSummary s;
+  s.steps = t.steps;
+  s.applied = t.applied;
+  s.skipped = t.skipped;
+  s.final_loss = t.final_loss;
+  s.val_loss = t.val_loss;
+  s.final_scale = m.scaler->get_scale();
+  const double nz = static_cast<double>(t.act_grads.nonzero);
+  s.underflow_fraction = nz > 0 ? static_cast<double>(t.act_grads.underflow) / nz : 0.0;
+  s.subnormal_fraction = nz > 0 ? static_cast<double>(t.act_grads.subnormal) / nz : 0.0;
+  s.lost_update_fraction = t.applied > 0 ? t.lost_update_sum / static_cast<double>(t.applied) : 0.0;
+  s.seconds = t.seconds;
+  s.tokens = t.tokens;
+  s.mean_step_ms = t.steps > 0 ? t.seconds * 1e3 / static_cast<double>(t.steps) : 0.0;
+  if (!m.step_ms.empty()) {
+    std::vector<double> v = m.step_ms;
+    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
+    s.median_step_ms = v[v.size() / 2];
+  }
+  s.memory = m.model->memory();
+  s.param_count = m.model->params().param_count();
+  return s;
+}
+
+}  // namespace mixprec::train
