@@ -147,6 +147,7 @@ void GradScaler::set_accumulation_steps(int k) {
 }
 
 void GradScaler::backward_done() {
+  if (!enabled_) return;  // a disabled scaler keeps no window (update() does nothing either)
   for (const auto& [opt, r] : records_) {
     if (r.stage != OptimizerStage::ready) {
       throw std::logic_error("backward_done() after unscale() or step() and before update(): a new window starts "

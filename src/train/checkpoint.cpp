@@ -1,0 +1,239 @@
+// Trainer checkpoints (include/mixprec/train/trainer.hpp, docs/checkpoints.md): a
+// safetensors file with the weights of record and the optimizer's state arrays as
+// tensors, and every other piece of state as JSON strings in __metadata__.
+//
+// Tensors: "<param>" (the fp32 master weights, or the weights themselves in a pure
+// store, in their dtype), "exp_avg.<param>" / "exp_avg_sq.<param>" (Adam, AdamW) or
+// "momentum_buffer.<param>" (SGD with momentum): PyTorch's names. The low-precision
+// model copy is not saved: it is round-to-nearest-even of the master weights and is
+// recomputed bitwise on load.
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mixprec/checkpoint/safetensors.hpp"
+#include "trainer_impl.hpp"
+
+namespace mixprec::train {
+namespace {
+
+using nlohmann::json;
+constexpr const char* kVersion = "1";
+
+ckpt::DType ckpt_dtype(DType t) {
+  switch (t) {
+    case DType::f32: return ckpt::DType::f32;
+    case DType::f16: return ckpt::DType::f16;
+    case DType::bf16: return ckpt::DType::bf16;
+  }
+  return ckpt::DType::f32;
+}
+
+std::vector<std::string> state_names(OptimizerKind k) {
+  if (k == OptimizerKind::adam || k == OptimizerKind::adamw) return {"exp_avg.", "exp_avg_sq."};
+  if (k == OptimizerKind::sgd_momentum) return {"momentum_buffer."};
+  return {};
+}
+
+json optimizer_json(const OptimizerState& s) {
+  return {{"kind", std::string(optimizer_name(s.kind))}, {"step", s.step}, {"lr", s.lr}, {"beta1", s.beta1},
+          {"beta2", s.beta2}, {"eps", s.eps}, {"weight_decay", s.weight_decay}, {"momentum", s.momentum},
+          {"dampening", s.dampening}, {"nesterov", s.nesterov}, {"flat_size", s.flat_size},
+          {"param_count", s.param_count}};
+}
+
+json totals_json(const RunTotals& t) {
+  json j{{"steps", t.steps}, {"applied", t.applied}, {"skipped", t.skipped}, {"tokens", t.tokens},
+         {"lost_update_sum", t.lost_update_sum}, {"seconds", t.seconds}, {"final_loss", t.final_loss},
+         {"act_grads", {t.act_grads.elements, t.act_grads.nonzero, t.act_grads.nonfinite_input,
+                        t.act_grads.underflow, t.act_grads.subnormal, t.act_grads.overflow}}};
+  j["val_loss"] = t.val_loss ? json(*t.val_loss) : json(nullptr);
+  return j;
+}
+
+[[noreturn]] void bad(const std::string& file, const std::string& what) {
+  throw std::runtime_error("checkpoint '" + file + "': " + what);
+}
+
+// Reads a JSON metadata entry, naming the file and key on any problem.
+json metadata_json(const ckpt::SafetensorsFile& f, const char* key) {
+  const std::string text = f.require_metadata(key);
+  try {
+    return json::parse(text);
+  } catch (const json::exception& e) {
+    bad(f.source(), std::string("metadata '") + key + "' is not valid JSON: " + e.what());
+  }
+}
+
+template <class T>
+T field(const ckpt::SafetensorsFile& f, const json& j, const char* key, const char* name) {
+  try {
+    return j.at(name).get<T>();
+  } catch (const json::exception& e) {
+    bad(f.source(), std::string("metadata '") + key + "': field '" + name + "' missing or of the wrong type (" +
+                        e.what() + ")");
+  }
+}
+
+// The settings a resumed run must share with the run that wrote the checkpoint
+// (everything but how long to train and where to write).
+json trajectory_settings(const TrainConfig& c) {
+  json j = json::parse(to_json(c));
+  for (const char* k : {"steps", "out", "resume", "checkpoint-every", "keep-checkpoints", "eval-every",
+                        "eval-windows", "threads", "inject-overflow-at"}) {
+    j.erase(k);
+  }
+  return j;
+}
+
+}  // namespace
+
+void Trainer::save_checkpoint(const std::string& path) const {
+  const Impl& m = *impl_;
+  const ParamStore& s = m.model->params();
+  std::vector<ckpt::TensorRef> tensors;
+  const bool master = s.has_master();
+  const DType wt = master ? DType::f32 : s.model_dtype();
+  const auto* weights = master ? reinterpret_cast<const std::byte*>(s.master_data())
+                               : static_cast<const std::byte*>(s.model_data());
+  const std::vector<std::string> slots = state_names(m.optimizer->kind());
+  for (std::size_t i = 0; i < s.tensor_count(); ++i) {
+    const ParamSpec& spec = s.spec(i);
+    const std::vector<std::uint64_t> shape(spec.shape.begin(), spec.shape.end());
+    const std::size_t n = s.numel(i);
+    tensors.push_back({spec.name, ckpt_dtype(wt), shape, {weights + s.offset(i) * dtype_size(wt), n * dtype_size(wt)}});
+    for (unsigned k = 0; k < slots.size(); ++k) {
+      const auto* st = reinterpret_cast<const std::byte*>(s.state_data(k) + s.offset(i));
+      tensors.push_back({slots[k] + spec.name, ckpt::DType::f32, shape, {st, n * 4}});
+    }
+  }
+  const std::map<std::string, std::string> meta{
+      {"mixprec.version", kVersion},
+      {"mixprec.config", to_json(m.config)},
+      {"mixprec.scaler", m.scaler->state_json()},
+      {"mixprec.optimizer", optimizer_json(m.optimizer->state()).dump()},
+      {"mixprec.schedule_position", std::to_string(m.schedule.position())},
+      {"mixprec.sampler", json{{"seed", m.sampler.state().seed}, {"counter", m.sampler.state().counter}}.dump()},
+      {"mixprec.totals", totals_json(m.totals).dump()},
+      {"mixprec.data_fingerprint", std::to_string(m.data.fingerprint())},
+      {"mixprec.step", std::to_string(m.totals.steps)},
+  };
+  ckpt::write_file(path, tensors, meta);
+}
+
+void Trainer::load_checkpoint(const std::string& path) {
+  Impl& m = *impl_;
+  const ckpt::SafetensorsFile f = ckpt::SafetensorsFile::open(path);
+  const std::string& src = f.source();
+
+  // 1. Validate everything into temporaries.
+  if (f.require_metadata("mixprec.version") != kVersion) {
+    bad(src, "format version: expected " + std::string(kVersion) + ", found " + f.require_metadata("mixprec.version"));
+  }
+  TrainConfig saved;
+  try {
+    saved = apply_json(TrainConfig{}, f.require_metadata("mixprec.config"), "checkpoint config");
+  } catch (const std::exception& e) {
+    bad(src, std::string("config: ") + e.what());
+  }
+  const json want = trajectory_settings(m.config), have = trajectory_settings(saved);
+  for (const auto& [key, value] : want.items()) {
+    if (!have.contains(key) || have[key] != value) {
+      bad(src, "written by a run with " + key + " = " + (have.contains(key) ? have[key].dump() : "(absent)") +
+                   "; this run has " + value.dump() + " (resume with the run's own configuration)");
+    }
+  }
+  if (f.require_metadata("mixprec.data_fingerprint") != std::to_string(m.data.fingerprint())) {
+    bad(src, "data fingerprint differs: the checkpoint was written for other training data or vocabulary");
+  }
+  const ParamStore& s = m.model->params();
+  const bool master = s.has_master();
+  const DType wt = master ? DType::f32 : s.model_dtype();
+  const std::vector<std::string> slots = state_names(m.optimizer->kind());
+  std::vector<std::span<const std::byte>> weights, states;
+  for (std::size_t i = 0; i < s.tensor_count(); ++i) {
+    const ParamSpec& spec = s.spec(i);
+    const std::vector<std::uint64_t> shape(spec.shape.begin(), spec.shape.end());
+    weights.push_back(f.expect(spec.name, ckpt_dtype(wt), shape));
+    for (const std::string& slot : slots) states.push_back(f.expect(slot + spec.name, ckpt::DType::f32, shape));
+  }
+  std::unique_ptr<GradScaler> scaler = make_scaler(m.config.loss_scale);
+  try {
+    scaler->load_state_json(f.require_metadata("mixprec.scaler"));
+  } catch (const std::exception& e) {
+    bad(src, std::string("scaler state: ") + e.what());
+  }
+  const json oj = metadata_json(f, "mixprec.optimizer");
+  OptimizerState os = m.optimizer->state();
+  const std::string kind = field<std::string>(f, oj, "mixprec.optimizer", "kind");
+  if (kind != optimizer_name(os.kind)) bad(src, "optimizer: expected " + std::string(optimizer_name(os.kind)) + ", found " + kind);
+  os.step = field<std::int64_t>(f, oj, "mixprec.optimizer", "step");
+  os.lr = field<double>(f, oj, "mixprec.optimizer", "lr");
+  os.beta1 = field<double>(f, oj, "mixprec.optimizer", "beta1");
+  os.beta2 = field<double>(f, oj, "mixprec.optimizer", "beta2");
+  os.eps = field<double>(f, oj, "mixprec.optimizer", "eps");
+  os.weight_decay = field<double>(f, oj, "mixprec.optimizer", "weight_decay");
+  os.momentum = field<double>(f, oj, "mixprec.optimizer", "momentum");
+  os.dampening = field<double>(f, oj, "mixprec.optimizer", "dampening");
+  os.nesterov = field<bool>(f, oj, "mixprec.optimizer", "nesterov");
+  os.flat_size = field<std::size_t>(f, oj, "mixprec.optimizer", "flat_size");
+  os.param_count = field<std::size_t>(f, oj, "mixprec.optimizer", "param_count");
+  if (os.step < 0) bad(src, "optimizer: step must be >= 0, found " + std::to_string(os.step));
+  std::int64_t position = 0;
+  try {
+    std::size_t used = 0;
+    const std::string p = f.require_metadata("mixprec.schedule_position");
+    position = std::stoll(p, &used);
+    if (used != p.size() || position < 0) throw std::invalid_argument(p);
+  } catch (const std::exception&) {
+    bad(src, "schedule_position: expected an integer >= 0");
+  }
+  const json sj = metadata_json(f, "mixprec.sampler");
+  const nn::SamplerState sampler{field<std::uint64_t>(f, sj, "mixprec.sampler", "seed"),
+                                 field<std::uint64_t>(f, sj, "mixprec.sampler", "counter")};
+  const json tj = metadata_json(f, "mixprec.totals");
+  RunTotals t;
+  t.steps = field<std::uint64_t>(f, tj, "mixprec.totals", "steps");
+  t.applied = field<std::uint64_t>(f, tj, "mixprec.totals", "applied");
+  t.skipped = field<std::uint64_t>(f, tj, "mixprec.totals", "skipped");
+  t.tokens = field<std::uint64_t>(f, tj, "mixprec.totals", "tokens");
+  t.lost_update_sum = field<double>(f, tj, "mixprec.totals", "lost_update_sum");
+  t.seconds = field<double>(f, tj, "mixprec.totals", "seconds");
+  t.final_loss = field<double>(f, tj, "mixprec.totals", "final_loss");
+  const auto ag = field<std::vector<std::uint64_t>>(f, tj, "mixprec.totals", "act_grads");
+  if (ag.size() != 6) bad(src, "metadata 'mixprec.totals': field 'act_grads' must hold 6 counts");
+  t.act_grads = {ag[0], ag[1], ag[2], ag[3], ag[4], ag[5]};
+  if (tj.contains("val_loss") && tj["val_loss"].is_number()) t.val_loss = tj["val_loss"].get<double>();
+  if (t.applied + t.skipped != t.steps || static_cast<std::uint64_t>(os.step) != t.applied) {
+    bad(src, "inconsistent counters: steps " + std::to_string(t.steps) + ", applied " + std::to_string(t.applied) +
+                 ", skipped " + std::to_string(t.skipped) + ", optimizer steps " + std::to_string(os.step));
+  }
+  if (t.steps > m.config.steps) {
+    bad(src, "holds " + std::to_string(t.steps) + " steps, more than this run's --steps " +
+                 std::to_string(m.config.steps));
+  }
+
+  // 2. Commit: the optimizer first (it re-checks and may still refuse, before anything
+  // else changed), then the rest, which cannot fail.
+  m.optimizer->load_state(os);
+  ParamStore& st = m.model->params();
+  auto* w = master ? reinterpret_cast<std::byte*>(st.master_data()) : static_cast<std::byte*>(st.model_data());
+  for (std::size_t i = 0, k = 0; i < st.tensor_count(); ++i) {
+    std::memcpy(w + st.offset(i) * dtype_size(wt), weights[i].data(), weights[i].size());
+    for (unsigned slot = 0; slot < slots.size(); ++slot, ++k) {
+      std::memcpy(st.state_data(slot) + st.offset(i), states[k].data(), states[k].size());
+    }
+  }
+  st.refresh_model();
+  st.zero_grads();
+  m.model->weights_updated();
+  m.scaler = std::move(scaler);
+  m.schedule.set_position(position);
+  m.sampler.restore(sampler);
+  m.totals = t;
+  m.step_ms.clear();
+}
+
+}  // namespace mixprec::train

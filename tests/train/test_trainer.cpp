@@ -1,0 +1,222 @@
+// The training loop: overflow skipping, accumulation, lost updates, and exact resume
+// from a checkpoint (including a skipped step in between).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "mixprec/train/trainer.hpp"
+
+namespace mixprec::train {
+namespace {
+
+TrainConfig tiny(nn::Precision p = nn::Precision::fp16, std::string scale = "dynamic") {
+  TrainConfig c;
+  c.precision = p;
+  c.loss_scale = std::move(scale);
+  c.model.layers = 1;
+  c.model.heads = 2;
+  c.model.channels = 16;
+  c.model.context = 16;
+  c.model.batch = 4;
+  c.accum = 2;
+  c.steps = 8;
+  c.warmup = 2;
+  c.corpus_tokens = 20000;
+  c.vocab = "word:256";
+  c.eval_every = 0;
+  c.eval_windows = 8;
+  return c;
+}
+
+std::vector<std::byte> bytes_of(const void* p, std::size_t n) {
+  const auto* b = static_cast<const std::byte*>(p);
+  return {b, b + n};
+}
+
+// Everything a resumed run must reproduce bitwise: weights of record, model copy,
+// optimizer state arrays and counters, the scaler's state.
+struct Snapshot {
+  std::vector<std::byte> weights, model, state0, state1;
+  std::int64_t opt_step = 0;
+  std::string scaler;
+  bool operator==(const Snapshot&) const = default;
+};
+
+Snapshot snapshot(Trainer& t) {
+  ParamStore& s = t.model().params();
+  Snapshot r;
+  if (s.has_master()) r.weights = bytes_of(s.master_data(), s.flat_size() * 4);
+  r.model = bytes_of(s.model_data(), s.flat_size() * dtype_size(s.model_dtype()));
+  r.state0 = bytes_of(s.state_data(0), s.flat_size() * 4);
+  r.state1 = bytes_of(s.state_data(1), s.flat_size() * 4);
+  r.opt_step = t.optimizer().step_count();
+  r.scaler = t.scaler().state_json();
+  return r;
+}
+
+TEST(Trainer, InjectedOverflowSkipsExactlyThoseStepsAndHalvesTheScale) {
+  TrainConfig c = tiny();
+  c.inject_overflow_at = {3, 4, 7};
+  Trainer t(c);
+  std::vector<StepRecord> log;
+  while (!t.done()) log.push_back(t.train_step());
+  ASSERT_EQ(log.size(), 8u);
+  for (const StepRecord& r : log) {
+    const bool injected = r.step == 3 || r.step == 4 || r.step == 7;
+    EXPECT_EQ(r.skipped, injected) << "step " << r.step;
+    EXPECT_EQ(r.found_inf, injected) << "step " << r.step;
+    EXPECT_EQ(r.injected, injected) << "step " << r.step;
+    EXPECT_EQ(r.next_scale, injected ? r.scale / 2 : r.scale) << "step " << r.step;
+    if (injected) {
+      EXPECT_EQ(r.overflow_param, "wte");
+    }
+    EXPECT_TRUE(std::isfinite(r.loss));
+  }
+  EXPECT_EQ(t.optimizer().step_count(), 5);  // skipped steps do not advance Adam
+  const TrainSummary s = t.summary();
+  EXPECT_EQ(s.skipped, 3u);
+  EXPECT_EQ(s.applied, 5u);
+  EXPECT_EQ(s.final_scale, 65536.0f / 8);
+  ASSERT_TRUE(s.val_loss.has_value());
+  EXPECT_TRUE(std::isfinite(*s.val_loss));
+}
+
+TEST(Trainer, TrainingLowersTheLossInEveryPrecision) {
+  for (nn::Precision p : {nn::Precision::fp32, nn::Precision::fp16, nn::Precision::bf16, nn::Precision::fp16_pure}) {
+    TrainConfig c = tiny(p, p == nn::Precision::fp32 || p == nn::Precision::bf16 ? "none" : "dynamic");
+    c.steps = 12;
+    Trainer t(c);
+    const double before = t.evaluate();
+    while (!t.done()) t.train_step();
+    EXPECT_LT(*t.summary().val_loss, before - 0.3) << nn::precision_name(p);
+  }
+}
+
+// The loss is averaged over the whole effective batch: accum 2 x batch 4 computes the
+// same update as accum 1 x batch 8 over the same sequences (up to summation order).
+TEST(Trainer, AccumulationMatchesOneLargeBatch) {
+  TrainConfig a = tiny(nn::Precision::fp32, "none");
+  a.steps = 1;
+  a.warmup = 0;
+  TrainConfig b = a;
+  b.accum = 1;
+  b.model.batch = 8;
+  Trainer ta(a), tb(b);
+  const StepRecord ra = ta.train_step(), rb = tb.train_step();
+  EXPECT_NEAR(ra.loss, rb.loss, 1e-6 * rb.loss);
+  EXPECT_NEAR(ra.grad_norm, rb.grad_norm, 1e-5 * rb.grad_norm);
+  const std::span<const float> wa = ta.model().params().model<float>(0), wb = tb.model().params().model<float>(0);
+  for (std::size_t i = 0; i < wa.size(); ++i) ASSERT_NEAR(wa[i], wb[i], 1e-6f) << i;
+}
+
+TEST(Trainer, PureFp16LosesUpdatesAtLowLearningRatesAndMasterWeightsDoNot) {
+  TrainConfig c = tiny(nn::Precision::fp16_pure);
+  c.lr = 1e-6;  // a fine-tuning rate: Adam moves each weight by about 1e-6
+  c.min_lr = 1e-6;
+  c.steps = 3;
+  c.warmup = 0;
+  Trainer pure(c);
+  double lost_pure = 0;
+  while (!pure.done()) lost_pure = pure.train_step().lost_update_fraction;
+  c.precision = nn::Precision::fp16;
+  Trainer mixed(c);
+  double lost_mixed = 1;
+  while (!mixed.done()) lost_mixed = mixed.train_step().lost_update_fraction;
+  EXPECT_GT(lost_pure, 0.5);   // 1e-6 is below half an fp16 ulp of any weight above 2^-10
+  EXPECT_LT(lost_mixed, 1e-3);  // fp32 master weights keep them
+}
+
+class TrainerResume : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("mixprec-test-resume-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::filesystem::path dir_;
+};
+
+TEST_F(TrainerResume, ResumedRunIsBitwiseIdentical) {
+  for (nn::Precision p : {nn::Precision::fp16, nn::Precision::fp16_pure, nn::Precision::bf16}) {
+    TrainConfig c = tiny(p);
+    c.inject_overflow_at = {2, 6};  // one skip before the checkpoint, one after
+    Trainer straight(c);
+    std::vector<StepRecord> ref;
+    while (!straight.done()) ref.push_back(straight.train_step());
+
+    const std::string path = (dir_ / "ckpt.safetensors").string();
+    {
+      Trainer first(c);
+      for (int i = 0; i < 4; ++i) first.train_step();
+      first.save_checkpoint(path);
+    }
+    Trainer resumed(c);
+    resumed.load_checkpoint(path);
+    EXPECT_EQ(resumed.steps_done(), 4u);
+    std::vector<StepRecord> rest;
+    while (!resumed.done()) rest.push_back(resumed.train_step());
+    ASSERT_EQ(rest.size(), 4u);
+    for (std::size_t i = 0; i < rest.size(); ++i) {
+      const StepRecord& a = ref[4 + i];
+      const StepRecord& b = rest[i];
+      EXPECT_EQ(a.step, b.step);
+      EXPECT_EQ(std::memcmp(&a.loss, &b.loss, sizeof a.loss), 0) << "step " << a.step;
+      EXPECT_EQ(a.scale, b.scale);
+      EXPECT_EQ(a.skipped, b.skipped);
+      EXPECT_EQ(a.lr, b.lr);
+      EXPECT_EQ(a.act_grads, b.act_grads);
+    }
+    EXPECT_TRUE(snapshot(straight) == snapshot(resumed)) << nn::precision_name(p);
+    const TrainSummary s1 = straight.summary(), s2 = resumed.summary();
+    EXPECT_EQ(s1.applied, s2.applied);
+    EXPECT_EQ(s1.skipped, s2.skipped);
+    EXPECT_EQ(s1.val_loss, s2.val_loss);
+  }
+}
+
+TEST_F(TrainerResume, RejectsCheckpointsOfAnotherRunWithoutChangingState) {
+  TrainConfig c = tiny();
+  const std::string path = (dir_ / "ckpt.safetensors").string();
+  {
+    Trainer t(c);
+    t.train_step();
+    t.save_checkpoint(path);
+  }
+  TrainConfig other = c;
+  other.model.channels = 32;
+  Trainer t(other);
+  const Snapshot before = snapshot(t);
+  try {
+    t.load_checkpoint(path);
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("channels"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("ckpt.safetensors"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(snapshot(t) == before);
+  EXPECT_EQ(t.steps_done(), 0u);
+
+  // A flipped byte in a tensor fails the checksum.
+  {
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(-5, std::ios::end);
+    char ch = 0;
+    f.get(ch);
+    f.seekp(-5, std::ios::end);
+    f.put(static_cast<char>(ch ^ 0x10));
+  }
+  Trainer same(c);
+  EXPECT_THROW(same.load_checkpoint(path), std::runtime_error);
+  EXPECT_EQ(same.steps_done(), 0u);
+}
+
+}  // namespace
+}  // namespace mixprec::train
