@@ -6,6 +6,7 @@
 
 #include "formats_bench.hpp"
 #include "gemm_bench.hpp"
+#include "train_bench.hpp"
 #include "optim_bench.hpp"
 #include "scaler_bench.hpp"
 
@@ -50,6 +51,9 @@ void add_bench_command(CLI::App& app, std::function<int()>& action) {
             {&mixprec::bench::run_optim});
   add_suite(*bench, action, "gemm", "oneDNN matmul GFLOP/s: f32, bf16, f16 (widened), 1 and 2 threads, ratios to f32",
             {&mixprec::bench::run_gemm});
+  add_suite(*bench, action, "train",
+            "Training step of the default gpt per precision preset, ratios to fp32, scaler share of the step",
+            {&mixprec::bench::run_train});
 }
 
 }  // namespace mixprec::cli

@@ -1,0 +1,141 @@
+// Training-step benchmarks (train_bench.hpp). Each case owns a Trainer on the default
+// model and runs whole optimizer steps; the step count is unbounded, so nothing but
+// steps is timed (no evaluation). To keep the suite short a step here accumulates 4
+// micro-batches instead of the default 32: the per-micro-batch work, which is what
+// the precisions change, is the same, and the ratio between presets with it.
+#include "train_bench.hpp"
+
+#include <benchmark/benchmark.h>
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "mixprec/nn/gemm.hpp"
+#include "mixprec/train/trainer.hpp"
+
+namespace mixprec::bench {
+namespace {
+
+constexpr std::size_t kBenchAccum = 4;
+
+struct Case {
+  nn::Precision precision;
+  std::string loss_scale;
+  std::string name;
+};
+
+train::TrainConfig config_for(const Case& c, std::size_t accum) {
+  train::TrainConfig t;  // the default task's model, data and optimiser
+  t.precision = c.precision;
+  t.loss_scale = c.loss_scale;
+  t.accum = accum;
+  t.steps = 1'000'000'000;
+  t.warmup = 0;
+  t.eval_every = 0;
+  t.corpus_tokens = 200'000;  // enough windows; the model is what is timed
+  return t;
+}
+
+void run_case(benchmark::State& st, train::Trainer& t) {
+  for (auto _ : st) {
+    const train::StepRecord r = t.train_step();
+    benchmark::DoNotOptimize(r.loss);
+  }
+  st.SetItemsProcessed(static_cast<std::int64_t>(t.model().tokens_per_batch() * kBenchAccum) * st.iterations());
+}
+
+// Median of the scaler's share over a few full default steps (32 micro-batches).
+double scaler_share(const Case& c, std::size_t steps, double* step_ms) {
+  train::Trainer t(config_for(c, train::TrainConfig{}.accum));
+  t.train_step();  // warm-up: first-touch and oneDNN's first calls
+  std::vector<double> share, ms;
+  for (std::size_t i = 0; i < steps; ++i) {
+    const train::StepRecord r = t.train_step();
+    share.push_back(r.scaler_seconds / r.seconds);
+    ms.push_back(r.seconds * 1e3);
+  }
+  std::sort(share.begin(), share.end());
+  std::sort(ms.begin(), ms.end());
+  *step_ms = ms[ms.size() / 2];
+  return share[share.size() / 2];
+}
+
+void print_table(const Collector& col, const std::vector<Case>& cases, const std::string& model,
+                 double tokens_per_step) {
+  const nn::GemmBackendInfo& info = nn::gemm_backend_info();
+  fmt::print("\nmixprec bench train: one optimizer step of the default model, {} micro-batches each (medians)\n",
+             kBenchAccum);
+  fmt::print("{}\n", model);
+  fmt::print("AVX512-BF16: {}; oneDNN bf16 matmul: {}\n\n", info.avx512_bf16 ? "yes" : "no",
+             info.bf16_native ? "native" : "not available (bf16 inputs widened exactly to f32)");
+  const auto f32 = col.find(cases.front().name, 1);
+  fmt::print("{:<22} {:>10} {:>12} {:>6} {:>10}\n", "preset", "step ms", "tokens/s", "cv%", "time/fp32");
+  for (const Case& c : cases) {
+    const auto r = col.find(c.name, 1);
+    if (!r) continue;
+    const double ms = 1e3 * tokens_per_step / r->items_per_s;
+    fmt::print("{:<22} {:>10.1f} {:>12.0f} {:>6} {:>9.2f}x\n", c.name.substr(11), ms, r->items_per_s,
+               r->cv >= 0 ? fmt::format("{:.1f}", r->cv * 100) : "-", f32 ? f32->items_per_s / r->items_per_s : 0.0);
+  }
+  Tally speed;
+  for (const Case& c : cases) {
+    const auto r = col.find(c.name, 1);
+    if (!r || !f32) continue;
+    const double ratio = f32->items_per_s / r->items_per_s;
+    if (c.precision == nn::Precision::fp16) {
+      speed.add(ratio <= 1.25, fmt::format("fp16 step {:.2f}x fp32 (target <= 1.25x)", ratio));
+    }
+    if (c.precision == nn::Precision::bf16 && info.avx512_bf16 && info.bf16_native) {
+      speed.add(ratio <= 1.0 / 1.3, fmt::format("bf16 step {:.2f}x fp32 (target <= 0.77x, i.e. >= 1.3x faster)", ratio));
+    }
+  }
+  if (!(info.avx512_bf16 && info.bf16_native)) {
+    fmt::print("\nbf16 faster than fp32 (>= 1.3x): not applicable on this CPU (no AVX512-BF16): bf16 GEMMs run widened.\n");
+  }
+  double step_ms = 0;
+  const double share = scaler_share({nn::Precision::fp16, "dynamic", "fp16"}, 3, &step_ms);
+  fmt::print("\nScaler work (check + unscale + clip + fused AdamW + scale update) at the default 32 micro-batches:\n"
+             "  {:.3f}% of a {:.0f} ms fp16 step (median of 3 steps)\n",
+             share * 100, step_ms);
+  speed.add(share < 0.01, fmt::format("scaler share {:.3f}% (target < 1%)", share * 100));
+  speed.print("Targets");
+}
+
+}  // namespace
+
+int run_train(int argc, char** argv) {
+  // A step takes a few hundred ms: 5 repetitions of at least one step each.
+  std::vector<std::string> defaults = default_flags();
+  for (std::string& f : defaults) {
+    if (f.starts_with("--benchmark_repetitions=")) f = "--benchmark_repetitions=5";
+  }
+  if (!initialize(argc, argv, "bench_train", defaults)) return 1;
+  const std::vector<Case> cases = {
+      {nn::Precision::fp32, "none", "train/step/fp32"},
+      {nn::Precision::fp16, "dynamic", "train/step/fp16-dynamic"},
+      {nn::Precision::bf16, "none", "train/step/bf16"},
+      {nn::Precision::fp16_pure, "dynamic", "train/step/fp16-pure"},
+  };
+  std::vector<std::unique_ptr<train::Trainer>> trainers;
+  for (const Case& c : cases) {
+    trainers.push_back(std::make_unique<train::Trainer>(config_for(c, kBenchAccum)));
+    trainers.back()->train_step();  // warm-up outside the timing
+  }
+  const std::string model = trainers.front()->model().describe();
+  const double tokens_per_step = static_cast<double>(trainers.front()->model().tokens_per_batch() * kBenchAccum);
+  for (std::size_t i = 0; i < cases.size(); ++i) {
+    train::Trainer* t = trainers[i].get();
+    auto* b = benchmark::RegisterBenchmark(cases[i].name.c_str(), [t](benchmark::State& s) { run_case(s, *t); });
+    b->UseRealTime();
+    b->Unit(benchmark::kMillisecond);
+  }
+  run_registered([&](const Collector& results) { print_table(results, cases, model, tokens_per_step); });
+  return 0;
+}
+
+}  // namespace mixprec::bench
