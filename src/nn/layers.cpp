@@ -318,6 +318,7 @@ void attention_forward(std::span<float> out, std::span<float> preatt, std::span<
         for (std::size_t t2 = 0; t2 <= t; ++t2) {
           const float* k = qkv.data() + (b * T + t2) * C3 + h * hs + C;
           float dot = 0.0f;
+          #pragma omp simd reduction(+ : dot)
           for (std::size_t i = 0; i < hs; ++i) dot += q[i] * k[i];
           dot *= scale;
           if (t2 == 0 || dot > maxval) maxval = dot;
@@ -341,6 +342,7 @@ void attention_forward(std::span<float> out, std::span<float> preatt, std::span<
         for (std::size_t t2 = 0; t2 <= t; ++t2) {
           const float* v = qkv.data() + (b * T + t2) * C3 + h * hs + 2 * C;
           const float w = a[t2];
+          #pragma omp simd
           for (std::size_t i = 0; i < hs; ++i) o[i] += w * v[i];
         }
       }
@@ -380,6 +382,7 @@ void attention_backward(std::span<float> dqkv, std::span<float> dpreatt, std::sp
           float* dv = dqkv.data() + (b * T + t2) * C3 + h * hs + 2 * C;
           const float w = a[t2];
           float s = 0.0f;
+          #pragma omp simd reduction(+ : s)
           for (std::size_t i = 0; i < hs; ++i) {
             s += v[i] * dy[i];
             dv[i] += w * dy[i];
@@ -399,6 +402,7 @@ void attention_backward(std::span<float> dqkv, std::span<float> dpreatt, std::sp
           const float* k = qkv.data() + (b * T + t2) * C3 + h * hs + C;
           float* dk = dqkv.data() + (b * T + t2) * C3 + h * hs + C;
           const float g = dpre[t2] * scale;
+          #pragma omp simd
           for (std::size_t i = 0; i < hs; ++i) {
             dq[i] += k[i] * g;
             dk[i] += q[i] * g;

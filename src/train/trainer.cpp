@@ -7,6 +7,8 @@
 #include <limits>
 #include <stdexcept>
 
+#include <omp.h>
+
 #include "mixprec/scaler/loss_scale.hpp"
 #include "trainer_impl.hpp"
 
@@ -144,6 +146,8 @@ Trainer::Impl::Impl(const TrainConfig& c, nn::Dataset d)
 
 Trainer::Trainer(const TrainConfig& config) {
   validate(config);
+  // The layers and oneDNN share OpenMP's thread team; --threads sizes it for the process.
+  if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
   std::unique_ptr<GradScaler> scaler = make_scaler(config.loss_scale);
   nn::Dataset data = load_data(config);
   impl_ = std::make_unique<Impl>(config, std::move(data));
