@@ -1,0 +1,403 @@
+// TrainConfig: validation, JSON config files and the JSON echo of a config.
+//
+// One table lists every key in flag order with how it is read from JSON, written to
+// JSON and checked on its own; validate() runs every single-key check, then the checks
+// across keys. apply_json() runs the single-key check of each key it sets.
+#include "mixprec/train/config.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <limits>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <type_traits>
+#include <vector>
+
+#include "mixprec/nn/data.hpp"
+#include "mixprec/scaler/loss_scale.hpp"
+
+namespace mixprec::train {
+namespace {
+
+using json = nlohmann::json;
+using ordered_json = nlohmann::ordered_json;
+
+// Upper bounds that keep a typo from allocating terabytes.
+constexpr std::uint64_t kMaxLayers = 64;
+constexpr std::uint64_t kMaxHeads = 4096;
+constexpr std::uint64_t kMaxChannels = 4096;
+constexpr std::uint64_t kMaxContext = 4096;
+constexpr std::uint64_t kMaxBatch = 4096;
+constexpr std::uint64_t kMaxTokensPerBatch = 1u << 20;  // batch * context
+constexpr std::uint64_t kMaxDepth = 64;
+constexpr std::uint64_t kMaxHidden = 16384;
+constexpr std::uint64_t kMaxAccum = 1'000'000;
+constexpr std::uint64_t kMaxSteps = 1'000'000'000;
+constexpr std::uint64_t kMaxThreads = 1024;
+constexpr double kMaxExactInteger = 9007199254740992.0;  // 2^53
+constexpr double kFloatMax = static_cast<double>(std::numeric_limits<float>::max());
+
+[[noreturn]] void fail(std::string_view key, std::string_view expected, std::string_view found) {
+  throw std::invalid_argument(std::string(key) + ": expected " + std::string(expected) + ", found " +
+                              std::string(found));
+}
+
+// Shortest %g text that reads back as the same double ("nan", "inf", "-1", "0.0003", "1e-05").
+std::string num(double v) {
+  char buf[64];
+  for (int precision = 1; precision <= 17; ++precision) {
+    std::snprintf(buf, sizeof buf, "%.*g", precision, v);
+    if (!std::isfinite(v) || std::strtod(buf, nullptr) == v) break;
+  }
+  return buf;
+}
+
+std::string squote(std::string_view s) {
+  std::string out(1, '\'');
+  out.append(s);
+  out.push_back('\'');
+  return out;
+}
+
+// A JSON value for messages: its type, then its text (cut short), e.g. string "abc".
+std::string describe(const json& v) {
+  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  if (v.is_number() || v.is_null()) return text;
+  return std::string(v.type_name()) + " " + text;
+}
+
+std::string join(const std::vector<std::string>& names, std::string_view last_sep = " or ") {
+  std::string out;
+  for (std::size_t i = 0; i < names.size(); ++i) {
+    if (i != 0) out += i + 1 == names.size() ? std::string(last_sep) : std::string(", ");
+    out += names[i];
+  }
+  return out;
+}
+
+const std::vector<std::string>& model_names() {
+  static const std::vector<std::string> names = {std::string(nn::model_kind_name(nn::ModelKind::gpt)),
+                                                 std::string(nn::model_kind_name(nn::ModelKind::mlp))};
+  return names;
+}
+
+const std::vector<std::string>& optimizer_names() {
+  static const std::vector<std::string> names = {"adamw", "adam", "sgd"};
+  return names;
+}
+
+// ---- single-key checks -------------------------------------------------------------
+
+void check_range(std::string_view key, std::uint64_t v, std::uint64_t lo, std::uint64_t hi) {
+  if (v < lo || v > hi)
+    fail(key, "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", std::to_string(v));
+}
+
+void check_at_least(std::string_view key, std::uint64_t v, std::uint64_t lo) {
+  if (v < lo) fail(key, "an integer >= " + std::to_string(lo), std::to_string(v));
+}
+
+void check_positive(std::string_view key, double v) {
+  if (!(std::isfinite(v) && v > 0)) fail(key, "a finite number > 0", num(v));
+}
+
+void check_non_negative(std::string_view key, double v) {
+  if (!(std::isfinite(v) && v >= 0)) fail(key, "a finite number >= 0", num(v));
+}
+
+void check_beta(std::string_view key, double v) {
+  if (!(v >= 0 && v < 1)) fail(key, "a number in [0, 1)", num(v));
+}
+
+void check_loss_scale(const std::string& s) {
+  constexpr std::string_view key = "loss-scale";
+  if (s == "none" || s == "dynamic") return;
+  const std::string static_form =
+      "static:S with S a number > 0 that float32 holds (at most 3.4028235e+38, not rounding to 0)";
+  if (s == "static") fail(key, static_form + " (the static preset needs its scale)", squote(s));
+  if (s.starts_with("static:")) {
+    const char* first = s.data() + 7;
+    const char* last = s.data() + s.size();
+    double v = 0;
+    const auto [ptr, ec] = std::from_chars(first, last, v, std::chars_format::general);
+    if (first == last || ec != std::errc() || ptr != last || !std::isfinite(v) || !(v > 0) || v > kFloatMax ||
+        static_cast<float>(v) == 0.0f)
+      fail(key, static_form, squote(s));
+    return;
+  }
+  for (const std::string& p : loss_scale_preset_names())
+    if (p != "static" && s == p) return;
+  std::vector<std::string> presets;
+  for (const std::string& p : loss_scale_preset_names())
+    if (p != "static") presets.push_back(p);
+  fail(key, "none, dynamic, static:S (S a finite number > 0) or a preset (" + join(presets, ", ") + ")", squote(s));
+}
+
+void check_vocab(const std::string& s) {
+  try {
+    (void)nn::parse_vocab_spec(s);
+  } catch (const std::invalid_argument&) {
+    fail("vocab", "char or word:N with N in [" + std::to_string(nn::VocabSpec::kMinWords) + ", " +
+                      std::to_string(nn::VocabSpec::kMaxWords) + "]",
+         squote(s));
+  }
+}
+
+// ---- JSON readers ------------------------------------------------------------------
+
+std::uint64_t json_uint(const json& v, std::string_view key, std::uint64_t max) {
+  std::uint64_t out = 0;
+  if (v.is_number_unsigned()) {
+    out = v.get<std::uint64_t>();
+  } else if (v.is_number_float()) {
+    const double d = v.get<double>();
+    if (!(d >= 0 && d <= kMaxExactInteger && d == std::floor(d))) fail(key, "a non-negative integer", describe(v));
+    out = static_cast<std::uint64_t>(d);
+  } else {
+    fail(key, "a non-negative integer", describe(v));
+  }
+  if (out > max) fail(key, "an integer in [0, " + std::to_string(max) + "]", std::to_string(out));
+  return out;
+}
+
+double json_double(const json& v, std::string_view key) {
+  if (!v.is_number()) fail(key, "a number", describe(v));
+  return v.get<double>();
+}
+
+std::string json_string(const json& v, std::string_view key) {
+  if (!v.is_string()) fail(key, "a string", describe(v));
+  return v.get<std::string>();
+}
+
+// ---- the table of keys ----------------------------------------------------------------
+
+struct Field {
+  std::string key;
+  std::function<void(TrainConfig&, const json&)> read;
+  std::function<ordered_json(const TrainConfig&)> write;
+  std::function<void(const TrainConfig&)> check;
+};
+
+// `ref` is a generic lambda returning a reference to the member for a const or non-const config.
+template <class Ref>
+Field uint_field(std::string key, Ref ref, std::function<void(const TrainConfig&)> check) {
+  return {key,
+          [key, ref](TrainConfig& c, const json& v) {
+            auto& m = ref(c);
+            using T = std::remove_reference_t<decltype(m)>;
+            m = static_cast<T>(json_uint(v, key, std::numeric_limits<T>::max()));
+          },
+          [ref](const TrainConfig& c) { return ordered_json(static_cast<std::uint64_t>(ref(c))); }, std::move(check)};
+}
+
+template <class Ref>
+Field double_field(std::string key, Ref ref, std::function<void(const TrainConfig&)> check) {
+  return {key, [key, ref](TrainConfig& c, const json& v) { ref(c) = json_double(v, key); },
+          [ref](const TrainConfig& c) { return ordered_json(ref(c)); }, std::move(check)};
+}
+
+template <class Ref>
+Field string_field(std::string key, Ref ref, std::function<void(const TrainConfig&)> check) {
+  return {key, [key, ref](TrainConfig& c, const json& v) { ref(c) = json_string(v, key); },
+          [ref](const TrainConfig& c) { return ordered_json(ref(c)); }, std::move(check)};
+}
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> table = [] {
+    std::vector<Field> f;
+    const auto none = [](const TrainConfig&) {};
+    f.push_back({"model",
+                 [](TrainConfig& c, const json& v) {
+                   const std::string s = json_string(v, "model");
+                   const auto k = nn::parse_model_kind(s);
+                   if (!k) fail("model", join(model_names()), squote(s));
+                   c.model.kind = *k;
+                 },
+                 [](const TrainConfig& c) { return ordered_json(std::string(nn::model_kind_name(c.model.kind))); },
+                 [](const TrainConfig& c) {
+                   if (c.model.kind != nn::ModelKind::gpt && c.model.kind != nn::ModelKind::mlp)
+                     fail("model", join(model_names()), "enum value " + std::to_string(static_cast<int>(c.model.kind)));
+                 }});
+    f.push_back({"precision",
+                 [](TrainConfig& c, const json& v) {
+                   const std::string s = json_string(v, "precision");
+                   const auto p = nn::parse_precision(s);
+                   if (!p) fail("precision", join(nn::precision_names()), squote(s));
+                   c.precision = *p;
+                 },
+                 [](const TrainConfig& c) { return ordered_json(std::string(nn::precision_name(c.precision))); },
+                 [](const TrainConfig& c) {
+                   const auto p = static_cast<int>(c.precision);
+                   if (p < 0 || p > static_cast<int>(nn::Precision::fp16_pure))
+                     fail("precision", join(nn::precision_names()), "enum value " + std::to_string(p));
+                 }});
+    f.push_back(string_field("loss-scale", [](auto& c) -> auto& { return c.loss_scale; },
+                             [](const TrainConfig& c) { check_loss_scale(c.loss_scale); }));
+    f.push_back(uint_field("layers", [](auto& c) -> auto& { return c.model.layers; },
+                           [](const TrainConfig& c) { check_range("layers", c.model.layers, 1, kMaxLayers); }));
+    f.push_back(uint_field("heads", [](auto& c) -> auto& { return c.model.heads; },
+                           [](const TrainConfig& c) { check_range("heads", c.model.heads, 1, kMaxHeads); }));
+    f.push_back(uint_field("channels", [](auto& c) -> auto& { return c.model.channels; },
+                           [](const TrainConfig& c) { check_range("channels", c.model.channels, 1, kMaxChannels); }));
+    f.push_back(uint_field("context", [](auto& c) -> auto& { return c.model.context; },
+                           [](const TrainConfig& c) { check_range("context", c.model.context, 2, kMaxContext); }));
+    f.push_back(uint_field("batch", [](auto& c) -> auto& { return c.model.batch; },
+                           [](const TrainConfig& c) { check_range("batch", c.model.batch, 1, kMaxBatch); }));
+    f.push_back(uint_field("depth", [](auto& c) -> auto& { return c.model.depth; },
+                           [](const TrainConfig& c) { check_range("depth", c.model.depth, 1, kMaxDepth); }));
+    f.push_back(uint_field("hidden", [](auto& c) -> auto& { return c.model.hidden; },
+                           [](const TrainConfig& c) { check_range("hidden", c.model.hidden, 1, kMaxHidden); }));
+    f.push_back(string_field("data", [](auto& c) -> auto& { return c.data; }, none));
+    f.push_back(string_field("vocab", [](auto& c) -> auto& { return c.vocab; },
+                             [](const TrainConfig& c) { check_vocab(c.vocab); }));
+    f.push_back(uint_field("corpus-tokens", [](auto& c) -> auto& { return c.corpus_tokens; },
+                           [](const TrainConfig& c) {
+                             check_range("corpus-tokens", c.corpus_tokens, 1, nn::CorpusOptions::kMaxTokens);
+                           }));
+    f.push_back(double_field("val-fraction", [](auto& c) -> auto& { return c.val_fraction; },
+                             [](const TrainConfig& c) {
+                               if (!(c.val_fraction > 0 && c.val_fraction <= 0.5))
+                                 fail("val-fraction", "a number in (0, 0.5]", num(c.val_fraction));
+                             }));
+    f.push_back(string_field("optimizer", [](auto& c) -> auto& { return c.optimizer; },
+                             [](const TrainConfig& c) {
+                               for (const std::string& n : optimizer_names())
+                                 if (c.optimizer == n) return;
+                               fail("optimizer", join(optimizer_names()), squote(c.optimizer));
+                             }));
+    f.push_back(double_field("lr", [](auto& c) -> auto& { return c.lr; },
+                             [](const TrainConfig& c) { check_positive("lr", c.lr); }));
+    f.push_back(double_field("min-lr", [](auto& c) -> auto& { return c.min_lr; },
+                             [](const TrainConfig& c) { check_non_negative("min-lr", c.min_lr); }));
+    f.push_back(uint_field("warmup", [](auto& c) -> auto& { return c.warmup; }, none));
+    f.push_back(double_field("weight-decay", [](auto& c) -> auto& { return c.weight_decay; },
+                             [](const TrainConfig& c) { check_non_negative("weight-decay", c.weight_decay); }));
+    f.push_back(double_field("beta1", [](auto& c) -> auto& { return c.beta1; },
+                             [](const TrainConfig& c) { check_beta("beta1", c.beta1); }));
+    f.push_back(double_field("beta2", [](auto& c) -> auto& { return c.beta2; },
+                             [](const TrainConfig& c) { check_beta("beta2", c.beta2); }));
+    f.push_back(double_field("eps", [](auto& c) -> auto& { return c.eps; },
+                             [](const TrainConfig& c) { check_positive("eps", c.eps); }));
+    f.push_back(double_field("clip", [](auto& c) -> auto& { return c.clip; },
+                             [](const TrainConfig& c) { check_non_negative("clip", c.clip); }));
+    f.push_back(uint_field("steps", [](auto& c) -> auto& { return c.steps; },
+                           [](const TrainConfig& c) { check_range("steps", c.steps, 1, kMaxSteps); }));
+    f.push_back(uint_field("accum", [](auto& c) -> auto& { return c.accum; },
+                           [](const TrainConfig& c) { check_range("accum", c.accum, 1, kMaxAccum); }));
+    f.push_back(uint_field("seed", [](auto& c) -> auto& { return c.seed; }, none));
+    f.push_back(uint_field("eval-every", [](auto& c) -> auto& { return c.eval_every; }, none));
+    f.push_back(uint_field("eval-windows", [](auto& c) -> auto& { return c.eval_windows; }, none));
+    f.push_back(string_field("out", [](auto& c) -> auto& { return c.out; }, none));
+    f.push_back(uint_field("checkpoint-every", [](auto& c) -> auto& { return c.checkpoint_every; }, none));
+    f.push_back(uint_field("keep-checkpoints", [](auto& c) -> auto& { return c.keep_checkpoints; },
+                           [](const TrainConfig& c) { check_at_least("keep-checkpoints", c.keep_checkpoints, 1); }));
+    f.push_back(string_field("resume", [](auto& c) -> auto& { return c.resume; }, none));
+    f.push_back({"inject-overflow-at",
+                 [](TrainConfig& c, const json& v) {
+                   constexpr std::string_view key = "inject-overflow-at";
+                   if (!v.is_array()) fail(key, "an array of step numbers", describe(v));
+                   std::vector<std::size_t> steps;
+                   for (const json& e : v) steps.push_back(json_uint(e, key, std::numeric_limits<std::size_t>::max()));
+                   c.inject_overflow_at = std::move(steps);
+                 },
+                 [](const TrainConfig& c) {
+                   ordered_json a = ordered_json::array();
+                   for (const std::size_t s : c.inject_overflow_at) a.push_back(static_cast<std::uint64_t>(s));
+                   return a;
+                 },
+                 [](const TrainConfig& c) {
+                   for (const std::size_t s : c.inject_overflow_at)
+                     check_at_least("inject-overflow-at", s, 1);
+                 }});
+    f.push_back(uint_field("threads", [](auto& c) -> auto& { return c.threads; },
+                           [](const TrainConfig& c) { check_range("threads", c.threads, 0, kMaxThreads); }));
+    return f;
+  }();
+  return table;
+}
+
+std::string known_keys() {
+  std::string out;
+  for (const Field& f : fields()) out += (out.empty() ? "" : ", ") + f.key;
+  return out;
+}
+
+}  // namespace
+
+void validate(const TrainConfig& c) {
+  for (const Field& f : fields()) f.check(c);
+  // Across keys.
+  if (c.model.channels % c.model.heads != 0)
+    fail("heads", "a divisor of channels (" + std::to_string(c.model.channels) + ")", std::to_string(c.model.heads));
+  if (c.model.batch * c.model.context > kMaxTokensPerBatch)
+    fail("batch", "batch * context <= " + std::to_string(kMaxTokensPerBatch) + " tokens per micro-batch",
+         std::to_string(c.model.batch) + " * " + std::to_string(c.model.context));
+  if (c.min_lr > c.lr) fail("min-lr", "a number <= lr (" + num(c.lr) + ")", num(c.min_lr));
+  if (c.warmup > c.steps) fail("warmup", "an integer <= steps (" + std::to_string(c.steps) + ")", std::to_string(c.warmup));
+  for (const std::size_t s : c.inject_overflow_at)
+    check_range("inject-overflow-at", s, 1, c.steps);
+  if (c.data.empty()) {
+    const std::size_t need = nn::min_tokens_for(c.model.context, c.val_fraction);
+    if (c.corpus_tokens < need)
+      fail("corpus-tokens", "at least " + std::to_string(need) + " (context " + std::to_string(c.model.context) +
+                                " and val-fraction " + num(c.val_fraction) +
+                                " need context + 1 tokens in each split)",
+           std::to_string(c.corpus_tokens));
+  }
+}
+
+TrainConfig apply_json(const TrainConfig& base, std::string_view json_text, std::string_view source) {
+  const std::string src(source);
+  json doc;
+  std::set<std::string> seen;
+  std::string duplicate;
+  try {
+    doc = json::parse(json_text, [&](int depth, json::parse_event_t event, json& parsed) {
+      if (depth == 1 && event == json::parse_event_t::key && parsed.is_string() &&
+          !seen.insert(parsed.get<std::string>()).second && duplicate.empty())
+        duplicate = parsed.get<std::string>();
+      return true;
+    });
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    if (const auto pos = what.find("] "); what.starts_with("[json.exception") && pos != std::string::npos)
+      what = what.substr(pos + 2);
+    throw std::invalid_argument(src + ": malformed JSON: " + what);
+  }
+  if (!doc.is_object())
+    throw std::invalid_argument(src + ": expected a JSON object of settings (flag names without the dashes), found " +
+                                std::string(doc.type_name()));
+  if (!duplicate.empty()) throw std::invalid_argument(src + ": key '" + duplicate + "' is given twice");
+  TrainConfig c = base;
+  for (const auto& [key, value] : doc.items()) {
+    const Field* field = nullptr;
+    for (const Field& f : fields())
+      if (f.key == key) field = &f;
+    if (field == nullptr)
+      throw std::invalid_argument(src + ": unknown key '" + key + "'; known keys: " + known_keys());
+    try {
+      field->read(c, value);
+      field->check(c);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(src + ": " + e.what());
+    }
+  }
+  return c;
+}
+
+std::string to_json(const TrainConfig& c, int indent) {
+  ordered_json j = ordered_json::object();
+  for (const Field& f : fields()) j[f.key] = f.write(c);
+  return j.dump(indent, ' ', false, ordered_json::error_handler_t::replace);
+}
+
+}  // namespace mixprec::train

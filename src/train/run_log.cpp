@@ -1,0 +1,276 @@
+// Run-log lines and the run summary as JSON (see run_log.hpp).
+#include "mixprec/train/run_log.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <charconv>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+
+namespace mixprec::train {
+namespace {
+
+using json = nlohmann::json;
+
+// Writes one JSON object field by field; doubles and floats in their shortest exact
+// text, non-finite numbers as null.
+class ObjectWriter {
+ public:
+  explicit ObjectWriter(std::string& out) : out_(out) { out_ += '{'; }
+  void close() { out_ += '}'; }
+
+  void key(std::string_view k) {
+    if (!first_) out_ += ',';
+    first_ = false;
+    out_ += '"';
+    out_ += k;
+    out_ += "\":";
+  }
+  void field(std::string_view k, std::uint64_t v) {
+    key(k);
+    out_ += std::to_string(v);
+  }
+  void field(std::string_view k, bool v) {
+    key(k);
+    out_ += v ? "true" : "false";
+  }
+  void field(std::string_view k, double v) {
+    key(k);
+    append_number(v);
+  }
+  void field(std::string_view k, float v) {
+    key(k);
+    append_number(v);
+  }
+  void field(std::string_view k, std::string_view v) {
+    key(k);
+    out_ += json(std::string(v)).dump(-1, ' ', false, json::error_handler_t::replace);
+  }
+  void field(std::string_view k, const char* v) { field(k, std::string_view(v)); }
+  void raw(std::string_view k, std::string_view text) {
+    key(k);
+    out_ += text;
+  }
+
+ private:
+  template <class T>
+  void append_number(T v) {
+    if (!std::isfinite(v)) {
+      out_ += "null";
+      return;
+    }
+    char buf[64];
+    const auto r = std::to_chars(buf, buf + sizeof buf, v);
+    out_.append(buf, r.ptr);
+  }
+
+  std::string& out_;
+  bool first_ = true;
+};
+
+std::string conversion_stats_json(const ConversionStats& s) {
+  std::string out;
+  ObjectWriter w(out);
+  w.field("elements", s.elements);
+  w.field("nonzero", s.nonzero);
+  w.field("underflow", s.underflow);
+  w.field("subnormal", s.subnormal);
+  w.field("overflow", s.overflow);
+  w.field("nonfinite_input", s.nonfinite_input);
+  w.close();
+  return out;
+}
+
+[[noreturn]] void bad(std::string_view key, std::string_view what, const json& v) {
+  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (text.size() > 60) text = text.substr(0, 57) + "...";
+  throw std::invalid_argument(std::string(key) + ": expected " + std::string(what) + ", found " +
+                              (v.is_number() || v.is_null() ? text : std::string(v.type_name()) + " " + text));
+}
+
+const json& require(const json& obj, std::string_view key) {
+  const auto it = obj.find(key);
+  if (it == obj.end()) throw std::invalid_argument(std::string(key) + ": missing");
+  return *it;
+}
+
+std::uint64_t get_uint(const json& obj, std::string_view key) {
+  const json& v = require(obj, key);
+  if (!v.is_number_unsigned()) bad(key, "a non-negative integer", v);
+  return v.get<std::uint64_t>();
+}
+
+bool get_bool(const json& obj, std::string_view key) {
+  const json& v = require(obj, key);
+  if (!v.is_boolean()) bad(key, "true or false", v);
+  return v.get<bool>();
+}
+
+// A number, or null for a value that was not finite (read back as NaN).
+double get_number(const json& obj, std::string_view key, bool nullable) {
+  const json& v = require(obj, key);
+  if (v.is_null() && nullable) return std::numeric_limits<double>::quiet_NaN();
+  if (!v.is_number()) bad(key, nullable ? "a number or null" : "a number", v);
+  return v.get<double>();
+}
+
+float get_float(const json& obj, std::string_view key) {
+  const double d = get_number(obj, key, true);
+  if (std::isfinite(d) && std::fabs(d) > static_cast<double>(std::numeric_limits<float>::max()))
+    bad(key, "a number float32 holds", require(obj, key));
+  return static_cast<float>(d);
+}
+
+std::string get_string(const json& obj, std::string_view key) {
+  const json& v = require(obj, key);
+  if (!v.is_string()) bad(key, "a string", v);
+  return v.get<std::string>();
+}
+
+}  // namespace
+
+std::string step_record_json(const StepRecord& r) {
+  std::string out;
+  out.reserve(640);
+  ObjectWriter w(out);
+  w.field("step", r.step);
+  w.field("lr", r.lr);
+  w.field("loss", r.loss);
+  w.field("loss_finite", r.loss_finite);
+  w.field("forward_nonfinite", r.forward_nonfinite);
+  w.field("scale", r.scale);
+  w.field("next_scale", r.next_scale);
+  w.field("found_inf", r.found_inf);
+  w.field("skipped", r.skipped);
+  w.field("injected", r.injected);
+  w.field("grad_norm", r.grad_norm);
+  w.field("clip_coef", r.clip_coef);
+  w.field("overflow_param", r.overflow_param);
+  w.field("overflow_activation", r.overflow_activation);
+  w.raw("act_grads", conversion_stats_json(r.act_grads));
+  w.field("lost_update_fraction", r.lost_update_fraction);
+  w.field("tokens", r.tokens);
+  w.field("seconds", r.seconds);
+  w.field("scaler_seconds", r.scaler_seconds);
+  if (r.val_loss) w.field("val_loss", *r.val_loss);
+  w.close();
+  return out;
+}
+
+StepRecord parse_step_record(std::string_view line) {
+  json j;
+  try {
+    j = json::parse(line);
+  } catch (const json::parse_error& e) {
+    std::string what = e.what();
+    if (const auto pos = what.find("] "); what.starts_with("[json.exception") && pos != std::string::npos)
+      what = what.substr(pos + 2);
+    throw std::invalid_argument("malformed JSON: " + what);
+  }
+  if (!j.is_object()) throw std::invalid_argument("expected a JSON object, found " + std::string(j.type_name()));
+  StepRecord r;
+  r.step = get_uint(j, "step");
+  if (r.step == 0) throw std::invalid_argument("step: expected an integer >= 1, found 0");
+  r.lr = get_number(j, "lr", true);
+  r.loss = get_number(j, "loss", true);
+  r.loss_finite = get_bool(j, "loss_finite");
+  r.forward_nonfinite = get_string(j, "forward_nonfinite");
+  r.scale = get_float(j, "scale");
+  r.next_scale = get_float(j, "next_scale");
+  r.found_inf = get_bool(j, "found_inf");
+  r.skipped = get_bool(j, "skipped");
+  r.injected = get_bool(j, "injected");
+  r.grad_norm = get_number(j, "grad_norm", true);
+  r.clip_coef = get_float(j, "clip_coef");
+  r.overflow_param = get_string(j, "overflow_param");
+  r.overflow_activation = get_string(j, "overflow_activation");
+  const json& a = require(j, "act_grads");
+  if (!a.is_object()) bad("act_grads", "an object", a);
+  try {
+    r.act_grads.elements = get_uint(a, "elements");
+    r.act_grads.nonzero = get_uint(a, "nonzero");
+    r.act_grads.underflow = get_uint(a, "underflow");
+    r.act_grads.subnormal = get_uint(a, "subnormal");
+    r.act_grads.overflow = get_uint(a, "overflow");
+    r.act_grads.nonfinite_input = get_uint(a, "nonfinite_input");
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("act_grads.") + e.what());
+  }
+  r.lost_update_fraction = get_number(j, "lost_update_fraction", true);
+  r.tokens = get_uint(j, "tokens");
+  r.seconds = get_number(j, "seconds", false);
+  r.scaler_seconds = get_number(j, "scaler_seconds", false);
+  if (j.contains("val_loss")) r.val_loss = get_number(j, "val_loss", true);
+  return r;
+}
+
+std::string summary_json(const TrainSummary& s, const TrainConfig& c) {
+  std::string mem;
+  ObjectWriter m(mem);
+  m.field("parameter_bytes", static_cast<std::uint64_t>(s.memory.parameter_bytes));
+  m.field("activation_bytes", static_cast<std::uint64_t>(s.memory.activation_bytes));
+  m.field("gradient_bytes", static_cast<std::uint64_t>(s.memory.gradient_bytes));
+  m.field("scratch_bytes", static_cast<std::uint64_t>(s.memory.scratch_bytes));
+  m.close();
+
+  std::string out;
+  ObjectWriter w(out);
+  w.field("steps", s.steps);
+  w.field("applied", s.applied);
+  w.field("skipped", s.skipped);
+  w.field("final_loss", s.final_loss);
+  if (s.val_loss) {
+    w.field("val_loss", *s.val_loss);
+  } else {
+    w.raw("val_loss", "null");
+  }
+  w.field("final_scale", s.final_scale);
+  w.field("underflow_fraction", s.underflow_fraction);
+  w.field("subnormal_fraction", s.subnormal_fraction);
+  w.field("lost_update_fraction", s.lost_update_fraction);
+  w.field("seconds", s.seconds);
+  w.field("mean_step_ms", s.mean_step_ms);
+  w.field("median_step_ms", s.median_step_ms);
+  w.field("tokens", s.tokens);
+  w.raw("memory", mem);
+  w.field("param_count", static_cast<std::uint64_t>(s.param_count));
+  w.raw("config", to_json(c));
+  w.close();
+  // Indent through nlohmann, keeping our number texts: parse, then dump keeps key order
+  // only with ordered_json; doubles re-dump in their shortest round-trip form.
+  return nlohmann::ordered_json::parse(out).dump(2, ' ', false, json::error_handler_t::replace) + "\n";
+}
+
+std::vector<StepRecord> read_run_log(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("run log '" + path + "': cannot open: " + std::strerror(errno));
+  std::vector<StepRecord> records;
+  std::string line;
+  std::size_t number = 0;
+  while (std::getline(in, line)) {
+    ++number;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    const std::string where = path + ":" + std::to_string(number) + ": ";
+    if (line.empty()) throw std::runtime_error(where + "empty line; expected one JSON object per step");
+    StepRecord r;
+    try {
+      r = parse_step_record(line);
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(where + e.what());
+    }
+    if (!records.empty() && r.step <= records.back().step)
+      throw std::runtime_error(where + "step " + std::to_string(r.step) + " follows step " +
+                               std::to_string(records.back().step) + "; expected increasing steps");
+    records.push_back(std::move(r));
+  }
+  if (in.bad()) throw std::runtime_error("run log '" + path + "': read failed: " + std::strerror(errno));
+  return records;
+}
+
+}  // namespace mixprec::train

@@ -1,0 +1,384 @@
+// TrainConfig: every validation rule with a passing and a failing value (message
+// checked), JSON config files (types, integers, unknown keys, malformed text, the
+// source in messages) and the to_json / apply_json round trip.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mixprec/train/config.hpp"
+
+namespace mixprec::train {
+namespace {
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+constexpr double kInf = std::numeric_limits<double>::infinity();
+
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const std::invalid_argument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+std::string validate_error(const std::function<void(TrainConfig&)>& change) {
+  TrainConfig c;
+  change(c);
+  return error_of([&] { validate(c); });
+}
+
+struct Rule {
+  std::string name;
+  std::function<void(TrainConfig&)> good;
+  std::function<void(TrainConfig&)> bad;
+  std::string message;  // the whole message of the failing case
+};
+
+std::vector<Rule> rules() {
+  using C = TrainConfig;
+  return {
+      {"model", [](C& c) { c.model.kind = nn::ModelKind::mlp; },
+       [](C& c) { c.model.kind = static_cast<nn::ModelKind>(7); }, "model: expected gpt or mlp, found enum value 7"},
+      {"precision", [](C& c) { c.precision = nn::Precision::fp16_pure; },
+       [](C& c) { c.precision = static_cast<nn::Precision>(9); },
+       "precision: expected fp32, fp16, bf16 or fp16-pure, found enum value 9"},
+      {"loss_scale_none", [](C& c) { c.loss_scale = "none"; }, [](C& c) { c.loss_scale = "nope"; },
+       "loss-scale: expected none, dynamic, static:S (S a finite number > 0) or a preset (mixprec, torch, deepspeed, "
+       "megatron, apex, keras, jmp), found 'nope'"},
+      {"loss_scale_static", [](C& c) { c.loss_scale = "static:1024"; }, [](C& c) { c.loss_scale = "static:0"; },
+       "loss-scale: expected static:S with S a number > 0 that float32 holds (at most 3.4028235e+38, not rounding "
+       "to 0), found 'static:0'"},
+      {"loss_scale_static_exp", [](C& c) { c.loss_scale = "static:1e3"; }, [](C& c) { c.loss_scale = "static:1e3x"; },
+       "found 'static:1e3x'"},
+      {"loss_scale_static_negative", [](C& c) { c.loss_scale = "static:0.5"; },
+       [](C& c) { c.loss_scale = "static:-1"; }, "found 'static:-1'"},
+      {"loss_scale_static_inf", [](C& c) { c.loss_scale = "static:3.4e38"; },
+       [](C& c) { c.loss_scale = "static:inf"; }, "found 'static:inf'"},
+      {"loss_scale_static_too_big", [](C& c) { c.loss_scale = "static:65536"; },
+       [](C& c) { c.loss_scale = "static:1e39"; }, "found 'static:1e39'"},
+      {"loss_scale_static_rounds_to_zero", [](C& c) { c.loss_scale = "static:1e-40"; },
+       [](C& c) { c.loss_scale = "static:1e-50"; }, "found 'static:1e-50'"},
+      {"loss_scale_static_nan", [](C& c) { c.loss_scale = "static:2"; }, [](C& c) { c.loss_scale = "static:nan"; },
+       "found 'static:nan'"},
+      {"loss_scale_static_empty", [](C& c) { c.loss_scale = "static:8"; }, [](C& c) { c.loss_scale = "static:"; },
+       "found 'static:'"},
+      {"loss_scale_static_alone", [](C& c) { c.loss_scale = "deepspeed"; }, [](C& c) { c.loss_scale = "static"; },
+       "(the static preset needs its scale), found 'static'"},
+      {"loss_scale_dynamic", [](C& c) { c.loss_scale = "dynamic"; }, [](C& c) { c.loss_scale = "Dynamic"; },
+       "found 'Dynamic'"},
+      {"loss_scale_preset", [](C& c) { c.loss_scale = "jmp"; }, [](C& c) { c.loss_scale = "pytorch"; },
+       "found 'pytorch'"},
+      {"layers", [](C& c) { c.model.layers = 64; }, [](C& c) { c.model.layers = 0; },
+       "layers: expected an integer in [1, 64], found 0"},
+      {"layers_max", [](C& c) { c.model.layers = 1; }, [](C& c) { c.model.layers = 65; },
+       "layers: expected an integer in [1, 64], found 65"},
+      {"heads", [](C& c) { c.model.heads = 1; }, [](C& c) { c.model.heads = 0; },
+       "heads: expected an integer in [1, 4096], found 0"},
+      {"heads_divide_channels", [](C& c) { c.model.heads = 8; }, [](C& c) { c.model.heads = 3; },
+       "heads: expected a divisor of channels (64), found 3"},
+      {"channels", [](C& c) { c.model.channels = 4096; }, [](C& c) { c.model.channels = 4097; },
+       "channels: expected an integer in [1, 4096], found 4097"},
+      {"context", [](C& c) { c.model.context = 2; }, [](C& c) { c.model.context = 1; },
+       "context: expected an integer in [2, 4096], found 1"},
+      {"context_max", [](C& c) { c.model.context = 4096; }, [](C& c) { c.model.context = 5000; },
+       "context: expected an integer in [2, 4096], found 5000"},
+      {"batch", [](C& c) { c.model.batch = 1; }, [](C& c) { c.model.batch = 0; },
+       "batch: expected an integer in [1, 4096], found 0"},
+      {"batch_max", [](C& c) { c.model.batch = 4096; }, [](C& c) { c.model.batch = 4097; },
+       "batch: expected an integer in [1, 4096], found 4097"},
+      {"tokens_per_batch",
+       [](C& c) {
+         c.model.batch = 256;
+         c.model.context = 4096;
+       },
+       [](C& c) {
+         c.model.batch = 257;
+         c.model.context = 4096;
+       },
+       "batch: expected batch * context <= 1048576 tokens per micro-batch, found 257 * 4096"},
+      {"depth", [](C& c) { c.model.depth = 64; }, [](C& c) { c.model.depth = 0; },
+       "depth: expected an integer in [1, 64], found 0"},
+      {"hidden", [](C& c) { c.model.hidden = 16384; }, [](C& c) { c.model.hidden = 16385; },
+       "hidden: expected an integer in [1, 16384], found 16385"},
+      {"vocab_char", [](C& c) { c.vocab = "char"; }, [](C& c) { c.vocab = "word:0"; },
+       "vocab: expected char or word:N with N in [16, 65536], found 'word:0'"},
+      {"vocab_words", [](C& c) { c.vocab = "word:65536"; }, [](C& c) { c.vocab = "bytes"; },
+       "vocab: expected char or word:N with N in [16, 65536], found 'bytes'"},
+      {"corpus_tokens", [](C& c) { c.corpus_tokens = 1'000'000'000; },
+       [](C& c) { c.corpus_tokens = 1'000'000'001; }, "corpus-tokens: expected an integer in [1, 1000000000], found 1000000001"},
+      {"corpus_tokens_enough",
+       [](C& c) {
+         c.model.context = 16;
+         c.corpus_tokens = 170;
+       },
+       [](C& c) {
+         c.model.context = 16;
+         c.corpus_tokens = 100;
+       },
+       "corpus-tokens: expected at least 170 (context 16 and val-fraction 0.1 need context + 1 tokens in each split), "
+       "found 100"},
+      {"corpus_tokens_unused_with_data",
+       [](C& c) {
+         c.data = "file.txt";
+         c.corpus_tokens = 1;
+       },
+       [](C& c) { c.corpus_tokens = 0; }, "corpus-tokens: expected an integer in [1, 1000000000], found 0"},
+      {"val_fraction", [](C& c) { c.val_fraction = 0.5; }, [](C& c) { c.val_fraction = 0.51; },
+       "val-fraction: expected a number in (0, 0.5], found 0.51"},
+      {"val_fraction_zero", [](C& c) { c.val_fraction = 1e-3; }, [](C& c) { c.val_fraction = 0; },
+       "val-fraction: expected a number in (0, 0.5], found 0"},
+      {"val_fraction_nan", [](C& c) { c.val_fraction = 0.2; }, [](C& c) { c.val_fraction = kNaN; },
+       "val-fraction: expected a number in (0, 0.5], found nan"},
+      {"optimizer", [](C& c) { c.optimizer = "sgd"; }, [](C& c) { c.optimizer = "lamb"; },
+       "optimizer: expected adamw, adam or sgd, found 'lamb'"},
+      {"lr", [](C& c) { c.lr = 1e-3; }, [](C& c) { c.lr = 0; }, "lr: expected a finite number > 0, found 0"},
+      {"lr_negative", [](C& c) { c.lr = 10; }, [](C& c) { c.lr = -1; }, "lr: expected a finite number > 0, found -1"},
+      {"lr_nan", [](C& c) { c.lr = 0.1; }, [](C& c) { c.lr = kNaN; }, "lr: expected a finite number > 0, found nan"},
+      {"lr_inf", [](C& c) { c.lr = 0.5; }, [](C& c) { c.lr = kInf; }, "lr: expected a finite number > 0, found inf"},
+      {"min_lr", [](C& c) { c.min_lr = 0; }, [](C& c) { c.min_lr = -0.01; },
+       "min-lr: expected a finite number >= 0, found -0.01"},
+      {"min_lr_le_lr", [](C& c) { c.min_lr = c.lr; }, [](C& c) { c.min_lr = 0.01; },
+       "min-lr: expected a number <= lr (0.003), found 0.01"},
+      {"min_lr_nan", [](C& c) { c.min_lr = 1e-4; }, [](C& c) { c.min_lr = kNaN; },
+       "min-lr: expected a finite number >= 0, found nan"},
+      {"warmup", [](C& c) { c.warmup = c.steps; }, [](C& c) { c.warmup = 151; },
+       "warmup: expected an integer <= steps (150), found 151"},
+      {"weight_decay", [](C& c) { c.weight_decay = 0; }, [](C& c) { c.weight_decay = -0.1; },
+       "weight-decay: expected a finite number >= 0, found -0.1"},
+      {"weight_decay_inf", [](C& c) { c.weight_decay = 2; }, [](C& c) { c.weight_decay = kInf; },
+       "weight-decay: expected a finite number >= 0, found inf"},
+      {"beta1", [](C& c) { c.beta1 = 0; }, [](C& c) { c.beta1 = 1; }, "beta1: expected a number in [0, 1), found 1"},
+      {"beta1_negative", [](C& c) { c.beta1 = 0.999; }, [](C& c) { c.beta1 = -0.1; },
+       "beta1: expected a number in [0, 1), found -0.1"},
+      {"beta2", [](C& c) { c.beta2 = 0.999; }, [](C& c) { c.beta2 = kNaN; },
+       "beta2: expected a number in [0, 1), found nan"},
+      {"eps", [](C& c) { c.eps = 1e-12; }, [](C& c) { c.eps = 0; }, "eps: expected a finite number > 0, found 0"},
+      {"eps_inf", [](C& c) { c.eps = 1; }, [](C& c) { c.eps = kInf; }, "eps: expected a finite number > 0, found inf"},
+      {"clip", [](C& c) { c.clip = 0; }, [](C& c) { c.clip = -1; }, "clip: expected a finite number >= 0, found -1"},
+      {"clip_nan", [](C& c) { c.clip = 5; }, [](C& c) { c.clip = kNaN; },
+       "clip: expected a finite number >= 0, found nan"},
+      {"steps", [](C& c) {
+         c.steps = 1;
+         c.warmup = 0;
+       },
+       [](C& c) { c.steps = 0; }, "steps: expected an integer in [1, 1000000000], found 0"},
+      {"steps_max", [](C& c) { c.steps = 1'000'000'000; }, [](C& c) { c.steps = 1'000'000'001; },
+       "steps: expected an integer in [1, 1000000000], found 1000000001"},
+      {"accum", [](C& c) { c.accum = 1'000'000; }, [](C& c) { c.accum = 0; },
+       "accum: expected an integer in [1, 1000000], found 0"},
+      {"accum_max", [](C& c) { c.accum = 1; }, [](C& c) { c.accum = 1'000'001; },
+       "accum: expected an integer in [1, 1000000], found 1000001"},
+      {"keep_checkpoints", [](C& c) { c.keep_checkpoints = 1; }, [](C& c) { c.keep_checkpoints = 0; },
+       "keep-checkpoints: expected an integer >= 1, found 0"},
+      {"inject_overflow_at", [](C& c) { c.inject_overflow_at = {1, 5, 150}; },
+       [](C& c) { c.inject_overflow_at = {5, 0}; }, "inject-overflow-at: expected an integer >= 1, found 0"},
+      {"inject_overflow_at_steps", [](C& c) { c.inject_overflow_at = {150}; },
+       [](C& c) { c.inject_overflow_at = {151}; }, "inject-overflow-at: expected an integer in [1, 150], found 151"},
+      {"threads", [](C& c) { c.threads = 1024; }, [](C& c) { c.threads = 1025; },
+       "threads: expected an integer in [0, 1024], found 1025"},
+  };
+}
+
+TEST(TrainConfig, DefaultIsValid) { EXPECT_EQ(validate_error([](TrainConfig&) {}), ""); }
+
+TEST(TrainConfig, EveryRulePassesAndFails) {
+  for (const Rule& r : rules()) {
+    SCOPED_TRACE(r.name);
+    EXPECT_EQ(validate_error(r.good), "");
+    const std::string e = validate_error(r.bad);
+    EXPECT_NE(e.find(r.message), std::string::npos) << "message: " << e << "\nexpected: " << r.message;
+  }
+}
+
+TEST(TrainConfig, AnythingGoesWhereAnythingIsAllowed) {
+  // seed, eval-every, eval-windows, checkpoint-every, out, resume, data: no constraint.
+  EXPECT_EQ(validate_error([](TrainConfig& c) {
+              c.seed = std::numeric_limits<std::uint64_t>::max();
+              c.eval_every = 0;
+              c.eval_windows = 0;
+              c.checkpoint_every = 1'000'000;
+              c.out = "runs/x";
+              c.resume = "runs/y";
+              c.data = "some file.txt";
+            }),
+            "");
+  // Loss scaling with fp32 or bf16 just works.
+  for (const nn::Precision p : {nn::Precision::fp32, nn::Precision::bf16})
+    for (const char* ls : {"dynamic", "static:128", "deepspeed"})
+      EXPECT_EQ(validate_error([&](TrainConfig& c) {
+                  c.precision = p;
+                  c.loss_scale = ls;
+                }),
+                "");
+  // Every preset except the bare static one.
+  for (const char* ls : {"mixprec", "torch", "deepspeed", "megatron", "apex", "keras", "jmp"})
+    EXPECT_EQ(validate_error([&](TrainConfig& c) { c.loss_scale = ls; }), "") << ls;
+}
+
+// ---- JSON --------------------------------------------------------------------------
+
+std::string json_error(std::string_view text) {
+  return error_of([&] { (void)apply_json(TrainConfig{}, text, "config 'x.json'"); });
+}
+
+TEST(TrainConfigJson, AppliesKeysOnTopOfTheBase) {
+  TrainConfig base;
+  base.steps = 40;
+  const TrainConfig c = apply_json(base, R"({"lr": 0.01, "model": "mlp", "precision": "bf16", "loss-scale":
+      "static:512", "inject-overflow-at": [3, 7], "vocab": "char", "seed": 18446744073709551615, "threads": 2,
+      "corpus-tokens": 2e5})",
+                                   "x");
+  EXPECT_EQ(c.lr, 0.01);
+  EXPECT_EQ(c.model.kind, nn::ModelKind::mlp);
+  EXPECT_EQ(c.precision, nn::Precision::bf16);
+  EXPECT_EQ(c.loss_scale, "static:512");
+  EXPECT_EQ(c.inject_overflow_at, (std::vector<std::size_t>{3, 7}));
+  EXPECT_EQ(c.vocab, "char");
+  EXPECT_EQ(c.seed, std::numeric_limits<std::uint64_t>::max());
+  EXPECT_EQ(c.threads, 2u);
+  EXPECT_EQ(c.corpus_tokens, 200'000u);  // a whole number written with an exponent
+  EXPECT_EQ(c.steps, 40u);               // from the base
+  EXPECT_EQ(apply_json(base, "{}", "x"), base);
+  EXPECT_EQ(apply_json(base, " {\n}\n", "x"), base);
+}
+
+TEST(TrainConfigJson, MustBeAnObject) {
+  EXPECT_EQ(json_error("[1, 2]"),
+            "config 'x.json': expected a JSON object of settings (flag names without the dashes), found array");
+  EXPECT_EQ(json_error("3"),
+            "config 'x.json': expected a JSON object of settings (flag names without the dashes), found number");
+}
+
+TEST(TrainConfigJson, UnknownKeysListTheKnownOnes) {
+  const std::string e = json_error(R"({"lr": 0.1, "learning_rate": 0.1})");
+  EXPECT_EQ(e.rfind("config 'x.json': unknown key 'learning_rate'; known keys: model, precision, loss-scale, layers, "
+                    "heads, channels, context, batch, depth, hidden, data, vocab, corpus-tokens, val-fraction, "
+                    "optimizer, lr, min-lr, warmup, weight-decay, beta1, beta2, eps, clip, steps, accum, seed, "
+                    "eval-every, eval-windows, out, checkpoint-every, keep-checkpoints, resume, inject-overflow-at, "
+                    "threads",
+                    0),
+            0u)
+      << e;
+}
+
+TEST(TrainConfigJson, DuplicateKeys) {
+  EXPECT_EQ(json_error(R"({"lr": 0.1, "lr": 0.2})"), "config 'x.json': key 'lr' is given twice");
+}
+
+TEST(TrainConfigJson, WrongTypes) {
+  EXPECT_EQ(json_error(R"({"lr": "abc"})"), "config 'x.json': lr: expected a number, found string \"abc\"");
+  EXPECT_EQ(json_error(R"({"lr": null})"), "config 'x.json': lr: expected a number, found null");
+  EXPECT_EQ(json_error(R"({"steps": "10"})"),
+            "config 'x.json': steps: expected a non-negative integer, found string \"10\"");
+  EXPECT_EQ(json_error(R"({"precision": 16})"), "config 'x.json': precision: expected a string, found 16");
+  EXPECT_EQ(json_error(R"({"data": ["a"]})"), "config 'x.json': data: expected a string, found array [\"a\"]");
+  EXPECT_EQ(json_error(R"({"inject-overflow-at": 5})"),
+            "config 'x.json': inject-overflow-at: expected an array of step numbers, found 5");
+  EXPECT_EQ(json_error(R"({"inject-overflow-at": [5, "6"]})"),
+            "config 'x.json': inject-overflow-at: expected a non-negative integer, found string \"6\"");
+  EXPECT_EQ(json_error(R"({"out": true})"), "config 'x.json': out: expected a string, found boolean true");
+}
+
+TEST(TrainConfigJson, IntegersAreNonNegativeWholeNumbers) {
+  EXPECT_EQ(json_error(R"({"steps": 1.5})"), "config 'x.json': steps: expected a non-negative integer, found 1.5");
+  EXPECT_EQ(json_error(R"({"batch": -3})"), "config 'x.json': batch: expected a non-negative integer, found -3");
+  EXPECT_EQ(json_error(R"({"seed": -1})"), "config 'x.json': seed: expected a non-negative integer, found -1");
+  EXPECT_EQ(json_error(R"({"accum": 1e300})"),
+            "config 'x.json': accum: expected a non-negative integer, found 1e+300");
+  EXPECT_EQ(json_error(R"({"threads": 4294967296})"),
+            "config 'x.json': threads: expected an integer in [0, 4294967295], found 4294967296");
+  EXPECT_EQ(json_error(R"({"seed": 18446744073709551616})"),
+            "config 'x.json': seed: expected a non-negative integer, found 1.8446744073709552e+19");
+  EXPECT_EQ(apply_json(TrainConfig{}, R"({"steps": 12.0})", "x").steps, 12u);
+}
+
+TEST(TrainConfigJson, ValuesAreCheckedPerKey) {
+  EXPECT_EQ(json_error(R"({"model": "cnn"})"), "config 'x.json': model: expected gpt or mlp, found 'cnn'");
+  EXPECT_EQ(json_error(R"({"precision": "fp12"})"),
+            "config 'x.json': precision: expected fp32, fp16, bf16 or fp16-pure, found 'fp12'");
+  EXPECT_EQ(json_error(R"({"steps": 0})"), "config 'x.json': steps: expected an integer in [1, 1000000000], found 0");
+  EXPECT_EQ(json_error(R"({"lr": -1})"), "config 'x.json': lr: expected a finite number > 0, found -1");
+  EXPECT_NE(json_error(R"({"loss-scale": "static:abc"})").find("config 'x.json': loss-scale: expected static:S"),
+            std::string::npos);
+  EXPECT_EQ(json_error(R"({"inject-overflow-at": [0]})"),
+            "config 'x.json': inject-overflow-at: expected an integer >= 1, found 0");
+  // Across keys is validate()'s job: heads 3 with channels 64 passes apply_json.
+  const TrainConfig c = apply_json(TrainConfig{}, R"({"heads": 3})", "x");
+  EXPECT_EQ(error_of([&] { validate(c); }), "heads: expected a divisor of channels (64), found 3");
+}
+
+TEST(TrainConfigJson, MalformedTextGivesThePosition) {
+  const std::string e = json_error("{\n  \"lr\": 0.1,\n  \"steps\": }\n");
+  EXPECT_EQ(e.rfind("config 'x.json': malformed JSON: parse error at line 3, column 12", 0), 0u) << e;
+  const std::string t = json_error("{\"lr\": 0.1");
+  EXPECT_EQ(t.rfind("config 'x.json': malformed JSON: parse error at line 1, column 11", 0), 0u) << t;
+  const std::string empty = json_error("");
+  EXPECT_EQ(empty.rfind("config 'x.json': malformed JSON: parse error at line 1, column 1", 0), 0u) << empty;
+  // No comments and no trailing commas: JSON is JSON.
+  EXPECT_NE(json_error("{\"lr\": 0.1,}").find("malformed JSON"), std::string::npos);
+}
+
+TEST(TrainConfigJson, RoundTripsExactly) {
+  const TrainConfig d;
+  EXPECT_EQ(apply_json(TrainConfig{}, to_json(d), "x"), d);
+  EXPECT_EQ(apply_json(TrainConfig{}, to_json(d, 2), "x"), d);
+
+  TrainConfig c;
+  c.model.kind = nn::ModelKind::mlp;
+  c.model.context = 17;
+  c.model.batch = 3;
+  c.model.layers = 5;
+  c.model.heads = 2;
+  c.model.channels = 34;
+  c.model.depth = 7;
+  c.model.hidden = 99;
+  c.precision = nn::Precision::fp16_pure;
+  c.loss_scale = "static:0.1";
+  c.data = "data/ünïcode \"quoted\" \\ path.txt";
+  c.vocab = "char";
+  c.corpus_tokens = 123'457;
+  c.val_fraction = 0.1 + 0.2;  // 0.30000000000000004
+  c.optimizer = "sgd";
+  c.lr = 1.0 / 3.0;
+  c.min_lr = 1e-300;
+  c.warmup = 3;
+  c.weight_decay = 0;
+  c.beta1 = 0.123456789012345678;
+  c.beta2 = 0.999999999999;
+  c.eps = 4.9e-324;
+  c.clip = 0;
+  c.steps = 1234;
+  c.accum = 9;
+  c.seed = std::numeric_limits<std::uint64_t>::max();
+  c.eval_every = 0;
+  c.eval_windows = 7;
+  c.out = "runs/a";
+  c.checkpoint_every = 11;
+  c.keep_checkpoints = 2;
+  c.resume = "runs/b";
+  c.inject_overflow_at = {1, 2, 1234};
+  c.threads = 3;
+  ASSERT_EQ(error_of([&] { validate(c); }), "");
+  ASSERT_FALSE(c == d);
+  EXPECT_EQ(apply_json(TrainConfig{}, to_json(c), "x"), c);
+  EXPECT_EQ(apply_json(TrainConfig{}, to_json(c, 4), "x"), c);
+  EXPECT_EQ(to_json(apply_json(TrainConfig{}, to_json(c), "x")), to_json(c));
+}
+
+TEST(TrainConfigJson, KeysInFlagOrder) {
+  const std::string j = to_json(TrainConfig{});
+  EXPECT_EQ(j.rfind(R"({"model":"gpt","precision":"fp16","loss-scale":"dynamic","layers":2,)", 0), 0u) << j;
+  EXPECT_NE(j.find(R"("lr":0.003,"min-lr":0.0003,)"), std::string::npos) << j;
+  EXPECT_NE(j.find(R"("inject-overflow-at":[],"threads":0})"), std::string::npos) << j;
+  EXPECT_NE(to_json(TrainConfig{}, 2).find("{\n  \"model\": \"gpt\",\n"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace mixprec::train

@@ -1,0 +1,238 @@
+// Run-log lines and summaries: the exact text of a line, non-finite numbers as null,
+// the round trip through parse_step_record, and read_run_log's errors (FILE:LINE).
+#include <gtest/gtest.h>
+
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "mixprec/train/run_log.hpp"
+
+namespace mixprec::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+template <class E, class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  }
+  return "(no exception of the expected type)";
+}
+
+StepRecord sample() {
+  StepRecord r;
+  r.step = 7;
+  r.lr = 0.003;
+  r.loss = 4.25;
+  r.scale = 65536;
+  r.next_scale = 32768;
+  r.found_inf = true;
+  r.skipped = true;
+  r.injected = true;
+  r.grad_norm = std::numeric_limits<double>::quiet_NaN();
+  r.clip_coef = 0.1f;
+  r.overflow_param = "h0.attn.w";
+  r.overflow_activation = "h1.mlp \"gelu\"";
+  r.act_grads = {.elements = 100, .nonzero = 90, .nonfinite_input = 1, .underflow = 3, .subnormal = 4, .overflow = 2};
+  r.lost_update_fraction = 0.25;
+  r.tokens = 2048;
+  r.seconds = 0.5;
+  r.scaler_seconds = 0.125;
+  return r;
+}
+
+void expect_same(const StepRecord& a, const StepRecord& b) {
+  EXPECT_EQ(a.step, b.step);
+  EXPECT_EQ(a.lr, b.lr);
+  if (std::isfinite(a.loss)) {
+    EXPECT_EQ(a.loss, b.loss);
+  } else {
+    EXPECT_TRUE(std::isnan(b.loss));
+  }
+  EXPECT_EQ(a.loss_finite, b.loss_finite);
+  EXPECT_EQ(a.forward_nonfinite, b.forward_nonfinite);
+  EXPECT_EQ(a.scale, b.scale);
+  EXPECT_EQ(a.next_scale, b.next_scale);
+  EXPECT_EQ(a.found_inf, b.found_inf);
+  EXPECT_EQ(a.skipped, b.skipped);
+  EXPECT_EQ(a.injected, b.injected);
+  if (std::isnan(a.grad_norm)) {
+    EXPECT_TRUE(std::isnan(b.grad_norm));
+  } else {
+    EXPECT_EQ(a.grad_norm, b.grad_norm);
+  }
+  EXPECT_EQ(a.clip_coef, b.clip_coef);
+  EXPECT_EQ(a.overflow_param, b.overflow_param);
+  EXPECT_EQ(a.overflow_activation, b.overflow_activation);
+  EXPECT_EQ(a.act_grads.elements, b.act_grads.elements);
+  EXPECT_EQ(a.act_grads.nonzero, b.act_grads.nonzero);
+  EXPECT_EQ(a.act_grads.underflow, b.act_grads.underflow);
+  EXPECT_EQ(a.act_grads.subnormal, b.act_grads.subnormal);
+  EXPECT_EQ(a.act_grads.overflow, b.act_grads.overflow);
+  EXPECT_EQ(a.act_grads.nonfinite_input, b.act_grads.nonfinite_input);
+  EXPECT_EQ(a.lost_update_fraction, b.lost_update_fraction);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_EQ(a.seconds, b.seconds);
+  EXPECT_EQ(a.scaler_seconds, b.scaler_seconds);
+  EXPECT_EQ(a.val_loss.has_value(), b.val_loss.has_value());
+  if (a.val_loss && b.val_loss) {
+    EXPECT_EQ(*a.val_loss, *b.val_loss);
+  }
+}
+
+TEST(RunLog, LineText) {
+  EXPECT_EQ(step_record_json(sample()),
+            R"({"step":7,"lr":0.003,"loss":4.25,"loss_finite":true,"forward_nonfinite":"","scale":65536,)"
+            R"("next_scale":32768,"found_inf":true,"skipped":true,"injected":true,"grad_norm":null,"clip_coef":0.1,)"
+            R"("overflow_param":"h0.attn.w","overflow_activation":"h1.mlp \"gelu\"","act_grads":{"elements":100,)"
+            R"("nonzero":90,"underflow":3,"subnormal":4,"overflow":2,"nonfinite_input":1},"lost_update_fraction":0.25,)"
+            R"("tokens":2048,"seconds":0.5,"scaler_seconds":0.125})");
+  StepRecord r = sample();
+  r.val_loss = 3.5;
+  const std::string line = step_record_json(r);
+  EXPECT_NE(line.find(R"("scaler_seconds":0.125,"val_loss":3.5})"), std::string::npos) << line;
+  EXPECT_EQ(line.find('\n'), std::string::npos);
+}
+
+TEST(RunLog, RoundTrip) {
+  StepRecord r = sample();
+  expect_same(r, parse_step_record(step_record_json(r)));
+  r.val_loss = 1.0 / 3.0;
+  r.lr = 1e-300;
+  r.scale = 1.17549435e-38f;
+  r.clip_coef = 0.333333343f;
+  r.grad_norm = 12345.678901234567;
+  r.seconds = 2.5e-7;
+  expect_same(r, parse_step_record(step_record_json(r)));
+  // A forward pass that overflowed: loss inf written as null, read back as NaN.
+  r.loss = std::numeric_limits<double>::infinity();
+  r.loss_finite = false;
+  r.forward_nonfinite = "h0.attn.scores";
+  r.val_loss = std::numeric_limits<double>::quiet_NaN();
+  const std::string line = step_record_json(r);
+  EXPECT_NE(line.find(R"("loss":null,"loss_finite":false,"forward_nonfinite":"h0.attn.scores")"), std::string::npos);
+  EXPECT_NE(line.find(R"("val_loss":null})"), std::string::npos);
+  const StepRecord back = parse_step_record(line);
+  EXPECT_TRUE(std::isnan(back.loss));
+  ASSERT_TRUE(back.val_loss.has_value());
+  EXPECT_TRUE(std::isnan(*back.val_loss));
+}
+
+TEST(RunLog, ParseErrors) {
+  const std::string good = step_record_json(sample());
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string s = good;
+    s.replace(s.find(from), from.size(), to);
+    return error_of<std::invalid_argument>([&] { (void)parse_step_record(s); });
+  };
+  EXPECT_EQ(with(R"("step":7,)", ""), "step: missing");
+  EXPECT_EQ(with(R"("step":7)", R"("step":0)"), "step: expected an integer >= 1, found 0");
+  EXPECT_EQ(with(R"("step":7)", R"("step":-7)"), "step: expected a non-negative integer, found -7");
+  EXPECT_EQ(with(R"("lr":0.003)", R"("lr":"x")"), "lr: expected a number or null, found string \"x\"");
+  EXPECT_EQ(with(R"("skipped":true)", R"("skipped":1)"), "skipped: expected true or false, found 1");
+  EXPECT_EQ(with(R"("nonzero":90)", R"("nonzero":9.5)"), "act_grads.nonzero: expected a non-negative integer, found 9.5");
+  EXPECT_EQ(with(R"("scale":65536)", R"("scale":1e39)"), "scale: expected a number float32 holds, found 1e+39");
+  EXPECT_EQ(with(R"("seconds":0.5)", R"("seconds":null)"), "seconds: expected a number, found null");
+  EXPECT_EQ(error_of<std::invalid_argument>([] { (void)parse_step_record("[1]"); }),
+            "expected a JSON object, found array");
+  EXPECT_EQ(error_of<std::invalid_argument>([] { (void)parse_step_record(R"({"step":)"); })
+                .rfind("malformed JSON: parse error at line 1, column 9", 0),
+            0u);
+  // Unknown fields are ignored.
+  expect_same(sample(), parse_step_record(good.substr(0, good.size() - 1) + R"(,"later":{"x":1}})"));
+}
+
+class RunLogFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("mixprec-run-log-" + std::to_string(::getpid()));
+    fs::create_directories(dir_);
+    path_ = (dir_ / "log.jsonl").string();
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  void write(const std::string& text) { std::ofstream(path_, std::ios::binary) << text; }
+  std::string error() { return error_of<std::runtime_error>([&] { (void)read_run_log(path_); }); }
+
+  fs::path dir_;
+  std::string path_;
+};
+
+TEST_F(RunLogFile, ReadsEveryLine) {
+  std::string text;
+  for (std::uint64_t s = 1; s <= 3; ++s) {
+    StepRecord r = sample();
+    r.step = s;
+    if (s == 3) r.val_loss = 2.0;
+    text += step_record_json(r) + "\n";
+  }
+  write(text);
+  auto records = read_run_log(path_);
+  ASSERT_EQ(records.size(), 3u);
+  EXPECT_EQ(records[2].step, 3u);
+  EXPECT_EQ(records[2].val_loss, 2.0);
+  text.pop_back();  // no final newline
+  write(text);
+  EXPECT_EQ(read_run_log(path_).size(), 3u);
+  write("");
+  EXPECT_TRUE(read_run_log(path_).empty());
+}
+
+TEST_F(RunLogFile, ErrorsNameFileAndLine) {
+  StepRecord a = sample(), b = sample();
+  a.step = 1;
+  b.step = 2;
+  write(step_record_json(a) + "\n" + R"({"step":2,"lr":)" + "\n");
+  EXPECT_EQ(error().rfind(path_ + ":2: malformed JSON: parse error at line 1, column 16", 0), 0u) << error();
+  write(step_record_json(a) + "\n\n" + step_record_json(b) + "\n");
+  EXPECT_EQ(error(), path_ + ":2: empty line; expected one JSON object per step");
+  write(step_record_json(b) + "\n" + step_record_json(a) + "\n");
+  EXPECT_EQ(error(), path_ + ":2: step 1 follows step 2; expected increasing steps");
+  write(step_record_json(a) + "\n" + R"({"step":2})" + "\n");
+  EXPECT_EQ(error(), path_ + ":2: lr: missing");
+  fs::remove(path_);
+  EXPECT_EQ(error().rfind("run log '" + path_ + "': cannot open: ", 0), 0u) << error();
+}
+
+TEST(RunSummary, Json) {
+  TrainSummary s;
+  s.steps = 10;
+  s.applied = 9;
+  s.skipped = 1;
+  s.final_loss = 3.25;
+  s.final_scale = 32768;
+  s.underflow_fraction = 0.001;
+  s.mean_step_ms = 12.5;
+  s.tokens = 20480;
+  s.memory.parameter_bytes = 1000;
+  s.memory.activation_bytes = 2000;
+  s.param_count = 62;
+  TrainConfig c;
+  c.steps = 10;
+  std::string j = summary_json(s, c);
+  EXPECT_EQ(j.rfind("{\n  \"steps\": 10,\n  \"applied\": 9,\n  \"skipped\": 1,\n  \"final_loss\": 3.25,\n"
+                    "  \"val_loss\": null,\n  \"final_scale\": 32768,\n  \"underflow_fraction\": 0.001,\n",
+                    0),
+            0u)
+      << j;
+  EXPECT_NE(j.find("\"memory\": {\n    \"parameter_bytes\": 1000,\n    \"activation_bytes\": 2000,\n"),
+            std::string::npos)
+      << j;
+  EXPECT_NE(j.find("\"param_count\": 62,\n  \"config\": {\n    \"model\": \"gpt\","), std::string::npos) << j;
+  EXPECT_NE(j.find("\"steps\": 10,\n    \"accum\": 32,"), std::string::npos) << j;
+  EXPECT_EQ(j.back(), '\n');
+  s.val_loss = 3.5;
+  j = summary_json(s, c);
+  EXPECT_NE(j.find("\"val_loss\": 3.5,"), std::string::npos) << j;
+}
+
+}  // namespace
+}  // namespace mixprec::train

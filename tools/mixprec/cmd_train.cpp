@@ -1,0 +1,1129 @@
+// `mixprec train`: one training run (flags and/or a JSON config), with a run folder
+// (config.json, log.jsonl, checkpoints, summary.json), resume, progress and a summary.
+// `mixprec compare`: the same run under each precision / loss-scale arrangement, and a
+// table of what each one did.
+//
+// Exit codes: 0 done, 1 runtime failure (data, files, training), 2 bad command line or
+// configuration (nothing is written then), 128 + signal when interrupted.
+#include "cmd_train.hpp"
+
+#include <fmt/core.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <chrono>
+#include <cmath>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <utility>
+#include <vector>
+
+#include "mixprec/checkpoint/safetensors.hpp"
+#include "mixprec/nn/precision.hpp"
+#include "mixprec/train/config.hpp"
+#include "mixprec/train/run_log.hpp"
+#include "mixprec/train/trainer.hpp"
+
+namespace mixprec::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using train::StepRecord;
+using train::TrainConfig;
+using train::Trainer;
+using train::TrainSummary;
+using ojson = nlohmann::ordered_json;
+using Clock = std::chrono::steady_clock;
+
+// Bad command line or configuration: exit 2. Everything else is a runtime failure (1).
+struct UsageError : std::invalid_argument {
+  using std::invalid_argument::invalid_argument;
+};
+
+std::string squote(std::string_view s) {
+  std::string out(1, '\'');
+  out.append(s);
+  out.push_back('\'');
+  return out;
+}
+
+// ---- flags: one per config key ---------------------------------------------------------
+
+enum class Kind : std::uint8_t { integer, number, text, list };
+
+struct KeySpec {
+  std::string key;   // the config key; the flag is --key
+  Kind kind;
+  std::string type;  // in the help: N, X, NAME, ...
+  std::string help;
+};
+
+const std::vector<KeySpec>& key_specs() {
+  static const std::vector<KeySpec> specs = {
+      {"model", Kind::text, "NAME", "Model: gpt (decoder-only transformer) or mlp (deep MLP next-token classifier)"},
+      {"precision", Kind::text, "NAME", "Precision: fp32, fp16 (mixed), bf16 (mixed) or fp16-pure"},
+      {"loss-scale", Kind::text, "SPEC",
+       "Loss scaling: none, dynamic, static:S or a preset (mixprec, torch, deepspeed, megatron, apex, keras, jmp)"},
+      {"layers", Kind::integer, "N", "gpt: transformer blocks"},
+      {"heads", Kind::integer, "N", "gpt: attention heads (must divide --channels)"},
+      {"channels", Kind::integer, "N", "gpt: width (also the mlp's embedding width per context token)"},
+      {"context", Kind::integer, "N", "Tokens per sequence"},
+      {"batch", Kind::integer, "N", "Sequences per micro-batch"},
+      {"depth", Kind::integer, "N", "mlp: hidden layers"},
+      {"hidden", Kind::integer, "N", "mlp: hidden width"},
+      {"data", Kind::text, "FILE", "UTF-8 training text (default: the embedded corpus)"},
+      {"vocab", Kind::text, "SPEC", "Tokeniser: char or word:N"},
+      {"corpus-tokens", Kind::integer, "N", "Size of the embedded corpus in word tokens"},
+      {"val-fraction", Kind::number, "X", "Held-out tail of the token stream, in (0, 0.5]"},
+      {"optimizer", Kind::text, "NAME", "adamw, adam or sgd"},
+      {"lr", Kind::number, "X", "Peak learning rate"},
+      {"min-lr", Kind::number, "X", "Floor of the cosine schedule"},
+      {"warmup", Kind::integer, "N", "Linear warmup steps; the default is at most --steps"},
+      {"weight-decay", Kind::number, "X", "Weight decay"},
+      {"beta1", Kind::number, "X", "Adam beta1"},
+      {"beta2", Kind::number, "X", "Adam beta2"},
+      {"eps", Kind::number, "X", "Adam epsilon"},
+      {"clip", Kind::number, "X", "Max global gradient norm; 0 = no clipping"},
+      {"steps", Kind::integer, "N", "Optimizer steps, applied or skipped"},
+      {"accum", Kind::integer, "N", "Micro-batches per step (gradient accumulation)"},
+      {"seed", Kind::integer, "N", "Seed of the weights, the batch order and the corpus"},
+      {"eval-every", Kind::integer, "N", "Validation loss every N steps and at the end; 0 = only at the end"},
+      {"eval-windows", Kind::integer, "N", "Validation windows per evaluation; 0 = the whole split"},
+      {"out", Kind::text, "DIR", "Run folder: config.json, log.jsonl, checkpoints, summary.json (default: none)"},
+      {"checkpoint-every", Kind::integer, "N", "Checkpoint every N steps (needs --out); 0 = only at the end"},
+      {"keep-checkpoints", Kind::integer, "N", "Newest checkpoints kept in the run folder"},
+      {"resume", Kind::text, "DIR", "Continue the run in DIR from its newest checkpoint; --steps may extend it"},
+      {"inject-overflow-at", Kind::list, "LIST", "Testing: +inf into a gradient at these steps (1-based), e.g. 5,17"},
+      {"threads", Kind::integer, "N", "Threads; 0 = all cores (MIXPREC_THREADS / OMP_NUM_THREADS respected)"},
+  };
+  return specs;
+}
+
+// The default of a key as text, from a default-constructed TrainConfig.
+std::string default_text(const std::string& key) {
+  static const ojson defaults = ojson::parse(train::to_json(TrainConfig{}));
+  const ojson& v = defaults.at(key);
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_array()) {
+    std::string out;
+    for (const ojson& e : v) out += (out.empty() ? "" : ",") + e.dump();
+    return out;
+  }
+  return v.dump();
+}
+
+std::uint64_t parse_uint(const std::string& key, const std::string& text) {
+  std::uint64_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (!text.empty() && ec == std::errc() && ptr == end) return v;
+  // 2e6 and the like: a whole number in scientific notation.
+  double d = 0;
+  auto [dptr, dec] = std::from_chars(text.data(), end, d, std::chars_format::general);
+  if (!text.empty() && dec == std::errc() && dptr == end && d >= 0 && d <= 9007199254740992.0 && d == std::floor(d))
+    return static_cast<std::uint64_t>(d);
+  throw UsageError(key + ": expected a non-negative integer, found " + squote(text));
+}
+
+double parse_number(const std::string& key, const std::string& text) {
+  double v = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, v, std::chars_format::general);
+  if (text.empty() || ptr != end || (ec != std::errc() && ec != std::errc::result_out_of_range))
+    throw UsageError(key + ": expected a number, found " + squote(text));
+  if (ec == std::errc::result_out_of_range)
+    throw UsageError(key + ": expected a number a double holds, found " + squote(text));
+  return v;
+}
+
+template <class T>
+void set_uint(T& field, const std::string& key, const std::string& text) {
+  const std::uint64_t v = parse_uint(key, text);
+  if (v > std::numeric_limits<T>::max())
+    throw UsageError(key + ": expected an integer of at most " + std::to_string(std::numeric_limits<T>::max()) +
+                     ", found " + squote(text));
+  field = static_cast<T>(v);
+}
+
+// Sets one key from its command-line text. Values are checked by train::validate
+// afterwards (so a flag and a config file give the same messages); only text that is
+// not a value of the key's type is rejected here.
+void set_key(TrainConfig& c, const std::string& key, const std::string& text) {
+  if (key == "model") {
+    const auto k = nn::parse_model_kind(text);
+    if (!k) throw UsageError("model: expected gpt or mlp, found " + squote(text));
+    c.model.kind = *k;
+  } else if (key == "precision") {
+    const auto p = nn::parse_precision(text);
+    if (!p) {
+      std::string names;
+      const auto& all = nn::precision_names();
+      for (std::size_t i = 0; i < all.size(); ++i)
+        names += (i == 0 ? "" : i + 1 == all.size() ? " or " : ", ") + all[i];
+      throw UsageError("precision: expected " + names + ", found " + squote(text));
+    }
+    c.precision = *p;
+  } else if (key == "loss-scale") {
+    c.loss_scale = text;
+  } else if (key == "layers") {
+    set_uint(c.model.layers, key, text);
+  } else if (key == "heads") {
+    set_uint(c.model.heads, key, text);
+  } else if (key == "channels") {
+    set_uint(c.model.channels, key, text);
+  } else if (key == "context") {
+    set_uint(c.model.context, key, text);
+  } else if (key == "batch") {
+    set_uint(c.model.batch, key, text);
+  } else if (key == "depth") {
+    set_uint(c.model.depth, key, text);
+  } else if (key == "hidden") {
+    set_uint(c.model.hidden, key, text);
+  } else if (key == "data") {
+    c.data = text;
+  } else if (key == "vocab") {
+    c.vocab = text;
+  } else if (key == "corpus-tokens") {
+    set_uint(c.corpus_tokens, key, text);
+  } else if (key == "val-fraction") {
+    c.val_fraction = parse_number(key, text);
+  } else if (key == "optimizer") {
+    c.optimizer = text;
+  } else if (key == "lr") {
+    c.lr = parse_number(key, text);
+  } else if (key == "min-lr") {
+    c.min_lr = parse_number(key, text);
+  } else if (key == "warmup") {
+    set_uint(c.warmup, key, text);
+  } else if (key == "weight-decay") {
+    c.weight_decay = parse_number(key, text);
+  } else if (key == "beta1") {
+    c.beta1 = parse_number(key, text);
+  } else if (key == "beta2") {
+    c.beta2 = parse_number(key, text);
+  } else if (key == "eps") {
+    c.eps = parse_number(key, text);
+  } else if (key == "clip") {
+    c.clip = parse_number(key, text);
+  } else if (key == "steps") {
+    set_uint(c.steps, key, text);
+  } else if (key == "accum") {
+    set_uint(c.accum, key, text);
+  } else if (key == "seed") {
+    set_uint(c.seed, key, text);
+  } else if (key == "eval-every") {
+    set_uint(c.eval_every, key, text);
+  } else if (key == "eval-windows") {
+    set_uint(c.eval_windows, key, text);
+  } else if (key == "out") {
+    c.out = text;
+  } else if (key == "checkpoint-every") {
+    set_uint(c.checkpoint_every, key, text);
+  } else if (key == "keep-checkpoints") {
+    set_uint(c.keep_checkpoints, key, text);
+  } else if (key == "resume") {
+    c.resume = text;
+  } else if (key == "inject-overflow-at") {
+    std::vector<std::size_t> steps;
+    std::size_t start = 0;
+    while (start <= text.size() && !text.empty()) {
+      const std::size_t comma = std::min(text.find(',', start), text.size());
+      const std::string item = text.substr(start, comma - start);
+      std::size_t s = 0;
+      try {
+        set_uint(s, key, item);
+      } catch (const UsageError&) {
+        throw UsageError(key + ": expected step numbers separated by commas (e.g. 5,17), found " + squote(text));
+      }
+      steps.push_back(s);
+      start = comma + 1;
+    }
+    c.inject_overflow_at = std::move(steps);
+  } else if (key == "threads") {
+    set_uint(c.threads, key, text);
+  } else {
+    throw std::logic_error("mixprec train: no flag for config key '" + key + "'");
+  }
+}
+
+struct Flag {
+  const KeySpec* spec;
+  std::shared_ptr<std::string> value;
+  CLI::Option* option;
+};
+
+// Adds --KEY for every config key except those in `skip`.
+std::vector<Flag> add_key_flags(CLI::App* cmd, const std::vector<std::string>& skip) {
+  std::vector<Flag> flags;
+  for (const KeySpec& s : key_specs()) {
+    if (std::find(skip.begin(), skip.end(), s.key) != skip.end()) continue;
+    auto value = std::make_shared<std::string>();
+    const std::string def = default_text(s.key);
+    std::string help = s.help;
+    if (!def.empty() && s.key != "resume" && s.key != "out" && s.key != "data")
+      help += " (default " + def + ")";
+    CLI::Option* o = cmd->add_option("--" + s.key, *value, help)->type_name(s.type);
+    flags.push_back({&s, value, o});
+  }
+  return flags;
+}
+
+const Flag* find_flag(const std::vector<Flag>& flags, std::string_view key) {
+  for (const Flag& f : flags)
+    if (f.spec->key == key) return &f;
+  return nullptr;
+}
+
+// Only flags actually given override (a config file, or a resumed run's config).
+TrainConfig apply_flags(TrainConfig c, const std::vector<Flag>& flags, const std::vector<std::string>& skip = {}) {
+  for (const Flag& f : flags) {
+    if (f.option->count() == 0) continue;
+    if (std::find(skip.begin(), skip.end(), f.spec->key) != skip.end()) continue;
+    set_key(c, f.spec->key, *f.value);
+  }
+  return c;
+}
+
+// The default warmup is at most `steps` (so `--steps 3` just works); a warmup that
+// was asked for (flag or config file) is validated as given.
+void fit_default_warmup(TrainConfig& c, const std::vector<Flag>& flags, const std::string& config_text,
+                        bool config_given) {
+  if (const Flag* f = find_flag(flags, "warmup"); f != nullptr && f->option->count() > 0) return;
+  if (config_given && ojson::parse(config_text).contains("warmup")) return;
+  c.warmup = std::min(c.warmup, c.steps);
+}
+
+// ---- files ------------------------------------------------------------------------------
+
+std::string read_text(const fs::path& p, const std::string& what) {
+  std::error_code ec;
+  if (fs::is_directory(p, ec)) throw UsageError(what + ": " + squote(p.string()) + " is a folder, not a file");
+  std::ifstream in(p, std::ios::binary);
+  if (!in) throw UsageError(what + ": cannot read " + squote(p.string()) + ": " + std::strerror(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw UsageError(what + ": cannot read " + squote(p.string()) + ": " + std::strerror(errno));
+  return ss.str();
+}
+
+// Writes `text` to a temporary next to `path`, then renames it over `path`.
+void write_atomic(const fs::path& path, const std::string& text) {
+  const fs::path tmp = path.parent_path() / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) throw std::runtime_error("cannot create " + squote(tmp.string()) + ": " + std::strerror(errno));
+  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 &&
+                  ::fsync(::fileno(f)) == 0;
+  const int err = errno;
+  if (std::fclose(f) != 0 || !ok) {
+    std::remove(tmp.c_str());
+    throw std::runtime_error("cannot write " + squote(path.string()) + ": " + std::strerror(ok ? errno : err));
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int rerr = errno;
+    std::remove(tmp.c_str());
+    throw std::runtime_error("cannot rename " + squote(tmp.string()) + " to " + squote(path.string()) + ": " +
+                             std::strerror(rerr));
+  }
+}
+
+bool exists_non_empty(const fs::path& dir, const std::string& key) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return false;
+  if (!fs::is_directory(dir, ec)) throw UsageError(key + ": " + squote(dir.string()) + " exists and is not a folder");
+  return !fs::is_empty(dir, ec);
+}
+
+void check_parent_exists(const std::string& path, const std::string& key) {
+  const fs::path parent = fs::path(path).parent_path();
+  std::error_code ec;
+  if (!parent.empty() && !fs::is_directory(parent, ec))
+    throw UsageError(key + ": folder " + squote(parent.string()) + " does not exist");
+}
+
+// log.jsonl, appended one flushed line per step.
+class LogWriter {
+ public:
+  explicit LogWriter(fs::path path) : path_(std::move(path)) {
+    file_ = std::fopen(path_.c_str(), "ab");
+    if (file_ == nullptr)
+      throw std::runtime_error("cannot open " + squote(path_.string()) + ": " + std::strerror(errno));
+  }
+  ~LogWriter() {
+    if (file_ != nullptr) std::fclose(file_);
+  }
+  LogWriter(const LogWriter&) = delete;
+  LogWriter& operator=(const LogWriter&) = delete;
+
+  void write(const std::string& line) {
+    if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fputc('\n', file_) == EOF ||
+        std::fflush(file_) != 0)
+      throw std::runtime_error("cannot write " + squote(path_.string()) + ": " + std::strerror(errno));
+  }
+
+ private:
+  fs::path path_;
+  std::FILE* file_ = nullptr;
+};
+
+// Keeps the log lines of steps <= `step` (they must be steps 1..step, in order) and
+// drops the rest, replacing the file atomically.
+void truncate_log(const fs::path& path, std::uint64_t step) {
+  std::string text;
+  std::error_code ec;
+  if (fs::exists(path, ec)) {
+    std::ifstream in(path, std::ios::binary);
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    if (!in) throw std::runtime_error("cannot read " + squote(path.string()) + ": " + std::strerror(errno));
+    text = ss.str();
+  }
+  std::string kept;
+  std::uint64_t last = 0;
+  std::size_t line_no = 0;
+  for (std::size_t pos = 0; pos < text.size();) {
+    const std::size_t nl = std::min(text.find('\n', pos), text.size());
+    const std::string line = text.substr(pos, nl - pos);
+    pos = nl + 1;
+    ++line_no;
+    StepRecord r;
+    try {
+      r = train::parse_step_record(line);
+    } catch (const std::invalid_argument& e) {
+      if (last == step) break;  // after the checkpoint: a line cut short by a crash is dropped with the rest
+      throw std::runtime_error(path.string() + ":" + std::to_string(line_no) + ": " + e.what());
+    }
+    if (r.step > step) break;
+    if (r.step != last + 1)
+      throw std::runtime_error(path.string() + ":" + std::to_string(line_no) + ": step " + std::to_string(r.step) +
+                               " follows step " + std::to_string(last) + "; expected consecutive steps");
+    last = r.step;
+    kept += line;
+    kept += '\n';
+  }
+  if (last != step)
+    throw std::runtime_error(squote(path.string()) + " ends at step " + std::to_string(last) +
+                             " but the newest checkpoint is at step " + std::to_string(step) +
+                             "; the run folder is inconsistent");
+  write_atomic(path, kept);
+}
+
+// ---- signals ------------------------------------------------------------------------------
+
+volatile std::sig_atomic_t g_signal = 0;
+
+extern "C" void on_stop_signal(int sig) { g_signal = sig; }
+
+// SIGINT / SIGTERM set a flag; the loop stops after the current step. A second signal
+// takes the default action (SA_RESETHAND).
+class StopSignals {
+ public:
+  StopSignals() {
+    g_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESETHAND;
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  StopSignals(const StopSignals&) = delete;
+  StopSignals& operator=(const StopSignals&) = delete;
+
+ private:
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+// ---- progress -------------------------------------------------------------------------------
+
+std::string duration_text(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  const auto t = static_cast<std::uint64_t>(std::llround(s));
+  if (t < 60) return fmt::format("{}s", t);
+  if (t < 3600) return fmt::format("{}m{:02}s", t / 60, t % 60);
+  return fmt::format("{}h{:02}m", t / 3600, t % 3600 / 60);
+}
+
+std::string loss_text(double v) { return std::isfinite(v) ? fmt::format("{:.4g}", v) : fmt::format("{}", v); }
+
+// On a terminal: one line redrawn with '\r' at most ten times a second. Otherwise (a
+// file, a pipe): plain lines every max(1, steps/20) steps, on every skipped step and
+// on every evaluation; `lines` = false prints none (compare prints one per run).
+class Progress {
+ public:
+  Progress(std::string label, std::uint64_t total, std::uint64_t skipped_before, bool lines)
+      : label_(std::move(label)),
+        total_(total),
+        every_(std::max<std::uint64_t>(1, total / 20)),
+        skipped_(skipped_before),
+        tty_(::isatty(STDERR_FILENO) == 1),
+        lines_(lines),
+        start_(Clock::now()) {}
+
+  void step(const StepRecord& r) {
+    ++steps_;
+    tokens_ += r.tokens;
+    seconds_ += r.seconds;
+    if (r.skipped) ++skipped_;
+    last_ = r;
+    if (r.val_loss) val_ = r.val_loss;
+    if (tty_) {
+      // Skipped steps and evaluations stay on screen, above the redrawn line.
+      const bool note = r.skipped || r.val_loss;
+      if (note) std::fputs(("\r" + plain_line(r) + "\x1b[K\n").c_str(), stderr);
+      const auto now = Clock::now();
+      if (!note && drawn_ && now - last_draw_ < std::chrono::milliseconds(100) && r.step != total_) return;
+      last_draw_ = now;
+      drawn_ = true;
+      std::fputs(("\r" + bar_line() + "\x1b[K").c_str(), stderr);
+      std::fflush(stderr);
+    } else if (lines_ && (r.step % every_ == 0 || r.skipped || r.val_loss || r.step == total_)) {
+      std::fputs((plain_line(r) + "\n").c_str(), stderr);
+      std::fflush(stderr);
+    }
+  }
+
+  // Ends the redrawn line on a terminal (its last state stays visible).
+  void finish() {
+    if (tty_ && drawn_) {
+      std::fputs(("\r" + bar_line() + "\x1b[K\n").c_str(), stderr);
+      std::fflush(stderr);
+    }
+    drawn_ = false;
+  }
+
+  std::uint64_t steps() const noexcept { return steps_; }
+
+ private:
+  std::string prefix() const { return label_.empty() ? "" : label_ + ": "; }
+  double tokens_per_second() const { return seconds_ > 0 ? static_cast<double>(tokens_) / seconds_ : 0; }
+  double eta() const {
+    const double elapsed = std::chrono::duration<double>(Clock::now() - start_).count();
+    return steps_ == 0 ? 0 : elapsed / static_cast<double>(steps_) * static_cast<double>(total_ - last_.step);
+  }
+
+  std::string plain_line(const StepRecord& r) const {
+    std::string s = fmt::format("{}step {}/{} loss {}", prefix(), r.step, total_, loss_text(r.loss));
+    if (r.val_loss) s += " val " + loss_text(*r.val_loss);
+    s += fmt::format(" scale {} skipped {} tok/s {:.0f} eta {}", r.next_scale, skipped_, tokens_per_second(),
+                     duration_text(eta()));
+    if (r.skipped) {
+      s += r.injected ? " (skipped: injected overflow" : " (skipped: overflow";
+      if (!r.overflow_param.empty()) s += " in " + r.overflow_param;
+      if (!r.loss_finite) s += ", forward pass non-finite at " + r.forward_nonfinite;
+      s += ")";
+    }
+    return s;
+  }
+
+  std::string bar_line() const {
+    constexpr int kWidth = 24;
+    const double f = total_ == 0 ? 1.0 : static_cast<double>(last_.step) / static_cast<double>(total_);
+    const int fill = static_cast<int>(f * kWidth);
+    std::string bar(static_cast<std::size_t>(fill), '#');
+    bar.resize(kWidth, '.');
+    std::string s = fmt::format("{}step {}/{} [{}] loss {}", prefix(), last_.step, total_, bar, loss_text(last_.loss));
+    if (val_) s += " val " + loss_text(*val_);
+    s += fmt::format(" | {:.0f} tok/s | scale {} | skipped {} | eta {}", tokens_per_second(), last_.next_scale,
+                     skipped_, duration_text(eta()));
+    return s;
+  }
+
+  std::string label_;
+  std::uint64_t total_, every_, skipped_;
+  bool tty_, lines_;
+  Clock::time_point start_, last_draw_{};
+  bool drawn_ = false;
+  std::uint64_t steps_ = 0, tokens_ = 0;
+  double seconds_ = 0;
+  StepRecord last_;
+  std::optional<double> val_;
+};
+
+// ---- one run ----------------------------------------------------------------------------------
+
+struct RunResult {
+  bool interrupted = false;
+  int signal = 0;
+  std::uint64_t checkpoint_step = 0;  // newest checkpoint written (0: none)
+  fs::path checkpoint;
+};
+
+// Trains until done or a stop signal; logs every step; checkpoints every
+// checkpoint-every steps and at the end (or on the stop) when `dir` is set.
+RunResult run_loop(Trainer& t, const TrainConfig& c, const fs::path& dir, LogWriter* log, Progress& progress,
+                   std::uint64_t checkpointed) {
+  RunResult res;
+  res.checkpoint_step = checkpointed;
+  auto save = [&](std::uint64_t step) {
+    const fs::path p = ckpt::checkpoint_path(dir, step);
+    t.save_checkpoint(p.string());
+    ckpt::prune_checkpoints(dir, c.keep_checkpoints);
+    res.checkpoint_step = step;
+    res.checkpoint = p;
+  };
+  while (!t.done() && g_signal == 0) {
+    const StepRecord r = t.train_step();
+    if (log != nullptr) log->write(train::step_record_json(r));
+    progress.step(r);
+    if (!dir.empty() && c.checkpoint_every > 0 && r.step % c.checkpoint_every == 0) save(r.step);
+  }
+  progress.finish();
+  res.interrupted = !t.done();
+  res.signal = g_signal;
+  if (!dir.empty() && res.checkpoint_step != t.steps_done()) save(t.steps_done());
+  if (!dir.empty() && res.checkpoint.empty()) res.checkpoint = ckpt::checkpoint_path(dir, res.checkpoint_step);
+  return res;
+}
+
+// Creates a fresh run folder (checked empty before) and writes config.json.
+void start_run_folder(const fs::path& dir, const TrainConfig& c) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw std::runtime_error("cannot create run folder " + squote(dir.string()) + ": " + ec.message());
+  TrainConfig file = c;
+  file.resume.clear();
+  write_atomic(dir / "config.json", train::to_json(file, 2) + "\n");
+}
+
+std::string mib(std::size_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / 1048576.0); }
+
+std::string percent(double f) {
+  if (!std::isfinite(f)) return "-";
+  if (f != 0 && std::fabs(f) < 0.0001) return fmt::format("{:.2g}%", f * 100);
+  return fmt::format("{:.2f}%", f * 100);
+}
+
+std::string grouped(std::uint64_t v) {
+  std::string s = std::to_string(v), out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (i != 0 && (s.size() - i) % 3 == 0) out += ',';
+    out += s[i];
+  }
+  return out;
+}
+
+// The shared setup of a comparison, one line.
+std::string config_line(const TrainConfig& c) {
+  std::string model = c.model.kind == nn::ModelKind::gpt
+                          ? fmt::format("gpt ({} layers, {} heads, {} channels)", c.model.layers, c.model.heads,
+                                        c.model.channels)
+                          : fmt::format("mlp (depth {}, hidden {}, {} channels)", c.model.depth, c.model.hidden,
+                                        c.model.channels);
+  return fmt::format("{}, context {}, batch {} x accum {}, {} steps, {} lr {}, seed {}, data {}", model,
+                     c.model.context, c.model.batch, c.accum, c.steps, c.optimizer, c.lr, c.seed,
+                     c.data.empty() ? fmt::format("embedded corpus ({} tokens, {})", c.corpus_tokens, c.vocab)
+                                    : fmt::format("{} ({})", c.data, c.vocab));
+}
+
+std::string precision_text(nn::Precision p) {
+  const nn::PrecisionPolicy pol = nn::policy_of(p);
+  return fmt::format("{} (activations {}, weights {}, weight gradients {}{})", nn::precision_name(p),
+                     dtype_name(pol.activations), dtype_name(pol.weights), dtype_name(pol.weight_grads),
+                     pol.master ? ", fp32 master weights" : "");
+}
+
+void print_summary(Trainer& t, const TrainSummary& s, const TrainConfig& c, const fs::path& dir,
+                   const std::string& json_path) {
+  const nn::Dataset& d = t.data();
+  fmt::print("mixprec train: {} steps ({} applied, {} skipped)\n", s.steps, s.applied, s.skipped);
+  fmt::print("model: {}\n", t.model().describe());
+  fmt::print("data: {}; {} training and {} validation tokens, vocab {}\n", d.source(), grouped(d.train().size()),
+             grouped(d.validation().size()), d.vocab().size());
+  fmt::print("precision: {}\n", precision_text(c.precision));
+  fmt::print("loss scale: {}, final scale {}\n", c.loss_scale, s.final_scale);
+  fmt::print("loss: train {} (last step), validation {}\n", loss_text(s.final_loss),
+             s.val_loss ? loss_text(*s.val_loss) : std::string("-"));
+  fmt::print("activation gradients: {} of nonzero values flushed to zero, {} subnormal\n",
+             percent(s.underflow_fraction), percent(s.subnormal_fraction));
+  fmt::print("lost updates: {} of the parameters meant to move (mean over applied steps)\n",
+             percent(s.lost_update_fraction));
+  fmt::print("time: {:.1f} s training, {:.1f} ms/step mean, {:.1f} ms median, {:.0f} tokens/s\n", s.seconds,
+             s.mean_step_ms, s.median_step_ms, s.seconds > 0 ? static_cast<double>(s.tokens) / s.seconds : 0.0);
+  fmt::print("memory: parameters + optimizer state {}, activations {}, activation gradients {}, scratch {}\n",
+             mib(s.memory.parameter_bytes), mib(s.memory.activation_bytes), mib(s.memory.gradient_bytes),
+             mib(s.memory.scratch_bytes));
+  if (!dir.empty()) {
+    fmt::print("run folder: {}\n", dir.string());
+    fmt::print("summary: {}\n", (dir / "summary.json").string());
+  }
+  if (!json_path.empty()) fmt::print("json summary: {}\n", json_path);
+}
+
+int fail_usage(std::string_view cmd, const std::string& msg) {
+  fmt::print(stderr, "mixprec {}: error: {}\n", cmd, msg);
+  return 2;
+}
+
+int fail_runtime(std::string_view cmd, const std::string& msg) {
+  fmt::print(stderr, "mixprec {}: error: {}\n", cmd, msg);
+  return 1;
+}
+
+// Builds the Trainer: invalid_argument (configuration) is a usage error, the rest
+// (data files, ...) runtime failures.
+std::unique_ptr<Trainer> make_trainer(const TrainConfig& c) {
+  try {
+    return std::make_unique<Trainer>(c);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
+}
+
+// ---- mixprec train ----------------------------------------------------------------------------
+
+struct TrainInputs {
+  std::vector<Flag> flags;
+  std::shared_ptr<std::string> config_file, json_file;
+  CLI::Option* config_opt = nullptr;
+  CLI::Option* json_opt = nullptr;
+};
+
+struct TrainPlan {
+  TrainConfig config;  // what the Trainer runs
+  fs::path dir;        // run folder ("" = none)
+  bool resume = false;
+  fs::path checkpoint;  // resume: the newest checkpoint
+  std::uint64_t checkpoint_step = 0;
+  std::string json_path;
+};
+
+std::string json_value_text(const ojson& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
+
+TrainPlan plan_train(const TrainInputs& in) {
+  TrainPlan p;
+  const Flag* resume_flag = find_flag(in.flags, "resume");
+  const bool resume = resume_flag->option->count() > 0;
+  std::string config_text;
+  if (in.config_opt->count() > 0) config_text = read_text(*in.config_file, "config");
+  const std::string config_source = "config file " + squote(*in.config_file);
+  if (in.json_opt->count() > 0) {
+    if (in.json_file->empty()) throw UsageError("json: expected a file name, found ''");
+    check_parent_exists(*in.json_file, "json");
+    p.json_path = *in.json_file;
+  }
+
+  if (!resume) {
+    TrainConfig c;
+    if (in.config_opt->count() > 0) c = train::apply_json(c, config_text, config_source);
+    if (!c.resume.empty())
+      throw UsageError(config_source + ": resume: give --resume DIR on the command line to continue a run");
+    c = apply_flags(c, in.flags);
+    fit_default_warmup(c, in.flags, config_text, in.config_opt->count() > 0);
+    train::validate(c);
+    if (c.out.empty() && c.checkpoint_every > 0)
+      throw UsageError("checkpoint-every: checkpoints go to the run folder; give --out DIR");
+    if (!c.out.empty() && exists_non_empty(c.out, "out"))
+      throw UsageError("out: " + squote(c.out) + " exists and is not empty; choose a new folder, or continue that run "
+                       "with --resume " + c.out);
+    p.config = c;
+    p.dir = c.out;
+    return p;
+  }
+
+  // Resume: the run's own configuration; flags may only repeat it (--steps may extend).
+  const std::string dir = *resume_flag->value;
+  if (dir.empty()) throw UsageError("resume: expected a run folder, found ''");
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) throw UsageError("resume: " + squote(dir) + " is not a folder");
+  const fs::path cfg_path = fs::path(dir) / "config.json";
+  if (!fs::exists(cfg_path, ec))
+    throw UsageError("resume: " + squote(dir) + " has no config.json; expected a run folder written by mixprec "
+                     "train --out");
+  const TrainConfig base =
+      train::apply_json(TrainConfig{}, read_text(cfg_path, "resume"), "run config " + squote(cfg_path.string()));
+  TrainConfig requested = base;
+  if (in.config_opt->count() > 0) requested = train::apply_json(requested, config_text, config_source);
+  requested = apply_flags(requested, in.flags, {"resume"});
+  const ojson was = ojson::parse(train::to_json(base));
+  const ojson now = ojson::parse(train::to_json(requested));
+  for (const auto& [key, value] : was.items()) {
+    if (key == "steps" || key == "out" || key == "resume") continue;
+    if (now.at(key) != value)
+      throw UsageError("--" + key + ": this run was started with " +
+                       (json_value_text(value).empty() ? "''" : json_value_text(value)) +
+                       "; a resumed run keeps its configuration");
+  }
+  if (const Flag* out = find_flag(in.flags, "out"); out->option->count() > 0) {
+    if (!fs::exists(*out->value, ec) || !fs::equivalent(*out->value, dir, ec))
+      throw UsageError("out: a resumed run continues in its own folder " + squote(dir) + ", found " +
+                       squote(*out->value));
+  }
+  const auto checkpoints = ckpt::list_checkpoints(dir);
+  if (checkpoints.empty())
+    throw UsageError("resume: " + squote(dir) + " has no checkpoint (ckpt-<step>.safetensors) to resume from");
+  p.checkpoint_step = checkpoints.back().first;
+  p.checkpoint = checkpoints.back().second;
+  TrainConfig c = requested;
+  c.out = dir;
+  c.resume = dir;
+  train::validate(c);
+  if (c.steps < p.checkpoint_step)
+    throw UsageError("steps: the run in " + squote(dir) + " is at step " + std::to_string(p.checkpoint_step) +
+                     "; expected at least " + std::to_string(p.checkpoint_step) + ", found " +
+                     std::to_string(c.steps));
+  p.config = c;
+  p.dir = dir;
+  p.resume = true;
+  return p;
+}
+
+int run_train(const TrainInputs& in) {
+  constexpr std::string_view cmd = "train";
+  TrainPlan p;
+  std::unique_ptr<Trainer> t;
+  try {
+    p = plan_train(in);
+    t = make_trainer(p.config);
+  } catch (const std::invalid_argument& e) {
+    return fail_usage(cmd, e.what());
+  } catch (const std::exception& e) {
+    return fail_runtime(cmd, e.what());
+  }
+
+  try {
+    std::unique_ptr<LogWriter> log;
+    if (p.resume) {
+      t->load_checkpoint(p.checkpoint.string());
+      truncate_log(p.dir / "log.jsonl", t->steps_done());
+      TrainConfig file = p.config;  // the run's configuration with the (possibly extended) steps
+      file.resume.clear();
+      write_atomic(p.dir / "config.json", train::to_json(file, 2) + "\n");
+      fmt::print(stderr, "mixprec train: resuming {} at step {} of {}\n", p.dir.string(), t->steps_done(),
+                 p.config.steps);
+    } else if (!p.dir.empty()) {
+      start_run_folder(p.dir, p.config);
+    }
+    if (!p.dir.empty()) log = std::make_unique<LogWriter>(p.dir / "log.jsonl");
+
+    const StopSignals signals;
+    Progress progress("", p.config.steps, t->summary().skipped, true);
+    const RunResult res = run_loop(*t, p.config, p.dir, log.get(), progress, p.resume ? t->steps_done() : 0);
+    if (res.interrupted) {
+      const char* name = res.signal == SIGTERM ? "SIGTERM" : "SIGINT";
+      fmt::print(stderr, "mixprec train: {}: stopped after step {} of {}\n", name, t->steps_done(), p.config.steps);
+      if (!p.dir.empty())
+        fmt::print(stderr, "checkpoint: {}\ncontinue with: mixprec train --resume {}\n", res.checkpoint.string(),
+                   p.dir.string());
+      return 128 + res.signal;
+    }
+    const TrainSummary s = t->summary();
+    const std::string summary = train::summary_json(s, p.config);
+    if (!p.dir.empty()) write_atomic(p.dir / "summary.json", summary);
+    if (!p.json_path.empty()) write_atomic(p.json_path, summary);
+    print_summary(*t, s, p.config, p.dir, p.json_path);
+    return 0;
+  } catch (const std::exception& e) {
+    return fail_runtime(cmd, e.what());
+  }
+}
+
+// ---- mixprec compare ----------------------------------------------------------------------------
+
+struct Arrangement {
+  std::string name;
+  nn::Precision precision;
+  std::string loss_scale;  // "static:" gets the --static-scale value
+};
+
+const std::vector<Arrangement>& arrangements() {
+  static const std::vector<Arrangement> rows = {
+      {"fp32", nn::Precision::fp32, "none"},
+      {"fp16-noscale", nn::Precision::fp16, "none"},
+      {"fp16-static", nn::Precision::fp16, "static:"},
+      {"fp16-dynamic", nn::Precision::fp16, "dynamic"},
+      {"bf16", nn::Precision::bf16, "none"},
+      {"fp16-pure", nn::Precision::fp16_pure, "dynamic"},
+  };
+  return rows;
+}
+
+struct CompareInputs {
+  std::vector<Flag> flags;
+  std::shared_ptr<std::string> config_file, json_file, out, static_scale, only;
+  std::shared_ptr<bool> quick;
+  CLI::Option* config_opt = nullptr;
+  CLI::Option* json_opt = nullptr;
+  CLI::Option* only_opt = nullptr;
+};
+
+struct CompareRow {
+  std::string name;
+  TrainConfig config;
+  std::optional<TrainSummary> summary;
+  std::string error;
+};
+
+struct ComparePlan {
+  TrainConfig base;
+  std::vector<CompareRow> rows;
+  fs::path out;
+  std::string json_path;
+};
+
+// The keys compare sets per row or does not use.
+const std::vector<std::string>& compare_skipped_keys() {
+  static const std::vector<std::string> keys = {"precision", "loss-scale", "out", "resume", "checkpoint-every",
+                                                "keep-checkpoints"};
+  return keys;
+}
+
+ComparePlan plan_compare(const CompareInputs& in) {
+  ComparePlan p;
+  TrainConfig c;
+  std::string config_text;
+  if (in.config_opt->count() > 0) {
+    config_text = read_text(*in.config_file, "config");
+    c = train::apply_json(c, config_text, "config file " + squote(*in.config_file));
+  }
+  c = apply_flags(c, in.flags);
+  c.out.clear();
+  c.resume.clear();
+  c.checkpoint_every = 0;
+  c.keep_checkpoints = 1;
+  if (*in.quick) {
+    c.steps = std::min<std::size_t>(c.steps, std::max<std::size_t>(20, c.steps / 3));
+    c.warmup = std::min(c.warmup, c.steps);
+  }
+  fit_default_warmup(c, in.flags, config_text, in.config_opt->count() > 0);
+  train::validate(c);
+  p.base = c;
+
+  const double scale = parse_number("static-scale", *in.static_scale);
+  if (!(std::isfinite(scale) && scale > 0))
+    throw UsageError("static-scale: expected a finite number > 0, found " + squote(*in.static_scale));
+
+  std::vector<std::string> wanted;
+  if (in.only_opt->count() > 0) {
+    std::string names;
+    for (const Arrangement& a : arrangements()) names += (names.empty() ? "" : ", ") + a.name;
+    const std::string& text = *in.only;
+    for (std::size_t start = 0; start <= text.size();) {
+      const std::size_t comma = std::min(text.find(',', start), text.size());
+      const std::string name = text.substr(start, comma - start);
+      start = comma + 1;
+      const bool known = std::any_of(arrangements().begin(), arrangements().end(),
+                                     [&](const Arrangement& a) { return a.name == name; });
+      if (!known) throw UsageError("only: expected names from " + names + ", found " + squote(name));
+      if (std::find(wanted.begin(), wanted.end(), name) == wanted.end()) wanted.push_back(name);
+    }
+  }
+
+  p.out = *in.out;
+  if (p.out.empty()) throw UsageError("out: expected a folder, found ''");
+  for (const Arrangement& a : arrangements()) {
+    if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), a.name) == wanted.end()) continue;
+    CompareRow row;
+    row.name = a.name;
+    row.config = c;
+    row.config.precision = a.precision;
+    row.config.loss_scale = a.loss_scale == "static:" ? "static:" + *in.static_scale : a.loss_scale;
+    row.config.out = (p.out / a.name).string();
+    try {
+      train::validate(row.config);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(a.name + ": " + e.what());
+    }
+    if (exists_non_empty(row.config.out, "out"))
+      throw UsageError("out: " + squote(row.config.out) + " exists and is not empty; choose another --out or remove "
+                       "it");
+    p.rows.push_back(std::move(row));
+  }
+  if (in.json_opt->count() > 0) {
+    if (in.json_file->empty()) throw UsageError("json: expected a file name, found ''");
+    check_parent_exists(*in.json_file, "json");
+    p.json_path = *in.json_file;
+  }
+  return p;
+}
+
+ojson number_or_null(double v) { return std::isfinite(v) ? ojson(v) : ojson(nullptr); }
+
+std::optional<double> fp32_val(const std::vector<CompareRow>& rows) {
+  for (const CompareRow& r : rows)
+    if (r.name == "fp32" && r.summary && r.summary->val_loss && std::isfinite(*r.summary->val_loss))
+      return r.summary->val_loss;
+  return std::nullopt;
+}
+
+std::optional<double> gap_to_fp32(const CompareRow& r, std::optional<double> base) {
+  if (!base || !r.summary || !r.summary->val_loss || !std::isfinite(*r.summary->val_loss)) return std::nullopt;
+  return (*r.summary->val_loss - *base) / *base;
+}
+
+std::string compare_json(const ComparePlan& p) {
+  const std::optional<double> base = fp32_val(p.rows);
+  ojson runs = ojson::array();
+  for (const CompareRow& r : p.rows) {
+    ojson o = ojson::object();
+    o["name"] = r.name;
+    const TrainSummary* s = r.summary ? &*r.summary : nullptr;
+    o["val_loss"] = s && s->val_loss ? number_or_null(*s->val_loss) : ojson(nullptr);
+    o["skipped_steps"] = s ? ojson(s->skipped) : ojson(nullptr);
+    o["final_scale"] = s ? number_or_null(static_cast<double>(s->final_scale)) : ojson(nullptr);
+    o["underflow_fraction"] = s ? number_or_null(s->underflow_fraction) : ojson(nullptr);
+    o["subnormal_fraction"] = s ? number_or_null(s->subnormal_fraction) : ojson(nullptr);
+    o["lost_update_fraction"] = s ? number_or_null(s->lost_update_fraction) : ojson(nullptr);
+    o["step_ms"] = s ? number_or_null(s->mean_step_ms) : ojson(nullptr);
+    const auto gap = gap_to_fp32(r, base);
+    o["gap_to_fp32"] = gap ? number_or_null(*gap) : ojson(nullptr);
+    if (!r.error.empty()) o["error"] = r.error;
+    runs.push_back(std::move(o));
+  }
+  ojson doc = ojson::object();
+  doc["runs"] = std::move(runs);
+  doc["config"] = ojson::parse(train::to_json(p.base));
+  return doc.dump(2, ' ', false, ojson::error_handler_t::replace) + "\n";
+}
+
+void print_compare_table(const ComparePlan& p) {
+  const std::optional<double> base = fp32_val(p.rows);
+  fmt::print("{:<13} {:>9} {:>8} {:>7} {:>11} {:>10} {:>10} {:>9} {:>8}\n", "run", "val loss", "vs fp32", "skipped",
+             "final scale", "underflow", "subnormal", "lost upd", "step ms");
+  for (const CompareRow& r : p.rows) {
+    if (!r.summary) {
+      fmt::print("{:<13} failed: {}\n", r.name, r.error);
+      continue;
+    }
+    const TrainSummary& s = *r.summary;
+    const auto gap = gap_to_fp32(r, base);
+    fmt::print("{:<13} {:>9} {:>8} {:>7} {:>11} {:>10} {:>10} {:>9} {:>8.1f}\n", r.name,
+               s.val_loss ? loss_text(*s.val_loss) : std::string("-"),
+               gap ? fmt::format("{:+.2f}%", *gap * 100) : std::string("-"), s.skipped, s.final_scale,
+               percent(s.underflow_fraction), percent(s.subnormal_fraction), percent(s.lost_update_fraction),
+               s.mean_step_ms);
+  }
+}
+
+int run_compare(const CompareInputs& in) {
+  constexpr std::string_view cmd = "compare";
+  ComparePlan p;
+  try {
+    p = plan_compare(in);
+  } catch (const std::invalid_argument& e) {
+    return fail_usage(cmd, e.what());
+  } catch (const std::exception& e) {
+    return fail_runtime(cmd, e.what());
+  }
+  try {
+    fmt::print(stderr, "mixprec compare: {} runs of {} steps each, into {}\n", p.rows.size(), p.base.steps,
+               p.out.string());
+    const StopSignals signals;
+    int stopped = 0;
+    for (std::size_t i = 0; i < p.rows.size(); ++i) {
+      CompareRow& row = p.rows[i];
+      const fs::path dir = row.config.out;
+      // Not-yet-working setups (a data file, the configuration) stop the comparison;
+      // what happens during training (a collapsed scale, ...) is a result of the row.
+      std::unique_ptr<Trainer> t;
+      try {
+        t = make_trainer(row.config);
+      } catch (const UsageError& e) {
+        return fail_usage(cmd, row.name + ": " + e.what());
+      }
+      start_run_folder(dir, row.config);
+      LogWriter log(dir / "log.jsonl");
+      Progress progress(row.name, row.config.steps, 0, false);
+      const auto t0 = Clock::now();
+      try {
+        const RunResult res = run_loop(*t, row.config, dir, &log, progress, 0);
+        if (res.interrupted) {
+          stopped = res.signal;
+          row.error = fmt::format("interrupted after step {}", t->steps_done());
+        } else {
+          row.summary = t->summary();
+          write_atomic(dir / "summary.json", train::summary_json(*row.summary, row.config));
+        }
+      } catch (const std::exception& e) {
+        progress.finish();
+        row.error = e.what();
+      }
+      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+      if (row.summary) {
+        const TrainSummary& s = *row.summary;
+        fmt::print(stderr, "[{}/{}] {}: {} steps in {:.1f} s, val {}, skipped {}, final scale {}\n", i + 1,
+                   p.rows.size(), row.name, s.steps, secs, s.val_loss ? loss_text(*s.val_loss) : std::string("-"),
+                   s.skipped, s.final_scale);
+      } else {
+        fmt::print(stderr, "[{}/{}] {}: failed after {:.1f} s: {}\n", i + 1, p.rows.size(), row.name, secs, row.error);
+      }
+      if (stopped != 0) break;
+    }
+    const std::string doc = compare_json(p);
+    write_atomic(p.out / "compare.json", doc);
+    if (!p.json_path.empty()) write_atomic(p.json_path, doc);
+    fmt::print("mixprec compare: {}\n\n", config_line(p.base));
+    print_compare_table(p);
+    fmt::print("\nruns: {}\ncompare.json: {}\n", p.out.string(), (p.out / "compare.json").string());
+    if (stopped != 0) {
+      fmt::print(stderr, "mixprec compare: {}: stopped\n", stopped == SIGTERM ? "SIGTERM" : "SIGINT");
+      return 128 + stopped;
+    }
+    return 0;
+  } catch (const std::exception& e) {
+    return fail_runtime(cmd, e.what());
+  }
+}
+
+}  // namespace
+
+void add_train_commands(CLI::App& app, std::function<int()>& action) {
+  // mixprec train
+  auto* train_cmd = app.add_subcommand("train", "Train a model: flags or a JSON config, run folder, resume, summary");
+  auto ti = std::make_shared<TrainInputs>();
+  ti->flags = add_key_flags(train_cmd, {});
+  ti->config_file = std::make_shared<std::string>();
+  ti->json_file = std::make_shared<std::string>();
+  ti->config_opt = train_cmd->add_option("--config", *ti->config_file,
+                                         "JSON config (keys = flag names without dashes), applied first; flags given "
+                                         "override it")
+                       ->type_name("FILE");
+  ti->json_opt =
+      train_cmd->add_option("--json", *ti->json_file, "Also write the summary as JSON to FILE")->type_name("FILE");
+  train_cmd->callback([ti, &action] { action = [ti] { return run_train(*ti); }; });
+
+  // mixprec compare
+  auto* cmp = app.add_subcommand(
+      "compare", "Train the same model under fp32, fp16 (no / static / dynamic scaling), bf16 and fp16-pure");
+  auto ci = std::make_shared<CompareInputs>();
+  ci->flags = add_key_flags(cmp, compare_skipped_keys());
+  ci->config_file = std::make_shared<std::string>();
+  ci->json_file = std::make_shared<std::string>();
+  ci->out = std::make_shared<std::string>("compare-runs");
+  ci->static_scale = std::make_shared<std::string>("1024");
+  ci->only = std::make_shared<std::string>();
+  ci->quick = std::make_shared<bool>(false);
+  ci->config_opt = cmp->add_option("--config", *ci->config_file,
+                                   "JSON config applied first (precision, loss-scale and out are set per run)")
+                       ->type_name("FILE");
+  ci->json_opt = cmp->add_option("--json", *ci->json_file, "Also write compare.json to FILE")->type_name("FILE");
+  cmp->add_option("--out", *ci->out, "Folder of the runs (one sub-folder each) and compare.json (default compare-runs)")
+      ->type_name("DIR");
+  cmp->add_option("--static-scale", *ci->static_scale, "Loss scale S of the fp16-static run (default 1024)")
+      ->type_name("S");
+  std::string names;
+  for (const Arrangement& a : arrangements()) names += (names.empty() ? "" : ",") + a.name;
+  ci->only_opt = cmp->add_option("--only", *ci->only, "Run only these, comma-separated: " + names)->type_name("LIST");
+  cmp->add_flag("--quick", *ci->quick, "Fewer steps: steps/3, at least 20");
+  cmp->callback([ci, &action] { action = [ci] { return run_compare(*ci); }; });
+}
+
+}  // namespace mixprec::cli
