@@ -1,5 +1,5 @@
 # mixprec: two commands on a fresh Debian 12 machine, as root.
-#   make run    install what is missing, build (Release), run the main job
+#   make run    install what is missing, build (Release), train the default model (mixprec train)
 #   make test   install what is missing, build Release and Debug+ASan+UBSan, run every test
 #   make bench  install what is missing, build (Release), run the benchmarks
 .PHONY: all deps release debug-asan run test test-release test-asan example bench fuzz clean
@@ -28,8 +28,11 @@ release: deps $(RELEASE)/CMakeCache.txt
 debug-asan: deps $(ASAN)/CMakeCache.txt
 	cmake --build $(ASAN) -j $(JOBS)
 
+# The main job: train the default gpt in mixed fp16 with dynamic loss scaling on the
+# embedded corpus (about three minutes on two cores); the run folder is replaced.
 run: release
-	$(MIXPREC) formats
+	rm -rf runs/latest
+	$(MIXPREC) train --out runs/latest
 
 test: test-release test-asan example
 	@echo "make test: all test suites passed (Release, Debug+ASan+UBSan, installed-package consumer)"
@@ -58,6 +61,7 @@ example: release
 bench: release
 	$(MIXPREC) bench formats
 	$(MIXPREC) bench scaler
+	$(MIXPREC) bench train
 
 clean:
 	rm -rf build

@@ -44,6 +44,11 @@ void check_wpe(const char* fn, const char* name, std::size_t found, std::size_t 
 
 constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
 
+// Whether a loop touching `elements` values is worth an OpenMP parallel region. Waking
+// the team costs microseconds on a quiet machine and far more on a busy one, so small
+// problems (tests, evaluation tails, tiny models) stay on the calling thread.
+inline bool parallel_worth_it(std::size_t elements) { return elements >= (std::size_t{1} << 16); }
+
 // tanh(u) = 1 - 2 / (exp(2u) + 1): one expf instead of libm's tanhf (three times
 // slower here), absolute error within a few fp32 ulps of 1; exp overflow to inf gives
 // exactly 1 and underflow to 0 gives exactly -1.
@@ -67,7 +72,7 @@ void linear_forward(Gemm& gemm, std::span<float> out, std::span<const float> inp
   gemm.run(view(inp.data(), N, C), view(weight.data(), OC, C), output(out.data(), N, OC),
            {.trans_a = Trans::no, .trans_b = Trans::yes});
   if (!bias.empty()) {
-    #pragma omp parallel for schedule(static)
+    #pragma omp parallel for schedule(static) if (parallel_worth_it(N * OC))
     for (std::size_t n = 0; n < N; ++n) {
       float* row = out.data() + n * OC;
       for (std::size_t o = 0; o < OC; ++o) row[o] += bias[o];
@@ -120,7 +125,7 @@ void embedding_forward(std::span<float> out, std::span<const TokenId> tokens, st
   check_wpe(fn, "wpe", wpe.size(), T, C);
   check_tokens(fn, "tokens", tokens, V);
 
-  #pragma omp parallel for schedule(static)
+  #pragma omp parallel for schedule(static) if (parallel_worth_it(B * T * C))
   for (std::size_t b = 0; b < B; ++b) {
     for (std::size_t t = 0; t < T; ++t) {
       float* o = out.data() + (b * T + t) * C;
@@ -174,7 +179,7 @@ void layernorm_forward(std::span<float> out, std::span<float> mean, std::span<fl
   if (!(eps > 0.0f)) fail(fn, "eps: expected > 0, found " + std::to_string(eps));
 
   const float inv_c = 1.0f / static_cast<float>(C);
-  #pragma omp parallel for schedule(static)
+  #pragma omp parallel for schedule(static) if (parallel_worth_it(N * C))
   for (std::size_t n = 0; n < N; ++n) {
     const float* x = inp.data() + n * C;
     float m = 0.0f;
@@ -241,7 +246,7 @@ void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::sp
 
 void gelu_forward(std::span<float> out, std::span<const float> inp) {
   check_size("gelu_forward", "out", out.size(), inp.size(), "inp.size()");
-  #pragma omp parallel for schedule(static)
+  #pragma omp parallel for schedule(static) if (parallel_worth_it(inp.size()))
   for (std::size_t i = 0; i < inp.size(); ++i) {
     const float x = inp[i];
     const float cube = 0.044715f * x * x * x;
@@ -252,7 +257,7 @@ void gelu_forward(std::span<float> out, std::span<const float> inp) {
 void gelu_backward(std::span<float> dinp, std::span<const float> inp, std::span<const float> dout) {
   check_size("gelu_backward", "dinp", dinp.size(), inp.size(), "inp.size()");
   check_size("gelu_backward", "dout", dout.size(), inp.size(), "inp.size()");
-  #pragma omp parallel for schedule(static)
+  #pragma omp parallel for schedule(static) if (parallel_worth_it(inp.size()))
   for (std::size_t i = 0; i < inp.size(); ++i) {
     const float x = inp[i];
     const float cube = 0.044715f * x * x * x;
@@ -306,7 +311,7 @@ void attention_forward(std::span<float> out, std::span<float> preatt, std::span<
   const std::size_t C3 = 3 * C;
   const std::size_t hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  #pragma omp parallel for schedule(static)
+  #pragma omp parallel for schedule(static) if (parallel_worth_it(B * NH * T * T * (C / NH)))
   for (std::size_t b = 0; b < B; ++b) {
     for (std::size_t t = 0; t < T; ++t) {
       for (std::size_t h = 0; h < NH; ++h) {
@@ -365,7 +370,7 @@ void attention_backward(std::span<float> dqkv, std::span<float> dpreatt, std::sp
   const std::size_t C3 = 3 * C;
   const std::size_t hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
-  #pragma omp parallel for schedule(static)
+  #pragma omp parallel for schedule(static) if (parallel_worth_it(B * NH * T * T * (C / NH)))
   for (std::size_t b = 0; b < B; ++b) {
     for (std::size_t t = 0; t < T; ++t) {
       for (std::size_t h = 0; h < NH; ++h) {
@@ -433,7 +438,7 @@ void softmax_crossentropy_forward(std::span<float> losses, std::span<float> prob
   check_size(fn, "targets", targets.size(), B * T, "B*T");
   check_tokens(fn, "targets", targets, V);
 
-  #pragma omp parallel for schedule(static)
+  #pragma omp parallel for schedule(static) if (parallel_worth_it(B * T * V))
   for (std::size_t n = 0; n < B * T; ++n) {
     const float* l = logits.data() + n * V;
     float* p = probs.data() + n * V;
@@ -462,7 +467,7 @@ void crossentropy_softmax_backward(std::span<float> dlogits, std::span<const flo
   check_size(fn, "targets", targets.size(), B * T, "B*T");
   check_tokens(fn, "targets", targets, V);
 
-  #pragma omp parallel for schedule(static)
+  #pragma omp parallel for schedule(static) if (parallel_worth_it(B * T * V))
   for (std::size_t n = 0; n < B * T; ++n) {
     const float* p = probs.data() + n * V;
     float* d = dlogits.data() + n * V;

@@ -11,8 +11,10 @@
 
 #include "cmd_bench.hpp"
 #include "cmd_formats.hpp"
+#include "cmd_inspect.hpp"
 #include "cmd_memory.hpp"
 #include "cmd_scaler.hpp"
+#include "cmd_train.hpp"
 #include "mixprec/version.hpp"
 
 namespace {
@@ -53,6 +55,8 @@ int main(int argc, char** argv) {
   mixprec::cli::add_bench_command(app, action);
   mixprec::cli::add_memory_command(app, action);
   mixprec::cli::add_scaler_command(app, action);
+  mixprec::cli::add_train_commands(app, action);
+  mixprec::cli::add_inspect_command(app, action);
   if (reject_unknown_command(app, argc, argv)) return 2;
   try {
     app.parse(argc, argv);
