@@ -91,6 +91,7 @@ std::span<float> Engine::target(std::size_t a, std::size_t k, std::size_t n) {
 
 void Engine::commit(std::size_t a, std::span<float> v) {
   const Act& act = acts_.act(a);
+  if (hist_ != nullptr) hist_->activations.add(v);
   if (act.dtype == DType::f32) {
     if (v.data() != reinterpret_cast<float*>(acts_.data(a))) std::memcpy(acts_.data(a), v.data(), v.size() * 4);
     return;
@@ -99,18 +100,49 @@ void Engine::commit(std::size_t a, std::span<float> v) {
   decode(acts_.data(a), act.dtype, v);
 }
 
-void Engine::commit_grad(std::size_t a, std::span<float> v, BackwardStats& stats, std::string_view label) {
+void Engine::commit_grad(std::size_t a, std::span<float> v, BackwardStats& stats, std::size_t label) {
   const Act& act = acts_.act(a);
+  TensorGradStats& t = stats.tensors[label];
   ++stats.stores;
+  if (hist_ != nullptr) hist_->activation_grads.add(v);
+  float m = amax_of(v);
   if (act.dtype == DType::f32) {
     if (v.data() != reinterpret_cast<float*>(acts_.data(a))) std::memcpy(acts_.data(a), v.data(), v.size() * 4);
-    return;
+  } else {
+    const ConversionStats s = encode_counted(v, acts_.data(a), act.dtype);
+    stats.activation_grads += s;
+    t.stats += s;
+    if (s.nonfinite_input > 0) m = std::numeric_limits<float>::infinity();
+    if ((s.overflow > 0 || s.nonfinite_input > 0) && stats.first_overflow.empty()) stats.first_overflow = t.name;
+    decode(acts_.data(a), act.dtype, v);
   }
-  const ConversionStats s = encode_counted(v, acts_.data(a), act.dtype);
-  stats.activation_grads += s;
-  if ((s.overflow > 0 || s.nonfinite_input > 0) && stats.first_overflow.empty()) stats.first_overflow = label;
-  decode(acts_.data(a), act.dtype, v);
+  t.amax = std::max(t.amax, m);
+  stats.amax = std::max(stats.amax, m);
 }
+
+}  // namespace mixprec::nn::detail
+
+namespace mixprec::nn {
+
+float amax_of(std::span<const float> v) noexcept {
+  // Eight independent lanes so the compiler can vectorise without reassociation.
+  float lane[8] = {};
+  std::size_t i = 0;
+  for (; i + 8 <= v.size(); i += 8) {
+    for (std::size_t k = 0; k < 8; ++k) {
+      const float x = std::fabs(v[i + k]);
+      lane[k] = x > lane[k] ? x : lane[k];
+    }
+  }
+  float m = 0;
+  for (; i < v.size(); ++i) m = std::fabs(v[i]) > m ? std::fabs(v[i]) : m;
+  for (float x : lane) m = x > m ? x : m;
+  return m;
+}
+
+}  // namespace mixprec::nn
+
+namespace mixprec::nn::detail {
 
 std::span<const float> Engine::load(std::size_t a, std::size_t k, std::size_t n) {
   const Act& act = acts_.act(a);

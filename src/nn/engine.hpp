@@ -66,8 +66,12 @@ class Engine {
   // leaves v holding the stored values.
   void commit(std::size_t a, std::span<float> v);
   // The same for an activation gradient, counting what rounding lost into stats.
-  // `label` names the tensor in stats.first_overflow (layer and role).
-  void commit_grad(std::size_t a, std::span<float> v, BackwardStats& stats, std::string_view label);
+  // `label` indexes stats.tensors (layer and role), which also names the tensor in
+  // stats.first_overflow.
+  void commit_grad(std::size_t a, std::span<float> v, BackwardStats& stats, std::size_t label);
+  // Histograms to add every committed activation / activation gradient to (before
+  // rounding); nullptr: none.
+  void set_histograms(ModelHistograms* h) noexcept { hist_ = h; }
   // fp32 values of activation a (first n elements): the buffer itself when fp32, else
   // decoded into scratch k.
   std::span<const float> load(std::size_t a, std::size_t k, std::size_t n);
@@ -94,7 +98,9 @@ class Engine {
   std::vector<std::vector<float>> scratch_;
   std::vector<float> weights_f32_;  // decoded model copy (empty when the model copy is fp32)
   std::vector<float> grad_acc_;     // fp32 accumulator (only when weight grads are low precision)
+  ModelHistograms* hist_ = nullptr;
 };
+
 
 // Checks a forward call's token spans: rows in [1, batch], both spans at least rows*T
 // long, every id < V. std::invalid_argument naming `fn` otherwise.

@@ -25,7 +25,7 @@ struct LayerActs {
 
 // Gradient labels per layer, built once (nothing is allocated per step).
 struct LayerLabels {
-  std::string fcproj_in, fc_out, ln2_out, res2, attproj_in, qkv_out, ln1_out, res_in;
+  std::size_t fcproj_in, fc_out, ln2_out, res2, attproj_in, qkv_out, ln1_out, res_in;
 };
 
 // "h<l>." (built with append: GCC 12's -Wrestrict misfires on "h" + std::string).
@@ -90,9 +90,23 @@ class Gpt final : public Model {
       la.fchg = a.add(h + "mlp.gelu", act, N * 4 * C);
       la.res3 = a.add(h + "mlp.residual", act, N * C);
       acts_.push_back(la);
-      labels_.push_back({h + "mlp.gelu.grad", h + "mlp.fc.grad", h + "ln2.grad", h + "attn.residual.grad",
-                         h + "attn.grad", h + "attn.qkv.grad", h + "ln1.grad",
-                         (l == 0 ? std::string("embedding.grad") : layer_prefix(l - 1) + "mlp.residual.grad")});
+    }
+    // Activation-gradient tensors, registered in the order backward stores them.
+    logits_label_ = grad_label("logits.grad");
+    lnf_label_ = grad_label("lnf.grad");
+    last_res_label_ = grad_label(layer_prefix(L - 1) + "mlp.residual.grad");
+    labels_.resize(L);
+    for (std::size_t l = L; l-- > 0;) {
+      const std::string h = layer_prefix(l);
+      LayerLabels& lb = labels_[l];
+      lb.fcproj_in = grad_label(h + "mlp.gelu.grad");
+      lb.fc_out = grad_label(h + "mlp.fc.grad");
+      lb.ln2_out = grad_label(h + "ln2.grad");
+      lb.res2 = grad_label(h + "attn.residual.grad");
+      lb.attproj_in = grad_label(h + "attn.grad");
+      lb.qkv_out = grad_label(h + "attn.qkv.grad");
+      lb.ln1_out = grad_label(h + "ln1.grad");
+      lb.res_in = grad_label(l == 0 ? std::string("embedding.grad") : layer_prefix(l - 1) + "mlp.residual.grad");
     }
     lnf_ = a.add("lnf", act, N * C);
     lnf_mean_ = a.add("lnf.mean", DType::f32, N);
@@ -110,7 +124,6 @@ class Gpt final : public Model {
     dmid_ = a.add("narrow.grad", act, N * C);
     dres_ = a.add("residual.grad", act, N * C);
     a.finish();
-    last_res_label_ = layer_prefix(L - 1) + "mlp.residual.grad";
     tokens_.assign(N, 0);
     targets_.assign(N, 0);
     dlosses_.assign(N, 0.0f);
@@ -198,10 +211,10 @@ class Gpt final : public Model {
 
     std::span<float> dlogits = e.zeroed(0, N * V);
     crossentropy_softmax_backward(dlogits, dlosses_, a.f32(probs_, N * V), tgt, B, T, V);
-    e.commit_grad(dlogits_, dlogits, stats_, "logits.grad");
+    e.commit_grad(dlogits_, dlogits, stats_, logits_label_);
     std::span<float> dlf = e.zeroed(1, N * C);
     linear_backward(g, dlf, e.dw(wte_), {}, dlogits, e.load(lnf_, 2, N * C), e.w(wte_), N, C, V);
-    e.commit_grad(dmid_, dlf, stats_, "lnf.grad");
+    e.commit_grad(dmid_, dlf, stats_, lnf_label_);
     std::span<float> dres = e.zeroed(3, N * C);
     const std::size_t last = config_.layers - 1;
     layernorm_backward(dres, e.dw(lnfw_), e.dw(lnfb_), dlf, e.load(acts_[last].res3, 2, N * C), e.w(lnfw_),
@@ -250,6 +263,7 @@ class Gpt final : public Model {
   }
 
   void weights_updated() override { engine_->weights_updated(); }
+  void histograms_changed() noexcept override { engine_->set_histograms(histogram_sink()); }
 
   ModelMemory memory() const override {
     ModelMemory m;
@@ -339,7 +353,7 @@ class Gpt final : public Model {
   std::size_t enc_ = 0, lnf_ = 0, lnf_mean_ = 0, lnf_rstd_ = 0, logits_ = 0, probs_ = 0, losses_ = 0;
   std::size_t tmp_ = 0, preatt_ = 0, dpreatt_ = 0, datt_ = 0, dlogits_ = 0, dbig_ = 0, dmid_ = 0, dres_ = 0;
   std::size_t saved_bytes_end_ = 0;
-  std::string last_res_label_;
+  std::size_t logits_label_ = 0, lnf_label_ = 0, last_res_label_ = 0;
   std::size_t rows_ = 0;
   std::vector<TokenId> tokens_, targets_;
   std::vector<float> dlosses_;

@@ -45,8 +45,15 @@ class Mlp final : public Model {
       b_.push_back(store_->index_of(f + ".bias"));
       pre_.push_back(a.add(f, act, B * H));
       post_.push_back(a.add(f + ".gelu", act, B * H));
-      labels_.push_back({f + ".grad", f + ".gelu.grad"});
     }
+    logits_label_ = grad_label("logits.grad");
+    labels_.resize(c.depth);
+    for (std::size_t i = c.depth; i-- > 0;) {
+      const std::string f = std::string("fc").append(std::to_string(i));
+      labels_[i].second = grad_label(f + ".gelu.grad");
+      labels_[i].first = grad_label(f + ".grad");
+    }
+    embedding_label_ = grad_label("embedding.grad");
     headw_ = store_->index_of("head.weight");
     headb_ = store_->index_of("head.bias");
     logits_ = a.add("logits", act, B * V);
@@ -123,7 +130,7 @@ class Mlp final : public Model {
     std::fill(dlosses_.begin(), dlosses_.end(), dloss);
     std::span<float> dlogits = e.zeroed(0, B * V);
     crossentropy_softmax_backward(dlogits, dlosses_, a.f32(probs_, B * V), targets_, B, 1, V);
-    e.commit_grad(dlogits_, dlogits, stats_, "logits.grad");
+    e.commit_grad(dlogits_, dlogits, stats_, logits_label_);
     const std::size_t last = config_.depth - 1;
     std::span<float> dout = e.zeroed(1, B * H);
     linear_backward(e.gemm(), dout, e.dw(headw_), e.dw(headb_), dlogits, e.load(post_[last], 2, B * H), e.w(headw_),
@@ -138,7 +145,7 @@ class Mlp final : public Model {
       std::span<float> din = e.zeroed(1, B * fan_in);
       linear_backward(e.gemm(), din, e.dw(w_[i]), e.dw(b_[i]), dpre, e.load(in_act, 2, B * fan_in), e.w(w_[i]), B,
                       fan_in, H);
-      e.commit_grad(dhid_, din, stats_, i == 0 ? std::string_view("embedding.grad") : labels_[i - 1].second);
+      e.commit_grad(dhid_, din, stats_, i == 0 ? embedding_label_ : labels_[i - 1].second);
       dout = din;
     }
     std::span<float> dwte = e.dw(wte_);
@@ -150,6 +157,7 @@ class Mlp final : public Model {
   }
 
   void weights_updated() override { engine_->weights_updated(); }
+  void histograms_changed() noexcept override { engine_->set_histograms(histogram_sink()); }
 
   ModelMemory memory() const override {
     ModelMemory m;
@@ -185,7 +193,8 @@ class Mlp final : public Model {
   std::unique_ptr<Engine> engine_;
   std::size_t wte_ = 0, headw_ = 0, headb_ = 0;
   std::vector<std::size_t> w_, b_, pre_, post_;
-  std::vector<std::pair<std::string, std::string>> labels_;
+  std::vector<std::pair<std::size_t, std::size_t>> labels_;  // (pre-activation grad, GELU output grad) per layer
+  std::size_t logits_label_ = 0, embedding_label_ = 0;
   std::size_t x0_ = 0, logits_ = 0, probs_ = 0, losses_ = 0, dlogits_ = 0, dhid_ = 0, saved_end_ = 0;
   std::size_t rows_ = 0;
   std::vector<TokenId> tokens_, targets_;

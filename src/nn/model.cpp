@@ -1,6 +1,8 @@
 // Model configuration, validation and the factory (include/mixprec/nn/model.hpp).
 #include "mixprec/nn/model.hpp"
 
+#include <algorithm>
+#include <bit>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -55,6 +57,61 @@ std::unique_ptr<Model> make_model(const ModelConfig& config, Precision precision
   const PrecisionPolicy p = policy_of(precision);
   return config.kind == ModelKind::gpt ? detail::make_gpt(config, p, state_slots)
                                        : detail::make_mlp(config, p, state_slots);
+}
+
+std::size_t Model::grad_label(std::string name) {
+  stats_.tensors.push_back({std::move(name), {}, 0.0f});
+  return stats_.tensors.size() - 1;
+}
+
+void Model::reset_stats() noexcept {
+  stats_.activation_grads = {};
+  stats_.first_overflow.clear();
+  stats_.stores = 0;
+  stats_.amax = 0;
+  for (TensorGradStats& t : stats_.tensors) {
+    t.stats = {};
+    t.amax = 0;
+  }
+}
+
+void Model::set_histograms(bool on) noexcept {
+  histograms_on_ = on;
+  if (on) {
+    histograms_.activations.clear();
+    histograms_.activation_grads.clear();
+  }
+  histograms_changed();
+}
+
+void Log2Histogram::add(std::span<const float> values) noexcept {
+  for (float x : values) {
+    const std::uint32_t bits = std::bit_cast<std::uint32_t>(x) & 0x7fffffffu;
+    if (bits == 0) {
+      ++zeros;
+      continue;
+    }
+    const int field = static_cast<int>(bits >> 23);
+    if (field == 0xff) {
+      ++nonfinite;
+      continue;
+    }
+    // floor(log2|x|): the exponent field, or for subnormals the top set mantissa bit.
+    const int e = field != 0 ? field - 127 : -127 - std::countl_zero(bits << 9);
+    const int bin = std::clamp(e, kMinExp, kMaxExp) - kMinExp;
+    ++counts[static_cast<std::size_t>(bin)];
+  }
+}
+
+void Log2Histogram::clear() noexcept {
+  std::fill(counts.begin(), counts.end(), 0);
+  zeros = nonfinite = 0;
+}
+
+std::uint64_t Log2Histogram::total() const noexcept {
+  std::uint64_t t = zeros + nonfinite;
+  for (std::uint64_t c : counts) t += c;
+  return t;
 }
 
 namespace detail {

@@ -82,7 +82,7 @@ T field(const ckpt::SafetensorsFile& f, const json& j, const char* key, const ch
 json trajectory_settings(const TrainConfig& c) {
   json j = json::parse(to_json(c));
   for (const char* k : {"steps", "out", "resume", "checkpoint-every", "keep-checkpoints", "eval-every",
-                        "eval-windows", "threads", "inject-overflow-at"}) {
+                        "eval-windows", "histogram-every", "threads", "inject-overflow-at"}) {
     j.erase(k);
   }
   return j;

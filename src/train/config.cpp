@@ -296,6 +296,7 @@ const std::vector<Field>& fields() {
     f.push_back(uint_field("seed", [](auto& c) -> auto& { return c.seed; }, none));
     f.push_back(uint_field("eval-every", [](auto& c) -> auto& { return c.eval_every; }, none));
     f.push_back(uint_field("eval-windows", [](auto& c) -> auto& { return c.eval_windows; }, none));
+    f.push_back(uint_field("histogram-every", [](auto& c) -> auto& { return c.histogram_every; }, none));
     f.push_back(string_field("out", [](auto& c) -> auto& { return c.out; }, none));
     f.push_back(uint_field("checkpoint-every", [](auto& c) -> auto& { return c.checkpoint_every; }, none));
     f.push_back(uint_field("keep-checkpoints", [](auto& c) -> auto& { return c.keep_checkpoints; },

@@ -87,6 +87,48 @@ std::string conversion_stats_json(const ConversionStats& s) {
   return out;
 }
 
+std::string histogram_json(const nn::Log2Histogram& h) {
+  std::string out = "{\"counts\":[";
+  for (std::size_t i = 0; i < h.counts.size(); ++i) {
+    if (i > 0) out += ',';
+    out += std::to_string(h.counts[i]);
+  }
+  out += "],\"zeros\":" + std::to_string(h.zeros) + ",\"nonfinite\":" + std::to_string(h.nonfinite) + "}";
+  return out;
+}
+
+// Telemetry lists: one object per tensor.
+std::string tensors_json(const std::vector<nn::TensorGradStats>& ts) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < ts.size(); ++i) {
+    if (i > 0) out += ',';
+    ObjectWriter w(out);
+    w.field("name", ts[i].name);
+    w.field("elements", ts[i].stats.elements);
+    w.field("nonzero", ts[i].stats.nonzero);
+    w.field("underflow", ts[i].stats.underflow);
+    w.field("subnormal", ts[i].stats.subnormal);
+    w.field("overflow", ts[i].stats.overflow);
+    w.field("nonfinite_input", ts[i].stats.nonfinite_input);
+    w.field("amax", ts[i].amax);
+    w.close();
+  }
+  return out + "]";
+}
+
+std::string params_json(const std::vector<StepRecord::ParamStats>& ps) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    if (i > 0) out += ',';
+    ObjectWriter w(out);
+    w.field("name", ps[i].name);
+    w.field("grad_amax", ps[i].grad_amax);
+    w.field("weight_amax", ps[i].weight_amax);
+    w.close();
+  }
+  return out + "]";
+}
+
 [[noreturn]] void bad(std::string_view key, std::string_view what, const json& v) {
   std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
   if (text.size() > 60) text = text.substr(0, 57) + "...";
@@ -133,6 +175,72 @@ std::string get_string(const json& obj, std::string_view key) {
   return v.get<std::string>();
 }
 
+// Telemetry fields are optional (logs written before they existed stay readable);
+// when present they are validated like the rest. null amax means non-finite (inf).
+void parse_telemetry(const json& j, StepRecord& r) {
+  auto amax = [](const json& obj, std::string_view key) {
+    const double d = get_number(obj, key, true);
+    return std::isnan(d) ? std::numeric_limits<float>::infinity() : static_cast<float>(d);
+  };
+  if (j.contains("act_grad_amax")) r.act_grad_amax = amax(j, "act_grad_amax");
+  if (j.contains("headroom_log2")) {
+    const double h = get_number(j, "headroom_log2", true);
+    r.headroom_log2 = std::isnan(h) ? std::numeric_limits<double>::infinity() : h;
+  }
+  if (j.contains("act_grad_tensors")) {
+    const json& a = j["act_grad_tensors"];
+    if (!a.is_array()) bad("act_grad_tensors", "an array", a);
+    for (const json& t : a) {
+      if (!t.is_object()) bad("act_grad_tensors[]", "an object", t);
+      nn::TensorGradStats g;
+      g.name = get_string(t, "name");
+      g.stats.elements = get_uint(t, "elements");
+      g.stats.nonzero = get_uint(t, "nonzero");
+      g.stats.underflow = get_uint(t, "underflow");
+      g.stats.subnormal = get_uint(t, "subnormal");
+      g.stats.overflow = get_uint(t, "overflow");
+      g.stats.nonfinite_input = get_uint(t, "nonfinite_input");
+      g.amax = amax(t, "amax");
+      r.act_grad_tensors.push_back(std::move(g));
+    }
+  }
+  if (j.contains("params")) {
+    const json& a = j["params"];
+    if (!a.is_array()) bad("params", "an array", a);
+    for (const json& t : a) {
+      if (!t.is_object()) bad("params[]", "an object", t);
+      r.params.push_back({get_string(t, "name"), amax(t, "grad_amax"), amax(t, "weight_amax")});
+    }
+  }
+  if (j.contains("histograms")) {
+    const json& h = j["histograms"];
+    if (!h.is_object()) bad("histograms", "an object", h);
+    if (get_number(h, "min_exp", false) != nn::Log2Histogram::kMinExp) {
+      bad("histograms.min_exp", std::to_string(nn::Log2Histogram::kMinExp), h["min_exp"]);
+    }
+    auto one = [&](const char* key, nn::Log2Histogram& out) {
+      const json& o = require(h, key);
+      if (!o.is_object()) bad(key, "an object", o);
+      const json& c = require(o, "counts");
+      if (!c.is_array() || c.size() != out.counts.size()) {
+        bad(key, "counts: an array of " + std::to_string(out.counts.size()) + " integers", c);
+      }
+      for (std::size_t i = 0; i < c.size(); ++i) {
+        if (!c[i].is_number_unsigned()) bad(key, "non-negative integer counts", c[i]);
+        out.counts[i] = c[i].get<std::uint64_t>();
+      }
+      out.zeros = get_uint(o, "zeros");
+      out.nonfinite = get_uint(o, "nonfinite");
+    };
+    StepRecord::Histograms hs;
+    one("activations", hs.activations);
+    one("activation_grads", hs.activation_grads);
+    one("weight_grads", hs.weight_grads);
+    one("weights", hs.weights);
+    r.histograms = std::move(hs);
+  }
+}
+
 }  // namespace
 
 std::string step_record_json(const StepRecord& r) {
@@ -159,6 +267,19 @@ std::string step_record_json(const StepRecord& r) {
   w.field("seconds", r.seconds);
   w.field("scaler_seconds", r.scaler_seconds);
   if (r.val_loss) w.field("val_loss", *r.val_loss);
+  // Telemetry (docs/telemetry.md); non-finite amax values are written as null.
+  w.field("act_grad_amax", r.act_grad_amax);
+  w.field("headroom_log2", r.headroom_log2);
+  w.raw("act_grad_tensors", tensors_json(r.act_grad_tensors));
+  w.raw("params", params_json(r.params));
+  if (r.histograms) {
+    const StepRecord::Histograms& h = *r.histograms;
+    w.raw("histograms", "{\"min_exp\":" + std::to_string(nn::Log2Histogram::kMinExp) +
+                            ",\"activations\":" + histogram_json(h.activations) +
+                            ",\"activation_grads\":" + histogram_json(h.activation_grads) +
+                            ",\"weight_grads\":" + histogram_json(h.weight_grads) +
+                            ",\"weights\":" + histogram_json(h.weights) + "}");
+  }
   w.close();
   return out;
 }
@@ -207,6 +328,7 @@ StepRecord parse_step_record(std::string_view line) {
   r.seconds = get_number(j, "seconds", false);
   r.scaler_seconds = get_number(j, "scaler_seconds", false);
   if (j.contains("val_loss")) r.val_loss = get_number(j, "val_loss", true);
+  parse_telemetry(j, r);
   return r;
 }
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <bit>
 #include <cstring>
 #include <limits>
 #include <stdexcept>
@@ -114,6 +115,28 @@ void inject_inf(ParamStore& s) {
   }
 }
 
+// Flat fp32 values of a store region of dtype t (flat_size elements) into out.
+void to_f32(const void* src, DType t, std::span<float> out) {
+  switch (t) {
+    case DType::f32: std::memcpy(out.data(), src, out.size() * 4); return;
+    case DType::f16: convert(std::span<const f16>(static_cast<const f16*>(src), out.size()), out); return;
+    case DType::bf16: convert(std::span<const bf16>(static_cast<const bf16*>(src), out.size()), out); return;
+  }
+}
+
+float format_max(DType t) {
+  switch (t) {
+    case DType::f16: return 65504.0f;
+    case DType::bf16: return std::bit_cast<float>(0x7F7F0000u);
+    case DType::f32: break;
+  }
+  return std::numeric_limits<float>::max();
+}
+
+bool histogram_step(const TrainConfig& c, std::uint64_t step) {
+  return c.histogram_every > 0 && (step == 1 || step % c.histogram_every == 0 || step == c.steps);
+}
+
 }  // namespace
 
 std::unique_ptr<GradScaler> make_scaler(const std::string& spec) {
@@ -160,6 +183,7 @@ Trainer::Trainer(const TrainConfig& config) {
   m.inputs.assign(m.model->tokens_per_batch(), 0);
   m.targets.assign(m.model->tokens_per_batch(), 0);
   m.snapshot.resize(weights_of_record(m.model->params()).size());
+  m.scratch.assign(m.model->params().flat_size(), 0.0f);
   m.step_ms.reserve(config.steps);
 }
 
@@ -186,6 +210,8 @@ StepRecord Trainer::train_step() {
   r.scale = m.scaler->get_scale();
   model.reset_stats();
   store.zero_grads();
+  const bool histograms = histogram_step(c, r.step);
+  model.set_histograms(histograms);
 
   // The loss is the mean over every token of the effective batch, so each token's
   // loss gradient is scale / (accum * losses per micro-batch).
@@ -209,8 +235,36 @@ StepRecord Trainer::train_step() {
     inject_inf(store);
     r.injected = true;
   }
-  r.act_grads = model.stats().activation_grads;
-  r.overflow_activation = model.stats().first_overflow;
+  const nn::BackwardStats& bs = model.stats();
+  r.act_grads = bs.activation_grads;
+  r.overflow_activation = bs.first_overflow;
+  r.act_grad_amax = bs.amax;
+  r.act_grad_tensors = bs.tensors;
+  r.headroom_log2 = bs.amax > 0 ? std::log2(static_cast<double>(format_max(model.policy().activations)) /
+                                            static_cast<double>(bs.amax))
+                                : std::numeric_limits<double>::infinity();
+  // Per-parameter gradient amax, unscaled (the scaled gradients are what the scaler checks).
+  std::span<float> flat(m.scratch);
+  to_f32(store.grad_data(), store.grad_dtype(), flat);
+  const float inv_scale = 1.0f / r.scale;
+  for (float& x : flat) x *= inv_scale;
+  r.params.resize(store.tensor_count());
+  for (std::size_t i = 0; i < store.tensor_count(); ++i) {
+    r.params[i].name = store.spec(i).name;
+    bool finite = true;
+    for (float x : flat.subspan(store.offset(i), store.numel(i))) finite = finite && std::isfinite(x);
+    r.params[i].grad_amax = finite ? nn::amax_of(flat.subspan(store.offset(i), store.numel(i)))
+                                   : std::numeric_limits<float>::infinity();
+  }
+  if (histograms) {
+    r.histograms.emplace();
+    r.histograms->activations = model.histograms().activations;
+    r.histograms->activation_grads = model.histograms().activation_grads;
+    for (std::size_t i = 0; i < store.tensor_count(); ++i) {
+      r.histograms->weight_grads.add(flat.subspan(store.offset(i), store.numel(i)));
+    }
+    model.set_histograms(false);
+  }
 
   const std::span<const std::byte> w = weights_of_record(store);
   std::memcpy(m.snapshot.data(), w.data(), w.size());
@@ -231,6 +285,17 @@ StepRecord Trainer::train_step() {
   if (out.applied) {
     model.weights_updated();
     r.lost_update_fraction = lost_update_fraction(store, m.snapshot, m.optimizer->kind(), c.weight_decay);
+  }
+  {
+    const bool master = store.has_master();
+    to_f32(master ? static_cast<const void*>(store.master_data()) : store.model_data(),
+           master ? DType::f32 : store.model_dtype(), flat);
+    for (std::size_t i = 0; i < store.tensor_count(); ++i) {
+      r.params[i].weight_amax = nn::amax_of(flat.subspan(store.offset(i), store.numel(i)));
+    }
+    for (std::size_t i = 0; r.histograms && i < store.tensor_count(); ++i) {
+      r.histograms->weights.add(flat.subspan(store.offset(i), store.numel(i)));
+    }
   }
   r.seconds = seconds_since(t0);
 

@@ -35,6 +35,7 @@ struct Trainer::Impl {
   nn::BatchSampler sampler;
   std::vector<nn::TokenId> inputs, targets;
   std::vector<std::byte> snapshot;  // weights of record before a step (lost-update count)
+  std::vector<float> scratch;       // flat fp32 values for telemetry (unscaled grads, decoded weights)
   std::vector<double> step_ms;      // this process's steps (median)
   RunTotals totals;
 

@@ -103,6 +103,7 @@ const std::vector<KeySpec>& key_specs() {
       {"seed", Kind::integer, "N", "Seed of the weights, the batch order and the corpus"},
       {"eval-every", Kind::integer, "N", "Validation loss every N steps and at the end; 0 = only at the end"},
       {"eval-windows", Kind::integer, "N", "Validation windows per evaluation; 0 = the whole split"},
+      {"histogram-every", Kind::integer, "N", "Log2-magnitude histograms at step 1, every N steps and the last; 0 = never"},
       {"out", Kind::text, "DIR", "Run folder: config.json, log.jsonl, checkpoints, summary.json (default: none)"},
       {"checkpoint-every", Kind::integer, "N", "Checkpoint every N steps (needs --out); 0 = only at the end"},
       {"keep-checkpoints", Kind::integer, "N", "Newest checkpoints kept in the run folder"},
@@ -229,6 +230,8 @@ void set_key(TrainConfig& c, const std::string& key, const std::string& text) {
     set_uint(c.eval_every, key, text);
   } else if (key == "eval-windows") {
     set_uint(c.eval_windows, key, text);
+  } else if (key == "histogram-every") {
+    set_uint(c.histogram_every, key, text);
   } else if (key == "out") {
     c.out = text;
   } else if (key == "checkpoint-every") {

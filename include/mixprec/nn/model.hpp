@@ -54,13 +54,48 @@ struct ModelConfig {
 // Throws std::invalid_argument naming the field, the allowed range and the value.
 void validate(const ModelConfig& c);
 
+// A log2-magnitude histogram: counts[i] holds the values with floor(log2|x|) ==
+// kMinExp + i (the first and last bins also take everything beyond them); zeros and
+// non-finite values are counted apart.
+struct Log2Histogram {
+  static constexpr int kMinExp = -64;
+  static constexpr int kMaxExp = 32;
+  std::vector<std::uint64_t> counts = std::vector<std::uint64_t>(kMaxExp - kMinExp + 1, 0);
+  std::uint64_t zeros = 0;
+  std::uint64_t nonfinite = 0;
+  void add(std::span<const float> values) noexcept;
+  void clear() noexcept;
+  std::uint64_t total() const noexcept;
+};
+
+// Largest |x| of v: inf when some x is inf; NaN is skipped (a vectorised pass).
+float amax_of(std::span<const float> v) noexcept;
+
+// One activation-gradient tensor (layer and role, e.g. "h1.mlp.fc.grad"), summed over
+// the micro-batches of a step: what rounding to the activation format did to it, and
+// the largest magnitude before rounding (in the scaled domain: it includes the loss scale).
+struct TensorGradStats {
+  std::string name;
+  ConversionStats stats;
+  float amax = 0;
+};
+
 // What rounding to the activation format did to activation gradients during backward
 // (the counting conversion of every activation-gradient store), and where overflow
-// first appeared. Reset by reset_stats().
+// first appeared. Reset by reset_stats() (which keeps the per-tensor list's names).
 struct BackwardStats {
   ConversionStats activation_grads;  // all activation-gradient stores together
   std::string first_overflow;        // first activation-gradient tensor whose store overflowed or was non-finite
   std::uint64_t stores = 0;
+  float amax = 0;                    // largest |activation gradient| before rounding (scaled domain); inf/NaN -> inf
+  std::vector<TensorGradStats> tensors;  // per tensor, in backward order
+};
+
+// Histograms the model collects while histograms are on (set_histograms): stored
+// activations and activation gradients before rounding (scaled domain).
+struct ModelHistograms {
+  Log2Histogram activations;
+  Log2Histogram activation_grads;
 };
 
 struct ForwardResult {
@@ -108,17 +143,29 @@ class Model {
   virtual void weights_updated() = 0;
 
   const BackwardStats& stats() const noexcept { return stats_; }
-  void reset_stats() noexcept { stats_ = {}; }
+  void reset_stats() noexcept;
+  // Collect log2 histograms of activations and activation gradients until turned off
+  // (costs one extra pass over each stored tensor while on).
+  void set_histograms(bool on) noexcept;
+  bool histograms_on() const noexcept { return histograms_on_; }
+  const ModelHistograms& histograms() const noexcept { return histograms_; }
   virtual ModelMemory memory() const = 0;
   // One line, e.g. "gpt: 2 layers, 4 heads, 64 channels, context 64, vocab 1024 (200,448 parameters)".
   virtual std::string describe() const = 0;
 
  protected:
   Model(const ModelConfig& c, PrecisionPolicy p) : config_(c), policy_(p) {}
+  // Registers an activation-gradient tensor for stats().tensors; returns its index.
+  std::size_t grad_label(std::string name);
+  // Where the engine adds histogram values (nullptr while histograms are off).
+  ModelHistograms* histogram_sink() noexcept { return histograms_on_ ? &histograms_ : nullptr; }
+  virtual void histograms_changed() noexcept {}
   ModelConfig config_;
   PrecisionPolicy policy_;
   std::unique_ptr<ParamStore> store_;
   BackwardStats stats_;
+  ModelHistograms histograms_;
+  bool histograms_on_ = false;
 };
 
 // Builds the model with initialised weights (GPT-2 style: normal(0, 0.02), residual

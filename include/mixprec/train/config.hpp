@@ -45,6 +45,7 @@ struct TrainConfig {
   // evaluation
   std::size_t eval_every = 50;                 // validation loss every N steps (and at the end); 0 = only at the end
   std::size_t eval_windows = 256;              // validation windows used (0 = the whole split)
+  std::size_t histogram_every = 50;            // log2 histograms at step 1, every N steps and the last; 0 = never
 
   // outputs
   std::string out;                             // run folder: log, checkpoints, summary ("" = none)

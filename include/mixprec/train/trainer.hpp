@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "mixprec/formats/bulk.hpp"
 #include "mixprec/nn/data.hpp"
@@ -46,6 +47,24 @@ struct StepRecord {
   double seconds = 0;            // wall time of the whole step
   double scaler_seconds = 0;     // of which check + unscale + clip + optimizer step + scale update
   std::optional<double> val_loss;  // when this step evaluated
+
+  // Telemetry (docs/telemetry.md).
+  float act_grad_amax = 0;       // largest |activation gradient| before rounding, scaled domain (inf if non-finite)
+  double headroom_log2 = 0;      // log2(activation format max / act_grad_amax): binades left before overflow
+  std::vector<nn::TensorGradStats> act_grad_tensors;  // per activation-gradient tensor
+  struct ParamStats {
+    std::string name;
+    float grad_amax = 0;    // unscaled |gradient| max (inf/NaN -> inf)
+    float weight_amax = 0;  // |weight| max of the weights of record after the step
+  };
+  std::vector<ParamStats> params;
+  // At histogram steps (config histogram-every): log2-magnitude histograms.
+  struct Histograms {
+    nn::Log2Histogram activations, activation_grads;  // before rounding; activation grads in the scaled domain
+    nn::Log2Histogram weight_grads;                   // unscaled
+    nn::Log2Histogram weights;                        // weights of record
+  };
+  std::optional<Histograms> histograms;
 };
 
 struct TrainSummary {
