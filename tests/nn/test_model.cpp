@@ -294,3 +294,69 @@ TEST(Model, NonFiniteForwardIsLocated) {
 
 }  // namespace
 }  // namespace mixprec::nn
+
+namespace mixprec::nn {
+namespace {
+
+// amax_of (SSE2 lanes) equals the plain loop at every length and position, skips NaN,
+// and returns inf when an inf is present.
+TEST(Telemetry, AmaxMatchesTheScalarDefinition) {
+  std::mt19937 rng(3);
+  std::uniform_real_distribution<float> u(-100.0f, 100.0f);
+  for (std::size_t n : {0u, 1u, 3u, 15u, 16u, 17u, 33u, 100u, 1000u}) {
+    std::vector<float> v(n);
+    for (float& x : v) x = u(rng);
+    for (std::size_t pos = 0; pos < n; pos += 7) {
+      std::vector<float> w = v;
+      w[pos] = -1e4f;
+      if (pos + 1 < n) w[pos + 1] = std::numeric_limits<float>::quiet_NaN();
+      float ref = 0;
+      for (float x : w) ref = std::isnan(x) ? ref : std::max(ref, std::fabs(x));
+      EXPECT_EQ(amax_of(w), ref) << "n " << n << " pos " << pos;
+      w[pos] = -std::numeric_limits<float>::infinity();
+      EXPECT_EQ(amax_of(w), std::numeric_limits<float>::infinity()) << "n " << n << " pos " << pos;
+    }
+  }
+  EXPECT_EQ(amax_of({}), 0.0f);
+}
+
+TEST(Telemetry, Log2HistogramBinsByExponent) {
+  Log2Histogram h;
+  const float values[] = {0.0f, -0.0f, 1.0f, 1.5f, -2.0f, 0.75f, 1e-45f, 3e38f, INFINITY, NAN, 1e-30f};
+  h.add(values);
+  EXPECT_EQ(h.zeros, 2u);
+  EXPECT_EQ(h.nonfinite, 2u);
+  auto bin = [&](int e) { return h.counts[static_cast<std::size_t>(e - Log2Histogram::kMinExp)]; };
+  EXPECT_EQ(bin(0), 2u);   // 1, 1.5
+  EXPECT_EQ(bin(1), 1u);   // -2
+  EXPECT_EQ(bin(-1), 1u);  // 0.75
+  EXPECT_EQ(bin(Log2Histogram::kMinExp), 2u);  // 2^-149 and 1e-30 ~ 2^-100: clamped into the first bin
+  EXPECT_EQ(bin(Log2Histogram::kMaxExp), 1u);  // 3e38 ~ 2^127: clamped into the last bin
+  EXPECT_EQ(h.total(), 11u);
+}
+
+// Per-tensor statistics add up to the step's totals, and histograms see every store.
+TEST(Telemetry, PerTensorStatisticsSumToTheTotals) {
+  auto m = make_model(small_gpt(), Precision::fp16, 0);
+  const Batch b = random_batch(small_gpt(), 4);
+  m->set_histograms(true);
+  m->forward(b.in, b.tgt);
+  m->reset_stats();
+  m->backward(1.0f / 4096.0f);
+  ConversionStats sum;
+  float amax = 0;
+  for (const TensorGradStats& t : m->stats().tensors) {
+    sum += t.stats;
+    amax = std::max(amax, t.amax);
+    EXPECT_FALSE(t.name.empty());
+  }
+  EXPECT_EQ(sum, m->stats().activation_grads);
+  EXPECT_EQ(amax, m->stats().amax);
+  EXPECT_GT(amax, 0.0f);
+  EXPECT_EQ(m->stats().tensors.size(), 3u + 8u * small_gpt().layers);
+  EXPECT_EQ(m->histograms().activation_grads.total(), sum.elements);
+  EXPECT_GT(m->histograms().activations.total(), 0u);
+}
+
+}  // namespace
+}  // namespace mixprec::nn
