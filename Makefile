@@ -2,7 +2,7 @@
 #   make run    install what is missing, build (Release), train the default model (mixprec train)
 #   make test   install what is missing, build Release and Debug+ASan+UBSan, run every test
 #   make bench  install what is missing, build (Release), run the benchmarks
-.PHONY: all deps release debug-asan run test test-release test-asan example bench fuzz clean
+.PHONY: all deps test-deps release debug-asan run test test-release test-asan example bench fuzz clean
 
 JOBS     ?= $(shell nproc)
 RELEASE  := build/release
@@ -15,6 +15,10 @@ all: release
 
 deps:
 	@bash scripts/deps.sh
+
+# What only the tests need (headless chromium and python3-pil for the report's browser test).
+test-deps:
+	@bash scripts/test-deps.sh
 
 $(RELEASE)/CMakeCache.txt: | deps
 	cmake -S . -B $(RELEASE) $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release
@@ -37,10 +41,10 @@ run: release
 test: test-release test-asan example
 	@echo "make test: all test suites passed (Release, Debug+ASan+UBSan, installed-package consumer)"
 
-test-release: release
+test-release: release test-deps
 	cd $(RELEASE) && ctest --output-on-failure -j 2
 
-test-asan: debug-asan
+test-asan: debug-asan test-deps
 	cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		ctest --output-on-failure -j 2
 

@@ -1,0 +1,87 @@
+// `mixprec report`: one self-contained HTML file (inline SVG and CSS, no script, no
+// network) of one or several training runs: loss curves (all runs in one chart), the
+// loss scale with skipped steps marked, the skip rate, activation-gradient underflow
+// (overall and per tensor), log2-magnitude histograms against the ranges of fp16,
+// bf16, E4M3 and E5M2, the alerts, the configuration and the summary numbers.
+// See docs/report.md.
+//
+//   std::vector<monitor::ReportRun> runs = {monitor::load_run("runs/a"), monitor::load_run("runs/b")};
+//   monitor::write_report("report.html", runs);        // temp file + rename: no partial output
+//
+// Rendering works from in-memory runs (render_report), so tests and other tools need
+// no files. Every text taken from a run (names, config values, alerts) is escaped.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mixprec/train/trainer.hpp"
+
+namespace mixprec::monitor {
+
+// One alert as summary.json carries it ("alerts": [{id, step, last_step, steps,
+// message, advice}, ...], monitor::alert_json).
+struct ReportAlert {
+  std::string id;                     // e.g. "scale-collapse"
+  std::optional<std::uint64_t> step;  // first step the rule held, when it refers to one
+  std::string severity;               // optional ("warning", "error", ...); shown when set
+  std::string message;
+  std::string advice;
+  std::optional<std::uint64_t> last_step;  // last step it held
+  std::optional<std::uint64_t> steps;      // steps on which it held
+};
+
+// One run as the report sees it.
+struct ReportRun {
+  std::string name;  // legend label, e.g. the run folder's name
+  std::string dir;   // where it was read from (shown; may be empty)
+  std::vector<train::StepRecord> records;
+  // config.json as (key, value text) pairs in file order; empty when there was none.
+  std::vector<std::pair<std::string, std::string>> config;
+  // summary.json's "alerts": nullopt when not evaluated (no summary.json, or no
+  // "alerts" in it), an empty vector when there were none.
+  std::optional<std::vector<ReportAlert>> alerts;
+};
+
+// Figures a run's numbers are computed from its records (so an interrupted run without
+// summary.json has them too).
+struct RunNumbers {
+  std::uint64_t steps = 0, skipped = 0, tokens = 0;
+  double final_loss = 0;             // NaN when there are no steps
+  std::optional<double> val_loss;    // last evaluation
+  float final_scale = 1;             // the last step's next_scale
+  double underflow_fraction = 0;     // activation-gradient underflow / nonzero, whole run
+  double subnormal_fraction = 0;
+  double lost_update_fraction = 0;   // mean over applied steps
+  double seconds = 0;                // sum of step times
+  double mean_step_ms = 0;
+};
+RunNumbers run_numbers(const std::vector<train::StepRecord>& records);
+
+struct ReportOptions {
+  std::string title = "mixprec report";
+  int skip_window = 20;  // steps in the rolling skip rate
+};
+
+// The whole HTML document. Runs may be empty or have no steps; non-finite values
+// are left out of the charts (their lines break there).
+std::string render_report(const std::vector<ReportRun>& runs, const ReportOptions& options = {});
+
+// Reads a run folder: log.jsonl (required), config.json and summary.json (optional).
+// std::runtime_error with a clear message: the folder does not exist or is not a
+// folder, it has no log.jsonl, a malformed log line ("FILE:LINE: ..."), malformed JSON
+// in config.json or summary.json. `name` empty: the folder's name.
+ReportRun load_run(const std::string& dir, const std::string& name = {});
+
+// Gives runs that share a name distinct legend labels (precision + loss scale from the
+// config, then the folder path, then a number).
+void make_names_unique(std::vector<ReportRun>& runs);
+
+// render_report, written to a temporary file next to `path` and renamed over it, so a
+// failure leaves no partial file. std::runtime_error when it cannot be written.
+void write_report(const std::string& path, const std::vector<ReportRun>& runs, const ReportOptions& options = {});
+
+}  // namespace mixprec::monitor

@@ -1,0 +1,925 @@
+// The HTML report of training runs (see report.hpp, docs/report.md): one document
+// with inline CSS and SVG, built from in-memory runs.
+#include "mixprec/monitor/report.hpp"
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <map>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mixprec/nn/precision.hpp"
+#include "mixprec/train/run_log.hpp"
+#include "mixprec/version.hpp"
+#include "monitor/svg_chart.hpp"
+
+namespace mixprec::monitor {
+namespace {
+
+namespace fs = std::filesystem;
+using ojson = nlohmann::ordered_json;
+using svg::escape;
+using svg::number;
+using train::StepRecord;
+
+constexpr double kNaN = std::numeric_limits<double>::quiet_NaN();
+
+// One colour per run, in order (red is kept for skipped steps).
+const char* run_color(std::size_t i) {
+  static const char* const palette[] = {"#2563eb", "#f59e0b", "#10b981", "#8b5cf6", "#06b6d4",
+                                        "#ec4899", "#84cc16", "#64748b", "#a16207", "#0f766e"};
+  return palette[i % (sizeof palette / sizeof palette[0])];
+}
+
+// Lines of one chart that are not runs (tensor groups).
+const char* group_color(std::size_t i) {
+  static const char* const palette[] = {"#0ea5e9", "#f97316", "#22c55e", "#a855f7", "#eab308",
+                                        "#14b8a6", "#f43f5e", "#6366f1", "#78716c", "#84cc16"};
+  return palette[i % (sizeof palette / sizeof palette[0])];
+}
+
+constexpr const char* kSkipColor = "#dc2626";
+
+std::string squote(std::string_view s) { return std::string("'").append(s).append("'"); }
+
+std::string percent(double f) {
+  if (!std::isfinite(f)) return "\u2013";
+  if (f != 0 && std::fabs(f) < 0.0001) return number(f * 100, 2) + "%";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.2f%%", f * 100);
+  return buf;
+}
+
+std::string duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "\u2013";
+  if (s < 60) return number(s, s < 1 ? 2 : 3) + " s";
+  const auto t = static_cast<long long>(std::llround(s));
+  char buf[32];
+  if (t < 3600)
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", t / 60, t % 60);
+  else
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", t / 3600, t % 3600 / 60);
+  return buf;
+}
+
+std::string loss_text(double v) { return number(v, 4); }
+
+std::optional<std::string> config_value(const ReportRun& r, std::string_view key) {
+  for (const auto& [k, v] : r.config)
+    if (k == key) return v;
+  return std::nullopt;
+}
+
+std::optional<nn::PrecisionPolicy> policy(const ReportRun& r) {
+  const auto p = config_value(r, "precision");
+  if (!p) return std::nullopt;
+  const auto prec = nn::parse_precision(*p);
+  if (!prec) return std::nullopt;
+  return nn::policy_of(*prec);
+}
+
+// Index of a storage format in svg::standard_ranges(), -1 for fp32.
+int range_index(DType t) {
+  switch (t) {
+    case DType::f16: return 0;
+    case DType::bf16: return 1;
+    case DType::f32: return -1;
+  }
+  return -1;
+}
+
+std::string run_setup(const ReportRun& r) {
+  std::string s;
+  if (const auto p = config_value(r, "precision")) s += *p;
+  if (const auto l = config_value(r, "loss-scale")) s += (s.empty() ? "loss scale " : ", loss scale ") + *l;
+  return s;
+}
+
+std::string swatch(const char* color) {
+  return std::string("<span class=\"swatch\" style=\"background:").append(color).append("\"></span>");
+}
+
+double fraction(std::uint64_t part, std::uint64_t whole) {
+  return whole == 0 ? kNaN : static_cast<double>(part) / static_cast<double>(whole);
+}
+
+std::string card(const std::string& title, const std::string& body, const std::string& note = {},
+                 const char* cls = "card") {
+  std::string out = std::string("<div class=\"").append(cls).append("\">");
+  if (!title.empty()) out += "<h3>" + title + "</h3>";
+  if (!note.empty()) out += "<p class=\"note\">" + note + "</p>";
+  out += body;
+  out += "</div>";
+  return out;
+}
+
+// ---- charts -------------------------------------------------------------------------------
+
+std::string loss_chart(const std::vector<ReportRun>& runs) {
+  svg::LineChart c;
+  c.id = "loss";
+  c.height = 380;
+  c.x = {"step", false, std::nullopt, std::nullopt, false, true};
+  c.y.label = "loss";
+  bool any_val = false;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    svg::Series s;
+    s.label = runs[i].name;
+    s.color = run_color(i);
+    svg::Series v;
+    v.color = s.color;
+    v.line = false;
+    v.marker = svg::Marker::circle;
+    v.marker_size = 4;
+    for (const StepRecord& r : runs[i].records) {
+      const double x = static_cast<double>(r.step);
+      s.points.push_back({x, r.loss_finite ? r.loss : kNaN});
+      if (r.val_loss) {
+        v.points.push_back({x, *r.val_loss});
+        any_val = true;
+      }
+    }
+    c.series.push_back(std::move(s));
+    c.series.push_back(std::move(v));
+  }
+  if (any_val) {
+    svg::Series legend;
+    legend.label = "validation loss";
+    legend.color = "#6b7280";
+    legend.line = false;
+    legend.marker = svg::Marker::circle;
+    legend.marker_size = 4;
+    c.series.push_back(std::move(legend));
+  }
+  return svg::render(c);
+}
+
+std::string scale_chart(const std::vector<ReportRun>& runs) {
+  svg::LineChart c;
+  c.id = "loss-scale";
+  c.width = 560;
+  c.height = 320;
+  c.x = {"step", false, std::nullopt, std::nullopt, false, true};
+  c.y.label = "loss scale";
+  c.y.log2 = true;
+  svg::Series skipped;
+  skipped.label = "skipped step";
+  skipped.color = kSkipColor;
+  skipped.line = false;
+  skipped.marker = svg::Marker::cross;
+  skipped.marker_size = 4;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    svg::Series s;
+    s.label = runs[i].name;
+    s.color = run_color(i);
+    s.steps = true;
+    for (const StepRecord& r : runs[i].records) {
+      const double x = static_cast<double>(r.step);
+      s.points.push_back({x, static_cast<double>(r.scale)});
+      if (r.skipped) skipped.points.push_back({x, static_cast<double>(r.scale)});
+    }
+    c.series.push_back(std::move(s));
+  }
+  c.series.push_back(std::move(skipped));
+  return svg::render(c);
+}
+
+std::string skip_chart(const std::vector<ReportRun>& runs, int window) {
+  svg::LineChart c;
+  c.id = "skip-rate";
+  c.width = 560;
+  c.height = 320;
+  c.x = {"step", false, std::nullopt, std::nullopt, false, true};
+  c.y.label = "skipped steps, last " + std::to_string(window);
+  c.y.percent = true;
+  c.y.min = 0;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    svg::Series s;
+    s.label = runs[i].name;
+    s.color = run_color(i);
+    const auto& recs = runs[i].records;
+    std::size_t in_window = 0;
+    for (std::size_t k = 0; k < recs.size(); ++k) {
+      if (recs[k].skipped) ++in_window;
+      if (k >= static_cast<std::size_t>(window) && recs[k - static_cast<std::size_t>(window)].skipped) --in_window;
+      const std::size_t n = std::min(k + 1, static_cast<std::size_t>(window));
+      s.points.push_back({static_cast<double>(recs[k].step), static_cast<double>(in_window) / static_cast<double>(n)});
+    }
+    c.series.push_back(std::move(s));
+  }
+  return svg::render(c);
+}
+
+std::string underflow_chart(const std::vector<ReportRun>& runs) {
+  svg::LineChart c;
+  c.id = "underflow";
+  c.height = 320;
+  c.x = {"step", false, std::nullopt, std::nullopt, false, true};
+  c.y.label = "underflow / nonzero";
+  c.y.percent = true;
+  c.y.min = 0;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    svg::Series s;
+    s.label = runs[i].name;
+    s.color = run_color(i);
+    for (const StepRecord& r : runs[i].records)
+      s.points.push_back({static_cast<double>(r.step), fraction(r.act_grads.underflow, r.act_grads.nonzero)});
+    c.series.push_back(std::move(s));
+  }
+  return svg::render(c);
+}
+
+// "h12.mlp.fc.grad" -> "h*.mlp.fc.grad": the same role in every layer (the layer
+// number is the digits that end the name's first component).
+std::string role_of(const std::string& name) {
+  const std::size_t dot = std::min(name.find('.'), name.size());
+  std::size_t d = dot;
+  while (d > 0 && name[d - 1] >= '0' && name[d - 1] <= '9') --d;
+  if (d == dot || d == 0) return name;
+  return name.substr(0, d) + "*" + name.substr(dot);
+}
+
+// Per-tensor underflow of one run: one line per tensor when there are few, else per
+// role (layers summed), the eleven with most underflow and "other"; and all tensors.
+// Empty when the log has no per-tensor statistics.
+std::string tensor_chart(const ReportRun& run, std::size_t index, std::string& note) {
+  std::vector<std::string> names;
+  std::uint64_t total_underflow = 0;
+  for (const StepRecord& r : run.records)
+    for (const nn::TensorGradStats& t : r.act_grad_tensors) {
+      if (std::find(names.begin(), names.end(), t.name) == names.end()) names.push_back(t.name);
+      total_underflow += t.stats.underflow;
+    }
+  if (names.empty()) return {};
+  std::uint64_t stores = 0;
+  for (const StepRecord& r : run.records) stores += r.act_grads.nonzero;
+  if (total_underflow == 0 && stores == 0) {
+    const auto pol = policy(run);
+    note = pol && pol->activations == DType::f32
+               ? "activation gradients are stored in fp32 here: nothing is rounded, nothing underflows"
+               : "no counted activation-gradient values in this log";
+    return {};
+  }
+  if (total_underflow == 0) {
+    note = "no activation-gradient value underflowed in " + std::to_string(run.records.size()) + " steps (" +
+           std::to_string(names.size()) + " tensors, " + number(static_cast<double>(stores), 6) + " nonzero values" +
+           ")";
+    return {};
+  }
+  constexpr std::size_t kMaxLines = 12;
+  const bool by_role = names.size() > kMaxLines;
+  std::vector<std::string> groups;
+  std::map<std::string, std::uint64_t> group_total;
+  auto group_of = [&](const std::string& n) { return by_role ? role_of(n) : n; };
+  for (const std::string& n : names) {
+    const std::string g = group_of(n);
+    if (std::find(groups.begin(), groups.end(), g) == groups.end()) groups.push_back(g);
+  }
+  for (const StepRecord& r : run.records)
+    for (const nn::TensorGradStats& t : r.act_grad_tensors) group_total[group_of(t.name)] += t.stats.underflow;
+  // Keep the nine groups with most underflow (stable, in backward order); the rest is "other".
+  std::vector<std::string> kept = groups;
+  std::string other;
+  if (groups.size() > kMaxLines) {
+    std::vector<std::string> ranked = groups;
+    std::stable_sort(ranked.begin(), ranked.end(),
+                     [&](const std::string& a, const std::string& b) { return group_total[a] > group_total[b]; });
+    ranked.resize(kMaxLines - 1);
+    kept.clear();
+    for (const std::string& g : groups)
+      if (std::find(ranked.begin(), ranked.end(), g) != ranked.end()) kept.push_back(g);
+    other = "other (" + std::to_string(groups.size() - (kMaxLines - 1)) + ")";
+  }
+  std::vector<std::string> lines = kept;
+  if (!other.empty()) lines.push_back(other);
+  // A role that only one tensor has is labelled with that tensor's name.
+  std::vector<std::string> labels = lines;
+  if (by_role)
+    for (std::string& l : labels) {
+      auto in_role = [&](const std::string& n) { return role_of(n) == l; };
+      if (std::count_if(names.begin(), names.end(), in_role) == 1)
+        l = *std::find_if(names.begin(), names.end(), in_role);
+    }
+
+  svg::LineChart c;
+  c.id = "tensors-" + std::to_string(index);
+  c.width = 560;
+  c.height = 340;
+  c.x = {"step", false, std::nullopt, std::nullopt, false, true};
+  c.y.label = "underflow / nonzero";
+  c.y.percent = true;
+  c.y.min = 0;
+  std::vector<svg::Series> series(lines.size());
+  for (std::size_t g = 0; g < lines.size(); ++g) {
+    series[g].label = labels[g];
+    series[g].color = group_color(g);
+    series[g].width = 1.6;
+  }
+  svg::Series all;
+  all.label = "all tensors";
+  all.color = "#111827";
+  all.width = 2.4;
+  all.dash = "6 3";
+  for (const StepRecord& r : run.records) {
+    std::vector<std::uint64_t> under(lines.size(), 0), nonzero(lines.size(), 0);
+    for (const nn::TensorGradStats& t : r.act_grad_tensors) {
+      const std::string g = group_of(t.name);
+      auto it = std::find(lines.begin(), lines.end(), g);
+      const std::size_t k = it != lines.end() ? static_cast<std::size_t>(it - lines.begin()) : lines.size() - 1;
+      under[k] += t.stats.underflow;
+      nonzero[k] += t.stats.nonzero;
+    }
+    const double x = static_cast<double>(r.step);
+    for (std::size_t g = 0; g < lines.size(); ++g) series[g].points.push_back({x, fraction(under[g], nonzero[g])});
+    all.points.push_back({x, fraction(r.act_grads.underflow, r.act_grads.nonzero)});
+  }
+  series.push_back(std::move(all));
+  c.series = std::move(series);
+  note = by_role ? "one line per role, summed over layers (* = layer number)" : "one line per tensor";
+  return svg::render(c);
+}
+
+const StepRecord* last_histogram_step(const ReportRun& r) {
+  for (auto it = r.records.rbegin(); it != r.records.rend(); ++it)
+    if (it->histograms) return &*it;
+  return nullptr;
+}
+
+void populated_range(const nn::Log2Histogram& h, int& lo, int& hi) {
+  for (std::size_t i = 0; i < h.counts.size(); ++i) {
+    if (h.counts[i] == 0) continue;
+    const int e = nn::Log2Histogram::kMinExp + static_cast<int>(i);
+    lo = std::min(lo, e);
+    hi = std::max(hi, e + 1);
+  }
+}
+
+std::string histogram_chart(const nn::Log2Histogram& h, const std::string& id, const char* color, int shaded, int lo,
+                            int hi) {
+  svg::Histogram c;
+  c.id = id;
+  c.first_exp = nn::Log2Histogram::kMinExp;
+  c.counts.reserve(h.counts.size());
+  for (std::uint64_t v : h.counts) c.counts.push_back(static_cast<double>(v));
+  c.zeros = static_cast<double>(h.zeros);
+  c.nonfinite = static_cast<double>(h.nonfinite);
+  c.lo_exp = lo;
+  c.hi_exp = hi;
+  c.color = color;
+  c.ranges = svg::standard_ranges();
+  c.shaded = shaded;
+  return svg::render(c);
+}
+
+std::string pow2_label(double v) {
+  if (!(v > 0) || !std::isfinite(v)) return number(v, 6);
+  const double e = std::log2(v);
+  if (e == std::floor(e)) return "2<sup>" + number(e, 6) + "</sup> = " + number(v, 8);
+  return number(v, 6);
+}
+
+std::string histograms_section(const std::vector<ReportRun>& runs) {
+  int lo = -26, hi = 17;  // fp16's subnormal and normal ranges at least
+  bool any = false;
+  for (const ReportRun& r : runs)
+    if (const StepRecord* s = last_histogram_step(r)) {
+      any = true;
+      populated_range(s->histograms->activation_grads, lo, hi);
+      populated_range(s->histograms->activations, lo, hi);
+      populated_range(s->histograms->weight_grads, lo, hi);
+      populated_range(s->histograms->weights, lo, hi);
+    }
+  lo = std::max(nn::Log2Histogram::kMinExp, lo - 1);
+  hi = std::min(nn::Log2Histogram::kMaxExp + 1, hi + 1);
+  std::string out = "<section id=\"histograms\"><h2>Magnitudes against the format ranges</h2>";
+  out +=
+      "<p class=\"lead\">log<sub>2</sub>|x| of every value at the run's last histogram step. Rows under each chart: "
+      "the normal (dark) and subnormal (light) ranges of fp16, bf16, E4M3 and E5M2; the shaded band is the format "
+      "these values are stored in. Bars left of a format's light band would become 0 in it; bars right of its dark "
+      "band would overflow.</p>";
+  if (!any) {
+    out += card("", "<p class=\"muted\">No histograms in " +
+                        std::string(runs.size() == 1 ? "this log" : "these logs") +
+                        ": train with histogram steps (<code>--histogram-every N</code>) to see them.</p>");
+    return out + "</section>";
+  }
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const ReportRun& r = runs[i];
+    const StepRecord* s = last_histogram_step(r);
+    out += "<h3 class=\"run-title\">" + swatch(run_color(i)) + escape(r.name);
+    if (s) out += " <span class=\"muted\">step " + std::to_string(s->step) + "</span>";
+    out += "</h3>";
+    if (!s) {
+      out += card("", "<p class=\"muted\">No histogram step in this run's log.</p>");
+      continue;
+    }
+    const auto pol = policy(r);
+    const int act = pol ? range_index(pol->activations) : -1;
+    const int wgt = pol ? range_index(pol->weights) : -1;
+    const int wgrad = pol ? range_index(pol->weight_grads) : -1;
+    const std::string id = "hist-" + std::to_string(i) + "-";
+    const StepRecord::Histograms& h = *s->histograms;
+    out += "<div class=\"grid2\">";
+    out += card("Activation gradients <span class=\"muted\">(scaled)</span>",
+                histogram_chart(h.activation_grads, id + "act-grad", "#4f46e5", act, lo, hi),
+                "before rounding, in the scaled domain: they carry the loss scale " +
+                    pow2_label(static_cast<double>(s->scale)) + " of step " + std::to_string(s->step) +
+                    " (true gradient = value / scale)");
+    out += card("Weight gradients <span class=\"muted\">(unscaled)</span>",
+                histogram_chart(h.weight_grads, id + "weight-grad", "#7c3aed", wgrad, lo, hi),
+                "after unscaling, as the optimizer reads them");
+    out += card("Weights", histogram_chart(h.weights, id + "weights", "#059669", wgt, lo, hi),
+                "the weights of record after the step");
+    out += card("Activations", histogram_chart(h.activations, id + "act", "#b45309", act, lo, hi),
+                "stored activations, before rounding");
+    out += "</div>";
+  }
+  return out + "</section>";
+}
+
+// ---- tables ---------------------------------------------------------------------------------
+
+std::string alerts_count(const ReportRun& r) {
+  if (!r.alerts) return "<span class=\"muted\">\u2013</span>";
+  if (r.alerts->empty()) return "<span class=\"ok\">0</span>";
+  return "<span class=\"bad\">" + std::to_string(r.alerts->size()) + "</span>";
+}
+
+std::optional<double> fp32_val(const std::vector<ReportRun>& runs, const std::vector<RunNumbers>& nums) {
+  for (std::size_t i = 0; i < runs.size(); ++i)
+    if (config_value(runs[i], "precision") == "fp32" && nums[i].val_loss && std::isfinite(*nums[i].val_loss))
+      return nums[i].val_loss;
+  return std::nullopt;
+}
+
+std::string summary_table(const std::vector<ReportRun>& runs, const std::vector<RunNumbers>& nums) {
+  const std::optional<double> base = fp32_val(runs, nums);
+  std::string out =
+      "<table class=\"summary\"><thead><tr><th>run</th><th>precision</th><th>loss scale</th>"
+      "<th class=\"num\">steps</th>"
+      "<th class=\"num\">val loss</th>";
+  if (base) out += "<th class=\"num\">vs fp32</th>";
+  out +=
+      "<th class=\"num\">skipped</th><th class=\"num\">final scale</th><th class=\"num\">underflow</th>"
+      "<th class=\"num\">subnormal</th><th class=\"num\">lost updates</th><th class=\"num\">step ms</th>"
+      "<th class=\"num\">time</th><th class=\"num\">alerts</th></tr></thead><tbody>";
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const ReportRun& r = runs[i];
+    const RunNumbers& n = nums[i];
+    out += "<tr><td class=\"name\">" + swatch(run_color(i)) + escape(r.name) + "</td>";
+    out += "<td>" + escape(config_value(r, "precision").value_or("\u2013")) + "</td>";
+    out += "<td>" + escape(config_value(r, "loss-scale").value_or("\u2013")) + "</td>";
+    out += "<td class=\"num\">" + std::to_string(n.steps) + "</td>";
+    out += "<td class=\"num\">" + (n.val_loss ? loss_text(*n.val_loss) : std::string("\u2013")) + "</td>";
+    if (base) {
+      std::string gap = "\u2013";
+      if (n.val_loss && std::isfinite(*n.val_loss)) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%+.2f%%", (*n.val_loss - *base) / *base * 100);
+        gap = buf;
+      }
+      out += "<td class=\"num\">" + gap + "</td>";
+    }
+    out += std::string("<td class=\"num") + (n.skipped > 0 ? " warn" : "") + "\">" + std::to_string(n.skipped) +
+           "</td>";
+    out += "<td class=\"num\">" + number(static_cast<double>(n.final_scale), 7) + "</td>";
+    out += "<td class=\"num\">" + percent(n.underflow_fraction) + "</td>";
+    out += "<td class=\"num\">" + percent(n.subnormal_fraction) + "</td>";
+    out += "<td class=\"num\">" + percent(n.lost_update_fraction) + "</td>";
+    out += "<td class=\"num\">" + number(n.mean_step_ms, 3) + "</td>";
+    out += "<td class=\"num\">" + duration(n.seconds) + "</td>";
+    out += "<td class=\"num\">" + alerts_count(r) + "</td></tr>";
+  }
+  return out + "</tbody></table>";
+}
+
+std::string tiles(const ReportRun& r, const RunNumbers& n) {
+  auto tile = [](const std::string& label, const std::string& value, const std::string& cls = {}) {
+    return "<div class=\"tile" + cls + "\"><div class=\"label\">" + label + "</div><div class=\"value\">" + value +
+           "</div></div>";
+  };
+  std::string out = "<div class=\"tiles\">";
+  out += tile("validation loss", n.val_loss ? loss_text(*n.val_loss) : "\u2013");
+  out += tile("final training loss", loss_text(n.final_loss));
+  out += tile("steps", std::to_string(n.steps) + " <small" + (n.skipped > 0 ? " class=\"warn\"" : "") + ">" +
+                           std::to_string(n.skipped) + " skipped</small>");
+  out += tile("final loss scale", number(static_cast<double>(n.final_scale), 7));
+  out += tile("act-grad underflow", percent(n.underflow_fraction));
+  out += tile("subnormal", percent(n.subnormal_fraction));
+  out += tile("lost updates", percent(n.lost_update_fraction));
+  out += tile("training time", duration(n.seconds));
+  out += tile("mean step", number(n.mean_step_ms, 3) + " <small>ms</small>");
+  out += tile("alerts", alerts_count(r));
+  return out + "</div>";
+}
+
+std::string alerts_section(const std::vector<ReportRun>& runs) {
+  std::string out = "<section id=\"alerts\"><h2>Alerts</h2>";
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    const ReportRun& r = runs[i];
+    std::string body;
+    if (!r.alerts) {
+      body = "<p class=\"muted\">Alerts were not evaluated for this run (its summary.json has no alerts).</p>";
+    } else if (r.alerts->empty()) {
+      body = "<p class=\"ok\">\u2713 No alerts.</p>";
+    } else {
+      body = "<ul class=\"alerts\">";
+      for (const ReportAlert& a : *r.alerts) {
+        body += "<li><div class=\"alert-head\"><code class=\"alert-id\">" + escape(a.id) + "</code>";
+        if (!a.severity.empty()) body += " <span class=\"sev\">" + escape(a.severity) + "</span>";
+        if (a.step) {
+          body += " <span class=\"muted\">step " + std::to_string(*a.step);
+          if (a.last_step && *a.last_step > *a.step) body += "\u2013" + std::to_string(*a.last_step);
+          if (a.steps && *a.steps > 1) body += ", held on " + std::to_string(*a.steps) + " steps";
+          body += "</span>";
+        }
+        body += "</div><div class=\"alert-msg\">" + escape(a.message) + "</div>";
+        if (!a.advice.empty()) body += "<div class=\"advice\">\u2192 " + escape(a.advice) + "</div>";
+        body += "</li>";
+      }
+      body += "</ul>";
+    }
+    out += card(swatch(run_color(i)) + escape(r.name), body);
+  }
+  return out + "</section>";
+}
+
+std::string config_value_html(const std::string& v) {
+  return v.empty() ? std::string("<span class=\"muted\">(empty)</span>") : escape(v);
+}
+
+// Keys with one value in every run as a compact grid; keys whose values differ as a
+// table with one column per run.
+std::string config_section(const std::vector<ReportRun>& runs) {
+  std::string out = "<section id=\"config\"><h2>Configuration</h2>";
+  std::vector<std::string> keys;
+  for (const ReportRun& r : runs)
+    for (const auto& kv : r.config)
+      if (std::find(keys.begin(), keys.end(), kv.first) == keys.end()) keys.push_back(kv.first);
+  if (keys.empty()) {
+    out += card("", "<p class=\"muted\">No config.json in " +
+                        std::string(runs.size() == 1 ? "the run folder." : "the run folders.") + "</p>");
+    return out + "</section>";
+  }
+  std::string shared, differs;
+  for (const std::string& k : keys) {
+    std::vector<std::string> values;
+    for (const ReportRun& r : runs) values.push_back(config_value(r, k).value_or("\u2013"));
+    const bool same = std::all_of(values.begin(), values.end(), [&](const std::string& v) { return v == values[0]; });
+    if (same) {
+      shared += "<div class=\"kv-item\"><span class=\"key\">" + escape(k) + "</span><span class=\"val\">" +
+                config_value_html(values[0]) + "</span></div>";
+    } else {
+      differs += "<tr class=\"differs\"><td class=\"key\">" + escape(k) + "</td>";
+      for (const std::string& v : values) differs += "<td>" + config_value_html(v) + "</td>";
+      differs += "</tr>";
+    }
+  }
+  if (!differs.empty()) {
+    std::string t = "<table class=\"config\"><thead><tr><th>key</th>";
+    for (std::size_t i = 0; i < runs.size(); ++i) t += "<th>" + swatch(run_color(i)) + escape(runs[i].name) + "</th>";
+    t += "</tr></thead><tbody>" + differs + "</tbody></table>";
+    out += card("Differs between the runs", t);
+  }
+  if (!shared.empty())
+    out += card(runs.size() > 1 ? "Shared by all runs" : "", "<div class=\"kv\">" + shared + "</div>",
+                runs.size() > 1 ? "" : "config.json of the run");
+  std::string folders;
+  for (std::size_t i = 0; i < runs.size(); ++i)
+    if (!runs[i].dir.empty())
+      folders +=
+          "<li>" + swatch(run_color(i)) + escape(runs[i].name) + ": <code>" + escape(runs[i].dir) + "</code></li>";
+  if (!folders.empty()) out += card("Run folders", "<ul class=\"plain\">" + folders + "</ul>");
+  return out + "</section>";
+}
+
+constexpr const char* kStyle = R"CSS(
+:root{--fg:#1f2937;--muted:#6b7280;--line:#e5e7eb;--bg:#f5f6f8;--accent:#2563eb}
+*{box-sizing:border-box}
+html{background:var(--bg)}
+body{margin:0;color:var(--fg);font:14px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,"Helvetica Neue","Noto Sans","Liberation Sans",Arial,sans-serif;-webkit-font-smoothing:antialiased}
+header{background:#fff;border-bottom:1px solid var(--line)}
+header .wrap{max-width:1240px;margin:0 auto;padding:22px 20px 18px}
+h1{margin:0 0 4px;font-size:24px;font-weight:650;letter-spacing:-.01em}
+h2{margin:30px 0 12px;font-size:18px;font-weight:650}
+h3{margin:0 0 6px;font-size:14.5px;font-weight:600}
+h3.run-title{margin:18px 0 10px;font-size:15px}
+main{max-width:1240px;margin:0 auto;padding:4px 20px 40px}
+.sub{margin:0;color:var(--muted)}
+.sub .run{margin-right:14px;white-space:nowrap}
+.lead{color:var(--muted);margin:-4px 0 14px;max-width:980px}
+.card{background:#fff;border:1px solid var(--line);border-radius:10px;padding:16px 18px;margin-bottom:16px;box-shadow:0 1px 2px rgba(16,24,40,.04)}
+.card .note{color:var(--muted);font-size:12.5px;margin:-2px 0 8px}
+.grid2{display:grid;grid-template-columns:1fr 1fr;gap:16px}
+.grid2>.card{margin-bottom:0}
+.grid2+.grid2,.grid2+.card{margin-top:16px}
+.card.notes{padding:12px 18px}
+svg.chart{display:block;width:100%;height:auto;font-family:inherit}
+.swatch{display:inline-block;width:10px;height:10px;border-radius:50%;margin-right:7px;vertical-align:0}
+.muted{color:var(--muted);font-weight:400}
+.ok{color:#047857}
+.bad{color:#b91c1c;font-weight:600}
+.warn{color:#b45309;font-weight:600}
+code{font:12.5px/1.4 ui-monospace,SFMono-Regular,Menlo,Consolas,"DejaVu Sans Mono",monospace;background:#f3f4f6;border-radius:4px;padding:1px 5px}
+table{border-collapse:collapse;width:100%;font-variant-numeric:tabular-nums}
+th,td{text-align:left;padding:7px 10px;border-bottom:1px solid var(--line);vertical-align:top}
+th{font-size:12px;font-weight:600;color:var(--muted);text-transform:uppercase;letter-spacing:.03em;background:#fafafa}
+td.num,th.num{text-align:right}
+td.num{white-space:nowrap}
+td.name{font-weight:600;white-space:nowrap}
+table.config td{font-size:13px;word-break:break-word}
+table.config td.key{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,"DejaVu Sans Mono",monospace;color:#374151;white-space:nowrap;width:1%}
+table.config tr.differs td{background:#fffbeb}
+.kv{display:grid;grid-template-columns:repeat(3,1fr);column-gap:28px}
+.kv-item{display:flex;gap:12px;padding:5px 2px;border-bottom:1px solid #f0f1f3;font-size:13px;min-width:0}
+.kv-item .key{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,"DejaVu Sans Mono",monospace;color:#4b5563;flex:0 0 auto}
+.kv-item .val{margin-left:auto;text-align:right;word-break:break-all;font-variant-numeric:tabular-nums}
+tbody tr:last-child td{border-bottom:none}
+.tiles{display:grid;grid-template-columns:repeat(5,1fr);gap:12px}
+.tile{background:#fff;border:1px solid var(--line);border-radius:10px;padding:12px 14px}
+.tile .label{font-size:12px;color:var(--muted);text-transform:uppercase;letter-spacing:.03em}
+.tile .value{font-size:21px;font-weight:650;margin-top:2px;font-variant-numeric:tabular-nums}
+.tile .value small{font-size:13px;font-weight:500;color:var(--muted)}
+.tile .value small.warn{color:#b45309}
+ul.alerts{list-style:none;margin:0;padding:0}
+ul.alerts li{border-left:3px solid #f59e0b;background:#fffbeb;border-radius:6px;padding:9px 12px;margin:8px 0}
+.alert-id{background:#fef3c7;color:#92400e;font-weight:600}
+.sev{font-size:11.5px;text-transform:uppercase;letter-spacing:.04em;color:#92400e}
+.alert-msg{margin-top:3px}
+.advice{color:#374151;margin-top:3px;font-size:13px}
+ul.plain{margin:0;padding-left:0;list-style:none}
+ul.plain li{margin:3px 0}
+footer{max-width:1240px;margin:0 auto;padding:0 20px 30px;color:var(--muted);font-size:12px}
+)CSS";
+
+}  // namespace
+
+RunNumbers run_numbers(const std::vector<StepRecord>& records) {
+  RunNumbers n;
+  n.final_loss = kNaN;
+  ConversionStats all;
+  double lost = 0;
+  std::uint64_t applied = 0;
+  for (const StepRecord& r : records) {
+    ++n.steps;
+    if (r.skipped) {
+      ++n.skipped;
+    } else if (std::isfinite(r.lost_update_fraction)) {
+      lost += r.lost_update_fraction;
+      ++applied;
+    }
+    n.tokens += r.tokens;
+    if (r.val_loss) n.val_loss = r.val_loss;
+    all += r.act_grads;
+    if (std::isfinite(r.seconds)) n.seconds += r.seconds;
+  }
+  if (!records.empty()) {
+    n.final_loss = records.back().loss_finite ? records.back().loss : kNaN;
+    n.final_scale = records.back().next_scale;
+    n.mean_step_ms = n.seconds * 1000 / static_cast<double>(records.size());
+  }
+  n.underflow_fraction = all.nonzero == 0 ? 0 : static_cast<double>(all.underflow) / static_cast<double>(all.nonzero);
+  n.subnormal_fraction = all.nonzero == 0 ? 0 : static_cast<double>(all.subnormal) / static_cast<double>(all.nonzero);
+  n.lost_update_fraction = applied == 0 ? 0 : lost / static_cast<double>(applied);
+  return n;
+}
+
+std::string render_report(const std::vector<ReportRun>& runs, const ReportOptions& options) {
+  std::vector<RunNumbers> nums;
+  for (const ReportRun& r : runs) nums.push_back(run_numbers(r.records));
+  const int window = std::max(1, options.skip_window);
+
+  std::string title = options.title;
+  if (runs.size() == 1) title += ": " + runs[0].name;
+
+  std::string out;
+  out.reserve(1 << 18);
+  out += "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+         "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">"
+         "<meta name=\"generator\" content=\"mixprec " +
+         std::string(kVersionString) + "\"><title>" + escape(title) + "</title><style>" + kStyle +
+         "</style></head><body>\n";
+  out += "<header><div class=\"wrap\"><h1>" + escape(title) + "</h1><p class=\"sub\">";
+  if (runs.empty()) {
+    out += "no runs";
+  } else {
+    for (std::size_t i = 0; i < runs.size(); ++i) {
+      out += "<span class=\"run\">" + swatch(run_color(i)) + "<b>" + escape(runs[i].name) + "</b>";
+      const std::string setup = run_setup(runs[i]);
+      if (!setup.empty()) out += " <span class=\"muted\">" + escape(setup) + "</span>";
+      out += "</span> ";
+    }
+  }
+  out += "</p></div></header>\n<main>\n";
+
+  if (runs.empty()) {
+    out += card("", "<p class=\"muted\">No runs to report.</p>");
+    out += "</main></body></html>\n";
+    return out;
+  }
+
+  // Summary.
+  out += "<section id=\"summary\"><h2>Summary</h2>";
+  if (runs.size() == 1)
+    out += tiles(runs[0], nums[0]);
+  else
+    out += card("", summary_table(runs, nums),
+                "Numbers over the whole log: underflow and subnormal are fractions of the nonzero activation-gradient "
+                "values; lost updates are averaged over applied steps.");
+  out += "</section>\n";
+
+  // Training curves.
+  out += "<section id=\"training\"><h2>Training</h2>";
+  out += card("Training loss", loss_chart(runs),
+              std::string("mean loss of each step's tokens") +
+                  (runs.size() > 1 ? "; one line per run" : "") + "; dots: validation loss");
+  out += "<div class=\"grid2\">";
+  out += card("Loss scale", scale_chart(runs), "the scale each step's gradients carried (log\u2082 axis); "
+                                                "\u2715 = skipped step (inf/NaN in the gradients)");
+  out += card("Skip rate", skip_chart(runs, window),
+              "share of skipped steps among the last " + std::to_string(window) + " steps");
+  out += "</div></section>\n";
+
+  // Underflow.
+  out += "<section id=\"underflow\"><h2>Activation-gradient underflow</h2>";
+  out += card("All activation gradients", underflow_chart(runs),
+              "nonzero activation-gradient values that became 0 when stored in the activation format, per step");
+  std::string cells, notes;
+  std::size_t charts = 0;
+  bool missing = false;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    std::string note;
+    const std::string chart = tensor_chart(runs[i], i, note);
+    if (!chart.empty()) {
+      cells += card(swatch(run_color(i)) + escape(runs[i].name) + " <span class=\"muted\">per tensor</span>", chart,
+                    escape(note));
+      ++charts;
+    } else if (!note.empty()) {
+      notes += "<li>" + swatch(run_color(i)) + "<b>" + escape(runs[i].name) + "</b>: <span class=\"ok\">\u2713 " +
+               escape(note) + "</span></li>";
+    } else {
+      missing = true;
+    }
+  }
+  if (charts > 0) out += "<div class=\"grid2\">" + cells + "</div>";
+  if (!notes.empty()) out += card("", "<ul class=\"plain\">" + notes + "</ul>", {}, "card notes");
+  if (missing)
+    out += card("", std::string("<p class=\"muted\">") +
+                        (charts > 0 || !notes.empty() ? "Some logs have" : "The log has") +
+                        " no per-tensor activation-gradient statistics.</p>");
+  out += "</section>\n";
+
+  out += histograms_section(runs) + "\n";
+  out += alerts_section(runs) + "\n";
+  out += config_section(runs) + "\n";
+  out += "</main><footer>Generated by mixprec " + std::string(kVersionString) +
+         ". Self-contained: inline SVG and CSS, no scripts, no network.</footer></body></html>\n";
+  return out;
+}
+
+ReportRun load_run(const std::string& dir, const std::string& name) {
+  std::error_code ec;
+  const fs::path p(dir);
+  if (!fs::exists(p, ec)) throw std::runtime_error("run folder " + squote(dir) + " does not exist");
+  if (!fs::is_directory(p, ec)) throw std::runtime_error(squote(dir) + " is not a folder");
+  const fs::path log = p / "log.jsonl";
+  if (!fs::exists(log, ec))
+    throw std::runtime_error(squote(dir) + " has no log.jsonl: not a run folder (mixprec train --out DIR writes one)");
+
+  ReportRun run;
+  run.dir = dir;
+  run.name = name;
+  if (run.name.empty()) {
+    fs::path n = p.lexically_normal();
+    if (!n.has_filename()) n = n.parent_path();
+    std::string base = n.filename().string();
+    if (base.empty() || base == "." || base == "..") base = fs::absolute(p, ec).lexically_normal().filename().string();
+    if (base.empty() || base == "." || base == "..") {
+      const auto abs = fs::absolute(p, ec).lexically_normal();
+      base = abs.has_filename() ? abs.filename().string() : abs.parent_path().filename().string();
+    }
+    run.name = base.empty() ? dir : base;
+  }
+  run.records = train::read_run_log(log.string());
+
+  auto read_json = [&](const fs::path& f) -> std::optional<ojson> {
+    if (!fs::exists(f, ec)) return std::nullopt;
+    std::ifstream in(f, std::ios::binary);
+    if (!in) throw std::runtime_error(squote(f.string()) + ": cannot read: " + std::strerror(errno));
+    std::ostringstream ss;
+    ss << in.rdbuf();
+    try {
+      return ojson::parse(ss.str());
+    } catch (const ojson::parse_error& e) {
+      std::string what = e.what();
+      if (const auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
+      throw std::runtime_error(squote(f.string()) + ": malformed JSON: " + what);
+    }
+  };
+  auto text_of = [](const ojson& v) -> std::string {
+    if (v.is_string()) return v.get<std::string>();
+    if (v.is_array()) {
+      std::string s;
+      for (const ojson& e : v) s += (s.empty() ? "" : ",") + (e.is_string() ? e.get<std::string>() : e.dump());
+      return s;
+    }
+    return v.dump(-1, ' ', false, ojson::error_handler_t::replace);
+  };
+
+  if (const auto cfg = read_json(p / "config.json")) {
+    if (!cfg->is_object()) throw std::runtime_error(squote((p / "config.json").string()) + ": expected a JSON object");
+    for (const auto& [k, v] : cfg->items()) run.config.emplace_back(k, text_of(v));
+  }
+  if (const auto sum = read_json(p / "summary.json")) {
+    const std::string where = squote((p / "summary.json").string());
+    if (!sum->is_object()) throw std::runtime_error(where + ": expected a JSON object");
+    if (run.config.empty() && sum->contains("config") && (*sum)["config"].is_object())
+      for (const auto& [k, v] : (*sum)["config"].items()) run.config.emplace_back(k, text_of(v));
+    if (sum->contains("alerts")) {
+      const ojson& a = (*sum)["alerts"];
+      if (!a.is_array()) throw std::runtime_error(where + ": alerts: expected an array");
+      std::vector<ReportAlert> alerts;
+      for (std::size_t i = 0; i < a.size(); ++i) {
+        const ojson& e = a[i];
+        if (!e.is_object())
+          throw std::runtime_error(where + ": alerts[" + std::to_string(i) + "]: expected an object");
+        ReportAlert al;
+        auto str = [&](const char* key) {
+          const auto it = e.find(key);
+          return it == e.end() || it->is_null() ? std::string() : text_of(*it);
+        };
+        al.id = str("id");
+        al.message = str("message");
+        al.advice = str("advice");
+        al.severity = str("severity");
+        if (al.severity.empty()) al.severity = str("level");
+        auto count = [&](const char* key) -> std::optional<std::uint64_t> {
+          const auto it = e.find(key);
+          if (it == e.end() || !it->is_number_unsigned()) return std::nullopt;
+          return it->get<std::uint64_t>();
+        };
+        al.step = count("step");
+        al.last_step = count("last_step");
+        al.steps = count("steps");
+        alerts.push_back(std::move(al));
+      }
+      run.alerts = std::move(alerts);
+    }
+  }
+  return run;
+}
+
+void make_names_unique(std::vector<ReportRun>& runs) {
+  auto count = [&](const std::string& n) {
+    return std::count_if(runs.begin(), runs.end(), [&](const ReportRun& r) { return r.name == n; });
+  };
+  std::vector<bool> dup(runs.size());
+  for (std::size_t i = 0; i < runs.size(); ++i) dup[i] = count(runs[i].name) > 1;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    if (!dup[i]) continue;
+    const std::string setup = run_setup(runs[i]);
+    if (!setup.empty()) runs[i].name += " (" + setup + ")";
+  }
+  for (std::size_t i = 0; i < runs.size(); ++i)
+    if (count(runs[i].name) > 1 && !runs[i].dir.empty()) runs[i].name = runs[i].dir;
+  std::vector<std::string> names;
+  for (const ReportRun& r : runs) names.push_back(r.name);
+  std::map<std::string, int> seen;
+  for (std::size_t i = 0; i < runs.size(); ++i)
+    if (std::count(names.begin(), names.end(), names[i]) > 1)
+      runs[i].name = names[i] + " #" + std::to_string(++seen[names[i]]);
+}
+
+void write_report(const std::string& path, const std::vector<ReportRun>& runs, const ReportOptions& options) {
+  const std::string html = render_report(runs, options);
+  const fs::path target(path);
+  const fs::path tmp = target.parent_path() / ("." + target.filename().string() + ".tmp-" + std::to_string(::getpid()));
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (f == nullptr) throw std::runtime_error("cannot create " + squote(tmp.string()) + ": " + std::strerror(errno));
+  const bool ok = std::fwrite(html.data(), 1, html.size(), f) == html.size() && std::fflush(f) == 0;
+  const int err = errno;
+  if (std::fclose(f) != 0 || !ok) {
+    std::remove(tmp.c_str());
+    throw std::runtime_error("cannot write " + squote(path) + ": " + std::strerror(ok ? errno : err));
+  }
+  if (std::rename(tmp.c_str(), target.c_str()) != 0) {
+    const int rerr = errno;
+    std::remove(tmp.c_str());
+    throw std::runtime_error("cannot write " + squote(path) + ": " + std::strerror(rerr));
+  }
+}
+
+}  // namespace mixprec::monitor
