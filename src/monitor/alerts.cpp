@@ -466,14 +466,18 @@ std::vector<Alert> AlertMonitor::observe(const train::StepRecord& r) {
           if (std::isfinite(s.headroom))
             msg += cat("; the largest activation gradient has ", fmt_g(s.headroom), " binades of headroom");
           std::string advice = "a gradient that rounded to zero is gone, and a larger learning rate cannot bring it back; ";
-          const double room = std::isfinite(s.headroom) ? std::floor(s.headroom) - 1 : kNaN;
+          // A static scale should leave 8 binades (256x) for the gradients to grow.
+          const double room = std::isfinite(s.headroom) ? std::floor(s.headroom) - 8 : kNaN;
           const std::string room_text = room >= 1 ? std::to_string(static_cast<int>(room)) : std::string();
           if (!scaled_) {
             advice += "enable loss scaling: --loss-scale dynamic (starts at 2^16 and backs off on overflow)";
-            if (!room_text.empty()) advice += cat(", or a static scale of about 2^", room_text);
+            if (!room_text.empty())
+              advice += cat(", or a static scale of about 2^", room_text,
+                            " (8 binades below where the largest gradient would overflow)");
           } else if (!dynamic_) {
             advice += cat("raise the static scale (", ctx_.loss_scale, ")");
-            if (!room_text.empty()) advice += cat(" by up to 2^", room_text, " (the headroom left)");
+            if (!room_text.empty())
+              advice += cat(" by about 2^", room_text, " (8 binades below where the largest gradient would overflow)");
             advice += ", or use --loss-scale dynamic";
           } else {
             advice += cat("the dynamic scale (", scale_text(next_scale), ") grows only after ",
