@@ -95,11 +95,12 @@ TEST(RunLog, LineText) {
             R"("next_scale":32768,"found_inf":true,"skipped":true,"injected":true,"grad_norm":null,"clip_coef":0.1,)"
             R"("overflow_param":"h0.attn.w","overflow_activation":"h1.mlp \"gelu\"","act_grads":{"elements":100,)"
             R"("nonzero":90,"underflow":3,"subnormal":4,"overflow":2,"nonfinite_input":1},"lost_update_fraction":0.25,)"
-            R"("tokens":2048,"seconds":0.5,"scaler_seconds":0.125})");
+            R"("tokens":2048,"seconds":0.5,"scaler_seconds":0.125,"act_grad_amax":0,"headroom_log2":0,)"
+            R"("act_grad_tensors":[],"params":[]})");
   StepRecord r = sample();
   r.val_loss = 3.5;
   const std::string line = step_record_json(r);
-  EXPECT_NE(line.find(R"("scaler_seconds":0.125,"val_loss":3.5})"), std::string::npos) << line;
+  EXPECT_NE(line.find(R"("scaler_seconds":0.125,"val_loss":3.5,)"), std::string::npos) << line;
   EXPECT_EQ(line.find('\n'), std::string::npos);
 }
 
@@ -120,11 +121,49 @@ TEST(RunLog, RoundTrip) {
   r.val_loss = std::numeric_limits<double>::quiet_NaN();
   const std::string line = step_record_json(r);
   EXPECT_NE(line.find(R"("loss":null,"loss_finite":false,"forward_nonfinite":"h0.attn.scores")"), std::string::npos);
-  EXPECT_NE(line.find(R"("val_loss":null})"), std::string::npos);
+  EXPECT_NE(line.find(R"("val_loss":null,)"), std::string::npos);
   const StepRecord back = parse_step_record(line);
   EXPECT_TRUE(std::isnan(back.loss));
   ASSERT_TRUE(back.val_loss.has_value());
   EXPECT_TRUE(std::isnan(*back.val_loss));
+}
+
+// Telemetry: per-tensor statistics, per-parameter amax and histograms survive the
+// round trip exactly; non-finite amax and infinite headroom are written as null and
+// read back as inf.
+TEST(RunLog, TelemetryRoundTrip) {
+  StepRecord r = sample();
+  r.act_grad_amax = std::numeric_limits<float>::infinity();
+  r.headroom_log2 = std::numeric_limits<double>::infinity();
+  r.act_grad_tensors.push_back({"logits.grad", {100, 90, 1, 3, 4, 5}, 31.5f});
+  r.act_grad_tensors.push_back({"h0.ln1.grad", {7, 6, 0, 1, 0, 0}, std::numeric_limits<float>::infinity()});
+  r.params.push_back({"wte", 0.125f, 1.5f});
+  r.histograms.emplace();
+  r.histograms->weights.counts[3] = 17;
+  r.histograms->activation_grads.zeros = 4;
+  r.histograms->weight_grads.nonfinite = 2;
+  const std::string line = step_record_json(r);
+  EXPECT_NE(line.find(R"("act_grad_amax":null,"headroom_log2":null)"), std::string::npos) << line;
+  const StepRecord b = parse_step_record(line);
+  EXPECT_EQ(b.act_grad_amax, std::numeric_limits<float>::infinity());
+  EXPECT_EQ(b.headroom_log2, std::numeric_limits<double>::infinity());
+  ASSERT_EQ(b.act_grad_tensors.size(), 2u);
+  EXPECT_EQ(b.act_grad_tensors[0].name, "logits.grad");
+  EXPECT_EQ(b.act_grad_tensors[0].stats, r.act_grad_tensors[0].stats);
+  EXPECT_EQ(b.act_grad_tensors[0].amax, 31.5f);
+  EXPECT_EQ(b.act_grad_tensors[1].amax, std::numeric_limits<float>::infinity());
+  ASSERT_EQ(b.params.size(), 1u);
+  EXPECT_EQ(b.params[0].name, "wte");
+  EXPECT_EQ(b.params[0].grad_amax, 0.125f);
+  EXPECT_EQ(b.params[0].weight_amax, 1.5f);
+  ASSERT_TRUE(b.histograms.has_value());
+  EXPECT_EQ(b.histograms->weights.counts, r.histograms->weights.counts);
+  EXPECT_EQ(b.histograms->activation_grads.zeros, 4u);
+  EXPECT_EQ(b.histograms->weight_grads.nonfinite, 2u);
+  // A histogram with the wrong number of bins is refused.
+  std::string bad = line;
+  bad.replace(bad.find("\"counts\":[0,"), 11, "\"counts\":[");
+  EXPECT_THROW((void)parse_step_record(bad), std::invalid_argument);
 }
 
 TEST(RunLog, ParseErrors) {
