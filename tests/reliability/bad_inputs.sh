@@ -1,0 +1,314 @@
+#!/usr/bin/env bash
+# The bad-input catalogue of docs/bad_inputs.md, one case per ctest test
+# (reliability.bad_input.CASE): each feeds mixprec one bad input and checks the exit code,
+# a fragment of the message, that the process neither crashed nor hung (60 s), and that
+# no file or folder was created or left partial (a run folder that existed is unchanged,
+# byte for byte, with no temporary in it).
+#
+#   bad_inputs.sh MIXPREC_BIN CKPT_TOOL WORK_DIR CASE
+#   bad_inputs.sh --list          the case names, one per line
+#
+# Exit 0 pass, 1 fail, 77 skipped (a case that needs privileges or their absence: a
+# read-only folder cannot stop root; a full disk needs `mount -t tmpfs`).
+set -uo pipefail
+
+cases=(
+  data_empty data_binary data_huge_line data_huge_line_words data_too_short data_latin1 data_utf16 data_directory
+  data_unreadable
+  lr_inf accum_zero context_zero beta1_one eps_negative weight_decay_nan threads_huge keep_zero val_fraction
+  optimizer static_nan env_threads json_parent_missing
+  growth_one backoff_zero backoff_one interval_zero init_scale_nan init_scale_inf init_scale_negative max_scale_zero
+  config_truncated config_wrong_type config_array config_empty config_duplicate_key
+  ckpt_truncated ckpt_bitflip ckpt_version ckpt_wrong_model ckpt_header_oversized ckpt_header_huge ckpt_empty
+  resume_log_damaged resume_config_malformed resume_missing resume_changed_flag
+  out_parent_is_file out_is_file out_readonly disk_full
+  npy_nonfinite npy_all_nan
+)
+if [ "${1:-}" = "--list" ]; then
+  printf '%s\n' "${cases[@]}"
+  exit 0
+fi
+
+bin=$1
+tool=$2
+work=$3
+case_name=$4
+umount "$work/disk" 2> /dev/null  # a tmpfs left mounted by an earlier disk_full that was killed
+rm -rf "$work"
+mkdir -p "$work"
+cd "$work" || exit 1
+
+fail() {
+  echo "FAIL: $case_name: $*"
+  exit 1
+}
+skip() {
+  echo "SKIPPED: $case_name: $*"
+  exit 77
+}
+
+# One thread and a tiny model; `--out` is added by the cases that need one. (A flag
+# may be given once: `small` lacks --steps and --channels for the cases that set them.)
+small=(--accum 1 --batch 2 --context 16 --layers 1 --heads 2 --corpus-tokens 20000 --vocab word:256 --threads 1
+       --eval-windows 8)
+tiny=("${small[@]}" --steps 2 --channels 16)
+
+# expect CODE FRAGMENT CMD...: runs CMD (60 s at most), checks the exit code and that
+# the output (stdout + stderr) contains FRAGMENT.
+expect() {
+  local code=$1 fragment=$2 rc
+  shift 2
+  timeout 60 "$@" > out.txt 2>&1
+  rc=$?
+  echo "\$ mixprec ${*:2}" | head -c 400
+  echo
+  tail -n 5 out.txt
+  [ "$rc" -ne 124 ] || fail "hung (killed after 60 s)"
+  [ "$rc" -lt 128 ] || fail "crashed: exit $rc (signal $((rc - 128)))"
+  [ "$rc" -eq "$code" ] || fail "exit $rc, expected $code"
+  grep -qF -- "$fragment" out.txt || fail "the output lacks '$fragment'"
+}
+
+also() {  # FRAGMENT: the last command's output contains it too
+  grep -qF -- "$1" out.txt || fail "the output lacks '$1'"
+}
+
+absent() {  # PATH...: none of them exists
+  local p
+  for p in "$@"; do [ ! -e "$p" ] || fail "'$p' was created although the command failed"; done
+}
+
+# A fingerprint of a folder: every file (hidden ones too) with its size and hash.
+snapshot() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 sha256sum); }
+
+# train_rejects CODE FRAGMENT ARGS...: `mixprec train ARGS --out run` fails, no run folder.
+train_rejects() {
+  local code=$1 fragment=$2
+  shift 2
+  expect "$code" "$fragment" "$bin" train "$@" --out run
+  absent run
+}
+
+# make_run STEPS CHANNELS FOLDER: a tiny run with a checkpoint at each step.
+make_run() {
+  "$bin" train "${small[@]}" --steps "$1" --channels "$2" --checkpoint-every 1 --out "$3" > make_run.txt 2>&1 ||
+    { cat make_run.txt; fail "setup run failed"; }
+}
+
+# resume_rejects CODE FRAGMENT: `mixprec train --resume run` fails and leaves run as it was.
+resume_rejects() {
+  local code=$1 fragment=$2 before
+  shift 2
+  before=$(snapshot run)
+  expect "$code" "$fragment" "$bin" train --resume run "$@"
+  [ "$(snapshot run)" = "$before" ] || fail "the run folder changed: $(diff <(echo "$before") <(snapshot run))"
+}
+
+# npy FILE HEX_DATA COUNT: a float32 .npy (version 1.0) of COUNT values.
+npy() {
+  local h="{'descr': '<f4', 'fortran_order': False, 'shape': ($3,), }" pad hl
+  pad=$((64 - (10 + ${#h} + 1) % 64))
+  [ "$pad" -eq 64 ] && pad=0
+  hl=$((${#h} + pad + 1))
+  {
+    printf '\223NUMPY\001\000'
+    printf "\\$(printf %03o $((hl % 256)))\\$(printf %03o $((hl / 256)))"
+    printf '%s%*s\n' "$h" "$pad" ''
+    printf "$2"
+  } > "$1"
+}
+
+ckpt=run/ckpt-00000002.safetensors
+
+case "$case_name" in
+  # ---- data files (--data): exit 1, no run folder
+  data_empty)
+    : > text.txt
+    train_rejects 1 "data file 'text.txt' is empty" "${tiny[@]}" --data text.txt ;;
+  data_binary)
+    printf 'some words\000 and a NUL byte' > text.txt
+    train_rejects 1 "data file 'text.txt' is binary: NUL byte at offset 10" "${tiny[@]}" --data text.txt ;;
+  data_huge_line)  # one 10 MB line without a word break: one token
+    head -c 10000000 /dev/zero | tr '\0' 'a' > text.txt
+    train_rejects 1 "data file 'text.txt' is too short: found 1 tokens with vocabulary word:256, need at least 170" \
+      "${tiny[@]}" --data text.txt ;;
+  data_huge_line_words)  # not an error: one 10 MB line of words trains
+    yes 'the cat runs fast and the dog sleeps' | head -c 10000000 | tr '\n' ' ' > text.txt
+    expect 0 "mixprec train: 1 steps (1 applied, 0 skipped)" "$bin" train "${small[@]}" --steps 1 --channels 16 --data text.txt ;;
+  data_too_short)
+    echo "hello world" > text.txt
+    train_rejects 1 "data file 'text.txt' is too short: found 2 tokens" "${tiny[@]}" --data text.txt ;;
+  data_latin1)
+    printf 'caf\351 au lait\n' > text.txt
+    train_rejects 1 "data file 'text.txt' is not valid UTF-8 text: byte 0x20 does not continue the character starting with 0xe9 at offset 4" \
+      "${tiny[@]}" --data text.txt ;;
+  data_utf16)
+    printf '\377\376h\000i\000' > text.txt
+    train_rejects 1 "data file 'text.txt' looks like UTF-16 (byte-order mark 0xff 0xfe at offset 0); convert it to UTF-8" \
+      "${tiny[@]}" --data text.txt ;;
+  data_directory)
+    mkdir folder
+    train_rejects 1 "data file 'folder' is a directory; expected a UTF-8 text file" "${tiny[@]}" --data folder ;;
+  data_unreadable)
+    [ "$(id -u)" -ne 0 ] || skip "root reads a file of mode 000"
+    echo "text" > text.txt
+    chmod 000 text.txt
+    train_rejects 1 "data file 'text.txt' cannot be opened: Permission denied" "${tiny[@]}" --data text.txt ;;
+
+  # ---- flag values: exit 2, no run folder
+  lr_inf) train_rejects 2 "lr: expected a finite number > 0, found inf" "${tiny[@]}" --lr inf ;;
+  accum_zero) train_rejects 2 "accum: expected an integer in [1, 1000000], found 0" --accum 0 ;;
+  context_zero) train_rejects 2 "context: expected an integer in [2, 4096], found 0" --context 0 ;;
+  beta1_one) train_rejects 2 "beta1: expected a number in [0, 1), found 1" --beta1 1 ;;
+  eps_negative) train_rejects 2 "eps: expected a finite number > 0, found -1" --eps -1 ;;
+  weight_decay_nan) train_rejects 2 "weight-decay: expected a finite number >= 0, found nan" --weight-decay nan ;;
+  threads_huge) train_rejects 2 "threads: expected an integer in [0, 1024], found 100000" --threads 100000 ;;
+  keep_zero) train_rejects 2 "keep-checkpoints: expected an integer >= 1, found 0" --keep-checkpoints 0 ;;
+  val_fraction) train_rejects 2 "val-fraction: expected a number in (0, 0.5], found 0.9" --val-fraction 0.9 ;;
+  optimizer) train_rejects 2 "optimizer: expected adamw, adam or sgd, found 'lamb'" --optimizer lamb ;;
+  static_nan) train_rejects 2 "loss-scale: expected static:S with S a number > 0 that float32 holds" --loss-scale static:nan ;;
+  env_threads)  # the thread pool's environment variable, read by `mixprec inspect`
+    npy values.npy '\000\000\200\077' 1
+    MIXPREC_THREADS=abc expect 1 "MIXPREC_THREADS='abc' must be an integer in [1, 1024]" "$bin" inspect values.npy ;;
+  json_parent_missing)
+    train_rejects 2 "json: folder 'nodir' does not exist" "${tiny[@]}" --json nodir/summary.json
+    absent nodir ;;
+
+  # ---- loss-scale settings (LossScaleConfig validation, through `scaler replay --set`): exit 2
+  growth_one)
+    expect 2 "growth_factor: expected a finite number > 1, found '1'" "$bin" scaler replay --set growth_factor=1 --overflows 01 ;;
+  backoff_zero)
+    expect 2 "backoff_factor: expected a number in (0, 1), found '0'" "$bin" scaler replay --preset torch --set backoff_factor=0 --overflows 01 ;;
+  backoff_one)
+    expect 2 "backoff_factor: expected a number in (0, 1), found '1'" "$bin" scaler replay --preset torch --set backoff_factor=1 --overflows 01 ;;
+  interval_zero)
+    expect 2 "growth_interval: expected an integer in [1, 2147483647], found '0'" "$bin" scaler replay --set growth_interval=0 --overflows 01 ;;
+  init_scale_nan)
+    expect 2 "init_scale: expected a finite number > 0, found 'nan'" "$bin" scaler replay --set init_scale=nan --overflows 01 ;;
+  init_scale_inf)
+    expect 2 "init_scale: expected a finite number > 0, found 'inf'" "$bin" scaler replay --set init_scale=inf --overflows 01 ;;
+  init_scale_negative)
+    expect 2 "init_scale: expected a finite number > 0, found '-1'" "$bin" scaler replay --set init_scale=-1 --overflows 01 ;;
+  max_scale_zero)
+    expect 2 "max_scale: expected a number > 0, inf or none, found '0'" "$bin" scaler replay --set max_scale=0 --overflows 01 ;;
+
+  # ---- JSON config files (--config): exit 2, no run folder
+  config_truncated)
+    printf '{"lr": 0.1' > config.json
+    train_rejects 2 "config file 'config.json': malformed JSON: parse error at line 1, column 11" --config config.json ;;
+  config_wrong_type)
+    printf '{"steps": "ten"}' > config.json
+    train_rejects 2 "config file 'config.json': steps: expected a non-negative integer, found string \"ten\"" --config config.json ;;
+  config_array)
+    printf '[1, 2]' > config.json
+    train_rejects 2 "config file 'config.json': expected a JSON object of settings (flag names without the dashes), found array" \
+      --config config.json ;;
+  config_empty)
+    : > config.json
+    train_rejects 2 "config file 'config.json': malformed JSON: parse error at line 1, column 1" --config config.json ;;
+  config_duplicate_key)
+    printf '{"lr": 0.1, "lr": 0.2}' > config.json
+    train_rejects 2 "config file 'config.json': key 'lr' is given twice" --config config.json ;;
+
+  # ---- checkpoints (the newest one of a run folder, through --resume): exit 1, the folder unchanged
+  ckpt_truncated)
+    make_run 2 16 run
+    truncate -s "$(($(stat -c %s "$ckpt") / 2))" "$ckpt"
+    resume_rejects 1 "checkpoint 'run/ckpt-00000002.safetensors': tensor '"
+    also "lies outside the data section" ;;
+  ckpt_bitflip)  # one byte of the last tensor's data
+    make_run 2 16 run
+    printf '\125' | dd of="$ckpt" bs=1 seek=$(($(stat -c %s "$ckpt") - 100)) conv=notrunc status=none
+    resume_rejects 1 "checkpoint 'run/ckpt-00000002.safetensors': tensor '"
+    also "checksum mismatch: the metadata says"
+    also "(the file is damaged)" ;;
+  ckpt_version)
+    make_run 2 16 run
+    "$tool" set-meta "$ckpt" doctored.safetensors mixprec.version 2 && mv doctored.safetensors "$ckpt"
+    resume_rejects 1 "checkpoint 'run/ckpt-00000002.safetensors': format version: expected 1, found 2" ;;
+  ckpt_wrong_model)  # the newest checkpoint comes from a model twice as wide
+    make_run 2 16 run
+    make_run 2 32 wide
+    cp wide/ckpt-00000002.safetensors "$ckpt"
+    resume_rejects 1 "checkpoint 'run/ckpt-00000002.safetensors': written by a run with channels = 32; this run has 16" ;;
+  ckpt_header_oversized)  # header length 1,000,000 in a file of ~100 kB
+    make_run 2 16 run
+    printf '\100\102\017\000\000\000\000\000' | dd of="$ckpt" bs=1 conv=notrunc status=none
+    resume_rejects 1 "checkpoint 'run/ckpt-00000002.safetensors': the header length is 1000000 bytes, but the file has only" ;;
+  ckpt_header_huge)  # header length 2^64 - 1
+    make_run 2 16 run
+    printf '\377\377\377\377\377\377\377\377' | dd of="$ckpt" bs=1 conv=notrunc status=none
+    resume_rejects 1 "the header length is 18446744073709551615 bytes; the limit is 104857600" ;;
+  ckpt_empty)
+    make_run 2 16 run
+    : > "$ckpt"
+    resume_rejects 1 "checkpoint 'run/ckpt-00000002.safetensors': the file is 0 bytes; expected at least 8" ;;
+
+  # ---- run folders (--resume)
+  resume_log_damaged)  # the log's step 2 rewritten as step 5
+    make_run 2 16 run
+    sed -i '2s/"step":2,/"step":5,/' run/log.jsonl
+    resume_rejects 1 "'run/log.jsonl' ends at step 1 but the newest checkpoint is at step 2; the run folder is inconsistent" ;;
+  resume_config_malformed)
+    make_run 2 16 run
+    echo '{' > run/config.json
+    resume_rejects 2 "run config 'run/config.json': malformed JSON: parse error at line 2, column 1" ;;
+  resume_missing)
+    expect 2 "resume: 'nowhere' is not a folder" "$bin" train --resume nowhere
+    absent nowhere ;;
+  resume_changed_flag)
+    make_run 2 16 run
+    resume_rejects 2 "--lr: this run was started with 0.003; a resumed run keeps its configuration" --lr 0.5 ;;
+
+  # ---- where the run folder goes (--out)
+  out_parent_is_file)  # ENOTDIR, even for root
+    echo "a file" > file
+    expect 1 "cannot create run folder 'file/run': Not a directory" "$bin" train "${tiny[@]}" --out file/run
+    [ "$(cat file)" = "a file" ] || fail "the file was changed" ;;
+  out_is_file)
+    echo "a file" > file
+    expect 2 "out: 'file' exists and is not a folder" "$bin" train "${tiny[@]}" --out file
+    [ "$(cat file)" = "a file" ] || fail "the file was changed" ;;
+  out_readonly)
+    [ "$(id -u)" -ne 0 ] || skip "root writes into a folder of mode 0500 (out_parent_is_file covers an uncreatable folder)"
+    mkdir locked
+    chmod 0500 locked
+    expect 1 "cannot create run folder 'locked/run': Permission denied" "$bin" train "${tiny[@]}" --out locked/run
+    absent locked/run ;;
+  disk_full)
+    # A tmpfs with room for the first checkpoint but not the second: the second write
+    # fails with ENOSPC, the first checkpoint survives intact, no temporary is left,
+    # and once there is room again the run resumes and ends as an uninterrupted run.
+    make_run 3 16 reference
+    size=$(stat -c %s reference/ckpt-00000001.safetensors)
+    mkdir disk
+    mount -t tmpfs -o size=$((size / 1024 + 48))k tmpfs disk 2> mount.txt ||
+      skip "cannot mount a tmpfs to fill ($(cat mount.txt)); the writer's ENOSPC path is covered by test_checkpoint (fail_after_bytes)"
+    trap 'umount disk 2>/dev/null' EXIT
+    expect 1 "No space left on device" "$bin" train "${small[@]}" --steps 3 --channels 16 --checkpoint-every 1 --out disk/run
+    ls -A disk/run
+    [ -z "$(ls -A disk/run | grep '\.tmp-')" ] || fail "a temporary was left: $(ls -A disk/run)"
+    [ -f disk/run/ckpt-00000001.safetensors ] || fail "the first checkpoint is missing"
+    "$tool" compare reference/ckpt-00000001.safetensors disk/run/ckpt-00000001.safetensors ||
+      fail "the surviving checkpoint differs from the reference's"
+    mount -o remount,size=4m disk || fail "remount"
+    expect 0 "mixprec train: 3 steps (3 applied, 0 skipped)" "$bin" train --resume disk/run
+    "$tool" compare reference/ckpt-00000003.safetensors disk/run/ckpt-00000003.safetensors ||
+      fail "the resumed run differs from the reference"
+    "$tool" logs reference/log.jsonl disk/run/log.jsonl || fail "the resumed log differs from the reference's" ;;
+
+  # ---- NaN / inf in input data. Token data cannot hold NaN; the numeric input is a
+  # tensor for `mixprec inspect`, where NaN and inf are a finding, not an error: exit 0
+  # with a warning, and they are left out of the analysis.
+  npy_nonfinite)  # 1, NaN, +inf, 0.5
+    npy values.npy '\000\000\200\077\000\000\300\177\000\000\200\177\000\000\000\077' 4
+    expect 0 "warning: 2 of the values are NaN or inf (1 NaN, 1 inf); loss scaling cannot fix these" "$bin" inspect values.npy ;;
+  npy_all_nan)
+    npy values.npy '\000\000\300\177\000\000\300\177' 2
+    expect 0 "no finite nonzero values: nothing to scale" "$bin" inspect values.npy ;;
+
+  *)
+    echo "unknown case '$case_name'; cases: ${cases[*]}"
+    exit 1 ;;
+esac
+echo "PASS: $case_name"
