@@ -9,6 +9,8 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <chrono>
+#include <span>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -49,16 +51,44 @@ void run_case(benchmark::State& st, train::Trainer& t) {
   st.SetItemsProcessed(static_cast<std::int64_t>(t.model().tokens_per_batch() * kBenchAccum) * st.iterations());
 }
 
+// Telemetry's share of a step: the amax pass over every activation gradient the step
+// stored (timed here over the same number of values, in cache-sized blocks as the
+// stores are), and the per-parameter amax passes over the store (twice the parameters).
+// Histograms, only at histogram steps, are timed as the step-time difference.
+struct TelemetryCost {
+  double amax_ms = 0, histogram_step_extra_ms = 0;
+};
+
 // Median of the scaler's share over a few full default steps (32 micro-batches).
-double scaler_share(const Case& c, std::size_t steps, double* step_ms) {
-  train::Trainer t(config_for(c, train::TrainConfig{}.accum));
+double scaler_share(const Case& c, std::size_t steps, double* step_ms, TelemetryCost* tel) {
+  train::TrainConfig cfg = config_for(c, train::TrainConfig{}.accum);
+  cfg.histogram_every = 2;  // every other step records histograms
+  train::Trainer t(cfg);
   t.train_step();  // warm-up: first-touch and oneDNN's first calls
-  std::vector<double> share, ms;
-  for (std::size_t i = 0; i < steps; ++i) {
+  std::vector<double> share, ms, with_hist, without_hist;
+  std::uint64_t act_values = 0;
+  for (std::size_t i = 0; i < 2 * steps; ++i) {
     const train::StepRecord r = t.train_step();
+    (r.histograms ? with_hist : without_hist).push_back(r.seconds * 1e3);
+    if (r.histograms) continue;
     share.push_back(r.scaler_seconds / r.seconds);
     ms.push_back(r.seconds * 1e3);
+    act_values = r.act_grads.elements;
   }
+  std::sort(with_hist.begin(), with_hist.end());
+  std::sort(without_hist.begin(), without_hist.end());
+  tel->histogram_step_extra_ms = with_hist[with_hist.size() / 2] - without_hist[without_hist.size() / 2];
+  // The amax pass over act_values values, in 1 Mi-value blocks (a store is at most 1 Mi values here).
+  std::vector<float> block(std::size_t{1} << 20, 0.5f);
+  const std::size_t params = 2 * t.model().params().flat_size();
+  float sink = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (std::uint64_t done = 0; done < act_values + params; done += block.size()) {
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(block.size(), act_values + params - done));
+    sink += nn::amax_of(std::span<const float>(block).first(n));
+  }
+  tel->amax_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  benchmark::DoNotOptimize(sink);
   std::sort(share.begin(), share.end());
   std::sort(ms.begin(), ms.end());
   *step_ms = ms[ms.size() / 2];
@@ -98,11 +128,17 @@ void print_table(const Collector& col, const std::vector<Case>& cases, const std
     fmt::print("\nbf16 faster than fp32 (>= 1.3x): not applicable on this CPU (no AVX512-BF16): bf16 GEMMs run widened.\n");
   }
   double step_ms = 0;
-  const double share = scaler_share({nn::Precision::fp16, "dynamic", "fp16"}, 3, &step_ms);
+  TelemetryCost tel;
+  const double share = scaler_share({nn::Precision::fp16, "dynamic", "fp16"}, 3, &step_ms, &tel);
   fmt::print("\nScaler work (check + unscale + clip + fused AdamW + scale update) at the default 32 micro-batches:\n"
              "  {:.3f}% of a {:.0f} ms fp16 step (median of 3 steps)\n",
              share * 100, step_ms);
   speed.add(share < 0.01, fmt::format("scaler share {:.3f}% (target < 1%)", share * 100));
+  const double tel_share = tel.amax_ms / step_ms;
+  fmt::print("Telemetry: amax passes {:.1f} ms = {:.2f}% of the step (every step); histograms add {:.1f} ms = {:.2f}%\n"
+             "  at histogram steps only (default every 50th step)\n",
+             tel.amax_ms, tel_share * 100, tel.histogram_step_extra_ms, tel.histogram_step_extra_ms / step_ms * 100);
+  speed.add(tel_share < 0.03, fmt::format("telemetry share {:.2f}% (target < 3%)", tel_share * 100));
   speed.print("Targets");
 }
 
