@@ -6,6 +6,10 @@
 
 #include "formats/kernels.hpp"
 
+#if defined(__x86_64__) && defined(__clang__)
+#include <cpuid.h>  // __get_cpuid, bit_F16C
+#endif
+
 namespace mixprec {
 
 std::string_view isa_name(Isa isa) noexcept {
@@ -25,8 +29,14 @@ std::optional<Isa> parse_isa(std::string_view name) noexcept {
 static bool cpu_has_avx2_f16c_fma() noexcept {
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c") &&
-         __builtin_cpu_supports("fma");
+#if defined(__clang__)
+  // clang 14's __builtin_cpu_supports does not know "f16c": CPUID leaf 1, ECX bit 29.
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) != 0 && (ecx & bit_F16C) != 0;
+#else
+  const bool f16c = __builtin_cpu_supports("f16c");
+#endif
+  return __builtin_cpu_supports("avx2") && f16c && __builtin_cpu_supports("fma");
 #else
   return false;
 #endif

@@ -12,11 +12,21 @@
 #include "optim/kernels.hpp"
 
 #if defined(__x86_64__)
+// clang has no #pragma GCC target: the same per-function target through its attribute pragma
+// (fuzz builds use clang, docs/fuzzing.md).
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,f16c,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,f16c,fma")
+#endif
 #define MIXPREC_OPTIM_NS mixprec::optim_detail::avx2_impl
 #include "optim/update_impl.hpp"
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 namespace mixprec::optim_detail {
 const UpdateKernels* avx2_update_kernels() noexcept { return &avx2_impl::kTable; }

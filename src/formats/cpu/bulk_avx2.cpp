@@ -24,8 +24,14 @@
 // tails use) stay baseline code, so the linker can never hand an AVX2 copy of
 // them to the scalar back end; and avx2_kernels(), which the dispatcher calls
 // before it has checked the CPU, is baseline code too.
+// clang has no #pragma GCC target: the same per-function target through its attribute pragma
+// (fuzz builds use clang, docs/fuzzing.md).
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,f16c,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,f16c,fma")
+#endif
 
 
 
@@ -455,7 +461,11 @@ void decode_kernel(const void* src_v, float* dst, std::size_t n, const ConvertOp
 
 }  // namespace
 }  // namespace mixprec::detail
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 namespace mixprec::detail {
 namespace {

@@ -21,8 +21,14 @@
 
 // Only the functions between push_options and pop_options are compiled for
 // AVX2 (see src/formats/cpu/bulk_avx2.cpp): header inline code stays baseline.
+// clang has no #pragma GCC target: the same per-function target through its attribute pragma
+// (fuzz builds use clang, docs/fuzzing.md).
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,f16c,fma"))), apply_to = function)
+#else
 #pragma GCC push_options
 #pragma GCC target("avx2,f16c,fma")
+#endif
 
 namespace mixprec::detail {
 namespace {
@@ -171,7 +177,11 @@ void segment_avx2(void* data, std::size_t n, float inv, SegmentOut& out, ExactSu
 
 }  // namespace
 }  // namespace mixprec::detail
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
 #pragma GCC pop_options
+#endif
 
 namespace mixprec::detail {
 namespace {
