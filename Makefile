@@ -38,8 +38,8 @@ run: release
 	rm -rf runs/latest
 	$(MIXPREC) train --out runs/latest
 
-test: test-release test-asan example
-	@echo "make test: all test suites passed (Release, Debug+ASan+UBSan, installed-package consumer)"
+test: test-release test-asan example test-fuzz-smoke
+	@echo "make test: all test suites passed (Release, Debug+ASan+UBSan, installed-package consumer, fuzz smoke)"
 
 test-release: release test-deps
 	cd $(RELEASE) && ctest --output-on-failure -j 2
@@ -62,6 +62,31 @@ example: release
 	cmake --build build/example-subdir -j $(JOBS)
 	./build/example-subdir/consumer
 
+# ---- fuzzing (docs/fuzzing.md): libFuzzer targets built with clang, ASan and UBSan -----
+# make fuzz: each target for FUZZ_SECONDS (default 60), one after another, printing the
+# executions and any crash file. make test runs test-fuzz-smoke: each target over its
+# seed corpus and a few thousand mutations (seconds).
+.PHONY: fuzz-deps fuzz-build test-fuzz-smoke
+FUZZ         := build/fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_TARGETS := safetensors npy config cli
+
+fuzz-deps:
+	@bash scripts/fuzz-deps.sh
+
+$(FUZZ)/CMakeCache.txt: | deps fuzz-deps
+	cmake -S . -B $(FUZZ) $(CMAKE_GEN) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DMIXPREC_FUZZ=ON \
+		-DMIXPREC_BUILD_TESTS=OFF -DMIXPREC_BUILD_BENCH=OFF
+
+fuzz-build: deps fuzz-deps $(FUZZ)/CMakeCache.txt
+	cmake --build $(FUZZ) -j $(JOBS) --target $(addprefix fuzz_,$(FUZZ_TARGETS))
+
+fuzz: fuzz-build
+	bash fuzz/run.sh $(FUZZ) $(FUZZ_SECONDS) $(FUZZ_TARGETS)
+
+test-fuzz-smoke: fuzz-build
+	bash fuzz/run.sh --smoke $(FUZZ) 4 $(FUZZ_TARGETS)
+
 bench: release
 	$(MIXPREC) bench formats
 	$(MIXPREC) bench scaler
@@ -69,3 +94,27 @@ bench: release
 
 clean:
 	rm -rf build
+
+# ---- ThreadSanitizer (docs/reliability.md): the tests of the ThreadPool-threaded kernels --
+# (unscale/check, grad stats, fused optimizer steps, the GradScaler, inspect, the pool
+# itself; bulk conversions too). OpenMP (libgomp) and oneDNN are not TSan-instrumented,
+# so the tests that run them (nn/*, train/*) are left out. MIXPREC_THREADS=4: the global
+# pool gets more threads than the two cores. Not part of `make test`.
+.PHONY: tsan test-tsan
+TSAN       := build/tsan
+TSAN_TESTS := test_core_parallel test_kernels_unscale test_optim test_scaler_grad_scaler test_formats_bulk \
+              test_monitor_npy
+
+$(TSAN)/CMakeCache.txt: | deps
+	cmake -S . -B $(TSAN) $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMIXPREC_TSAN=ON \
+		-DMIXPREC_BUILD_BENCH=OFF -DMIXPREC_BUILD_TOOLS=OFF
+
+tsan: deps $(TSAN)/CMakeCache.txt
+	cmake --build $(TSAN) -j $(JOBS) --target $(TSAN_TESTS)
+
+test-tsan: tsan
+	@set -e; for t in $(TSAN_TESTS); do \
+		echo "== $$t (ThreadSanitizer)"; \
+		MIXPREC_THREADS=4 TSAN_OPTIONS="halt_on_error=1 second_deadlock_stack=1" $(TSAN)/tests/$$t --gtest_brief=1; \
+	done
+	@echo "make test-tsan: all ThreadSanitizer tests passed ($(TSAN_TESTS))"

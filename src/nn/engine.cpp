@@ -95,7 +95,7 @@ std::span<float> Engine::target(std::size_t a, std::size_t k, std::size_t n) {
 
 void Engine::commit(std::size_t a, std::span<float> v) {
   const Act& act = acts_.act(a);
-  if (hist_ != nullptr) hist_->activations.add(v);
+  if (hist_ != nullptr) hist_->activations.add(v, kHistogramStride);
   if (act.dtype == DType::f32) {
     if (v.data() != reinterpret_cast<float*>(acts_.data(a))) std::memcpy(acts_.data(a), v.data(), v.size() * 4);
     return;
@@ -108,7 +108,7 @@ void Engine::commit_grad(std::size_t a, std::span<float> v, BackwardStats& stats
   const Act& act = acts_.act(a);
   TensorGradStats& t = stats.tensors[label];
   ++stats.stores;
-  if (hist_ != nullptr) hist_->activation_grads.add(v);
+  if (hist_ != nullptr) hist_->activation_grads.add(v, kHistogramStride);
   float m = amax_of(v);
   if (act.dtype == DType::f32) {
     if (v.data() != reinterpret_cast<float*>(acts_.data(a))) std::memcpy(acts_.data(a), v.data(), v.size() * 4);

@@ -84,8 +84,9 @@ void Model::set_histograms(bool on) noexcept {
   histograms_changed();
 }
 
-void Log2Histogram::add(std::span<const float> values) noexcept {
-  for (float x : values) {
+void Log2Histogram::add(std::span<const float> values, std::size_t stride) noexcept {
+  for (std::size_t i = 0; i < values.size(); i += stride) {
+    const float x = values[i];
     const std::uint32_t bits = std::bit_cast<std::uint32_t>(x) & 0x7fffffffu;
     if (bits == 0) {
       ++zeros;

@@ -354,7 +354,9 @@ TEST(Telemetry, PerTensorStatisticsSumToTheTotals) {
   EXPECT_EQ(amax, m->stats().amax);
   EXPECT_GT(amax, 0.0f);
   EXPECT_EQ(m->stats().tensors.size(), 3u + 8u * small_gpt().layers);
-  EXPECT_EQ(m->histograms().activation_grads.total(), sum.elements);
+  // Sampled: every kHistogramStride-th value of each store.
+  EXPECT_GE(m->histograms().activation_grads.total(), sum.elements / kHistogramStride);
+  EXPECT_LE(m->histograms().activation_grads.total(), sum.elements / kHistogramStride + m->stats().stores);
   EXPECT_GT(m->histograms().activations.total(), 0u);
 }
 

@@ -1,15 +1,25 @@
 // `mixprec scaler replay`: runs a loss-scale policy over a given overflow sequence and prints,
 // for each step, found_inf, whether the step is skipped, the scale after update and the counters.
+// `mixprec scaler simulate RUN_DIR`: estimates what another policy would have done on a
+// recorded run (docs/alerts.md).
 #include "cmd_scaler.hpp"
 
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <memory>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "mixprec/monitor/simulate.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
+#include "mixprec/train/config.hpp"
+#include "mixprec/train/run_log.hpp"
 
 namespace mixprec::cli {
 namespace {
@@ -113,6 +123,147 @@ int run_replay(const Replay& r) {
   return 0;
 }
 
+// ---- mixprec scaler simulate ----------------------------------------------------------------
+
+struct SimulateInputs {
+  std::string dir;
+  std::string preset = "mixprec";
+  LossScaleConfig config;
+  bool json = false;
+  bool steps = false;
+};
+
+// The policy of --preset with the --set values, validated (CLI errors: exit 2).
+LossScaleConfig policy_from(const std::string& preset, const std::vector<std::string>& sets) {
+  LossScaleConfig c;
+  try {
+    c = loss_scale_preset(preset);
+  } catch (const std::invalid_argument& e) {
+    throw CLI::ValidationError("--preset", e.what());
+  }
+  for (const std::string& kv : sets) {
+    const auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) throw CLI::ValidationError("--set", "expected key=value, found '" + kv + "'");
+    try {
+      set(c, kv.substr(0, eq), kv.substr(eq + 1));
+    } catch (const std::invalid_argument& e) {
+      throw CLI::ValidationError("--set", e.what());
+    }
+  }
+  try {
+    validate(c);
+  } catch (const std::invalid_argument& e) {
+    throw CLI::ValidationError("--set", std::string(e.what()) + " (preset " + preset + " with the --set values)");
+  }
+  return c;
+}
+
+std::string read_file(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (!in) throw std::runtime_error(std::string("cannot read '").append(p.string()).append("'"));
+  return ss.str();
+}
+
+std::string step_text(std::uint64_t step) { return step == 0 ? std::string("none") : fmt::format("step {}", step); }
+
+// "2^16" for powers of two, the number otherwise.
+std::string pow2_text(double s) {
+  if (std::isinf(s)) return s > 0 ? "never" : "-inf";
+  if (s == 0) return "any";
+  int e = 0;
+  if (std::frexp(s, &e) == 0.5) return fmt::format("2^{}", e - 1);
+  return fmt::format("{:.4g}", s);
+}
+
+void print_simulation(const SimulateInputs& in, const train::TrainConfig& run, const monitor::Simulation& sim) {
+  fmt::print("mixprec scaler simulate: run {} ({}, loss scale {}, {} steps logged)\n", in.dir,
+             nn::precision_name(run.precision), run.loss_scale, sim.recorded.steps);
+  std::string cfg;
+  for (const char ch : describe(in.config)) cfg += ch == '\n' ? ' ' : ch;
+  for (std::size_t pos; (pos = cfg.find(" = ")) != std::string::npos;) cfg.replace(pos, 3, "=");
+  while (!cfg.empty() && cfg.back() == ' ') cfg.pop_back();
+  fmt::print("policy: preset {} (rule {}): {}\n", in.preset, rule_name(in.config.rule), cfg);
+  fmt::print("model: a step overflows when scale x its unscaled activation-gradient amax >= {} ({} overflow "
+             "threshold), or at any scale (a non-finite forward pass, an injected inf); at the recorded scales it reproduces "
+             "the recorded skips on {} of {} steps\n",
+             sim.limit, nn::precision_name(sim.precision), sim.agree, sim.recorded.steps);
+  fmt::print("an estimate: the gradients are the recorded ones, though the weights would differ once the policy "
+             "skips another step; underflow is not modelled (docs/alerts.md)\n\n");
+  const monitor::SimulationSide& a = sim.recorded;
+  const monitor::SimulationSide& b = sim.simulated;
+  const std::string ha = "recorded (" + run.loss_scale + ")";
+  const std::string hb = "simulated (" + in.preset + ")";
+  fmt::print("{:<13} {:>22} {:>22}\n", "", ha, hb);
+  fmt::print("{:<13} {:>22} {:>22}\n", "steps", a.steps, b.steps);
+  fmt::print("{:<13} {:>22} {:>22}\n", "skipped", a.skipped, b.skipped);
+  fmt::print("{:<13} {:>22} {:>22}\n", "first skip", step_text(a.first_skip), step_text(b.first_skip));
+  fmt::print("{:<13} {:>22} {:>22}\n", "growths", a.growths, b.growths);
+  fmt::print("{:<13} {:>22} {:>22}\n", "backoffs", a.backoffs, b.backoffs);
+  fmt::print("{:<13} {:>22} {:>22}\n", "final scale", a.final_scale, b.final_scale);
+  fmt::print("{:<13} {:>22} {:>22}\n", "min scale", a.min_scale, b.min_scale);
+  fmt::print("{:<13} {:>22} {:>22}\n", "max scale", a.max_scale, b.max_scale);
+  if (!sim.collapse.empty())
+    fmt::print("\nthe simulated policy stops the run at step {}: {}\n", sim.collapse_step, sim.collapse);
+
+  // One character per step: '.' applied, 'x' skipped; 50 steps a line.
+  fmt::print("\nskipped steps (x), 50 a line:\n");
+  constexpr std::size_t kLine = 50;
+  for (std::size_t i = 0; i < sim.steps.size(); i += kLine) {
+    const std::size_t end = std::min(sim.steps.size(), i + kLine);
+    std::string rec, simu;
+    for (std::size_t k = i; k < end; ++k) {
+      rec += sim.steps[k].recorded_skipped ? 'x' : '.';
+      simu += sim.steps[k].skipped ? 'x' : '.';
+    }
+    fmt::print("steps {:>5}-{:<5}  recorded  {}\n{:>19}simulated {}\n", sim.steps[i].step, sim.steps[end - 1].step,
+               rec, "", simu);
+  }
+  if (in.steps) {
+    fmt::print("\n{:>6} {:>20} {:>13} {:>14} {:>8} {:>14} {:>8} {:>14}\n", "step", "model", "overflows at",
+               "recorded scale", "skipped", "scale", "skipped", "scale after");
+    for (const monitor::SimulatedStep& t : sim.steps)
+      fmt::print("{:>6} {:>20} {:>13} {:>14} {:>8} {:>14} {:>8} {:>14}\n", t.step,
+                 monitor::overflow_model_name(t.model), pow2_text(t.overflow_scale), t.recorded_scale,
+                 t.recorded_skipped ? "yes" : "no", t.scale, t.skipped ? "yes" : "no", t.next_scale);
+  }
+}
+
+int run_simulate(const SimulateInputs& in) {
+  namespace fs = std::filesystem;
+  const auto fail = [](const std::string& msg) {
+    fmt::print(stderr, "mixprec scaler simulate: error: {}\n", msg);
+    return 1;
+  };
+  std::error_code ec;
+  const fs::path dir = in.dir;
+  if (!fs::is_directory(dir, ec))
+    return fail("'" + in.dir + "' is not a folder; expected a run folder written by mixprec train --out");
+  const fs::path log_path = dir / "log.jsonl", cfg_path = dir / "config.json";
+  if (!fs::exists(log_path, ec)) return fail("'" + in.dir + "' has no log.jsonl; expected a run folder written by "
+                                             "mixprec train --out");
+  if (!fs::exists(cfg_path, ec)) return fail("'" + in.dir + "' has no config.json; expected a run folder written by "
+                                             "mixprec train --out");
+  try {
+    const train::TrainConfig run =
+        train::apply_json(train::TrainConfig{}, read_file(cfg_path), "run config '" + cfg_path.string() + "'");
+    const std::vector<train::StepRecord> log = train::read_run_log(log_path.string());
+    const monitor::Simulation sim = monitor::simulate(log, run.precision, in.config);
+    if (in.json) {
+      const std::string body = monitor::simulation_json(sim);
+      fmt::print("{{\"run\":{},\"preset\":{},{}\n", json_string(in.dir), json_string(in.preset), body.substr(1));
+    } else {
+      print_simulation(in, run, sim);
+    }
+  } catch (const std::exception& e) {
+    std::string msg = e.what();
+    if (msg.starts_with("simulate: ")) msg.erase(0, 10);
+    return fail(msg);
+  }
+  return 0;
+}
+
 }  // namespace
 
 void add_scaler_command(CLI::App& app, std::function<int()>& action) {
@@ -166,6 +317,26 @@ void add_scaler_command(CLI::App& app, std::function<int()>& action) {
       r.overflows.push_back(ch == '1');
     }
     action = [r] { return run_replay(r); };
+  });
+
+  // mixprec scaler simulate RUN_DIR
+  auto* sim = scaler->add_subcommand(
+      "simulate", "Estimate from a run's recorded gradient amax what another policy would have skipped");
+  auto si = std::make_shared<SimulateInputs>();
+  auto sim_preset = std::make_shared<std::string>("mixprec");
+  auto sim_sets = std::make_shared<std::vector<std::string>>();
+  sim->add_option("run_dir", si->dir, "Run folder written by mixprec train --out (log.jsonl, config.json)")
+      ->required()
+      ->type_name("RUN_DIR");
+  sim->add_option("--preset", *sim_preset, "Policy preset to simulate: " + names)->capture_default_str();
+  sim->add_option("--set", *sim_sets, "Override one setting, key=value (repeatable), as in scaler replay")->take_all();
+  sim->add_flag("--steps", si->steps, "Also print every step (model, recorded and simulated scale and skip)");
+  sim->add_flag("--json", si->json, "Print the simulation as JSON instead of tables");
+  sim->callback([si, sim_preset, sim_sets, &action] {
+    SimulateInputs in = *si;
+    in.preset = *sim_preset;
+    in.config = policy_from(*sim_preset, *sim_sets);
+    action = [in] { return run_simulate(in); };
   });
 }
 

@@ -6,6 +6,7 @@
 // Exit codes: 0 done, 1 runtime failure (data, files, training), 2 bad command line or
 // configuration (nothing is written then), 128 + signal when interrupted.
 #include "cmd_train.hpp"
+#include "cmd_report.hpp"
 
 #include <fmt/core.h>
 #include <signal.h>
@@ -33,6 +34,7 @@
 #include <vector>
 
 #include "mixprec/checkpoint/safetensors.hpp"
+#include "mixprec/monitor/alerts.hpp"
 #include "mixprec/nn/precision.hpp"
 #include "mixprec/train/config.hpp"
 #include "mixprec/train/run_log.hpp"
@@ -424,6 +426,36 @@ void truncate_log(const fs::path& path, std::uint64_t step) {
   write_atomic(path, kept);
 }
 
+// A process killed inside an atomic write (SIGKILL, a crash) leaves its temporary
+// ".NAME.tmp-PID" / ".NAME.tmp-PID-N" behind. A resume removes those of the run's own
+// files (checkpoints, config.json, log.jsonl, summary.json) whose process PID is gone,
+// so repeated crashes do not fill the disk (docs/reliability.md).
+void remove_stale_temporaries(const fs::path& dir) {
+  auto digits = [](std::string_view s) {
+    return !s.empty() && std::all_of(s.begin(), s.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+  };
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const std::size_t tmp = name.rfind(".tmp-");
+    if (name.empty() || name[0] != '.' || tmp == std::string::npos || tmp < 2 || !e.is_regular_file(ec)) continue;
+    const std::string_view target = std::string_view(name).substr(1, tmp - 1);
+    const bool ours = target == "config.json" || target == "log.jsonl" || target == "summary.json" ||
+                      (target.starts_with("ckpt-") && target.ends_with(".safetensors") &&
+                       digits(target.substr(5, target.size() - 5 - 12)));
+    const std::string_view tail = std::string_view(name).substr(tmp + 5);
+    const std::string_view pid_text = tail.substr(0, tail.find('-'));
+    if (!ours || !digits(pid_text) || pid_text.size() > 9 ||
+        (pid_text.size() < tail.size() && !digits(tail.substr(pid_text.size() + 1))))
+      continue;
+    const auto pid = static_cast<pid_t>(std::stol(std::string(pid_text)));
+    if (pid != ::getpid() && !(::kill(pid, 0) != 0 && errno == ESRCH)) continue;  // its writer may still run
+    std::error_code rm;
+    if (fs::remove(e.path(), rm))
+      fmt::print(stderr, "mixprec train: removed {}, left by an interrupted write\n", e.path().string());
+  }
+}
+
 // ---- signals ------------------------------------------------------------------------------
 
 volatile std::sig_atomic_t g_signal = 0;
@@ -570,10 +602,26 @@ struct RunResult {
   fs::path checkpoint;
 };
 
+// A newly raised alert, on its own lines of stderr (over the redrawn progress line on a
+// terminal); `label` names the compare arrangement.
+void print_alert(const monitor::Alert& a, const std::string& label) {
+  const bool tty = ::isatty(STDERR_FILENO) == 1;
+  std::string text = tty ? std::string("\r") : std::string();
+  if (!label.empty()) text.append(label).append(": ");
+  text.append(monitor::alert_text(a));
+  text.push_back('\n');
+  if (tty)  // clear what is left of the progress line after the first line
+    text.insert(text.find('\n'), "\x1b[K");
+  std::fputs(text.c_str(), stderr);
+  std::fflush(stderr);
+}
+
 // Trains until done or a stop signal; logs every step; checkpoints every
 // checkpoint-every steps and at the end (or on the stop) when `dir` is set.
+// Every step goes through `alerts` (when set); new alerts are printed at once.
 RunResult run_loop(Trainer& t, const TrainConfig& c, const fs::path& dir, LogWriter* log, Progress& progress,
-                   std::uint64_t checkpointed) {
+                   std::uint64_t checkpointed, monitor::AlertMonitor* alerts = nullptr,
+                   const std::string& label = "") {
   RunResult res;
   res.checkpoint_step = checkpointed;
   auto save = [&](std::uint64_t step) {
@@ -587,6 +635,8 @@ RunResult run_loop(Trainer& t, const TrainConfig& c, const fs::path& dir, LogWri
     const StepRecord r = t.train_step();
     if (log != nullptr) log->write(train::step_record_json(r));
     progress.step(r);
+    if (alerts != nullptr)
+      for (const monitor::Alert& a : alerts->observe(r)) print_alert(a, label);
     if (!dir.empty() && c.checkpoint_every > 0 && r.step % c.checkpoint_every == 0) save(r.step);
   }
   progress.finish();
@@ -644,8 +694,26 @@ std::string precision_text(nn::Precision p) {
                      pol.master ? ", fp32 master weights" : "");
 }
 
+// summary.json with the run's alerts added ("alerts": alert_json objects).
+std::string summary_with_alerts(const std::string& summary, const std::vector<monitor::Alert>& alerts) {
+  ojson doc = ojson::parse(summary);
+  doc["alerts"] = ojson::parse(monitor::alerts_json(alerts));
+  return doc.dump(2, ' ', false, ojson::error_handler_t::replace) + "\n";
+}
+
+void print_alerts_summary(const std::vector<monitor::Alert>& alerts) {
+  if (alerts.empty()) {
+    fmt::print("alerts: none\n");
+    return;
+  }
+  fmt::print("alerts: {}\n", alerts.size());
+  for (const monitor::Alert& a : alerts)
+    fmt::print("  {} from step {} (held on {} steps, last {}): {}\n    try: {}\n", a.id, a.step, a.steps, a.last_step,
+               a.message, a.advice);
+}
+
 void print_summary(Trainer& t, const TrainSummary& s, const TrainConfig& c, const fs::path& dir,
-                   const std::string& json_path) {
+                   const std::string& json_path, const std::vector<monitor::Alert>& alerts) {
   const nn::Dataset& d = t.data();
   fmt::print("mixprec train: {} steps ({} applied, {} skipped)\n", s.steps, s.applied, s.skipped);
   fmt::print("model: {}\n", t.model().describe());
@@ -669,6 +737,7 @@ void print_summary(Trainer& t, const TrainSummary& s, const TrainConfig& c, cons
     fmt::print("summary: {}\n", (dir / "summary.json").string());
   }
   if (!json_path.empty()) fmt::print("json summary: {}\n", json_path);
+  print_alerts_summary(alerts);
 }
 
 int fail_usage(std::string_view cmd, const std::string& msg) {
@@ -771,10 +840,10 @@ TrainPlan plan_train(const TrainInputs& in) {
                        squote(*out->value));
   }
   const auto checkpoints = ckpt::list_checkpoints(dir);
-  if (checkpoints.empty())
-    throw UsageError("resume: " + squote(dir) + " has no checkpoint (ckpt-<step>.safetensors) to resume from");
-  p.checkpoint_step = checkpoints.back().first;
-  p.checkpoint = checkpoints.back().second;
+  if (!checkpoints.empty()) {  // none: the run stopped before its first checkpoint and starts again from step 0
+    p.checkpoint_step = checkpoints.back().first;
+    p.checkpoint = checkpoints.back().second;
+  }
   TrainConfig c = requested;
   c.out = dir;
   c.resume = dir;
@@ -805,7 +874,8 @@ int run_train(const TrainInputs& in) {
   try {
     std::unique_ptr<LogWriter> log;
     if (p.resume) {
-      t->load_checkpoint(p.checkpoint.string());
+      remove_stale_temporaries(p.dir);
+      if (!p.checkpoint.empty()) t->load_checkpoint(p.checkpoint.string());
       truncate_log(p.dir / "log.jsonl", t->steps_done());
       TrainConfig file = p.config;  // the run's configuration with the (possibly extended) steps
       file.resume.clear();
@@ -816,10 +886,15 @@ int run_train(const TrainInputs& in) {
       start_run_folder(p.dir, p.config);
     }
     if (!p.dir.empty()) log = std::make_unique<LogWriter>(p.dir / "log.jsonl");
+    // Alerts (docs/alerts.md): a resumed run replays its logged steps first, silently.
+    monitor::AlertMonitor alerts({}, monitor::RunContext::of(p.config));
+    if (p.resume)
+      for (const StepRecord& r : train::read_run_log((p.dir / "log.jsonl").string())) alerts.observe(r);
 
     const StopSignals signals;
     Progress progress("", p.config.steps, t->summary().skipped, true);
-    const RunResult res = run_loop(*t, p.config, p.dir, log.get(), progress, p.resume ? t->steps_done() : 0);
+    const RunResult res =
+        run_loop(*t, p.config, p.dir, log.get(), progress, p.resume ? t->steps_done() : 0, &alerts);
     if (res.interrupted) {
       const char* name = res.signal == SIGTERM ? "SIGTERM" : "SIGINT";
       fmt::print(stderr, "mixprec train: {}: stopped after step {} of {}\n", name, t->steps_done(), p.config.steps);
@@ -829,10 +904,10 @@ int run_train(const TrainInputs& in) {
       return 128 + res.signal;
     }
     const TrainSummary s = t->summary();
-    const std::string summary = train::summary_json(s, p.config);
+    const std::string summary = summary_with_alerts(train::summary_json(s, p.config), alerts.all());
     if (!p.dir.empty()) write_atomic(p.dir / "summary.json", summary);
     if (!p.json_path.empty()) write_atomic(p.json_path, summary);
-    print_summary(*t, s, p.config, p.dir, p.json_path);
+    print_summary(*t, s, p.config, p.dir, p.json_path, alerts.all());
     return 0;
   } catch (const std::exception& e) {
     return fail_runtime(cmd, e.what());
@@ -873,6 +948,7 @@ struct CompareRow {
   TrainConfig config;
   std::optional<TrainSummary> summary;
   std::string error;
+  std::vector<monitor::Alert> alerts;  // raised during the run (docs/alerts.md)
 };
 
 struct ComparePlan {
@@ -989,6 +1065,7 @@ std::string compare_json(const ComparePlan& p) {
     const auto gap = gap_to_fp32(r, base);
     o["gap_to_fp32"] = gap ? number_or_null(*gap) : ojson(nullptr);
     if (!r.error.empty()) o["error"] = r.error;
+    o["alerts"] = ojson::parse(monitor::alerts_json(r.alerts));
     runs.push_back(std::move(o));
   }
   ojson doc = ojson::object();
@@ -1046,18 +1123,22 @@ int run_compare(const CompareInputs& in) {
       LogWriter log(dir / "log.jsonl");
       Progress progress(row.name, row.config.steps, 0, false);
       const auto t0 = Clock::now();
+      monitor::AlertMonitor alerts({}, monitor::RunContext::of(row.config));
       try {
-        const RunResult res = run_loop(*t, row.config, dir, &log, progress, 0);
+        const RunResult res = run_loop(*t, row.config, dir, &log, progress, 0, &alerts, row.name);
+        row.alerts = alerts.all();
         if (res.interrupted) {
           stopped = res.signal;
           row.error = fmt::format("interrupted after step {}", t->steps_done());
         } else {
           row.summary = t->summary();
-          write_atomic(dir / "summary.json", train::summary_json(*row.summary, row.config));
+          write_atomic(dir / "summary.json",
+                       summary_with_alerts(train::summary_json(*row.summary, row.config), row.alerts));
         }
       } catch (const std::exception& e) {
         progress.finish();
         row.error = e.what();
+        row.alerts = alerts.all();
       }
       const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
       if (row.summary) {
@@ -1073,9 +1154,20 @@ int run_compare(const CompareInputs& in) {
     const std::string doc = compare_json(p);
     write_atomic(p.out / "compare.json", doc);
     if (!p.json_path.empty()) write_atomic(p.json_path, doc);
+    std::vector<std::string> report_dirs;  // the report of every run that has a log (docs/report.md)
+    for (const CompareRow& r : p.rows) report_dirs.push_back(r.config.out);
+    const std::string report = write_compare_report(report_dirs, p.out.string());
     fmt::print("mixprec compare: {}\n\n", config_line(p.base));
     print_compare_table(p);
-    fmt::print("\nruns: {}\ncompare.json: {}\n", p.out.string(), (p.out / "compare.json").string());
+    fmt::print("\nalerts:");
+    bool any_alert = false;
+    for (const CompareRow& r : p.rows)
+      for (const monitor::Alert& a : r.alerts) {
+        fmt::print("\n  {}: {} from step {} (held on {} steps)", r.name, a.id, a.step, a.steps);
+        any_alert = true;
+      }
+    fmt::print("{}\n", any_alert ? "" : " none");
+    fmt::print("\nruns: {}\ncompare.json: {}\nreport: {}\n", p.out.string(), (p.out / "compare.json").string(), report);
     if (stopped != 0) {
       fmt::print(stderr, "mixprec compare: {}: stopped\n", stopped == SIGTERM ? "SIGTERM" : "SIGINT");
       return 128 + stopped;

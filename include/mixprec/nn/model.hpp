@@ -63,7 +63,8 @@ struct Log2Histogram {
   std::vector<std::uint64_t> counts = std::vector<std::uint64_t>(kMaxExp - kMinExp + 1, 0);
   std::uint64_t zeros = 0;
   std::uint64_t nonfinite = 0;
-  void add(std::span<const float> values) noexcept;
+  // Adds every `stride`-th value (stride >= 1), starting with the first.
+  void add(std::span<const float> values, std::size_t stride = 1) noexcept;
   void clear() noexcept;
   std::uint64_t total() const noexcept;
 };
@@ -92,7 +93,10 @@ struct BackwardStats {
 };
 
 // Histograms the model collects while histograms are on (set_histograms): stored
-// activations and activation gradients before rounding (scaled domain).
+// activations and activation gradients before rounding (scaled domain), sampled:
+// every kHistogramStride-th value of each stored tensor (a histogram's shape needs no
+// more, and a full pass cost half a step).
+constexpr std::size_t kHistogramStride = 8;
 struct ModelHistograms {
   Log2Histogram activations;
   Log2Histogram activation_grads;
