@@ -7,6 +7,8 @@
 #include "mixprec/formats/bulk.hpp"
 #include "mixprec/formats/scalar.hpp"
 #include "mixprec/formats/types.hpp"
+#include "mixprec/fp8/quantize.hpp"
+#include "mixprec/fp8/recipes.hpp"
 #include "mixprec/kernels/unscale.hpp"
 #include "mixprec/nn/data.hpp"
 #include "mixprec/nn/gemm.hpp"

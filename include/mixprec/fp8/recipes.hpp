@@ -1,0 +1,165 @@
+// FP8 scaling recipes with the exact rules of NVIDIA Transformer Engine (TE):
+// delayed scaling (amax history), current (just-in-time) scaling and MX block
+// scaling (one E8M0 scale per 32 values). docs/fp8.md gives every rule, where it
+// comes from, and the decisions taken where the sources are silent.
+//
+// Scale convention (TE's): quantize stores encode(x * scale), dequantize returns
+// decode(code) * scale_inv with scale_inv = 1 / scale (one fp32 division).
+//
+// The scale functions here are pure and constexpr-friendly; DelayedScaling
+// holds per-tensor state (amax history, scale, scale_inv) that saves to and
+// loads from JSON text (nlohmann stays private to the library).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mixprec/formats/types.hpp"
+
+namespace mixprec::fp8 {
+
+// The two element formats and their largest finite values (448, 57344).
+enum class Dtype : std::uint8_t { e4m3, e5m2 };
+constexpr float max_finite(Dtype d) noexcept {
+  return d == Dtype::e4m3 ? format_traits<f8e4m3>::max_finite : format_traits<f8e5m2>::max_finite;
+}
+std::string_view dtype_name(Dtype d) noexcept;  // "E4M3", "E5M2"
+
+// TE's recipe.Format: E4M3 everywhere, or HYBRID (E4M3 forward tensors, E5M2 gradients).
+enum class Format : std::uint8_t { e4m3, hybrid };
+// Which pass a tensor belongs to: forward (inputs, weights, activations) or backward (gradients).
+enum class Role : std::uint8_t { forward, backward };
+constexpr Dtype dtype_for(Format f, Role r) noexcept {
+  return f == Format::hybrid && r == Role::backward ? Dtype::e5m2 : Dtype::e4m3;
+}
+std::string_view format_name(Format f) noexcept;  // "E4M3", "HYBRID"
+std::string_view role_name(Role r) noexcept;      // "forward", "backward"
+
+// ---- Delayed scaling ---------------------------------------------------------
+
+enum class AmaxAlgo : std::uint8_t { max, most_recent };
+std::string_view amax_algo_name(AmaxAlgo a) noexcept;  // "max", "most_recent"
+
+struct DelayedScalingConfig {
+  int margin = 0;                        // scale = (fp8_max * 2^-margin) / amax; |margin| <= 64
+  std::size_t amax_history_len = 1024;   // >= 1
+  AmaxAlgo amax_compute_algo = AmaxAlgo::max;
+  Format format = Format::hybrid;
+  friend bool operator==(const DelayedScalingConfig&, const DelayedScalingConfig&) = default;
+};
+// Throws std::invalid_argument naming the field.
+void validate(const DelayedScalingConfig& config);
+
+// TE's delayed-scaling scale update for one tensor, given the amax the algorithm picked:
+//   scaled_max = fp8_max * 2^-margin (exact); scale = scaled_max / amax (one fp32 division)
+//   when amax is finite and > 0, else the previous scale; an infinite result becomes FLT_MAX.
+float delayed_scale(float amax, float previous_scale, float fp8_max, int margin) noexcept;
+
+// One step of TE's history roll on history h (h[0] is the slot the current step's amax was
+// recorded in): returns the amax the algorithm uses and rolls h in place:
+//   a_i = h[i+1] for i < L-1, a_{L-1} = h[0];  h'[0] = 0, h'[i] = a_i (i > 0)
+//   max: fmax over all a_i starting from 0 (NaN entries are ignored, as CUDA fmaxf does)
+//   most_recent: h[0] (NaN or inf there keeps the previous scale).
+float roll_history(std::span<float> history, AmaxAlgo algo) noexcept;
+
+// The state of one tensor under delayed scaling.
+struct DelayedTensorState {
+  std::string name;
+  Role role = Role::forward;
+  std::vector<float> amax_history;  // TE layout: [0] = this step's slot, length amax_history_len
+  float scale = 1.0f;
+  float scale_inv = 1.0f;
+  friend bool operator==(const DelayedTensorState& a, const DelayedTensorState& b) noexcept;
+};
+
+struct DelayedScalingState {
+  DelayedScalingConfig config;
+  std::vector<DelayedTensorState> tensors;
+
+  // {"format":"mixprec.fp8_delayed_scaling","version":1,"config":{...},"tensors":[...]}.
+  // Floats are written so that they read back bit for bit; inf and NaN as "inf" and "nan".
+  std::string to_json() const;
+  // Validates everything and throws std::invalid_argument naming the field.
+  static DelayedScalingState from_json(std::string_view json);
+  friend bool operator==(const DelayedScalingState&, const DelayedScalingState&) = default;
+};
+void validate(const DelayedScalingState& state);
+
+// Per-tensor delayed scaling: quantize with scale(i) during the step, record each tensor's
+// amax (record_amax), then call update() once per step (after any all-reduce of the amaxes
+// with MAX across ranks, which the caller does on the current slots).
+class DelayedScaling {
+ public:
+  explicit DelayedScaling(const DelayedScalingConfig& config = {});
+  std::size_t add_tensor(std::string name, Role role);  // scale 1, history all zeros
+  std::size_t size() const noexcept { return state_.tensors.size(); }
+
+  // Folds amax into the current slot: max with what is there; a NaN stays NaN.
+  // amax must be >= 0, +inf or NaN (std::invalid_argument otherwise, or for a bad index).
+  void record_amax(std::size_t tensor, float amax);
+  // The current slots (h[0]) of all tensors, e.g. for an all-reduce with MAX.
+  std::vector<float> current_amaxes() const;
+  void set_current_amaxes(std::span<const float> amaxes);  // one per tensor, validated as record_amax
+
+  void update();  // rolls every history and updates every scale and scale_inv
+
+  Dtype dtype(std::size_t tensor) const;
+  float scale(std::size_t tensor) const { return at(tensor).scale; }
+  float scale_inv(std::size_t tensor) const { return at(tensor).scale_inv; }
+  std::span<const float> amax_history(std::size_t tensor) const { return at(tensor).amax_history; }
+  const DelayedScalingConfig& config() const noexcept { return state_.config; }
+
+  const DelayedScalingState& state() const noexcept { return state_; }
+  void load(const DelayedScalingState& state);  // validates first; unchanged on error
+  std::string to_json() const { return state_.to_json(); }
+  void load_json(std::string_view json) { load(DelayedScalingState::from_json(json)); }
+
+ private:
+  const DelayedTensorState& at(std::size_t tensor) const;
+  DelayedScalingState state_;
+};
+
+// ---- Current (just-in-time) scaling -------------------------------------------
+
+struct CurrentScalingConfig {
+  Format format = Format::hybrid;
+  bool power_of_2_scales = false;
+  float amax_epsilon = 0.0f;  // amax below it is raised to it; finite, >= 0
+  friend bool operator==(const CurrentScalingConfig&, const CurrentScalingConfig&) = default;
+};
+void validate(const CurrentScalingConfig& config);
+
+// TE's compute_scale_from_amax: amax < epsilon -> epsilon; amax inf or 0 -> 1;
+// scale = fp8_max / amax (fp32); inf -> FLT_MAX; NaN -> 1; power of two: the fp32
+// exponent bits only (mantissa cleared, i.e. rounded down to a power of two).
+float current_scale(float amax, float fp8_max, bool power_of_2_scales, float epsilon) noexcept;
+
+// ---- MX block scaling -----------------------------------------------------------
+
+inline constexpr std::size_t kMxBlock = 32;
+
+enum class MxRounding : std::uint8_t {
+  transformer_engine,  // E8M0 of amax * (1/fp8_max) rounded up (TE float_to_e8m0); saturating element cast
+  ocp,                 // floor(log2(amax)) - emax_elem, clamped to >= -127 (OCP MX emulation); saturating
+};
+std::string_view mx_rounding_name(MxRounding r) noexcept;  // "te", "ocp"
+
+// The block scale from a block's amax (what the two rules compute; see docs/fp8.md):
+//   TE:  amax is the NaN-ignoring max |x| of the block; NaN -> 0xFF, inf -> 0xFE, 0 -> 0x00,
+//        else the fp32 exponent of amax * float(1/fp8_max), plus one when any mantissa bit is
+//        set (not past 0xFE; fp32 subnormals at or below 2^-127 give 0x00).
+//   OCP: amax is NaN when the block holds a NaN; NaN or inf -> 0xFF (NaN scale); 0 reads as
+//        2^-126; e = floor(log2(amax)) - emax_elem (8 for E4M3, 15 for E5M2), at least -127.
+e8m0 mx_scale(float amax, Dtype dtype, MxRounding rounding) noexcept;
+
+// The factor elements are multiplied by before the saturating cast:
+//   TE:  its exp2f_rcp: 1 for code 0x00 (sic), else the bits (254 - code) << 23
+//        (0 for 0xFE; the NaN scale 0xFF never reaches it, see mx_quantize);
+//   OCP: 2^-e exactly (e in [-127, 119]).
+float mx_quantize_factor(e8m0 scale, MxRounding rounding) noexcept;
+
+}  // namespace mixprec::fp8
