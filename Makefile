@@ -18,7 +18,7 @@ deps:
 
 # What only the tests need (headless chromium and python3-pil for the report's browser test).
 test-deps:
-	@bash scripts/test-deps.sh
+	@bash scripts/deps.sh test
 
 $(RELEASE)/CMakeCache.txt: | deps
 	cmake -S . -B $(RELEASE) $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release
@@ -72,7 +72,7 @@ FUZZ_SECONDS ?= 60
 FUZZ_TARGETS := safetensors npy config cli
 
 fuzz-deps:
-	@bash scripts/fuzz-deps.sh
+	@bash scripts/deps.sh fuzz
 
 $(FUZZ)/CMakeCache.txt: | deps fuzz-deps
 	cmake -S . -B $(FUZZ) $(CMAKE_GEN) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DMIXPREC_FUZZ=ON \

@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian packages mixprec needs, and only those that are missing.
 # Idempotent: a second run installs nothing and prints one line.
+#
+#   scripts/deps.sh          build and run (make run, make release)
+#   scripts/deps.sh test     also what the tests need: chromium (headless screenshots of
+#                            `mixprec report`, tests/report) and python3-pil (their check)
+#   scripts/deps.sh fuzz     also what the fuzz targets need: clang (libFuzzer ships with
+#                            clang only), its sanitizer/libFuzzer runtimes and LLVM's OpenMP
+#                            (omp.h and the runtime clang's -fopenmp links); Debian 12 names
 set -euo pipefail
 
 packages=(
@@ -9,6 +16,13 @@ packages=(
   libfmt-dev libcli11-dev nlohmann-json3-dev
   libdnnl-dev ocl-icd-opencl-dev  # oneDNN; its CMake config (GPU runtime OCL) needs OpenCL dev files
 )
+for set in "$@"; do
+  case "$set" in
+    test) packages+=(chromium python3-pil) ;;
+    fuzz) packages+=(clang libclang-rt-14-dev libomp-14-dev) ;;
+    *) echo "deps: unknown package set '$set'; allowed: test, fuzz" >&2; exit 2 ;;
+  esac
+done
 
 missing=()
 for p in "${packages[@]}"; do

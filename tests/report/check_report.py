@@ -4,7 +4,7 @@
 --dom: the DOM Chromium parsed (chromium --dump-dom): every chart is an SVG element
 whose series carry their data (polyline points, marker counts, histogram bins).
 --png: the screenshot is 1280 px wide, not blank, and shows the runs' colours.
-The PNG check needs PIL (Debian's python3-pil, installed by scripts/test-deps.sh);
+The PNG check needs PIL (Debian's python3-pil, installed by scripts/deps.sh test);
 without it only the PNG header and size are checked.
 """
 import argparse

@@ -9,7 +9,7 @@
 #   render_check.sh MIXPREC_BIN WORK_DIR
 #
 # Exit 77 (ctest: skipped) after writing the reports when chromium is not installed;
-# scripts/test-deps.sh, run by `make test`, installs it. The screenshots stay in WORK_DIR
+# scripts/deps.sh test, run by `make test`, installs it. The screenshots stay in WORK_DIR
 # (report.png, single.png).
 set -euo pipefail
 bin=$1
@@ -37,7 +37,7 @@ done
 
 if ! command -v chromium >/dev/null 2>&1; then
   echo "SKIPPED: the reports were written, but chromium is not installed to render them" \
-       "(bash scripts/test-deps.sh installs it)"
+       "(bash scripts/deps.sh test installs it)"
   exit 77
 fi
 
