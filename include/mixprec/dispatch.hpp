@@ -34,11 +34,32 @@ struct FormatKernels {
   ConversionStats (*encode_counted)(const float* src, void* dst, std::size_t n,
                                     const ConvertOptions& o);
   void (*decode)(const void* src, float* dst, std::size_t n, const ConvertOptions& o);
+  // encode with a fused amax of the unscaled input: returns max |src[i]| as fp32
+  // magnitude bits compared as unsigned integers (a NaN, whose bits lie above inf's,
+  // wins); 0 when n == 0. The codes are encode's, bit for bit.
+  std::uint32_t (*encode_amax)(const float* src, void* dst, std::size_t n, const ConvertOptions& o);
+  // Block-scaled (MX) conversions: element i is converted as src[i] * factors[i / block],
+  // the product rounded to fp32 first; o.scale is ignored. block > 0.
+  void (*encode_block_scaled)(const float* src, void* dst, std::size_t n, std::size_t block,
+                              const float* factors, const ConvertOptions& o);
+  void (*decode_block_scaled)(const void* src, float* dst, std::size_t n, std::size_t block,
+                              const float* factors, const ConvertOptions& o);
+};
+
+// Format-independent reductions the FP8 recipes need.
+struct AmaxKernels {
+  // max |src[i]| as magnitude bits (unsigned order, as encode_amax); 0 when n == 0.
+  std::uint32_t (*amax_bits)(const float* src, std::size_t n);
+  // Per block of `block` elements (the last may be shorter): the magnitude-bits max, and
+  // Transformer Engine's fmaxf(0, |x|...) max, which ignores NaN elements.
+  void (*block_amax)(const float* src, std::size_t n, std::size_t block, std::uint32_t* bits,
+                     float* max_ignoring_nan);
 };
 
 struct KernelTable {
   Isa isa;
   FormatKernels f16, bf16, f8e4m3, f8e5m2;
+  AmaxKernels amax;
 
   template <LowPrecisionFormat T>
   const FormatKernels& get() const noexcept {

@@ -2,6 +2,7 @@
 // element loops that both the reference back end and SIMD tails use.
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 
@@ -57,6 +58,61 @@ inline void encode_counted_range(const float* src, Storage* dst, std::size_t n,
     const EncodeResult r = encode_full<S>(src[i] * o.scale, m, false, 0);
     dst[i] = static_cast<Storage>(r.code);
     count_one<S>(src[i], r, st);
+  }
+}
+
+template <const MiniFloatSpec& S, class Storage>
+inline std::uint32_t encode_amax_range(const float* src, Storage* dst, std::size_t n, const ConvertOptions& o) noexcept {
+  std::uint32_t m = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t a = std::bit_cast<std::uint32_t>(src[i]) & 0x7fffffffu;
+    m = a > m ? a : m;
+  }
+  encode_range<S>(src, dst, n, o);
+  return m;
+}
+
+// Elements [begin, begin + n) of a block-scaled conversion (MX): element i uses factors[i / block].
+template <const MiniFloatSpec& S, class Storage>
+inline void encode_block_scaled_range(const float* src, Storage* dst, std::size_t begin, std::size_t n,
+                                      std::size_t block, const float* factors, const ConvertOptions& o) noexcept {
+  const EncodeMode m = mode_of(o);
+  for (std::size_t i = begin; i < begin + n; ++i) {
+    dst[i] = static_cast<Storage>(encode_full<S>(src[i] * factors[i / block], m, false, 0).code);
+  }
+}
+
+template <const MiniFloatSpec& S, class Storage>
+inline void decode_block_scaled_range(const Storage* src, float* dst, std::size_t begin, std::size_t n,
+                                      std::size_t block, const float* factors, const ConvertOptions& o) noexcept {
+  for (std::size_t i = begin; i < begin + n; ++i) dst[i] = decode<S>(src[i], o.subnormals) * factors[i / block];
+}
+
+inline std::uint32_t amax_bits_range(const float* src, std::size_t n) noexcept {
+  std::uint32_t m = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t a = std::bit_cast<std::uint32_t>(src[i]) & 0x7fffffffu;
+    m = a > m ? a : m;
+  }
+  return m;
+}
+
+// TE's block amax: fmaxf over |x| starting from 0 (NaN elements are ignored).
+inline float max_ignoring_nan_range(const float* src, std::size_t n) noexcept {
+  float m = 0.0f;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float a = std::bit_cast<float>(std::bit_cast<std::uint32_t>(src[i]) & 0x7fffffffu);
+    m = a > m ? a : m;  // false for NaN: m stays
+  }
+  return m;
+}
+
+inline void block_amax_range(const float* src, std::size_t n, std::size_t block, std::uint32_t* bits,
+                             float* max_ignoring_nan) noexcept {
+  for (std::size_t b = 0; b * block < n; ++b) {
+    const std::size_t len = n - b * block < block ? n - b * block : block;
+    bits[b] = amax_bits_range(src + b * block, len);
+    max_ignoring_nan[b] = max_ignoring_nan_range(src + b * block, len);
   }
 }
 

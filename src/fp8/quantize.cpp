@@ -1,5 +1,9 @@
-// FP8 quantize / dequantize, scalar references (see include/mixprec/fp8/quantize.hpp).
+// FP8 quantize / dequantize (include/mixprec/fp8/quantize.hpp): the public functions
+// validate on the host and run the dispatched kernels (formats' AVX2 or scalar back end,
+// chosen once); fp8::reference holds the plain element loops they are tested against.
 #include "mixprec/fp8/quantize.hpp"
+
+#include "mixprec/dispatch.hpp"
 
 #include <bit>
 #include <cmath>
@@ -52,6 +56,129 @@ T nan_code() noexcept {
 
 }  // namespace
 
+namespace {
+
+const KernelTable& kernels() {
+  static const KernelTable* table = kernel_table(active_isa());
+  return *table;
+}
+
+template <Fp8Type T>
+const FormatKernels& format_kernels() {
+  return kernels().get<T>();
+}
+
+std::uint32_t canonical_amax_bits(std::uint32_t m) noexcept { return m > 0x7f800000u ? 0x7fc00000u : m; }
+
+}  // namespace
+
+float amax(std::span<const float> src) noexcept {
+  return std::bit_cast<float>(canonical_amax_bits(kernels().amax.amax_bits(src.data(), src.size())));
+}
+
+template <Fp8Type T>
+float quantize(std::span<const float> src, std::span<T> dst, float scale) {
+  check_sizes(src.size(), dst.size(), "fp8::quantize");
+  check_scale(scale, "fp8::quantize");
+  const ConvertOptions o{Overflow::saturate, Subnormals::keep, scale};
+  return std::bit_cast<float>(
+      canonical_amax_bits(format_kernels<T>().encode_amax(src.data(), dst.data(), src.size(), o)));
+}
+
+template <Fp8Type T>
+void dequantize(std::span<const T> src, std::span<float> dst, float scale_inv) {
+  check_sizes(src.size(), dst.size(), "fp8::dequantize");
+  check_scale(scale_inv, "fp8::dequantize");
+  format_kernels<T>().decode(src.data(), dst.data(), src.size(), ConvertOptions{Overflow::ieee, Subnormals::keep, scale_inv});
+}
+
+template <Fp8Type T>
+CurrentQuantized quantize_current(std::span<const float> src, std::span<T> dst, bool power_of_2_scales,
+                                  float amax_epsilon) {
+  check_sizes(src.size(), dst.size(), "fp8::quantize_current");
+  if (!(std::isfinite(amax_epsilon) && amax_epsilon >= 0.0f))
+    fail("fp8::quantize_current: amax_epsilon must be finite and >= 0");
+  CurrentQuantized r;
+  r.amax = amax(src);
+  r.scale = current_scale(r.amax, max_finite(dtype_of<T>()), power_of_2_scales, amax_epsilon);
+  r.scale_inv = 1.0f / r.scale;
+  quantize<T>(src, dst, r.scale);
+  return r;
+}
+
+// MX in chunks of kChunkBlocks blocks: the block amaxes (one SIMD pass), the E8M0 scales
+// and factors (scalar, one per 32 values), then the block-scaled encode of the chunk,
+// which reads it again from L1. Blocks with the NaN scale get NaN codes afterwards.
+template <Fp8Type T>
+float mx_quantize(std::span<const float> src, std::span<T> dst, std::span<e8m0> scales, MxRounding rounding) {
+  check_sizes(src.size(), dst.size(), "fp8::mx_quantize");
+  check_sizes(mx_blocks(src.size()), scales.size(), "fp8::mx_quantize (scales vs ceil(n / 32))");
+  if (rounding != MxRounding::transformer_engine && rounding != MxRounding::ocp)
+    fail("fp8::mx_quantize: unknown rounding");
+  constexpr std::size_t kChunkBlocks = 64;
+  const KernelTable& k = kernels();
+  const FormatKernels& f = k.get<T>();
+  const ConvertOptions o{Overflow::saturate, Subnormals::keep, 1.0f};
+  std::uint32_t bits[kChunkBlocks];
+  float ignoring_nan[kChunkBlocks], factors[kChunkBlocks];
+  std::uint32_t total = 0;
+  const std::size_t n = src.size();
+  for (std::size_t begin = 0; begin < n; begin += kChunkBlocks * kMxBlock) {
+    const std::size_t len = std::min(n - begin, kChunkBlocks * kMxBlock);
+    const std::size_t nb = mx_blocks(len);
+    const std::size_t b0 = begin / kMxBlock;
+    k.amax.block_amax(src.data() + begin, len, kMxBlock, bits, ignoring_nan);
+    bool any_nan_scale = false;
+    for (std::size_t b = 0; b < nb; ++b) {
+      total = bits[b] > total ? bits[b] : total;
+      const float block_amax = rounding == MxRounding::transformer_engine
+                                   ? ignoring_nan[b]
+                                   : std::bit_cast<float>(canonical_amax_bits(bits[b]));
+      const e8m0 scale = mx_scale(block_amax, dtype_of<T>(), rounding);
+      scales[b0 + b] = scale;
+      any_nan_scale = any_nan_scale || scale.bits() == 0xFF;
+      factors[b] = scale.bits() == 0xFF ? 1.0f : mx_quantize_factor(scale, rounding);
+    }
+    f.encode_block_scaled(src.data() + begin, dst.data() + begin, len, kMxBlock, factors, o);
+    for (std::size_t b = 0; any_nan_scale && b < nb; ++b) {
+      if (scales[b0 + b].bits() != 0xFF) continue;
+      const std::size_t e = std::min(len, (b + 1) * kMxBlock);
+      for (std::size_t i = b * kMxBlock; i < e; ++i) dst[begin + i] = nan_code<T>();
+    }
+  }
+  return std::bit_cast<float>(canonical_amax_bits(total));
+}
+
+// Decoded value times float(scale): the same fp32 product as the reference. A NaN scale
+// block goes through the reference loop so that NaN signs follow its operand order.
+template <Fp8Type T>
+void mx_dequantize(std::span<const T> src, std::span<const e8m0> scales, std::span<float> dst) {
+  check_sizes(src.size(), dst.size(), "fp8::mx_dequantize");
+  check_sizes(mx_blocks(src.size()), scales.size(), "fp8::mx_dequantize (scales vs ceil(n / 32))");
+  constexpr std::size_t kChunkBlocks = 64;
+  const FormatKernels& f = format_kernels<T>();
+  const ConvertOptions o{Overflow::ieee, Subnormals::keep, 1.0f};
+  float factors[kChunkBlocks];
+  const std::size_t n = src.size();
+  for (std::size_t begin = 0; begin < n; begin += kChunkBlocks * kMxBlock) {
+    const std::size_t len = std::min(n - begin, kChunkBlocks * kMxBlock);
+    const std::size_t nb = mx_blocks(len), b0 = begin / kMxBlock;
+    bool any_nan_scale = false;
+    for (std::size_t b = 0; b < nb; ++b) {
+      factors[b] = static_cast<float>(scales[b0 + b]);
+      any_nan_scale = any_nan_scale || scales[b0 + b].bits() == 0xFF;
+    }
+    f.decode_block_scaled(src.data() + begin, dst.data() + begin, len, kMxBlock, factors, o);
+    for (std::size_t b = 0; any_nan_scale && b < nb; ++b) {
+      if (scales[b0 + b].bits() != 0xFF) continue;
+      const std::size_t e = std::min(len, (b + 1) * kMxBlock);
+      for (std::size_t i = b * kMxBlock; i < e; ++i) dst[begin + i] = decode(src[begin + i]) * factors[b];
+    }
+  }
+}
+
+namespace reference {
+
 float amax(std::span<const float> src) noexcept {
   return std::bit_cast<float>(amax_bits(src.data(), src.size()));
 }
@@ -75,20 +202,6 @@ void dequantize(std::span<const T> src, std::span<float> dst, float scale_inv) {
   check_sizes(src.size(), dst.size(), "fp8::dequantize");
   check_scale(scale_inv, "fp8::dequantize");
   for (std::size_t i = 0; i < src.size(); ++i) dst[i] = decode(src[i]) * scale_inv;
-}
-
-template <Fp8Type T>
-CurrentQuantized quantize_current(std::span<const float> src, std::span<T> dst, bool power_of_2_scales,
-                                  float amax_epsilon) {
-  check_sizes(src.size(), dst.size(), "fp8::quantize_current");
-  if (!(std::isfinite(amax_epsilon) && amax_epsilon >= 0.0f))
-    fail("fp8::quantize_current: amax_epsilon must be finite and >= 0");
-  CurrentQuantized r;
-  r.amax = amax(src);
-  r.scale = current_scale(r.amax, max_finite(dtype_of<T>()), power_of_2_scales, amax_epsilon);
-  r.scale_inv = 1.0f / r.scale;
-  quantize<T>(src, dst, r.scale);
-  return r;
 }
 
 template <Fp8Type T>
@@ -127,6 +240,8 @@ void mx_dequantize(std::span<const T> src, std::span<const e8m0> scales, std::sp
     dst[i] = decode(src[i]) * static_cast<float>(scales[i / kMxBlock]);
 }
 
+}  // namespace reference
+
 #define MIXPREC_FP8_INSTANTIATE(T)                                                                      \
   template float quantize<T>(std::span<const float>, std::span<T>, float);                              \
   template void dequantize<T>(std::span<const T>, std::span<float>, float);                             \
@@ -135,6 +250,16 @@ void mx_dequantize(std::span<const T> src, std::span<const e8m0> scales, std::sp
   template void mx_dequantize<T>(std::span<const T>, std::span<const e8m0>, std::span<float>);
 MIXPREC_FP8_INSTANTIATE(f8e4m3)
 MIXPREC_FP8_INSTANTIATE(f8e5m2)
+namespace reference {
+#define MIXPREC_FP8_REFERENCE(T)                                                                        \
+  template float quantize<T>(std::span<const float>, std::span<T>, float);                              \
+  template void dequantize<T>(std::span<const T>, std::span<float>, float);                             \
+  template float mx_quantize<T>(std::span<const float>, std::span<T>, std::span<e8m0>, MxRounding);     \
+  template void mx_dequantize<T>(std::span<const T>, std::span<const e8m0>, std::span<float>);
+MIXPREC_FP8_REFERENCE(f8e4m3)
+MIXPREC_FP8_REFERENCE(f8e5m2)
+#undef MIXPREC_FP8_REFERENCE
+}  // namespace reference
 #undef MIXPREC_FP8_INSTANTIATE
 
 }  // namespace mixprec::fp8

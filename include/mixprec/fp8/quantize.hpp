@@ -11,9 +11,12 @@
 // empty span; the quiet NaN 0x7fc00000 if some x is NaN, else +inf if some x is
 // inf. (The MX TE rule ignores NaN for its block scale; see recipes.hpp.)
 //
-// These are the scalar references. Errors (std::invalid_argument, before
-// anything is written): spans of different lengths, a scale that is not finite
-// and > 0, an MX scale span whose length is not ceil(n / 32).
+// The functions run the dispatched SIMD kernels (AVX2 where the CPU has it, see
+// mixprec/dispatch.hpp) with the amax fused into the conversion pass; fp8::reference
+// holds plain element loops with the same contracts, which the kernels are tested
+// against bit for bit. Errors (std::invalid_argument, before anything is written):
+// spans of different lengths, a scale that is not finite and > 0, an MX scale span
+// whose length is not ceil(n / 32).
 #pragma once
 
 #include <cstddef>
@@ -67,5 +70,19 @@ template <Fp8Type T>
 void mx_dequantize(std::span<const T> src, std::span<const e8m0> scales, std::span<float> dst);
 
 constexpr std::size_t mx_blocks(std::size_t n) noexcept { return (n + kMxBlock - 1) / kMxBlock; }
+
+// The scalar references: one element at a time through encode/decode (scalar.hpp).
+namespace reference {
+float amax(std::span<const float> src) noexcept;
+template <Fp8Type T>
+float quantize(std::span<const float> src, std::span<T> dst, float scale);
+template <Fp8Type T>
+void dequantize(std::span<const T> src, std::span<float> dst, float scale_inv);
+template <Fp8Type T>
+float mx_quantize(std::span<const float> src, std::span<T> dst, std::span<e8m0> scales,
+                  MxRounding rounding = MxRounding::transformer_engine);
+template <Fp8Type T>
+void mx_dequantize(std::span<const T> src, std::span<const e8m0> scales, std::span<float> dst);
+}  // namespace reference
 
 }  // namespace mixprec::fp8

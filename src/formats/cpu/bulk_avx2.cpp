@@ -263,9 +263,11 @@ std::size_t head_to_align(const T* dst, std::size_t align, std::size_t n) {
 }
 
 // ---- encode ---------------------------------------------------------------------
-template <const MiniFloatSpec& S, bool kCount, bool kStream>
+// kAmax: also folds max |x| (magnitude bits, unsigned) into *amax.
+template <const MiniFloatSpec& S, bool kCount, bool kStream, bool kAmax = false>
 std::size_t encode_blocks(const float* src, StorageOf<S>* dst, std::size_t n, const ConvertOptions& o,
-                          Counters<S>& counters) {
+                          Counters<S>& counters, __m256i* amax = nullptr) {
+  __m256i amax_acc = _mm256_setzero_si256();
   const bool saturate = o.overflow == Overflow::saturate;
   const bool flush = o.subnormals == Subnormals::flush;
   const __m256 scale = _mm256_set1_ps(o.scale);
@@ -279,6 +281,7 @@ std::size_t encode_blocks(const float* src, StorageOf<S>* dst, std::size_t n, co
       if constexpr (kStream) _mm_prefetch(reinterpret_cast<const char*>(src + i) + kPrefetchBytes, _MM_HINT_T0);
       const __m256 x0 = _mm256_loadu_ps(src + i);
       const __m256 x1 = _mm256_loadu_ps(src + i + 8);
+      if constexpr (kAmax) amax_acc = _mm256_max_epu32(amax_acc, _mm256_max_epu32(abs_bits(x0), abs_bits(x1)));
       const __m256 y0 = scaled ? _mm256_mul_ps(x0, scale) : x0;  // x * 1 == x, bit for bit, after rounding
       const __m256 y1 = scaled ? _mm256_mul_ps(x1, scale) : x1;
       __m256i c = raw_codes16<S>(y0, y1, fp8_ovf);
@@ -295,7 +298,16 @@ std::size_t encode_blocks(const float* src, StorageOf<S>* dst, std::size_t n, co
     }
     if constexpr (kCount) counters.spill(flush);
   }
+  if constexpr (kAmax) *amax = _mm256_max_epu32(*amax, amax_acc);
   return i;
+}
+
+inline std::uint32_t hmax_epu32(__m256i v) {
+  alignas(32) std::uint32_t l[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(l), v);
+  std::uint32_t m = 0;
+  for (std::uint32_t x : l) m = x > m ? x : m;
+  return m;
 }
 
 template <const MiniFloatSpec& S, bool kCount>
@@ -321,6 +333,102 @@ ConversionStats encode_kernel(const float* src, void* dst_v, std::size_t n, cons
     encode_range<S>(src + i, dst + i, n - i, o);
   }
   return counters.total;
+}
+
+// encode + amax in one pass (FP8 quantize with a fused amax): the same codes as encode_kernel.
+template <const MiniFloatSpec& S>
+std::uint32_t encode_amax_kernel(const float* src, void* dst_v, std::size_t n, const ConvertOptions& o) {
+  using Storage = StorageOf<S>;
+  auto* dst = static_cast<Storage*>(dst_v);
+  Counters<S> unused;
+  __m256i amax = _mm256_setzero_si256();
+  std::uint32_t m = 0;
+  std::size_t i = 0;
+  if (n * (sizeof(float) + sizeof(Storage)) >= kStreamBytes) {
+    i = head_to_align(dst, S.bits == 16 ? 32 : 16, n);
+    m = encode_amax_range<S>(src, dst, i, o);
+    i += encode_blocks<S, false, true, true>(src + i, dst + i, n - i, o, unused, &amax);
+    _mm_sfence();
+  } else {
+    i = encode_blocks<S, false, false, true>(src, dst, n, o, unused, &amax);
+  }
+  const std::uint32_t tail = encode_amax_range<S>(src + i, dst + i, n - i, o);
+  const std::uint32_t body = hmax_epu32(amax);
+  m = m > tail ? m : tail;
+  return m > body ? m : body;
+}
+
+// Block-scaled encode (MX): blocks whose length is a multiple of 16 run 16 lanes at a
+// time with the block's factor broadcast; anything else goes through the scalar loop.
+template <const MiniFloatSpec& S>
+void encode_block_scaled_kernel(const float* src, void* dst_v, std::size_t n, std::size_t block,
+                                const float* factors, const ConvertOptions& o) {
+  using Storage = StorageOf<S>;
+  auto* dst = static_cast<Storage*>(dst_v);
+  if (block % 16 != 0) {
+    encode_block_scaled_range<S>(src, dst, 0, n, block, factors, o);
+    return;
+  }
+  const bool saturate = o.overflow == Overflow::saturate;
+  const bool flush = o.subnormals == Subnormals::flush;
+  const __m256i fp8_ovf = set1(saturate ? S.max_code : S.overflow_code);
+  const std::size_t full = n / block * block;
+  for (std::size_t b = 0; b * block < full; ++b) {
+    const __m256 f = _mm256_set1_ps(factors[b]);
+    for (std::size_t i = b * block; i < (b + 1) * block; i += 16) {
+      const __m256 y0 = _mm256_mul_ps(_mm256_loadu_ps(src + i), f);
+      const __m256 y1 = _mm256_mul_ps(_mm256_loadu_ps(src + i + 8), f);
+      __m256i c = raw_codes16<S>(y0, y1, fp8_ovf);
+      if constexpr (S.has_inf) {
+        if (saturate) c = saturate16<S>(c);
+      }
+      if (flush) c = flush16<S>(c);
+      store16<false>(dst + i, c);
+    }
+  }
+  encode_block_scaled_range<S>(src, dst, full, n - full, block, factors, o);
+}
+
+// ---- amax reductions ----------------------------------------------------------
+std::uint32_t amax_bits_kernel(const float* src, std::size_t n) {
+  __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0;
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    a0 = _mm256_max_epu32(a0, abs_bits(_mm256_loadu_ps(src + i)));
+    a1 = _mm256_max_epu32(a1, abs_bits(_mm256_loadu_ps(src + i + 8)));
+    a2 = _mm256_max_epu32(a2, abs_bits(_mm256_loadu_ps(src + i + 16)));
+    a3 = _mm256_max_epu32(a3, abs_bits(_mm256_loadu_ps(src + i + 24)));
+  }
+  const std::uint32_t body = hmax_epu32(_mm256_max_epu32(_mm256_max_epu32(a0, a1), _mm256_max_epu32(a2, a3)));
+  const std::uint32_t tail = amax_bits_range(src + i, n - i);
+  return body > tail ? body : tail;
+}
+
+// Blocks whose length is a multiple of 8 run 8 lanes at a time. maxps(|x|, m) returns m
+// when |x| is NaN, which is fmaxf's NaN-ignoring rule.
+void block_amax_kernel(const float* src, std::size_t n, std::size_t block, std::uint32_t* bits,
+                       float* max_ignoring_nan) {
+  if (block % 8 != 0) {
+    block_amax_range(src, n, block, bits, max_ignoring_nan);
+    return;
+  }
+  const std::size_t full = n / block;
+  for (std::size_t b = 0; b < full; ++b) {
+    __m256i m = _mm256_setzero_si256();
+    __m256 f = _mm256_setzero_ps();
+    for (std::size_t i = b * block; i < (b + 1) * block; i += 8) {
+      const __m256i a = abs_bits(_mm256_loadu_ps(src + i));
+      m = _mm256_max_epu32(m, a);
+      f = _mm256_max_ps(_mm256_castsi256_ps(a), f);
+    }
+    bits[b] = hmax_epu32(m);
+    alignas(32) float l[8];
+    _mm256_store_ps(l, f);
+    float r = 0.0f;
+    for (float x : l) r = x > r ? x : r;
+    max_ignoring_nan[b] = r;
+  }
+  if (full * block < n) block_amax_range(src + full * block, n - full * block, block, bits + full, max_ignoring_nan + full);
 }
 
 // ---- stochastic rounding: the reference algorithm, eight integer lanes --------
@@ -388,6 +496,48 @@ inline void f16x16_to_f32(__m256i h, __m256& lo, __m256& hi) {
   hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
 
+// 16 codes at src -> 16 floats (lo: elements 0-7, hi: 8-15), unscaled.
+template <const MiniFloatSpec& S>
+inline void decode16(const StorageOf<S>* src, bool flush, __m256& lo, __m256& hi) {
+  if constexpr (same_format(S, kF16Spec)) {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+    if (flush) h = flush_f16_16(h);
+    f16x16_to_f32(h, lo, hi);
+  } else if constexpr (same_format(S, kBF16Spec)) {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
+    const __m256i nan = _mm256_cmpgt_epi16(_mm256_and_si256(h, set1_16(0x7fff)), set1_16(0x7f80));
+    h = _mm256_or_si256(h, _mm256_and_si256(nan, set1_16(0x0040)));  // quiet
+    if (flush) {
+      const __m256i sub = _mm256_cmpeq_epi16(_mm256_and_si256(h, set1_16(0x7f80)), _mm256_setzero_si256());
+      h = _mm256_andnot_si256(_mm256_and_si256(sub, set1_16(0x7fff)), h);
+    }
+    lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16));
+    hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16));
+  } else if constexpr (same_format(S, kE5M2Spec)) {
+    // E5M2 is the top byte of an f16.
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
+    __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8);
+    if (flush) h = flush_f16_16(h);
+    f16x16_to_f32(h, lo, hi);
+  } else {
+    // E4M3 into an f16 (bias 15 vs 7: the f16 value is 2^-8 of it), NaN as f16 NaN.
+    const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
+    const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(w, set1_16(0x80)), 8);
+    __m256i mag = _mm256_and_si256(w, set1_16(0x7f));
+    const __m256i nan = _mm256_cmpeq_epi16(mag, set1_16(0x7f));
+    if (flush) {
+      mag = _mm256_andnot_si256(_mm256_cmpeq_epi16(_mm256_and_si256(mag, set1_16(0x78)), _mm256_setzero_si256()),
+                                mag);
+    }
+    __m256i h = _mm256_or_si256(sign, _mm256_slli_epi16(mag, 7));
+    h = _mm256_blendv_epi8(h, _mm256_or_si256(sign, set1_16(0x7e00)), nan);
+    f16x16_to_f32(h, lo, hi);
+    const __m256 k256 = _mm256_set1_ps(256.0f);  // exact; NaN passes unchanged
+    lo = _mm256_mul_ps(lo, k256);
+    hi = _mm256_mul_ps(hi, k256);
+  }
+}
+
 template <const MiniFloatSpec& S, bool kStream>
 std::size_t decode_blocks(const StorageOf<S>* src, float* dst, std::size_t n, const ConvertOptions& o) {
   const bool flush = o.subnormals == Subnormals::flush;
@@ -396,43 +546,7 @@ std::size_t decode_blocks(const StorageOf<S>* src, float* dst, std::size_t n, co
   std::size_t i = 0;
   for (; i + 16 <= n; i += 16) {
     __m256 lo, hi;
-    if constexpr (same_format(S, kF16Spec)) {
-      __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-      if (flush) h = flush_f16_16(h);
-      f16x16_to_f32(h, lo, hi);
-    } else if constexpr (same_format(S, kBF16Spec)) {
-      __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i));
-      const __m256i nan = _mm256_cmpgt_epi16(_mm256_and_si256(h, set1_16(0x7fff)), set1_16(0x7f80));
-      h = _mm256_or_si256(h, _mm256_and_si256(nan, set1_16(0x0040)));  // quiet
-      if (flush) {
-        const __m256i sub = _mm256_cmpeq_epi16(_mm256_and_si256(h, set1_16(0x7f80)), _mm256_setzero_si256());
-        h = _mm256_andnot_si256(_mm256_and_si256(sub, set1_16(0x7fff)), h);
-      }
-      lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16));
-      hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16));
-    } else if constexpr (same_format(S, kE5M2Spec)) {
-      // E5M2 is the top byte of an f16.
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i));
-      __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8);
-      if (flush) h = flush_f16_16(h);
-      f16x16_to_f32(h, lo, hi);
-    } else {
-      // E4M3 into an f16 (bias 15 vs 7: the f16 value is 2^-8 of it), NaN as f16 NaN.
-      const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i)));
-      const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(w, set1_16(0x80)), 8);
-      __m256i mag = _mm256_and_si256(w, set1_16(0x7f));
-      const __m256i nan = _mm256_cmpeq_epi16(mag, set1_16(0x7f));
-      if (flush) {
-        mag = _mm256_andnot_si256(_mm256_cmpeq_epi16(_mm256_and_si256(mag, set1_16(0x78)), _mm256_setzero_si256()),
-                                  mag);
-      }
-      __m256i h = _mm256_or_si256(sign, _mm256_slli_epi16(mag, 7));
-      h = _mm256_blendv_epi8(h, _mm256_or_si256(sign, set1_16(0x7e00)), nan);
-      f16x16_to_f32(h, lo, hi);
-      const __m256 k256 = _mm256_set1_ps(256.0f);  // exact; NaN passes unchanged
-      lo = _mm256_mul_ps(lo, k256);
-      hi = _mm256_mul_ps(hi, k256);
-    }
+    decode16<S>(src + i, flush, lo, hi);
     if (scaled) {
       lo = _mm256_mul_ps(lo, scale);
       hi = _mm256_mul_ps(hi, scale);
@@ -459,6 +573,28 @@ void decode_kernel(const void* src_v, float* dst, std::size_t n, const ConvertOp
   decode_range<S>(src + i, dst + i, n - i, o);
 }
 
+template <const MiniFloatSpec& S>
+void decode_block_scaled_kernel(const void* src_v, float* dst, std::size_t n, std::size_t block, const float* factors,
+                                const ConvertOptions& o) {
+  const auto* src = static_cast<const StorageOf<S>*>(src_v);
+  if (block % 16 != 0) {
+    decode_block_scaled_range<S>(src, dst, 0, n, block, factors, o);
+    return;
+  }
+  const bool flush = o.subnormals == Subnormals::flush;
+  const std::size_t full = n / block * block;
+  for (std::size_t b = 0; b * block < full; ++b) {
+    const __m256 f = _mm256_set1_ps(factors[b]);
+    for (std::size_t i = b * block; i < (b + 1) * block; i += 16) {
+      __m256 lo, hi;
+      decode16<S>(src + i, flush, lo, hi);
+      _mm256_storeu_ps(dst + i, _mm256_mul_ps(lo, f));
+      _mm256_storeu_ps(dst + i + 8, _mm256_mul_ps(hi, f));
+    }
+  }
+  decode_block_scaled_range<S>(src, dst, full, n - full, block, factors, o);
+}
+
 }  // namespace
 }  // namespace mixprec::detail
 #if defined(__clang__)
@@ -479,6 +615,9 @@ FormatKernels make_avx2() {
       &encode_stochastic_kernel<S>,
       &encode_kernel<S, true>,
       &decode_kernel<S>,
+      &encode_amax_kernel<S>,
+      &encode_block_scaled_kernel<S>,
+      &decode_block_scaled_kernel<S>,
   };
 }
 
@@ -487,7 +626,7 @@ FormatKernels make_avx2() {
 const KernelTable* avx2_kernels() noexcept {
   static const KernelTable table{
       Isa::avx2, make_avx2<kF16Spec>(), make_avx2<kBF16Spec>(), make_avx2<kE4M3Spec>(),
-      make_avx2<kE5M2Spec>(),
+      make_avx2<kE5M2Spec>(), AmaxKernels{&amax_bits_kernel, &block_amax_kernel},
   };
   return &table;
 }

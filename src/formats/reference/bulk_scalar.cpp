@@ -21,6 +21,15 @@ FormatKernels make_scalar() {
       [](const void* s, float* d, std::size_t n, const ConvertOptions& o) {
         decode_range<S>(static_cast<const Storage*>(s), d, n, o);
       },
+      [](const float* s, void* d, std::size_t n, const ConvertOptions& o) {
+        return encode_amax_range<S>(s, static_cast<Storage*>(d), n, o);
+      },
+      [](const float* s, void* d, std::size_t n, std::size_t block, const float* f, const ConvertOptions& o) {
+        encode_block_scaled_range<S>(s, static_cast<Storage*>(d), 0, n, block, f, o);
+      },
+      [](const void* s, float* d, std::size_t n, std::size_t block, const float* f, const ConvertOptions& o) {
+        decode_block_scaled_range<S>(static_cast<const Storage*>(s), d, 0, n, block, f, o);
+      },
   };
 }
 
@@ -33,6 +42,7 @@ const KernelTable& scalar_kernels() noexcept {
       make_scalar<kBF16Spec, std::uint16_t>(),
       make_scalar<kE4M3Spec, std::uint8_t>(),
       make_scalar<kE5M2Spec, std::uint8_t>(),
+      AmaxKernels{&amax_bits_range, &block_amax_range},
   };
   return table;
 }
