@@ -1,10 +1,11 @@
-// `mixprec bench formats|scaler|optim|gemm`: the benchmarks of bench/, with their ratio tables.
+// `mixprec bench formats|scaler|optim|gemm|fp8|train`: the benchmarks of bench/, with their ratio tables.
 #include "cmd_bench.hpp"
 
 #include <string>
 #include <vector>
 
 #include "formats_bench.hpp"
+#include "fp8_bench.hpp"
 #include "gemm_bench.hpp"
 #include "train_bench.hpp"
 #include "optim_bench.hpp"
@@ -51,6 +52,9 @@ void add_bench_command(CLI::App& app, std::function<int()>& action) {
             {&mixprec::bench::run_optim});
   add_suite(*bench, action, "gemm", "oneDNN matmul GFLOP/s: f32, bf16, f16 (widened), 1 and 2 threads, ratios to f32",
             {&mixprec::bench::run_gemm});
+  add_suite(*bench, action, "fp8",
+            "FP8 quantize (fused amax) / dequantize, per tensor and MX blocks, vs a copy of the same bytes",
+            {&mixprec::bench::run_fp8});
   add_suite(*bench, action, "train",
             "Training step of the default gpt per precision preset, ratios to fp32, scaler share of the step",
             {&mixprec::bench::run_train});

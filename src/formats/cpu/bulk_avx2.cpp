@@ -421,12 +421,15 @@ void block_amax_kernel(const float* src, std::size_t n, std::size_t block, std::
       m = _mm256_max_epu32(m, a);
       f = _mm256_max_ps(_mm256_castsi256_ps(a), f);
     }
-    bits[b] = hmax_epu32(m);
-    alignas(32) float l[8];
-    _mm256_store_ps(l, f);
-    float r = 0.0f;
-    for (float x : l) r = x > r ? x : r;
-    max_ignoring_nan[b] = r;
+    // Lane maxima in registers: halves, then pairs, then neighbours. No lane of f is NaN.
+    __m256i mb = _mm256_max_epu32(m, _mm256_permute2x128_si256(m, m, 1));
+    mb = _mm256_max_epu32(mb, _mm256_shuffle_epi32(mb, 0x4e));
+    mb = _mm256_max_epu32(mb, _mm256_shuffle_epi32(mb, 0xb1));
+    bits[b] = static_cast<std::uint32_t>(_mm256_cvtsi256_si32(mb));
+    __m256 mf = _mm256_max_ps(f, _mm256_permute2f128_ps(f, f, 1));
+    mf = _mm256_max_ps(mf, _mm256_shuffle_ps(mf, mf, 0x4e));
+    mf = _mm256_max_ps(mf, _mm256_shuffle_ps(mf, mf, 0xb1));
+    max_ignoring_nan[b] = _mm256_cvtss_f32(mf);
   }
   if (full * block < n) block_amax_range(src + full * block, n - full * block, block, bits + full, max_ignoring_nan + full);
 }

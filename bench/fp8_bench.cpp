@@ -1,0 +1,211 @@
+// FP8 quantize / dequantize benchmarks and their ratio table (docs/performance.md).
+//
+// Every kernel moves 4 bytes of fp32 and 1 byte of fp8 per element (MX adds one
+// E8M0 byte per 32); each is timed next to a copy of the same byte volume, and in
+// cache next to the scalar reference of fp8::reference, in the same run. The table
+// reports ratios of medians.
+#include "fp8_bench.hpp"
+
+#include <benchmark/benchmark.h>
+#include <fmt/core.h>
+
+#include <cstddef>
+#include <cstring>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_common.hpp"
+#include "mixprec/dispatch.hpp"
+#include "mixprec/fp8/quantize.hpp"
+
+namespace mixprec::bench {
+namespace {
+
+constexpr std::size_t kOutOfCache = std::size_t{64} << 20;  // 64 Mi elements
+constexpr std::size_t kInCache = std::size_t{8} << 10;      // 8 Ki elements
+constexpr int kThreadCounts[] = {1, 2};
+constexpr double kCopyTarget = 0.85;  // issue 7: quantize / dequantize vs memory bandwidth
+constexpr float kScale = 448.0f / 4.0f;
+
+enum class Op { memcpy, stream, quantize_e4m3, quantize_e5m2, dequantize_e4m3, mx_quantize_e4m3, mx_dequantize_e4m3,
+                amax };
+const char* op_name(Op op) {
+  switch (op) {
+    case Op::memcpy: return "copy/memcpy";
+    case Op::stream: return "copy/stream";
+    case Op::quantize_e4m3: return "quantize/e4m3";
+    case Op::quantize_e5m2: return "quantize/e5m2";
+    case Op::dequantize_e4m3: return "dequantize/e4m3";
+    case Op::mx_quantize_e4m3: return "mx_quantize/e4m3";
+    case Op::mx_dequantize_e4m3: return "mx_dequantize/e4m3";
+    case Op::amax: return "amax";
+  }
+  return "?";
+}
+bool is_copy(Op op) { return op == Op::memcpy || op == Op::stream; }
+// Bytes read + written per element (a copy of 2.5 B/element moves the quantize's 5 B).
+double bytes_per_element(Op op) {
+  switch (op) {
+    case Op::amax: return 4.0;
+    case Op::mx_quantize_e4m3:
+    case Op::mx_dequantize_e4m3: return 5.0 + 1.0 / 32.0;
+    default: return 5.0;
+  }
+}
+
+struct Case {
+  Op op;
+  bool reference;  // fp8::reference (scalar loops) instead of the dispatched kernels
+  std::size_t n;
+  std::string name;
+};
+
+struct Buffers {
+  Buffer f32_in, f32_out, codes, scales;
+  float* in() const { return reinterpret_cast<float*>(f32_in.get()); }
+  float* out() const { return reinterpret_cast<float*>(f32_out.get()); }
+  f8e4m3* e4m3() const { return reinterpret_cast<f8e4m3*>(codes.get()); }
+  f8e5m2* e5m2() const { return reinterpret_cast<f8e5m2*>(codes.get()); }
+  e8m0* mx() const { return reinterpret_cast<e8m0*>(scales.get()); }
+};
+
+Buffers make_buffers() {
+  Buffers b;
+  b.f32_in = allocate(kOutOfCache * sizeof(float));
+  b.f32_out = allocate(kOutOfCache * sizeof(float));
+  b.codes = allocate(kOutOfCache);
+  b.scales = allocate(kOutOfCache / fp8::kMxBlock);
+  constexpr std::size_t kBlock = std::size_t{1} << 20;  // typical activations, tiled
+  std::mt19937 rng(2024);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (std::size_t i = 0; i < kBlock; ++i) b.in()[i] = normal(rng);
+  for (std::size_t i = kBlock; i < kOutOfCache; i += kBlock) std::memcpy(b.in() + i, b.in(), kBlock * sizeof(float));
+  fp8::mx_quantize<f8e4m3>({b.in(), kOutOfCache}, {b.e4m3(), kOutOfCache}, {b.mx(), kOutOfCache / fp8::kMxBlock});
+  return b;
+}
+
+void run_case(benchmark::State& state, const Case& c, const Buffers& b) {
+  const auto threads = static_cast<std::size_t>(state.threads());
+  const std::size_t per = c.n / threads;  // a multiple of 32 for every case
+  const std::size_t lo = per * static_cast<std::size_t>(state.thread_index());
+  const std::span<const float> in(b.in() + lo, per);
+  const std::span<float> out(b.out() + lo, per);
+  const std::span<f8e4m3> q4(b.e4m3() + lo, per);
+  const std::span<e8m0> mx(b.mx() + lo / fp8::kMxBlock, per / fp8::kMxBlock);
+  for (auto _ : state) {
+    switch (c.op) {
+      case Op::memcpy:
+      case Op::stream: {
+        const std::size_t bytes = per * 5 / 2;
+        auto* src = b.f32_in.get() + lo * 5 / 2;
+        auto* dst = b.f32_out.get() + lo * 5 / 2;
+        if (c.op == Op::memcpy) std::memcpy(dst, src, bytes);
+        else stream_copy(dst, src, bytes);
+        break;
+      }
+      case Op::quantize_e4m3:
+        benchmark::DoNotOptimize(c.reference ? fp8::reference::quantize<f8e4m3>(in, q4, kScale)
+                                             : fp8::quantize<f8e4m3>(in, q4, kScale));
+        break;
+      case Op::quantize_e5m2: {
+        const std::span<f8e5m2> q5(b.e5m2() + lo, per);
+        benchmark::DoNotOptimize(c.reference ? fp8::reference::quantize<f8e5m2>(in, q5, kScale)
+                                             : fp8::quantize<f8e5m2>(in, q5, kScale));
+        break;
+      }
+      case Op::dequantize_e4m3:
+        if (c.reference) fp8::reference::dequantize<f8e4m3>(q4, out, 1.0f / kScale);
+        else fp8::dequantize<f8e4m3>(q4, out, 1.0f / kScale);
+        break;
+      case Op::mx_quantize_e4m3:
+        benchmark::DoNotOptimize(c.reference ? fp8::reference::mx_quantize<f8e4m3>(in, q4, mx)
+                                             : fp8::mx_quantize<f8e4m3>(in, q4, mx));
+        break;
+      case Op::mx_dequantize_e4m3:
+        if (c.reference) fp8::reference::mx_dequantize<f8e4m3>(q4, mx, out);
+        else fp8::mx_dequantize<f8e4m3>(q4, mx, out);
+        break;
+      case Op::amax:
+        benchmark::DoNotOptimize(c.reference ? fp8::reference::amax(in) : fp8::amax(in));
+        break;
+    }
+    benchmark::ClobberMemory();
+  }
+  const auto items = static_cast<std::int64_t>(per) * static_cast<std::int64_t>(state.iterations());
+  state.SetItemsProcessed(items);
+  state.SetBytesProcessed(static_cast<std::int64_t>(static_cast<double>(items) * bytes_per_element(c.op)));
+}
+
+std::string case_name(Op op, bool reference, std::size_t n) {
+  return fmt::format("{}/{}/{}", op_name(op), reference ? "reference" : "simd", n == kOutOfCache ? "64Mi" : "8Ki");
+}
+
+void print_table(const Collector& col, const std::vector<Case>& cases) {
+  fmt::print("\nmixprec bench fp8: ratios of medians from this run (SIMD path: {})\n", isa_name(best_isa()));
+  fmt::print("GB/s = bytes read + written; copy = the faster of memcpy and a streaming copy of 2.5 B/element\n");
+  fmt::print("(the same bytes as a 5 B/element quantize), same threads. amax only reads: its copy ratio is\n");
+  fmt::print("shown for scale and not judged.\n\n");
+  fmt::print("{:<22} {:>5} {:>3} {:>8} {:>7} {:>9} {:>8} {:>10} {:>5}  {}\n", "kernel", "size", "thr", "Gelem/s",
+             "GB/s", "copy GB/s", "vs copy", "vs scalar", "cv%", "target");
+  Tally tally;
+  for (const Case& c : cases) {
+    if (is_copy(c.op) || c.reference) continue;
+    for (int t : kThreadCounts) {
+      const auto r = col.find(c.name, t);
+      if (!r) continue;
+      std::optional<Result> copy;
+      if (c.n == kOutOfCache) {
+        for (Op op : {Op::memcpy, Op::stream}) {
+          const auto x = col.find(case_name(op, false, kOutOfCache), t);
+          if (x && (!copy || x->bytes_per_s > copy->bytes_per_s)) copy = x;
+        }
+      }
+      const double vs_copy = copy ? r->bytes_per_s / copy->bytes_per_s : 0;
+      std::string target, vs_scalar = "-";
+      if (copy && c.op != Op::amax) {
+        const bool ok = vs_copy >= kCopyTarget;
+        tally.add(ok, fmt::format("{} {} thr at {:.3f} of copy", op_name(c.op), t, vs_copy));
+        target = fmt::format(">= {:.2f} copy: {}", kCopyTarget, ok ? "met" : "NOT MET");
+      }
+      if (c.n == kInCache && t == 1) {
+        const auto ref = col.find(case_name(c.op, true, kInCache), 1);
+        if (ref) vs_scalar = fmt::format("{:.2f}x", r->items_per_s / ref->items_per_s);
+      }
+      fmt::print("{:<22} {:>5} {:>3} {:>8.2f} {:>7.1f} {:>9} {:>8} {:>10} {:>5}  {}\n", op_name(c.op),
+                 c.n == kOutOfCache ? "64Mi" : "8Ki", t, r->items_per_s / 1e9, r->bytes_per_s / 1e9,
+                 copy ? fmt::format("{:.1f}", copy->bytes_per_s / 1e9) : "-",
+                 copy ? fmt::format("{:.3f}", vs_copy) : "-", vs_scalar,
+                 r->cv >= 0 ? fmt::format("{:.1f}", r->cv * 100) : "-", target);
+    }
+  }
+  fmt::print("\nTarget (issue 7), judged on the medians above:\n");
+  tally.print("out of cache, fp8 quantize (fused amax) and dequantize >= 85% of copy");
+}
+
+}  // namespace
+
+int run_fp8(int argc, char** argv) {
+  if (!initialize(argc, argv, "bench_fp8", default_flags())) return 1;
+  std::vector<Case> cases;
+  for (Op op : {Op::memcpy, Op::stream}) cases.push_back({op, false, kOutOfCache, case_name(op, false, kOutOfCache)});
+  for (Op op : {Op::quantize_e4m3, Op::quantize_e5m2, Op::dequantize_e4m3, Op::mx_quantize_e4m3,
+                Op::mx_dequantize_e4m3, Op::amax}) {
+    for (std::size_t n : {kOutOfCache, kInCache}) cases.push_back({op, false, n, case_name(op, false, n)});
+    cases.push_back({op, true, kInCache, case_name(op, true, kInCache)});
+  }
+  const Buffers buffers = make_buffers();
+  for (const Case& c : cases) {
+    auto* b = benchmark::RegisterBenchmark(c.name.c_str(), [&c, &buffers](benchmark::State& s) {
+      run_case(s, c, buffers);
+    });
+    b->UseRealTime();
+    if (c.reference || c.n == kInCache) b->Threads(1);
+    else for (int t : kThreadCounts) b->Threads(t);
+  }
+  run_registered([&](const Collector& results) { print_table(results, cases); });
+  return 0;
+}
+
+}  // namespace mixprec::bench
