@@ -90,6 +90,7 @@ test-fuzz-smoke: fuzz-build
 bench: release
 	$(MIXPREC) bench formats
 	$(MIXPREC) bench scaler
+	$(MIXPREC) bench fp8
 	$(MIXPREC) bench train
 
 clean:
