@@ -232,6 +232,8 @@ run_case fp16-tiny 1 "${common[@]}" "${tiny[@]}" --precision fp16
 run_case fp16-small 3 "${common[@]}" "${small[@]}" --precision fp16
 run_case pure-tiny 1 "${common[@]}" "${tiny[@]}" --precision fp16-pure
 run_case bf16-small 2 "${common[@]}" "${small[@]}" --precision bf16
+# fp8-delayed: the amax histories (length 4: they wrap between checkpoints) and scales resume exactly.
+run_case fp8d-tiny 1 "${common[@]}" "${tiny[@]}" --precision fp8-delayed --loss-scale dynamic --fp8-amax-history 4
 stop_case fp16-sigterm TERM 143 "$work/fp16-small-ref" 0 "${common[@]}" "${small[@]}" --precision fp16
 stop_case bf16-sigint INT 130 "$work/bf16-small-ref" 0 "${common[@]}" "${small[@]}" --precision bf16
 stop_case tiny-sigterm TERM 143 "$work/fp16-tiny-ref" 1 "${common[@]}" "${tiny[@]}" --precision fp16

@@ -746,9 +746,10 @@ std::string config_line(const TrainConfig& c) {
 
 std::string precision_text(nn::Precision p) {
   const nn::PrecisionPolicy pol = nn::policy_of(p);
-  return fmt::format("{} (activations {}, weights {}, weight gradients {}{})", nn::precision_name(p),
+  return fmt::format("{} (activations {}, weights {}, weight gradients {}{}{})", nn::precision_name(p),
                      dtype_name(pol.activations), dtype_name(pol.weights), dtype_name(pol.weight_grads),
-                     pol.master ? ", fp32 master weights" : "");
+                     pol.master ? ", fp32 master weights" : "",
+                     nn::is_fp8(p) ? "; fp8 GEMM operands in the block Linears" : "");
 }
 
 // summary.json with the run's alerts added ("alerts": alert_json objects).
@@ -782,6 +783,11 @@ void print_summary(Trainer& t, const TrainSummary& s, const TrainConfig& c, cons
              s.val_loss ? loss_text(*s.val_loss) : std::string("-"));
   fmt::print("activation gradients: {} of nonzero values flushed to zero, {} subnormal\n",
              percent(s.underflow_fraction), percent(s.subnormal_fraction));
+  if (nn::is_fp8(c.precision))
+    fmt::print("fp8 Linear operands: forward {} saturated, {} flushed; output gradients {} saturated, {} flushed "
+               "(of nonzero values)\n",
+               percent(s.fp8_forward_saturated_fraction), percent(s.fp8_forward_flushed_fraction),
+               percent(s.fp8_backward_saturated_fraction), percent(s.fp8_backward_flushed_fraction));
   fmt::print("lost updates: {} of the parameters meant to move (mean over applied steps)\n",
              percent(s.lost_update_fraction));
   fmt::print("time: {:.1f} s training, {:.1f} ms/step mean, {:.1f} ms median, {:.0f} tokens/s\n", s.seconds,
