@@ -173,7 +173,7 @@ AlertMonitor::AlertMonitor(AlertThresholds thresholds, RunContext context)
     : t_(std::move(thresholds)), ctx_(std::move(context)) {
   validate(t_);
   const auto p = nn::parse_precision(ctx_.precision);
-  if (!p) bad("precision", "fp32, fp16, bf16 or fp16-pure", squote(ctx_.precision));
+  if (!p) bad("precision", "fp32, fp16, bf16, fp16-pure, fp8-noscale, fp8-delayed, fp8-current or mxfp8", squote(ctx_.precision));
   switch (nn::policy_of(*p).activations) {
     case DType::f32: format_max_ = static_cast<double>(format_traits<float>::max_finite); break;
     case DType::f16: format_max_ = static_cast<double>(format_traits<f16>::max_finite); break;

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -350,6 +351,140 @@ std::string tensor_chart(const ReportRun& run, std::size_t index, std::string& n
   c.series = std::move(series);
   note = by_role ? "one line per role, summed over layers (* = layer number)" : "one line per tensor";
   return svg::render(c);
+}
+
+// ---- fp8 (runs of the fp8 presets: the log's "fp8" arrays) ---------------------------------
+
+bool has_fp8(const ReportRun& r) {
+  return std::any_of(r.records.begin(), r.records.end(), [](const StepRecord& s) { return !s.fp8.empty(); });
+}
+
+// The fp8 tensors a per-tensor chart shows: all when few, else those of the first layer
+// (its name prefix up to the first dot), in log order.
+std::vector<std::string> fp8_chart_tensors(const ReportRun& run, bool& first_layer_only) {
+  std::vector<std::string> names;
+  for (const StepRecord& r : run.records)
+    for (const nn::Fp8TensorStats& t : r.fp8)
+      if (std::find(names.begin(), names.end(), t.name) == names.end()) names.push_back(t.name);
+  constexpr std::size_t kMaxLines = 12;
+  first_layer_only = names.size() > kMaxLines;
+  if (!first_layer_only) return names;
+  const std::string prefix = names.front().substr(0, names.front().find('.') + 1);
+  std::vector<std::string> kept;
+  for (const std::string& n : names)
+    if (n.starts_with(prefix) && kept.size() < kMaxLines) kept.push_back(n);
+  return kept;
+}
+
+// One line per tensor of `value` (scale or amax) over the steps, log2 axis.
+std::string fp8_tensor_chart(const ReportRun& run, std::size_t index, const std::vector<std::string>& names,
+                             const char* what, const std::string& label) {
+  svg::LineChart c;
+  c.id = std::string("fp8-").append(what).append("-").append(std::to_string(index));
+  c.width = 560;
+  c.height = 340;
+  c.x = {"step", false, std::nullopt, std::nullopt, false, true};
+  c.y.label = label;
+  c.y.log2 = true;
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    svg::Series s;
+    s.label = names[k];
+    s.color = group_color(k);
+    s.width = 1.6;
+    s.steps = std::string_view(what) == "scale";
+    if (names[k].ends_with(".grad_output")) s.dash = "5 3";
+    for (const StepRecord& r : run.records)
+      for (const nn::Fp8TensorStats& t : r.fp8)
+        if (t.name == names[k]) {
+          const double v = std::string_view(what) == "scale" ? static_cast<double>(t.scale)
+                                                              : static_cast<double>(t.amax);
+          s.points.push_back({static_cast<double>(r.step), v});
+        }
+    c.series.push_back(std::move(s));
+  }
+  return svg::render(c);
+}
+
+// Per step, of the nonzero values quantized to fp8: saturated or flushed (`flushed`),
+// forward tensors (solid) and backward tensors (dashed) of every fp8 run.
+std::string fp8_fraction_chart(const std::vector<ReportRun>& runs, bool flushed) {
+  svg::LineChart c;
+  c.id = flushed ? "fp8-flushed" : "fp8-saturated";
+  c.width = 560;
+  c.height = 320;
+  c.x = {"step", false, std::nullopt, std::nullopt, false, true};
+  c.y.label = flushed ? "flushed / nonzero" : "saturated / nonzero";
+  c.y.percent = true;
+  c.y.min = 0;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    if (!has_fp8(runs[i])) continue;
+    for (int role = 0; role < 2; ++role) {
+      svg::Series s;
+      s.label = runs[i].name + (role == 0 ? " forward" : " backward");
+      s.color = run_color(i);
+      if (role == 1) s.dash = "5 3";
+      for (const StepRecord& r : runs[i].records) {
+        std::uint64_t part = 0, nonzero = 0;
+        for (const nn::Fp8TensorStats& t : r.fp8) {
+          if ((t.role == fp8::Role::forward) != (role == 0)) continue;
+          part += flushed ? t.flushed : t.saturated;
+          nonzero += t.nonzero;
+        }
+        s.points.push_back({static_cast<double>(r.step), fraction(part, nonzero)});
+      }
+      c.series.push_back(std::move(s));
+    }
+  }
+  return svg::render(c);
+}
+
+// Whole-log fractions of one run: {forward saturated, forward flushed, backward saturated, backward flushed}.
+std::array<double, 4> fp8_fractions(const ReportRun& run) {
+  std::uint64_t sat[2] = {0, 0}, fl[2] = {0, 0}, nz[2] = {0, 0};
+  for (const StepRecord& r : run.records)
+    for (const nn::Fp8TensorStats& t : r.fp8) {
+      const int k = t.role == fp8::Role::forward ? 0 : 1;
+      sat[k] += t.saturated;
+      fl[k] += t.flushed;
+      nz[k] += t.nonzero;
+    }
+  return {fraction(sat[0], nz[0]), fraction(fl[0], nz[0]), fraction(sat[1], nz[1]), fraction(fl[1], nz[1])};
+}
+
+std::string fp8_section(const std::vector<ReportRun>& runs) {
+  if (std::none_of(runs.begin(), runs.end(), has_fp8)) return {};
+  std::string out = "<section id=\"fp8\"><h2>fp8 scaling</h2>";
+  std::string rows;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    if (!has_fp8(runs[i])) continue;
+    const std::array<double, 4> f = fp8_fractions(runs[i]);
+    rows += "<tr><td>" + swatch(run_color(i)) + escape(runs[i].name) + "</td><td>" + percent(f[0]) + "</td><td>" +
+            percent(f[1]) + "</td><td>" + percent(f[2]) + "</td><td>" + percent(f[3]) + "</td></tr>";
+  }
+  out += card("Saturated and flushed values",
+              "<table><thead><tr><th>run</th><th>forward saturated</th><th>forward flushed</th>"
+              "<th>backward saturated</th><th>backward flushed</th></tr></thead><tbody>" +
+                  rows + "</tbody></table>",
+              "of the nonzero values quantized to fp8 over the whole log: forward = Linear inputs and weights "
+              "(E4M3), backward = output gradients (E5M2 with the HYBRID format)");
+  out += "<div class=\"grid2\">";
+  out += card("Flushed to zero", fp8_fraction_chart(runs, true), "per step; solid: forward tensors, dashed: backward");
+  out += card("Saturated", fp8_fraction_chart(runs, false), "per step; solid: forward tensors, dashed: backward");
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    if (!has_fp8(runs[i])) continue;
+    bool first_layer = false;
+    const std::vector<std::string> names = fp8_chart_tensors(runs[i], first_layer);
+    const std::string which = first_layer ? "the first layer's tensors" : "every fp8 tensor";
+    out += card(swatch(run_color(i)) + escape(runs[i].name) + " <span class=\"muted\">per-tensor scales</span>",
+                fp8_tensor_chart(runs[i], i, names, "scale", "scale"),
+                "the scale each step quantized with (log\u2082 axis; mxfp8: the smallest block factor), " + which +
+                    "; dashed: output gradients");
+    out += card(swatch(run_color(i)) + escape(runs[i].name) + " <span class=\"muted\">amax per step</span>",
+                fp8_tensor_chart(runs[i], i, names, "amax", "amax"),
+                "max |x| of each tensor per step, the values the amax history holds (log\u2082 axis), " + which);
+  }
+  out += "</div></section>\n";
+  return out;
 }
 
 const StepRecord* last_histogram_step(const ReportRun& r) {
@@ -782,6 +917,7 @@ std::string render_report(const std::vector<ReportRun>& runs, const ReportOption
                         " no per-tensor activation-gradient statistics.</p>");
   out += "</section>\n";
 
+  out += fp8_section(runs);
   out += histograms_section(runs) + "\n";
   out += alerts_section(runs) + "\n";
   out += config_section(runs) + "\n";

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine.hpp"
+#include "fp8_linear.hpp"
 #include "mixprec/nn/layers.hpp"
 #include "model_impl.hpp"
 
@@ -21,6 +22,11 @@ struct LayerParams {
 
 struct LayerActs {
   std::size_t ln1, ln1_mean, ln1_rstd, qkv, att, atty, res2, ln2, ln2_mean, ln2_rstd, fch, fchg, res3;
+};
+
+// The layer's Linears in the fp8 set (fp8 presets only).
+struct LayerFp8 {
+  std::size_t qkv, proj, fc, fcproj;
 };
 
 // Gradient labels per layer, built once (nothing is allocated per step).
@@ -56,7 +62,8 @@ std::vector<ParamSpec> gpt_specs(const ModelConfig& c) {
 
 class Gpt final : public Model {
  public:
-  Gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots) : Model(c, p) {
+  Gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, Fp8Recipe recipe, const Fp8Config& fp8)
+      : Model(c, p) {
     store_ = std::make_unique<ParamStore>(
         gpt_specs(c), StoreOptions{p.weights, p.weight_grads, p.master, state_slots});
     const std::size_t B = c.batch, T = c.context, C = c.channels, V = c.vocab, NH = c.heads, L = c.layers;
@@ -124,6 +131,17 @@ class Gpt final : public Model {
     dmid_ = a.add("narrow.grad", act, N * C);
     dres_ = a.add("residual.grad", act, N * C);
     a.finish();
+    // fp8 presets: the four Linears of every block; the tied embedding / LM head stays
+    // bf16 (TE keeps the first and last layers in higher precision).
+    if (recipe != Fp8Recipe::none) {
+      fp8_ = std::make_unique<Fp8Linears>(recipe, fp8);
+      for (std::size_t l = 0; l < L; ++l) {
+        const std::string h = layer_prefix(l);
+        fp8_ids_.push_back({fp8_->add(h + "attn.qkv", N, C, 3 * C), fp8_->add(h + "attn.proj", N, C, C),
+                            fp8_->add(h + "mlp.fc", N, C, 4 * C), fp8_->add(h + "mlp.proj", N, 4 * C, C)});
+      }
+      fp8_->finish();
+    }
     tokens_.assign(N, 0);
     targets_.assign(N, 0);
     dlosses_.assign(N, 0.0f);
@@ -158,13 +176,13 @@ class Gpt final : public Model {
       layernorm_forward(ln, a.f32(s.ln1_mean, N), a.f32(s.ln1_rstd, N), res, e.w(p.ln1w), e.w(p.ln1b), N, C);
       e.commit(s.ln1, ln);
       std::span<float> qkv = e.target(s.qkv, 2, N * 3 * C);
-      linear_forward(g, qkv, ln, e.w(p.qkvw), e.w(p.qkvb), N, C, 3 * C);
+      linear(l, &LayerFp8::qkv, qkv, ln, e.w(p.qkvw), e.w(p.qkvb), N, C, 3 * C);
       e.commit(s.qkv, qkv);
       std::span<float> y = e.target(s.atty, 1, N * C);
       attention_forward(y, a.f32(preatt_, rows * NH * T * T), a.f32(s.att, rows * NH * T * T), qkv, rows, T, C, NH);
       e.commit(s.atty, y);
       std::span<float> proj = e.target(tmp_, 4, N * C);
-      linear_forward(g, proj, y, e.w(p.projw), e.w(p.projb), N, C, C);
+      linear(l, &LayerFp8::proj, proj, y, e.w(p.projw), e.w(p.projb), N, C, C);
       e.commit(tmp_, proj);
       std::span<float> res2 = e.target(s.res2, 0, N * C);
       residual_forward(res2, res, proj);
@@ -174,13 +192,13 @@ class Gpt final : public Model {
       layernorm_forward(ln2, a.f32(s.ln2_mean, N), a.f32(s.ln2_rstd, N), res, e.w(p.ln2w), e.w(p.ln2b), N, C);
       e.commit(s.ln2, ln2);
       std::span<float> h = e.target(s.fch, 2, N * 4 * C);
-      linear_forward(g, h, ln2, e.w(p.fcw), e.w(p.fcb), N, C, 4 * C);
+      linear(l, &LayerFp8::fc, h, ln2, e.w(p.fcw), e.w(p.fcb), N, C, 4 * C);
       e.commit(s.fch, h);
       std::span<float> hg = e.target(s.fchg, 3, N * 4 * C);
       gelu_forward(hg, h);
       e.commit(s.fchg, hg);
       std::span<float> fp = e.target(tmp_, 4, N * C);
-      linear_forward(g, fp, hg, e.w(p.fcprojw), e.w(p.fcprojb), N, 4 * C, C);
+      linear(l, &LayerFp8::fcproj, fp, hg, e.w(p.fcprojw), e.w(p.fcprojb), N, 4 * C, C);
       e.commit(tmp_, fp);
       std::span<float> res3 = e.target(s.res3, 0, N * C);
       residual_forward(res3, res, fp);
@@ -227,14 +245,16 @@ class Gpt final : public Model {
       const LayerLabels& lb = labels_[l];
       // res3 = res2 + proj(gelu(fc(ln2(res2)))): dres flows to both.
       std::span<float> dhg = e.zeroed(0, N * 4 * C);
-      linear_backward(g, dhg, e.dw(p.fcprojw), e.dw(p.fcprojb), dres, e.load(s.fchg, 2, N * 4 * C), e.w(p.fcprojw),
-                      N, 4 * C, C);
+      if (fp8_) fp8_->backward(g, fp8_ids_[l].fcproj, dhg, e.dw(p.fcprojw), e.dw(p.fcprojb), dres);
+      else linear_backward(g, dhg, e.dw(p.fcprojw), e.dw(p.fcprojb), dres, e.load(s.fchg, 2, N * 4 * C),
+                           e.w(p.fcprojw), N, 4 * C, C);
       e.commit_grad(dbig_, dhg, stats_, lb.fcproj_in);
       std::span<float> dh = e.zeroed(4, N * 4 * C);
       gelu_backward(dh, e.load(s.fch, 2, N * 4 * C), dhg);
       e.commit_grad(dbig_, dh, stats_, lb.fc_out);
       std::span<float> dln2 = e.zeroed(1, N * C);
-      linear_backward(g, dln2, e.dw(p.fcw), e.dw(p.fcb), dh, e.load(s.ln2, 2, N * C), e.w(p.fcw), N, C, 4 * C);
+      if (fp8_) fp8_->backward(g, fp8_ids_[l].fc, dln2, e.dw(p.fcw), e.dw(p.fcb), dh);
+      else linear_backward(g, dln2, e.dw(p.fcw), e.dw(p.fcb), dh, e.load(s.ln2, 2, N * C), e.w(p.fcw), N, C, 4 * C);
       e.commit_grad(dmid_, dln2, stats_, lb.ln2_out);
       std::span<float> dres2 = e.scratch(5, N * C);
       std::memcpy(dres2.data(), dres.data(), N * C * sizeof(float));
@@ -243,14 +263,16 @@ class Gpt final : public Model {
       e.commit_grad(dres_, dres2, stats_, lb.res2);
       // res2 = res + proj(attention(qkv(ln1(res)))).
       std::span<float> dy = e.zeroed(1, N * C);
-      linear_backward(g, dy, e.dw(p.projw), e.dw(p.projb), dres2, e.load(s.atty, 2, N * C), e.w(p.projw), N, C, C);
+      if (fp8_) fp8_->backward(g, fp8_ids_[l].proj, dy, e.dw(p.projw), e.dw(p.projb), dres2);
+      else linear_backward(g, dy, e.dw(p.projw), e.dw(p.projb), dres2, e.load(s.atty, 2, N * C), e.w(p.projw), N, C, C);
       e.commit_grad(dmid_, dy, stats_, lb.attproj_in);
       std::span<float> dqkv = e.zeroed(0, N * 3 * C);
       attention_backward(dqkv, a.f32(dpreatt_, B * NH * T * T), a.f32(datt_, B * NH * T * T), dy,
                          e.load(s.qkv, 2, N * 3 * C), a.f32(s.att, B * NH * T * T), B, T, C, NH);
       e.commit_grad(dbig_, dqkv, stats_, lb.qkv_out);
       std::span<float> dln1 = e.zeroed(1, N * C);
-      linear_backward(g, dln1, e.dw(p.qkvw), e.dw(p.qkvb), dqkv, e.load(s.ln1, 4, N * C), e.w(p.qkvw), N, C, 3 * C);
+      if (fp8_) fp8_->backward(g, fp8_ids_[l].qkv, dln1, e.dw(p.qkvw), e.dw(p.qkvb), dqkv);
+      else linear_backward(g, dln1, e.dw(p.qkvw), e.dw(p.qkvb), dqkv, e.load(s.ln1, 4, N * C), e.w(p.qkvw), N, C, 3 * C);
       e.commit_grad(dmid_, dln1, stats_, lb.ln1_out);
       std::memcpy(dres.data(), dres2.data(), N * C * sizeof(float));
       const std::size_t res_in = l == 0 ? enc_ : acts_[l - 1].res3;
@@ -264,6 +286,7 @@ class Gpt final : public Model {
 
   void weights_updated() override { engine_->weights_updated(); }
   void histograms_changed() noexcept override { engine_->set_histograms(histogram_sink()); }
+  Fp8Linears* fp8_linears() const noexcept override { return fp8_.get(); }
 
   ModelMemory memory() const override {
     ModelMemory m;
@@ -277,6 +300,7 @@ class Gpt final : public Model {
       else m.scratch_bytes += b;
     }
     m.scratch_bytes += engine_->scratch_bytes();
+    if (fp8_) m.scratch_bytes += fp8_->scratch_bytes();
     return m;
   }
 
@@ -287,6 +311,13 @@ class Gpt final : public Model {
   }
 
  private:
+  // A block's Linear: fp8 (fp8 presets) or the fp32 layer.
+  void linear(std::size_t layer, std::size_t LayerFp8::*which, std::span<float> out, std::span<const float> x,
+              std::span<const float> w, std::span<const float> b, std::size_t N, std::size_t C, std::size_t OC) {
+    if (fp8_) fp8_->forward(engine_->gemm(), fp8_ids_[layer].*which, out, x, w, b, N);
+    else linear_forward(engine_->gemm(), out, x, w, b, N, C, OC);
+  }
+
   void init_weights() {
     std::vector<float> flat(store_->flat_size(), 0.0f);
     const float residual_std = 0.02f / std::sqrt(2.0f * static_cast<float>(config_.layers));
@@ -346,6 +377,8 @@ class Gpt final : public Model {
   }
 
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Fp8Linears> fp8_;
+  std::vector<LayerFp8> fp8_ids_;
   std::vector<LayerParams> params_;
   std::vector<LayerActs> acts_;
   std::vector<LayerLabels> labels_;
@@ -361,8 +394,9 @@ class Gpt final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots) {
-  return std::make_unique<Gpt>(c, p, state_slots);
+std::unique_ptr<Model> make_gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, Fp8Recipe recipe,
+                                const Fp8Config& fp8) {
+  return std::make_unique<Gpt>(c, p, state_slots, recipe, fp8);
 }
 
 }  // namespace mixprec::nn::detail

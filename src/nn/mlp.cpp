@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "engine.hpp"
+#include "fp8_linear.hpp"
 #include "mixprec/nn/layers.hpp"
 #include "model_impl.hpp"
 
@@ -31,7 +32,8 @@ std::vector<ParamSpec> mlp_specs(const ModelConfig& c) {
 
 class Mlp final : public Model {
  public:
-  Mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots) : Model(c, p) {
+  Mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, Fp8Recipe recipe, const Fp8Config& fp8)
+      : Model(c, p) {
     store_ = std::make_unique<ParamStore>(mlp_specs(c), StoreOptions{p.weights, p.weight_grads, p.master, state_slots});
     const std::size_t B = c.batch, TC = c.context * c.channels, H = c.hidden, V = c.vocab;
     engine_ = std::make_unique<Engine>(p, *store_, B * std::max({TC, H, V}), 4);
@@ -63,6 +65,14 @@ class Mlp final : public Model {
     dlogits_ = a.add("logits.grad", act, B * V);
     dhid_ = a.add("hidden.grad", act, B * std::max(H, TC));
     a.finish();
+    // fp8 presets: the hidden Linears; the embedding and the head stay bf16.
+    if (recipe != Fp8Recipe::none) {
+      fp8_ = std::make_unique<Fp8Linears>(recipe, fp8);
+      for (std::size_t i = 0; i < c.depth; ++i) {
+        fp8_->add(std::string("fc").append(std::to_string(i)), B, i == 0 ? TC : H, H);
+      }
+      fp8_->finish();
+    }
     tokens_.assign(B * c.context, 0);
     targets_.assign(B, 0);
     dlosses_.assign(B, 0.0f);
@@ -99,7 +109,8 @@ class Mlp final : public Model {
     std::size_t fan_in = T * C;
     for (std::size_t i = 0; i < config_.depth; ++i) {
       std::span<float> h = e.target(pre_[i], 1, rows * H);
-      linear_forward(e.gemm(), h, in, e.w(w_[i]), e.w(b_[i]), rows, fan_in, H);
+      if (fp8_) fp8_->forward(e.gemm(), i, h, in, e.w(w_[i]), e.w(b_[i]), rows);
+      else linear_forward(e.gemm(), h, in, e.w(w_[i]), e.w(b_[i]), rows, fan_in, H);
       e.commit(pre_[i], h);
       std::span<float> g = e.target(post_[i], i % 2 == 0 ? 2 : 0, rows * H);
       gelu_forward(g, h);
@@ -143,8 +154,9 @@ class Mlp final : public Model {
       const std::size_t fan_in = i == 0 ? T * C : H;
       const std::size_t in_act = i == 0 ? x0_ : post_[i - 1];
       std::span<float> din = e.zeroed(1, B * fan_in);
-      linear_backward(e.gemm(), din, e.dw(w_[i]), e.dw(b_[i]), dpre, e.load(in_act, 2, B * fan_in), e.w(w_[i]), B,
-                      fan_in, H);
+      if (fp8_) fp8_->backward(e.gemm(), i, din, e.dw(w_[i]), e.dw(b_[i]), dpre);
+      else linear_backward(e.gemm(), din, e.dw(w_[i]), e.dw(b_[i]), dpre, e.load(in_act, 2, B * fan_in), e.w(w_[i]),
+                           B, fan_in, H);
       e.commit_grad(dhid_, din, stats_, i == 0 ? embedding_label_ : labels_[i - 1].second);
       dout = din;
     }
@@ -158,6 +170,7 @@ class Mlp final : public Model {
 
   void weights_updated() override { engine_->weights_updated(); }
   void histograms_changed() noexcept override { engine_->set_histograms(histogram_sink()); }
+  Fp8Linears* fp8_linears() const noexcept override { return fp8_.get(); }
 
   ModelMemory memory() const override {
     ModelMemory m;
@@ -167,7 +180,7 @@ class Mlp final : public Model {
       const std::size_t b = a.act(i).numel * dtype_size(a.act(i).dtype);
       (i < saved_end_ ? m.activation_bytes : m.gradient_bytes) += b;
     }
-    m.scratch_bytes = engine_->scratch_bytes();
+    m.scratch_bytes = engine_->scratch_bytes() + (fp8_ ? fp8_->scratch_bytes() : 0);
     return m;
   }
 
@@ -191,6 +204,7 @@ class Mlp final : public Model {
   }
 
   std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Fp8Linears> fp8_;  // the hidden Linears fc<i> (id i), fp8 presets only
   std::size_t wte_ = 0, headw_ = 0, headb_ = 0;
   std::vector<std::size_t> w_, b_, pre_, post_;
   std::vector<std::pair<std::size_t, std::size_t>> labels_;  // (pre-activation grad, GELU output grad) per layer
@@ -203,8 +217,9 @@ class Mlp final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots) {
-  return std::make_unique<Mlp>(c, p, state_slots);
+std::unique_ptr<Model> make_mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, Fp8Recipe recipe,
+                                const Fp8Config& fp8) {
+  return std::make_unique<Mlp>(c, p, state_slots, recipe, fp8);
 }
 
 }  // namespace mixprec::nn::detail

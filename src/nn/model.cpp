@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "fp8_linear.hpp"
 #include "model_impl.hpp"
 
 namespace mixprec::nn {
@@ -52,11 +53,78 @@ void validate(const ModelConfig& c) {
   }
 }
 
-std::unique_ptr<Model> make_model(const ModelConfig& config, Precision precision, unsigned state_slots) {
+std::unique_ptr<Model> make_model(const ModelConfig& config, Precision precision, unsigned state_slots,
+                                  const Fp8Config& fp8) {
   validate(config);
   const PrecisionPolicy p = policy_of(precision);
-  return config.kind == ModelKind::gpt ? detail::make_gpt(config, p, state_slots)
-                                       : detail::make_mlp(config, p, state_slots);
+  const Fp8Recipe recipe = fp8_recipe_of(precision);
+  if (recipe == Fp8Recipe::delayed) {
+    fp8::validate(fp8::DelayedScalingConfig{fp8.margin, fp8.amax_history_len, fp8.amax_compute_algo, fp8.format});
+  }
+  return config.kind == ModelKind::gpt ? detail::make_gpt(config, p, state_slots, recipe, fp8)
+                                       : detail::make_mlp(config, p, state_slots, recipe, fp8);
+}
+
+std::span<const Fp8TensorStats> Model::fp8_stats() const noexcept {
+  const detail::Fp8Linears* f = fp8_linears();
+  return f == nullptr ? std::span<const Fp8TensorStats>{} : f->stats();
+}
+
+void Model::fp8_step_done() {
+  if (detail::Fp8Linears* f = fp8_linears()) f->step_done();
+}
+
+const fp8::DelayedScaling* Model::fp8_delayed() const noexcept {
+  detail::Fp8Linears* f = fp8_linears();
+  return f == nullptr ? nullptr : f->delayed();
+}
+
+void Model::load_fp8_delayed(const fp8::DelayedScalingState& state) {
+  check_fp8_delayed(state);  // throws unless this model has delayed scaling
+  if (detail::Fp8Linears* f = fp8_linears()) {
+    if (fp8::DelayedScaling* d = f->delayed()) d->load(state);
+  }
+}
+
+void Model::check_fp8_delayed(const fp8::DelayedScalingState& state) const {
+  detail::Fp8Linears* f = fp8_linears();
+  const fp8::DelayedScaling* d = f == nullptr ? nullptr : f->delayed();
+  if (d == nullptr) {
+    throw std::invalid_argument(std::string("fp8 delayed-scaling state: expected none (this model's precision has "
+                                            "no delayed scaling), found a state of ")
+                                    .append(std::to_string(state.tensors.size()))
+                                    .append(" tensors"));
+  }
+  const fp8::DelayedScalingState& have = d->state();
+  const fp8::DelayedScalingConfig& a = have.config;
+  const fp8::DelayedScalingConfig& b = state.config;
+  if (!(a == b)) {
+    auto text = [](const fp8::DelayedScalingConfig& c) {
+      return std::string("margin ").append(std::to_string(c.margin)).append(", amax history ")
+          .append(std::to_string(c.amax_history_len)).append(", algorithm ")
+          .append(fp8::amax_algo_name(c.amax_compute_algo)).append(", format ").append(fp8::format_name(c.format));
+    };
+    throw std::invalid_argument("fp8 delayed-scaling config: expected " + text(a) + ", found " + text(b));
+  }
+  if (state.tensors.size() != have.tensors.size()) {
+    throw std::invalid_argument("fp8 delayed-scaling state: expected " + std::to_string(have.tensors.size()) +
+                                " tensors, found " + std::to_string(state.tensors.size()));
+  }
+  for (std::size_t i = 0; i < state.tensors.size(); ++i) {
+    const fp8::DelayedTensorState& x = have.tensors[i];
+    const fp8::DelayedTensorState& y = state.tensors[i];
+    if (x.name != y.name || x.role != y.role) {
+      throw std::invalid_argument("fp8 delayed-scaling state: tensor " + std::to_string(i) + ": expected " + x.name +
+                                  " (" + std::string(fp8::role_name(x.role)) + "), found " + y.name + " (" +
+                                  std::string(fp8::role_name(y.role)) + ")");
+    }
+    if (y.amax_history.size() != x.amax_history.size()) {
+      throw std::invalid_argument("fp8 delayed-scaling state: tensor " + y.name + ": expected an amax history of " +
+                                  std::to_string(x.amax_history.size()) + " values, found " +
+                                  std::to_string(y.amax_history.size()));
+    }
+  }
+  fp8::validate(state);
 }
 
 std::size_t Model::grad_label(std::string name) {
@@ -65,6 +133,7 @@ std::size_t Model::grad_label(std::string name) {
 }
 
 void Model::reset_stats() noexcept {
+  if (detail::Fp8Linears* f = fp8_linears()) f->reset_stats();
   stats_.activation_grads = {};
   stats_.first_overflow.clear();
   stats_.stores = 0;

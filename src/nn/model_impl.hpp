@@ -8,8 +8,11 @@
 
 namespace mixprec::nn::detail {
 
-std::unique_ptr<Model> make_gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots);
-std::unique_ptr<Model> make_mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots);
+// recipe: the fp8 recipe of the Linear layers (none: plain fp32 layers).
+std::unique_ptr<Model> make_gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, Fp8Recipe recipe,
+                                const Fp8Config& fp8);
+std::unique_ptr<Model> make_mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, Fp8Recipe recipe,
+                                const Fp8Config& fp8);
 
 // Writes fp32 initial values (flat, store layout) as the store's weights of record:
 // the master weights (and their rounded model copy), or the model weights themselves.

@@ -9,6 +9,7 @@
 // recomputed bitwise on load.
 #include <cstring>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -50,6 +51,9 @@ json totals_json(const RunTotals& t) {
          {"act_grads", {t.act_grads.elements, t.act_grads.nonzero, t.act_grads.nonfinite_input,
                         t.act_grads.underflow, t.act_grads.subnormal, t.act_grads.overflow}}};
   j["val_loss"] = t.val_loss ? json(*t.val_loss) : json(nullptr);
+  // fp8 counters per role (forward, backward): [nonzero, saturated, flushed].
+  j["fp8"] = {{t.fp8_nonzero[0], t.fp8_saturated[0], t.fp8_flushed[0]},
+              {t.fp8_nonzero[1], t.fp8_saturated[1], t.fp8_flushed[1]}};
   return j;
 }
 
@@ -109,7 +113,7 @@ void Trainer::save_checkpoint(const std::string& path) const {
       tensors.push_back({slots[k] + spec.name, ckpt::DType::f32, shape, {st, n * 4}});
     }
   }
-  const std::map<std::string, std::string> meta{
+  std::map<std::string, std::string> meta{
       {"mixprec.version", kVersion},
       {"mixprec.config", to_json(m.config)},
       {"mixprec.scaler", m.scaler->state_json()},
@@ -120,6 +124,8 @@ void Trainer::save_checkpoint(const std::string& path) const {
       {"mixprec.data_fingerprint", std::to_string(m.data.fingerprint())},
       {"mixprec.step", std::to_string(m.totals.steps)},
   };
+  // fp8-delayed: the amax histories and scales (the only fp8 state that carries over steps).
+  if (const fp8::DelayedScaling* d = m.model->fp8_delayed()) meta["mixprec.fp8"] = d->to_json();
   ckpt::write_file(path, tensors, meta);
 }
 
@@ -206,6 +212,34 @@ void Trainer::load_checkpoint(const std::string& path) {
   if (ag.size() != 6) bad(src, "metadata 'mixprec.totals': field 'act_grads' must hold 6 counts");
   t.act_grads = {ag[0], ag[1], ag[2], ag[3], ag[4], ag[5]};
   if (tj.contains("val_loss") && tj["val_loss"].is_number()) t.val_loss = tj["val_loss"].get<double>();
+  if (tj.contains("fp8")) {  // absent in checkpoints written before the fp8 presets
+    const auto f8 = field<std::vector<std::vector<std::uint64_t>>>(f, tj, "mixprec.totals", "fp8");
+    if (f8.size() != 2 || f8[0].size() != 3 || f8[1].size() != 3)
+      bad(src, "metadata 'mixprec.totals': field 'fp8' must hold 2 rows of 3 counts");
+    for (int role = 0; role < 2; ++role) {
+      t.fp8_nonzero[role] = f8[role][0];
+      t.fp8_saturated[role] = f8[role][1];
+      t.fp8_flushed[role] = f8[role][2];
+    }
+  }
+  // fp8-delayed state: present exactly when this run uses delayed scaling, and matching
+  // its tensors (checked here, loaded with the rest after every check).
+  std::optional<fp8::DelayedScalingState> fp8_state;
+  const fp8::DelayedScaling* delayed = m.model->fp8_delayed();
+  const bool has_fp8 = f.metadata_value("mixprec.fp8").has_value();
+  if (delayed != nullptr && !has_fp8) bad(src, "fp8 delayed-scaling state: expected metadata 'mixprec.fp8', found none");
+  if (delayed == nullptr && has_fp8) {
+    bad(src, "fp8 delayed-scaling state: expected none (precision " +
+                 std::string(nn::precision_name(m.config.precision)) + "), found metadata 'mixprec.fp8'");
+  }
+  if (delayed != nullptr) {
+    try {
+      fp8_state = fp8::DelayedScalingState::from_json(f.require_metadata("mixprec.fp8"));
+      m.model->check_fp8_delayed(*fp8_state);
+    } catch (const std::invalid_argument& e) {
+      bad(src, std::string("metadata 'mixprec.fp8': ") + e.what());
+    }
+  }
   if (t.applied + t.skipped != t.steps || static_cast<std::uint64_t>(os.step) != t.applied) {
     bad(src, "inconsistent counters: steps " + std::to_string(t.steps) + ", applied " + std::to_string(t.applied) +
                  ", skipped " + std::to_string(t.skipped) + ", optimizer steps " + std::to_string(os.step));
@@ -229,6 +263,7 @@ void Trainer::load_checkpoint(const std::string& path) {
   st.refresh_model();
   st.zero_grads();
   m.model->weights_updated();
+  if (fp8_state) m.model->load_fp8_delayed(*fp8_state);
   m.scaler = std::move(scaler);
   m.schedule.set_position(position);
   m.sampler.restore(sampler);

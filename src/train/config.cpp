@@ -7,6 +7,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdio>
@@ -41,6 +42,7 @@ constexpr std::uint64_t kMaxHidden = 16384;
 constexpr std::uint64_t kMaxAccum = 1'000'000;
 constexpr std::uint64_t kMaxSteps = 1'000'000'000;
 constexpr std::uint64_t kMaxThreads = 1024;
+constexpr std::uint64_t kMaxAmaxHistory = 1u << 20;
 constexpr double kMaxExactInteger = 9007199254740992.0;  // 2^53
 constexpr double kFloatMax = static_cast<double>(std::numeric_limits<float>::max());
 
@@ -237,11 +239,53 @@ const std::vector<Field>& fields() {
                  [](const TrainConfig& c) { return ordered_json(std::string(nn::precision_name(c.precision))); },
                  [](const TrainConfig& c) {
                    const auto p = static_cast<int>(c.precision);
-                   if (p < 0 || p > static_cast<int>(nn::Precision::fp16_pure))
+                   if (p < 0 || p > static_cast<int>(nn::Precision::mxfp8))
                      fail("precision", join(nn::precision_names()), "enum value " + std::to_string(p));
                  }});
     f.push_back(string_field("loss-scale", [](auto& c) -> auto& { return c.loss_scale; },
                              [](const TrainConfig& c) { check_loss_scale(c.loss_scale); }));
+    f.push_back(string_field("fp8-format", [](auto& c) -> auto& { return c.fp8_format; },
+                             [](const TrainConfig& c) {
+                               if (c.fp8_format != "hybrid" && c.fp8_format != "e4m3")
+                                 fail("fp8-format", "hybrid or e4m3", squote(c.fp8_format));
+                             }));
+    f.push_back(uint_field("fp8-amax-history", [](auto& c) -> auto& { return c.fp8_amax_history; },
+                           [](const TrainConfig& c) {
+                             check_range("fp8-amax-history", c.fp8_amax_history, 1, kMaxAmaxHistory);
+                           }));
+    f.push_back(string_field("fp8-amax-algo", [](auto& c) -> auto& { return c.fp8_amax_algo; },
+                             [](const TrainConfig& c) {
+                               if (c.fp8_amax_algo != "max" && c.fp8_amax_algo != "most_recent")
+                                 fail("fp8-amax-algo", "max or most_recent", squote(c.fp8_amax_algo));
+                             }));
+    f.push_back({"fp8-margin",
+                 [](TrainConfig& c, const json& v) {
+                   if (v.is_number_integer()) c.fp8_margin = v.get<std::int64_t>();
+                   else fail("fp8-margin", "an integer in [-64, 64]", describe(v));
+                 },
+                 [](const TrainConfig& c) { return ordered_json(c.fp8_margin); },
+                 [](const TrainConfig& c) {
+                   if (c.fp8_margin < -64 || c.fp8_margin > 64)
+                     fail("fp8-margin", "an integer in [-64, 64]", std::to_string(c.fp8_margin));
+                 }});
+    f.push_back({"fp8-power2-scales",
+                 [](TrainConfig& c, const json& v) {
+                   if (!v.is_boolean()) fail("fp8-power2-scales", "true or false", describe(v));
+                   c.fp8_power2_scales = v.get<bool>();
+                 },
+                 [](const TrainConfig& c) { return ordered_json(c.fp8_power2_scales); }, none});
+    f.push_back(double_field("fp8-amax-epsilon", [](auto& c) -> auto& { return c.fp8_amax_epsilon; },
+                             [](const TrainConfig& c) {
+                               check_non_negative("fp8-amax-epsilon", c.fp8_amax_epsilon);
+                               if (c.fp8_amax_epsilon > kFloatMax)
+                                 fail("fp8-amax-epsilon", "a finite number >= 0 that float32 holds",
+                                      num(c.fp8_amax_epsilon));
+                             }));
+    f.push_back(string_field("mx-rounding", [](auto& c) -> auto& { return c.mx_rounding; },
+                             [](const TrainConfig& c) {
+                               if (c.mx_rounding != "te" && c.mx_rounding != "ocp")
+                                 fail("mx-rounding", "te or ocp", squote(c.mx_rounding));
+                             }));
     f.push_back(uint_field("layers", [](auto& c) -> auto& { return c.model.layers; },
                            [](const TrainConfig& c) { check_range("layers", c.model.layers, 1, kMaxLayers); }));
     f.push_back(uint_field("heads", [](auto& c) -> auto& { return c.model.heads; },
@@ -334,8 +378,71 @@ std::string known_keys() {
 
 }  // namespace
 
+const std::vector<std::string>& fp8_keys() {
+  static const std::vector<std::string> keys = {"fp8-format", "fp8-amax-history", "fp8-amax-algo", "fp8-margin",
+                                                "fp8-power2-scales", "fp8-amax-epsilon", "mx-rounding"};
+  return keys;
+}
+
+nn::Fp8Config fp8_config(const TrainConfig& c) {
+  nn::Fp8Config f;
+  f.format = c.fp8_format == "e4m3" ? fp8::Format::e4m3 : fp8::Format::hybrid;
+  f.margin = static_cast<int>(c.fp8_margin);
+  f.amax_history_len = c.fp8_amax_history;
+  f.amax_compute_algo = c.fp8_amax_algo == "most_recent" ? fp8::AmaxAlgo::most_recent : fp8::AmaxAlgo::max;
+  f.power_of_2_scales = c.fp8_power2_scales;
+  f.amax_epsilon = static_cast<float>(c.fp8_amax_epsilon);
+  f.mx_rounding = c.mx_rounding == "ocp" ? fp8::MxRounding::ocp : fp8::MxRounding::transformer_engine;
+  return f;
+}
+
+namespace {
+
+// The precisions an fp8 key applies to, for the check that an option is not set where it
+// would be ignored.
+std::vector<nn::Precision> fp8_key_precisions(std::string_view key) {
+  using P = nn::Precision;
+  if (key == "fp8-format") return {P::fp8_noscale, P::fp8_delayed, P::fp8_current, P::mxfp8};
+  if (key == "fp8-amax-history" || key == "fp8-amax-algo" || key == "fp8-margin") return {P::fp8_delayed};
+  if (key == "fp8-power2-scales" || key == "fp8-amax-epsilon") return {P::fp8_current};
+  return {P::mxfp8};
+}
+
+}  // namespace
+
+bool fp8_key_applies(std::string_view key, nn::Precision p) {
+  const std::vector<nn::Precision> ps = fp8_key_precisions(key);
+  return std::find(ps.begin(), ps.end(), p) != ps.end();
+}
+
+TrainConfig with_fp8_options_for(TrainConfig c, nn::Precision p) {
+  const TrainConfig defaults;
+  for (const Field& f : fields()) {
+    const auto& keys = fp8_keys();
+    if (std::find(keys.begin(), keys.end(), f.key) == keys.end() || fp8_key_applies(f.key, p)) continue;
+    f.read(c, json::parse(f.write(defaults).dump()));
+  }
+  return c;
+}
+
 void validate(const TrainConfig& c) {
   for (const Field& f : fields()) f.check(c);
+  // An fp8 option away from its default with a precision that does not use it would be
+  // silently ignored: refuse it.
+  {
+    const ordered_json defaults = ordered_json::parse(to_json(TrainConfig{}));
+    const ordered_json given = ordered_json::parse(to_json(c));
+    for (const std::string& key : fp8_keys()) {
+      if (given[key] == defaults[key]) continue;
+      const std::vector<nn::Precision> ps = fp8_key_precisions(key);
+      if (std::find(ps.begin(), ps.end(), c.precision) != ps.end()) continue;
+      std::vector<std::string> names;
+      for (nn::Precision p : ps) names.push_back(std::string(nn::precision_name(p)));
+      fail(key, "the default (" + defaults[key].dump() + ") with --precision " +
+                    std::string(nn::precision_name(c.precision)) + "; it applies to --precision " + join(names),
+           given[key].dump());
+    }
+  }
   // Across keys.
   if (c.model.channels % c.model.heads != 0)
     fail("heads", "a divisor of channels (" + std::to_string(c.model.channels) + ")", std::to_string(c.model.heads));

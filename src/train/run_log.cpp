@@ -129,6 +129,26 @@ std::string params_json(const std::vector<StepRecord::ParamStats>& ps) {
   return out + "]";
 }
 
+// fp8 tensors (fp8 presets): one compact object per tensor.
+std::string fp8_json(const std::vector<nn::Fp8TensorStats>& ts) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < ts.size(); ++i) {
+    if (i > 0) out += ',';
+    ObjectWriter w(out);
+    w.field("name", ts[i].name);
+    w.field("role", fp8::role_name(ts[i].role));
+    w.field("dtype", fp8::dtype_name(ts[i].dtype));
+    w.field("scale", ts[i].scale);
+    w.field("amax", ts[i].amax);
+    w.field("elements", ts[i].elements);
+    w.field("nonzero", ts[i].nonzero);
+    w.field("saturated", ts[i].saturated);
+    w.field("flushed", ts[i].flushed);
+    w.close();
+  }
+  return out + "]";
+}
+
 [[noreturn]] void bad(std::string_view key, std::string_view what, const json& v) {
   std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
   if (text.size() > 60) text = text.substr(0, 57) + "...";
@@ -212,6 +232,31 @@ void parse_telemetry(const json& j, StepRecord& r) {
       r.params.push_back({get_string(t, "name"), amax(t, "grad_amax"), amax(t, "weight_amax")});
     }
   }
+  if (j.contains("fp8")) {
+    const json& a = j["fp8"];
+    if (!a.is_array()) bad("fp8", "an array", a);
+    for (const json& t : a) {
+      if (!t.is_object()) bad("fp8[]", "an object", t);
+      nn::Fp8TensorStats f;
+      f.name = get_string(t, "name");
+      const std::string role = get_string(t, "role"), dtype = get_string(t, "dtype");
+      if (role == fp8::role_name(fp8::Role::forward)) f.role = fp8::Role::forward;
+      else if (role == fp8::role_name(fp8::Role::backward)) f.role = fp8::Role::backward;
+      else bad("fp8[].role", "forward or backward", t["role"]);
+      if (dtype == fp8::dtype_name(fp8::Dtype::e4m3)) f.dtype = fp8::Dtype::e4m3;
+      else if (dtype == fp8::dtype_name(fp8::Dtype::e5m2)) f.dtype = fp8::Dtype::e5m2;
+      else bad("fp8[].dtype", "E4M3 or E5M2", t["dtype"]);
+      const double scale = get_number(t, "scale", false);
+      if (!(scale >= 0)) bad("fp8[].scale", "a number >= 0", t["scale"]);
+      f.scale = static_cast<float>(scale);
+      f.amax = amax(t, "amax");
+      f.elements = get_uint(t, "elements");
+      f.nonzero = get_uint(t, "nonzero");
+      f.saturated = get_uint(t, "saturated");
+      f.flushed = get_uint(t, "flushed");
+      r.fp8.push_back(std::move(f));
+    }
+  }
   if (j.contains("histograms")) {
     const json& h = j["histograms"];
     if (!h.is_object()) bad("histograms", "an object", h);
@@ -272,6 +317,7 @@ std::string step_record_json(const StepRecord& r) {
   w.field("headroom_log2", r.headroom_log2);
   w.raw("act_grad_tensors", tensors_json(r.act_grad_tensors));
   w.raw("params", params_json(r.params));
+  if (!r.fp8.empty()) w.raw("fp8", fp8_json(r.fp8));
   if (r.histograms) {
     const StepRecord::Histograms& h = *r.histograms;
     w.raw("histograms", "{\"min_exp\":" + std::to_string(nn::Log2Histogram::kMinExp) +
@@ -356,6 +402,10 @@ std::string summary_json(const TrainSummary& s, const TrainConfig& c) {
   w.field("underflow_fraction", s.underflow_fraction);
   w.field("subnormal_fraction", s.subnormal_fraction);
   w.field("lost_update_fraction", s.lost_update_fraction);
+  w.field("fp8_forward_saturated_fraction", s.fp8_forward_saturated_fraction);
+  w.field("fp8_forward_flushed_fraction", s.fp8_forward_flushed_fraction);
+  w.field("fp8_backward_saturated_fraction", s.fp8_backward_saturated_fraction);
+  w.field("fp8_backward_flushed_fraction", s.fp8_backward_flushed_fraction);
   w.field("seconds", s.seconds);
   w.field("mean_step_ms", s.mean_step_ms);
   w.field("median_step_ms", s.median_step_ms);

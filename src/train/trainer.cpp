@@ -176,7 +176,8 @@ Trainer::Trainer(const TrainConfig& config) {
   impl_ = std::make_unique<Impl>(config, std::move(data));
   Impl& m = *impl_;
   const OptimizerKind kind = *parse_optimizer(config.optimizer);
-  m.model = nn::make_model(model_config(config, m.data), config.precision, optimizer_state_slots(kind));
+  m.model = nn::make_model(model_config(config, m.data), config.precision, optimizer_state_slots(kind),
+                           fp8_config(config));
   m.optimizer = make_optimizer(config, m.model->params());
   m.scaler = std::move(scaler);
   m.scaler->set_accumulation_steps(static_cast<int>(config.accum));
@@ -229,6 +230,11 @@ StepRecord Trainer::train_step() {
     model.backward(dloss);
     m.scaler->backward_done();
   }
+  // fp8: this step's per-tensor counts, then the recipe's once-per-step update (delayed
+  // scaling: new scales from the amax histories), skipped optimizer step or not.
+  const std::span<const nn::Fp8TensorStats> fp8 = model.fp8_stats();
+  r.fp8.assign(fp8.begin(), fp8.end());
+  model.fp8_step_done();
   r.loss = loss_sum / static_cast<double>(losses_per_step);
   r.tokens = c.accum * model.tokens_per_batch();
   if (std::find(c.inject_overflow_at.begin(), c.inject_overflow_at.end(), r.step) != c.inject_overflow_at.end()) {
@@ -304,6 +310,12 @@ StepRecord Trainer::train_step() {
   (out.applied ? t.applied : t.skipped) += 1;
   t.tokens += r.tokens;
   t.act_grads += r.act_grads;
+  for (const nn::Fp8TensorStats& f : r.fp8) {
+    const int role = f.role == fp8::Role::forward ? 0 : 1;
+    t.fp8_nonzero[role] += f.nonzero;
+    t.fp8_saturated[role] += f.saturated;
+    t.fp8_flushed[role] += f.flushed;
+  }
   if (out.applied) t.lost_update_sum += r.lost_update_fraction;
   t.seconds += r.seconds;
   t.final_loss = r.loss;
@@ -348,6 +360,13 @@ TrainSummary Trainer::summary() const {
   s.underflow_fraction = nz > 0 ? static_cast<double>(t.act_grads.underflow) / nz : 0.0;
   s.subnormal_fraction = nz > 0 ? static_cast<double>(t.act_grads.subnormal) / nz : 0.0;
   s.lost_update_fraction = t.applied > 0 ? t.lost_update_sum / static_cast<double>(t.applied) : 0.0;
+  auto fraction = [](std::uint64_t part, std::uint64_t whole) {
+    return whole > 0 ? static_cast<double>(part) / static_cast<double>(whole) : 0.0;
+  };
+  s.fp8_forward_saturated_fraction = fraction(t.fp8_saturated[0], t.fp8_nonzero[0]);
+  s.fp8_forward_flushed_fraction = fraction(t.fp8_flushed[0], t.fp8_nonzero[0]);
+  s.fp8_backward_saturated_fraction = fraction(t.fp8_saturated[1], t.fp8_nonzero[1]);
+  s.fp8_backward_flushed_fraction = fraction(t.fp8_flushed[1], t.fp8_nonzero[1]);
   s.seconds = t.seconds;
   s.tokens = t.tokens;
   s.mean_step_ms = t.steps > 0 ? t.seconds * 1e3 / static_cast<double>(t.steps) : 0.0;

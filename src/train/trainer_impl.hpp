@@ -19,6 +19,8 @@ namespace mixprec::train {
 struct RunTotals {
   std::uint64_t steps = 0, applied = 0, skipped = 0, tokens = 0;
   ConversionStats act_grads;
+  // fp8 tensors, per role (0 forward, 1 backward): nonzero, saturated, flushed values.
+  std::uint64_t fp8_nonzero[2] = {0, 0}, fp8_saturated[2] = {0, 0}, fp8_flushed[2] = {0, 0};
   double lost_update_sum = 0;  // over applied steps
   double seconds = 0;
   double final_loss = 0;

@@ -26,7 +26,7 @@ endfunction()
 # One thread: OpenMP teams on a busy two-core machine (ctest -j) can be 1000x slower.
 set(TINY --accum 1 --batch 2 --context 16 --channels 16 --layers 1 --heads 2 --corpus-tokens 20000 --vocab word:256
     --threads 1)
-file(REMOVE_RECURSE "${RUN}" "${RUN}-compare")
+file(REMOVE_RECURSE "${RUN}" "${RUN}-compare" "${RUN}-compare-fp8")
 
 run(0 train --steps 3 ${TINY} --out ${RUN})
 foreach(f config.json log.jsonl summary.json ckpt-00000003.safetensors)
@@ -63,3 +63,20 @@ expect_in("${cmp}" "\"name\": \"fp16-dynamic\"")
 expect_in("${cmp}" "\"gap_to_fp32\": 0.0")
 expect_lines("${RUN}-compare/fp16-dynamic/log.jsonl" 3)
 expect_in("${out}" "fp16-dynamic")
+
+# The fp8 rows: compare --fp8 runs them with no loss scaling and reports their fp8
+# saturated/flushed fractions; each step line carries the fp8 tensors; the report
+# draws the fp8 section.
+run(0 compare --fp8 --only fp32,fp8-delayed,mxfp8 --steps 2 ${TINY} --out ${RUN}-compare-fp8)
+file(READ "${RUN}-compare-fp8/compare.json" cmp)
+expect_in("${cmp}" "\"name\": \"fp8-delayed\"")
+expect_in("${cmp}" "\"fp8_backward_flushed_fraction\":")
+expect_in("${out}" "fp8 sat fwd/bwd")
+file(READ "${RUN}-compare-fp8/fp8-delayed/config.json" cfg)
+expect_in("${cfg}" "\"loss-scale\": \"none\"")
+file(READ "${RUN}-compare-fp8/mxfp8/log.jsonl" log)
+expect_in("${log}" "\"fp8\":[{\"name\":\"h0.attn.qkv.input\",\"role\":\"forward\",\"dtype\":\"E4M3\",")
+run(0 report ${RUN}-compare-fp8/fp8-delayed --out ${RUN}-compare-fp8/report.html)
+file(READ "${RUN}-compare-fp8/report.html" html)
+expect_in("${html}" "<section id=\"fp8\">")
+expect_in("${html}" "h0.attn.qkv.grad_output")

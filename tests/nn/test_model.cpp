@@ -235,7 +235,8 @@ TEST(Model, LowPrecisionHalvesActivationMemory) {
 // backward are oneDNN's small per-execute ones (under 1 KiB; the model's smallest
 // activation buffer here is 16 KiB), and their number does not change step to step.
 TEST(Model, ForwardAndBackwardAllocateNoBuffers) {
-  for (Precision p : {Precision::fp32, Precision::fp16, Precision::bf16, Precision::fp16_pure}) {
+  for (Precision p : {Precision::fp32, Precision::fp16, Precision::bf16, Precision::fp16_pure, Precision::fp8_noscale,
+                      Precision::fp8_delayed, Precision::fp8_current, Precision::mxfp8}) {
     ModelConfig g = small_gpt();
     g.batch = 8;
     g.context = 32;
@@ -253,6 +254,8 @@ TEST(Model, ForwardAndBackwardAllocateNoBuffers) {
         model->params().zero_grads();
         model->forward(b.in, b.tgt);
         model->backward(1.0f);
+        model->fp8_step_done();
+        model->reset_stats();
         model->weights_updated();
         count = g_allocations.load() - before;
       }
@@ -260,6 +263,71 @@ TEST(Model, ForwardAndBackwardAllocateNoBuffers) {
       EXPECT_LT(g_largest.load(), 1024u) << model_kind_name(cfg.kind) << " " << precision_name(p);
     }
   }
+}
+
+// Weight gradients of a model as fp32.
+std::vector<float> grads_after_step(Model& m, const Batch& b) {
+  m.params().zero_grads();
+  m.reset_stats();
+  const ForwardResult r = m.forward(b.in, b.tgt);
+  m.backward(1.0f / static_cast<float>(r.count));
+  m.fp8_step_done();
+  return grads_f32(m.params());
+}
+
+
+// The scaled fp8 presets compute weight gradients close to the bf16 preset's (every
+// Linear of the blocks quantized; delayed scaling after one step has set its scales),
+// and count what they quantize.
+TEST(Model, Fp8GradientsTrackBf16) {
+  for (const ModelConfig& cfg : {small_gpt(), small_mlp()}) {
+    const Batch b = random_batch(cfg, 21);
+    auto ref = make_model(cfg, Precision::bf16, 0);
+    const std::vector<float> g_bf16 = grads_after_step(*ref, b);
+    for (Precision p : {Precision::fp8_delayed, Precision::fp8_current, Precision::mxfp8}) {
+      auto m = make_model(cfg, p, 0);
+      (void)grads_after_step(*m, b);  // delayed scaling: the first step sets the scales
+      const std::vector<float> g = grads_after_step(*m, b);
+      EXPECT_GT(cosine(g, g_bf16), 0.99) << model_kind_name(cfg.kind) << " " << precision_name(p);
+      const std::span<const Fp8TensorStats> s = m->fp8_stats();
+      const std::size_t linears = cfg.kind == ModelKind::gpt ? 4 * cfg.layers : cfg.depth;
+      ASSERT_EQ(s.size(), 3 * linears);
+      for (const Fp8TensorStats& t : s) {
+        EXPECT_GT(t.elements, 0u) << t.name;
+        EXPECT_EQ(t.dtype, t.role == fp8::Role::backward ? fp8::Dtype::e5m2 : fp8::Dtype::e4m3) << t.name;
+        // Scaled: next to nothing is flushed or saturated.
+        EXPECT_LE(t.flushed, t.nonzero / 50) << precision_name(p) << " " << t.name;
+        EXPECT_LE(t.saturated, t.nonzero / 1000 + 1) << precision_name(p) << " " << t.name;
+      }
+    }
+  }
+}
+
+// Without scaling, E5M2's smallest subnormal (2^-16) is above most output gradients of a
+// mean loss over the default task's effective batch (accum 32 x 16 x 64 = 32768 tokens,
+// so each token's loss gradient is 2^-15): most of them flush to zero, and the counts
+// say so.
+TEST(Model, Fp8WithoutScalingFlushesMostGradients) {
+  ModelConfig cfg = small_gpt();
+  cfg.batch = 8;
+  cfg.context = 16;
+  auto m = make_model(cfg, Precision::fp8_noscale, 0);
+  const Batch b = random_batch(cfg, 3);
+  m->reset_stats();
+  m->forward(b.in, b.tgt);
+  m->backward(1.0f / 32768);
+  std::uint64_t nonzero = 0, flushed = 0;
+  for (const Fp8TensorStats& t : m->fp8_stats()) {
+    EXPECT_EQ(t.scale, 1.0f) << t.name;
+    if (t.role != fp8::Role::backward) continue;
+    nonzero += t.nonzero;
+    flushed += t.flushed;
+  }
+  EXPECT_GT(nonzero, 0u);
+  EXPECT_GT(static_cast<double>(flushed), 0.5 * static_cast<double>(nonzero)) << flushed << " of " << nonzero;
+  // Non-fp8 presets report no fp8 tensors.
+  EXPECT_TRUE(make_model(cfg, Precision::bf16, 0)->fp8_stats().empty());
+  EXPECT_EQ(make_model(cfg, Precision::bf16, 0)->fp8_delayed(), nullptr);
 }
 
 TEST(Model, RejectsBadConfigsAndBatches) {

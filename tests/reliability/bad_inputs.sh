@@ -23,6 +23,8 @@ cases=(
   resume_log_damaged resume_config_malformed resume_missing resume_changed_flag
   out_parent_is_file out_is_file out_readonly disk_full
   npy_nonfinite npy_all_nan
+  fp8_format fp8_amax_history_zero fp8_amax_algo fp8_margin_range fp8_margin_text fp8_amax_epsilon fp8_power2_text
+  mx_rounding fp8_flag_wrong_precision fp8_flag_wrong_recipe fp8_config_wrong_precision
 )
 if [ "${1:-}" = "--list" ]; then
   printf '%s\n' "${cases[@]}"
@@ -165,6 +167,36 @@ case "$case_name" in
   threads_huge) train_rejects 2 "threads: expected an integer in [0, 1024], found 100000" --threads 100000 ;;
   keep_zero) train_rejects 2 "keep-checkpoints: expected an integer >= 1, found 0" --keep-checkpoints 0 ;;
   val_fraction) train_rejects 2 "val-fraction: expected a number in (0, 0.5], found 0.9" --val-fraction 0.9 ;;
+  fp8_format)
+    train_rejects 2 "fp8-format: expected hybrid or e4m3, found 'e5m2'" --precision fp8-delayed --fp8-format e5m2 ;;
+  fp8_amax_history_zero)
+    train_rejects 2 "fp8-amax-history: expected an integer in [1, 1048576], found 0" --precision fp8-delayed \
+      --fp8-amax-history 0 ;;
+  fp8_amax_algo)
+    train_rejects 2 "fp8-amax-algo: expected max or most_recent, found 'mean'" --precision fp8-delayed \
+      --fp8-amax-algo mean ;;
+  fp8_margin_range)
+    train_rejects 2 "fp8-margin: expected an integer in [-64, 64], found 65" --precision fp8-delayed --fp8-margin 65 ;;
+  fp8_margin_text)
+    train_rejects 2 "fp8-margin: expected an integer in [-64, 64], found '1.5'" --precision fp8-delayed \
+      --fp8-margin 1.5 ;;
+  fp8_amax_epsilon)
+    train_rejects 2 "fp8-amax-epsilon: expected a finite number >= 0, found -1" --precision fp8-current \
+      --fp8-amax-epsilon -1 ;;
+  fp8_power2_text)
+    train_rejects 2 "fp8-power2-scales: expected no value, true or false, found 'yes'" --precision fp8-current \
+      --fp8-power2-scales yes ;;
+  mx_rounding) train_rejects 2 "mx-rounding: expected te or ocp, found 'floor'" --precision mxfp8 --mx-rounding floor ;;
+  fp8_flag_wrong_precision)
+    train_rejects 2 "fp8-margin: applies to --precision fp8-delayed only, found --precision bf16" --precision bf16 \
+      --fp8-margin 0 ;;
+  fp8_flag_wrong_recipe)
+    train_rejects 2 "mx-rounding: applies to --precision mxfp8 only, found --precision fp8-current" \
+      --precision fp8-current --mx-rounding ocp ;;
+  fp8_config_wrong_precision)
+    printf '{"precision": "fp16", "fp8-amax-history": 16}\n' > fp8.json
+    train_rejects 2 "fp8-amax-history: expected the default (1024) with --precision fp16; it applies to --precision fp8-delayed, found 16" \
+      --config fp8.json ;;
   optimizer) train_rejects 2 "optimizer: expected adamw, adam or sgd, found 'lamb'" --optimizer lamb ;;
   static_nan) train_rejects 2 "loss-scale: expected static:S with S a number > 0 that float32 holds" --loss-scale static:nan ;;
   env_threads)  # the thread pool's environment variable, read by `mixprec inspect`

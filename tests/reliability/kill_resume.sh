@@ -236,6 +236,9 @@ stop_case fp16-sigterm TERM 143 "$work/fp16-small-ref" 0 "${common[@]}" "${small
 stop_case bf16-sigint INT 130 "$work/bf16-small-ref" 0 "${common[@]}" "${small[@]}" --precision bf16
 stop_case tiny-sigterm TERM 143 "$work/fp16-tiny-ref" 1 "${common[@]}" "${tiny[@]}" --precision fp16
 stop_case pure-sigint INT 130 "$work/pure-tiny-ref" 1 "${common[@]}" "${tiny[@]}" --precision fp16-pure
+# fp8-delayed: the amax histories (length 4: they wrap between checkpoints) and scales resume
+# exactly. Last, so that the seeded kill moments of the cases above stay what they were.
+run_case fp8d-tiny 1 "${common[@]}" "${tiny[@]}" --precision fp8-delayed --loss-scale dynamic --fp8-amax-history 4
 
 echo "== kills: $kills_total; inside an atomic write (a temporary left): $in_write; checkpoint being serialized:" \
      "$in_ckpt_phase; in a training step: $in_step; start-up (nothing written yet): $startup; before the first" \

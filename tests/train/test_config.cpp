@@ -48,7 +48,7 @@ std::vector<Rule> rules() {
        [](C& c) { c.model.kind = static_cast<nn::ModelKind>(7); }, "model: expected gpt or mlp, found enum value 7"},
       {"precision", [](C& c) { c.precision = nn::Precision::fp16_pure; },
        [](C& c) { c.precision = static_cast<nn::Precision>(9); },
-       "precision: expected fp32, fp16, bf16 or fp16-pure, found enum value 9"},
+       "precision: expected fp32, fp16, bf16, fp16-pure, fp8-noscale, fp8-delayed, fp8-current or mxfp8, found enum value 9"},
       {"loss_scale_none", [](C& c) { c.loss_scale = "none"; }, [](C& c) { c.loss_scale = "nope"; },
        "loss-scale: expected none, dynamic, static:S (S a finite number > 0) or a preset (mixprec, torch, deepspeed, "
        "megatron, apex, keras, jmp), found 'nope'"},
@@ -183,6 +183,32 @@ std::vector<Rule> rules() {
        [](C& c) { c.inject_overflow_at = {151}; }, "inject-overflow-at: expected an integer in [1, 150], found 151"},
       {"threads", [](C& c) { c.threads = 1024; }, [](C& c) { c.threads = 1025; },
        "threads: expected an integer in [0, 1024], found 1025"},
+      // fp8 options: their values, and only with a precision that uses them.
+      {"fp8_format", [](C& c) { c.precision = nn::Precision::fp8_current, c.fp8_format = "e4m3"; },
+       [](C& c) { c.precision = nn::Precision::fp8_current, c.fp8_format = "e5m2"; },
+       "fp8-format: expected hybrid or e4m3, found 'e5m2'"},
+      {"fp8_amax_history", [](C& c) { c.precision = nn::Precision::fp8_delayed, c.fp8_amax_history = 1; },
+       [](C& c) { c.precision = nn::Precision::fp8_delayed, c.fp8_amax_history = 0; },
+       "fp8-amax-history: expected an integer in [1, 1048576], found 0"},
+      {"fp8_amax_algo", [](C& c) { c.precision = nn::Precision::fp8_delayed, c.fp8_amax_algo = "most_recent"; },
+       [](C& c) { c.precision = nn::Precision::fp8_delayed, c.fp8_amax_algo = "mean"; },
+       "fp8-amax-algo: expected max or most_recent, found 'mean'"},
+      {"fp8_margin", [](C& c) { c.precision = nn::Precision::fp8_delayed, c.fp8_margin = -64; },
+       [](C& c) { c.precision = nn::Precision::fp8_delayed, c.fp8_margin = 65; },
+       "fp8-margin: expected an integer in [-64, 64], found 65"},
+      {"fp8_amax_epsilon", [](C& c) { c.precision = nn::Precision::fp8_current, c.fp8_amax_epsilon = 1e-12; },
+       [](C& c) { c.precision = nn::Precision::fp8_current, c.fp8_amax_epsilon = -1; },
+       "fp8-amax-epsilon: expected a finite number >= 0, found -1"},
+      {"mx_rounding", [](C& c) { c.precision = nn::Precision::mxfp8, c.mx_rounding = "ocp"; },
+       [](C& c) { c.precision = nn::Precision::mxfp8, c.mx_rounding = "floor"; },
+       "mx-rounding: expected te or ocp, found 'floor'"},
+      {"fp8_option_with_another_precision", [](C& c) { c.precision = nn::Precision::fp8_delayed, c.fp8_margin = 2; },
+       [](C& c) { c.precision = nn::Precision::bf16, c.fp8_margin = 2; },
+       "fp8-margin: expected the default (0) with --precision bf16; it applies to --precision fp8-delayed, found 2"},
+      {"fp8_option_with_another_fp8_recipe", [](C& c) { c.precision = nn::Precision::fp8_current, c.fp8_power2_scales = true; },
+       [](C& c) { c.precision = nn::Precision::fp8_delayed, c.fp8_power2_scales = true; },
+       "fp8-power2-scales: expected the default (false) with --precision fp8-delayed; it applies to --precision "
+       "fp8-current, found true"},
   };
 }
 
@@ -258,7 +284,9 @@ TEST(TrainConfigJson, MustBeAnObject) {
 
 TEST(TrainConfigJson, UnknownKeysListTheKnownOnes) {
   const std::string e = json_error(R"({"lr": 0.1, "learning_rate": 0.1})");
-  EXPECT_EQ(e.rfind("config 'x.json': unknown key 'learning_rate'; known keys: model, precision, loss-scale, layers, "
+  EXPECT_EQ(e.rfind("config 'x.json': unknown key 'learning_rate'; known keys: model, precision, loss-scale, fp8-format, "
+                    "fp8-amax-history, fp8-amax-algo, fp8-margin, fp8-power2-scales, fp8-amax-epsilon, mx-rounding, "
+                    "layers, "
                     "heads, channels, context, batch, depth, hidden, data, vocab, corpus-tokens, val-fraction, "
                     "optimizer, lr, min-lr, warmup, weight-decay, beta1, beta2, eps, clip, steps, accum, seed, "
                     "eval-every, eval-windows, histogram-every, out, checkpoint-every, keep-checkpoints, resume, inject-overflow-at, "
@@ -302,7 +330,7 @@ TEST(TrainConfigJson, IntegersAreNonNegativeWholeNumbers) {
 TEST(TrainConfigJson, ValuesAreCheckedPerKey) {
   EXPECT_EQ(json_error(R"({"model": "cnn"})"), "config 'x.json': model: expected gpt or mlp, found 'cnn'");
   EXPECT_EQ(json_error(R"({"precision": "fp12"})"),
-            "config 'x.json': precision: expected fp32, fp16, bf16 or fp16-pure, found 'fp12'");
+            "config 'x.json': precision: expected fp32, fp16, bf16, fp16-pure, fp8-noscale, fp8-delayed, fp8-current or mxfp8, found 'fp12'");
   EXPECT_EQ(json_error(R"({"steps": 0})"), "config 'x.json': steps: expected an integer in [1, 1000000000], found 0");
   EXPECT_EQ(json_error(R"({"lr": -1})"), "config 'x.json': lr: expected a finite number > 0, found -1");
   EXPECT_NE(json_error(R"({"loss-scale": "static:abc"})").find("config 'x.json': loss-scale: expected static:S"),
@@ -374,7 +402,12 @@ TEST(TrainConfigJson, RoundTripsExactly) {
 
 TEST(TrainConfigJson, KeysInFlagOrder) {
   const std::string j = to_json(TrainConfig{});
-  EXPECT_EQ(j.rfind(R"({"model":"gpt","precision":"fp16","loss-scale":"dynamic","layers":2,)", 0), 0u) << j;
+  EXPECT_EQ(j.rfind(R"({"model":"gpt","precision":"fp16","loss-scale":"dynamic","fp8-format":"hybrid",)"
+                    R"("fp8-amax-history":1024,"fp8-amax-algo":"max","fp8-margin":0,"fp8-power2-scales":false,)"
+                    R"("fp8-amax-epsilon":0.0,"mx-rounding":"te","layers":2,)",
+                    0),
+            0u)
+      << j;
   EXPECT_NE(j.find(R"("lr":0.003,"min-lr":0.0003,)"), std::string::npos) << j;
   EXPECT_NE(j.find(R"("inject-overflow-at":[],"threads":0})"), std::string::npos) << j;
   EXPECT_NE(to_json(TrainConfig{}, 2).find("{\n  \"model\": \"gpt\",\n"), std::string::npos);

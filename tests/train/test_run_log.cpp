@@ -166,6 +166,47 @@ TEST(RunLog, TelemetryRoundTrip) {
   EXPECT_THROW((void)parse_step_record(bad), std::invalid_argument);
 }
 
+// The fp8 array of an fp8 preset's step line: written compactly, read back exactly
+// (scale and amax as float32's shortest text; a non-finite amax as null, read as inf).
+TEST(RunLog, Fp8TensorsRoundTrip) {
+  StepRecord r = sample();
+  EXPECT_EQ(step_record_json(r).find("\"fp8\""), std::string::npos);  // absent for other presets
+  nn::Fp8TensorStats in{"h0.attn.qkv.input", fp8::Role::forward, fp8::Dtype::e4m3, 106.19259f, 4.21875f,
+                        131072, 131000, 3, 111};
+  nn::Fp8TensorStats dy{"h0.attn.qkv.grad_output", fp8::Role::backward, fp8::Dtype::e5m2, 3.6442147e8f,
+                        std::numeric_limits<float>::infinity(), 393216, 391167, 0, 368644};
+  r.fp8 = {in, dy};
+  const std::string line = step_record_json(r);
+  EXPECT_NE(line.find(R"("fp8":[{"name":"h0.attn.qkv.input","role":"forward","dtype":"E4M3","scale":106.19259,)"
+                      R"("amax":4.21875,"elements":131072,"nonzero":131000,"saturated":3,"flushed":111})"),
+            std::string::npos)
+      << line;
+  const StepRecord b = parse_step_record(line);
+  ASSERT_EQ(b.fp8.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(b.fp8[i].name, r.fp8[i].name);
+    EXPECT_EQ(b.fp8[i].role, r.fp8[i].role);
+    EXPECT_EQ(b.fp8[i].dtype, r.fp8[i].dtype);
+    EXPECT_EQ(b.fp8[i].scale, r.fp8[i].scale);
+    EXPECT_EQ(b.fp8[i].amax, r.fp8[i].amax);
+    EXPECT_EQ(b.fp8[i].elements, r.fp8[i].elements);
+    EXPECT_EQ(b.fp8[i].nonzero, r.fp8[i].nonzero);
+    EXPECT_EQ(b.fp8[i].saturated, r.fp8[i].saturated);
+    EXPECT_EQ(b.fp8[i].flushed, r.fp8[i].flushed);
+  }
+  EXPECT_EQ(step_record_json(b), line);
+  // Bad values are refused, naming the field.
+  std::string bad = line;
+  bad.replace(bad.find("\"E5M2\""), 6, "\"E3M4\"");
+  EXPECT_THROW((void)parse_step_record(bad), std::invalid_argument);
+  bad = line;
+  bad.replace(bad.find("\"backward\""), 10, "\"sideways\"");
+  EXPECT_THROW((void)parse_step_record(bad), std::invalid_argument);
+  bad = line;
+  bad.replace(bad.find("\"flushed\":111"), 14, "\"flushed\":-1");
+  EXPECT_THROW((void)parse_step_record(bad), std::invalid_argument);
+}
+
 TEST(RunLog, ParseErrors) {
   const std::string good = step_record_json(sample());
   auto with = [&](const std::string& from, const std::string& to) {

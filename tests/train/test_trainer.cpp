@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "mixprec/fp8/recipes.hpp"
 #include "mixprec/train/trainer.hpp"
 
 namespace mixprec::train {
@@ -44,6 +45,7 @@ struct Snapshot {
   std::vector<std::byte> weights, model, state0, state1;
   std::int64_t opt_step = 0;
   std::string scaler;
+  std::string fp8;  // fp8-delayed: amax histories and scales as JSON (exact float text)
   bool operator==(const Snapshot&) const = default;
 };
 
@@ -56,6 +58,7 @@ Snapshot snapshot(Trainer& t) {
   r.state1 = bytes_of(s.state_data(1), s.flat_size() * 4);
   r.opt_step = t.optimizer().step_count();
   r.scaler = t.scaler().state_json();
+  if (const fp8::DelayedScaling* d = t.model().fp8_delayed()) r.fp8 = d->to_json();
   return r;
 }
 
@@ -87,8 +90,10 @@ TEST(Trainer, InjectedOverflowSkipsExactlyThoseStepsAndHalvesTheScale) {
 }
 
 TEST(Trainer, TrainingLowersTheLossInEveryPrecision) {
-  for (nn::Precision p : {nn::Precision::fp32, nn::Precision::fp16, nn::Precision::bf16, nn::Precision::fp16_pure}) {
-    TrainConfig c = tiny(p, p == nn::Precision::fp32 || p == nn::Precision::bf16 ? "none" : "dynamic");
+  for (nn::Precision p : {nn::Precision::fp32, nn::Precision::fp16, nn::Precision::bf16, nn::Precision::fp16_pure,
+                          nn::Precision::fp8_delayed, nn::Precision::fp8_current, nn::Precision::mxfp8}) {
+    const bool unscaled = p == nn::Precision::fp32 || p == nn::Precision::bf16 || nn::is_fp8(p);
+    TrainConfig c = tiny(p, unscaled ? "none" : "dynamic");
     c.steps = 12;
     Trainer t(c);
     const double before = t.evaluate();
@@ -145,8 +150,10 @@ class TrainerResume : public ::testing::Test {
 };
 
 TEST_F(TrainerResume, ResumedRunIsBitwiseIdentical) {
-  for (nn::Precision p : {nn::Precision::fp16, nn::Precision::fp16_pure, nn::Precision::bf16}) {
+  for (nn::Precision p : {nn::Precision::fp16, nn::Precision::fp16_pure, nn::Precision::bf16,
+                          nn::Precision::fp8_delayed}) {
     TrainConfig c = tiny(p);
+    if (p == nn::Precision::fp8_delayed) c.fp8_amax_history = 3;  // short: the history wraps before the checkpoint
     c.inject_overflow_at = {2, 6};  // one skip before the checkpoint, one after
     Trainer straight(c);
     std::vector<StepRecord> ref;
@@ -173,13 +180,83 @@ TEST_F(TrainerResume, ResumedRunIsBitwiseIdentical) {
       EXPECT_EQ(a.skipped, b.skipped);
       EXPECT_EQ(a.lr, b.lr);
       EXPECT_EQ(a.act_grads, b.act_grads);
+      ASSERT_EQ(a.fp8.size(), b.fp8.size());
+      for (std::size_t k = 0; k < a.fp8.size(); ++k) {
+        EXPECT_EQ(a.fp8[k].name, b.fp8[k].name);
+        EXPECT_EQ(std::memcmp(&a.fp8[k].scale, &b.fp8[k].scale, sizeof(float)), 0) << a.fp8[k].name;
+        EXPECT_EQ(std::memcmp(&a.fp8[k].amax, &b.fp8[k].amax, sizeof(float)), 0) << a.fp8[k].name;
+        EXPECT_EQ(a.fp8[k].saturated, b.fp8[k].saturated);
+        EXPECT_EQ(a.fp8[k].flushed, b.fp8[k].flushed);
+        EXPECT_EQ(a.fp8[k].nonzero, b.fp8[k].nonzero);
+      }
     }
+    EXPECT_EQ(ref.front().fp8.empty(), p != nn::Precision::fp8_delayed);
     EXPECT_TRUE(snapshot(straight) == snapshot(resumed)) << nn::precision_name(p);
     const TrainSummary s1 = straight.summary(), s2 = resumed.summary();
     EXPECT_EQ(s1.applied, s2.applied);
     EXPECT_EQ(s1.skipped, s2.skipped);
     EXPECT_EQ(s1.val_loss, s2.val_loss);
+    EXPECT_EQ(s1.fp8_forward_flushed_fraction, s2.fp8_forward_flushed_fraction);
+    EXPECT_EQ(s1.fp8_backward_flushed_fraction, s2.fp8_backward_flushed_fraction);
+    EXPECT_EQ(s1.fp8_backward_saturated_fraction, s2.fp8_backward_saturated_fraction);
   }
+}
+
+// The delayed-scaling state is checked before anything changes: a run whose fp8 recipe
+// differs (history length) refuses the checkpoint, naming what it expected and found.
+TEST_F(TrainerResume, Fp8DelayedStateIsValidatedBeforeAnyChange) {
+  TrainConfig c = tiny(nn::Precision::fp8_delayed, "none");
+  c.fp8_amax_history = 4;
+  const std::string path = (dir_ / "ckpt.safetensors").string();
+  {
+    Trainer t(c);
+    t.train_step();
+    t.train_step();
+    t.save_checkpoint(path);
+  }
+  // The config check names the option first.
+  TrainConfig other = c;
+  other.fp8_amax_history = 5;
+  Trainer t(other);
+  const Snapshot before = snapshot(t);
+  try {
+    t.load_checkpoint(path);
+    FAIL() << "expected an error";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("fp8-amax-history"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(snapshot(t) == before);
+  EXPECT_EQ(t.steps_done(), 0u);
+
+  // The model-level check: a state of another shape is refused with what was expected.
+  Trainer same(c);
+  fp8::DelayedScalingState bad = same.model().fp8_delayed()->state();
+  bad.tensors.pop_back();
+  try {
+    same.model().load_fp8_delayed(bad);
+    FAIL() << "expected an error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("expected 12 tensors, found 11"), std::string::npos) << e.what();
+  }
+  bad = same.model().fp8_delayed()->state();
+  bad.tensors[0].amax_history.push_back(0.0f);
+  EXPECT_THROW(same.model().load_fp8_delayed(bad), std::invalid_argument);
+  bad = same.model().fp8_delayed()->state();
+  bad.tensors[1].name = "h0.attn.qkv.bias";
+  try {
+    same.model().load_fp8_delayed(bad);
+    FAIL() << "expected an error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("expected h0.attn.qkv.weight (forward), found h0.attn.qkv.bias"),
+              std::string::npos)
+        << e.what();
+  }
+  const std::string unchanged = same.model().fp8_delayed()->to_json();
+  EXPECT_EQ(unchanged, Trainer(c).model().fp8_delayed()->to_json());
+  // And the right one loads.
+  same.load_checkpoint(path);
+  EXPECT_EQ(same.steps_done(), 2u);
+  EXPECT_NE(same.model().fp8_delayed()->to_json(), unchanged);
 }
 
 TEST_F(TrainerResume, RejectsCheckpointsOfAnotherRunWithoutChangingState) {

@@ -65,7 +65,7 @@ std::string squote(std::string_view s) {
 
 // ---- flags: one per config key ---------------------------------------------------------
 
-enum class Kind : std::uint8_t { integer, number, text, list };
+enum class Kind : std::uint8_t { integer, number, text, list, boolean };
 
 struct KeySpec {
   std::string key;   // the config key; the flag is --key
@@ -77,9 +77,19 @@ struct KeySpec {
 const std::vector<KeySpec>& key_specs() {
   static const std::vector<KeySpec> specs = {
       {"model", Kind::text, "NAME", "Model: gpt (decoder-only transformer) or mlp (deep MLP next-token classifier)"},
-      {"precision", Kind::text, "NAME", "Precision: fp32, fp16 (mixed), bf16 (mixed) or fp16-pure"},
+      {"precision", Kind::text, "NAME",
+       "Precision: fp32, fp16 (mixed), bf16 (mixed), fp16-pure, or bf16 with fp8 Linear layers: fp8-noscale, "
+       "fp8-delayed, fp8-current, mxfp8"},
       {"loss-scale", Kind::text, "SPEC",
-       "Loss scaling: none, dynamic, static:S or a preset (mixprec, torch, deepspeed, megatron, apex, keras, jmp)"},
+       "Loss scaling: none, dynamic, static:S or a preset (mixprec, torch, deepspeed, megatron, apex, keras, jmp); "
+       "fp8 presets default to none"},
+      {"fp8-format", Kind::text, "NAME", "fp8 presets: hybrid (E4M3 forward, E5M2 gradients) or e4m3"},
+      {"fp8-amax-history", Kind::integer, "N", "fp8-delayed: amax history length"},
+      {"fp8-amax-algo", Kind::text, "NAME", "fp8-delayed: max or most_recent"},
+      {"fp8-margin", Kind::integer, "M", "fp8-delayed: scale = fp8_max * 2^-M / amax, M in [-64, 64]"},
+      {"fp8-power2-scales", Kind::boolean, "[BOOL]", "fp8-current: scales rounded down to powers of two"},
+      {"fp8-amax-epsilon", Kind::number, "X", "fp8-current: amax floor"},
+      {"mx-rounding", Kind::text, "NAME", "mxfp8: E8M0 block-scale rounding, te (round up) or ocp (floor)"},
       {"layers", Kind::integer, "N", "gpt: transformer blocks"},
       {"heads", Kind::integer, "N", "gpt: attention heads (must divide --channels)"},
       {"channels", Kind::integer, "N", "gpt: width (also the mlp's embedding width per context token)"},
@@ -182,6 +192,27 @@ void set_key(TrainConfig& c, const std::string& key, const std::string& text) {
     c.precision = *p;
   } else if (key == "loss-scale") {
     c.loss_scale = text;
+  } else if (key == "fp8-format") {
+    c.fp8_format = text;
+  } else if (key == "fp8-amax-history") {
+    set_uint(c.fp8_amax_history, key, text);
+  } else if (key == "fp8-amax-algo") {
+    c.fp8_amax_algo = text;
+  } else if (key == "fp8-margin") {
+    const char* end = text.data() + text.size();
+    std::int64_t v = 0;
+    const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+    if (text.empty() || ec != std::errc() || ptr != end)
+      throw UsageError(key + ": expected an integer in [-64, 64], found " + squote(text));
+    c.fp8_margin = v;
+  } else if (key == "fp8-power2-scales") {
+    if (text.empty() || text == "true") c.fp8_power2_scales = true;
+    else if (text == "false") c.fp8_power2_scales = false;
+    else throw UsageError(key + ": expected no value, true or false, found " + squote(text));
+  } else if (key == "fp8-amax-epsilon") {
+    c.fp8_amax_epsilon = parse_number(key, text);
+  } else if (key == "mx-rounding") {
+    c.mx_rounding = text;
   } else if (key == "layers") {
     set_uint(c.model.layers, key, text);
   } else if (key == "heads") {
@@ -282,6 +313,7 @@ std::vector<Flag> add_key_flags(CLI::App* cmd, const std::vector<std::string>& s
     if (!def.empty() && s.key != "resume" && s.key != "out" && s.key != "data")
       help += " (default " + def + ")";
     CLI::Option* o = cmd->add_option("--" + s.key, *value, help)->type_name(s.type);
+    if (s.kind == Kind::boolean) o->expected(0, 1);  // --fp8-power2-scales alone means true
     flags.push_back({&s, value, o});
   }
   return flags;
@@ -310,6 +342,31 @@ void fit_default_warmup(TrainConfig& c, const std::vector<Flag>& flags, const st
   if (const Flag* f = find_flag(flags, "warmup"); f != nullptr && f->option->count() > 0) return;
   if (config_given && ojson::parse(config_text).contains("warmup")) return;
   c.warmup = std::min(c.warmup, c.steps);
+}
+
+// fp8 presets default to no loss scaling (per-tensor scaling replaces it; the scaler
+// still refuses non-finite gradients) unless a loss scale was asked for.
+void fit_default_loss_scale(TrainConfig& c, const std::vector<Flag>& flags, const std::string& config_text,
+                            bool config_given) {
+  if (!nn::is_fp8(c.precision)) return;
+  if (const Flag* f = find_flag(flags, "loss-scale"); f != nullptr && f->option->count() > 0) return;
+  if (config_given && ojson::parse(config_text).contains("loss-scale")) return;
+  c.loss_scale = "none";
+}
+
+// An fp8 option given on the command line for a precision that does not use it is an
+// error, even at its default value (validate catches the other values and config files).
+void check_fp8_flags(const TrainConfig& c, const std::vector<Flag>& flags) {
+  for (const std::string& key : train::fp8_keys()) {
+    const Flag* f = find_flag(flags, key);
+    if (f == nullptr || f->option->count() == 0 || train::fp8_key_applies(key, c.precision)) continue;
+    std::string names;
+    for (const std::string& p : nn::precision_names())
+      if (const auto pp = nn::parse_precision(p); pp && train::fp8_key_applies(key, *pp))
+        names += (names.empty() ? "" : ", ") + p;
+    throw UsageError(key + ": applies to --precision " + names + " only, found --precision " +
+                     std::string(nn::precision_name(c.precision)));
+  }
 }
 
 // ---- files ------------------------------------------------------------------------------
@@ -689,9 +746,10 @@ std::string config_line(const TrainConfig& c) {
 
 std::string precision_text(nn::Precision p) {
   const nn::PrecisionPolicy pol = nn::policy_of(p);
-  return fmt::format("{} (activations {}, weights {}, weight gradients {}{})", nn::precision_name(p),
+  return fmt::format("{} (activations {}, weights {}, weight gradients {}{}{})", nn::precision_name(p),
                      dtype_name(pol.activations), dtype_name(pol.weights), dtype_name(pol.weight_grads),
-                     pol.master ? ", fp32 master weights" : "");
+                     pol.master ? ", fp32 master weights" : "",
+                     nn::is_fp8(p) ? "; fp8 GEMM operands in the block Linears" : "");
 }
 
 // summary.json with the run's alerts added ("alerts": alert_json objects).
@@ -725,6 +783,11 @@ void print_summary(Trainer& t, const TrainSummary& s, const TrainConfig& c, cons
              s.val_loss ? loss_text(*s.val_loss) : std::string("-"));
   fmt::print("activation gradients: {} of nonzero values flushed to zero, {} subnormal\n",
              percent(s.underflow_fraction), percent(s.subnormal_fraction));
+  if (nn::is_fp8(c.precision))
+    fmt::print("fp8 Linear operands: forward {} saturated, {} flushed; output gradients {} saturated, {} flushed "
+               "(of nonzero values)\n",
+               percent(s.fp8_forward_saturated_fraction), percent(s.fp8_forward_flushed_fraction),
+               percent(s.fp8_backward_saturated_fraction), percent(s.fp8_backward_flushed_fraction));
   fmt::print("lost updates: {} of the parameters meant to move (mean over applied steps)\n",
              percent(s.lost_update_fraction));
   fmt::print("time: {:.1f} s training, {:.1f} ms/step mean, {:.1f} ms median, {:.0f} tokens/s\n", s.seconds,
@@ -800,6 +863,8 @@ TrainPlan plan_train(const TrainInputs& in) {
       throw UsageError(config_source + ": resume: give --resume DIR on the command line to continue a run");
     c = apply_flags(c, in.flags);
     fit_default_warmup(c, in.flags, config_text, in.config_opt->count() > 0);
+    fit_default_loss_scale(c, in.flags, config_text, in.config_opt->count() > 0);
+    check_fp8_flags(c, in.flags);
     train::validate(c);
     if (c.out.empty() && c.checkpoint_every > 0)
       throw UsageError("checkpoint-every: checkpoints go to the run folder; give --out DIR");
@@ -930,6 +995,11 @@ const std::vector<Arrangement>& arrangements() {
       {"fp16-dynamic", nn::Precision::fp16, "dynamic"},
       {"bf16", nn::Precision::bf16, "none"},
       {"fp16-pure", nn::Precision::fp16_pure, "dynamic"},
+      // --fp8: bf16 with fp8 Linear layers (docs/fp8.md); per-tensor scaling, no loss scaling.
+      {"fp8-noscale", nn::Precision::fp8_noscale, "none"},
+      {"fp8-delayed", nn::Precision::fp8_delayed, "none"},
+      {"fp8-current", nn::Precision::fp8_current, "none"},
+      {"mxfp8", nn::Precision::mxfp8, "none"},
   };
   return rows;
 }
@@ -937,7 +1007,7 @@ const std::vector<Arrangement>& arrangements() {
 struct CompareInputs {
   std::vector<Flag> flags;
   std::shared_ptr<std::string> config_file, json_file, out, static_scale, only;
-  std::shared_ptr<bool> quick;
+  std::shared_ptr<bool> quick, fp8;
   CLI::Option* config_opt = nullptr;
   CLI::Option* json_opt = nullptr;
   CLI::Option* only_opt = nullptr;
@@ -983,7 +1053,13 @@ ComparePlan plan_compare(const CompareInputs& in) {
     c.warmup = std::min(c.warmup, c.steps);
   }
   fit_default_warmup(c, in.flags, config_text, in.config_opt->count() > 0);
-  train::validate(c);
+  // fp8 options go to the fp8 rows only (each row keeps those its recipe uses).
+  for (const std::string& key : train::fp8_keys()) {
+    const Flag* f = find_flag(in.flags, key);
+    if (!*in.fp8 && f != nullptr && f->option->count() > 0)
+      throw UsageError(key + ": applies to the fp8 rows only; add --fp8");
+  }
+  train::validate(train::with_fp8_options_for(c, c.precision));
   p.base = c;
 
   const double scale = parse_number("static-scale", *in.static_scale);
@@ -999,9 +1075,12 @@ ComparePlan plan_compare(const CompareInputs& in) {
       const std::size_t comma = std::min(text.find(',', start), text.size());
       const std::string name = text.substr(start, comma - start);
       start = comma + 1;
-      const bool known = std::any_of(arrangements().begin(), arrangements().end(),
-                                     [&](const Arrangement& a) { return a.name == name; });
-      if (!known) throw UsageError("only: expected names from " + names + ", found " + squote(name));
+      const auto known = std::find_if(arrangements().begin(), arrangements().end(),
+                                      [&](const Arrangement& a) { return a.name == name; });
+      if (known == arrangements().end())
+        throw UsageError("only: expected names from " + names + ", found " + squote(name));
+      if (nn::is_fp8(known->precision) && !*in.fp8)
+        throw UsageError("only: " + squote(name) + " is an fp8 row; add --fp8");
       if (std::find(wanted.begin(), wanted.end(), name) == wanted.end()) wanted.push_back(name);
     }
   }
@@ -1010,9 +1089,10 @@ ComparePlan plan_compare(const CompareInputs& in) {
   if (p.out.empty()) throw UsageError("out: expected a folder, found ''");
   for (const Arrangement& a : arrangements()) {
     if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), a.name) == wanted.end()) continue;
+    if (nn::is_fp8(a.precision) && !*in.fp8) continue;
     CompareRow row;
     row.name = a.name;
-    row.config = c;
+    row.config = train::with_fp8_options_for(c, a.precision);
     row.config.precision = a.precision;
     row.config.loss_scale = a.loss_scale == "static:" ? "static:" + *in.static_scale : a.loss_scale;
     row.config.out = (p.out / a.name).string();
@@ -1062,6 +1142,12 @@ std::string compare_json(const ComparePlan& p) {
     o["subnormal_fraction"] = s ? number_or_null(s->subnormal_fraction) : ojson(nullptr);
     o["lost_update_fraction"] = s ? number_or_null(s->lost_update_fraction) : ojson(nullptr);
     o["step_ms"] = s ? number_or_null(s->mean_step_ms) : ojson(nullptr);
+    if (nn::is_fp8(r.config.precision)) {  // of the nonzero values quantized to fp8, whole run
+      o["fp8_forward_saturated_fraction"] = s ? number_or_null(s->fp8_forward_saturated_fraction) : ojson(nullptr);
+      o["fp8_forward_flushed_fraction"] = s ? number_or_null(s->fp8_forward_flushed_fraction) : ojson(nullptr);
+      o["fp8_backward_saturated_fraction"] = s ? number_or_null(s->fp8_backward_saturated_fraction) : ojson(nullptr);
+      o["fp8_backward_flushed_fraction"] = s ? number_or_null(s->fp8_backward_flushed_fraction) : ojson(nullptr);
+    }
     const auto gap = gap_to_fp32(r, base);
     o["gap_to_fp32"] = gap ? number_or_null(*gap) : ojson(nullptr);
     if (!r.error.empty()) o["error"] = r.error;
@@ -1076,8 +1162,14 @@ std::string compare_json(const ComparePlan& p) {
 
 void print_compare_table(const ComparePlan& p) {
   const std::optional<double> base = fp32_val(p.rows);
-  fmt::print("{:<13} {:>9} {:>8} {:>7} {:>11} {:>10} {:>10} {:>9} {:>8}\n", "run", "val loss", "vs fp32", "skipped",
+  const bool fp8 = std::any_of(p.rows.begin(), p.rows.end(), [](const CompareRow& r) {
+    return nn::is_fp8(r.config.precision);
+  });
+  fmt::print("{:<13} {:>9} {:>8} {:>7} {:>11} {:>10} {:>10} {:>9} {:>8}", "run", "val loss", "vs fp32", "skipped",
              "final scale", "underflow", "subnormal", "lost upd", "step ms");
+  // fp8 rows: of the nonzero values quantized to fp8, saturated and flushed, forward / backward tensors.
+  if (fp8) fmt::print(" {:>17} {:>17}", "fp8 sat fwd/bwd", "fp8 flush fwd/bwd");
+  fmt::print("\n");
   for (const CompareRow& r : p.rows) {
     if (!r.summary) {
       fmt::print("{:<13} failed: {}\n", r.name, r.error);
@@ -1085,11 +1177,17 @@ void print_compare_table(const ComparePlan& p) {
     }
     const TrainSummary& s = *r.summary;
     const auto gap = gap_to_fp32(r, base);
-    fmt::print("{:<13} {:>9} {:>8} {:>7} {:>11} {:>10} {:>10} {:>9} {:>8.1f}\n", r.name,
+    fmt::print("{:<13} {:>9} {:>8} {:>7} {:>11} {:>10} {:>10} {:>9} {:>8.1f}", r.name,
                s.val_loss ? loss_text(*s.val_loss) : std::string("-"),
                gap ? fmt::format("{:+.2f}%", *gap * 100) : std::string("-"), s.skipped, s.final_scale,
                percent(s.underflow_fraction), percent(s.subnormal_fraction), percent(s.lost_update_fraction),
                s.mean_step_ms);
+    if (fp8 && nn::is_fp8(r.config.precision)) {
+      fmt::print(" {:>17} {:>17}",
+                 percent(s.fp8_forward_saturated_fraction) + "/" + percent(s.fp8_backward_saturated_fraction),
+                 percent(s.fp8_forward_flushed_fraction) + "/" + percent(s.fp8_backward_flushed_fraction));
+    }
+    fmt::print("\n");
   }
 }
 
@@ -1206,6 +1304,7 @@ void add_train_commands(CLI::App& app, std::function<int()>& action) {
   ci->static_scale = std::make_shared<std::string>("1024");
   ci->only = std::make_shared<std::string>();
   ci->quick = std::make_shared<bool>(false);
+  ci->fp8 = std::make_shared<bool>(false);
   ci->config_opt = cmp->add_option("--config", *ci->config_file,
                                    "JSON config applied first (precision, loss-scale and out are set per run)")
                        ->type_name("FILE");
@@ -1218,6 +1317,7 @@ void add_train_commands(CLI::App& app, std::function<int()>& action) {
   for (const Arrangement& a : arrangements()) names += (names.empty() ? "" : ",") + a.name;
   ci->only_opt = cmp->add_option("--only", *ci->only, "Run only these, comma-separated: " + names)->type_name("LIST");
   cmp->add_flag("--quick", *ci->quick, "Fewer steps: steps/3, at least 20");
+  cmp->add_flag("--fp8", *ci->fp8, "Add the fp8 rows: fp8-noscale, fp8-delayed, fp8-current, mxfp8");
   cmp->callback([ci, &action] { action = [ci] { return run_compare(*ci); }; });
 }
 

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "mixprec/formats/bulk.hpp"
+#include "mixprec/fp8/recipes.hpp"
 #include "mixprec/nn/data.hpp"
 #include "mixprec/nn/precision.hpp"
 #include "mixprec/optim/param_store.hpp"
@@ -102,6 +103,24 @@ struct ModelHistograms {
   Log2Histogram activation_grads;
 };
 
+// One fp8 tensor of a Linear layer under an fp8 preset, over one optimizer step (all
+// micro-batches; evaluation forwards are not counted). docs/telemetry.md.
+struct Fp8TensorStats {
+  std::string name;                    // "<layer>.input", "<layer>.weight", "<layer>.grad_output"
+  fp8::Role role = fp8::Role::forward;  // input and weight: forward; grad_output: backward
+  fp8::Dtype dtype = fp8::Dtype::e4m3;
+  float scale = 1;           // the scale used (fp8-current: of the step's last call; mxfp8: the smallest block factor)
+  float amax = 0;            // max |x| of the unscaled values this step (fp8::amax rules: NaN, then inf, win)
+  std::uint64_t elements = 0;
+  std::uint64_t nonzero = 0;    // input != 0
+  std::uint64_t saturated = 0;  // finite input clipped to the largest finite value by the saturating cast
+  std::uint64_t flushed = 0;    // nonzero input that became 0
+};
+
+namespace detail {
+class Fp8Linears;
+}
+
 struct ForwardResult {
   double loss_sum = 0;        // sum of per-token (per-example) losses, fp32 values summed in double
   std::size_t count = 0;      // how many losses
@@ -154,6 +173,21 @@ class Model {
   bool histograms_on() const noexcept { return histograms_on_; }
   const ModelHistograms& histograms() const noexcept { return histograms_; }
   virtual ModelMemory memory() const = 0;
+
+  // fp8 presets (fp8-noscale, fp8-delayed, fp8-current, mxfp8): per fp8 tensor, this step's
+  // counts (reset by reset_stats); empty for the other presets.
+  std::span<const Fp8TensorStats> fp8_stats() const noexcept;
+  // Ends an optimizer step for the fp8 recipe: fp8-delayed rolls every amax history and
+  // updates every scale (TE's once-per-step update). Call once per step after the last
+  // backward, whether or not the optimizer step is applied. No-op for other recipes.
+  void fp8_step_done();
+  // fp8-delayed: the delayed-scaling state (amax histories, scales); nullptr otherwise.
+  const fp8::DelayedScaling* fp8_delayed() const noexcept;
+  // Replaces the delayed-scaling state after checking it belongs to this model: same
+  // recipe config, tensor names, roles and history length (std::invalid_argument naming
+  // what was expected and found; nothing changes on error).
+  void load_fp8_delayed(const fp8::DelayedScalingState& state);
+  void check_fp8_delayed(const fp8::DelayedScalingState& state) const;  // the checks of load_fp8_delayed
   // One line, e.g. "gpt: 2 layers, 4 heads, 64 channels, context 64, vocab 1024 (200,448 parameters)".
   virtual std::string describe() const = 0;
 
@@ -164,6 +198,8 @@ class Model {
   // Where the engine adds histogram values (nullptr while histograms are off).
   ModelHistograms* histogram_sink() noexcept { return histograms_on_ ? &histograms_ : nullptr; }
   virtual void histograms_changed() noexcept {}
+  // The fp8 Linear machinery of an fp8 preset, nullptr otherwise.
+  virtual detail::Fp8Linears* fp8_linears() const noexcept { return nullptr; }
   ModelConfig config_;
   PrecisionPolicy policy_;
   std::unique_ptr<ParamStore> store_;
@@ -175,6 +211,8 @@ class Model {
 // Builds the model with initialised weights (GPT-2 style: normal(0, 0.02), residual
 // projections scaled by 1/sqrt(2*layers), layer-norm weights 1, biases 0; deterministic
 // from config.seed). state_slots: optimizer state arrays to reserve in the store.
-std::unique_ptr<Model> make_model(const ModelConfig& config, Precision precision, unsigned state_slots);
+// fp8: the recipe options of the fp8 presets (ignored by the others).
+std::unique_ptr<Model> make_model(const ModelConfig& config, Precision precision, unsigned state_slots,
+                                  const Fp8Config& fp8 = {});
 
 }  // namespace mixprec::nn

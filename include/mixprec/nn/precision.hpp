@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "mixprec/core/dtype.hpp"
+#include "mixprec/fp8/recipes.hpp"
 
 namespace mixprec::nn {
 
@@ -20,9 +21,16 @@ enum class Precision : std::uint8_t {
   fp16,       // mixed: fp16 activations and weight copy, fp32 master weights and weight gradients
   bf16,       // mixed: bf16 activations and weight copy, fp32 master weights and weight gradients
   fp16_pure,  // fp16 everywhere the model lives: weights (no master copy), weight gradients, activations
+  // bf16 mixed, and the Linear layers of the blocks run their GEMMs on fp8-quantized
+  // operands (docs/fp8.md, "fp8 in the engine"):
+  fp8_noscale,  // every fp8 scale fixed at 1 ("fp8 without scaling")
+  fp8_delayed,  // per-tensor delayed scaling (amax history)
+  fp8_current,  // per-tensor current (just-in-time) scaling
+  mxfp8,        // MX blocks of 32 values with E8M0 scales
 };
 
-std::string_view precision_name(Precision p) noexcept;  // "fp32", "fp16", "bf16", "fp16-pure"
+// "fp32", "fp16", "bf16", "fp16-pure", "fp8-noscale", "fp8-delayed", "fp8-current", "mxfp8"
+std::string_view precision_name(Precision p) noexcept;
 std::optional<Precision> parse_precision(std::string_view s) noexcept;
 const std::vector<std::string>& precision_names();
 
@@ -37,5 +45,24 @@ struct PrecisionPolicy {
 };
 
 PrecisionPolicy policy_of(Precision p) noexcept;
+
+// How the fp8 presets scale the Linear layers' fp8 operands; none for the other presets.
+enum class Fp8Recipe : std::uint8_t { none, noscale, delayed, current, mx };
+Fp8Recipe fp8_recipe_of(Precision p) noexcept;
+bool is_fp8(Precision p) noexcept;
+
+// The fp8 recipe's options (TE's defaults). `format` applies to every fp8 preset; the
+// delayed-scaling fields (margin, history, algorithm) to fp8-delayed; power_of_2_scales and
+// amax_epsilon to fp8-current; mx_rounding to mxfp8.
+struct Fp8Config {
+  fp8::Format format = fp8::Format::hybrid;
+  int margin = 0;
+  std::size_t amax_history_len = 1024;
+  fp8::AmaxAlgo amax_compute_algo = fp8::AmaxAlgo::max;
+  bool power_of_2_scales = false;
+  float amax_epsilon = 0.0f;
+  fp8::MxRounding mx_rounding = fp8::MxRounding::transformer_engine;
+  friend bool operator==(const Fp8Config&, const Fp8Config&) = default;
+};
 
 }  // namespace mixprec::nn

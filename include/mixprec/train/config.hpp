@@ -23,6 +23,14 @@ struct TrainConfig {
   // "none" | "static:S" (S finite, > 0) | "dynamic" (the mixprec preset) | a preset name
   // (mixprec, torch, deepspeed, megatron, apex, keras, jmp).
   std::string loss_scale = "dynamic";
+  // fp8 presets only (an error with another precision when not at the default):
+  std::string fp8_format = "hybrid";           // hybrid (E4M3 forward, E5M2 gradients) | e4m3
+  std::size_t fp8_amax_history = 1024;         // fp8-delayed: amax history length
+  std::string fp8_amax_algo = "max";           // fp8-delayed: max | most_recent
+  std::int64_t fp8_margin = 0;                 // fp8-delayed: scale = fp8_max * 2^-margin / amax; |margin| <= 64
+  bool fp8_power2_scales = false;              // fp8-current: scales rounded down to powers of two
+  double fp8_amax_epsilon = 0;                 // fp8-current: amax floor (finite, >= 0)
+  std::string mx_rounding = "te";              // mxfp8: te | ocp
 
   // data: the embedded corpus when `data` is empty
   std::string data;
@@ -63,6 +71,15 @@ struct TrainConfig {
 
 // Throws std::invalid_argument: "<key>: expected <allowed>, found <value>".
 void validate(const TrainConfig& c);
+
+// The fp8 recipe options of c (validated by validate()).
+nn::Fp8Config fp8_config(const TrainConfig& c);
+// The config keys of the fp8 recipe options ("fp8-format", ..., "mx-rounding").
+const std::vector<std::string>& fp8_keys();
+// Whether fp8 option `key` is used by precision p (validate refuses it set otherwise).
+bool fp8_key_applies(std::string_view key, nn::Precision p);
+// c with every fp8 option that precision p does not use back at its default (compare's rows).
+TrainConfig with_fp8_options_for(TrainConfig c, nn::Precision p);
 
 // JSON config text (an object of flag names) applied on top of `base`; unknown keys,
 // wrong types and invalid values are errors naming `source` and the key. Does not

@@ -65,6 +65,8 @@ struct StepRecord {
     nn::Log2Histogram weights;                        // weights of record
   };
   std::optional<Histograms> histograms;
+  // fp8 presets: per fp8 tensor of the Linear layers, this step's quantization (docs/telemetry.md).
+  std::vector<nn::Fp8TensorStats> fp8;
 };
 
 struct TrainSummary {
@@ -75,6 +77,11 @@ struct TrainSummary {
   double underflow_fraction = 0;     // activation-gradient elements flushed to zero / all nonzero ones, whole run
   double subnormal_fraction = 0;     // ... left subnormal
   double lost_update_fraction = 0;   // mean over applied steps
+  // fp8 presets, whole run: of the nonzero values quantized to fp8, the fraction clipped by
+  // the saturating cast / flushed to zero; forward tensors (inputs, weights) and backward
+  // tensors (output gradients) apart. 0 for other presets.
+  double fp8_forward_saturated_fraction = 0, fp8_forward_flushed_fraction = 0;
+  double fp8_backward_saturated_fraction = 0, fp8_backward_flushed_fraction = 0;
   double seconds = 0;                // training time (steps), excluding evaluation
   double mean_step_ms = 0;           // median would hide the tail: both are in the log
   double median_step_ms = 0;
