@@ -277,8 +277,11 @@ const std::vector<Field>& fields() {
     f.push_back(double_field("fp8-amax-epsilon", [](auto& c) -> auto& { return c.fp8_amax_epsilon; },
                              [](const TrainConfig& c) {
                                check_non_negative("fp8-amax-epsilon", c.fp8_amax_epsilon);
-                               if (c.fp8_amax_epsilon > kFloatMax)
-                                 fail("fp8-amax-epsilon", "a finite number >= 0 that float32 holds",
+                               // float32 must hold it: neither past its max nor so small that it
+                               // would round to 0 (no silent clamp to "no floor").
+                               if (c.fp8_amax_epsilon > kFloatMax ||
+                                   (c.fp8_amax_epsilon > 0 && static_cast<float>(c.fp8_amax_epsilon) == 0.0f))
+                                 fail("fp8-amax-epsilon", "0, or a finite number float32 holds (1.4e-45 to 3.4e38)",
                                       num(c.fp8_amax_epsilon));
                              }));
     f.push_back(string_field("mx-rounding", [](auto& c) -> auto& { return c.mx_rounding; },
