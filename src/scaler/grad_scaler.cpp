@@ -101,6 +101,7 @@ StepOutcome GradScaler::step(Optimizer& opt, const StepOptions& options) {
     const UnscaleResult res = unscale_and_check(opt.store().grad_tensors(), inv_scale, o, {}, options.pool);
     record_check(r, res);
   }
+  r.found_inf = r.found_inf || options.found_inf_elsewhere;
 
   StepOutcome out;
   out.scale = get_scale();

@@ -82,7 +82,9 @@ T field(const ckpt::SafetensorsFile& f, const json& j, const char* key, const ch
 json trajectory_settings(const TrainConfig& c) {
   json j = json::parse(to_json(c));
   for (const char* k : {"steps", "out", "resume", "checkpoint-every", "keep-checkpoints", "eval-every",
-                        "eval-windows", "histogram-every", "threads", "inject-overflow-at"}) {
+                        "eval-windows", "histogram-every", "threads", "inject-overflow-at",
+                        // a run may resume on another number of ranks, or another reduction (docs/distributed.md)
+                        "distributed", "grad-reduce", "dist-timeout", "inject-overflow-rank"}) {
     j.erase(k);
   }
   return j;

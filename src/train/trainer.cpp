@@ -133,6 +133,33 @@ float format_max(DType t) {
   return std::numeric_limits<float>::max();
 }
 
+// Distributed accumulation: this micro-batch's gradient (the store's grads region,
+// written into zeros) added to acc in fp32, in micro-batch order; the first one is
+// copied (so that the sum is bitwise the same as the communicator's rank-order sum).
+void accumulate_grads(const ParamStore& s, std::span<float> acc, bool first, std::span<float> tmp) {
+  if (first) {
+    to_f32(s.grad_data(), s.grad_dtype(), acc);
+    return;
+  }
+  to_f32(s.grad_data(), s.grad_dtype(), tmp);
+  for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += tmp[i];
+}
+
+// acc rounded once into the store's grads region (to nearest even, inf past the max).
+void store_grads(ParamStore& s, std::span<const float> acc) {
+  switch (s.grad_dtype()) {
+    case DType::f32: std::memcpy(s.grad_data(), acc.data(), acc.size_bytes()); return;
+    case DType::f16: convert(acc, std::span<f16>(static_cast<f16*>(s.grad_data()), acc.size())); return;
+    case DType::bf16: convert(acc, std::span<bf16>(static_cast<bf16*>(s.grad_data()), acc.size())); return;
+  }
+}
+
+bool any_nonfinite(std::span<const float> v) {
+  bool bad = false;
+  for (const float x : v) bad = bad || !std::isfinite(x);
+  return bad;
+}
+
 bool histogram_step(const TrainConfig& c, std::uint64_t step) {
   return c.histogram_every > 0 && (step == 1 || step % c.histogram_every == 0 || step == c.steps);
 }
@@ -167,8 +194,24 @@ Trainer::Impl::Impl(const TrainConfig& c, nn::Dataset d)
       schedule(WarmupCosine{c.lr, static_cast<std::int64_t>(c.warmup), static_cast<std::int64_t>(c.steps), c.min_lr}),
       sampler(data.train(), c.seed) {}
 
-Trainer::Trainer(const TrainConfig& config) {
+Trainer::Trainer(const TrainConfig& config) { init(config, nullptr); }
+
+Trainer::Trainer(const TrainConfig& config, dist::Communicator& comm) { init(config, &comm); }
+
+void Trainer::init(const TrainConfig& config, dist::Communicator* comm) {
   validate(config);
+  std::unique_ptr<dist::SingleProcess> own;
+  if (comm == nullptr) {
+    own = std::make_unique<dist::SingleProcess>();
+    comm = own.get();
+  }
+  if (!config.distributed && comm->size() > 1)
+    throw std::invalid_argument("distributed: expected true on a communicator of " + std::to_string(comm->size()) +
+                                " ranks, found false");
+  if (config.inject_overflow_rank >= comm->size())
+    throw std::invalid_argument("inject-overflow-rank: expected -1 (every rank) or a rank in [0, " +
+                                std::to_string(comm->size()) + "), found " +
+                                std::to_string(config.inject_overflow_rank));
   // The layers and oneDNN share OpenMP's thread team; --threads sizes it for the process.
   if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
   std::unique_ptr<GradScaler> scaler = make_scaler(config.loss_scale);
@@ -185,6 +228,27 @@ Trainer::Trainer(const TrainConfig& config) {
   m.snapshot.resize(weights_of_record(m.model->params()).size());
   m.scratch.assign(m.model->params().flat_size(), 0.0f);
   m.step_ms.reserve(config.steps);
+  m.comm = comm;
+  m.own_comm = std::move(own);
+  if (config.distributed) {
+    m.acc.assign(m.model->params().flat_size(), 0.0f);
+    if (config.grad_reduce == "low" && m.model->params().grad_dtype() == DType::f32)
+      m.low.assign(m.model->params().flat_size(), 0);
+    // Rank 0's weights of record and scaler state on every rank (the same seed builds
+    // the same model everywhere; the broadcast makes it so whatever the build).
+    if (comm->size() > 1) {
+      ParamStore& s = m.model->params();
+      if (s.has_master()) {
+        comm->broadcast({reinterpret_cast<std::byte*>(s.master_data()), s.flat_size() * 4}, 0);
+        s.refresh_model();
+      } else {
+        comm->broadcast({static_cast<std::byte*>(s.model_data()), s.flat_size() * dtype_size(s.model_dtype())}, 0);
+      }
+      m.model->weights_updated();
+      const std::string scaler_state = comm->broadcast_string(m.scaler->state_json(), 0);
+      if (comm->rank() != 0) m.scaler->load_state_json(scaler_state);
+    }
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -194,6 +258,7 @@ const nn::Dataset& Trainer::data() const noexcept { return impl_->data; }
 nn::Model& Trainer::model() noexcept { return *impl_->model; }
 const GradScaler& Trainer::scaler() const noexcept { return *impl_->scaler; }
 const Optimizer& Trainer::optimizer() const noexcept { return *impl_->optimizer; }
+dist::Communicator& Trainer::communicator() noexcept { return *impl_->comm; }
 std::uint64_t Trainer::steps_done() const noexcept { return impl_->totals.steps; }
 bool Trainer::done() const noexcept { return impl_->totals.steps >= impl_->config.steps; }
 
@@ -214,29 +279,87 @@ StepRecord Trainer::train_step() {
   model.set_histograms(histograms);
 
   // The loss is the mean over every token of the effective batch, so each token's
-  // loss gradient is scale / (accum * losses per micro-batch).
-  const std::size_t losses_per_step = c.accum * model.losses_per_batch();
+  // loss gradient is scale / (accum * losses per micro-batch). Distributed: the
+  // effective batch is accum * ranks micro-batches; every rank draws all of them (the
+  // sampler stays the same everywhere) and runs its own accum, rank after rank.
+  dist::Communicator& comm = *m.comm;
+  comm.set_step(r.step);
+  const bool dp = c.distributed;
+  const std::size_t micro = c.accum * (dp ? static_cast<std::size_t>(comm.size()) : 1);
+  const std::size_t losses_per_step = micro * model.losses_per_batch();
   const float dloss = static_cast<float>(static_cast<double>(r.scale) / static_cast<double>(losses_per_step));
   double loss_sum = 0;
-  for (std::size_t k = 0; k < c.accum; ++k) {
+  for (std::size_t k = 0; k < micro; ++k) {
     m.sampler.next_batch(c.model.batch, c.model.context, m.inputs, m.targets);
+    if (dp && k / c.accum != static_cast<std::size_t>(comm.rank())) continue;
     const nn::ForwardResult f = model.forward(m.inputs, m.targets);
     loss_sum += f.loss_sum;
     if (!f.finite && r.loss_finite) {
       r.loss_finite = false;
       r.forward_nonfinite = f.first_nonfinite;
     }
-    model.backward(dloss);
+    if (dp) {
+      // Each micro-batch's gradient on its own, added in fp32 in micro-batch order:
+      // oneDNN's accumulating GEMMs (beta = 1) would round differently from the
+      // rank-order sum of the all-reduce (docs/distributed.md, "Bitwise equality").
+      const bool first = k % c.accum == 0;
+      if (!first) store.zero_grads();
+      model.backward(dloss);
+      accumulate_grads(store, m.acc, first, m.scratch);
+    } else {
+      model.backward(dloss);
+    }
     m.scaler->backward_done();
   }
-  r.loss = loss_sum / static_cast<double>(losses_per_step);
-  r.tokens = c.accum * model.tokens_per_batch();
-  if (std::find(c.inject_overflow_at.begin(), c.inject_overflow_at.end(), r.step) != c.inject_overflow_at.end()) {
-    inject_inf(store);
+  r.tokens = micro * model.tokens_per_batch();
+  const bool inject_here = c.inject_overflow_rank < 0 || c.inject_overflow_rank == comm.rank();
+  if (std::find(c.inject_overflow_at.begin(), c.inject_overflow_at.end(), r.step) != c.inject_overflow_at.end() &&
+      inject_here) {
+    if (dp) m.acc[store.offset(0)] = INFINITY;
+    else inject_inf(store);
     r.injected = true;
   }
   const nn::BackwardStats& bs = model.stats();
   r.act_grads = bs.activation_grads;
+  bool found_inf_elsewhere = false;
+  if (dp) {
+    // found_inf and a non-finite forward pass, MAX over the ranks (after any injection),
+    // so that every rank skips together; then the gradient all-reduce, whose result
+    // the scaler checks again (an overflow the sum itself creates is caught too).
+    float flags[2] = {any_nonfinite(m.acc) ? 1.0f : 0.0f, r.loss_finite ? 0.0f : 1.0f};
+    comm.allreduce_max(flags);
+    found_inf_elsewhere = flags[0] != 0.0f;
+    r.loss_finite = flags[1] == 0.0f;
+    comm.allreduce_sum(std::span<double>(&loss_sum, 1));
+    std::uint64_t counts[6] = {r.act_grads.elements, r.act_grads.nonzero,  r.act_grads.nonfinite_input,
+                               r.act_grads.underflow, r.act_grads.subnormal, r.act_grads.overflow};
+    comm.allreduce_sum(counts);
+    r.act_grads = {counts[0], counts[1], counts[2], counts[3], counts[4], counts[5]};
+    if (c.grad_reduce == "low") {
+      // The scaled gradients rounded to the model's f16/bf16 format (the store's
+      // gradients themselves when they are f16/bf16), summed in fp32 by their shard
+      // owner and rounded again: half the bytes of fp32.
+      const bool own = store.grad_dtype() != DType::f32;
+      const DType t = own ? store.grad_dtype() : store.model_dtype();
+      void* buf = own ? store.grad_data() : static_cast<void*>(m.low.data());
+      const std::size_t n = store.flat_size();
+      if (t == DType::f16) {
+        const std::span<f16> v(static_cast<f16*>(buf), n);
+        convert(std::span<const float>(m.acc), v);
+        comm.allreduce_sum(v);
+        if (!own) convert(std::span<const f16>(v), std::span<float>(static_cast<float*>(store.grad_data()), n));
+      } else {
+        const std::span<bf16> v(static_cast<bf16*>(buf), n);
+        convert(std::span<const float>(m.acc), v);
+        comm.allreduce_sum(v);
+        if (!own) convert(std::span<const bf16>(v), std::span<float>(static_cast<float*>(store.grad_data()), n));
+      }
+    } else {
+      comm.allreduce_sum(std::span<float>(m.acc));
+      store_grads(store, m.acc);
+    }
+  }
+  r.loss = loss_sum / static_cast<double>(losses_per_step);
   r.overflow_activation = bs.first_overflow;
   r.act_grad_amax = bs.amax;
   r.act_grad_tensors = bs.tensors;
@@ -272,6 +395,7 @@ StepRecord Trainer::train_step() {
   StepOptions so;
   if (c.clip > 0) so.max_grad_norm = static_cast<float>(c.clip);
   so.lr = r.lr;
+  so.found_inf_elsewhere = found_inf_elsewhere;
   const StepOutcome out = m.scaler->step(*m.optimizer, so);
   m.scaler->update();
   r.scaler_seconds = seconds_since(ts);
@@ -358,6 +482,7 @@ TrainSummary Trainer::summary() const {
   }
   s.memory = m.model->memory();
   s.param_count = m.model->params().param_count();
+  s.ranks = m.comm->size();
   return s;
 }
 

@@ -38,6 +38,10 @@ struct Trainer::Impl {
   std::vector<float> scratch;       // flat fp32 values for telemetry (unscaled grads, decoded weights)
   std::vector<double> step_ms;      // this process's steps (median)
   RunTotals totals;
+  dist::Communicator* comm = nullptr;
+  std::unique_ptr<dist::SingleProcess> own_comm;  // when constructed without one
+  std::vector<float> acc;           // distributed: this rank's gradient sum in fp32 (flat_size)
+  std::vector<std::uint16_t> low;   // grad-reduce low with fp32 gradients: the f16/bf16 reduce buffer
 
   Impl(const TrainConfig& c, nn::Dataset d);
 };

@@ -261,8 +261,8 @@ TEST(TrainConfigJson, UnknownKeysListTheKnownOnes) {
   EXPECT_EQ(e.rfind("config 'x.json': unknown key 'learning_rate'; known keys: model, precision, loss-scale, layers, "
                     "heads, channels, context, batch, depth, hidden, data, vocab, corpus-tokens, val-fraction, "
                     "optimizer, lr, min-lr, warmup, weight-decay, beta1, beta2, eps, clip, steps, accum, seed, "
-                    "eval-every, eval-windows, histogram-every, out, checkpoint-every, keep-checkpoints, resume, inject-overflow-at, "
-                    "threads",
+                    "eval-every, eval-windows, histogram-every, out, checkpoint-every, keep-checkpoints, resume, distributed, "
+                    "grad-reduce, dist-timeout, inject-overflow-rank, inject-overflow-at, threads",
                     0),
             0u)
       << e;
