@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# mpirun as the tests run it (docs/distributed.md, "Running"):
+#
+#   mpirun.sh NP PROGRAM [ARGS...]
+#
+# As root (containers): OMPI_ALLOW_RUN_AS_ROOT*. Up to 3 ranks on 2 cores:
+# --oversubscribe, one OpenMP thread per rank, passive OpenMP waiters. Shared memory
+# without the single-copy (CMA/ptrace) mechanism that containers often forbid.
+set -euo pipefail
+np=$1
+shift
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMP_NUM_THREADS=1 OMP_WAIT_POLICY=PASSIVE
+exec mpirun --oversubscribe --mca btl_vader_single_copy_mechanism none -np "$np" "$@"
