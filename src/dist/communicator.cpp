@@ -29,6 +29,18 @@ ShardRange shard_range(std::size_t n, int size, int rank) noexcept {
   return {begin, begin + base + (r < extra ? 1 : 0)};
 }
 
+ShardRange shard_of(std::size_t n, int size, int rank, std::span<const std::size_t> bounds) {
+  if (bounds.empty()) return shard_range(n, size, rank);
+  bool ok = bounds.size() == static_cast<std::size_t>(size) + 1 && bounds.front() == 0 && bounds.back() == n;
+  for (std::size_t i = 1; ok && i < bounds.size(); ++i) ok = bounds[i - 1] <= bounds[i];
+  if (!ok)
+    throw std::invalid_argument("shard bounds: expected " + std::to_string(size + 1) +
+                                " non-decreasing offsets from 0 to " + std::to_string(n) + ", found " +
+                                std::to_string(bounds.size()) + " offsets");
+  const auto r = static_cast<std::size_t>(rank);
+  return {bounds[r], bounds[r + 1]};
+}
+
 std::string Communicator::broadcast_string(const std::string& s, int root) {
   std::uint64_t n = s.size();
   broadcast({reinterpret_cast<std::byte*>(&n), sizeof n}, root);
@@ -41,14 +53,18 @@ void SingleProcess::broadcast(std::span<std::byte>, int root) {
   if (root != 0) throw std::invalid_argument("broadcast: root " + std::to_string(root) + " of a 1-rank communicator");
 }
 
-void SingleProcess::reduce_scatter_sum(std::span<const float> in, std::span<float> out) {
+void SingleProcess::reduce_scatter_sum(std::span<const float> in, std::span<float> out,
+                                       std::span<const std::size_t> bounds) {
+  (void)shard_of(in.size(), 1, 0, bounds);
   if (in.size() != out.size())
     throw std::invalid_argument("reduce_scatter_sum: expected an output of " + std::to_string(in.size()) +
                                 " elements (1 rank), found " + std::to_string(out.size()));
   if (in.data() != out.data() && !in.empty()) std::memmove(out.data(), in.data(), in.size() * sizeof(float));
 }
 
-void SingleProcess::all_gather(std::span<const std::byte> shard, std::span<std::byte> full, std::size_t) {
+void SingleProcess::all_gather(std::span<const std::byte> shard, std::span<std::byte> full, std::size_t elem_size,
+                               std::span<const std::size_t> bounds) {
+  if (elem_size != 0) (void)shard_of(full.size() / elem_size, 1, 0, bounds);
   if (shard.size() != full.size())
     throw std::invalid_argument("all_gather: expected a shard of " + std::to_string(full.size()) +
                                 " bytes (1 rank), found " + std::to_string(shard.size()));

@@ -107,11 +107,12 @@ void MpiCommunicator::account(Collective kind, std::size_t bytes, Clock::time_po
   s.seconds += std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-void MpiCommunicator::exchange_shards(const void* in, std::size_t n, std::size_t elem, Collective kind) {
-  const ShardRange mine = shard_range(n, size_, rank_);
+void MpiCommunicator::exchange_shards(const void* in, std::size_t n, std::size_t elem, Collective kind,
+                                      std::span<const std::size_t> bounds) {
+  const ShardRange mine = shard_of(n, size_, rank_, bounds);
   std::size_t sent = 0;
   for (int r = 0; r < size_; ++r) {
-    const ShardRange s = shard_range(n, size_, r);
+    const ShardRange s = shard_of(n, size_, r, bounds);
     const auto i = static_cast<std::size_t>(r);
     counts_[i] = to_int(s.size() * elem, collective_name(kind));
     displs_[i] = to_int(s.begin * elem, collective_name(kind));
@@ -130,10 +131,11 @@ void MpiCommunicator::exchange_shards(const void* in, std::size_t n, std::size_t
   account(kind, sent, t0);
 }
 
-void MpiCommunicator::gather_shards(void* data, std::size_t n, std::size_t elem, Collective kind, bool call) {
-  const ShardRange mine = shard_range(n, size_, rank_);
+void MpiCommunicator::gather_shards(void* data, std::size_t n, std::size_t elem, Collective kind, bool call,
+                                    std::span<const std::size_t> bounds) {
+  const ShardRange mine = shard_of(n, size_, rank_, bounds);
   for (int r = 0; r < size_; ++r) {
-    const ShardRange s = shard_range(n, size_, r);
+    const ShardRange s = shard_of(n, size_, r, bounds);
     const auto i = static_cast<std::size_t>(r);
     rcounts_[i] = to_int(s.size() * elem, collective_name(kind));
     rdispls_[i] = to_int(s.begin * elem, collective_name(kind));
@@ -162,7 +164,7 @@ void MpiCommunicator::gather_all(const void* in, std::size_t bytes, Collective k
 template <class T>
 void MpiCommunicator::sum_in_place(std::span<T> data, Collective kind) {
   const std::size_t n = data.size();
-  exchange_shards(data.data(), n, sizeof(T), kind);
+  exchange_shards(data.data(), n, sizeof(T), kind, {});
   const ShardRange mine = shard_range(n, size_, rank_);
   const auto* rows = reinterpret_cast<const T*>(recv_.data());
   for (std::size_t i = 0; i < mine.size(); ++i) {
@@ -170,7 +172,7 @@ void MpiCommunicator::sum_in_place(std::span<T> data, Collective kind) {
     for (std::size_t r = 1; r < static_cast<std::size_t>(size_); ++r) acc += widen(rows[r * mine.size() + i]);
     data[mine.begin + i] = T(acc);
   }
-  gather_shards(data.data(), n, sizeof(T), kind, false);  // the second half of one all-reduce
+  gather_shards(data.data(), n, sizeof(T), kind, false, {});  // the second half of one all-reduce
 }
 
 void MpiCommunicator::barrier() {
@@ -231,13 +233,14 @@ void MpiCommunicator::broadcast(std::span<std::byte> data, int root) {
   account(Collective::broadcast, rank_ == root ? data.size() * static_cast<std::size_t>(size_ - 1) : 0, t0);
 }
 
-void MpiCommunicator::reduce_scatter_sum(std::span<const float> in, std::span<float> out) {
-  const ShardRange mine = shard_range(in.size(), size_, rank_);
+void MpiCommunicator::reduce_scatter_sum(std::span<const float> in, std::span<float> out,
+                                         std::span<const std::size_t> bounds) {
+  const ShardRange mine = shard_of(in.size(), size_, rank_, bounds);
   if (out.size() != mine.size())
     throw std::invalid_argument("reduce_scatter_sum: expected an output of " + std::to_string(mine.size()) +
                                 " elements (rank " + std::to_string(rank_) + "'s shard of " +
                                 std::to_string(in.size()) + "), found " + std::to_string(out.size()));
-  exchange_shards(in.data(), in.size(), sizeof(float), Collective::reduce_scatter);
+  exchange_shards(in.data(), in.size(), sizeof(float), Collective::reduce_scatter, bounds);
   const auto* rows = reinterpret_cast<const float*>(recv_.data());
   for (std::size_t i = 0; i < mine.size(); ++i) {
     float acc = rows[i];
@@ -246,19 +249,20 @@ void MpiCommunicator::reduce_scatter_sum(std::span<const float> in, std::span<fl
   }
 }
 
-void MpiCommunicator::all_gather(std::span<const std::byte> shard, std::span<std::byte> full, std::size_t elem_size) {
+void MpiCommunicator::all_gather(std::span<const std::byte> shard, std::span<std::byte> full, std::size_t elem_size,
+                                 std::span<const std::size_t> bounds) {
   if (elem_size == 0 || full.size() % elem_size != 0)
     throw std::invalid_argument("all_gather: expected a buffer of whole elements of " + std::to_string(elem_size) +
                                 " bytes, found " + std::to_string(full.size()) + " bytes");
   const std::size_t n = full.size() / elem_size;
-  const ShardRange mine = shard_range(n, size_, rank_);
+  const ShardRange mine = shard_of(n, size_, rank_, bounds);
   if (shard.size() != mine.size() * elem_size)
     throw std::invalid_argument("all_gather: expected rank " + std::to_string(rank_) + "'s shard of " +
                                 std::to_string(mine.size() * elem_size) + " bytes, found " +
                                 std::to_string(shard.size()));
   if (!shard.empty() && shard.data() != full.data() + mine.begin * elem_size)
     std::memmove(full.data() + mine.begin * elem_size, shard.data(), shard.size());
-  gather_shards(full.data(), n, elem_size, Collective::all_gather, true);
+  gather_shards(full.data(), n, elem_size, Collective::all_gather, true, bounds);
 }
 
 void MpiCommunicator::abort(int code) {

@@ -102,6 +102,10 @@ StepOutcome GradScaler::step(Optimizer& opt, const StepOptions& options) {
     record_check(r, res);
   }
   r.found_inf = r.found_inf || options.found_inf_elsewhere;
+  if (options.global_grad_norm) {
+    r.grad_norm = *options.global_grad_norm;
+    r.found_inf = r.found_inf || !std::isfinite(r.grad_norm);
+  }
 
   StepOutcome out;
   out.scale = get_scale();

@@ -309,6 +309,8 @@ const std::vector<Field>& fields() {
                    c.distributed = v.get<bool>();
                  },
                  [](const TrainConfig& c) { return ordered_json(c.distributed); }, none});
+    f.push_back(uint_field("zero", [](auto& c) -> auto& { return c.zero; },
+                           [](const TrainConfig& c) { check_range("zero", c.zero, 0, 1); }));
     f.push_back(string_field("grad-reduce", [](auto& c) -> auto& { return c.grad_reduce; },
                              [](const TrainConfig& c) {
                                if (c.grad_reduce != "fp32" && c.grad_reduce != "low")
@@ -385,6 +387,9 @@ void validate(const TrainConfig& c) {
                               " (low all-reduces in the model's f16/bf16 format; this precision has none)",
            "low");
   }
+  if (c.zero == 1 && !c.distributed) fail("zero", "0 unless --distributed (ZeRO shards across ranks)", "1");
+  if (c.zero == 1 && c.grad_reduce != "fp32")
+    fail("grad-reduce", "fp32 with --zero 1 (its reduce-scatter sums in fp32)", squote(c.grad_reduce));
   if (c.inject_overflow_rank >= 0 && !c.distributed)
     fail("inject-overflow-rank", "-1 unless --distributed", std::to_string(c.inject_overflow_rank));
   if (c.data.empty()) {

@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include "mixprec/scaler/loss_scale.hpp"
+#include "nn/model_impl.hpp"
 #include "trainer_impl.hpp"
 
 namespace mixprec::train {
@@ -160,6 +161,61 @@ bool any_nonfinite(std::span<const float> v) {
   return bad;
 }
 
+// ZeRO slice boundaries: rank r's slice starts at the first cut point at or after
+// r * flat_size / ranks; cut points are tensor starts and kUnscaleChunk boundaries
+// inside tensors (the chunks of the norm's fixed summation order).
+std::vector<std::size_t> zero_bounds(const ParamStore& s, int ranks) {
+  std::vector<std::size_t> cuts;
+  for (std::size_t t = 0; t < s.tensor_count(); ++t)
+    for (std::size_t k = 0; k == 0 || k < s.numel(t); k += kUnscaleChunk) cuts.push_back(s.offset(t) + k);
+  cuts.push_back(s.flat_size());
+  std::vector<std::size_t> b{0};
+  for (std::size_t r = 1; r < static_cast<std::size_t>(ranks); ++r) {
+    const std::size_t ideal = s.flat_size() * r / static_cast<std::size_t>(ranks);
+    const auto it = std::lower_bound(cuts.begin(), cuts.end(), std::max(ideal, b.back()));
+    b.push_back(it == cuts.end() ? s.flat_size() : *it);
+  }
+  b.push_back(s.flat_size());
+  return b;
+}
+
+std::unique_ptr<ZeroShard> make_zero_shard(const TrainConfig& config, const nn::ModelConfig& mc, const ParamStore& full,
+                                           bool master, const dist::Communicator& comm) {
+  auto z = std::make_unique<ZeroShard>();
+  z->bounds = zero_bounds(full, comm.size());
+  z->begin = z->bounds[static_cast<std::size_t>(comm.rank())];
+  z->end = z->bounds[static_cast<std::size_t>(comm.rank()) + 1];
+  const std::size_t len = z->end - z->begin;
+  const OptimizerKind kind = *parse_optimizer(config.optimizer);
+  z->store = std::make_unique<ParamStore>(std::vector<ParamSpec>{{"shard", {len}}},
+                                          StoreOptions{full.model_dtype(), full.grad_dtype(), master,
+                                                       optimizer_state_slots(kind)});
+  {
+    // The initial fp32 weights of the slice, from a model built the same way (the
+    // model the trainer keeps has no master weights); dropped right away.
+    const std::unique_ptr<nn::Model> init = nn::make_model(mc, config.precision, 0);
+    const ParamStore& is = init->params();
+    if (master) {
+      std::memcpy(z->store->master_data(), is.master_data() + z->begin, len * 4);
+      z->store->refresh_model();
+    } else {
+      const std::size_t ds = dtype_size(is.model_dtype());
+      std::memcpy(z->store->model_data(), static_cast<const std::byte*>(is.model_data()) + z->begin * ds, len * ds);
+    }
+  }
+  z->grads.assign(len, 0.0f);
+  const std::size_t gs = dtype_size(full.grad_dtype());
+  for (std::size_t t = 0; t < full.tensor_count(); ++t) {
+    const std::size_t lo = std::max(full.offset(t), z->begin);
+    const std::size_t hi = std::min(full.offset(t) + full.numel(t), z->end);
+    if (lo < hi)
+      z->segments.push_back({static_cast<std::byte*>(z->store->grad_data()) + (lo - z->begin) * gs, hi - lo,
+                             full.grad_dtype()});
+  }
+  z->sums.resize(static_cast<std::size_t>(comm.size()));
+  return z;
+}
+
 bool histogram_step(const TrainConfig& c, std::uint64_t step) {
   return c.histogram_every > 0 && (step == 1 || step % c.histogram_every == 0 || step == c.steps);
 }
@@ -186,6 +242,21 @@ std::unique_ptr<GradScaler> make_scaler(const std::string& spec) {
     return std::make_unique<GradScaler>(c);
   }
   return std::make_unique<GradScaler>(loss_scale_preset(spec));
+}
+
+void zero_gather(const ZeroShard& z, dist::Communicator& comm, std::size_t flat_size, std::vector<float>& weights,
+                 std::vector<std::vector<float>>& states) {
+  const ParamStore& zs = *z.store;
+  const std::size_t n = flat_size;
+  auto gather = [&](const float* shard, std::vector<float>& out) {
+    out.assign(n, 0.0f);
+    comm.all_gather(std::as_bytes(std::span<const float>(shard, z.end - z.begin)),
+                       std::as_writable_bytes(std::span<float>(out)), sizeof(float), z.bounds);
+  };
+  weights.clear();
+  if (zs.has_master()) gather(zs.master_data(), weights);
+  states.resize(zs.state_slots());
+  for (unsigned k = 0; k < zs.state_slots(); ++k) gather(zs.state_data(k), states[k]);
 }
 
 Trainer::Impl::Impl(const TrainConfig& c, nn::Dataset d)
@@ -219,8 +290,21 @@ void Trainer::init(const TrainConfig& config, dist::Communicator* comm) {
   impl_ = std::make_unique<Impl>(config, std::move(data));
   Impl& m = *impl_;
   const OptimizerKind kind = *parse_optimizer(config.optimizer);
-  m.model = nn::make_model(model_config(config, m.data), config.precision, optimizer_state_slots(kind));
-  m.optimizer = make_optimizer(config, m.model->params());
+  if (config.zero == 1) {
+    // ZeRO-1: the model keeps its model copy and gradients, full size; master weights
+    // and optimizer state live in this rank's slice only.
+    const nn::ModelConfig mc = model_config(config, m.data);
+    nn::validate(mc);
+    nn::PrecisionPolicy pol = nn::policy_of(config.precision);
+    const bool master = pol.master;
+    pol.master = false;
+    m.model = mc.kind == nn::ModelKind::gpt ? nn::detail::make_gpt(mc, pol, 0) : nn::detail::make_mlp(mc, pol, 0);
+    m.zero = make_zero_shard(config, mc, m.model->params(), master, *comm);
+    m.optimizer = make_optimizer(config, *m.zero->store);
+  } else {
+    m.model = nn::make_model(model_config(config, m.data), config.precision, optimizer_state_slots(kind));
+    m.optimizer = make_optimizer(config, m.model->params());
+  }
   m.scaler = std::move(scaler);
   m.scaler->set_accumulation_steps(static_cast<int>(config.accum));
   m.inputs.assign(m.model->tokens_per_batch(), 0);
@@ -322,6 +406,7 @@ StepRecord Trainer::train_step() {
   const nn::BackwardStats& bs = model.stats();
   r.act_grads = bs.activation_grads;
   bool found_inf_elsewhere = false;
+  std::optional<double> global_norm;  // ZeRO
   if (dp) {
     // found_inf and a non-finite forward pass, MAX over the ranks (after any injection),
     // so that every rank skips together; then the gradient all-reduce, whose result
@@ -354,6 +439,22 @@ StepRecord Trainer::train_step() {
         comm.allreduce_sum(v);
         if (!own) convert(std::span<const bf16>(v), std::span<float>(static_cast<float*>(store.grad_data()), n));
       }
+    } else if (m.zero) {
+      // ZeRO-1: each rank receives the rank-order fp32 sums of its slice only; the
+      // norm is the exact combination of the slices' exact partial sums of squares.
+      ZeroShard& z = *m.zero;
+      comm.reduce_scatter_sum(m.acc, z.grads, z.bounds);
+      store_grads(*z.store, z.grads);
+      detail::ExactSum part;
+      bool bad = false;
+      detail::sum_squares_exact(z.segments, inv_scale_of(r.scale), part, bad);
+      const std::size_t me = static_cast<std::size_t>(comm.rank());
+      z.sums[me] = part;
+      comm.all_gather(std::as_bytes(std::span<const detail::ExactSum>(&z.sums[me], 1)),
+                      std::as_writable_bytes(std::span<detail::ExactSum>(z.sums)), sizeof(detail::ExactSum));
+      detail::ExactSum total;
+      for (const detail::ExactSum& s : z.sums) total.merge(s);
+      global_norm = std::sqrt(total.value());
     } else {
       comm.allreduce_sum(std::span<float>(m.acc));
       store_grads(store, m.acc);
@@ -368,7 +469,9 @@ StepRecord Trainer::train_step() {
                                 : std::numeric_limits<double>::infinity();
   // Per-parameter gradient amax, unscaled (the scaled gradients are what the scaler checks).
   std::span<float> flat(m.scratch);
-  to_f32(store.grad_data(), store.grad_dtype(), flat);
+  // Under ZeRO the reduced gradients exist only slice by slice: no per-tensor amax.
+  if (m.zero) std::fill(flat.begin(), flat.end(), 0.0f);
+  else to_f32(store.grad_data(), store.grad_dtype(), flat);
   const float inv_scale = 1.0f / r.scale;
   for (float& x : flat) x *= inv_scale;
   r.params.resize(store.tensor_count());
@@ -396,6 +499,7 @@ StepRecord Trainer::train_step() {
   if (c.clip > 0) so.max_grad_norm = static_cast<float>(c.clip);
   so.lr = r.lr;
   so.found_inf_elsewhere = found_inf_elsewhere;
+  so.global_grad_norm = global_norm;
   const StepOutcome out = m.scaler->step(*m.optimizer, so);
   m.scaler->update();
   r.scaler_seconds = seconds_since(ts);
@@ -406,9 +510,16 @@ StepRecord Trainer::train_step() {
   r.overflow_param = out.first_overflow_name;
   r.next_scale = m.scaler->get_scale();
   m.schedule.on_step(out.applied);
+  if (out.applied && m.zero) {  // every rank's updated slice of the model copy, everywhere
+    const std::size_t ds = dtype_size(store.model_dtype());
+    const ParamStore& zs = *m.zero->store;
+    comm.all_gather({static_cast<const std::byte*>(zs.model_data()), zs.flat_size() * ds},
+                    {static_cast<std::byte*>(store.model_data()), store.flat_size() * ds}, ds, m.zero->bounds);
+  }
   if (out.applied) {
     model.weights_updated();
-    r.lost_update_fraction = lost_update_fraction(store, m.snapshot, m.optimizer->kind(), c.weight_decay);
+    // Not measured under ZeRO (the optimizer state of the other slices is elsewhere).
+    if (!m.zero) r.lost_update_fraction = lost_update_fraction(store, m.snapshot, m.optimizer->kind(), c.weight_decay);
   }
   {
     const bool master = store.has_master();
@@ -481,6 +592,7 @@ TrainSummary Trainer::summary() const {
     s.median_step_ms = v[v.size() / 2];
   }
   s.memory = m.model->memory();
+  if (m.zero) s.memory.parameter_bytes += m.zero->store->bytes();  // this rank's slice
   s.param_count = m.model->params().param_count();
   s.ranks = m.comm->size();
   return s;

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `mpirun -np N mixprec train --distributed` end to end (docs/distributed.md):
 #
-#   cli_dist.sh MIXPREC_BIN WORK_DIR
+#   cli_dist.sh MIXPREC_BIN CKPT_TOOL WORK_DIR
 #
 #   1. 2 ranks, an overflow injected on rank 1 only at step 3: the log (rank 0's) shows
 #      step 3 skipped with the scale halved; summary.json reports 2 ranks and the bytes
@@ -14,9 +14,13 @@
 #      died; the run resumes from its newest checkpoint on 3 ranks, is killed again, and
 #      finishes on 1 process (no mpirun): every step logged once, the final checkpoint
 #      at the last step.
+#   5. --zero 1 on 3 ranks: the final checkpoint (gathered by rank 0) holds the same
+#      state as the unsharded 3-rank run's (ckpt_tool compare), and the summary reports
+#      the reduce-scatter and the all-gather.
 set -uo pipefail
 bin=$1
-work=$2
+tool=$2
+work=$3
 here=$(cd "$(dirname "$0")" && pwd)
 mpi() { bash "$here/mpirun.sh" "$@"; }
 rm -rf "$work"
@@ -151,6 +155,27 @@ assert steps == list(range(1, int(sys.argv[2]) + 1)), steps
 PY
 [ -f "$run/ckpt-$(printf '%08d' $steps).safetensors" ] || fail "no final checkpoint of step $steps"
 echo "resumed: 2 ranks -> killed at step >= 9, checkpoint $at -> 3 ranks -> killed, checkpoint $at2 -> 1 process -> step $steps"
+
+echo "== 5. ZeRO-1 on 3 ranks == unsharded"
+zargs=("${small[@]}" --steps 8 --inject-overflow-at 3 --inject-overflow-rank 2 --clip 0.05)
+mpi 3 "$bin" train --distributed "${zargs[@]}" --out "$work/plain3" > "$work/plain3.out" 2>&1 ||
+  fail "unsharded 3-rank run: $(tail -3 "$work/plain3.out")"
+mpi 3 "$bin" train --distributed --zero 1 "${zargs[@]}" --out "$work/zero3" > "$work/zero3.out" 2>&1 ||
+  fail "ZeRO 3-rank run: $(tail -3 "$work/zero3.out")"
+"$tool" compare "$work/plain3/ckpt-00000008.safetensors" "$work/zero3/ckpt-00000008.safetensors" --ignore-config zero ||
+  fail "the ZeRO checkpoint differs from the unsharded one"
+"$tool" logs "$work/plain3/log.jsonl" "$work/zero3/log.jsonl" > "$work/zero-logs.out" 2>&1 ||
+  echo "   (logs differ only in what ZeRO does not measure: $(grep -c . "$work/zero-logs.out") lines of differences)"
+python3 - "$work/zero3/summary.json" <<'PY' || fail "ZeRO summary.json: no reduce-scatter / all-gather"
+import json, sys
+d = json.load(open(sys.argv[1]))["distributed"]
+k = d["collectives"]
+assert d["ranks"] == 3 and k["reduce_scatter"]["calls_per_step"] == 1, d
+# per step: the norm's partial sums, the model copy (applied steps), and the checkpoint's gathers
+assert 1 < k["all_gather"]["calls_per_step"] <= 3, d
+print("zero summary:", json.dumps(d))
+PY
+grep "memory:" "$work/plain3.out" "$work/zero3.out"
 
 if [ "$failures" -ne 0 ]; then
   echo "cli_dist: $failures failure(s)"

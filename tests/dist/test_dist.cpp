@@ -8,12 +8,14 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "mixprec/checkpoint/safetensors.hpp"
 #include "mixprec/dist/mpi.hpp"
 #include "mixprec/train/trainer.hpp"
 
@@ -315,6 +317,122 @@ TEST(DataParallel, LowPrecisionReduceIsWithinToleranceOfFp32) {
   // partial sums changes the step of a few weights, by far less than that.
   EXPECT_LT(max_diff, 5e-3) << "largest |weight| " << max_abs;
   EXPECT_GT(max_abs, 0.0);
+}
+
+// ---- ZeRO stage 1 --------------------------------------------------------------------------
+
+// Every tensor of a checkpoint (weights of record, optimizer state), and the metadata
+// that must agree (scaler, optimizer counters, sampler, schedule, step).
+std::string checkpoint_state(const std::string& path) {
+  const ckpt::SafetensorsFile f = ckpt::SafetensorsFile::open(path);
+  std::string out;
+  for (const ckpt::TensorInfo& t : f.tensors()) {
+    const std::span<const std::byte> b = f.bytes(t.name);
+    out.append(t.name).push_back(':');
+    out.append(reinterpret_cast<const char*>(b.data()), b.size());
+  }
+  for (const char* k : {"mixprec.optimizer", "mixprec.sampler", "mixprec.schedule_position", "mixprec.step"})
+    out.append(k).append(f.require_metadata(k));
+  return out;
+}
+
+std::string temp_path(const std::string& name) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "mixprec-test-dist";
+  std::filesystem::create_directories(dir);
+  return (dir / (name + "-np" + std::to_string(world().size()) + ".safetensors")).string();
+}
+
+struct Trained {
+  std::vector<train::StepRecord> log;
+  std::string checkpoint;  // checkpoint_state of the final checkpoint (rank 0; empty elsewhere)
+  std::vector<std::byte> model_copy;
+  std::size_t parameter_bytes = 0;
+};
+
+// Trains c on the world to `steps`, from `resume` when given; saves at the end
+// (a collective under ZeRO; rank 0 writes).
+Trained train_world(const train::TrainConfig& c, const std::string& name, std::size_t steps,
+                    const std::string& resume = "") {
+  train::Trainer t(c, world());
+  if (!resume.empty()) t.load_checkpoint(resume);
+  Trained out;
+  while (t.steps_done() < steps) out.log.push_back(t.train_step());
+  const std::string path = temp_path(name);
+  t.save_checkpoint(path);
+  world().barrier();
+  if (world().rank() == 0) out.checkpoint = checkpoint_state(path);
+  const ParamStore& s = t.model().params();
+  const auto* m = static_cast<const std::byte*>(s.model_data());
+  out.model_copy.assign(m, m + s.flat_size() * dtype_size(s.model_dtype()));
+  out.parameter_bytes = t.summary().memory.parameter_bytes;
+  world().barrier();
+  return out;
+}
+
+// ZeRO-1 == the unsharded data-parallel run, bitwise: checkpoints (gathered master
+// weights and moments), model copies, losses and norms, with an overflow on one rank
+// (all slices skip together) and clipping active; and its parameter memory is smaller.
+TEST(Zero, EqualsTheUnshardedRunBitwise) {
+  for (const nn::Precision p : {nn::Precision::fp16, nn::Precision::bf16, nn::Precision::fp16_pure}) {
+    train::TrainConfig c = tiny(p);
+    c.inject_overflow_at = {3};
+    c.inject_overflow_rank = 0;
+    c.clip = 0.05;  // small: the global norm decides the clip coefficient every step
+    const std::string name(nn::precision_name(p));
+    const Trained plain = train_world(c, "plain-" + name, c.steps);
+    train::TrainConfig z = c;
+    z.zero = 1;
+    const Trained sharded = train_world(z, "zero-" + name, c.steps);
+    EXPECT_TRUE(sharded.checkpoint == plain.checkpoint) << name << ": the gathered state differs";
+    EXPECT_TRUE(sharded.model_copy == plain.model_copy) << name;
+    expect_same_on_all_ranks(sharded.model_copy, "zero model copy " + name);
+    ASSERT_EQ(sharded.log.size(), plain.log.size());
+    for (std::size_t i = 0; i < plain.log.size(); ++i) {
+      const train::StepRecord &a = sharded.log[i], &b = plain.log[i];
+      EXPECT_EQ(a.skipped, b.skipped) << name << " step " << i + 1;
+      EXPECT_EQ(a.skipped, i + 1 == 3) << name << " step " << i + 1;
+      EXPECT_EQ(a.next_scale, b.next_scale) << name << " step " << i + 1;
+      EXPECT_EQ(std::bit_cast<std::uint64_t>(a.loss), std::bit_cast<std::uint64_t>(b.loss)) << name << " step " << i + 1;
+      if (!a.skipped) {
+        EXPECT_EQ(std::bit_cast<std::uint64_t>(a.grad_norm), std::bit_cast<std::uint64_t>(b.grad_norm))
+            << name << " step " << i + 1;
+        EXPECT_EQ(a.clip_coef, b.clip_coef) << name << " step " << i + 1;
+        EXPECT_LT(a.clip_coef, 1.0f) << name << " step " << i + 1;
+      }
+    }
+    EXPECT_LT(sharded.parameter_bytes, plain.parameter_bytes) << name;
+    if (world().rank() == 0)
+      std::printf("zero %s: parameter bytes per rank %zu (unsharded %zu)\n", name.c_str(), sharded.parameter_bytes,
+                  plain.parameter_bytes);
+  }
+}
+
+// A ZeRO checkpoint is one ordinary file: a ZeRO run on these ranks and an unsharded
+// run both continue from it exactly as the uninterrupted ZeRO run did, and one process
+// loads the same weights. (Another rank count changes the global batch, accum * ranks:
+// tests/dist/cli_dist.sh resumes 2 -> 3 ranks -> 1 process.)
+TEST(Zero, CheckpointsReshardOnLoad) {
+  train::TrainConfig z = tiny(nn::Precision::fp16);
+  z.zero = 1;
+  const Trained full = train_world(z, "reshard-full", z.steps);
+  const Trained half = train_world(z, "reshard-half", 3);
+  const std::string mid = temp_path("reshard-half");
+  const Trained resumed = train_world(z, "reshard-resumed", z.steps, mid);
+  EXPECT_TRUE(resumed.checkpoint == full.checkpoint);
+  train::TrainConfig plain = z;
+  plain.zero = 0;
+  const Trained unsharded = train_world(plain, "reshard-unsharded", z.steps, mid);
+  EXPECT_TRUE(unsharded.checkpoint == full.checkpoint);
+  EXPECT_TRUE(unsharded.model_copy == full.model_copy);
+  if (world().rank() == 0) {  // one process (SingleProcess) loads the same file: the same weights
+    train::Trainer t(plain);
+    t.load_checkpoint(mid);
+    const ParamStore& s = t.model().params();
+    const auto* m = static_cast<const std::byte*>(s.model_data());
+    EXPECT_TRUE(std::vector<std::byte>(m, m + s.flat_size() * dtype_size(s.model_dtype())) == half.model_copy);
+    EXPECT_EQ(t.steps_done(), 3u);
+  }
+  world().barrier();
 }
 
 TEST(DataParallel, RejectsAnOverflowRankOutsideTheCommunicator) {

@@ -262,7 +262,7 @@ TEST(TrainConfigJson, UnknownKeysListTheKnownOnes) {
                     "heads, channels, context, batch, depth, hidden, data, vocab, corpus-tokens, val-fraction, "
                     "optimizer, lr, min-lr, warmup, weight-decay, beta1, beta2, eps, clip, steps, accum, seed, "
                     "eval-every, eval-windows, histogram-every, out, checkpoint-every, keep-checkpoints, resume, distributed, "
-                    "grad-reduce, dist-timeout, inject-overflow-rank, inject-overflow-at, threads",
+                    "zero, grad-reduce, dist-timeout, inject-overflow-rank, inject-overflow-at, threads",
                     0),
             0u)
       << e;

@@ -115,6 +115,7 @@ const std::vector<KeySpec>& key_specs() {
       {"keep-checkpoints", Kind::integer, "N", "Newest checkpoints kept in the run folder"},
       {"resume", Kind::text, "DIR", "Continue the run in DIR from its newest checkpoint; --steps may extend it"},
       {"distributed", Kind::flag, "", "Data-parallel over the ranks of mpirun -np N: each runs --accum micro-batches of the step"},
+      {"zero", Kind::integer, "N", "Distributed: 1 = ZeRO stage 1 (master weights and optimizer state sharded); 0 = off"},
       {"grad-reduce", Kind::text, "MODE",
        "Distributed gradient all-reduce: fp32 (bitwise rank-count independent) or low (f16/bf16, half the bytes)"},
       {"dist-timeout", Kind::number, "S", "Distributed: seconds a collective may take before the job is aborted"},
@@ -272,6 +273,8 @@ void set_key(TrainConfig& c, const std::string& key, const std::string& text) {
   } else if (key == "distributed") {
     if (text != "true" && text != "false") throw UsageError(key + ": expected true or false, found " + squote(text));
     c.distributed = text == "true";
+  } else if (key == "zero") {
+    set_uint(c.zero, key, text);
   } else if (key == "grad-reduce") {
     c.grad_reduce = text;
   } else if (key == "dist-timeout") {
@@ -649,7 +652,16 @@ RunResult run_loop(Trainer& t, const TrainConfig& c, const fs::path& dir, LogWri
                    const std::string& label = "") {
   RunResult res;
   res.checkpoint_step = checkpointed;
+  // ZeRO: a checkpoint gathers every rank's slice, so the other ranks take part in
+  // each save that rank 0 makes (and write nothing).
+  const bool follower = c.zero == 1 && t.communicator().rank() != 0 && !c.out.empty();
+  const bool saving = !dir.empty() || follower;
   auto save = [&](std::uint64_t step) {
+    if (follower) {
+      t.save_checkpoint("");
+      res.checkpoint_step = step;
+      return;
+    }
     const fs::path p = ckpt::checkpoint_path(dir, step);
     t.save_checkpoint(p.string());
     ckpt::prune_checkpoints(dir, c.keep_checkpoints);
@@ -670,12 +682,12 @@ RunResult run_loop(Trainer& t, const TrainConfig& c, const fs::path& dir, LogWri
     progress.step(r);
     if (alerts != nullptr)
       for (const monitor::Alert& a : alerts->observe(r)) print_alert(a, label);
-    if (!dir.empty() && c.checkpoint_every > 0 && r.step % c.checkpoint_every == 0) save(r.step);
+    if (saving && c.checkpoint_every > 0 && r.step % c.checkpoint_every == 0) save(r.step);
   }
   progress.finish();
   res.interrupted = !t.done();
   res.signal = res.interrupted && g_signal == 0 ? SIGTERM : g_signal;  // stopped because another rank was signalled
-  if (!dir.empty() && res.checkpoint_step != t.steps_done()) save(t.steps_done());
+  if (saving && res.checkpoint_step != t.steps_done()) save(t.steps_done());
   if (!dir.empty() && res.checkpoint.empty()) res.checkpoint = ckpt::checkpoint_path(dir, res.checkpoint_step);
   return res;
 }
@@ -864,7 +876,7 @@ TrainPlan plan_train(const TrainInputs& in) {
   for (const auto& [key, value] : was.items()) {
     if (key == "steps" || key == "out" || key == "resume") continue;
     // Another number of ranks, or another reduction, may continue a run (docs/distributed.md).
-    if (key == "distributed" || key == "grad-reduce" || key == "dist-timeout" || key == "inject-overflow-rank") continue;
+    if (key == "distributed" || key == "zero" || key == "grad-reduce" || key == "dist-timeout" || key == "inject-overflow-rank") continue;
     if (now.at(key) != value)
       throw UsageError("--" + key + ": this run was started with " +
                        (json_value_text(value).empty() ? "''" : json_value_text(value)) +
@@ -1098,7 +1110,7 @@ struct ComparePlan {
 // The keys compare sets per row or does not use.
 const std::vector<std::string>& compare_skipped_keys() {
   static const std::vector<std::string> keys = {"precision",   "loss-scale",  "out",          "resume",
-                                                "checkpoint-every", "keep-checkpoints", "distributed", "grad-reduce",
+                                                "checkpoint-every", "keep-checkpoints", "distributed", "zero", "grad-reduce",
                                                 "dist-timeout",     "inject-overflow-rank"};
   return keys;
 }

@@ -68,6 +68,10 @@ struct ShardRange {
   std::size_t size() const noexcept { return end - begin; }
 };
 ShardRange shard_range(std::size_t n, int size, int rank) noexcept;
+// Rank r's shard: [bounds[r], bounds[r + 1]), or shard_range(n, size, r) when bounds is
+// empty. Throws std::invalid_argument when bounds is not size + 1 non-decreasing
+// offsets from 0 to n.
+ShardRange shard_of(std::size_t n, int size, int rank, std::span<const std::size_t> bounds);
 
 class Communicator {
  public:
@@ -88,11 +92,15 @@ class Communicator {
   // data.size() bytes from `root` to every rank (the same size on every rank).
   virtual void broadcast(std::span<std::byte> data, int root) = 0;
   // in: the whole buffer (n elements, the same n on every rank); out: this rank's
-  // shard, shard_range(n, size(), rank()).size() elements, the rank-order fp32 sum.
-  virtual void reduce_scatter_sum(std::span<const float> in, std::span<float> out) = 0;
-  // shard: this rank's shard_range(n, ...) of `full` (n = full.size() / elem_size
-  // elements of elem_size bytes); every rank's shard lands in place in `full`.
-  virtual void all_gather(std::span<const std::byte> shard, std::span<std::byte> full, std::size_t elem_size) = 0;
+  // shard, the rank-order fp32 sum. Shards: `bounds` (size() + 1 offsets, 0 first, n
+  // last, non-decreasing: rank r owns [bounds[r], bounds[r + 1])), or shard_range
+  // when empty.
+  virtual void reduce_scatter_sum(std::span<const float> in, std::span<float> out,
+                                  std::span<const std::size_t> bounds = {}) = 0;
+  // shard: this rank's shard of `full` (n = full.size() / elem_size elements of
+  // elem_size bytes; shards as above); every rank's shard lands in place in `full`.
+  virtual void all_gather(std::span<const std::byte> shard, std::span<std::byte> full, std::size_t elem_size,
+                          std::span<const std::size_t> bounds = {}) = 0;
 
   // Ends the job on every rank (MPI_Abort); SingleProcess: std::exit.
   [[noreturn]] virtual void abort(int code) = 0;
@@ -124,8 +132,10 @@ class SingleProcess final : public Communicator {
   void allreduce_sum(std::span<std::uint64_t>) override {}
   void allreduce_max(std::span<float>) override {}
   void broadcast(std::span<std::byte>, int root) override;
-  void reduce_scatter_sum(std::span<const float> in, std::span<float> out) override;
-  void all_gather(std::span<const std::byte> shard, std::span<std::byte> full, std::size_t elem_size) override;
+  void reduce_scatter_sum(std::span<const float> in, std::span<float> out,
+                          std::span<const std::size_t> bounds = {}) override;
+  void all_gather(std::span<const std::byte> shard, std::span<std::byte> full, std::size_t elem_size,
+                  std::span<const std::size_t> bounds = {}) override;
   [[noreturn]] void abort(int code) override;
 };
 

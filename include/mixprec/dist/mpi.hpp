@@ -42,8 +42,10 @@ class MpiCommunicator final : public Communicator {
   void allreduce_sum(std::span<std::uint64_t> data) override;
   void allreduce_max(std::span<float> data) override;
   void broadcast(std::span<std::byte> data, int root) override;
-  void reduce_scatter_sum(std::span<const float> in, std::span<float> out) override;
-  void all_gather(std::span<const std::byte> shard, std::span<std::byte> full, std::size_t elem_size) override;
+  void reduce_scatter_sum(std::span<const float> in, std::span<float> out,
+                          std::span<const std::size_t> bounds = {}) override;
+  void all_gather(std::span<const std::byte> shard, std::span<std::byte> full, std::size_t elem_size,
+                  std::span<const std::size_t> bounds = {}) override;
   [[noreturn]] void abort(int code) override;
 
  private:
@@ -51,8 +53,10 @@ class MpiCommunicator final : public Communicator {
   void sum_in_place(std::span<T> data, Collective kind);
   // Exchanges the shards of `in` (n elements of elem bytes) so that recv holds
   // size() rows of this rank's shard, row r from rank r.
-  void exchange_shards(const void* in, std::size_t n, std::size_t elem, Collective kind);
-  void gather_shards(void* data, std::size_t n, std::size_t elem, Collective kind, bool call);
+  void exchange_shards(const void* in, std::size_t n, std::size_t elem, Collective kind,
+                       std::span<const std::size_t> bounds);
+  void gather_shards(void* data, std::size_t n, std::size_t elem, Collective kind, bool call,
+                     std::span<const std::size_t> bounds);
   void gather_all(const void* in, std::size_t bytes, Collective kind);  // recv := size() copies, rank order
   void wait(void* request, Collective kind, std::size_t elements);
   void account(Collective kind, std::size_t bytes, std::chrono::steady_clock::time_point t0, bool call = true);

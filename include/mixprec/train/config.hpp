@@ -60,6 +60,7 @@ struct TrainConfig {
 
   // data parallelism over the ranks of a communicator (docs/distributed.md)
   bool distributed = false;                    // each rank runs `accum` micro-batches of a global batch of accum * ranks
+  unsigned zero = 0;                           // 1: ZeRO stage 1, master weights and optimizer state sharded
   std::string grad_reduce = "fp32";            // fp32 | low (f16/bf16 all-reduce of the scaled gradients)
   double dist_timeout = 120;                   // seconds a collective may take before the job is aborted
   std::int64_t inject_overflow_rank = -1;      // testing: the rank inject-overflow-at writes on; -1 = every rank
