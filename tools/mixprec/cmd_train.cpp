@@ -117,7 +117,7 @@ const std::vector<KeySpec>& key_specs() {
       {"distributed", Kind::flag, "", "Data-parallel over the ranks of mpirun -np N: each runs --accum micro-batches of the step"},
       {"zero", Kind::integer, "N", "Distributed: 1 = ZeRO stage 1 (master weights and optimizer state sharded); 0 = off"},
       {"grad-reduce", Kind::text, "MODE",
-       "Distributed gradient all-reduce: fp32 (bitwise rank-count independent) or low (f16/bf16, half the bytes)"},
+       "Distributed gradient all-reduce: fp32 (fixed-order sums, bitwise reproducible) or low (f16/bf16, half the bytes)"},
       {"dist-timeout", Kind::number, "S", "Distributed: seconds a collective may take before the job is aborted"},
       {"inject-overflow-rank", Kind::integer, "R", "Testing: --inject-overflow-at on rank R only; -1 = every rank"},
       {"inject-overflow-at", Kind::list, "LIST", "Testing: +inf into a gradient at these steps (1-based), e.g. 5,17"},
