@@ -15,6 +15,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev libcli11-dev nlohmann-json3-dev
   libdnnl-dev ocl-icd-opencl-dev  # oneDNN; its CMake config (GPU runtime OCL) needs OpenCL dev files
+  openmpi-bin libopenmpi-dev      # mixprec train --distributed (mpirun) and its tests (docs/distributed.md)
 )
 for set in "$@"; do
   case "$set" in

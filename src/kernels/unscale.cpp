@@ -175,6 +175,21 @@ UnscaleResult unscale_with(const UnscaleKernels& kernels, std::span<const GradTe
 
 }  // namespace
 
+namespace detail {
+
+void sum_squares_exact(std::span<const GradTensor> grads, float inv_scale, ExactSum& sum, bool& found_inf) {
+  validate(grads, inv_scale, UnscaleOptions{}, {});
+  const UnscaleKernels* kernels = kernels_for(active_isa());
+  for (const GradTensor& g : grads) {
+    if (g.size == 0) continue;
+    SegmentOut out;
+    kernels->segment[static_cast<int>(g.dtype)][0][1][0](g.data, g.size, inv_scale, out, &sum);
+    if (out.max_in >= kInfBits) found_inf = true;
+  }
+}
+
+}  // namespace detail
+
 UnscaleResult unscale_and_check(std::span<const GradTensor> grads, float inv_scale, const UnscaleOptions& options,
                                 std::span<float> amax_out, ThreadPool* pool) {
   validate(grads, inv_scale, options, amax_out);

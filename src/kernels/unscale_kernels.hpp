@@ -61,6 +61,13 @@ struct UnscaleKernels {
 };
 
 const UnscaleKernels& scalar_unscale_kernels() noexcept;
+
+// The unrounded sum of squares of unscale_and_check (check only) over `grads`, added
+// to `sum`, on the active back end, one thread; found_inf when an element read is
+// inf/NaN. Each tensor's chunks start at its first element, so a piece of a tensor
+// that starts at a chunk boundary of that tensor adds exactly what the whole tensor's
+// pass adds for those chunks: ZeRO's shards add up to the unsharded norm (dist/).
+void sum_squares_exact(std::span<const GradTensor> grads, float inv_scale, ExactSum& sum, bool& found_inf);
 const UnscaleKernels* avx2_unscale_kernels() noexcept;  // nullptr when not compiled in
 
 inline constexpr int kSumLanes = 16;

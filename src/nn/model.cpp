@@ -70,8 +70,15 @@ std::span<const Fp8TensorStats> Model::fp8_stats() const noexcept {
   return f == nullptr ? std::span<const Fp8TensorStats>{} : f->stats();
 }
 
-void Model::fp8_step_done() {
-  if (detail::Fp8Linears* f = fp8_linears()) f->step_done();
+void Model::fp8_step_done(const std::function<void(std::span<float>)>& reduce_amaxes) {
+  detail::Fp8Linears* f = fp8_linears();
+  if (f == nullptr) return;
+  if (fp8::DelayedScaling* d = f->delayed(); d != nullptr && reduce_amaxes) {
+    std::vector<float> amaxes = d->current_amaxes();
+    reduce_amaxes(amaxes);
+    d->set_current_amaxes(amaxes);
+  }
+  f->step_done();
 }
 
 const fp8::DelayedScaling* Model::fp8_delayed() const noexcept {

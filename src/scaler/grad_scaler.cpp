@@ -101,6 +101,11 @@ StepOutcome GradScaler::step(Optimizer& opt, const StepOptions& options) {
     const UnscaleResult res = unscale_and_check(opt.store().grad_tensors(), inv_scale, o, {}, options.pool);
     record_check(r, res);
   }
+  r.found_inf = r.found_inf || options.found_inf_elsewhere;
+  if (options.global_grad_norm) {
+    r.grad_norm = *options.global_grad_norm;
+    r.found_inf = r.found_inf || !std::isfinite(r.grad_norm);
+  }
 
   StepOutcome out;
   out.scale = get_scale();

@@ -7,6 +7,7 @@
 // "momentum_buffer.<param>" (SGD with momentum): PyTorch's names. The low-precision
 // model copy is not saved: it is round-to-nearest-even of the master weights and is
 // recomputed bitwise on load.
+#include <algorithm>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -86,7 +87,9 @@ T field(const ckpt::SafetensorsFile& f, const json& j, const char* key, const ch
 json trajectory_settings(const TrainConfig& c) {
   json j = json::parse(to_json(c));
   for (const char* k : {"steps", "out", "resume", "checkpoint-every", "keep-checkpoints", "eval-every",
-                        "eval-windows", "histogram-every", "threads", "inject-overflow-at"}) {
+                        "eval-windows", "histogram-every", "threads", "inject-overflow-at",
+                        // a run may resume on another number of ranks, or another reduction (docs/distributed.md)
+                        "distributed", "zero", "grad-reduce", "dist-timeout", "inject-overflow-rank"}) {
     j.erase(k);
   }
   return j;
@@ -97,10 +100,19 @@ json trajectory_settings(const TrainConfig& c) {
 void Trainer::save_checkpoint(const std::string& path) const {
   const Impl& m = *impl_;
   const ParamStore& s = m.model->params();
+  // ZeRO: the slices gathered first (every rank takes part); rank 0 writes one
+  // ordinary checkpoint of the full state, which any number of ranks can load.
+  std::vector<float> zero_weights;
+  std::vector<std::vector<float>> zero_states;
+  if (m.zero) {
+    zero_gather(*m.zero, *m.comm, s.flat_size(), zero_weights, zero_states);
+    if (m.comm->rank() != 0) return;
+  }
+  auto state_of = [&](unsigned k) -> const float* { return m.zero ? zero_states[k].data() : s.state_data(k); };
   std::vector<ckpt::TensorRef> tensors;
-  const bool master = s.has_master();
+  const bool master = m.zero ? m.zero->store->has_master() : s.has_master();
   const DType wt = master ? DType::f32 : s.model_dtype();
-  const auto* weights = master ? reinterpret_cast<const std::byte*>(s.master_data())
+  const auto* weights = master ? reinterpret_cast<const std::byte*>(m.zero ? zero_weights.data() : s.master_data())
                                : static_cast<const std::byte*>(s.model_data());
   const std::vector<std::string> slots = state_names(m.optimizer->kind());
   for (std::size_t i = 0; i < s.tensor_count(); ++i) {
@@ -109,15 +121,18 @@ void Trainer::save_checkpoint(const std::string& path) const {
     const std::size_t n = s.numel(i);
     tensors.push_back({spec.name, ckpt_dtype(wt), shape, {weights + s.offset(i) * dtype_size(wt), n * dtype_size(wt)}});
     for (unsigned k = 0; k < slots.size(); ++k) {
-      const auto* st = reinterpret_cast<const std::byte*>(s.state_data(k) + s.offset(i));
+      const auto* st = reinterpret_cast<const std::byte*>(state_of(k) + s.offset(i));
       tensors.push_back({slots[k] + spec.name, ckpt::DType::f32, shape, {st, n * 4}});
     }
   }
+  OptimizerState os = m.optimizer->state();
+  os.flat_size = s.flat_size();  // the full layout (under ZeRO the optimizer holds a slice)
+  os.param_count = s.param_count();
   std::map<std::string, std::string> meta{
       {"mixprec.version", kVersion},
       {"mixprec.config", to_json(m.config)},
       {"mixprec.scaler", m.scaler->state_json()},
-      {"mixprec.optimizer", optimizer_json(m.optimizer->state()).dump()},
+      {"mixprec.optimizer", optimizer_json(os).dump()},
       {"mixprec.schedule_position", std::to_string(m.schedule.position())},
       {"mixprec.sampler", json{{"seed", m.sampler.state().seed}, {"counter", m.sampler.state().counter}}.dump()},
       {"mixprec.totals", totals_json(m.totals).dump()},
@@ -155,7 +170,7 @@ void Trainer::load_checkpoint(const std::string& path) {
     bad(src, "data fingerprint differs: the checkpoint was written for other training data or vocabulary");
   }
   const ParamStore& s = m.model->params();
-  const bool master = s.has_master();
+  const bool master = m.zero ? m.zero->store->has_master() : s.has_master();
   const DType wt = master ? DType::f32 : s.model_dtype();
   const std::vector<std::string> slots = state_names(m.optimizer->kind());
   std::vector<std::span<const std::byte>> weights, states;
@@ -187,6 +202,14 @@ void Trainer::load_checkpoint(const std::string& path) {
   os.flat_size = field<std::size_t>(f, oj, "mixprec.optimizer", "flat_size");
   os.param_count = field<std::size_t>(f, oj, "mixprec.optimizer", "param_count");
   if (os.step < 0) bad(src, "optimizer: step must be >= 0, found " + std::to_string(os.step));
+  if (m.zero) {  // a checkpoint holds the full layout; this rank's optimizer steps its slice
+    if (os.flat_size != s.flat_size() || os.param_count != s.param_count())
+      bad(src, "optimizer: expected the layout of " + std::to_string(s.param_count()) + " parameters (" +
+                   std::to_string(s.flat_size()) + " padded), found " + std::to_string(os.param_count) + " (" +
+                   std::to_string(os.flat_size) + ")");
+    os.flat_size = m.optimizer->state().flat_size;
+    os.param_count = m.optimizer->state().param_count;
+  }
   std::int64_t position = 0;
   try {
     std::size_t used = 0;
@@ -253,11 +276,45 @@ void Trainer::load_checkpoint(const std::string& path) {
   // else changed), then the rest, which cannot fail.
   m.optimizer->load_state(os);
   ParamStore& st = m.model->params();
-  auto* w = master ? reinterpret_cast<std::byte*>(st.master_data()) : static_cast<std::byte*>(st.model_data());
-  for (std::size_t i = 0, k = 0; i < st.tensor_count(); ++i) {
-    std::memcpy(w + st.offset(i) * dtype_size(wt), weights[i].data(), weights[i].size());
-    for (unsigned slot = 0; slot < slots.size(); ++slot, ++k) {
-      std::memcpy(st.state_data(slot) + st.offset(i), states[k].data(), states[k].size());
+  if (m.zero) {
+    // Resharded on load: this rank's slice of every tensor, whatever wrote the file.
+    ZeroShard& z = *m.zero;
+    ParamStore& zs = *z.store;
+    const std::size_t ds = dtype_size(st.model_dtype());
+    for (std::size_t i = 0, k = 0; i < st.tensor_count(); ++i) {
+      const std::size_t off = st.offset(i), n = st.numel(i);
+      const std::size_t lo = std::max(off, z.begin), hi = std::min(off + n, z.end);
+      auto* model = static_cast<std::byte*>(st.model_data()) + off * ds;
+      if (master) {
+        const std::span<const float> w(reinterpret_cast<const float*>(weights[i].data()), n);
+        switch (st.model_dtype()) {
+          case DType::f32: std::memcpy(model, w.data(), n * 4); break;
+          case DType::f16: convert(w, std::span<f16>(reinterpret_cast<f16*>(model), n)); break;
+          case DType::bf16: convert(w, std::span<bf16>(reinterpret_cast<bf16*>(model), n)); break;
+        }
+        if (lo < hi) std::memcpy(zs.master_data() + (lo - z.begin), w.data() + (lo - off), (hi - lo) * 4);
+      } else {
+        std::memcpy(model, weights[i].data(), weights[i].size());
+      }
+      for (unsigned slot = 0; slot < slots.size(); ++slot, ++k) {
+        const auto* sv = reinterpret_cast<const float*>(states[k].data());
+        if (lo < hi) std::memcpy(zs.state_data(slot) + (lo - z.begin), sv + (lo - off), (hi - lo) * 4);
+      }
+    }
+    if (master) {
+      zs.refresh_model();
+    } else {
+      std::memcpy(zs.model_data(), static_cast<const std::byte*>(st.model_data()) + z.begin * ds,
+                  (z.end - z.begin) * ds);
+    }
+    zs.zero_grads();
+  } else {
+    auto* w = master ? reinterpret_cast<std::byte*>(st.master_data()) : static_cast<std::byte*>(st.model_data());
+    for (std::size_t i = 0, k = 0; i < st.tensor_count(); ++i) {
+      std::memcpy(w + st.offset(i) * dtype_size(wt), weights[i].data(), weights[i].size());
+      for (unsigned slot = 0; slot < slots.size(); ++slot, ++k) {
+        std::memcpy(st.state_data(slot) + st.offset(i), states[k].data(), states[k].size());
+      }
     }
   }
   st.refresh_model();

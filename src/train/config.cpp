@@ -43,6 +43,7 @@ constexpr std::uint64_t kMaxAccum = 1'000'000;
 constexpr std::uint64_t kMaxSteps = 1'000'000'000;
 constexpr std::uint64_t kMaxThreads = 1024;
 constexpr std::uint64_t kMaxAmaxHistory = 1u << 20;
+constexpr std::uint64_t kMaxRanks = 1u << 20;
 constexpr double kMaxExactInteger = 9007199254740992.0;  // 2^53
 constexpr double kFloatMax = static_cast<double>(std::numeric_limits<float>::max());
 
@@ -349,6 +350,39 @@ const std::vector<Field>& fields() {
     f.push_back(uint_field("keep-checkpoints", [](auto& c) -> auto& { return c.keep_checkpoints; },
                            [](const TrainConfig& c) { check_at_least("keep-checkpoints", c.keep_checkpoints, 1); }));
     f.push_back(string_field("resume", [](auto& c) -> auto& { return c.resume; }, none));
+    f.push_back({"distributed",
+                 [](TrainConfig& c, const json& v) {
+                   if (!v.is_boolean()) fail("distributed", "true or false", describe(v));
+                   c.distributed = v.get<bool>();
+                 },
+                 [](const TrainConfig& c) { return ordered_json(c.distributed); }, none});
+    f.push_back(uint_field("zero", [](auto& c) -> auto& { return c.zero; },
+                           [](const TrainConfig& c) { check_range("zero", c.zero, 0, 1); }));
+    f.push_back(string_field("grad-reduce", [](auto& c) -> auto& { return c.grad_reduce; },
+                             [](const TrainConfig& c) {
+                               if (c.grad_reduce != "fp32" && c.grad_reduce != "low")
+                                 fail("grad-reduce", "fp32 or low", squote(c.grad_reduce));
+                             }));
+    f.push_back(double_field("dist-timeout", [](auto& c) -> auto& { return c.dist_timeout; },
+                             [](const TrainConfig& c) {
+                               if (!(std::isfinite(c.dist_timeout) && c.dist_timeout > 0 && c.dist_timeout <= 86400))
+                                 fail("dist-timeout", "a number of seconds in (0, 86400]", num(c.dist_timeout));
+                             }));
+    f.push_back({"inject-overflow-rank",
+                 [](TrainConfig& c, const json& v) {
+                   if (v.is_number_integer() && v.get<std::int64_t>() == -1) {
+                     c.inject_overflow_rank = -1;
+                     return;
+                   }
+                   c.inject_overflow_rank =
+                       static_cast<std::int64_t>(json_uint(v, "inject-overflow-rank", kMaxRanks - 1));
+                 },
+                 [](const TrainConfig& c) { return ordered_json(c.inject_overflow_rank); },
+                 [](const TrainConfig& c) {
+                   if (c.inject_overflow_rank < -1 || c.inject_overflow_rank >= static_cast<std::int64_t>(kMaxRanks))
+                     fail("inject-overflow-rank", "-1 (every rank) or a rank in [0, " + std::to_string(kMaxRanks) + ")",
+                          std::to_string(c.inject_overflow_rank));
+                 }});
     f.push_back({"inject-overflow-at",
                  [](TrainConfig& c, const json& v) {
                    constexpr std::string_view key = "inject-overflow-at";
@@ -456,6 +490,18 @@ void validate(const TrainConfig& c) {
   if (c.warmup > c.steps) fail("warmup", "an integer <= steps (" + std::to_string(c.steps) + ")", std::to_string(c.warmup));
   for (const std::size_t s : c.inject_overflow_at)
     check_range("inject-overflow-at", s, 1, c.steps);
+  if (c.grad_reduce == "low") {
+    if (!c.distributed) fail("grad-reduce", "fp32 unless --distributed (low is a way of all-reducing)", "low");
+    if (nn::policy_of(c.precision).weights == DType::f32)
+      fail("grad-reduce", std::string("fp32 with precision ").append(nn::precision_name(c.precision)) +
+                              " (low all-reduces in the model's f16/bf16 format; this precision has none)",
+           "low");
+  }
+  if (c.zero == 1 && !c.distributed) fail("zero", "0 unless --distributed (ZeRO shards across ranks)", "1");
+  if (c.zero == 1 && c.grad_reduce != "fp32")
+    fail("grad-reduce", "fp32 with --zero 1 (its reduce-scatter sums in fp32)", squote(c.grad_reduce));
+  if (c.inject_overflow_rank >= 0 && !c.distributed)
+    fail("inject-overflow-rank", "-1 unless --distributed", std::to_string(c.inject_overflow_rank));
   if (c.data.empty()) {
     const std::size_t need = nn::min_tokens_for(c.model.context, c.val_fraction);
     if (c.corpus_tokens < need)

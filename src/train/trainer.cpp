@@ -11,6 +11,7 @@
 #include <omp.h>
 
 #include "mixprec/scaler/loss_scale.hpp"
+#include "nn/model_impl.hpp"
 #include "trainer_impl.hpp"
 
 namespace mixprec::train {
@@ -133,6 +134,88 @@ float format_max(DType t) {
   return std::numeric_limits<float>::max();
 }
 
+// Distributed accumulation: this micro-batch's gradient (the store's grads region,
+// written into zeros) added to acc in fp32, in micro-batch order; the first one is
+// copied (so that the sum is bitwise the same as the communicator's rank-order sum).
+void accumulate_grads(const ParamStore& s, std::span<float> acc, bool first, std::span<float> tmp) {
+  if (first) {
+    to_f32(s.grad_data(), s.grad_dtype(), acc);
+    return;
+  }
+  to_f32(s.grad_data(), s.grad_dtype(), tmp);
+  for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += tmp[i];
+}
+
+// acc rounded once into the store's grads region (to nearest even, inf past the max).
+void store_grads(ParamStore& s, std::span<const float> acc) {
+  switch (s.grad_dtype()) {
+    case DType::f32: std::memcpy(s.grad_data(), acc.data(), acc.size_bytes()); return;
+    case DType::f16: convert(acc, std::span<f16>(static_cast<f16*>(s.grad_data()), acc.size())); return;
+    case DType::bf16: convert(acc, std::span<bf16>(static_cast<bf16*>(s.grad_data()), acc.size())); return;
+  }
+}
+
+bool any_nonfinite(std::span<const float> v) {
+  bool bad = false;
+  for (const float x : v) bad = bad || !std::isfinite(x);
+  return bad;
+}
+
+// ZeRO slice boundaries: rank r's slice starts at the first cut point at or after
+// r * flat_size / ranks; cut points are tensor starts and kUnscaleChunk boundaries
+// inside tensors (the chunks of the norm's fixed summation order).
+std::vector<std::size_t> zero_bounds(const ParamStore& s, int ranks) {
+  std::vector<std::size_t> cuts;
+  for (std::size_t t = 0; t < s.tensor_count(); ++t)
+    for (std::size_t k = 0; k == 0 || k < s.numel(t); k += kUnscaleChunk) cuts.push_back(s.offset(t) + k);
+  cuts.push_back(s.flat_size());
+  std::vector<std::size_t> b{0};
+  for (std::size_t r = 1; r < static_cast<std::size_t>(ranks); ++r) {
+    const std::size_t ideal = s.flat_size() * r / static_cast<std::size_t>(ranks);
+    const auto it = std::lower_bound(cuts.begin(), cuts.end(), std::max(ideal, b.back()));
+    b.push_back(it == cuts.end() ? s.flat_size() : *it);
+  }
+  b.push_back(s.flat_size());
+  return b;
+}
+
+std::unique_ptr<ZeroShard> make_zero_shard(const TrainConfig& config, const nn::ModelConfig& mc, const ParamStore& full,
+                                           bool master, const dist::Communicator& comm) {
+  auto z = std::make_unique<ZeroShard>();
+  z->bounds = zero_bounds(full, comm.size());
+  z->begin = z->bounds[static_cast<std::size_t>(comm.rank())];
+  z->end = z->bounds[static_cast<std::size_t>(comm.rank()) + 1];
+  const std::size_t len = z->end - z->begin;
+  const OptimizerKind kind = *parse_optimizer(config.optimizer);
+  z->store = std::make_unique<ParamStore>(std::vector<ParamSpec>{{"shard", {len}}},
+                                          StoreOptions{full.model_dtype(), full.grad_dtype(), master,
+                                                       optimizer_state_slots(kind)});
+  {
+    // The initial fp32 weights of the slice, from a model built the same way (the
+    // model the trainer keeps has no master weights); dropped right away.
+    const std::unique_ptr<nn::Model> init = nn::make_model(mc, config.precision, 0);
+    const ParamStore& is = init->params();
+    if (master) {
+      std::memcpy(z->store->master_data(), is.master_data() + z->begin, len * 4);
+      z->store->refresh_model();
+    } else {
+      const std::size_t ds = dtype_size(is.model_dtype());
+      std::memcpy(z->store->model_data(), static_cast<const std::byte*>(is.model_data()) + z->begin * ds, len * ds);
+    }
+  }
+  z->grads.assign(len, 0.0f);
+  const std::size_t gs = dtype_size(full.grad_dtype());
+  for (std::size_t t = 0; t < full.tensor_count(); ++t) {
+    const std::size_t lo = std::max(full.offset(t), z->begin);
+    const std::size_t hi = std::min(full.offset(t) + full.numel(t), z->end);
+    if (lo < hi)
+      z->segments.push_back({static_cast<std::byte*>(z->store->grad_data()) + (lo - z->begin) * gs, hi - lo,
+                             full.grad_dtype()});
+  }
+  z->sums.resize(static_cast<std::size_t>(comm.size()));
+  return z;
+}
+
 bool histogram_step(const TrainConfig& c, std::uint64_t step) {
   return c.histogram_every > 0 && (step == 1 || step % c.histogram_every == 0 || step == c.steps);
 }
@@ -161,14 +244,45 @@ std::unique_ptr<GradScaler> make_scaler(const std::string& spec) {
   return std::make_unique<GradScaler>(loss_scale_preset(spec));
 }
 
+void zero_gather(const ZeroShard& z, dist::Communicator& comm, std::size_t flat_size, std::vector<float>& weights,
+                 std::vector<std::vector<float>>& states) {
+  const ParamStore& zs = *z.store;
+  const std::size_t n = flat_size;
+  auto gather = [&](const float* shard, std::vector<float>& out) {
+    out.assign(n, 0.0f);
+    comm.all_gather(std::as_bytes(std::span<const float>(shard, z.end - z.begin)),
+                       std::as_writable_bytes(std::span<float>(out)), sizeof(float), z.bounds);
+  };
+  weights.clear();
+  if (zs.has_master()) gather(zs.master_data(), weights);
+  states.resize(zs.state_slots());
+  for (unsigned k = 0; k < zs.state_slots(); ++k) gather(zs.state_data(k), states[k]);
+}
+
 Trainer::Impl::Impl(const TrainConfig& c, nn::Dataset d)
     : config(c),
       data(std::move(d)),
       schedule(WarmupCosine{c.lr, static_cast<std::int64_t>(c.warmup), static_cast<std::int64_t>(c.steps), c.min_lr}),
       sampler(data.train(), c.seed) {}
 
-Trainer::Trainer(const TrainConfig& config) {
+Trainer::Trainer(const TrainConfig& config) { init(config, nullptr); }
+
+Trainer::Trainer(const TrainConfig& config, dist::Communicator& comm) { init(config, &comm); }
+
+void Trainer::init(const TrainConfig& config, dist::Communicator* comm) {
   validate(config);
+  std::unique_ptr<dist::SingleProcess> own;
+  if (comm == nullptr) {
+    own = std::make_unique<dist::SingleProcess>();
+    comm = own.get();
+  }
+  if (!config.distributed && comm->size() > 1)
+    throw std::invalid_argument("distributed: expected true on a communicator of " + std::to_string(comm->size()) +
+                                " ranks, found false");
+  if (config.inject_overflow_rank >= comm->size())
+    throw std::invalid_argument("inject-overflow-rank: expected -1 (every rank) or a rank in [0, " +
+                                std::to_string(comm->size()) + "), found " +
+                                std::to_string(config.inject_overflow_rank));
   // The layers and oneDNN share OpenMP's thread team; --threads sizes it for the process.
   if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
   std::unique_ptr<GradScaler> scaler = make_scaler(config.loss_scale);
@@ -176,9 +290,24 @@ Trainer::Trainer(const TrainConfig& config) {
   impl_ = std::make_unique<Impl>(config, std::move(data));
   Impl& m = *impl_;
   const OptimizerKind kind = *parse_optimizer(config.optimizer);
-  m.model = nn::make_model(model_config(config, m.data), config.precision, optimizer_state_slots(kind),
-                           fp8_config(config));
-  m.optimizer = make_optimizer(config, m.model->params());
+  if (config.zero == 1) {
+    // ZeRO-1: the model keeps its model copy and gradients, full size; master weights
+    // and optimizer state live in this rank's slice only.
+    const nn::ModelConfig mc = model_config(config, m.data);
+    nn::validate(mc);
+    nn::PrecisionPolicy pol = nn::policy_of(config.precision);
+    const bool master = pol.master;
+    pol.master = false;
+    const nn::Fp8Recipe recipe = nn::fp8_recipe_of(config.precision);
+    m.model = mc.kind == nn::ModelKind::gpt ? nn::detail::make_gpt(mc, pol, 0, recipe, fp8_config(config))
+                                            : nn::detail::make_mlp(mc, pol, 0, recipe, fp8_config(config));
+    m.zero = make_zero_shard(config, mc, m.model->params(), master, *comm);
+    m.optimizer = make_optimizer(config, *m.zero->store);
+  } else {
+    m.model = nn::make_model(model_config(config, m.data), config.precision, optimizer_state_slots(kind),
+                             fp8_config(config));
+    m.optimizer = make_optimizer(config, m.model->params());
+  }
   m.scaler = std::move(scaler);
   m.scaler->set_accumulation_steps(static_cast<int>(config.accum));
   m.inputs.assign(m.model->tokens_per_batch(), 0);
@@ -186,6 +315,27 @@ Trainer::Trainer(const TrainConfig& config) {
   m.snapshot.resize(weights_of_record(m.model->params()).size());
   m.scratch.assign(m.model->params().flat_size(), 0.0f);
   m.step_ms.reserve(config.steps);
+  m.comm = comm;
+  m.own_comm = std::move(own);
+  if (config.distributed) {
+    m.acc.assign(m.model->params().flat_size(), 0.0f);
+    if (config.grad_reduce == "low" && m.model->params().grad_dtype() == DType::f32)
+      m.low.assign(m.model->params().flat_size(), 0);
+    // Rank 0's weights of record and scaler state on every rank (the same seed builds
+    // the same model everywhere; the broadcast makes it so whatever the build).
+    if (comm->size() > 1) {
+      ParamStore& s = m.model->params();
+      if (s.has_master()) {
+        comm->broadcast({reinterpret_cast<std::byte*>(s.master_data()), s.flat_size() * 4}, 0);
+        s.refresh_model();
+      } else {
+        comm->broadcast({static_cast<std::byte*>(s.model_data()), s.flat_size() * dtype_size(s.model_dtype())}, 0);
+      }
+      m.model->weights_updated();
+      const std::string scaler_state = comm->broadcast_string(m.scaler->state_json(), 0);
+      if (comm->rank() != 0) m.scaler->load_state_json(scaler_state);
+    }
+  }
 }
 
 Trainer::~Trainer() = default;
@@ -195,6 +345,7 @@ const nn::Dataset& Trainer::data() const noexcept { return impl_->data; }
 nn::Model& Trainer::model() noexcept { return *impl_->model; }
 const GradScaler& Trainer::scaler() const noexcept { return *impl_->scaler; }
 const Optimizer& Trainer::optimizer() const noexcept { return *impl_->optimizer; }
+dist::Communicator& Trainer::communicator() noexcept { return *impl_->comm; }
 std::uint64_t Trainer::steps_done() const noexcept { return impl_->totals.steps; }
 bool Trainer::done() const noexcept { return impl_->totals.steps >= impl_->config.steps; }
 
@@ -215,34 +366,111 @@ StepRecord Trainer::train_step() {
   model.set_histograms(histograms);
 
   // The loss is the mean over every token of the effective batch, so each token's
-  // loss gradient is scale / (accum * losses per micro-batch).
-  const std::size_t losses_per_step = c.accum * model.losses_per_batch();
+  // loss gradient is scale / (accum * losses per micro-batch). Distributed: the
+  // effective batch is accum * ranks micro-batches; every rank draws all of them (the
+  // sampler stays the same everywhere) and runs its own accum, rank after rank.
+  dist::Communicator& comm = *m.comm;
+  comm.set_step(r.step);
+  const bool dp = c.distributed;
+  const std::size_t micro = c.accum * (dp ? static_cast<std::size_t>(comm.size()) : 1);
+  const std::size_t losses_per_step = micro * model.losses_per_batch();
   const float dloss = static_cast<float>(static_cast<double>(r.scale) / static_cast<double>(losses_per_step));
   double loss_sum = 0;
-  for (std::size_t k = 0; k < c.accum; ++k) {
+  for (std::size_t k = 0; k < micro; ++k) {
     m.sampler.next_batch(c.model.batch, c.model.context, m.inputs, m.targets);
+    if (dp && k / c.accum != static_cast<std::size_t>(comm.rank())) continue;
     const nn::ForwardResult f = model.forward(m.inputs, m.targets);
     loss_sum += f.loss_sum;
     if (!f.finite && r.loss_finite) {
       r.loss_finite = false;
       r.forward_nonfinite = f.first_nonfinite;
     }
-    model.backward(dloss);
+    if (dp) {
+      // Each micro-batch's gradient on its own, added in fp32 in micro-batch order:
+      // oneDNN's accumulating GEMMs (beta = 1) would round differently from the
+      // rank-order sum of the all-reduce (docs/distributed.md, "Bitwise equality").
+      const bool first = k % c.accum == 0;
+      if (!first) store.zero_grads();
+      model.backward(dloss);
+      accumulate_grads(store, m.acc, first, m.scratch);
+    } else {
+      model.backward(dloss);
+    }
     m.scaler->backward_done();
   }
-  // fp8: this step's per-tensor counts, then the recipe's once-per-step update (delayed
-  // scaling: new scales from the amax histories), skipped optimizer step or not.
+  // fp8: this step's per-tensor counts (this rank's), then the recipe's once-per-step
+  // update (delayed scaling: new scales from the amax histories, the amaxes MAX-reduced
+  // over the ranks first), skipped optimizer step or not.
   const std::span<const nn::Fp8TensorStats> fp8 = model.fp8_stats();
   r.fp8.assign(fp8.begin(), fp8.end());
-  model.fp8_step_done();
-  r.loss = loss_sum / static_cast<double>(losses_per_step);
-  r.tokens = c.accum * model.tokens_per_batch();
-  if (std::find(c.inject_overflow_at.begin(), c.inject_overflow_at.end(), r.step) != c.inject_overflow_at.end()) {
-    inject_inf(store);
+  if (dp) model.fp8_step_done([&comm](std::span<float> amaxes) { comm.allreduce_max(amaxes); });
+  else model.fp8_step_done();
+  r.tokens = micro * model.tokens_per_batch();
+  const bool inject_here = c.inject_overflow_rank < 0 || c.inject_overflow_rank == comm.rank();
+  if (std::find(c.inject_overflow_at.begin(), c.inject_overflow_at.end(), r.step) != c.inject_overflow_at.end() &&
+      inject_here) {
+    if (dp) m.acc[store.offset(0)] = INFINITY;
+    else inject_inf(store);
     r.injected = true;
   }
   const nn::BackwardStats& bs = model.stats();
   r.act_grads = bs.activation_grads;
+  bool found_inf_elsewhere = false;
+  std::optional<double> global_norm;  // ZeRO
+  if (dp) {
+    // found_inf and a non-finite forward pass, MAX over the ranks (after any injection),
+    // so that every rank skips together; then the gradient all-reduce, whose result
+    // the scaler checks again (an overflow the sum itself creates is caught too).
+    float flags[2] = {any_nonfinite(m.acc) ? 1.0f : 0.0f, r.loss_finite ? 0.0f : 1.0f};
+    comm.allreduce_max(flags);
+    found_inf_elsewhere = flags[0] != 0.0f;
+    r.loss_finite = flags[1] == 0.0f;
+    comm.allreduce_sum(std::span<double>(&loss_sum, 1));
+    std::uint64_t counts[6] = {r.act_grads.elements, r.act_grads.nonzero,  r.act_grads.nonfinite_input,
+                               r.act_grads.underflow, r.act_grads.subnormal, r.act_grads.overflow};
+    comm.allreduce_sum(counts);
+    r.act_grads = {counts[0], counts[1], counts[2], counts[3], counts[4], counts[5]};
+    if (c.grad_reduce == "low") {
+      // The scaled gradients rounded to the model's f16/bf16 format (the store's
+      // gradients themselves when they are f16/bf16), summed in fp32 by their shard
+      // owner and rounded again: half the bytes of fp32.
+      const bool own = store.grad_dtype() != DType::f32;
+      const DType t = own ? store.grad_dtype() : store.model_dtype();
+      void* buf = own ? store.grad_data() : static_cast<void*>(m.low.data());
+      const std::size_t n = store.flat_size();
+      if (t == DType::f16) {
+        const std::span<f16> v(static_cast<f16*>(buf), n);
+        convert(std::span<const float>(m.acc), v);
+        comm.allreduce_sum(v);
+        if (!own) convert(std::span<const f16>(v), std::span<float>(static_cast<float*>(store.grad_data()), n));
+      } else {
+        const std::span<bf16> v(static_cast<bf16*>(buf), n);
+        convert(std::span<const float>(m.acc), v);
+        comm.allreduce_sum(v);
+        if (!own) convert(std::span<const bf16>(v), std::span<float>(static_cast<float*>(store.grad_data()), n));
+      }
+    } else if (m.zero) {
+      // ZeRO-1: each rank receives the rank-order fp32 sums of its slice only; the
+      // norm is the exact combination of the slices' exact partial sums of squares.
+      ZeroShard& z = *m.zero;
+      comm.reduce_scatter_sum(m.acc, z.grads, z.bounds);
+      store_grads(*z.store, z.grads);
+      detail::ExactSum part;
+      bool bad = false;
+      detail::sum_squares_exact(z.segments, inv_scale_of(r.scale), part, bad);
+      const std::size_t me = static_cast<std::size_t>(comm.rank());
+      z.sums[me] = part;
+      comm.all_gather(std::as_bytes(std::span<const detail::ExactSum>(&z.sums[me], 1)),
+                      std::as_writable_bytes(std::span<detail::ExactSum>(z.sums)), sizeof(detail::ExactSum));
+      detail::ExactSum total;
+      for (const detail::ExactSum& s : z.sums) total.merge(s);
+      global_norm = std::sqrt(total.value());
+    } else {
+      comm.allreduce_sum(std::span<float>(m.acc));
+      store_grads(store, m.acc);
+    }
+  }
+  r.loss = loss_sum / static_cast<double>(losses_per_step);
   r.overflow_activation = bs.first_overflow;
   r.act_grad_amax = bs.amax;
   r.act_grad_tensors = bs.tensors;
@@ -251,7 +479,9 @@ StepRecord Trainer::train_step() {
                                 : std::numeric_limits<double>::infinity();
   // Per-parameter gradient amax, unscaled (the scaled gradients are what the scaler checks).
   std::span<float> flat(m.scratch);
-  to_f32(store.grad_data(), store.grad_dtype(), flat);
+  // Under ZeRO the reduced gradients exist only slice by slice: no per-tensor amax.
+  if (m.zero) std::fill(flat.begin(), flat.end(), 0.0f);
+  else to_f32(store.grad_data(), store.grad_dtype(), flat);
   const float inv_scale = 1.0f / r.scale;
   for (float& x : flat) x *= inv_scale;
   r.params.resize(store.tensor_count());
@@ -278,6 +508,8 @@ StepRecord Trainer::train_step() {
   StepOptions so;
   if (c.clip > 0) so.max_grad_norm = static_cast<float>(c.clip);
   so.lr = r.lr;
+  so.found_inf_elsewhere = found_inf_elsewhere;
+  so.global_grad_norm = global_norm;
   const StepOutcome out = m.scaler->step(*m.optimizer, so);
   m.scaler->update();
   r.scaler_seconds = seconds_since(ts);
@@ -288,9 +520,16 @@ StepRecord Trainer::train_step() {
   r.overflow_param = out.first_overflow_name;
   r.next_scale = m.scaler->get_scale();
   m.schedule.on_step(out.applied);
+  if (out.applied && m.zero) {  // every rank's updated slice of the model copy, everywhere
+    const std::size_t ds = dtype_size(store.model_dtype());
+    const ParamStore& zs = *m.zero->store;
+    comm.all_gather({static_cast<const std::byte*>(zs.model_data()), zs.flat_size() * ds},
+                    {static_cast<std::byte*>(store.model_data()), store.flat_size() * ds}, ds, m.zero->bounds);
+  }
   if (out.applied) {
     model.weights_updated();
-    r.lost_update_fraction = lost_update_fraction(store, m.snapshot, m.optimizer->kind(), c.weight_decay);
+    // Not measured under ZeRO (the optimizer state of the other slices is elsewhere).
+    if (!m.zero) r.lost_update_fraction = lost_update_fraction(store, m.snapshot, m.optimizer->kind(), c.weight_decay);
   }
   {
     const bool master = store.has_master();
@@ -376,7 +615,9 @@ TrainSummary Trainer::summary() const {
     s.median_step_ms = v[v.size() / 2];
   }
   s.memory = m.model->memory();
+  if (m.zero) s.memory.parameter_bytes += m.zero->store->bytes();  // this rank's slice
   s.param_count = m.model->params().param_count();
+  s.ranks = m.comm->size();
   return s;
 }
 

@@ -5,6 +5,8 @@
 #include <memory>
 #include <vector>
 
+#include "kernels/unscale_kernels.hpp"
+#include "mixprec/dist/communicator.hpp"
 #include "mixprec/nn/data.hpp"
 #include "mixprec/nn/model.hpp"
 #include "mixprec/optim/optimizer.hpp"
@@ -27,6 +29,20 @@ struct RunTotals {
   std::optional<double> val_loss;
 };
 
+// ZeRO stage 1 (docs/distributed.md): this rank's contiguous slice [begin, end) of the
+// flat parameter vector, in a store of its own holding the fp32 master weights, the
+// model copy, the gradients and the optimizer state of the slice only. Slices are cut
+// at tensor starts or kUnscaleChunk boundaries inside a tensor, so that the exact
+// partial sums of squares of the slices add up to the unsharded norm bit for bit.
+struct ZeroShard {
+  std::vector<std::size_t> bounds;  // ranks + 1 flat offsets
+  std::size_t begin = 0, end = 0;
+  std::unique_ptr<ParamStore> store;
+  std::vector<float> grads;                 // the reduce-scatter's fp32 sums
+  std::vector<GradTensor> segments;         // the pieces of the tensors in the slice (norm)
+  std::vector<detail::ExactSum> sums;       // every rank's partial sum of squares
+};
+
 struct Trainer::Impl {
   TrainConfig config;
   nn::Dataset data;
@@ -40,9 +56,19 @@ struct Trainer::Impl {
   std::vector<float> scratch;       // flat fp32 values for telemetry (unscaled grads, decoded weights)
   std::vector<double> step_ms;      // this process's steps (median)
   RunTotals totals;
+  dist::Communicator* comm = nullptr;
+  std::unique_ptr<dist::SingleProcess> own_comm;  // when constructed without one
+  std::vector<float> acc;           // distributed: this rank's gradient sum in fp32 (flat_size)
+  std::vector<std::uint16_t> low;   // grad-reduce low with fp32 gradients: the f16/bf16 reduce buffer
+  std::unique_ptr<ZeroShard> zero;  // --zero 1; the optimizer then steps zero->store
 
   Impl(const TrainConfig& c, nn::Dataset d);
 };
+
+// ZeRO: the full fp32 weights of record (empty without master weights) and optimizer
+// state arrays (flat_size each), gathered from every rank's slice. A collective.
+void zero_gather(const ZeroShard& z, dist::Communicator& comm, std::size_t flat_size, std::vector<float>& weights,
+                 std::vector<std::vector<float>>& states);
 
 // "none" -> disabled scaler; "dynamic" -> the mixprec preset; "static:S"; a preset name.
 std::unique_ptr<GradScaler> make_scaler(const std::string& spec);

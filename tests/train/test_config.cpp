@@ -292,8 +292,8 @@ TEST(TrainConfigJson, UnknownKeysListTheKnownOnes) {
                     "layers, "
                     "heads, channels, context, batch, depth, hidden, data, vocab, corpus-tokens, val-fraction, "
                     "optimizer, lr, min-lr, warmup, weight-decay, beta1, beta2, eps, clip, steps, accum, seed, "
-                    "eval-every, eval-windows, histogram-every, out, checkpoint-every, keep-checkpoints, resume, inject-overflow-at, "
-                    "threads",
+                    "eval-every, eval-windows, histogram-every, out, checkpoint-every, keep-checkpoints, resume, distributed, "
+                    "zero, grad-reduce, dist-timeout, inject-overflow-rank, inject-overflow-at, threads",
                     0),
             0u)
       << e;

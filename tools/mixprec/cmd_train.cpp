@@ -34,6 +34,10 @@
 #include <vector>
 
 #include "mixprec/checkpoint/safetensors.hpp"
+#include "mixprec/dist/communicator.hpp"
+#ifdef MIXPREC_WITH_MPI
+#include "mixprec/dist/mpi.hpp"
+#endif
 #include "mixprec/monitor/alerts.hpp"
 #include "mixprec/nn/precision.hpp"
 #include "mixprec/train/config.hpp"
@@ -65,7 +69,8 @@ std::string squote(std::string_view s) {
 
 // ---- flags: one per config key ---------------------------------------------------------
 
-enum class Kind : std::uint8_t { integer, number, text, list, boolean };
+// boolean: --KEY [true|false] (alone: true); flag: --KEY only, no value.
+enum class Kind : std::uint8_t { integer, number, text, list, boolean, flag };
 
 struct KeySpec {
   std::string key;   // the config key; the flag is --key
@@ -120,6 +125,12 @@ const std::vector<KeySpec>& key_specs() {
       {"checkpoint-every", Kind::integer, "N", "Checkpoint every N steps (needs --out); 0 = only at the end"},
       {"keep-checkpoints", Kind::integer, "N", "Newest checkpoints kept in the run folder"},
       {"resume", Kind::text, "DIR", "Continue the run in DIR from its newest checkpoint; --steps may extend it"},
+      {"distributed", Kind::flag, "", "Data-parallel over the ranks of mpirun -np N: each runs --accum micro-batches of the step"},
+      {"zero", Kind::integer, "N", "Distributed: 1 = ZeRO stage 1 (master weights and optimizer state sharded); 0 = off"},
+      {"grad-reduce", Kind::text, "MODE",
+       "Distributed gradient all-reduce: fp32 (fixed-order sums, bitwise reproducible) or low (f16/bf16, half the bytes)"},
+      {"dist-timeout", Kind::number, "S", "Distributed: seconds a collective may take before the job is aborted"},
+      {"inject-overflow-rank", Kind::integer, "R", "Testing: --inject-overflow-at on rank R only; -1 = every rank"},
       {"inject-overflow-at", Kind::list, "LIST", "Testing: +inf into a gradient at these steps (1-based), e.g. 5,17"},
       {"threads", Kind::integer, "N", "Threads; 0 = all cores (MIXPREC_THREADS / OMP_NUM_THREADS respected)"},
   };
@@ -291,6 +302,18 @@ void set_key(TrainConfig& c, const std::string& key, const std::string& text) {
     c.inject_overflow_at = std::move(steps);
   } else if (key == "threads") {
     set_uint(c.threads, key, text);
+  } else if (key == "distributed") {
+    if (text != "true" && text != "false") throw UsageError(key + ": expected true or false, found " + squote(text));
+    c.distributed = text == "true";
+  } else if (key == "zero") {
+    set_uint(c.zero, key, text);
+  } else if (key == "grad-reduce") {
+    c.grad_reduce = text;
+  } else if (key == "dist-timeout") {
+    c.dist_timeout = parse_number(key, text);
+  } else if (key == "inject-overflow-rank") {
+    if (text == "-1") c.inject_overflow_rank = -1;
+    else set_uint(c.inject_overflow_rank, key, text);
   } else {
     throw std::logic_error("mixprec train: no flag for config key '" + key + "'");
   }
@@ -310,9 +333,10 @@ std::vector<Flag> add_key_flags(CLI::App* cmd, const std::vector<std::string>& s
     auto value = std::make_shared<std::string>();
     const std::string def = default_text(s.key);
     std::string help = s.help;
-    if (!def.empty() && s.key != "resume" && s.key != "out" && s.key != "data")
+    if (!def.empty() && s.key != "resume" && s.key != "out" && s.key != "data" && s.kind != Kind::flag)
       help += " (default " + def + ")";
-    CLI::Option* o = cmd->add_option("--" + s.key, *value, help)->type_name(s.type);
+    CLI::Option* o = s.kind == Kind::flag ? cmd->add_flag("--" + s.key)->description(help)
+                                          : cmd->add_option("--" + s.key, *value, help)->type_name(s.type);
     if (s.kind == Kind::boolean) o->expected(0, 1);  // --fp8-power2-scales alone means true
     flags.push_back({&s, value, o});
   }
@@ -330,7 +354,7 @@ TrainConfig apply_flags(TrainConfig c, const std::vector<Flag>& flags, const std
   for (const Flag& f : flags) {
     if (f.option->count() == 0) continue;
     if (std::find(skip.begin(), skip.end(), f.spec->key) != skip.end()) continue;
-    set_key(c, f.spec->key, *f.value);
+    set_key(c, f.spec->key, f.spec->kind == Kind::flag ? std::string("true") : *f.value);
   }
   return c;
 }
@@ -603,6 +627,11 @@ class Progress {
   }
 
   std::uint64_t steps() const noexcept { return steps_; }
+  // Ranks other than 0 print nothing.
+  void silence() noexcept {
+    tty_ = false;
+    lines_ = false;
+  }
 
  private:
   std::string prefix() const { return label_.empty() ? "" : label_ + ": "; }
@@ -681,25 +710,42 @@ RunResult run_loop(Trainer& t, const TrainConfig& c, const fs::path& dir, LogWri
                    const std::string& label = "") {
   RunResult res;
   res.checkpoint_step = checkpointed;
+  // ZeRO: a checkpoint gathers every rank's slice, so the other ranks take part in
+  // each save that rank 0 makes (and write nothing).
+  const bool follower = c.zero == 1 && t.communicator().rank() != 0 && !c.out.empty();
+  const bool saving = !dir.empty() || follower;
   auto save = [&](std::uint64_t step) {
+    if (follower) {
+      t.save_checkpoint("");
+      res.checkpoint_step = step;
+      return;
+    }
     const fs::path p = ckpt::checkpoint_path(dir, step);
     t.save_checkpoint(p.string());
     ckpt::prune_checkpoints(dir, c.keep_checkpoints);
     res.checkpoint_step = step;
     res.checkpoint = p;
   };
-  while (!t.done() && g_signal == 0) {
+  // Distributed: the ranks agree on stopping (a signal may reach only some of them).
+  auto stop_requested = [&t] {
+    dist::Communicator& comm = t.communicator();
+    if (comm.size() == 1) return g_signal != 0;
+    float stop = g_signal != 0 ? 1.0f : 0.0f;
+    comm.allreduce_max(std::span<float>(&stop, 1));
+    return stop != 0.0f;
+  };
+  while (!t.done() && !stop_requested()) {
     const StepRecord r = t.train_step();
     if (log != nullptr) log->write(train::step_record_json(r));
     progress.step(r);
     if (alerts != nullptr)
       for (const monitor::Alert& a : alerts->observe(r)) print_alert(a, label);
-    if (!dir.empty() && c.checkpoint_every > 0 && r.step % c.checkpoint_every == 0) save(r.step);
+    if (saving && c.checkpoint_every > 0 && r.step % c.checkpoint_every == 0) save(r.step);
   }
   progress.finish();
   res.interrupted = !t.done();
-  res.signal = g_signal;
-  if (!dir.empty() && res.checkpoint_step != t.steps_done()) save(t.steps_done());
+  res.signal = res.interrupted && g_signal == 0 ? SIGTERM : g_signal;  // stopped because another rank was signalled
+  if (saving && res.checkpoint_step != t.steps_done()) save(t.steps_done());
   if (!dir.empty() && res.checkpoint.empty()) res.checkpoint = ckpt::checkpoint_path(dir, res.checkpoint_step);
   return res;
 }
@@ -815,8 +861,9 @@ int fail_runtime(std::string_view cmd, const std::string& msg) {
 
 // Builds the Trainer: invalid_argument (configuration) is a usage error, the rest
 // (data files, ...) runtime failures.
-std::unique_ptr<Trainer> make_trainer(const TrainConfig& c) {
+std::unique_ptr<Trainer> make_trainer(const TrainConfig& c, dist::Communicator* comm = nullptr) {
   try {
+    if (comm != nullptr) return std::make_unique<Trainer>(c, *comm);
     return std::make_unique<Trainer>(c);
   } catch (const std::invalid_argument& e) {
     throw UsageError(e.what());
@@ -894,6 +941,8 @@ TrainPlan plan_train(const TrainInputs& in) {
   const ojson now = ojson::parse(train::to_json(requested));
   for (const auto& [key, value] : was.items()) {
     if (key == "steps" || key == "out" || key == "resume") continue;
+    // Another number of ranks, or another reduction, may continue a run (docs/distributed.md).
+    if (key == "distributed" || key == "zero" || key == "grad-reduce" || key == "dist-timeout" || key == "inject-overflow-rank") continue;
     if (now.at(key) != value)
       throw UsageError("--" + key + ": this run was started with " +
                        (json_value_text(value).empty() ? "''" : json_value_text(value)) +
@@ -923,22 +972,98 @@ TrainPlan plan_train(const TrainInputs& in) {
   return p;
 }
 
+// The communicator of a run: MPI under mpirun with --distributed, else one process.
+std::unique_ptr<dist::Communicator> make_communicator(const TrainConfig& c) {
+  const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
+  if (world == nullptr) world = std::getenv("PMI_SIZE");
+  const bool many = world != nullptr && std::string_view(world) != "1";
+  if (!c.distributed) {
+    if (many)
+      throw UsageError(std::string("distributed: launched by mpirun with ").append(world) +
+                       " ranks; give --distributed (otherwise every rank would train the whole run on its own)");
+    return std::make_unique<dist::SingleProcess>();
+  }
+#ifdef MIXPREC_WITH_MPI
+  if (dist::MpiCommunicator::launched_by_mpi()) return std::make_unique<dist::MpiCommunicator>(c.dist_timeout);
+  return std::make_unique<dist::SingleProcess>();  // not under mpirun: one rank
+#else
+  throw UsageError("distributed: this mixprec was built without MPI (CMake found no MPI; install libopenmpi-dev, "
+                   "e.g. scripts/deps.sh, and rebuild); run without --distributed");
+#endif
+}
+
+// What the communicator moved per step, rank 0's view, and all ranks' bytes together
+// (summary.json "distributed"; docs/distributed.md).
+ojson comm_json(dist::Communicator& comm, const TrainConfig& c, std::uint64_t steps, std::uint64_t total_bytes) {
+  ojson d = ojson::object();
+  d["ranks"] = comm.size();
+  d["grad_reduce"] = c.grad_reduce;
+  d["steps_measured"] = steps;
+  const double per = steps > 0 ? 1.0 / static_cast<double>(steps) : 0.0;
+  std::uint64_t bytes = 0;
+  double seconds = 0;
+  ojson kinds = ojson::object();
+  for (std::size_t k = 0; k < dist::kCollectiveKinds; ++k) {
+    const dist::CollectiveStats& st = comm.stats()[k];
+    if (st.calls == 0) continue;
+    bytes += st.bytes_sent;
+    seconds += st.seconds;
+    kinds[std::string(dist::collective_name(static_cast<dist::Collective>(k)))] =
+        ojson{{"calls_per_step", static_cast<double>(st.calls) * per},
+              {"bytes_per_step", static_cast<double>(st.bytes_sent) * per},
+              {"seconds_per_step", st.seconds * per}};
+  }
+  d["bytes_per_step"] = static_cast<double>(bytes) * per;  // sent by rank 0
+  d["all_ranks_bytes_per_step"] = static_cast<double>(total_bytes) * per;
+  d["seconds_per_step"] = seconds * per;                     // rank 0 inside collectives
+  d["collectives"] = kinds;
+  return d;
+}
+
+void print_comm(const ojson& d) {
+  fmt::print("distributed: {} ranks, grad-reduce {}: {:.0f} bytes/step sent by rank 0 ({:.0f} by all ranks), "
+             "{:.3f} ms/step in collectives\n",
+             d["ranks"].get<int>(), d["grad_reduce"].get<std::string>(), d["bytes_per_step"].get<double>(),
+             d["all_ranks_bytes_per_step"].get<double>(), d["seconds_per_step"].get<double>() * 1e3);
+  for (const auto& [name, k] : d["collectives"].items())
+    fmt::print("  {:<18} {:>6.2f} calls {:>12.0f} bytes {:>9.3f} ms per step\n", name, k["calls_per_step"].get<double>(),
+               k["bytes_per_step"].get<double>(), k["seconds_per_step"].get<double>() * 1e3);
+}
+
 int run_train(const TrainInputs& in) {
   constexpr std::string_view cmd = "train";
   TrainPlan p;
+  std::unique_ptr<dist::Communicator> comm;  // outlives the Trainer
   std::unique_ptr<Trainer> t;
   try {
     p = plan_train(in);
-    t = make_trainer(p.config);
+    comm = make_communicator(p.config);
+    if (comm->size() > 1 && p.config.inject_overflow_rank >= comm->size())
+      throw UsageError("inject-overflow-rank: expected -1 (every rank) or a rank in [0, " +
+                       std::to_string(comm->size()) + "), found " + std::to_string(p.config.inject_overflow_rank));
+    if (p.config.distributed && comm->size() == 1)
+      fmt::print(stderr, "mixprec train: --distributed on 1 rank (not launched by mpirun -np N)\n");
+    t = make_trainer(p.config, comm.get());
+  } catch (const dist::TimeoutError& e) {
+    fmt::print(stderr, "mixprec {}: error: rank {}: {}; aborting the job\n", cmd, comm->rank(), e.what());
+    comm->abort(1);
+    return 1;  // not reached
   } catch (const std::invalid_argument& e) {
     return fail_usage(cmd, e.what());
   } catch (const std::exception& e) {
     return fail_runtime(cmd, e.what());
   }
+  const bool root = comm->rank() == 0;
+  if (!root) {  // ranks other than 0 write nothing: no run folder, log, summary or json
+    p.dir.clear();
+    p.json_path.clear();
+  }
 
   try {
     std::unique_ptr<LogWriter> log;
-    if (p.resume) {
+    if (p.resume && !root) {
+      if (!p.checkpoint.empty()) t->load_checkpoint(p.checkpoint.string());
+    } else if (p.resume) {
       remove_stale_temporaries(p.dir);
       if (!p.checkpoint.empty()) t->load_checkpoint(p.checkpoint.string());
       truncate_log(p.dir / "log.jsonl", t->steps_done());
@@ -953,13 +1078,24 @@ int run_train(const TrainInputs& in) {
     if (!p.dir.empty()) log = std::make_unique<LogWriter>(p.dir / "log.jsonl");
     // Alerts (docs/alerts.md): a resumed run replays its logged steps first, silently.
     monitor::AlertMonitor alerts({}, monitor::RunContext::of(p.config));
-    if (p.resume)
+    if (p.resume && root)
       for (const StepRecord& r : train::read_run_log((p.dir / "log.jsonl").string())) alerts.observe(r);
 
     const StopSignals signals;
     Progress progress("", p.config.steps, t->summary().skipped, true);
-    const RunResult res =
-        run_loop(*t, p.config, p.dir, log.get(), progress, p.resume ? t->steps_done() : 0, &alerts);
+    if (!root) progress.silence();
+    comm->reset_stats();  // per step: the training loop's collectives only
+    const std::uint64_t steps_before = t->steps_done();
+    const RunResult res = run_loop(*t, p.config, p.dir, log.get(), progress, p.resume ? t->steps_done() : 0,
+                                   root ? &alerts : nullptr);
+    std::uint64_t total_bytes = 0;
+    for (const dist::CollectiveStats& st : comm->stats()) total_bytes += st.bytes_sent;
+    const ojson comm_doc = comm_json(*comm, p.config, t->steps_done() - steps_before, total_bytes);
+    if (comm->size() > 1) comm->allreduce_sum(std::span<std::uint64_t>(&total_bytes, 1));
+    ojson dist_doc = comm_doc;
+    dist_doc["all_ranks_bytes_per_step"] =
+        t->steps_done() > steps_before ? static_cast<double>(total_bytes) / static_cast<double>(t->steps_done() - steps_before) : 0.0;
+    if (!root) return res.interrupted ? 128 + res.signal : 0;
     if (res.interrupted) {
       const char* name = res.signal == SIGTERM ? "SIGTERM" : "SIGINT";
       fmt::print(stderr, "mixprec train: {}: stopped after step {} of {}\n", name, t->steps_done(), p.config.steps);
@@ -969,12 +1105,26 @@ int run_train(const TrainInputs& in) {
       return 128 + res.signal;
     }
     const TrainSummary s = t->summary();
-    const std::string summary = summary_with_alerts(train::summary_json(s, p.config), alerts.all());
+    std::string summary = summary_with_alerts(train::summary_json(s, p.config), alerts.all());
+    if (p.config.distributed) {
+      ojson doc = ojson::parse(summary);
+      doc["distributed"] = dist_doc;
+      summary = doc.dump(2, ' ', false, ojson::error_handler_t::replace) + "\n";
+    }
     if (!p.dir.empty()) write_atomic(p.dir / "summary.json", summary);
     if (!p.json_path.empty()) write_atomic(p.json_path, summary);
     print_summary(*t, s, p.config, p.dir, p.json_path, alerts.all());
+    if (p.config.distributed) print_comm(dist_doc);
     return 0;
+  } catch (const dist::TimeoutError& e) {
+    fmt::print(stderr, "mixprec {}: error: rank {}: {}; aborting the job\n", cmd, comm->rank(), e.what());
+    comm->abort(1);
+    return 1;  // not reached
   } catch (const std::exception& e) {
+    if (comm->size() > 1) {  // the other ranks would wait for this one until their deadline
+      fmt::print(stderr, "mixprec {}: error: rank {}: {}; aborting the job\n", cmd, comm->rank(), e.what());
+      comm->abort(1);
+    }
     return fail_runtime(cmd, e.what());
   }
 }
@@ -1030,8 +1180,9 @@ struct ComparePlan {
 
 // The keys compare sets per row or does not use.
 const std::vector<std::string>& compare_skipped_keys() {
-  static const std::vector<std::string> keys = {"precision", "loss-scale", "out", "resume", "checkpoint-every",
-                                                "keep-checkpoints"};
+  static const std::vector<std::string> keys = {"precision",   "loss-scale",  "out",          "resume",
+                                                "checkpoint-every", "keep-checkpoints", "distributed", "zero", "grad-reduce",
+                                                "dist-timeout",     "inject-overflow-rank"};
   return keys;
 }
 

@@ -16,6 +16,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -180,7 +181,10 @@ class Model {
   // Ends an optimizer step for the fp8 recipe: fp8-delayed rolls every amax history and
   // updates every scale (TE's once-per-step update). Call once per step after the last
   // backward, whether or not the optimizer step is applied. No-op for other recipes.
-  void fp8_step_done();
+  // reduce_amaxes (data parallel): called first with this step's amax of every delayed-
+  // scaling tensor, to replace them in place by their MAX over the ranks, so that every
+  // replica derives the same scales (TE's amax reduction); not called for other recipes.
+  void fp8_step_done(const std::function<void(std::span<float>)>& reduce_amaxes = {});
   // fp8-delayed: the delayed-scaling state (amax histories, scales); nullptr otherwise.
   const fp8::DelayedScaling* fp8_delayed() const noexcept;
   // Replaces the delayed-scaling state after checking it belongs to this model: same

@@ -57,6 +57,13 @@ struct StepOptions {
   std::optional<float> max_grad_norm;  // clip the unscaled gradients to this global norm
   std::optional<double> lr;            // this step's learning rate (else the optimizer's)
   ThreadPool* pool = nullptr;          // threads for the passes; nullptr: the global pool for large models
+  // Data parallelism (docs/distributed.md): another rank found inf/NaN (found_inf
+  // MAX-reduced over the ranks): skip, and back off in update(), as if this one had.
+  bool found_inf_elsewhere = false;
+  // ZeRO (the optimizer holds one shard): the norm of ALL the unscaled gradients,
+  // combined across ranks; it replaces this optimizer's own for clipping and the
+  // record, and a non-finite value is found_inf.
+  std::optional<double> global_grad_norm;
 };
 
 // What step() did, so that schedules, logs and users can see skipped steps.

@@ -66,6 +66,13 @@ struct TrainConfig {
   std::vector<std::size_t> inject_overflow_at;
   unsigned threads = 0;                        // 0 = all cores (MIXPREC_THREADS / OMP_NUM_THREADS respected)
 
+  // data parallelism over the ranks of a communicator (docs/distributed.md)
+  bool distributed = false;                    // each rank runs `accum` micro-batches of a global batch of accum * ranks
+  unsigned zero = 0;                           // 1: ZeRO stage 1, master weights and optimizer state sharded
+  std::string grad_reduce = "fp32";            // fp32 | low (f16/bf16 all-reduce of the scaled gradients)
+  double dist_timeout = 120;                   // seconds a collective may take before the job is aborted
+  std::int64_t inject_overflow_rank = -1;      // testing: the rank inject-overflow-at writes on; -1 = every rank
+
   friend bool operator==(const TrainConfig&, const TrainConfig&) = default;
 };
 

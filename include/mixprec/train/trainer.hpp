@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "mixprec/dist/communicator.hpp"
 #include "mixprec/formats/bulk.hpp"
 #include "mixprec/nn/data.hpp"
 #include "mixprec/nn/model.hpp"
@@ -88,12 +89,19 @@ struct TrainSummary {
   std::uint64_t tokens = 0;
   nn::ModelMemory memory;
   std::size_t param_count = 0;
+  int ranks = 1;                     // data-parallel ranks of this process's run
 };
 
 class Trainer {
  public:
   // Everything validated here, before any state exists: config, data, model shape.
   explicit Trainer(const TrainConfig& config);
+  // Data-parallel (config.distributed): every rank of `comm` constructs its Trainer
+  // with the same config and calls train_step() in lockstep; rank r runs micro-batches
+  // [r * accum, (r + 1) * accum) of the step's accum * ranks, the gradients are
+  // all-reduced (grad-reduce), found_inf is MAX-reduced. Rank 0's weights and scaler
+  // state are broadcast here. docs/distributed.md. `comm` must outlive the Trainer.
+  Trainer(const TrainConfig& config, dist::Communicator& comm);
   ~Trainer();
   Trainer(const Trainer&) = delete;
   Trainer& operator=(const Trainer&) = delete;
@@ -103,6 +111,7 @@ class Trainer {
   nn::Model& model() noexcept;
   const GradScaler& scaler() const noexcept;
   const Optimizer& optimizer() const noexcept;
+  dist::Communicator& communicator() noexcept;
 
   std::uint64_t steps_done() const noexcept;
   bool done() const noexcept;
@@ -121,6 +130,7 @@ class Trainer {
   void load_checkpoint(const std::string& path);
 
  private:
+  void init(const TrainConfig& config, dist::Communicator* comm);  // comm: nullptr = a SingleProcess of its own
   struct Impl;
   std::unique_ptr<Impl> impl_;
 };
