@@ -270,6 +270,30 @@ TEST(DataParallel, NRanksEqualOneRankOfTheSameGlobalBatchBitwise) {
   }
 }
 
+// fp8-delayed: each rank records the amaxes of its own micro-batches; they are MAX-reduced
+// before the once-per-step update, so every replica keeps the same amax histories and
+// scales, equal to one process folding the same micro-batches (record_amax keeps the max).
+TEST(DataParallel, Fp8DelayedScalingStateAgreesAcrossRanksAndEqualsOneRank) {
+  train::TrainConfig c = tiny(nn::Precision::fp8_delayed);
+  c.fp8_amax_history = 3;
+  auto fp8_state = [](const train::TrainConfig& cfg, dist::Communicator* comm) {
+    std::unique_ptr<train::Trainer> t =
+        comm != nullptr ? std::make_unique<train::Trainer>(cfg, *comm) : std::make_unique<train::Trainer>(cfg);
+    while (!t->done()) t->train_step();
+    std::vector<std::byte> b = state_bytes(*t);
+    const std::string j = t->model().fp8_delayed()->to_json();
+    for (char ch : j) b.push_back(static_cast<std::byte>(ch));
+    return std::make_pair(b, j);
+  };
+  const auto [many, many_json] = fp8_state(c, &world());
+  train::TrainConfig one = c;
+  one.accum = c.accum * static_cast<std::size_t>(world().size());
+  const auto [ref, ref_json] = fp8_state(one, nullptr);
+  EXPECT_EQ(many_json, ref_json) << "delayed-scaling state differs from one process";
+  EXPECT_TRUE(many == ref) << "weights, optimizer, scaler or fp8 state differ from one process";
+  expect_same_on_all_ranks(many, "fp8-delayed");
+}
+
 // An overflow on the last rank only: every rank skips that step and backs off the same
 // scale; weights, moments, counters and scaler states stay identical everywhere, and
 // equal to a one-process run where that step overflowed.
