@@ -31,6 +31,18 @@ void check_sizes(std::size_t a, std::size_t b, const char* what) {
 
 constexpr EncodeMode kSaturate{Overflow::saturate, Subnormals::keep};
 
+void check_mx_quantize(std::size_t n, std::size_t dst_n, std::size_t scales_n, MxRounding rounding) {
+  check_sizes(n, dst_n, "fp8::mx_quantize");
+  check_sizes(mx_blocks(n), scales_n, "fp8::mx_quantize (scales vs ceil(n / 32))");
+  if (rounding != MxRounding::transformer_engine && rounding != MxRounding::ocp)
+    fail("fp8::mx_quantize: unknown rounding");
+}
+
+void check_mx_dequantize(std::size_t n, std::size_t dst_n, std::size_t scales_n) {
+  check_sizes(n, dst_n, "fp8::mx_dequantize");
+  check_sizes(mx_blocks(n), scales_n, "fp8::mx_dequantize (scales vs ceil(n / 32))");
+}
+
 // amax over [p, p + n) as ordered bit patterns of |x|: NaN patterns lie above inf.
 // Returns the magnitude bits of the largest; a NaN maps to the canonical quiet NaN.
 std::uint32_t amax_bits(const float* p, std::size_t n) noexcept {
@@ -111,10 +123,7 @@ CurrentQuantized quantize_current(std::span<const float> src, std::span<T> dst, 
 // which reads it again from L1. Blocks with the NaN scale get NaN codes afterwards.
 template <Fp8Type T>
 float mx_quantize(std::span<const float> src, std::span<T> dst, std::span<e8m0> scales, MxRounding rounding) {
-  check_sizes(src.size(), dst.size(), "fp8::mx_quantize");
-  check_sizes(mx_blocks(src.size()), scales.size(), "fp8::mx_quantize (scales vs ceil(n / 32))");
-  if (rounding != MxRounding::transformer_engine && rounding != MxRounding::ocp)
-    fail("fp8::mx_quantize: unknown rounding");
+  check_mx_quantize(src.size(), dst.size(), scales.size(), rounding);
   constexpr std::size_t kChunkBlocks = 64;
   const KernelTable& k = kernels();
   const FormatKernels& f = k.get<T>();
@@ -153,8 +162,7 @@ float mx_quantize(std::span<const float> src, std::span<T> dst, std::span<e8m0> 
 // block goes through the reference loop so that NaN signs follow its operand order.
 template <Fp8Type T>
 void mx_dequantize(std::span<const T> src, std::span<const e8m0> scales, std::span<float> dst) {
-  check_sizes(src.size(), dst.size(), "fp8::mx_dequantize");
-  check_sizes(mx_blocks(src.size()), scales.size(), "fp8::mx_dequantize (scales vs ceil(n / 32))");
+  check_mx_dequantize(src.size(), dst.size(), scales.size());
   constexpr std::size_t kChunkBlocks = 64;
   const FormatKernels& f = format_kernels<T>();
   const ConvertOptions o{Overflow::ieee, Subnormals::keep, 1.0f};
@@ -206,10 +214,7 @@ void dequantize(std::span<const T> src, std::span<float> dst, float scale_inv) {
 
 template <Fp8Type T>
 float mx_quantize(std::span<const float> src, std::span<T> dst, std::span<e8m0> scales, MxRounding rounding) {
-  check_sizes(src.size(), dst.size(), "fp8::mx_quantize");
-  check_sizes(mx_blocks(src.size()), scales.size(), "fp8::mx_quantize (scales vs ceil(n / 32))");
-  if (rounding != MxRounding::transformer_engine && rounding != MxRounding::ocp)
-    fail("fp8::mx_quantize: unknown rounding");
+  check_mx_quantize(src.size(), dst.size(), scales.size(), rounding);
   const std::size_t n = src.size();
   std::uint32_t total = 0;
   for (std::size_t b = 0; b * kMxBlock < n; ++b) {
@@ -234,8 +239,7 @@ float mx_quantize(std::span<const float> src, std::span<T> dst, std::span<e8m0> 
 
 template <Fp8Type T>
 void mx_dequantize(std::span<const T> src, std::span<const e8m0> scales, std::span<float> dst) {
-  check_sizes(src.size(), dst.size(), "fp8::mx_dequantize");
-  check_sizes(mx_blocks(src.size()), scales.size(), "fp8::mx_dequantize (scales vs ceil(n / 32))");
+  check_mx_dequantize(src.size(), dst.size(), scales.size());
   for (std::size_t i = 0; i < src.size(); ++i)
     dst[i] = decode(src[i]) * static_cast<float>(scales[i / kMxBlock]);
 }
