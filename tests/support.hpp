@@ -1,10 +1,12 @@
-// Test helpers: hex formatting and a multi-threaded sweep over all 2^32 fp32 patterns.
+// Test helpers: hex formatting, the message of an expected exception, and a
+// multi-threaded sweep over all 2^32 fp32 patterns.
 #pragma once
 
 #include <atomic>
 #include <bit>
 #include <cstdint>
 #include <cstdio>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <string>
@@ -19,6 +21,20 @@ inline std::string hex(std::uint64_t v, int digits) {
   return buf;
 }
 inline std::string hexf(float f) { return hex(std::bit_cast<std::uint32_t>(f), 8); }
+
+// what() of the E that f() throws; a marker (which no expected message equals) when it
+// throws another exception or nothing.
+template <class E, class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const E& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    return std::string("(wrong exception type: ") + e.what() + ")";
+  }
+  return "(no exception of the expected type)";
+}
 
 // Collects the first few failures of a sweep, printed in hex.
 class Failures {

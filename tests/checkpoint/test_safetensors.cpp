@@ -16,24 +16,15 @@
 #include <vector>
 
 #include "mixprec/checkpoint/safetensors.hpp"
+#include "support.hpp"
 
 namespace mixprec::ckpt {
 namespace {
 
+using test::error_of;
+
 namespace fs = std::filesystem;
 using Bytes = std::vector<std::byte>;
-
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  } catch (const std::exception& e) {
-    return std::string("(wrong exception type: ") + e.what() + ")";
-  }
-  return "(no exception)";
-}
 
 Bytes bytes_of(std::string_view s) {
   Bytes b(s.size());

@@ -17,22 +17,15 @@
 
 #include "mixprec/monitor/alerts.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
+#include "support.hpp"
 
 namespace mixprec::monitor {
 namespace {
 
+using test::error_of;
+
 namespace fs = std::filesystem;
 using train::StepRecord;
-
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "(no exception of the expected type)";
-}
 
 bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
 

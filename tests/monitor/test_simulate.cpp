@@ -16,24 +16,17 @@
 
 #include "mixprec/monitor/simulate.hpp"
 #include "mixprec/train/run_log.hpp"
+#include "support.hpp"
 
 namespace mixprec::monitor {
 namespace {
+
+using test::error_of;
 
 namespace fs = std::filesystem;
 using train::StepRecord;
 
 constexpr float kInfF = std::numeric_limits<float>::infinity();
-
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "(no exception of the expected type)";
-}
 
 // A step recorded at `scale` whose activation gradients reach `unscaled` x scale.
 StepRecord step(std::uint64_t n, float scale, double unscaled, bool skipped = false) {

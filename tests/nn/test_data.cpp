@@ -16,21 +16,14 @@
 #include <vector>
 
 #include "mixprec/nn/data.hpp"
+#include "support.hpp"
 
 namespace mixprec::nn {
 namespace {
 
-namespace fs = std::filesystem;
+using test::error_of;
 
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "(no exception of the expected type)";
-}
+namespace fs = std::filesystem;
 
 // The corpus most tests share: 300k tokens keep the suite fast under the sanitizers.
 const std::string& corpus_text() {

@@ -13,22 +13,15 @@
 #include "mixprec/optim/optimizer.hpp"
 #include "mixprec/optim/schedule.hpp"
 #include "mlp.hpp"
+#include "support.hpp"
 
 namespace mixprec {
 namespace {
 
+using test::error_of;
+
 constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
 constexpr float kInf = std::numeric_limits<float>::infinity();
-
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "(no std::invalid_argument)";
-}
 
 TEST(ParamStore, LayoutIsOneAlignedBlockWithNamedViews) {
   ParamStore s({{"w", {3, 5}}, {"b", {5}}, {"s", {}}, {"e", {0}}},
@@ -58,34 +51,34 @@ TEST(ParamStore, LayoutIsOneAlignedBlockWithNamedViews) {
 }
 
 TEST(ParamStore, ErrorsNameWhatWasExpectedAndFound) {
-  EXPECT_NE(error_of([] { ParamStore({}, {}); }).find("expected at least one tensor"), std::string::npos);
-  EXPECT_NE(error_of([] { ParamStore({{"a", {1}}, {"a", {2}}}, {}); }).find("duplicate tensor name 'a'"),
+  EXPECT_NE(error_of<std::invalid_argument>([] { ParamStore({}, {}); }).find("expected at least one tensor"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([] { ParamStore({{"a", {1}}, {"a", {2}}}, {}); }).find("duplicate tensor name 'a'"),
             std::string::npos);
-  EXPECT_NE(error_of([] { ParamStore({{"", {1}}}, {}); }).find("empty name"), std::string::npos);
-  EXPECT_NE(error_of([] { ParamStore({{"a", {1}}}, {.state_slots = 3}); }).find("state_slots must be 0, 1 or 2, found 3"),
+  EXPECT_NE(error_of<std::invalid_argument>([] { ParamStore({{"", {1}}}, {}); }).find("empty name"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([] { ParamStore({{"a", {1}}}, {.state_slots = 3}); }).find("state_slots must be 0, 1 or 2, found 3"),
             std::string::npos);
-  EXPECT_NE(error_of([] { ParamStore({{"a", {std::size_t{1} << 40, std::size_t{1} << 40}}}, {}); }).find("overflows"),
+  EXPECT_NE(error_of<std::invalid_argument>([] { ParamStore({{"a", {std::size_t{1} << 40, std::size_t{1} << 40}}}, {}); }).find("overflows"),
             std::string::npos);
   ParamStore s({{"w", {4}}}, {.model = DType::f16, .grads = DType::f32, .master = false, .state_slots = 0});
-  EXPECT_NE(error_of([&] { s.index_of("nope"); }).find("no tensor named 'nope'; tensors: w"), std::string::npos);
-  EXPECT_NE(error_of([&] { s.model<bf16>(0); }).find("model view of type bf16 requested, but the model region holds f16"),
+  EXPECT_NE(error_of<std::invalid_argument>([&] { s.index_of("nope"); }).find("no tensor named 'nope'; tensors: w"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([&] { s.model<bf16>(0); }).find("model view of type bf16 requested, but the model region holds f16"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { s.master(0); }).find("expected a store with master weights"), std::string::npos);
-  EXPECT_NE(error_of([&] { s.state(0, 0); }).find("state slot 0 out of range"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([&] { s.master(0); }).find("expected a store with master weights"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([&] { s.state(0, 0); }).find("state slot 0 out of range"), std::string::npos);
 }
 
 TEST(Optimizer, RejectsBadHyperparametersAndStores) {
   ParamStore s({{"w", {4}}}, {.state_slots = 1});
-  EXPECT_NE(error_of([&] { Adam(s, {}); }).find("expected a store with 2 state slots, found 1"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([&] { Adam(s, {}); }).find("expected a store with 2 state slots, found 1"), std::string::npos);
   ParamStore s2({{"w", {4}}}, {});
-  EXPECT_NE(error_of([&] { Adam(s2, {.lr = -1}); }).find("expected lr finite and >= 0, found -1"), std::string::npos);
-  EXPECT_NE(error_of([&] { Adam(s2, {.beta1 = 1.0}); }).find("beta1 in [0, 1)"), std::string::npos);
-  EXPECT_NE(error_of([&] { Adam(s2, {.eps = std::nan("")}); }).find("eps finite"), std::string::npos);
-  EXPECT_NE(error_of([&] { SGD(s2, {.momentum = 0.0, .nesterov = true}); }).find("expected momentum > 0 for nesterov, found 0"),
+  EXPECT_NE(error_of<std::invalid_argument>([&] { Adam(s2, {.lr = -1}); }).find("expected lr finite and >= 0, found -1"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([&] { Adam(s2, {.beta1 = 1.0}); }).find("beta1 in [0, 1)"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([&] { Adam(s2, {.eps = std::nan("")}); }).find("eps finite"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([&] { SGD(s2, {.momentum = 0.0, .nesterov = true}); }).find("expected momentum > 0 for nesterov, found 0"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { SGD(s2, {.momentum = 0.9, .dampening = 0.1, .nesterov = true}); }).find("dampening == 0"),
+  EXPECT_NE(error_of<std::invalid_argument>([&] { SGD(s2, {.momentum = 0.9, .dampening = 0.1, .nesterov = true}); }).find("dampening == 0"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { SGD(s2, {}, PureOptions{.rounding = Rounding::stochastic}); }).find("stochastic rounding"),
+  EXPECT_NE(error_of<std::invalid_argument>([&] { SGD(s2, {}, PureOptions{.rounding = Rounding::stochastic}); }).find("stochastic rounding"),
             std::string::npos);
 }
 
@@ -95,22 +88,22 @@ TEST(Optimizer, StepValidatesBeforeWritingAnything) {
   for (auto& g : s.grads<f16>(0)) g = f16(0.5f);
   Adam opt(s, {});
   const auto before = test::snapshot(s);
-  EXPECT_NE(error_of([&] { opt.step({.inv_scale = 0.0f}); }).find("expected inv_scale finite and > 0, found 0"),
+  EXPECT_NE(error_of<std::invalid_argument>([&] { opt.step({.inv_scale = 0.0f}); }).find("expected inv_scale finite and > 0, found 0"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { opt.step({.inv_scale = kInf}); }).find("inv_scale"), std::string::npos);
-  EXPECT_NE(error_of([&] { opt.step({.clip_coef = kNaN}); }).find("set skip instead"), std::string::npos);
-  EXPECT_NE(error_of([&] { opt.step({.clip_coef = -1.0f}); }).find("clip_coef finite and >= 0"), std::string::npos);
-  EXPECT_NE(error_of([&] { opt.step({.lr = -0.5}); }).find("lr finite and >= 0, found -0.5"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([&] { opt.step({.inv_scale = kInf}); }).find("inv_scale"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([&] { opt.step({.clip_coef = kNaN}); }).find("set skip instead"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([&] { opt.step({.clip_coef = -1.0f}); }).find("clip_coef finite and >= 0"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([&] { opt.step({.lr = -0.5}); }).find("lr finite and >= 0, found -0.5"), std::string::npos);
   std::vector<float> small(3), scratch(opt.unfused_scratch_size());
-  EXPECT_NE(error_of([&] { opt.step_unfused({}, small); }).find("scratch of at least"), std::string::npos);
-  EXPECT_NE(error_of([&] { opt.step_unfused({.clip_coef = 0.5f}, scratch); }).find("pass max_norm instead"),
+  EXPECT_NE(error_of<std::invalid_argument>([&] { opt.step_unfused({}, small); }).find("scratch of at least"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([&] { opt.step_unfused({.clip_coef = 0.5f}, scratch); }).find("pass max_norm instead"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { opt.step_unfused({}, scratch, 0.0f); }).find("max_norm finite and > 0"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([&] { opt.step_unfused({}, scratch, 0.0f); }).find("max_norm finite and > 0"), std::string::npos);
   EXPECT_EQ(test::snapshot(s), before);
   EXPECT_EQ(opt.step_count(), 0);
   // An overflowed gradient with clipping but no skip: the unfused path refuses too.
   s.grads<f16>(0)[0] = f16(kInf);
-  EXPECT_NE(error_of([&] { opt.step_unfused({}, scratch, 1.0f); }).find("not finite"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([&] { opt.step_unfused({}, scratch, 1.0f); }).find("not finite"), std::string::npos);
   EXPECT_EQ(test::snapshot(s), before);
 }
 
@@ -170,16 +163,16 @@ TEST(Optimizer, SaveAndLoadResumesBitwise) {
   // Validation happens before anything changes.
   OptimizerState wrong = saved;
   wrong.kind = OptimizerKind::adam;
-  EXPECT_NE(error_of([&] { ob.load_state(wrong); }).find("expected kind adamw, found adam"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([&] { ob.load_state(wrong); }).find("expected kind adamw, found adam"), std::string::npos);
   wrong = saved;
   wrong.flat_size += 32;
-  EXPECT_NE(error_of([&] { ob.load_state(wrong); }).find("parameters"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([&] { ob.load_state(wrong); }).find("parameters"), std::string::npos);
   wrong = saved;
   wrong.beta2 = 1.5;
-  EXPECT_NE(error_of([&] { ob.load_state(wrong); }).find("beta2"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([&] { ob.load_state(wrong); }).find("beta2"), std::string::npos);
   wrong = saved;
   wrong.step = -1;
-  EXPECT_NE(error_of([&] { ob.load_state(wrong); }).find("step >= 0"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([&] { ob.load_state(wrong); }).find("step >= 0"), std::string::npos);
   EXPECT_EQ(ob.step_count(), 0);
   EXPECT_EQ(ob.lr(), 1.0);
 
@@ -205,9 +198,9 @@ TEST(Clip, CoefficientFollowsPyTorchAndNeverHidesAnOverflow) {
   EXPECT_EQ(clip_coefficient(4.0, 1.0f), static_cast<float>(1.0 / (4.0 + 1e-6)));
   EXPECT_TRUE(std::isnan(clip_coefficient(std::numeric_limits<double>::infinity(), 1.0f)));
   EXPECT_TRUE(std::isnan(clip_coefficient(std::nan(""), 1.0f)));
-  EXPECT_NE(error_of([] { clip_coefficient(1.0, 0.0f); }).find("expected max_norm finite and > 0, found 0"),
+  EXPECT_NE(error_of<std::invalid_argument>([] { clip_coefficient(1.0, 0.0f); }).find("expected max_norm finite and > 0, found 0"),
             std::string::npos);
-  EXPECT_NE(error_of([] { clip_coefficient(1.0, kInf); }).find("max_norm"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([] { clip_coefficient(1.0, kInf); }).find("max_norm"), std::string::npos);
 }
 
 TEST(Clip, GradStatsFlagsInfAndNaNAndComputesTheUnscaledNorm) {
@@ -228,7 +221,7 @@ TEST(Clip, GradStatsFlagsInfAndNaNAndComputesTheUnscaledNorm) {
   st = grad_stats(s, 1.0f / 64);
   EXPECT_TRUE(st.found_inf);
   EXPECT_TRUE(std::isnan(clip_coefficient(st.norm, 1.0f)));
-  EXPECT_NE(error_of([&] { grad_stats(s, 0.0f); }).find("inv_scale"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([&] { grad_stats(s, 0.0f); }).find("inv_scale"), std::string::npos);
   float u[3] = {3.0f, 0.0f, 4.0f};
   const GradTensor t{u, 3, DType::f32};
   EXPECT_EQ(global_grad_norm(std::span<const GradTensor>(&t, 1)), 5.0);
@@ -246,12 +239,12 @@ TEST(Schedule, WarmupThenCosineToMin) {
   for (std::int64_t k = 5; k < 14; ++k) EXPECT_LT(w.lr_at(k), w.lr_at(k - 1));
   const WarmupCosine none{.base_lr = 2.0, .warmup_steps = 0, .total_steps = 10, .min_lr = 0.0};
   EXPECT_DOUBLE_EQ(none.lr_at(0), 2.0);
-  EXPECT_NE(error_of([] { WarmupCosine{.warmup_steps = 5, .total_steps = 4}.validate(); }).find("warmup_steps"),
+  EXPECT_NE(error_of<std::invalid_argument>([] { WarmupCosine{.warmup_steps = 5, .total_steps = 4}.validate(); }).find("warmup_steps"),
             std::string::npos);
-  EXPECT_NE(error_of([] { WarmupCosine{.base_lr = 1, .min_lr = 2}.validate(); }).find("min_lr"), std::string::npos);
-  EXPECT_NE(error_of([] { WarmupCosine{.total_steps = 0}.validate(); }).find("total_steps >= 1, found 0"),
+  EXPECT_NE(error_of<std::invalid_argument>([] { WarmupCosine{.base_lr = 1, .min_lr = 2}.validate(); }).find("min_lr"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([] { WarmupCosine{.total_steps = 0}.validate(); }).find("total_steps >= 1, found 0"),
             std::string::npos);
-  EXPECT_NE(error_of([&] { (void)w.lr_at(-1); }).find("step >= 0"), std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([&] { (void)w.lr_at(-1); }).find("step >= 0"), std::string::npos);
 }
 
 TEST(Schedule, AdvancesOnAppliedStepsOnlyUnlessAsked) {

@@ -12,21 +12,14 @@
 #include <string>
 
 #include "mixprec/train/run_log.hpp"
+#include "support.hpp"
 
 namespace mixprec::train {
 namespace {
 
-namespace fs = std::filesystem;
+using test::error_of;
 
-template <class E, class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "(no exception of the expected type)";
-}
+namespace fs = std::filesystem;
 
 StepRecord sample() {
   StepRecord r;
