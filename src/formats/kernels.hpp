@@ -61,15 +61,19 @@ inline void encode_counted_range(const float* src, Storage* dst, std::size_t n,
   }
 }
 
-template <const MiniFloatSpec& S, class Storage>
-inline std::uint32_t encode_amax_range(const float* src, Storage* dst, std::size_t n, const ConvertOptions& o) noexcept {
+inline std::uint32_t amax_bits_range(const float* src, std::size_t n) noexcept {
   std::uint32_t m = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const std::uint32_t a = std::bit_cast<std::uint32_t>(src[i]) & 0x7fffffffu;
     m = a > m ? a : m;
   }
-  encode_range<S>(src, dst, n, o);
   return m;
+}
+
+template <const MiniFloatSpec& S, class Storage>
+inline std::uint32_t encode_amax_range(const float* src, Storage* dst, std::size_t n, const ConvertOptions& o) noexcept {
+  encode_range<S>(src, dst, n, o);
+  return amax_bits_range(src, n);
 }
 
 // Elements [begin, begin + n) of a block-scaled conversion (MX): element i uses factors[i / block].
@@ -86,15 +90,6 @@ template <const MiniFloatSpec& S, class Storage>
 inline void decode_block_scaled_range(const Storage* src, float* dst, std::size_t begin, std::size_t n,
                                       std::size_t block, const float* factors, const ConvertOptions& o) noexcept {
   for (std::size_t i = begin; i < begin + n; ++i) dst[i] = decode<S>(src[i], o.subnormals) * factors[i / block];
-}
-
-inline std::uint32_t amax_bits_range(const float* src, std::size_t n) noexcept {
-  std::uint32_t m = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::uint32_t a = std::bit_cast<std::uint32_t>(src[i]) & 0x7fffffffu;
-    m = a > m ? a : m;
-  }
-  return m;
 }
 
 // TE's block amax: fmaxf over |x| starting from 0 (NaN elements are ignored).
