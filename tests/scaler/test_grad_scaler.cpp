@@ -212,6 +212,23 @@ TEST(GradScaler, SeveralOptimizersSkipOnTheirOwnAndBackOffTogether) {
   EXPECT_EQ(scaler.get_scale(), 128.0f);
   EXPECT_EQ(o1.step_count(), 1);
   EXPECT_EQ(o2.step_count(), 0);
+  // The other way round: whichever optimizer's record update() reads last, an overflow
+  // in any one of them backs the scale off (not only the last one's).
+  write_grads(s1, scaler.get_scale(), 1, INFINITY);
+  write_grads(s2, scaler.get_scale(), 1);
+  EXPECT_FALSE(scaler.step(o1).applied);
+  EXPECT_TRUE(scaler.step(o2).applied);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 64.0f);
+  EXPECT_EQ(o1.step_count(), 1);
+  EXPECT_EQ(o2.step_count(), 1);
+  // And a clean window in both grows nothing yet (interval 3) but keeps the scale.
+  write_grads(s1, scaler.get_scale(), 2);
+  write_grads(s2, scaler.get_scale(), 2);
+  EXPECT_TRUE(scaler.step(o1).applied);
+  EXPECT_TRUE(scaler.step(o2).applied);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 64.0f);
 }
 
 TEST(GradScaler, DisabledIsAPassThrough) {
