@@ -304,6 +304,13 @@ TEST(Gelu, ForwardAndBackward) {
   Vec dx = p_dx;
   gelu_backward(dx, x, dout);
   expect_grad("dinp", dx, p_dx, numeric_grad(gelu_ref, x, dout));
+  // dinp may alias dout: dout + gelu'(x) dout, against the double derivative.
+  Vec inplace = dout;
+  gelu_backward(inplace, x, inplace);
+  const DVec gd = numeric_grad(gelu_ref, x, Vec(x.size(), 1.0f));
+  DVec want(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) want[i] = static_cast<double>(dout[i]) * (1.0 + gd[i]);
+  expect_grad("dinp in place", inplace, {}, want);
 
   // In place, and large |x| stays finite (gelu'(x) -> 1 or 0).
   Vec big = {-1e4f, -50.0f, 50.0f, 1e4f};
@@ -369,6 +376,67 @@ TEST(Attention, ForwardAndBackwardMatchReference) {
   attention_backward(dqkv, dpreatt2, datt2, dout, qkv, att, B, T, C, NH);
   EXPECT_EQ(dpreatt2, dpreatt);
   EXPECT_EQ(datt2, datt);
+}
+
+// out as a function of the scores preatt[B,NH,T,T] (the causal softmax of each row's
+// entries t2 <= t, then the sum of v): the double reference for dL/dpreatt.
+DVec attention_from_scores_ref(const DVec& pre, const DVec& qkv, std::size_t B, std::size_t T, std::size_t C,
+                               std::size_t NH) {
+  const std::size_t hs = C / NH;
+  DVec out(B * T * C, 0.0);
+  for (std::size_t b = 0; b < B; ++b) {
+    for (std::size_t h = 0; h < NH; ++h) {
+      for (std::size_t t = 0; t < T; ++t) {
+        const double* row = &pre[((b * NH + h) * T + t) * T];
+        const double mx = *std::max_element(row, row + t + 1);
+        double z = 0;
+        for (std::size_t t2 = 0; t2 <= t; ++t2) z += std::exp(row[t2] - mx);
+        for (std::size_t t2 = 0; t2 <= t; ++t2) {
+          const double p = std::exp(row[t2] - mx) / z;
+          for (std::size_t i = 0; i < hs; ++i) {
+            out[(b * T + t) * C + h * hs + i] += p * qkv[(b * T + t2) * 3 * C + 2 * C + h * hs + i];
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// A longer sequence, one and several heads, and the documented contents of the scratch:
+// datt = dL/datt (exact in double: the v . dout of each visible pair) and
+// dpreatt = dL/dpreatt (finite differences of the double softmax-then-sum of v).
+TEST(Attention, BackwardScratchHoldsTheScoreGradients) {
+  for (const std::size_t NH : {std::size_t{1}, std::size_t{2}, std::size_t{4}}) {
+    const std::size_t B = 2, T = 5, C = 8;
+    const std::string tag = "NH " + std::to_string(NH) + " ";
+    const Vec qkv = random_vec(B * T * 3 * C, 90 + static_cast<std::uint32_t>(NH), -1.5f, 1.5f);
+    const Vec dout = random_vec(B * T * C, 91);
+    Vec out(B * T * C), preatt(B * NH * T * T), att(B * NH * T * T);
+    attention_forward(out, preatt, att, qkv, B, T, C, NH);
+    expect_forward(tag + "out", out, attention_ref(to_double(qkv), B, T, C, NH), 1e-6);
+    const Vec p_dqkv = random_vec(qkv.size(), 92);
+    Vec dqkv = p_dqkv;
+    Vec dpreatt(att.size(), std::numeric_limits<float>::quiet_NaN()),
+        datt(att.size(), std::numeric_limits<float>::quiet_NaN());
+    attention_backward(dqkv, dpreatt, datt, dout, qkv, att, B, T, C, NH);
+    expect_grad(tag + "dqkv", dqkv, p_dqkv,
+                numeric_grad([&](const DVec& v) { return attention_ref(v, B, T, C, NH); }, qkv, dout));
+    const std::size_t hs = C / NH;
+    DVec datt_ref(att.size(), 0.0);
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t h = 0; h < NH; ++h)
+        for (std::size_t t = 0; t < T; ++t)
+          for (std::size_t t2 = 0; t2 <= t; ++t2)
+            for (std::size_t i = 0; i < hs; ++i)
+              datt_ref[((b * NH + h) * T + t) * T + t2] += static_cast<double>(dout[(b * T + t) * C + h * hs + i]) *
+                                                          static_cast<double>(qkv[(b * T + t2) * 3 * C + 2 * C + h * hs + i]);
+    expect_grad(tag + "datt", datt, {}, datt_ref);
+    const DVec qkvd = to_double(qkv);
+    expect_grad(tag + "dpreatt", dpreatt, {},
+                numeric_grad([&](const DVec& p) { return attention_from_scores_ref(p, qkvd, B, T, C, NH); }, preatt,
+                             dout));
+  }
 }
 
 TEST(Attention, IsCausal) {
