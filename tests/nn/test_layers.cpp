@@ -515,6 +515,123 @@ TEST(SoftmaxCrossEntropy, ExtremeLogitsStayFinite) {
   EXPECT_EQ(mean_loss({}), 0.0f);
 }
 
+// ---- large shapes: the OpenMP branches ---------------------------------------------------------
+//
+// The checks above use small shapes, which run on the calling thread (layers.cpp's
+// parallel_worth_it: >= 2^16 elements); training shapes take the OpenMP branches. Here
+// each layer at a shape past that threshold, against the same double references:
+// forwards element by element; backwards element by element against exact double
+// derivatives where they are cheap (GELU: central difference of the scalar double
+// GELU; cross-entropy: double softmax minus one-hot), and attention's dqkv along 3
+// random unit directions d (derivative of the double L = sum(dout * attention(qkv +
+// s d)) by the 4-point stencil, h = 1e-3, exact to ~1e-11) with the relative
+// tolerance 1e-4 |expected| + 64 u sum_i |g_i d_i| (u = 2^-24): the fp32 backward's
+// error is ~1e-6 of that here, a wrong or racing term O(1).
+void expect_directional(const std::string& name, const Vec& analytic, const Fwd& f, const Vec& x0, const Vec& dout,
+                        std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  const double u = std::ldexp(1.0, -24), h = 1e-3;
+  const DVec x = to_double(x0);
+  for (int k = 0; k < 3; ++k) {
+    DVec d(x.size());
+    double norm = 0;
+    for (double& v : d) {
+      v = nd(gen);
+      norm += v * v;
+    }
+    double found = 0, magnitude = 0;
+    for (std::size_t i = 0; i < d.size(); ++i) {
+      d[i] /= std::sqrt(norm);
+      found += static_cast<double>(analytic[i]) * d[i];
+      magnitude += std::abs(static_cast<double>(analytic[i]) * d[i]);
+    }
+    auto at = [&](double step) {
+      DVec y(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i) y[i] = x[i] + step * d[i];
+      return dot(f(y), dout);
+    };
+    const double expected = (8.0 * (at(h) - at(-h)) - (at(2 * h) - at(-2 * h))) / (12.0 * h);
+    EXPECT_LE(std::abs(found - expected), 1e-4 * std::abs(expected) + 64 * u * magnitude)
+        << name << " direction " << k << ": expected (double) " << expected << ", found " << found;
+  }
+}
+
+TEST(Layers, LargeShapesTakeTheParallelBranchesAndStayCorrect) {
+  Gemm gemm = make_gemm();
+  {  // GELU, 2^16 values
+    const Vec x = random_vec(std::size_t{1} << 16, 100, -4.0f, 4.0f), dout = random_vec(x.size(), 101);
+    Vec y(x.size());
+    gelu_forward(y, x);
+    expect_forward("gelu out", y, gelu_ref(to_double(x)), 1e-6);
+    Vec dx(x.size(), 0.0f);
+    gelu_backward(dx, x, dout);
+    DVec want(x.size());
+    constexpr double hg = 1e-5;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const double xi = static_cast<double>(x[i]);
+      want[i] = (gelu_ref({xi + hg})[0] - gelu_ref({xi - hg})[0]) / (2 * hg) * static_cast<double>(dout[i]);
+    }
+    expect_grad("gelu dinp", dx, {}, want);
+  }
+  {  // layer norm forward [512, 128]
+    const std::size_t N = 512, C = 128;
+    const Vec x = random_vec(N * C, 102, -2.0f, 3.0f), w = random_vec(C, 103, -1.5f, 1.5f), b = random_vec(C, 104);
+    Vec y(N * C), mean(N), rstd(N);
+    layernorm_forward(y, mean, rstd, x, w, b, N, C);
+    expect_forward("layernorm out", y, layernorm_ref(to_double(x), to_double(w), to_double(b), N, C, 1e-5), 1e-6);
+  }
+  {  // linear forward with bias [256, 16] -> [256, 256]
+    const std::size_t N = 256, C = 16, OC = 256;
+    const Vec x = random_vec(N * C, 105), w = random_vec(OC * C, 106), b = random_vec(OC, 107);
+    Vec y(N * OC);
+    linear_forward(gemm, y, x, w, b, N, C, OC);
+    expect_forward("linear out", y, linear_ref(to_double(x), to_double(w), to_double(b), N, C, OC), 1e-6);
+  }
+  {  // embedding forward [4, 32, 512]
+    const std::size_t B = 4, T = 32, C = 512, V = 7;
+    const std::vector<TokenId> tok = random_ids(B * T, V, 108);
+    const Vec wte = random_vec(V * C, 109), wpe = random_vec(T * C, 110);
+    Vec out(B * T * C);
+    embedding_forward(out, tok, wte, wpe, B, T, C, V);
+    for (std::size_t n = 0; n < B * T; ++n)
+      for (std::size_t i = 0; i < C; ++i)
+        ASSERT_EQ(out[n * C + i], wte[tok[n] * C + i] + wpe[(n % T) * C + i]) << n << "," << i;
+  }
+  {  // attention [2, 32, 64], 2 heads: B*NH*T*T*hs = 2^17
+    const std::size_t B = 2, T = 32, C = 64, NH = 2;
+    const Vec qkv = random_vec(B * T * 3 * C, 111, -1.5f, 1.5f), dout = random_vec(B * T * C, 112);
+    Vec out(B * T * C), preatt(B * NH * T * T), att(B * NH * T * T);
+    attention_forward(out, preatt, att, qkv, B, T, C, NH);
+    expect_forward("attention out", out, attention_ref(to_double(qkv), B, T, C, NH), 1e-6);
+    Vec dqkv(qkv.size(), 0.0f), dpreatt(att.size()), datt(att.size());
+    attention_backward(dqkv, dpreatt, datt, dout, qkv, att, B, T, C, NH);
+    expect_directional("attention dqkv", dqkv, [&](const DVec& v) { return attention_ref(v, B, T, C, NH); }, qkv,
+                       dout, 113);
+  }
+  {  // softmax cross-entropy [4, 32, 512]
+    const std::size_t B = 4, T = 32, V = 512, N = B * T;
+    const Vec logits = random_vec(N * V, 114, -3.0f, 3.0f), dl = random_vec(N, 115);
+    const std::vector<TokenId> targets = random_ids(N, V, 116);
+    Vec losses(N), probs(N * V);
+    softmax_crossentropy_forward(losses, probs, logits, targets, B, T, V);
+    expect_forward("losses", losses, crossentropy_ref(to_double(logits), targets, N, V), 1e-6);
+    Vec dlogits(N * V, 0.0f);
+    crossentropy_softmax_backward(dlogits, dl, probs, targets, B, T, V);
+    DVec want(N * V);
+    for (std::size_t n = 0; n < N; ++n) {
+      double mx = static_cast<double>(logits[n * V]), z = 0;
+      for (std::size_t i = 0; i < V; ++i) mx = std::max(mx, static_cast<double>(logits[n * V + i]));
+      for (std::size_t i = 0; i < V; ++i) z += std::exp(static_cast<double>(logits[n * V + i]) - mx);
+      for (std::size_t i = 0; i < V; ++i) {
+        const double p = std::exp(static_cast<double>(logits[n * V + i]) - mx) / z;
+        want[n * V + i] = (p - (i == targets[n] ? 1.0 : 0.0)) * static_cast<double>(dl[n]);
+      }
+    }
+    expect_grad("dlogits", dlogits, {}, want);
+  }
+}
+
 // ---- shape validation ------------------------------------------------------------------------------
 
 template <class F>
