@@ -1,5 +1,5 @@
-// Models under the precision policy: gradients against finite differences (fp32),
-// low-precision paths against the fp32 path, exact loss-scale invariance, underflow
+// Models under the precision policy: gradients against finite differences (fp32) and,
+// tensor by tensor, against an independent double-precision model, low-precision paths against the fp32 path, exact loss-scale invariance, underflow
 // counting, and no allocation per step.
 #include <gtest/gtest.h>
 
@@ -136,7 +136,8 @@ TEST(Model, MlpGradientsMatchFiniteDifferences) { check_directional_derivatives(
 // The fp32 check above cannot see a misrouted gradient of a small tensor: its fp32
 // finite differences need an absolute floor (1e-3) larger than the directional
 // derivatives of layer-norm gains and biases at the library's initialisation (~1e-4),
-// so e.g. ln1's weight gradient written into ln2's slot passes it. Here the forward of
+// so e.g. ln1's weight gradient written into ln2's slot passes it (and so do a wrong
+// sign or index in attention's backward). Here the forward of
 // each model is transcribed again, in double, from the architecture (not from the
 // library's code: no layer function, Gemm or helper of the library is called), and
 // reads the model's fp32 weights. Its loss must equal the library's fp32 loss to 1e-6
