@@ -1,6 +1,7 @@
 // Models under the precision policy: gradients against finite differences (fp32) and,
-// tensor by tensor, against an independent double-precision model, low-precision paths against the fp32 path, exact loss-scale invariance, underflow
-// counting, and no allocation per step.
+// tensor by tensor, against an independent double-precision model, low-precision
+// paths against the fp32 path, exact loss-scale invariance, underflow counting, and
+// no allocation per step.
 #include <gtest/gtest.h>
 
 #include <algorithm>
