@@ -428,9 +428,11 @@ TEST(Attention, BackwardScratchHoldsTheScoreGradients) {
       for (std::size_t h = 0; h < NH; ++h)
         for (std::size_t t = 0; t < T; ++t)
           for (std::size_t t2 = 0; t2 <= t; ++t2)
-            for (std::size_t i = 0; i < hs; ++i)
-              datt_ref[((b * NH + h) * T + t) * T + t2] += static_cast<double>(dout[(b * T + t) * C + h * hs + i]) *
-                                                          static_cast<double>(qkv[(b * T + t2) * 3 * C + 2 * C + h * hs + i]);
+            for (std::size_t i = 0; i < hs; ++i) {
+              const double dy = static_cast<double>(dout[(b * T + t) * C + h * hs + i]);
+              const double v = static_cast<double>(qkv[(b * T + t2) * 3 * C + 2 * C + h * hs + i]);
+              datt_ref[((b * NH + h) * T + t) * T + t2] += dy * v;
+            }
     expect_grad(tag + "datt", datt, {}, datt_ref);
     const DVec qkvd = to_double(qkv);
     expect_grad(tag + "dpreatt", dpreatt, {},
