@@ -304,6 +304,13 @@ TEST(Gelu, ForwardAndBackward) {
   Vec dx = p_dx;
   gelu_backward(dx, x, dout);
   expect_grad("dinp", dx, p_dx, numeric_grad(gelu_ref, x, dout));
+  // dinp may alias dout: dout + gelu'(x) dout, against the double derivative.
+  Vec inplace = dout;
+  gelu_backward(inplace, x, inplace);
+  const DVec gd = numeric_grad(gelu_ref, x, Vec(x.size(), 1.0f));
+  DVec want(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) want[i] = static_cast<double>(dout[i]) * (1.0 + gd[i]);
+  expect_grad("dinp in place", inplace, {}, want);
 
   // In place, and large |x| stays finite (gelu'(x) -> 1 or 0).
   Vec big = {-1e4f, -50.0f, 50.0f, 1e4f};
@@ -369,6 +376,69 @@ TEST(Attention, ForwardAndBackwardMatchReference) {
   attention_backward(dqkv, dpreatt2, datt2, dout, qkv, att, B, T, C, NH);
   EXPECT_EQ(dpreatt2, dpreatt);
   EXPECT_EQ(datt2, datt);
+}
+
+// out as a function of the scores preatt[B,NH,T,T] (the causal softmax of each row's
+// entries t2 <= t, then the sum of v): the double reference for dL/dpreatt.
+DVec attention_from_scores_ref(const DVec& pre, const DVec& qkv, std::size_t B, std::size_t T, std::size_t C,
+                               std::size_t NH) {
+  const std::size_t hs = C / NH;
+  DVec out(B * T * C, 0.0);
+  for (std::size_t b = 0; b < B; ++b) {
+    for (std::size_t h = 0; h < NH; ++h) {
+      for (std::size_t t = 0; t < T; ++t) {
+        const double* row = &pre[((b * NH + h) * T + t) * T];
+        const double mx = *std::max_element(row, row + t + 1);
+        double z = 0;
+        for (std::size_t t2 = 0; t2 <= t; ++t2) z += std::exp(row[t2] - mx);
+        for (std::size_t t2 = 0; t2 <= t; ++t2) {
+          const double p = std::exp(row[t2] - mx) / z;
+          for (std::size_t i = 0; i < hs; ++i) {
+            out[(b * T + t) * C + h * hs + i] += p * qkv[(b * T + t2) * 3 * C + 2 * C + h * hs + i];
+          }
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// A longer sequence, one and several heads, and the documented contents of the scratch:
+// datt = dL/datt (exact in double: the v . dout of each visible pair) and
+// dpreatt = dL/dpreatt (finite differences of the double softmax-then-sum of v).
+TEST(Attention, BackwardScratchHoldsTheScoreGradients) {
+  for (const std::size_t NH : {std::size_t{1}, std::size_t{2}, std::size_t{4}}) {
+    const std::size_t B = 2, T = 5, C = 8;
+    const std::string tag = "NH " + std::to_string(NH) + " ";
+    const Vec qkv = random_vec(B * T * 3 * C, 90 + static_cast<std::uint32_t>(NH), -1.5f, 1.5f);
+    const Vec dout = random_vec(B * T * C, 91);
+    Vec out(B * T * C), preatt(B * NH * T * T), att(B * NH * T * T);
+    attention_forward(out, preatt, att, qkv, B, T, C, NH);
+    expect_forward(tag + "out", out, attention_ref(to_double(qkv), B, T, C, NH), 1e-6);
+    const Vec p_dqkv = random_vec(qkv.size(), 92);
+    Vec dqkv = p_dqkv;
+    Vec dpreatt(att.size(), std::numeric_limits<float>::quiet_NaN()),
+        datt(att.size(), std::numeric_limits<float>::quiet_NaN());
+    attention_backward(dqkv, dpreatt, datt, dout, qkv, att, B, T, C, NH);
+    expect_grad(tag + "dqkv", dqkv, p_dqkv,
+                numeric_grad([&](const DVec& v) { return attention_ref(v, B, T, C, NH); }, qkv, dout));
+    const std::size_t hs = C / NH;
+    DVec datt_ref(att.size(), 0.0);
+    for (std::size_t b = 0; b < B; ++b)
+      for (std::size_t h = 0; h < NH; ++h)
+        for (std::size_t t = 0; t < T; ++t)
+          for (std::size_t t2 = 0; t2 <= t; ++t2)
+            for (std::size_t i = 0; i < hs; ++i) {
+              const double dy = static_cast<double>(dout[(b * T + t) * C + h * hs + i]);
+              const double v = static_cast<double>(qkv[(b * T + t2) * 3 * C + 2 * C + h * hs + i]);
+              datt_ref[((b * NH + h) * T + t) * T + t2] += dy * v;
+            }
+    expect_grad(tag + "datt", datt, {}, datt_ref);
+    const DVec qkvd = to_double(qkv);
+    expect_grad(tag + "dpreatt", dpreatt, {},
+                numeric_grad([&](const DVec& p) { return attention_from_scores_ref(p, qkvd, B, T, C, NH); }, preatt,
+                             dout));
+  }
 }
 
 TEST(Attention, IsCausal) {
@@ -445,6 +515,123 @@ TEST(SoftmaxCrossEntropy, ExtremeLogitsStayFinite) {
   EXPECT_EQ(probs[1], 0.0f);  // underflows, yet the loss is finite and exact
   EXPECT_FLOAT_EQ(losses[0], 2e4f);
   EXPECT_EQ(mean_loss({}), 0.0f);
+}
+
+// ---- large shapes: the OpenMP branches ---------------------------------------------------------
+//
+// The checks above use small shapes, which run on the calling thread (layers.cpp's
+// parallel_worth_it: >= 2^16 elements); training shapes take the OpenMP branches. Here
+// each layer at a shape past that threshold, against the same double references:
+// forwards element by element; backwards element by element against exact double
+// derivatives where they are cheap (GELU: central difference of the scalar double
+// GELU; cross-entropy: double softmax minus one-hot), and attention's dqkv along 3
+// random unit directions d (derivative of the double L = sum(dout * attention(qkv +
+// s d)) by the 4-point stencil, h = 1e-3, exact to ~1e-11) with the relative
+// tolerance 1e-4 |expected| + 64 u sum_i |g_i d_i| (u = 2^-24): the fp32 backward's
+// error is ~1e-6 of that here, a wrong or racing term O(1).
+void expect_directional(const std::string& name, const Vec& analytic, const Fwd& f, const Vec& x0, const Vec& dout,
+                        std::uint32_t seed) {
+  std::mt19937 gen(seed);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  const double u = std::ldexp(1.0, -24), h = 1e-3;
+  const DVec x = to_double(x0);
+  for (int k = 0; k < 3; ++k) {
+    DVec d(x.size());
+    double norm = 0;
+    for (double& v : d) {
+      v = nd(gen);
+      norm += v * v;
+    }
+    double found = 0, magnitude = 0;
+    for (std::size_t i = 0; i < d.size(); ++i) {
+      d[i] /= std::sqrt(norm);
+      found += static_cast<double>(analytic[i]) * d[i];
+      magnitude += std::abs(static_cast<double>(analytic[i]) * d[i]);
+    }
+    auto at = [&](double step) {
+      DVec y(x.size());
+      for (std::size_t i = 0; i < x.size(); ++i) y[i] = x[i] + step * d[i];
+      return dot(f(y), dout);
+    };
+    const double expected = (8.0 * (at(h) - at(-h)) - (at(2 * h) - at(-2 * h))) / (12.0 * h);
+    EXPECT_LE(std::abs(found - expected), 1e-4 * std::abs(expected) + 64 * u * magnitude)
+        << name << " direction " << k << ": expected (double) " << expected << ", found " << found;
+  }
+}
+
+TEST(Layers, LargeShapesTakeTheParallelBranchesAndStayCorrect) {
+  Gemm gemm = make_gemm();
+  {  // GELU, 2^16 values
+    const Vec x = random_vec(std::size_t{1} << 16, 100, -4.0f, 4.0f), dout = random_vec(x.size(), 101);
+    Vec y(x.size());
+    gelu_forward(y, x);
+    expect_forward("gelu out", y, gelu_ref(to_double(x)), 1e-6);
+    Vec dx(x.size(), 0.0f);
+    gelu_backward(dx, x, dout);
+    DVec want(x.size());
+    constexpr double hg = 1e-5;
+    for (std::size_t i = 0; i < x.size(); ++i) {
+      const double xi = static_cast<double>(x[i]);
+      want[i] = (gelu_ref({xi + hg})[0] - gelu_ref({xi - hg})[0]) / (2 * hg) * static_cast<double>(dout[i]);
+    }
+    expect_grad("gelu dinp", dx, {}, want);
+  }
+  {  // layer norm forward [512, 128]
+    const std::size_t N = 512, C = 128;
+    const Vec x = random_vec(N * C, 102, -2.0f, 3.0f), w = random_vec(C, 103, -1.5f, 1.5f), b = random_vec(C, 104);
+    Vec y(N * C), mean(N), rstd(N);
+    layernorm_forward(y, mean, rstd, x, w, b, N, C);
+    expect_forward("layernorm out", y, layernorm_ref(to_double(x), to_double(w), to_double(b), N, C, 1e-5), 1e-6);
+  }
+  {  // linear forward with bias [256, 16] -> [256, 256]
+    const std::size_t N = 256, C = 16, OC = 256;
+    const Vec x = random_vec(N * C, 105), w = random_vec(OC * C, 106), b = random_vec(OC, 107);
+    Vec y(N * OC);
+    linear_forward(gemm, y, x, w, b, N, C, OC);
+    expect_forward("linear out", y, linear_ref(to_double(x), to_double(w), to_double(b), N, C, OC), 1e-6);
+  }
+  {  // embedding forward [4, 32, 512]
+    const std::size_t B = 4, T = 32, C = 512, V = 7;
+    const std::vector<TokenId> tok = random_ids(B * T, V, 108);
+    const Vec wte = random_vec(V * C, 109), wpe = random_vec(T * C, 110);
+    Vec out(B * T * C);
+    embedding_forward(out, tok, wte, wpe, B, T, C, V);
+    for (std::size_t n = 0; n < B * T; ++n)
+      for (std::size_t i = 0; i < C; ++i)
+        ASSERT_EQ(out[n * C + i], wte[tok[n] * C + i] + wpe[(n % T) * C + i]) << n << "," << i;
+  }
+  {  // attention [2, 32, 64], 2 heads: B*NH*T*T*hs = 2^17
+    const std::size_t B = 2, T = 32, C = 64, NH = 2;
+    const Vec qkv = random_vec(B * T * 3 * C, 111, -1.5f, 1.5f), dout = random_vec(B * T * C, 112);
+    Vec out(B * T * C), preatt(B * NH * T * T), att(B * NH * T * T);
+    attention_forward(out, preatt, att, qkv, B, T, C, NH);
+    expect_forward("attention out", out, attention_ref(to_double(qkv), B, T, C, NH), 1e-6);
+    Vec dqkv(qkv.size(), 0.0f), dpreatt(att.size()), datt(att.size());
+    attention_backward(dqkv, dpreatt, datt, dout, qkv, att, B, T, C, NH);
+    expect_directional("attention dqkv", dqkv, [&](const DVec& v) { return attention_ref(v, B, T, C, NH); }, qkv,
+                       dout, 113);
+  }
+  {  // softmax cross-entropy [4, 32, 512]
+    const std::size_t B = 4, T = 32, V = 512, N = B * T;
+    const Vec logits = random_vec(N * V, 114, -3.0f, 3.0f), dl = random_vec(N, 115);
+    const std::vector<TokenId> targets = random_ids(N, V, 116);
+    Vec losses(N), probs(N * V);
+    softmax_crossentropy_forward(losses, probs, logits, targets, B, T, V);
+    expect_forward("losses", losses, crossentropy_ref(to_double(logits), targets, N, V), 1e-6);
+    Vec dlogits(N * V, 0.0f);
+    crossentropy_softmax_backward(dlogits, dl, probs, targets, B, T, V);
+    DVec want(N * V);
+    for (std::size_t n = 0; n < N; ++n) {
+      double mx = static_cast<double>(logits[n * V]), z = 0;
+      for (std::size_t i = 0; i < V; ++i) mx = std::max(mx, static_cast<double>(logits[n * V + i]));
+      for (std::size_t i = 0; i < V; ++i) z += std::exp(static_cast<double>(logits[n * V + i]) - mx);
+      for (std::size_t i = 0; i < V; ++i) {
+        const double p = std::exp(static_cast<double>(logits[n * V + i]) - mx) / z;
+        want[n * V + i] = (p - (i == targets[n] ? 1.0 : 0.0)) * static_cast<double>(dl[n]);
+      }
+    }
+    expect_grad("dlogits", dlogits, {}, want);
+  }
 }
 
 // ---- shape validation ------------------------------------------------------------------------------

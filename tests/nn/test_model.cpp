@@ -1,14 +1,19 @@
-// Models under the precision policy: gradients against finite differences (fp32),
-// low-precision paths against the fp32 path, exact loss-scale invariance, underflow
-// counting, and no allocation per step.
+// Models under the precision policy: gradients against finite differences (fp32) and,
+// tensor by tensor, against an independent double-precision model, low-precision
+// paths against the fp32 path, exact loss-scale invariance, underflow counting, and
+// no allocation per step.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <new>
 #include <random>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "mixprec/nn/model.hpp"
@@ -126,6 +131,282 @@ void check_directional_derivatives(const ModelConfig& cfg) {
 
 TEST(Model, GptGradientsMatchFiniteDifferences) { check_directional_derivatives(small_gpt()); }
 TEST(Model, MlpGradientsMatchFiniteDifferences) { check_directional_derivatives(small_mlp()); }
+
+// ---- every parameter's gradient against an independent double-precision model ----
+//
+// The fp32 check above cannot see a misrouted gradient of a small tensor: its fp32
+// finite differences need an absolute floor (1e-3) larger than the directional
+// derivatives of layer-norm gains and biases at the library's initialisation (~1e-4),
+// so e.g. ln1's weight gradient written into ln2's slot passes it (and so do a wrong
+// sign or index in attention's backward). Here the forward of
+// each model is transcribed again, in double, from the architecture (not from the
+// library's code: no layer function, Gemm or helper of the library is called), and
+// reads the model's fp32 weights. Its loss must equal the library's fp32 loss to 1e-6
+// relative (a check of the forward too). Then, per tensor, 3 random Gaussian
+// directions d (unit norm) restricted to that tensor: the double loss's derivative
+// along d by the 4-point central stencil, step h = 1e-3 (truncation ~h^4/30 |f^(5)| ~
+// 1e-14, round-off ~1e-16 |L| / h ~ 1e-12: exact to ~1e-11 absolute), against
+// <fp32 backward gradient, d>. Tolerance per tensor and direction, relative:
+//   |found - expected| <= 1e-4 |expected| + 64 u sum_i |g_i d_i|,  u = 2^-24.
+// The fp32 backward's own error, measured: at most ~1e-5 of |expected| wherever the
+// sum does not cancel, and error/tolerance <= 0.02 everywhere (a 50x margin; the test
+// prints both per model). The floor is 64 fp32 ulps of the tensor's own gradient
+// magnitude along d: it only matters for a direction along which sum_i g_i d_i cancels
+// (e.g. the mlp's wte at initialisation, |<g,d>| 1.5e4 times below sum_i |g_i d_i|),
+// where the fp32 gradient's rounding is of that order; it is never a fixed absolute
+// number that a small tensor's derivative can hide under. A misrouted, dropped or
+// mis-signed gradient is an O(1) relative error of some tensor's derivative; even
+// GELU's derivative with 0.04 for 0.044715 moves derivatives by 2e-4 to 6e-3 relative.
+// Each model is checked at the library's initialisation and at random O(1) weights
+// (layer-norm gains 1 + 0.3 N(0,1), every bias 0.3 N(0,1), matrices N(0, 1/fan_in)):
+// there attention is far from uniform and every tensor's gradient is substantive.
+namespace dref {
+
+using D = std::vector<double>;
+
+// y[N,OC] = x[N,IC] w[OC,IC]^T (+ b)
+D matmul_t(const D& x, const D& w, const D* b, std::size_t N, std::size_t IC, std::size_t OC) {
+  D y(N * OC);
+  for (std::size_t n = 0; n < N; ++n) {
+    const double* xr = x.data() + n * IC;  // raw pointers: a Debug+ASan build runs this 3x faster
+    for (std::size_t o = 0; o < OC; ++o) {
+      const double* wr = w.data() + o * IC;
+      double s = b ? (*b)[o] : 0.0;
+      for (std::size_t i = 0; i < IC; ++i) s += xr[i] * wr[i];
+      y[n * OC + o] = s;
+    }
+  }
+  return y;
+}
+
+D layer_norm(const D& x, const D& g, const D& b, std::size_t N, std::size_t C) {
+  D y(N * C);
+  for (std::size_t n = 0; n < N; ++n) {
+    const double* xr = x.data() + n * C;
+    double mu = 0, var = 0;
+    for (std::size_t i = 0; i < C; ++i) mu += xr[i];
+    mu /= double(C);
+    for (std::size_t i = 0; i < C; ++i) var += (xr[i] - mu) * (xr[i] - mu);
+    var /= double(C);
+    for (std::size_t i = 0; i < C; ++i) y[n * C + i] = (xr[i] - mu) / std::sqrt(var + 1e-5) * g[i] + b[i];
+  }
+  return y;
+}
+
+double gelu(double x) {
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / 3.141592653589793238) * (x + 0.044715 * x * x * x)));
+}
+
+// Mean over rows of -log softmax(logits[row])[target[row]].
+double mean_cross_entropy(const D& logits, const std::vector<TokenId>& targets, std::size_t V) {
+  const std::size_t N = targets.size();
+  double total = 0;
+  for (std::size_t n = 0; n < N; ++n) {
+    const double* l = &logits[n * V];
+    const double mx = *std::max_element(l, l + V);
+    double z = 0;
+    for (std::size_t i = 0; i < V; ++i) z += std::exp(l[i] - mx);
+    total += mx + std::log(z) - l[targets[n]];
+  }
+  return total / double(N);
+}
+
+// The model's parameters in double, by name.
+struct Weights {
+  std::vector<std::string> names;
+  std::vector<D> w;
+  const D& operator[](const std::string& n) const {
+    for (std::size_t i = 0; i < names.size(); ++i)
+      if (names[i] == n) return w[i];
+    throw std::invalid_argument("dref: no tensor " + n);
+  }
+};
+
+// GPT-2, pre-norm: x = wte[tok] + wpe[t]; per block x += proj(attn(qkv(ln1(x)))),
+// x += proj(gelu(fc(ln2(x)))); logits = lnf(x) wte^T (tied); mean cross-entropy.
+double gpt_loss(const Weights& W, const ModelConfig& c, const Batch& b) {
+  const std::size_t B = c.batch, T = c.context, C = c.channels, V = c.vocab, NH = c.heads, hs = C / NH;
+  const std::size_t N = B * T;
+  const D& wte = W["wte"];
+  const D& wpe = W["wpe"];
+  D x(N * C);
+  for (std::size_t bi = 0; bi < B; ++bi)
+    for (std::size_t t = 0; t < T; ++t)
+      for (std::size_t i = 0; i < C; ++i)
+        x[(bi * T + t) * C + i] = wte[b.in[bi * T + t] * C + i] + wpe[t * C + i];
+  for (std::size_t l = 0; l < c.layers; ++l) {
+    const std::string h = std::string("h").append(std::to_string(l)).append(".");  // not "h" + ...: GCC 12 -Wrestrict
+    const D a = layer_norm(x, W[h + "ln1.weight"], W[h + "ln1.bias"], N, C);
+    const D qkv = matmul_t(a, W[h + "attn.qkv.weight"], &W[h + "attn.qkv.bias"], N, C, 3 * C);
+    D y(N * C, 0.0);
+    for (std::size_t bi = 0; bi < B; ++bi) {
+      for (std::size_t hd = 0; hd < NH; ++hd) {
+        for (std::size_t t = 0; t < T; ++t) {
+          const double* q = &qkv[(bi * T + t) * 3 * C + hd * hs];
+          std::vector<double> p(t + 1);
+          for (std::size_t s = 0; s <= t; ++s) {
+            const double* k = &qkv[(bi * T + s) * 3 * C + C + hd * hs];
+            double dot = 0;
+            for (std::size_t i = 0; i < hs; ++i) dot += q[i] * k[i];
+            p[s] = dot / std::sqrt(double(hs));
+          }
+          const double mx = *std::max_element(p.begin(), p.end());
+          double z = 0;
+          for (double& v : p) z += (v = std::exp(v - mx));
+          for (std::size_t s = 0; s <= t; ++s) {
+            const double* v = &qkv[(bi * T + s) * 3 * C + 2 * C + hd * hs];
+            double* yr = y.data() + (bi * T + t) * C + hd * hs;
+            for (std::size_t i = 0; i < hs; ++i) yr[i] += p[s] / z * v[i];
+          }
+        }
+      }
+    }
+    const D proj = matmul_t(y, W[h + "attn.proj.weight"], &W[h + "attn.proj.bias"], N, C, C);
+    for (std::size_t i = 0; i < N * C; ++i) x[i] += proj[i];
+    const D m = layer_norm(x, W[h + "ln2.weight"], W[h + "ln2.bias"], N, C);
+    D f = matmul_t(m, W[h + "mlp.fc.weight"], &W[h + "mlp.fc.bias"], N, C, 4 * C);
+    for (double& v : f) v = gelu(v);
+    const D o = matmul_t(f, W[h + "mlp.proj.weight"], &W[h + "mlp.proj.bias"], N, 4 * C, C);
+    for (std::size_t i = 0; i < N * C; ++i) x[i] += o[i];
+  }
+  const D xf = layer_norm(x, W["lnf.weight"], W["lnf.bias"], N, C);
+  return mean_cross_entropy(matmul_t(xf, wte, nullptr, N, C, V), b.tgt, V);
+}
+
+// MLP: the T context embeddings of each window concatenated, depth x (Linear, GELU),
+// a Linear head; mean cross-entropy against each window's last target.
+double mlp_loss(const Weights& W, const ModelConfig& c, const Batch& b) {
+  const std::size_t B = c.batch, T = c.context, C = c.channels, H = c.hidden, V = c.vocab;
+  const D& wte = W["wte"];
+  D x(B * T * C);
+  for (std::size_t bi = 0; bi < B; ++bi)
+    for (std::size_t t = 0; t < T; ++t)
+      for (std::size_t i = 0; i < C; ++i) x[bi * T * C + t * C + i] = wte[b.in[bi * T + t] * C + i];
+  std::size_t in = T * C;
+  for (std::size_t l = 0; l < c.depth; ++l) {
+    const std::string f = std::string("fc").append(std::to_string(l)).append(".");
+    x = matmul_t(x, W[f + "weight"], &W[f + "bias"], B, in, H);
+    for (double& v : x) v = gelu(v);
+    in = H;
+  }
+  std::vector<TokenId> last(B);
+  for (std::size_t bi = 0; bi < B; ++bi) last[bi] = b.tgt[bi * T + T - 1];
+  return mean_cross_entropy(matmul_t(x, W["head.weight"], &W["head.bias"], B, H, V), last, V);
+}
+
+double loss_of(const Weights& W, const ModelConfig& c, const Batch& b) {
+  return c.kind == ModelKind::gpt ? gpt_loss(W, c, b) : mlp_loss(W, c, b);
+}
+
+}  // namespace dref
+
+// Overwrites an fp32 model's weights with random O(1) values (see above).
+void randomize_weights(Model& m, std::uint32_t seed) {
+  ParamStore& s = m.params();
+  std::mt19937 rng(seed);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  for (std::size_t t = 0; t < s.tensor_count(); ++t) {
+    const ParamSpec& spec = s.spec(t);
+    const std::string& n = spec.name;
+    std::span<float> w = s.model<float>(t);
+    const bool norm = n.starts_with("ln") || n.find(".ln") != std::string::npos;
+    double mean = 0, sd = 0;
+    if (norm && n.ends_with(".weight")) mean = 1.0, sd = 0.3;
+    else if (n.ends_with(".bias")) sd = 0.3;
+    else if (n == "wte" || n == "wpe") sd = 0.5;
+    else sd = 1.0 / std::sqrt(static_cast<double>(spec.shape.back()));  // [out, in]: N(0, 1/fan_in)
+    for (float& x : w) x = static_cast<float>(mean + sd * nd(rng));
+  }
+  m.weights_updated();
+}
+
+// Worst |found - expected| / |expected| over the tensors and directions, for the report.
+struct RefCheck {
+  double worst_rel = 0;
+  std::string worst_name;
+  double worst_ratio = 0;  // max error / tolerance: the tightest margin
+  std::string tightest_name;
+  double loss_rel = 0;
+};
+
+RefCheck check_against_double_reference(Model& m, const ModelConfig& cfg, const Batch& b, const char* what) {
+  ParamStore& s = m.params();
+  s.zero_grads();
+  const ForwardResult r = m.forward(b.in, b.tgt);
+  m.backward(1.0f / static_cast<float>(r.count));
+  const std::vector<float> g = grads_f32(s);
+  dref::Weights W;
+  for (std::size_t t = 0; t < s.tensor_count(); ++t) {
+    const std::span<float> w = s.model<float>(t);
+    W.names.push_back(s.spec(t).name);
+    W.w.emplace_back(w.begin(), w.end());
+  }
+  RefCheck out;
+  const double lib_loss = r.loss_sum / static_cast<double>(r.count);
+  const double ref_loss = dref::loss_of(W, cfg, b);
+  out.loss_rel = std::abs(lib_loss - ref_loss) / std::abs(ref_loss);
+  EXPECT_LT(out.loss_rel, 1e-6) << what << ": library fp32 loss " << lib_loss << ", double reference " << ref_loss;
+
+  std::mt19937 rng(1234);
+  std::normal_distribution<double> nd(0.0, 1.0);
+  constexpr double h = 1e-3;
+  const double u = std::ldexp(1.0, -24);
+  for (std::size_t t = 0; t < s.tensor_count(); ++t) {
+    const std::string& name = s.spec(t).name;
+    const dref::D w0 = W.w[t];
+    for (int k = 0; k < 3; ++k) {
+      dref::D d(w0.size());
+      double norm = 0;
+      for (double& x : d) {
+        x = nd(rng);
+        norm += x * x;
+      }
+      norm = std::sqrt(norm);
+      double found = 0, magnitude = 0;
+      for (std::size_t i = 0; i < d.size(); ++i) {
+        d[i] /= norm;
+        const double gi = static_cast<double>(g[s.offset(t) + i]);
+        found += gi * d[i];
+        magnitude += std::abs(gi * d[i]);
+      }
+      auto at = [&](double step) {
+        for (std::size_t i = 0; i < d.size(); ++i) W.w[t][i] = w0[i] + step * d[i];
+        return dref::loss_of(W, cfg, b);
+      };
+      const double expected = (8.0 * (at(h) - at(-h)) - (at(2 * h) - at(-2 * h))) / (12.0 * h);
+      W.w[t] = w0;
+      const double err = std::abs(found - expected);
+      const double tol = 1e-4 * std::abs(expected) + 64 * u * magnitude;
+      EXPECT_LE(err, tol) << what << " " << name << " direction " << k << ": expected (double reference) "
+                          << expected << ", found (fp32 backward) " << found << ", relative error "
+                          << err / std::abs(expected) << ", tolerance " << tol;
+      const double rel = err / std::abs(expected);
+      if (rel > out.worst_rel) {
+        out.worst_rel = rel;
+        out.worst_name = name + " (direction " + std::to_string(k) + ")";
+      }
+      if (err / tol > out.worst_ratio) {
+        out.worst_ratio = err / tol;
+        out.tightest_name = name + " (direction " + std::to_string(k) + ")";
+      }
+    }
+  }
+  std::printf("%s: loss rel. error %.1e; gradients: worst rel. error %.1e at %s, largest error/tolerance %.2f at %s\n",
+              what, out.loss_rel, out.worst_rel, out.worst_name.c_str(), out.worst_ratio, out.tightest_name.c_str());
+  return out;
+}
+
+void check_model_against_double_reference(const ModelConfig& cfg) {
+  auto m = make_model(cfg, Precision::fp32, 0);
+  const Batch b = random_batch(cfg, 11);
+  const std::string kind(model_kind_name(cfg.kind));
+  check_against_double_reference(*m, cfg, b, (kind + " at initialisation").c_str());
+  randomize_weights(*m, 99);
+  check_against_double_reference(*m, cfg, b, (kind + " at random O(1) weights").c_str());
+}
+
+TEST(Model, GptGradientsMatchDoubleReference) { check_model_against_double_reference(small_gpt()); }
+TEST(Model, MlpGradientsMatchDoubleReference) { check_model_against_double_reference(small_mlp()); }
 
 // Loss-scale invariance: scaling dloss by a power of two scales every fp32 weight
 // gradient by exactly that power (no rounding differs) in the fp32 model.
