@@ -17,6 +17,11 @@ MUTATIONS = [
          new="a.beta2 = static_cast<float>(s.beta1);",
          why="Adam's second moment decays with beta1 instead of beta2",
          tests=["test_optim"]),
+    dict(id="adam-v-decays-with-beta1-in-kernel", file=OPTIM,
+         old="const float b2 = s.beta2, omb2",
+         new="const float b2 = s.one_minus_weight, omb2",
+         why="the update loop decays v with beta1 (1 - weight) instead of beta2",
+         tests=["test_optim"]),
     dict(id="adamw-decay-after-update", file=OPTIM,
          old=("    if constexpr (Decoupled) pi = pi * decay;\n"
               "    float mi = m[i];\n"

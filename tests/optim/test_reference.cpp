@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <ostream>
 #include <set>
 #include <string>
 #include <vector>
@@ -152,6 +153,9 @@ const Run kRuns[] = {
     {"adamw", {.kind = ref::Kind::adamw, .beta1 = 0.9, .beta2 = 0.95, .weight_decay = 0.5}, 0.05, -40, 16},
     {"adamw_default_betas", {.kind = ref::Kind::adamw, .weight_decay = 0.4}, 0.08, -40, 16},
 };
+
+// gtest names a failing case by this rather than by the bytes of the struct.
+void PrintTo(const Run& r, std::ostream* os) { *os << r.name; }
 
 std::unique_ptr<Optimizer> make_optimizer(ParamStore& s, const Run& r) {
   const ref::Hyper& h = r.h;
