@@ -38,7 +38,7 @@ float GradScaler::get_scale() const noexcept { return enabled_ ? scale_->scale()
 
 float GradScaler::scale(float loss) const noexcept { return loss * get_scale(); }
 
-// found_inf is what the check read (REFERENCE.md), plus one case PyTorch lets
+// found_inf is what the check read (as PyTorch's), plus one case PyTorch lets
 // through: finite gradients whose unscaled values overflow (only possible with a
 // scale below 1). Their norm is inf; stepping would write inf into the weights.
 void GradScaler::record_check(Record& r, const UnscaleResult& res) {

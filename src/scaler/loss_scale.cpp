@@ -1,5 +1,6 @@
-// Loss-scale policies. Each dynamic rule is transcribed from shared/REFERENCE.md; the
-// branches of DynamicLossScale::update() can be read side by side with its pseudocode.
+// Loss-scale policies. Each dynamic rule is transcribed from its framework's update code as
+// docs/loss_scaling.md writes it out; the branches of DynamicLossScale::update() can be read
+// side by side with that page.
 #include "mixprec/scaler/loss_scale.hpp"
 
 #include <nlohmann/json.hpp>

@@ -145,7 +145,7 @@ TEST(Fp8Delayed, TinyAmaxGivesFltMax) {
   EXPECT_SAME_FLOAT(delayed_scale(1e-38f, 1.0f, 448.0f, 0), kFltMax);
   EXPECT_GT(1.0f / kFltMax, 0.0f);
   // amax 2^-120: 448 * 2^120 = 1.75 * 2^128 overflows -> FLT_MAX at margin 0. With margin 1 TE
-  // divides 224 by amax once: 1.75 * 2^127 is finite. (REFERENCE.md's (fp8_max/amax)/2^margin
+  // divides 224 by amax once: 1.75 * 2^127 is finite. (the documented (fp8_max/amax)/2^margin
   // would give inf/2 -> FLT_MAX; this window is the only place the two forms differ.)
   EXPECT_SAME_FLOAT(delayed_scale(0x1p-120f, 1.0f, 448.0f, 0), kFltMax);
   EXPECT_SAME_FLOAT(delayed_scale(0x1p-120f, 1.0f, 448.0f, 1), 0x1.cp127f);

@@ -1,5 +1,5 @@
 // Independent models of each anchor's loss-scale rule, transcribed line by line from the
-// pseudocode in shared/REFERENCE.md ("Dynamic loss-scale update rules"). They share no code
+// rules as docs/loss_scaling.md writes them out ("The rules as implemented"). They share no code
 // with the library; the tests run both on the same overflow sequences and compare.
 //
 // Precision is the anchor's: torch keeps a float32 tensor and multiplies by a Python float
@@ -63,7 +63,7 @@ struct MixprecModel {
   }
 };
 
-// DeepSpeed DynamicLossScaler (REFERENCE.md's version of the window test).
+// DeepSpeed DynamicLossScaler (the fused FP16_Optimizer's window test, docs/loss_scaling.md).
 struct DeepSpeed {
   double cur_scale;
   double scale_factor;

@@ -59,7 +59,7 @@ struct e8m0 {
   std::uint8_t bits_;
 };
 
-// Facts about each format (REFERENCE.md's table). Values are exact floats.
+// Facts about each format (docs/formats.md's table). Values are exact floats.
 template <class T>
 struct format_traits;
 

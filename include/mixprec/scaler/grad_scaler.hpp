@@ -8,7 +8,7 @@
 //     StepOutcome out = scaler.step(opt, {.max_grad_norm = 1.0f});
 //     scaler.update();                                  // once, after every optimizer stepped
 //
-// Order inside step() (shared/REFERENCE.md): check every gradient for inf/NaN
+// Order inside step() (PyTorch's, docs/loss_scaling.md): check every gradient for inf/NaN
 // -> unscale -> clip on the true (unscaled) norm -> optimizer update. When
 // step() finds the optimizer still READY it runs the fused path: one read-only
 // pass (unscale_and_check with write = false) gives found_inf, the first

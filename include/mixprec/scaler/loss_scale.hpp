@@ -1,6 +1,6 @@
 // Loss-scale policies: a static scale, and dynamic scales that reproduce, step by step,
 // the update rules of PyTorch, DeepSpeed, Megatron-LM, Apex, Keras and jmp
-// (shared/REFERENCE.md), plus mixprec's own default. See docs/loss_scaling.md.
+// (written out in docs/loss_scaling.md), plus mixprec's own default.
 //
 //   mixprec::DynamicLossScale ls(mixprec::loss_scale_preset("mixprec"));
 //   loss * ls.scale();  ...  ls.update(found_inf);   // once per optimizer step
