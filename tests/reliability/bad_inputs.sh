@@ -128,8 +128,14 @@ npy() {
 
 ckpt=run/ckpt-00000002.safetensors
 
-# deep N: N opening brackets, JSON nested N levels deep (issue 15: a stack overflow).
-deep() { head -c "$1" /dev/zero | tr '\0' '['; }
+# deep N: a complete JSON object whose "lr" is an array nested N levels deep
+# ({"lr":[[[...]]]}): a stack overflow (SIGSEGV) in the readers before issue 15.
+deep() {
+  printf '{"lr":'
+  head -c "$1" /dev/zero | tr '\0' '['
+  head -c "$1" /dev/zero | tr '\0' ']'
+  printf '}'
+}
 
 case "$case_name" in
   # ---- data files (--data): exit 1, no run folder
@@ -351,7 +357,7 @@ case "$case_name" in
   # ---- issue 15: JSON nested 100,000 levels deep, in every JSON reader
   config_deep)
     deep 100000 > deep.json
-    train_rejects 2 "config file 'deep.json': JSON nested deeper than 256 levels (byte 256 opens level 257); the limit is 256" \
+    train_rejects 2 "config file 'deep.json': JSON nested deeper than 256 levels (byte 261 opens level 257); the limit is 256" \
       --config deep.json ;;
   resume_config_deep)
     make_run 2 16 run
@@ -374,7 +380,7 @@ case "$case_name" in
     resume_rejects 1 "run/log.jsonl:2: JSON nested deeper than 256 levels" ;;
   ckpt_meta_deep)  # checkpoint metadata: the scaler state
     make_run 2 16 run
-    "$tool" set-meta "$ckpt" doctored.safetensors mixprec.scaler "$(deep 100000)" && mv doctored.safetensors "$ckpt"
+    "$tool" set-meta "$ckpt" doctored.safetensors mixprec.scaler "$(deep 60000)" && mv doctored.safetensors "$ckpt"
     resume_rejects 1 "checkpoint 'run/ckpt-00000002.safetensors': scaler state: GradScaler state: JSON nested deeper than 256 levels" ;;
 
   # ---- issue 15: a run whose loss became non-finite
