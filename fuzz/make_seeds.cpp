@@ -176,12 +176,13 @@ void config_seeds(const fs::path& dir) {
   c.vocab = "char";
   write(dir / "config_small.json", train::to_json(c));
 
-  // Deep nesting (every JSON reader refuses more than kMaxJsonDepth levels): arrays,
-  // objects, inside a step line, and brackets inside a string (not nesting at all).
-  write(dir / "deep_array.json", std::string(20000, '['));
+  // Deep nesting (every JSON reader refuses more than kMaxJsonDepth levels): complete
+  // documents (a value nested 20,000 arrays deep crashed the readers before), objects,
+  // inside a step line, and brackets inside a string (not nesting at all).
+  write(dir / "deep_array.json", R"({"lr":)" + std::string(20000, '[') + std::string(20000, ']') + "}");
   std::string objects;
   for (int i = 0; i < 2000; ++i) objects += R"({"a":)";
-  write(dir / "deep_object.json", objects);
+  write(dir / "deep_object.json", objects + "1" + std::string(2000, '}'));
   write(dir / "deep_step.jsonl", R"({"step":1,"lr":)" + std::string(2000, '[') + std::string(2000, ']') + "}");
   write(dir / "deep_in_string.json", R"({"data":")" + std::string(2000, '[') + R"("})");
 }
