@@ -430,10 +430,11 @@ case "$case_name" in
     ln -s target link
     train_rejects 2 "json: 'link' is a symbolic link; expected a new file name or a regular file" "${tiny[@]}" --json link
     [ -L link ] && [ "$(cat target)" = "keep" ] || fail "the link or its target was changed" ;;
-  json_device)
-    train_rejects 2 "json: '/dev/null' is a character device; expected a new file name or a regular file" "${tiny[@]}" \
-      --json /dev/null
-    [ -c /dev/null ] || fail "/dev/null is no longer a character device" ;;
+  json_device)  # a private copy of /dev/null: a binary with the bug would replace the real one (as root)
+    mknod null c 1 3 2> mknod.txt || skip "cannot make a device node ($(cat mknod.txt)); json_fifo covers a special file"
+    train_rejects 2 "json: 'null' is a character device; expected a new file name or a regular file" "${tiny[@]}" \
+      --json null
+    [ -c null ] || fail "the device node was replaced" ;;
   report_out_special)
     make_run 2 16 run
     mkfifo pipe
