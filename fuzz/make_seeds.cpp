@@ -1,10 +1,11 @@
 // Writes the generated part of the seed corpora (fuzz/corpus/), made by the library's
 // own writers so the seeds are valid files of today's formats:
 //   corpus/safetensors/  checkpoints from ckpt::serialize (with and without mixprec's
-//                        metadata, scalar, empty and multi-tensor), and near-valid
-//                        variants (a flipped data byte, a cut file, a bad header length);
+//                        metadata, scalar, empty and multi-tensor, with the header
+//                        checksum), and near-valid variants (a flipped data byte, a cut
+//                        file, a bad header length, a changed header, deep nesting);
 //   corpus/config/       GradScaler/LossScale states of every preset, step-log lines,
-//                        the default config echoed by train::to_json.
+//                        the default config echoed by train::to_json, deep nesting.
 // The hand-written seeds (npy, cli, JSON configs) live beside them. Usage:
 //   fuzz_make_seeds fuzz/corpus     (build/fuzz/fuzz/fuzz_make_seeds; see docs/fuzzing.md)
 #include <cmath>
@@ -83,6 +84,29 @@ void safetensors_seeds(const fs::path& dir) {
   std::vector<std::byte> long_header = full;
   long_header[0] = static_cast<std::byte>(static_cast<unsigned>(long_header[0]) + 1);
   write(dir / "bad_header_length.safetensors", long_header);
+
+  // A trainer-like checkpoint with the header checksum (format version 2), and the same
+  // with one digit of the loss scale changed in the header (a checksum mismatch).
+  ckpt::WriteOptions checked;
+  checked.header_checksum = true;
+  const std::map<std::string, std::string> trainer_meta = {
+      {"mixprec.version", "2"},
+      {"mixprec.scaler", GradScaler(loss_scale_preset("mixprec")).state_json()},
+      {"mixprec.totals", R"({"steps":3,"final_loss":"nan","val_loss":"inf","seconds":0.5})"}};
+  const std::vector<std::byte> with_sum = ckpt::serialize(std::span(tensors).first(2), trainer_meta, checked);
+  write(dir / "valid_header_checksum.safetensors", with_sum);
+  std::vector<std::byte> tampered = with_sum;
+  const std::string text(reinterpret_cast<const char*>(with_sum.data()), with_sum.size());
+  if (const std::size_t at = text.find("65536"); at != std::string::npos) tampered[at] = static_cast<std::byte>('9');
+  write(dir / "bad_header_checksum.safetensors", tampered);
+
+  // Deep nesting in the header (the reader refuses it at once).
+  const std::string deep = R"({"__metadata__":{"k":)" + std::string(5000, '[') + "}";
+  std::vector<std::byte> nested(8 + deep.size());
+  for (int i = 0; i < 8; ++i)
+    nested[static_cast<std::size_t>(i)] = static_cast<std::byte>((deep.size() >> (8 * i)) & 0xff);
+  std::memcpy(nested.data() + 8, deep.data(), deep.size());
+  write(dir / "bad_deep_nesting.safetensors", nested);
 }
 
 void config_seeds(const fs::path& dir) {
@@ -151,6 +175,16 @@ void config_seeds(const fs::path& dir) {
   c.inject_overflow_at = {2, 3};
   c.vocab = "char";
   write(dir / "config_small.json", train::to_json(c));
+
+  // Deep nesting (every JSON reader refuses more than kMaxJsonDepth levels): complete
+  // documents (a value nested 20,000 arrays deep crashed the readers before), objects,
+  // inside a step line, and brackets inside a string (not nesting at all).
+  write(dir / "deep_array.json", R"({"lr":)" + std::string(20000, '[') + std::string(20000, ']') + "}");
+  std::string objects;
+  for (int i = 0; i < 2000; ++i) objects += R"({"a":)";
+  write(dir / "deep_object.json", objects + "1" + std::string(2000, '}'));
+  write(dir / "deep_step.jsonl", R"({"step":1,"lr":)" + std::string(2000, '[') + std::string(2000, ']') + "}");
+  write(dir / "deep_in_string.json", R"({"data":")" + std::string(2000, '[') + R"("})");
 }
 
 }  // namespace

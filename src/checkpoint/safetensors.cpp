@@ -36,6 +36,10 @@ constexpr std::string_view kMetadataKey = "__metadata__";
 constexpr std::string_view kFormatKey = "mixprec.format";
 constexpr std::string_view kFormatValue = "mixprec-safetensors";
 constexpr std::string_view kChecksumPrefix = "mixprec.checksum.";
+// The header checksum (WriteOptions::header_checksum): the key, as it appears in the
+// header, and the placeholder its value holds while the header is hashed.
+constexpr std::string_view kHeaderChecksumField = "\"mixprec.header_checksum\":\"";
+constexpr std::string_view kHeaderChecksumPlaceholder = "0000000000000000";
 
 struct DTypeEntry {
   DType type;
@@ -215,7 +219,7 @@ std::string writer_source(const fs::path* path) {
 // and the size of the data section.
 std::pair<std::string, std::uint64_t> build_header(std::span<const TensorRef> tensors,
                                                    const std::map<std::string, std::string>& metadata,
-                                                   const std::string& src) {
+                                                   const std::string& src, bool header_checksum = false) {
   auto bad = [&](const std::string& what) { return std::invalid_argument(src + ": " + what); };
   std::map<std::string, std::string> meta;
   for (const auto& [k, v] : metadata) {
@@ -224,12 +228,15 @@ std::pair<std::string, std::uint64_t> build_header(std::span<const TensorRef> te
     if (k.starts_with(kChecksumPrefix))
       throw bad("metadata key " + in_quotes(k) + " is reserved: write_file adds the '" + std::string(kChecksumPrefix) +
                 "NAME' keys itself");
+    if (k == kHeaderChecksumKey)
+      throw bad("metadata key " + in_quotes(k) + " is reserved: write_file adds it (WriteOptions::header_checksum)");
     if (k == kFormatKey && v != kFormatValue)
       throw bad("metadata '" + std::string(kFormatKey) + "': expected '" + std::string(kFormatValue) +
                 "' (or nothing), found " + in_quotes(v));
     meta.emplace(k, v);
   }
   meta[std::string(kFormatKey)] = std::string(kFormatValue);
+  if (header_checksum) meta[std::string(kHeaderChecksumKey)] = std::string(kHeaderChecksumPlaceholder);
 
   std::map<std::string_view, std::size_t> seen;
   std::uint64_t offset = 0;
@@ -284,6 +291,11 @@ std::pair<std::string, std::uint64_t> build_header(std::span<const TensorRef> te
   header += '}';
   // Spaces, as the reference writer pads: the data section starts 8-byte aligned.
   header.append((8 - header.size() % 8) % 8, ' ');
+  if (header_checksum) {  // the hash of the whole header, padding included, with the placeholder in its value
+    const std::size_t at = header.find(kHeaderChecksumField) + kHeaderChecksumField.size();
+    header.replace(at, kHeaderChecksumPlaceholder.size(),
+                   hex16(hash64(std::as_bytes(std::span<const char>(header.data(), header.size())))));
+  }
   return {std::move(header), offset};
 }
 
@@ -620,7 +632,12 @@ std::uint64_t hash64(std::span<const std::byte> bytes) noexcept {
 // ---- writing -----------------------------------------------------------------------
 
 std::vector<std::byte> serialize(std::span<const TensorRef> tensors, const std::map<std::string, std::string>& metadata) {
-  const auto [header, data_size] = build_header(tensors, metadata, writer_source(nullptr));
+  return serialize(tensors, metadata, WriteOptions{});
+}
+
+std::vector<std::byte> serialize(std::span<const TensorRef> tensors, const std::map<std::string, std::string>& metadata,
+                                 const WriteOptions& options) {
+  const auto [header, data_size] = build_header(tensors, metadata, writer_source(nullptr), options.header_checksum);
   std::vector<std::byte> out(8 + header.size() + data_size);
   put_u64_le(out.data(), header.size());
   std::memcpy(out.data() + 8, header.data(), header.size());
@@ -635,7 +652,7 @@ std::vector<std::byte> serialize(std::span<const TensorRef> tensors, const std::
 void write_file(const fs::path& path, std::span<const TensorRef> tensors,
                 const std::map<std::string, std::string>& metadata, const WriteOptions& options) {
   const std::string src = writer_source(&path);
-  const std::string header = build_header(tensors, metadata, src).first;
+  const std::string header = build_header(tensors, metadata, src, options.header_checksum).first;
   if (path.filename().empty()) throw std::invalid_argument(src + ": expected a file name, found a folder path");
 
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
@@ -759,6 +776,28 @@ SafetensorsFile SafetensorsFile::parse(std::vector<std::byte> bytes, std::string
   if (!ok || !h.complete()) throw bad(h.error.empty() ? "the header is not a complete JSON object" : h.error);
 
   SafetensorsFile f;
+  if (const auto hc = h.metadata.find(std::string(kHeaderChecksumKey)); hc != h.metadata.end()) {
+    // The hash of the header as written: the whole header with the placeholder in the
+    // checksum's value. The key must appear once, exactly as the writer spells it.
+    const std::string_view header(hdr, static_cast<std::size_t>(n));
+    const auto sum = parse_hex16(hc->second);
+    if (!sum)
+      throw bad("metadata '" + std::string(kHeaderChecksumKey) + "': expected 16 lowercase hex digits, found " +
+                in_quotes(hc->second));
+    const std::size_t at = header.find(kHeaderChecksumField);
+    if (at == std::string_view::npos || header.find(kHeaderChecksumField, at + 1) != std::string_view::npos ||
+        header.substr(at + kHeaderChecksumField.size(), kHeaderChecksumPlaceholder.size()) != hc->second)
+      throw bad("metadata '" + std::string(kHeaderChecksumKey) +
+                "': expected the key once, as the writer spells it (the header was edited)");
+    std::string copy(header);
+    copy.replace(at + kHeaderChecksumField.size(), kHeaderChecksumPlaceholder.size(), kHeaderChecksumPlaceholder);
+    const std::uint64_t got = hash64(std::as_bytes(std::span<const char>(copy.data(), copy.size())));
+    if (got != *sum)
+      throw bad("header checksum mismatch: the metadata says " + hex16(*sum) + ", the header (bytes [8, " +
+                std::to_string(8 + n) + ")) hashes to " + hex16(got) + " (the file is damaged or was edited)");
+    h.metadata.erase(hc);
+    f.header_checked_ = true;
+  }
   f.source_ = std::move(source);
   f.data_start_ = 8 + n;
   const std::uint64_t data_size = size - f.data_start_;
@@ -908,8 +947,13 @@ std::vector<std::pair<std::uint64_t, fs::path>> list_checkpoints(const fs::path&
     }
     // Only the one spelling checkpoint_path gives, so no step appears twice.
     if (!ok || checkpoint_path(dir, step).filename() != it->path().filename()) continue;
+    // A folder (or device, ...) with a checkpoint's name would be skipped here and hit
+    // when that checkpoint is written: refused at once, by name.
     std::error_code fec;
-    if (!it->is_regular_file(fec)) continue;
+    if (!it->is_regular_file(fec))
+      throw std::runtime_error("checkpoint '" + it->path().string() +
+                               "' is not a regular file (a folder?); remove it: a checkpoint is "
+                               "a file written by mixprec train");
     out.emplace_back(step, it->path());
   }
   if (ec) throw std::runtime_error("checkpoint folder '" + dir.string() + "' cannot be listed: " + ec.message());

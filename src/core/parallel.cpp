@@ -6,7 +6,7 @@
 
 namespace mixprec {
 
-static unsigned default_threads() {
+unsigned ThreadPool::environment_threads() {
   if (const char* env = std::getenv("MIXPREC_THREADS"); env != nullptr && *env != '\0') {
     char* end = nullptr;
     const long v = std::strtol(env, &end, 10);
@@ -15,6 +15,11 @@ static unsigned default_threads() {
     }
     return static_cast<unsigned>(v);
   }
+  return 0;
+}
+
+static unsigned default_threads() {
+  if (const unsigned env = ThreadPool::environment_threads(); env > 0) return env;
   const unsigned hw = std::thread::hardware_concurrency();
   return hw == 0 ? 1 : hw;
 }

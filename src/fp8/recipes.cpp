@@ -1,5 +1,6 @@
 // FP8 scaling recipes: delayed scaling state and JSON, current and MX scales.
 #include "mixprec/fp8/recipes.hpp"
+#include "mixprec/core/json_depth.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -252,6 +253,7 @@ std::string DelayedScalingState::to_json() const {
 
 DelayedScalingState DelayedScalingState::from_json(std::string_view text) {
   const std::string top = "fp8 delayed-scaling state: ";
+  if (const std::string deep = json_depth_problem(text); !deep.empty()) fail(top + deep);
   json j;
   try {
     j = json::parse(text.begin(), text.end());

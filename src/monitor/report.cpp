@@ -1,6 +1,7 @@
 // The HTML report of training runs (see report.hpp, docs/report.md): one document
 // with inline CSS and SVG, built from in-memory runs.
 #include "mixprec/monitor/report.hpp"
+#include "mixprec/core/json_depth.hpp"
 
 #include <unistd.h>
 
@@ -957,6 +958,8 @@ ReportRun load_run(const std::string& dir, const std::string& name) {
     if (!in) throw std::runtime_error(squote(f.string()) + ": cannot read: " + std::strerror(errno));
     std::ostringstream ss;
     ss << in.rdbuf();
+    if (const std::string deep = json_depth_problem(ss.str()); !deep.empty())
+      throw std::runtime_error(squote(f.string()) + ": " + deep);
     try {
       return ojson::parse(ss.str());
     } catch (const ojson::parse_error& e) {

@@ -192,6 +192,12 @@ void check_text(std::string_view text, std::string_view source) {
   };
   const std::size_t n = text.size();
   const auto byte = [&](std::size_t k) { return static_cast<unsigned char>(text[k]); };
+  // UTF-32 first: its little-endian byte-order mark starts like UTF-16's.
+  if (n >= 4 && ((byte(0) == 0xFF && byte(1) == 0xFE && byte(2) == 0 && byte(3) == 0) ||
+                 (byte(0) == 0 && byte(1) == 0 && byte(2) == 0xFE && byte(3) == 0xFF)))
+    throw std::runtime_error(src + " looks like UTF-32 (byte-order mark " + hex_byte(byte(0)) + " " +
+                             hex_byte(byte(1)) + " " + hex_byte(byte(2)) + " " + hex_byte(byte(3)) +
+                             " at offset 0); convert it to UTF-8");
   if (n >= 2 && ((byte(0) == 0xFF && byte(1) == 0xFE) || (byte(0) == 0xFE && byte(1) == 0xFF)))
     throw std::runtime_error(src + " looks like UTF-16 (byte-order mark " + hex_byte(byte(0)) + " " +
                              hex_byte(byte(1)) + " at offset 0); convert it to UTF-8");

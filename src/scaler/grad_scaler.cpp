@@ -1,4 +1,5 @@
 #include "mixprec/scaler/grad_scaler.hpp"
+#include "mixprec/core/json_depth.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -188,6 +189,7 @@ void GradScaler::load_state_json(std::string_view text) {
   auto fail = [](const std::string& what) {
     throw std::invalid_argument("GradScaler state: " + what);
   };
+  if (const std::string deep = json_depth_problem(text); !deep.empty()) fail(deep);
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);

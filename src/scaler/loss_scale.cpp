@@ -2,6 +2,7 @@
 // docs/loss_scaling.md writes it out; the branches of DynamicLossScale::update() can be read
 // side by side with that page.
 #include "mixprec/scaler/loss_scale.hpp"
+#include "mixprec/core/json_depth.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -753,6 +754,7 @@ std::string LossScaleState::to_json() const {
 }
 
 LossScaleState LossScaleState::from_json(std::string_view text) {
+  if (const std::string deep = json_depth_problem(text); !deep.empty()) fail("loss-scale state: " + deep);
   json j;
   try {
     j = json::parse(text.begin(), text.end());

@@ -8,6 +8,8 @@
 // model copy is not saved: it is round-to-nearest-even of the master weights and is
 // recomputed bitwise on load.
 #include <algorithm>
+#include <cmath>
+#include <limits>
 #include <cstring>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -15,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "mixprec/core/json_depth.hpp"
 #include "mixprec/checkpoint/safetensors.hpp"
 #include "trainer_impl.hpp"
 
@@ -22,7 +25,11 @@ namespace mixprec::train {
 namespace {
 
 using nlohmann::json;
-constexpr const char* kVersion = "1";
+// Format versions: 2 adds the header checksum (every metadata entry is covered) and
+// writes non-finite totals as "nan" / "inf" / "-inf"; 1 (read, never written) has
+// neither, and stored non-finite totals as null.
+constexpr const char* kVersion = "2";
+constexpr const char* kVersionWithoutHeaderChecksum = "1";
 
 ckpt::DType ckpt_dtype(DType t) {
   switch (t) {
@@ -46,12 +53,21 @@ json optimizer_json(const OptimizerState& s) {
           {"param_count", s.param_count}};
 }
 
+// A double of the totals: a JSON number, or "nan", "inf" or "-inf" (JSON has no
+// non-finite numbers; a diverged run's losses are NaN or inf and must read back).
+json total_value(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
 json totals_json(const RunTotals& t) {
   json j{{"steps", t.steps}, {"applied", t.applied}, {"skipped", t.skipped}, {"tokens", t.tokens},
-         {"lost_update_sum", t.lost_update_sum}, {"seconds", t.seconds}, {"final_loss", t.final_loss},
+         {"lost_update_sum", total_value(t.lost_update_sum)}, {"seconds", total_value(t.seconds)},
+         {"final_loss", total_value(t.final_loss)},
          {"act_grads", {t.act_grads.elements, t.act_grads.nonzero, t.act_grads.nonfinite_input,
                         t.act_grads.underflow, t.act_grads.subnormal, t.act_grads.overflow}}};
-  j["val_loss"] = t.val_loss ? json(*t.val_loss) : json(nullptr);
+  j["val_loss"] = t.val_loss ? total_value(*t.val_loss) : json(nullptr);
   // fp8 counters per role (forward, backward): [nonzero, saturated, flushed].
   j["fp8"] = {{t.fp8_nonzero[0], t.fp8_saturated[0], t.fp8_flushed[0]},
               {t.fp8_nonzero[1], t.fp8_saturated[1], t.fp8_flushed[1]}};
@@ -65,6 +81,8 @@ json totals_json(const RunTotals& t) {
 // Reads a JSON metadata entry, naming the file and key on any problem.
 json metadata_json(const ckpt::SafetensorsFile& f, const char* key) {
   const std::string text = f.require_metadata(key);
+  if (const std::string deep = json_depth_problem(text); !deep.empty())
+    bad(f.source(), std::string("metadata '") + key + "': " + deep);
   try {
     return json::parse(text);
   } catch (const json::exception& e) {
@@ -82,11 +100,30 @@ T field(const ckpt::SafetensorsFile& f, const json& j, const char* key, const ch
   }
 }
 
+// What total_value writes: a number, "nan", "inf" or "-inf"; null (how checkpoints of
+// format version 1 stored a non-finite value) reads as NaN.
+double total_field(const ckpt::SafetensorsFile& f, const json& j, const char* name) {
+  const auto it = j.find(name);
+  if (it != j.end()) {
+    if (it->is_number()) return it->get<double>();
+    if (it->is_null()) return std::numeric_limits<double>::quiet_NaN();
+    if (it->is_string()) {
+      const std::string& v = it->get_ref<const std::string&>();
+      if (v == "nan") return std::numeric_limits<double>::quiet_NaN();
+      if (v == "inf") return std::numeric_limits<double>::infinity();
+      if (v == "-inf") return -std::numeric_limits<double>::infinity();
+    }
+  }
+  bad(f.source(), std::string("metadata 'mixprec.totals': field '") + name + "': expected a number, \"nan\", " +
+                      "\"inf\", \"-inf\" or null, found " + (it == j.end() ? std::string("none") : it->dump()));
+}
+
 // The settings a resumed run must share with the run that wrote the checkpoint
 // (everything but how long to train and where to write).
 json trajectory_settings(const TrainConfig& c) {
   json j = json::parse(to_json(c));
-  for (const char* k : {"steps", "out", "resume", "checkpoint-every", "keep-checkpoints", "eval-every",
+  // "data": the data fingerprint identifies the data, by whatever path it was given.
+  for (const char* k : {"steps", "data", "out", "resume", "checkpoint-every", "keep-checkpoints", "eval-every",
                         "eval-windows", "histogram-every", "threads", "inject-overflow-at",
                         // a run may resume on another number of ranks, or another reduction (docs/distributed.md)
                         "distributed", "zero", "grad-reduce", "dist-timeout", "inject-overflow-rank"}) {
@@ -141,7 +178,9 @@ void Trainer::save_checkpoint(const std::string& path) const {
   };
   // fp8-delayed: the amax histories and scales (the only fp8 state that carries over steps).
   if (const fp8::DelayedScaling* d = m.model->fp8_delayed()) meta["mixprec.fp8"] = d->to_json();
-  ckpt::write_file(path, tensors, meta);
+  ckpt::WriteOptions options;
+  options.header_checksum = true;  // every metadata entry is covered (format version 2)
+  ckpt::write_file(path, tensors, meta, options);
 }
 
 void Trainer::load_checkpoint(const std::string& path) {
@@ -150,9 +189,13 @@ void Trainer::load_checkpoint(const std::string& path) {
   const std::string& src = f.source();
 
   // 1. Validate everything into temporaries.
-  if (f.require_metadata("mixprec.version") != kVersion) {
-    bad(src, "format version: expected " + std::string(kVersion) + ", found " + f.require_metadata("mixprec.version"));
-  }
+  const std::string version = f.require_metadata("mixprec.version");
+  if (version != kVersion && version != kVersionWithoutHeaderChecksum)
+    bad(src, "format version: expected " + std::string(kVersionWithoutHeaderChecksum) + " or " + kVersion + ", found " +
+                 version);
+  if (version == kVersion && !f.header_checked())
+    bad(src, "format version " + version + ": expected metadata '" + std::string(ckpt::kHeaderChecksumKey) +
+                 "' (the header checksum), found none (the file is damaged or was edited)");
   TrainConfig saved;
   try {
     saved = apply_json(TrainConfig{}, f.require_metadata("mixprec.config"), "checkpoint config");
@@ -228,13 +271,13 @@ void Trainer::load_checkpoint(const std::string& path) {
   t.applied = field<std::uint64_t>(f, tj, "mixprec.totals", "applied");
   t.skipped = field<std::uint64_t>(f, tj, "mixprec.totals", "skipped");
   t.tokens = field<std::uint64_t>(f, tj, "mixprec.totals", "tokens");
-  t.lost_update_sum = field<double>(f, tj, "mixprec.totals", "lost_update_sum");
-  t.seconds = field<double>(f, tj, "mixprec.totals", "seconds");
-  t.final_loss = field<double>(f, tj, "mixprec.totals", "final_loss");
+  t.lost_update_sum = total_field(f, tj, "lost_update_sum");
+  t.seconds = total_field(f, tj, "seconds");
+  t.final_loss = total_field(f, tj, "final_loss");
   const auto ag = field<std::vector<std::uint64_t>>(f, tj, "mixprec.totals", "act_grads");
   if (ag.size() != 6) bad(src, "metadata 'mixprec.totals': field 'act_grads' must hold 6 counts");
   t.act_grads = {ag[0], ag[1], ag[2], ag[3], ag[4], ag[5]};
-  if (tj.contains("val_loss") && tj["val_loss"].is_number()) t.val_loss = tj["val_loss"].get<double>();
+  if (tj.contains("val_loss") && !tj["val_loss"].is_null()) t.val_loss = total_field(f, tj, "val_loss");
   if (tj.contains("fp8")) {  // absent in checkpoints written before the fp8 presets
     const auto f8 = field<std::vector<std::vector<std::uint64_t>>>(f, tj, "mixprec.totals", "fp8");
     if (f8.size() != 2 || f8[0].size() != 3 || f8[1].size() != 3)

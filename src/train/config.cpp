@@ -3,6 +3,7 @@
 // One table lists every key in flag order with how it is read from JSON, written to
 // JSON and checked on its own; validate() runs every single-key check, then the checks
 // across keys. apply_json() runs the single-key check of each key it sets.
+#include "mixprec/core/json_depth.hpp"
 #include "mixprec/train/config.hpp"
 
 #include <nlohmann/json.hpp>
@@ -124,7 +125,8 @@ void check_loss_scale(const std::string& s) {
   constexpr std::string_view key = "loss-scale";
   if (s == "none" || s == "dynamic") return;
   const std::string static_form =
-      "static:S with S a number > 0 that float32 holds (at most 3.4028235e+38, not rounding to 0)";
+      "static:S with S a number > 0 that float32 holds, as it holds 1/S (the unscale factor): S in "
+      "(2.9387359e-39, 3.4028235e+38]";
   if (s == "static") fail(key, static_form + " (the static preset needs its scale)", squote(s));
   if (s.starts_with("static:")) {
     const char* first = s.data() + 7;
@@ -132,7 +134,7 @@ void check_loss_scale(const std::string& s) {
     double v = 0;
     const auto [ptr, ec] = std::from_chars(first, last, v, std::chars_format::general);
     if (first == last || ec != std::errc() || ptr != last || !std::isfinite(v) || !(v > 0) || v > kFloatMax ||
-        static_cast<float>(v) == 0.0f)
+        static_cast<float>(v) == 0.0f || !std::isfinite(1.0f / static_cast<float>(v)))
       fail(key, static_form, squote(s));
     return;
   }
@@ -517,6 +519,8 @@ TrainConfig apply_json(const TrainConfig& base, std::string_view json_text, std:
   json doc;
   std::set<std::string> seen;
   std::string duplicate;
+  if (const std::string deep = json_depth_problem(json_text); !deep.empty())
+    throw std::invalid_argument(src + ": " + deep);
   try {
     doc = json::parse(json_text, [&](int depth, json::parse_event_t event, json& parsed) {
       if (depth == 1 && event == json::parse_event_t::key && parsed.is_string() &&
@@ -524,7 +528,7 @@ TrainConfig apply_json(const TrainConfig& base, std::string_view json_text, std:
         duplicate = parsed.get<std::string>();
       return true;
     });
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number a double cannot hold (1e400)
     std::string what = e.what();
     if (const auto pos = what.find("] "); what.starts_with("[json.exception") && pos != std::string::npos)
       what = what.substr(pos + 2);

@@ -1,5 +1,6 @@
 // Run-log lines and the run summary as JSON (see run_log.hpp).
 #include "mixprec/train/run_log.hpp"
+#include "mixprec/core/json_depth.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -331,6 +332,7 @@ std::string step_record_json(const StepRecord& r) {
 }
 
 StepRecord parse_step_record(std::string_view line) {
+  if (const std::string deep = json_depth_problem(line); !deep.empty()) throw std::invalid_argument(deep);
   json j;
   try {
     j = json::parse(line);
@@ -434,6 +436,9 @@ std::vector<StepRecord> read_run_log(const std::string& path) {
     try {
       r = parse_step_record(line);
     } catch (const std::invalid_argument& e) {
+      // The last line cut short (no newline: a full disk or a kill stopped the write)
+      // is dropped, as a resume drops it; a malformed complete line is an error.
+      if (in.eof()) break;
       throw std::runtime_error(where + e.what());
     }
     if (!records.empty() && r.step <= records.back().step)

@@ -10,6 +10,7 @@
 
 #include <omp.h>
 
+#include "mixprec/core/parallel.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
 #include "nn/model_impl.hpp"
 #include "trainer_impl.hpp"
@@ -284,7 +285,17 @@ void Trainer::init(const TrainConfig& config, dist::Communicator* comm) {
                                 std::to_string(comm->size()) + "), found " +
                                 std::to_string(config.inject_overflow_rank));
   // The layers and oneDNN share OpenMP's thread team; --threads sizes it for the process.
-  if (config.threads > 0) omp_set_num_threads(static_cast<int>(config.threads));
+  // --threads 0: MIXPREC_THREADS when set (refused, as by every command, when it is not
+  // a thread count), else OpenMP's default (OMP_NUM_THREADS, or every core).
+  unsigned threads = config.threads;
+  if (threads == 0) {
+    try {
+      threads = ThreadPool::environment_threads();
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(e.what());  // the environment, not the configuration: exit 1
+    }
+  }
+  if (threads > 0) omp_set_num_threads(static_cast<int>(threads));
   std::unique_ptr<GradScaler> scaler = make_scaler(config.loss_scale);
   nn::Dataset data = load_data(config);
   impl_ = std::make_unique<Impl>(config, std::move(data));

@@ -25,6 +25,12 @@ cases=(
   npy_nonfinite npy_all_nan
   fp8_format fp8_amax_history_zero fp8_amax_algo fp8_margin_range fp8_margin_text fp8_amax_epsilon fp8_power2_text
   mx_rounding fp8_flag_wrong_precision fp8_flag_wrong_recipe fp8_config_wrong_precision
+  config_deep resume_config_deep report_config_deep simulate_config_deep log_deep ckpt_meta_deep
+  diverged ckpt_header_tamper ckpt_header_key_renamed ckpt_v1_resumes
+  static_reciprocal json_is_dir out_empty json_fifo json_symlink json_device report_out_special
+  data_relative_resume data_non_utf8_name
+  stdout_full sigterm_last_step report_log_cut config_overflow env_threads_train ckpt_newest_is_dir
+  resume_config_deleted resume_fewer_steps data_utf32 steps_hex
 )
 if [ "${1:-}" = "--list" ]; then
   printf '%s\n' "${cases[@]}"
@@ -121,6 +127,15 @@ npy() {
 }
 
 ckpt=run/ckpt-00000002.safetensors
+
+# deep N: a complete JSON object whose "lr" is an array nested N levels deep
+# ({"lr":[[[...]]]}): a stack overflow (SIGSEGV) in the readers before issue 15.
+deep() {
+  printf '{"lr":'
+  head -c "$1" /dev/zero | tr '\0' '['
+  head -c "$1" /dev/zero | tr '\0' ']'
+  printf '}'
+}
 
 case "$case_name" in
   # ---- data files (--data): exit 1, no run folder
@@ -256,8 +271,8 @@ case "$case_name" in
     also "(the file is damaged)" ;;
   ckpt_version)
     make_run 2 16 run
-    "$tool" set-meta "$ckpt" doctored.safetensors mixprec.version 2 && mv doctored.safetensors "$ckpt"
-    resume_rejects 1 "checkpoint 'run/ckpt-00000002.safetensors': format version: expected 1, found 2" ;;
+    "$tool" set-meta "$ckpt" doctored.safetensors mixprec.version 3 && mv doctored.safetensors "$ckpt"
+    resume_rejects 1 "checkpoint 'run/ckpt-00000002.safetensors': format version: expected 1 or 2, found 3" ;;
   ckpt_wrong_model)  # the newest checkpoint comes from a model twice as wide
     make_run 2 16 run
     make_run 2 32 wide
@@ -338,6 +353,173 @@ case "$case_name" in
   npy_all_nan)
     npy values.npy '\000\000\300\177\000\000\300\177' 2
     expect 0 "no finite nonzero values: nothing to scale" "$bin" inspect values.npy ;;
+
+  # ---- issue 15: JSON nested 100,000 levels deep, in every JSON reader
+  config_deep)
+    deep 100000 > deep.json
+    train_rejects 2 "config file 'deep.json': JSON nested deeper than 256 levels (byte 261 opens level 257); the limit is 256" \
+      --config deep.json ;;
+  resume_config_deep)
+    make_run 2 16 run
+    deep 100000 > run/config.json
+    resume_rejects 2 "run config 'run/config.json': JSON nested deeper than 256 levels" ;;
+  report_config_deep)
+    make_run 2 16 run
+    deep 100000 > run/config.json
+    expect 1 "'run/config.json': JSON nested deeper than 256 levels" "$bin" report run --out report.html
+    absent report.html ;;
+  simulate_config_deep)
+    make_run 2 16 run
+    deep 100000 > run/config.json
+    expect 1 "run config 'run/config.json': JSON nested deeper than 256 levels" "$bin" scaler simulate run ;;
+  log_deep)  # a log line (complete: with its newline), for report and for resume
+    make_run 2 16 run
+    { head -n 1 run/log.jsonl; deep 100000; echo; } > log.jsonl && mv log.jsonl run/log.jsonl
+    expect 1 "run/log.jsonl:2: JSON nested deeper than 256 levels" "$bin" report run --out report.html
+    absent report.html
+    resume_rejects 1 "run/log.jsonl:2: JSON nested deeper than 256 levels" ;;
+  ckpt_meta_deep)  # checkpoint metadata: the scaler state
+    make_run 2 16 run
+    "$tool" set-meta "$ckpt" doctored.safetensors mixprec.scaler "$(deep 60000)" && mv doctored.safetensors "$ckpt"
+    resume_rejects 1 "checkpoint 'run/ckpt-00000002.safetensors': scaler state: GradScaler state: JSON nested deeper than 256 levels" ;;
+
+  # ---- issue 15: a run whose loss became non-finite
+  diverged)
+    expect 1 "the run diverged: the training loss of the last step (2) is " "$bin" train "${tiny[@]}" --precision fp32 \
+      --loss-scale none --lr 1e30 --clip 0 --checkpoint-every 1 --out run
+    [ -f run/summary.json ] || fail "no summary.json"
+    also "nan and the validation loss is "
+    expect 1 "the run diverged: the training loss of the last step (3) is " "$bin" train --resume run --steps 3
+    also "resuming run at step 2 of 3"
+    expect 0 "report: report.html (1 run, 3 steps)" "$bin" report run --out report.html ;;
+
+  # ---- issue 15: the checkpoint header is covered by a checksum (format version 2)
+  ckpt_header_tamper)  # one digit of the loss scale in the header
+    make_run 2 16 run
+    grep -aq '\\"scale\\":6' "$ckpt" || fail "no scale 6... in the header"
+    perl -0777 -pi -e 's/(\\"scale\\":)6/${1}9/' "$ckpt"
+    resume_rejects 1 "checkpoint 'run/ckpt-00000002.safetensors': header checksum mismatch: the metadata says" ;;
+  ckpt_header_key_renamed)  # a flip in the key's own name: no header checksum in a version 2 file
+    make_run 2 16 run
+    perl -0777 -pi -e 's/mixprec\.header_checksum/mixprec.header_checksun/' "$ckpt"
+    resume_rejects 1 "checkpoint 'run/ckpt-00000002.safetensors': format version 2: expected metadata 'mixprec.header_checksum' (the header checksum), found none" ;;
+  ckpt_v1_resumes)  # a checkpoint of format version 1 (no header checksum) still loads
+    make_run 2 16 run
+    "$tool" set-meta "$ckpt" doctored.safetensors mixprec.version 1 && mv doctored.safetensors "$ckpt"
+    grep -aq 'mixprec.header_checksum' "$ckpt" && fail "the version 1 file has a header checksum"
+    expect 0 "mixprec train: 3 steps (3 applied, 0 skipped)" "$bin" train --resume run --steps 3 ;;
+
+  # ---- issue 15: everything a run needs is checked before its first step
+  static_reciprocal)
+    train_rejects 2 "loss-scale: expected static:S with S a number > 0 that float32 holds, as it holds 1/S (the unscale factor): S in (2.9387359e-39, 3.4028235e+38], found 'static:1e-40'" \
+      "${tiny[@]}" --loss-scale static:1e-40 ;;
+  json_is_dir)
+    mkdir folder
+    train_rejects 2 "json: 'folder' is a folder; expected a new file name or a regular file" "${tiny[@]}" --json folder ;;
+  out_empty)
+    expect 2 "out: expected a folder, found ''" "$bin" train "${tiny[@]}" --out ""
+    [ "$(ls -A)" = "out.txt" ] || fail "files were written: $(ls -A)" ;;
+
+  # ---- issue 15: outputs that are not regular files are refused, never replaced
+  json_fifo)
+    mkfifo pipe
+    train_rejects 2 "json: 'pipe' is a FIFO (named pipe); expected a new file name or a regular file" "${tiny[@]}" --json pipe
+    [ -p pipe ] || fail "the FIFO was replaced" ;;
+  json_symlink)
+    echo "keep" > target
+    ln -s target link
+    train_rejects 2 "json: 'link' is a symbolic link; expected a new file name or a regular file" "${tiny[@]}" --json link
+    [ -L link ] && [ "$(cat target)" = "keep" ] || fail "the link or its target was changed" ;;
+  json_device)  # a private copy of /dev/null: a binary with the bug would replace the real one (as root)
+    mknod null c 1 3 2> mknod.txt || skip "cannot make a device node ($(cat mknod.txt)); json_fifo covers a special file"
+    train_rejects 2 "json: 'null' is a character device; expected a new file name or a regular file" "${tiny[@]}" \
+      --json null
+    [ -c null ] || fail "the device node was replaced" ;;
+  report_out_special)
+    make_run 2 16 run
+    mkfifo pipe
+    expect 1 "--out: 'pipe' is a FIFO (named pipe); expected a new file name or a regular file" "$bin" report run --out pipe
+    [ -p pipe ] || fail "the FIFO was replaced"
+    echo "keep" > target
+    ln -s target link
+    expect 1 "--out: 'link' is a symbolic link" "$bin" report run --out link
+    [ -L link ] && [ "$(cat target)" = "keep" ] || fail "the link or its target was changed" ;;
+
+  # ---- issue 15: the data file by any path, from any working directory
+  data_relative_resume)
+    mkdir sub
+    yes 'the cat runs fast and the dog sleeps on the mat' | head -n 300 > sub/data.txt
+    (cd sub && "$bin" train "${small[@]}" --steps 2 --channels 16 --checkpoint-every 1 --data data.txt --out ../run) \
+      > setup.txt 2>&1 || { cat setup.txt; fail "setup run failed"; }
+    grep -qF "\"data\": \"$PWD/sub/data.txt\"" run/config.json || fail "config.json lacks the absolute data path"
+    expect 0 "mixprec train: 3 steps" "$bin" train --resume run --steps 3
+    expect 0 "mixprec train: 4 steps" "$bin" train --resume run --steps 4 --data "$PWD/sub/data.txt"
+    cp sub/data.txt moved.txt
+    expect 0 "mixprec train: 5 steps" "$bin" train --resume run --steps 5 --data moved.txt
+    yes 'a different text with other words in it' | head -n 300 > other.txt
+    resume_rejects 1 "data fingerprint differs" --steps 6 --data other.txt ;;
+  data_non_utf8_name)
+    name=$(printf 'caf\351.txt')
+    yes 'the cat runs fast and the dog sleeps on the mat' | head -n 300 > "$name"
+    train_rejects 2 "data: the file name is not valid UTF-8 text" "${tiny[@]}" --data "$name"
+    also "the run folder's JSON files hold UTF-8 names only" ;;
+
+  # ---- issue 15, lower severity
+  stdout_full)  # the summary cannot be printed: exit 1, it is still in summary.json
+    timeout 60 "$bin" train "${tiny[@]}" --out run > /dev/full 2> out.txt
+    rc=$?
+    cat out.txt
+    [ "$rc" -eq 1 ] || fail "exit $rc, expected 1"
+    also "mixprec train: error: cannot write the summary to stdout: No space left on device; it is in run/summary.json"
+    [ -f run/summary.json ] || fail "no summary.json" ;;
+  sigterm_last_step)  # SIGTERM during the last step (its final evaluation: 100,000 validation tokens)
+    last=(--accum 1 --batch 2 --context 16 --layers 1 --heads 2 --vocab word:256 --threads 1 --channels 16 --steps 2
+          --corpus-tokens 200000 --val-fraction 0.5 --eval-windows 0 --out run)
+    "$bin" train "${last[@]}" > out.txt 2>&1 &
+    pid=$!
+    for _ in $(seq 6000); do
+      [ -s run/log.jsonl ] && break
+      sleep 0.01
+    done
+    kill -TERM "$pid"
+    wait "$pid"
+    rc=$?
+    tail -n 3 out.txt
+    [ "$rc" -eq 143 ] || fail "exit $rc, expected 143"
+    also "mixprec train: SIGTERM: stopped after step 2 of 2"
+    [ ! -f run/summary.json ] || fail "a stopped run wrote summary.json"
+    [ -f run/ckpt-00000002.safetensors ] || fail "no checkpoint of step 2"
+    expect 0 "mixprec train: 2 steps (2 applied, 0 skipped)" "$bin" train --resume run
+    [ -f run/summary.json ] || fail "no summary.json after the resume" ;;
+  report_log_cut)  # the state a full disk leaves: the last line cut short
+    make_run 2 16 run
+    truncate -s -20 run/log.jsonl
+    expect 0 "report: report.html (1 run, 1 steps)" "$bin" report run --out report.html ;;
+  config_overflow)
+    printf '{"lr": 1e400}' > config.json
+    train_rejects 2 "config file 'config.json': malformed JSON: number overflow parsing '1e400'" --config config.json ;;
+  env_threads_train)
+    MIXPREC_THREADS=abc train_rejects 1 "MIXPREC_THREADS='abc' must be an integer in [1, 1024]" --steps 2 --channels 16 ;;
+  ckpt_newest_is_dir)
+    make_run 2 16 run
+    mkdir run/ckpt-00000003.safetensors
+    resume_rejects 1 "checkpoint 'run/ckpt-00000003.safetensors' is not a regular file (a folder?); remove it" --steps 4 ;;
+  resume_config_deleted)  # every checkpoint holds the configuration
+    make_run 2 16 run
+    rm run/config.json
+    expect 0 "mixprec train: 3 steps (3 applied, 0 skipped)" "$bin" train --resume run --steps 3
+    also "mixprec train: run has no config.json; using the configuration in run/ckpt-00000002.safetensors"
+    [ -f run/config.json ] || fail "config.json was not written again" ;;
+  resume_fewer_steps)
+    make_run 3 16 run
+    resume_rejects 2 "steps: the run in 'run' is at step 3; expected at least 3, found 2" --steps 2 ;;
+  data_utf32)
+    printf '\377\376\000\000h\000\000\000' > text.txt
+    train_rejects 1 "data file 'text.txt' looks like UTF-32 (byte-order mark 0xff 0xfe 0x00 0x00 at offset 0); convert it to UTF-8" \
+      "${tiny[@]}" --data text.txt ;;
+  steps_hex)  # integers: decimal digits, or a whole number in scientific notation (2e6); not hexadecimal
+    train_rejects 2 "steps: expected a non-negative integer, found '0x10' (integers are written in decimal: digits, or a whole number in scientific notation such as 2e6)" \
+      --steps 0x10 ;;
 
   *)
     echo "unknown case '$case_name'; cases: ${cases[*]}"

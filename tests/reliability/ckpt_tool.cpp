@@ -13,7 +13,9 @@
 //       fields "seconds" and "scaler_seconds" are removed from each. Exit 0 / 1 / 2.
 //   ckpt_tool set-meta IN OUT KEY VALUE
 //       Writes OUT: the checkpoint IN with metadata KEY set to VALUE (checksums are
-//       recomputed, so OUT is a valid file that only differs in KEY). Exit 0 / 2.
+//       recomputed, the header checksum too when IN has one, so OUT is a valid file
+//       that only differs in KEY; "mixprec.version" 1 writes no header checksum, as
+//       format version 1 did). Exit 0 / 2.
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -159,6 +161,8 @@ int set_meta(const std::string& in, const std::string& out, const std::string& k
   meta[key] = value;
   mixprec::ckpt::WriteOptions options;
   options.fsync = false;
+  // A new one over the changed header; none for version 1 (as version 1 files were written).
+  options.header_checksum = f.header_checked() && !(key == "mixprec.version" && value == "1");
   mixprec::ckpt::write_file(out, tensors, meta, options);
   return 0;
 }

@@ -53,8 +53,8 @@ std::vector<Rule> rules() {
        "loss-scale: expected none, dynamic, static:S (S a finite number > 0) or a preset (mixprec, torch, deepspeed, "
        "megatron, apex, keras, jmp), found 'nope'"},
       {"loss_scale_static", [](C& c) { c.loss_scale = "static:1024"; }, [](C& c) { c.loss_scale = "static:0"; },
-       "loss-scale: expected static:S with S a number > 0 that float32 holds (at most 3.4028235e+38, not rounding "
-       "to 0), found 'static:0'"},
+       "loss-scale: expected static:S with S a number > 0 that float32 holds, as it holds 1/S (the unscale factor): "
+       "S in (2.9387359e-39, 3.4028235e+38], found 'static:0'"},
       {"loss_scale_static_exp", [](C& c) { c.loss_scale = "static:1e3"; }, [](C& c) { c.loss_scale = "static:1e3x"; },
        "found 'static:1e3x'"},
       {"loss_scale_static_negative", [](C& c) { c.loss_scale = "static:0.5"; },
@@ -63,8 +63,11 @@ std::vector<Rule> rules() {
        [](C& c) { c.loss_scale = "static:inf"; }, "found 'static:inf'"},
       {"loss_scale_static_too_big", [](C& c) { c.loss_scale = "static:65536"; },
        [](C& c) { c.loss_scale = "static:1e39"; }, "found 'static:1e39'"},
-      {"loss_scale_static_rounds_to_zero", [](C& c) { c.loss_scale = "static:1e-40"; },
+      {"loss_scale_static_rounds_to_zero", [](C& c) { c.loss_scale = "static:3e-39"; },
        [](C& c) { c.loss_scale = "static:1e-50"; }, "found 'static:1e-50'"},
+      // float32 holds 1e-40 (a subnormal), but not 1/1e-40: the first step would fail.
+      {"loss_scale_static_reciprocal_overflows", [](C& c) { c.loss_scale = "static:2.94e-39"; },
+       [](C& c) { c.loss_scale = "static:1e-40"; }, "S in (2.9387359e-39, 3.4028235e+38], found 'static:1e-40'"},
       {"loss_scale_static_nan", [](C& c) { c.loss_scale = "static:2"; }, [](C& c) { c.loss_scale = "static:nan"; },
        "found 'static:nan'"},
       {"loss_scale_static_empty", [](C& c) { c.loss_scale = "static:8"; }, [](C& c) { c.loss_scale = "static:"; },

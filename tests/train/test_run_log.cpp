@@ -275,6 +275,30 @@ TEST_F(RunLogFile, ErrorsNameFileAndLine) {
   EXPECT_EQ(error().rfind("run log '" + path_ + "': cannot open: ", 0), 0u) << error();
 }
 
+// The state a full disk (or a kill) leaves: the last line cut short, without its
+// newline. It is dropped, as a resume drops it; a complete malformed line is an error.
+TEST_F(RunLogFile, DropsALastLineCutShort) {
+  StepRecord a = sample(), b = sample();
+  a.step = 1;
+  b.step = 2;
+  const std::string second = step_record_json(b);
+  write(step_record_json(a) + "\n" + second.substr(0, second.size() / 2));
+  const auto records = read_run_log(path_);
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].step, 1u);
+  write(step_record_json(a) + "\n" + second.substr(0, second.size() / 2) + "\n");
+  EXPECT_EQ(error().rfind(path_ + ":2: malformed JSON", 0), 0u) << error();
+}
+
+// Deep nesting is refused before the JSON library sees it (issue 15: a stack overflow).
+TEST_F(RunLogFile, RefusesDeepNesting) {
+  write(std::string(100000, '[') + "\n");
+  EXPECT_EQ(error(), path_ + ":1: JSON nested deeper than 256 levels (byte 256 opens level 257); the limit is 256");
+  const std::string line = R"({"step":1,"note":")" + std::string(1000, '[') + R"("})";  // brackets in a string
+  EXPECT_THROW((void)parse_step_record(line), std::invalid_argument);  // an unknown key, not nesting
+  EXPECT_EQ(error_of<std::invalid_argument>([&] { (void)parse_step_record(line); }).find("nested"), std::string::npos);
+}
+
 TEST(RunSummary, Json) {
   TrainSummary s;
   s.steps = 10;

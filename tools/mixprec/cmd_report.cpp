@@ -5,6 +5,7 @@
 // malformed log line) or the report cannot be written (nothing is left behind then),
 // 2 bad command line.
 #include "cmd_report.hpp"
+#include "cli_app.hpp"
 
 #include <fmt/core.h>
 
@@ -44,6 +45,8 @@ int run_report(const ReportInputs& in) {
     if (!parent.empty() && !fs::is_directory(parent, ec))
       throw std::runtime_error("--out: folder '" + parent.string() + "' does not exist");
     if (fs::is_directory(out, ec)) throw std::runtime_error("--out: '" + out + "' is a folder; expected a file name");
+    if (const std::string problem = output_file_problem(out); !problem.empty())
+      throw std::runtime_error("--out: " + problem);
     monitor::ReportOptions o;
     o.title = in.title;
     monitor::write_report(out, runs, o);

@@ -3,11 +3,14 @@
 // `mixprec compare`: the same run under each precision / loss-scale arrangement, and a
 // table of what each one did.
 //
-// Exit codes: 0 done, 1 runtime failure (data, files, training), 2 bad command line or
-// configuration (nothing is written then), 128 + signal when interrupted.
+// Exit codes: 0 done, 1 runtime failure (data, files, training; a run folder in use by
+// another process; a run that diverged, once all its files are written), 2 bad command
+// line or configuration (nothing is written then), 128 + signal when interrupted.
 #include "cmd_train.hpp"
 #include "cmd_report.hpp"
+#include "cli_app.hpp"
 
+#include <fcntl.h>
 #include <fmt/core.h>
 #include <signal.h>
 #include <unistd.h>
@@ -39,6 +42,7 @@
 #include "mixprec/dist/mpi.hpp"
 #endif
 #include "mixprec/monitor/alerts.hpp"
+#include "mixprec/nn/data.hpp"
 #include "mixprec/nn/precision.hpp"
 #include "mixprec/train/config.hpp"
 #include "mixprec/train/run_log.hpp"
@@ -160,7 +164,8 @@ std::uint64_t parse_uint(const std::string& key, const std::string& text) {
   auto [dptr, dec] = std::from_chars(text.data(), end, d, std::chars_format::general);
   if (!text.empty() && dec == std::errc() && dptr == end && d >= 0 && d <= 9007199254740992.0 && d == std::floor(d))
     return static_cast<std::uint64_t>(d);
-  throw UsageError(key + ": expected a non-negative integer, found " + squote(text));
+  throw UsageError(key + ": expected a non-negative integer, found " + squote(text) +
+                   " (integers are written in decimal: digits, or a whole number in scientific notation such as 2e6)");
 }
 
 double parse_number(const std::string& key, const std::string& text) {
@@ -426,11 +431,79 @@ void write_atomic(const fs::path& path, const std::string& text) {
   }
 }
 
+// The lock file of a run folder (RunFolderLock).
+constexpr std::string_view kLockName = ".lock";
+
+// A folder that holds nothing but its lock file (a run killed before it wrote
+// config.json) counts as empty.
 bool exists_non_empty(const fs::path& dir, const std::string& key) {
   std::error_code ec;
   if (!fs::exists(dir, ec)) return false;
   if (!fs::is_directory(dir, ec)) throw UsageError(key + ": " + squote(dir.string()) + " exists and is not a folder");
-  return !fs::is_empty(dir, ec);
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
+    if (e.path().filename() != kLockName) return true;
+  return false;
+}
+
+// One process at a time in a run folder: a POSIX record lock (fcntl F_SETLK) on the
+// whole of DIR/.lock, held for the life of the object (of the process's run). The
+// kernel drops it when the process ends however it ends, SIGKILL included, so no
+// stale lock is left behind; a second process is refused, told which process holds it
+// (F_GETLK). The file stays empty: taking the lock changes nothing in the folder.
+class RunFolderLock {
+ public:
+  explicit RunFolderLock(const fs::path& dir) {
+    const fs::path path = dir / kLockName;
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd_ < 0)
+      throw std::runtime_error("cannot open the lock file " + squote(path.string()) + " of the run folder: " +
+                               std::strerror(errno));
+    struct flock want {};
+    want.l_type = F_WRLCK;
+    want.l_whence = SEEK_SET;
+    if (::fcntl(fd_, F_SETLK, &want) == 0) return;
+    const int err = errno;
+    std::string holder = "another process";
+    struct flock held {};
+    held.l_type = F_WRLCK;
+    held.l_whence = SEEK_SET;
+    if ((err == EACCES || err == EAGAIN) && ::fcntl(fd_, F_GETLK, &held) == 0 && held.l_type != F_UNLCK &&
+        held.l_pid > 0)
+      holder = "process " + std::to_string(held.l_pid);
+    ::close(fd_);
+    fd_ = -1;
+    if (err != EACCES && err != EAGAIN)
+      throw std::runtime_error("cannot lock the run folder " + squote(dir.string()) + " (" + squote(path.string()) +
+                               "): " + std::strerror(err));
+    throw std::runtime_error("run folder " + squote(dir.string()) + " is in use by " + holder +
+                             " (it holds the lock on " + squote(path.string()) +
+                             "); one mixprec train at a time may run in a folder: wait for it to end, or stop it "
+                             "and continue with --resume " + dir.string());
+  }
+  ~RunFolderLock() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  RunFolderLock(const RunFolderLock&) = delete;
+  RunFolderLock& operator=(const RunFolderLock&) = delete;
+
+ private:
+  int fd_ = -1;
+};
+
+// Takes the run folder's lock before anything in it changes: a new run creates the
+// folder (if need be) and, holding the lock, checks again that it is empty (another
+// run may have used it since the check of plan_train).
+std::unique_ptr<RunFolderLock> lock_run_folder(const fs::path& dir, bool resume) {
+  if (!resume) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    if (ec) throw std::runtime_error("cannot create run folder " + squote(dir.string()) + ": " + ec.message());
+  }
+  auto lock = std::make_unique<RunFolderLock>(dir);
+  if (!resume && exists_non_empty(dir, "out"))
+    throw UsageError("out: " + squote(dir.string()) + " exists and is not empty; choose a new folder, or continue "
+                     "that run with --resume " + dir.string());
+  return lock;
 }
 
 void check_parent_exists(const std::string& path, const std::string& key) {
@@ -743,7 +816,9 @@ RunResult run_loop(Trainer& t, const TrainConfig& c, const fs::path& dir, LogWri
     if (saving && c.checkpoint_every > 0 && r.step % c.checkpoint_every == 0) save(r.step);
   }
   progress.finish();
-  res.interrupted = !t.done();
+  // A signal that arrives during the last step stops the run too (it is reported, and
+  // the run ends as stopped runs do: a checkpoint, no summary; a resume finishes it).
+  res.interrupted = !t.done() || g_signal != 0;
   res.signal = res.interrupted && g_signal == 0 ? SIGTERM : g_signal;  // stopped because another rank was signalled
   if (saving && res.checkpoint_step != t.steps_done()) save(t.steps_done());
   if (!dir.empty() && res.checkpoint.empty()) res.checkpoint = ckpt::checkpoint_path(dir, res.checkpoint_step);
@@ -890,6 +965,29 @@ struct TrainPlan {
 
 std::string json_value_text(const ojson& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
 
+// A data file name that is not UTF-8 is refused: the run's JSON files could not hold it
+// (it would be stored with U+FFFD and never found again).
+void check_data_name(const std::string& data) {
+  if (data.empty()) return;
+  try {
+    nn::check_text(data, "data: the file name");
+  } catch (const std::runtime_error& e) {
+    throw UsageError(std::string(e.what()) + "; the run folder's JSON files hold UTF-8 names only: rename the file, "
+                     "or give a link to it with a UTF-8 name");
+  }
+}
+
+// The data file as the run folder stores it: its absolute path, so that a resume from
+// any working directory finds it (the checkpoint's data fingerprint, a hash of the
+// file's tokens, identifies its content).
+std::string data_path(const std::string& data) {
+  if (data.empty()) return data;
+  check_data_name(data);
+  std::error_code ec;
+  const fs::path abs = fs::absolute(data, ec);
+  return ec ? data : abs.lexically_normal().string();
+}
+
 TrainPlan plan_train(const TrainInputs& in) {
   TrainPlan p;
   const Flag* resume_flag = find_flag(in.flags, "resume");
@@ -900,6 +998,8 @@ TrainPlan plan_train(const TrainInputs& in) {
   if (in.json_opt->count() > 0) {
     if (in.json_file->empty()) throw UsageError("json: expected a file name, found ''");
     check_parent_exists(*in.json_file, "json");
+    if (const std::string problem = output_file_problem(*in.json_file); !problem.empty())
+      throw UsageError("json: " + problem);
     p.json_path = *in.json_file;
   }
 
@@ -913,6 +1013,11 @@ TrainPlan plan_train(const TrainInputs& in) {
     fit_default_loss_scale(c, in.flags, config_text, in.config_opt->count() > 0);
     check_fp8_flags(c, in.flags);
     train::validate(c);
+    const bool out_given = find_flag(in.flags, "out")->option->count() > 0 ||
+                           (in.config_opt->count() > 0 && ojson::parse(config_text).contains("out"));
+    if (out_given && c.out.empty())
+      throw UsageError("out: expected a folder, found '' (omit --out to write no run folder)");
+    check_data_name(c.data);
     if (c.out.empty() && c.checkpoint_every > 0)
       throw UsageError("checkpoint-every: checkpoints go to the run folder; give --out DIR");
     if (!c.out.empty() && exists_non_empty(c.out, "out"))
@@ -929,18 +1034,31 @@ TrainPlan plan_train(const TrainInputs& in) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw UsageError("resume: " + squote(dir) + " is not a folder");
   const fs::path cfg_path = fs::path(dir) / "config.json";
-  if (!fs::exists(cfg_path, ec))
-    throw UsageError("resume: " + squote(dir) + " has no config.json; expected a run folder written by mixprec "
-                     "train --out");
-  const TrainConfig base =
-      train::apply_json(TrainConfig{}, read_text(cfg_path, "resume"), "run config " + squote(cfg_path.string()));
+  const auto checkpoints = ckpt::list_checkpoints(dir);
+  TrainConfig base;
+  if (fs::exists(cfg_path, ec) || checkpoints.empty()) {
+    if (!fs::exists(cfg_path, ec))
+      throw UsageError("resume: " + squote(dir) + " has no config.json; expected a run folder written by mixprec "
+                       "train --out");
+    base = train::apply_json(TrainConfig{}, read_text(cfg_path, "resume"), "run config " + squote(cfg_path.string()));
+  } else {
+    // config.json was lost (deleted under a live run, ...): every checkpoint holds the
+    // run's configuration; the resume writes config.json again.
+    const fs::path& newest = checkpoints.back().second;
+    base = train::apply_json(TrainConfig{}, ckpt::SafetensorsFile::open(newest).require_metadata("mixprec.config"),
+                             "the configuration in checkpoint " + squote(newest.string()));
+    fmt::print(stderr, "mixprec train: {} has no config.json; using the configuration in {}\n", dir, newest.string());
+  }
   TrainConfig requested = base;
   if (in.config_opt->count() > 0) requested = train::apply_json(requested, config_text, config_source);
   requested = apply_flags(requested, in.flags, {"resume"});
+  // The data file may be given by any path (or moved): the checkpoint's data
+  // fingerprint decides whether it is the run's data.
+  if (requested.data != base.data) requested.data = data_path(requested.data);
   const ojson was = ojson::parse(train::to_json(base));
   const ojson now = ojson::parse(train::to_json(requested));
   for (const auto& [key, value] : was.items()) {
-    if (key == "steps" || key == "out" || key == "resume") continue;
+    if (key == "steps" || key == "out" || key == "resume" || key == "data") continue;
     // Another number of ranks, or another reduction, may continue a run (docs/distributed.md).
     if (key == "distributed" || key == "zero" || key == "grad-reduce" || key == "dist-timeout" || key == "inject-overflow-rank") continue;
     if (now.at(key) != value)
@@ -953,7 +1071,6 @@ TrainPlan plan_train(const TrainInputs& in) {
       throw UsageError("out: a resumed run continues in its own folder " + squote(dir) + ", found " +
                        squote(*out->value));
   }
-  const auto checkpoints = ckpt::list_checkpoints(dir);
   if (!checkpoints.empty()) {  // none: the run stopped before its first checkpoint and starts again from step 0
     p.checkpoint_step = checkpoints.back().first;
     p.checkpoint = checkpoints.back().second;
@@ -961,11 +1078,12 @@ TrainPlan plan_train(const TrainInputs& in) {
   TrainConfig c = requested;
   c.out = dir;
   c.resume = dir;
-  train::validate(c);
+  // Before validate: fewer steps than done is the problem, not the warmup that follows.
   if (c.steps < p.checkpoint_step)
     throw UsageError("steps: the run in " + squote(dir) + " is at step " + std::to_string(p.checkpoint_step) +
                      "; expected at least " + std::to_string(p.checkpoint_step) + ", found " +
                      std::to_string(c.steps));
+  train::validate(c);
   p.config = c;
   p.dir = dir;
   p.resume = true;
@@ -1035,6 +1153,7 @@ int run_train(const TrainInputs& in) {
   TrainPlan p;
   std::unique_ptr<dist::Communicator> comm;  // outlives the Trainer
   std::unique_ptr<Trainer> t;
+  std::unique_ptr<RunFolderLock> lock;  // held until the run ends
   try {
     p = plan_train(in);
     comm = make_communicator(p.config);
@@ -1044,6 +1163,10 @@ int run_train(const TrainInputs& in) {
     if (p.config.distributed && comm->size() == 1)
       fmt::print(stderr, "mixprec train: --distributed on 1 rank (not launched by mpirun -np N)\n");
     t = make_trainer(p.config, comm.get());
+    // The run folder stores the data file by its absolute path (messages about the
+    // file, from make_trainer, name it as it was given).
+    p.config.data = data_path(p.config.data);
+    if (comm->rank() == 0 && !p.dir.empty()) lock = lock_run_folder(p.dir, p.resume);
   } catch (const dist::TimeoutError& e) {
     fmt::print(stderr, "mixprec {}: error: rank {}: {}; aborting the job\n", cmd, comm->rank(), e.what());
     comm->abort(1);
@@ -1115,6 +1238,18 @@ int run_train(const TrainInputs& in) {
     if (!p.json_path.empty()) write_atomic(p.json_path, summary);
     print_summary(*t, s, p.config, p.dir, p.json_path, alerts.all());
     if (p.config.distributed) print_comm(dist_doc);
+    errno = 0;
+    if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0)
+      return fail_runtime(cmd, std::string("cannot write the summary to stdout: ") +
+                                   (errno != 0 ? std::strerror(errno) : "write error") +
+                                   (p.dir.empty() ? std::string() : "; it is in " + (p.dir / "summary.json").string()));
+    // A run whose loss became NaN or inf trained to the end but learnt nothing more:
+    // its files are all written (and load), the exit code says it failed.
+    if (!std::isfinite(s.final_loss) && !(s.val_loss && std::isfinite(*s.val_loss)))
+      return fail_runtime(cmd, fmt::format("the run diverged: the training loss of the last step ({}) is {} and the "
+                                           "validation loss is {}; lower --lr, or clip gradients with --clip",
+                                           s.steps, loss_text(s.final_loss),
+                                           s.val_loss ? loss_text(*s.val_loss) : std::string("not measured")));
     return 0;
   } catch (const dist::TimeoutError& e) {
     fmt::print(stderr, "mixprec {}: error: rank {}: {}; aborting the job\n", cmd, comm->rank(), e.what());
@@ -1260,6 +1395,8 @@ ComparePlan plan_compare(const CompareInputs& in) {
   if (in.json_opt->count() > 0) {
     if (in.json_file->empty()) throw UsageError("json: expected a file name, found ''");
     check_parent_exists(*in.json_file, "json");
+    if (const std::string problem = output_file_problem(*in.json_file); !problem.empty())
+      throw UsageError("json: " + problem);
     p.json_path = *in.json_file;
   }
   return p;

@@ -75,7 +75,14 @@ struct WriteOptions {
   // Testing: simulate a failed write (as if the disk were full) once this many bytes of
   // the file have been written.
   std::optional<std::uint64_t> fail_after_bytes;
+  // Adds metadata "mixprec.header_checksum": the hash64 of the whole header (every
+  // metadata entry, every tensor entry, the padding), computed with 16 zeros in place
+  // of its own value. The reader checks it when present (SafetensorsFile::header_checked).
+  bool header_checksum = false;
 };
+
+// The metadata key of WriteOptions::header_checksum (reserved: write_file adds it).
+inline constexpr std::string_view kHeaderChecksumKey = "mixprec.header_checksum";
 
 // Writes `path` atomically: the whole file goes to a temporary in the same folder
 // (".NAME.tmp-<pid>-<n>"), which is fsynced, renamed over `path`, then the folder is
@@ -95,9 +102,12 @@ void write_file(const std::filesystem::path& path, std::span<const TensorRef> te
                 const std::map<std::string, std::string>& metadata, const WriteOptions& options = {});
 
 // The exact bytes write_file puts in the file (for tests and for callers that send a
-// checkpoint elsewhere). Same checks and exceptions as write_file.
+// checkpoint elsewhere). Same checks and exceptions as write_file; of the options only
+// header_checksum applies.
 std::vector<std::byte> serialize(std::span<const TensorRef> tensors,
                                  const std::map<std::string, std::string>& metadata);
+std::vector<std::byte> serialize(std::span<const TensorRef> tensors,
+                                 const std::map<std::string, std::string>& metadata, const WriteOptions& options);
 
 // ---- reading -----------------------------------------------------------------------
 
@@ -139,7 +149,11 @@ class SafetensorsFile {
   static SafetensorsFile parse(std::span<const std::byte> bytes, std::string source, const ReadLimits& limits = {});
 
   const std::string& source() const noexcept { return source_; }
+  // Every metadata entry but "mixprec.header_checksum" (checked on parsing, see below).
   const std::map<std::string, std::string>& metadata() const noexcept { return metadata_; }
+  // Whether the file had a header checksum (WriteOptions::header_checksum); parsing
+  // refuses a file whose header does not match it.
+  bool header_checked() const noexcept { return header_checked_; }
   std::optional<std::string_view> metadata_value(std::string_view key) const;
   // The value of `key`; std::runtime_error naming the file and the key when missing.
   std::string require_metadata(std::string_view key) const;
@@ -168,6 +182,7 @@ class SafetensorsFile {
   std::vector<std::byte> buffer_;
   std::uint64_t data_start_ = 0;
   std::map<std::string, std::string> metadata_;
+  bool header_checked_ = false;
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::size_t, std::less<>> index_;
 };

@@ -52,6 +52,11 @@ class ThreadPool {
   // The process-wide pool, created on first use.
   static ThreadPool& global();
 
+  // MIXPREC_THREADS: 0 when unset or empty, else its value; std::invalid_argument
+  // ("MIXPREC_THREADS='abc' must be an integer in [1, 1024]") when it is not an integer
+  // in [1, 1024]. What a pool of 0 threads uses; `mixprec train --threads 0` too.
+  static unsigned environment_threads();
+
  private:
   using Task = void (*)(void*, unsigned);
   void run_erased(Task task, void* ctx);

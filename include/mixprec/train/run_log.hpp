@@ -33,7 +33,9 @@ std::string summary_json(const TrainSummary& s, const TrainConfig& c);
 
 // Reads a log.jsonl written from step_record_json: std::runtime_error when the file
 // cannot be read, and "FILE:LINE: ..." for a malformed line (an empty line included)
-// or a step not greater than the one before. The file may end without a final newline.
+// or a step not greater than the one before. The file may end without a final newline;
+// a last line without one that does not parse was cut short (a full disk, a kill) and
+// is dropped, as `mixprec train --resume` drops it.
 std::vector<StepRecord> read_run_log(const std::string& path);
 
 }  // namespace mixprec::train
