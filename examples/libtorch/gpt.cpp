@@ -2,19 +2,24 @@
 // trained on mixprec's embedded corpus with fp16 autocast on the CPU and
 // mixprec::torch::GradScaler (docs/libtorch.md).
 //
-//   libtorch_gpt [--steps N] [--log-every K] [--preset NAME]
+//   libtorch_gpt [--steps N] [--log-every K] [--preset NAME] [--telemetry DIR]
+//
+// --telemetry DIR: a run folder for `mixprec report DIR` (activation-gradient counts of
+// every block's output through tensor hooks, per-parameter gradient and weight |max|).
 #include <torch/torch.h>
 
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "mixprec/nn/data.hpp"
 #include "mixprec/torch/autocast.hpp"
 #include "mixprec/torch/grad_scaler.hpp"
+#include "mixprec/torch/telemetry.hpp"
 
 namespace {
 
@@ -62,10 +67,16 @@ struct GptImpl : ::torch::nn::Module {
     tok->weight.normal_(0.0, 0.02);
     for (int i = 0; i < layers; ++i) blocks->push_back(Block(dim, heads));
   }
-  Tensor forward(const Tensor& ids) {
+  Tensor forward(const Tensor& ids, mixprec::torch::Telemetry* tel = nullptr) {
     Tensor x = tok(ids) + pos.slice(0, 0, ids.size(1));
-    for (auto& m : *blocks) x = m->as<Block>()->forward(x);
-    return ::torch::matmul(ln_f(x), tok->weight.t());  // tied embeddings
+    int i = 0;
+    for (auto& m : *blocks) {
+      x = m->as<Block>()->forward(x);
+      if (tel) tel->watch("blocks." + std::to_string(i++), x);
+    }
+    Tensor logits = ::torch::matmul(ln_f(x), tok->weight.t());  // tied embeddings
+    if (tel) tel->watch("logits", logits);
+    return logits;
   }
   ::torch::nn::Embedding tok;
   Tensor pos;
@@ -94,6 +105,7 @@ int main(int argc, char** argv) try {
   const int steps = arg_int(argc, argv, "--steps", 200);
   const int log_every = std::max(1, arg_int(argc, argv, "--log-every", 10));
   const std::string preset = arg_str(argc, argv, "--preset", "mixprec");
+  const std::string telemetry_dir = arg_str(argc, argv, "--telemetry", "");
   constexpr int64_t kBatch = 16, kContext = 32, kDim = 64, kHeads = 4;
   constexpr int kLayers = 2;
 
@@ -118,6 +130,10 @@ int main(int argc, char** argv) try {
               "loss scale preset %s\n",
               static_cast<long long>(n_params), static_cast<long long>(vocab_size), ids.size(), preset.c_str());
 
+  std::unique_ptr<mixprec::torch::Telemetry> tel;
+  if (!telemetry_dir.empty()) tel = std::make_unique<mixprec::torch::Telemetry>(telemetry_dir);
+  const auto named = model->named_parameters();
+
   ::torch::manual_seed(2);
   int skipped = 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -129,12 +145,13 @@ int main(int argc, char** argv) try {
     Tensor logits;
     {
       mixprec::torch::Autocast ac(at::kCPU, at::kHalf);
-      logits = model->forward(x);
+      logits = model->forward(x, tel.get());
     }
     const Tensor loss = ::torch::nn::functional::cross_entropy(logits.to(::torch::kFloat).view({-1, vocab_size}),
                                                                y.view({-1}));
     scaler.scale(loss).backward();
     const mixprec::torch::StepOutcome out = scaler.step(opt, {.max_grad_norm = 1.0f});
+    if (tel) tel->record(named, out, scaler, loss.item<double>(), 3e-3, static_cast<std::uint64_t>(kBatch * kContext));
     scaler.update();
     opt.zero_grad();
     if (!out.applied) {
@@ -150,6 +167,8 @@ int main(int argc, char** argv) try {
       std::fflush(stdout);
     }
   }
+  if (tel) std::printf("telemetry: %s/log.jsonl (%llu steps); mixprec report %s\n", tel->dir().c_str(),
+                       static_cast<unsigned long long>(tel->steps()), tel->dir().c_str());
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "libtorch_gpt: %s\n", e.what());
