@@ -239,9 +239,9 @@ void GradScaler::update() {
     found_inf = found_inf || r.found_inf;
   }
   if (!any_recorded) throw std::logic_error("No inf checks were recorded prior to update()");
-  scale_->update(found_inf);  // may throw ScaleCollapseError; the records stay for a retry
-  records_.clear();
+  records_.clear();  // as the core scaler: the step is over even if the update throws
   backward_passes_ = 0;
+  scale_->update(found_inf);  // may throw ScaleCollapseError (the scale stays as it was)
 }
 
 void GradScaler::set_accumulation_steps(int k) {
