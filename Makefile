@@ -2,7 +2,7 @@
 #   make run    install what is missing, build (Release), train the default model (mixprec train)
 #   make test   install what is missing, build Release and Debug+ASan+UBSan, run every test
 #   make bench  install what is missing, build (Release), run the benchmarks
-.PHONY: all deps test-deps release debug-asan run test test-release test-asan example bench fuzz clean
+.PHONY: all deps test-deps torch-deps release debug-asan run test test-release test-asan example bench fuzz clean
 
 JOBS     ?= $(shell nproc)
 RELEASE  := build/release
@@ -10,6 +10,9 @@ ASAN     := build/debug-asan
 INSTALL  := build/install
 CMAKE_GEN := $(shell command -v ninja >/dev/null 2>&1 && echo "-G Ninja")
 MIXPREC  := $(RELEASE)/tools/mixprec/mixprec
+# libtorch for mixprec::torch (docs/libtorch.md): the torch wheel in a venv that
+# `scripts/deps.sh torch` makes; the Release build of `make test` builds and tests it.
+TORCH_VENV := build/torch-venv
 
 all: release
 
@@ -20,11 +23,16 @@ deps:
 test-deps:
 	@bash scripts/deps.sh test
 
+# libtorch (the PyPI torch wheel, C++ part) in $(TORCH_VENV), only if missing.
+torch-deps:
+	@MIXPREC_TORCH_VENV=$(TORCH_VENV) bash scripts/deps.sh torch
+
 $(RELEASE)/CMakeCache.txt: | deps
 	cmake -S . -B $(RELEASE) $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release
 
 $(ASAN)/CMakeCache.txt: | deps
-	cmake -S . -B $(ASAN) $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Debug -DMIXPREC_SANITIZE=ON -DMIXPREC_BUILD_BENCH=OFF
+	cmake -S . -B $(ASAN) $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Debug -DMIXPREC_SANITIZE=ON -DMIXPREC_BUILD_BENCH=OFF \
+		-DMIXPREC_TORCH=OFF
 
 release: deps $(RELEASE)/CMakeCache.txt
 	cmake --build $(RELEASE) -j $(JOBS)
@@ -41,7 +49,10 @@ run: release
 test: test-release test-asan example test-fuzz-smoke
 	@echo "make test: all test suites passed (Release, Debug+ASan+UBSan, installed-package consumer, fuzz smoke)"
 
-test-release: release test-deps
+# The Release tests include mixprec::torch: the venv, then MIXPREC_TORCH=ON (required).
+test-release: release test-deps torch-deps
+	cmake -S . -B $(RELEASE) -DMIXPREC_TORCH=ON -DMIXPREC_TORCH_ROOT=$(CURDIR)/$(TORCH_VENV) > /dev/null
+	cmake --build $(RELEASE) -j $(JOBS)
 	cd $(RELEASE) && ctest --output-on-failure -j 2
 
 test-asan: debug-asan test-deps
@@ -76,7 +87,7 @@ fuzz-deps:
 
 $(FUZZ)/CMakeCache.txt: | deps fuzz-deps
 	cmake -S . -B $(FUZZ) $(CMAKE_GEN) -DCMAKE_CXX_COMPILER=clang++ -DCMAKE_BUILD_TYPE=Debug -DMIXPREC_FUZZ=ON \
-		-DMIXPREC_BUILD_TESTS=OFF -DMIXPREC_BUILD_BENCH=OFF
+		-DMIXPREC_BUILD_TESTS=OFF -DMIXPREC_BUILD_BENCH=OFF -DMIXPREC_TORCH=OFF
 
 fuzz-build: deps fuzz-deps $(FUZZ)/CMakeCache.txt
 	cmake --build $(FUZZ) -j $(JOBS) --target $(addprefix fuzz_,$(FUZZ_TARGETS))
@@ -108,7 +119,7 @@ TSAN_TESTS := test_core_parallel test_kernels_unscale test_optim test_scaler_gra
 
 $(TSAN)/CMakeCache.txt: | deps
 	cmake -S . -B $(TSAN) $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMIXPREC_TSAN=ON \
-		-DMIXPREC_BUILD_BENCH=OFF -DMIXPREC_BUILD_TOOLS=OFF
+		-DMIXPREC_BUILD_BENCH=OFF -DMIXPREC_BUILD_TOOLS=OFF -DMIXPREC_TORCH=OFF
 
 tsan: deps $(TSAN)/CMakeCache.txt
 	cmake --build $(TSAN) -j $(JOBS) --target $(TSAN_TESTS)

@@ -8,7 +8,15 @@
 #   scripts/deps.sh fuzz     also what the fuzz targets need: clang (libFuzzer ships with
 #                            clang only), its sanitizer/libFuzzer runtimes and LLVM's OpenMP
 #                            (omp.h and the runtime clang's -fopenmp links); Debian 12 names
+#   scripts/deps.sh torch    also libtorch for mixprec::torch (docs/libtorch.md): python3-venv,
+#                            then a venv in build/torch-venv (MIXPREC_TORCH_VENV overrides)
+#                            with the PyPI wheel torch==$TORCH_VERSION installed --no-deps
+#                            (about 1.4 GB; only its C++ part, include/ and lib/, is used).
+#                            Never the system Python's site-packages; nothing if present.
 set -euo pipefail
+
+TORCH_VERSION=2.15.0
+want_torch=0
 
 packages=(
   g++ cmake ninja-build make pkg-config
@@ -21,7 +29,8 @@ for set in "$@"; do
   case "$set" in
     test) packages+=(chromium python3-pil) ;;
     fuzz) packages+=(clang libclang-rt-14-dev libomp-14-dev) ;;
-    *) echo "deps: unknown package set '$set'; allowed: test, fuzz" >&2; exit 2 ;;
+    torch) packages+=(python3 python3-venv); want_torch=1 ;;
+    *) echo "deps: unknown package set '$set'; allowed: test, fuzz, torch" >&2; exit 2 ;;
   esac
 done
 
@@ -33,14 +42,26 @@ done
 
 if [ ${#missing[@]} -eq 0 ]; then
   echo "deps: all ${#packages[@]} packages present"
-  exit 0
+else
+  echo "deps: installing ${missing[*]}"
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "deps: need root to install packages (run as root or: sudo apt-get install ${missing[*]})" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-echo "deps: installing ${missing[*]}"
-if [ "$(id -u)" -ne 0 ]; then
-  echo "deps: need root to install packages (run as root or: sudo apt-get install ${missing[*]})" >&2
-  exit 1
+# libtorch from the PyPI torch wheel, in a venv of its own (docs/libtorch.md).
+if [ "$want_torch" = 1 ]; then
+  venv=${MIXPREC_TORCH_VENV:-build/torch-venv}
+  have=$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)
+  if [ "$have" = "$TORCH_VERSION" ]; then
+    echo "deps: torch $TORCH_VERSION present in $venv"
+  else
+    echo "deps: installing torch==$TORCH_VERSION (C++ part used) into the venv $venv"
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "torch==$TORCH_VERSION"
+  fi
 fi
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -qq
-apt-get install -y -qq --no-install-recommends "${missing[@]}"

@@ -1,0 +1,132 @@
+#include "mixprec/torch/telemetry.hpp"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <stdexcept>
+
+#include "mixprec/scaler/loss_scale.hpp"
+#include "mixprec/train/run_log.hpp"
+
+namespace mixprec::torch {
+
+Telemetry::Telemetry(std::string dir) : dir_(std::move(dir)) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir_, ec);
+  if (ec) throw std::runtime_error("telemetry: cannot create the run folder '" + dir_ + "': " + ec.message());
+  const std::string path = (std::filesystem::path(dir_) / "log.jsonl").string();
+  log_.open(path, std::ios::out | std::ios::trunc);
+  if (!log_) throw std::runtime_error("telemetry: cannot write '" + path + "'");
+}
+
+void Telemetry::watch(const std::string& name, const at::Tensor& activation) {
+  if (!activation.requires_grad()) {
+    throw std::invalid_argument("telemetry: watch('" + name +
+                                "'): the tensor does not require grad, so backward never reaches it");
+  }
+  // A hook on a non-leaf tensor: called with its gradient; returning nothing keeps it.
+  at::Tensor a = activation;
+  a.register_hook([this, name](const at::Tensor& g) { count(name, g); });
+}
+
+void Telemetry::count(const std::string& name, const at::Tensor& grad) {
+  const at::Tensor g = grad.detach();
+  ConversionStats s;
+  s.elements = static_cast<std::uint64_t>(g.numel());
+  const at::Tensor finite = at::isfinite(g);
+  s.nonfinite_input = static_cast<std::uint64_t>(g.numel() - finite.sum().item<std::int64_t>());
+  s.nonzero = static_cast<std::uint64_t>(at::count_nonzero(g).item<std::int64_t>());
+  const at::Tensor mag = g.abs().to(at::kFloat);
+  if (g.scalar_type() == at::kHalf || g.scalar_type() == at::kBFloat16) {
+    const double min_normal = g.scalar_type() == at::kHalf ? std::ldexp(1.0, -14) : std::ldexp(1.0, -126);
+    s.subnormal = static_cast<std::uint64_t>(((mag < min_normal) & (mag > 0)).sum().item<std::int64_t>());
+  }
+  float amax = s.elements ? mag.max().item<float>() : 0.0f;
+  if (s.nonfinite_input) amax = std::numeric_limits<float>::infinity();
+  // Binades between this gradient's largest value and its format's largest finite.
+  const double fmt_max = g.scalar_type() == at::kHalf       ? 65504.0
+                         : g.scalar_type() == at::kBFloat16 ? 3.3895313892515355e38
+                         : g.scalar_type() == at::kDouble   ? std::numeric_limits<double>::max()
+                                                            : static_cast<double>(std::numeric_limits<float>::max());
+  const double headroom = amax > 0 && std::isfinite(amax) ? std::log2(fmt_max / static_cast<double>(amax))
+                                                          : std::numeric_limits<double>::infinity();
+  std::lock_guard lock(mu_);
+  headroom_ = std::min(headroom_, headroom);
+  act_total_ += s;
+  act_amax_ = std::max(act_amax_, amax);
+  if (s.nonfinite_input && first_nonfinite_.empty()) first_nonfinite_ = name;
+  for (auto& t : act_) {
+    if (t.name == name) {
+      t.stats += s;
+      t.amax = std::max(t.amax, amax);
+      return;
+    }
+  }
+  act_.push_back({name, s, amax});
+}
+
+train::StepRecord Telemetry::record(const ::torch::OrderedDict<std::string, at::Tensor>& named_parameters,
+                                    const StepOutcome& outcome, const GradScaler& scaler, double loss, double lr,
+                                    std::uint64_t tokens, double seconds) {
+  train::StepRecord r;
+  r.step = ++step_;
+  r.lr = lr;
+  r.loss = loss;
+  r.loss_finite = std::isfinite(loss);
+  r.scale = outcome.scale;
+  // The scale after this step's update, without touching the scaler: a copy of its policy.
+  auto next = make_loss_scale(scaler.loss_scale().config());
+  next->load(scaler.loss_scale().state());
+  if (scaler.enabled()) {
+    try {
+      next->update(outcome.found_inf);
+    } catch (const ScaleCollapseError&) {
+    }
+  }
+  r.next_scale = scaler.enabled() ? next->scale() : 1.0f;
+  r.found_inf = outcome.found_inf;
+  r.skipped = !outcome.applied;
+  r.grad_norm = outcome.found_inf ? std::numeric_limits<double>::quiet_NaN() : outcome.grad_norm;
+  r.clip_coef = outcome.clip_coef;
+  r.overflow_param = outcome.first_overflow_name;
+  r.tokens = tokens;
+  r.seconds = seconds;
+  {
+    ::torch::NoGradGuard ng;
+    for (const auto& item : named_parameters) {
+      const at::Tensor& p = item.value();
+      train::StepRecord::ParamStats ps;
+      ps.name = item.key();
+      if (p.grad().defined() && p.grad().numel() > 0) {
+        // step() left the gradients unscaled (and clipped: undo the coefficient).
+        float a = p.grad().abs().max().to(at::kFloat).item<float>();
+        if (!std::isfinite(a)) a = std::numeric_limits<float>::infinity();
+        else if (outcome.applied && outcome.clip_coef < 1.0f) a /= outcome.clip_coef;
+        ps.grad_amax = a;
+      }
+      if (p.numel() > 0) ps.weight_amax = p.detach().abs().max().to(at::kFloat).item<float>();
+      r.params.push_back(std::move(ps));
+    }
+  }
+  {
+    std::lock_guard lock(mu_);
+    r.act_grads = act_total_;
+    r.act_grad_amax = act_amax_;
+    r.headroom_log2 = std::isfinite(headroom_) ? headroom_ : 0.0;  // the tightest watched tensor; 0 when none
+    headroom_ = std::numeric_limits<double>::infinity();
+    r.act_grad_tensors = act_;
+    r.overflow_activation = first_nonfinite_;
+    act_.clear();
+    act_total_ = {};
+    act_amax_ = 0;
+    first_nonfinite_.clear();
+  }
+  log_ << train::step_record_json(r) << '\n';
+  log_.flush();
+  if (!log_) throw std::runtime_error("telemetry: writing " + dir_ + "/log.jsonl failed");
+  return r;
+}
+
+}  // namespace mixprec::torch

@@ -1,0 +1,297 @@
+// mixprec::torch::GradScaler: every preset follows the core LossScale, the protocol's
+// misuse errors, bad gradients, names, state JSON.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mixprec/torch/grad_scaler.hpp"
+
+namespace {
+
+using at::Tensor;
+using mixprec::torch::GradScaler;
+
+// Expects `f` to throw E with a message containing `part`.
+template <class E, class F>
+void expect_error(F&& f, const std::string& part) {
+  try {
+    f();
+    ADD_FAILURE() << "no exception; expected one containing: " << part;
+  } catch (const E& e) {
+    EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << "message: " << e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "wrong exception type: " << e.what();
+  }
+}
+
+struct TinyImpl : ::torch::nn::Module {
+  TinyImpl() {
+    w = register_parameter("w", ::torch::ones({4, 3}));
+    b = register_parameter("b", ::torch::ones({3}));
+  }
+  Tensor w, b;
+};
+TORCH_MODULE(Tiny);
+
+void set_grads(Tiny& m, float value) {
+  m->w.mutable_grad() = ::torch::full({4, 3}, value);
+  m->b.mutable_grad() = ::torch::full({3}, value);
+}
+
+// A long overflow sequence: bursts, single overflows and long clean runs.
+bool overflow_at(int s) {
+  const int k = s % 2600;  // 2287 clean steps in a row: every preset grows (intervals <= 2000)
+  return k == 10 || k == 11 || k == 12 || k == 2300 || k == 2302 || (s > 5200 && s <= 5230 && s % 3 == 0);
+}
+
+TEST(TorchGradScaler, EveryPresetFollowsTheCoreLossScale) {
+  for (const std::string& name : mixprec::loss_scale_preset_names()) {
+    SCOPED_TRACE(name);
+    const mixprec::LossScaleConfig cfg = mixprec::loss_scale_preset(name);
+    Tiny m;
+    ::torch::optim::SGD opt(m->parameters(), ::torch::optim::SGDOptions(0.0));
+    GradScaler scaler(cfg);
+    scaler.set_names(*m);
+    const auto core = mixprec::make_loss_scale(cfg);
+    int growths = 0, backoffs = 0;
+    for (int s = 0; s < 7000; ++s) {
+      ASSERT_EQ(scaler.get_scale(), core->scale()) << "step " << s;
+      set_grads(m, 0.5f * scaler.get_scale());
+      const bool inf = overflow_at(s);
+      if (inf) m->b.mutable_grad()[1] = NAN;
+      const auto out = scaler.step(opt);
+      EXPECT_EQ(out.found_inf, inf);
+      EXPECT_EQ(out.applied, !inf);
+      if (inf) {
+        EXPECT_EQ(out.first_overflow_name, "b");
+      } else {
+        EXPECT_EQ(out.grad_norm, std::sqrt(15 * 0.25));  // unscaled exactly (power-of-two scales)
+      }
+      const float before = core->scale();
+      scaler.update();
+      core->update(inf);
+      growths += core->scale() > before;
+      backoffs += core->scale() < before;
+    }
+    EXPECT_EQ(scaler.loss_scale().state(), core->state());
+    if (cfg.rule != mixprec::LossScaleRule::static_scale) {
+      EXPECT_GT(growths, 0);
+      EXPECT_GT(backoffs, 0);
+    }
+  }
+}
+
+TEST(TorchGradScaler, UnscaleTwiceStepTwiceUpdateWithoutChecks) {
+  Tiny m;
+  ::torch::optim::SGD opt(m->parameters(), ::torch::optim::SGDOptions(0.1));
+  GradScaler scaler;
+  set_grads(m, 1.0f);
+  expect_error<std::logic_error>([&] { scaler.update(); }, "No inf checks were recorded prior to update()");
+  scaler.unscale(opt);
+  EXPECT_EQ(scaler.stage(opt), mixprec::OptimizerStage::unscaled);
+  expect_error<std::logic_error>([&] { scaler.unscale(opt); },
+                                 "unscale() has already been called on this optimizer since the last update()");
+  scaler.step(opt);
+  expect_error<std::logic_error>([&] { scaler.step(opt); }, "step() has already been called since the last update()");
+  expect_error<std::logic_error>([&] { scaler.unscale(opt); }, "unscale() is being called after step()");
+  scaler.update();
+  EXPECT_EQ(scaler.stage(opt), mixprec::OptimizerStage::ready);
+}
+
+TEST(TorchGradScaler, AccumulationWindowMisuse) {
+  Tiny m;
+  ::torch::optim::SGD opt(m->parameters(), ::torch::optim::SGDOptions(0.1));
+  GradScaler scaler;
+  scaler.set_accumulation_steps(2);
+  set_grads(m, 1.0f);
+  scaler.backward_done();
+  expect_error<std::logic_error>([&] { scaler.update(); }, "update() after 1 of 2 backward passes");
+  expect_error<std::logic_error>([&] { scaler.step(opt); }, "step() after 1 of 2 backward passes");
+  expect_error<std::logic_error>([&] { scaler.unscale(opt); }, "unscale() after 1 of 2 backward passes");
+  expect_error<std::logic_error>([&] { scaler.set_accumulation_steps(3); }, "in the middle of an accumulation window");
+  scaler.backward_done();
+  expect_error<std::logic_error>([&] { scaler.backward_done(); }, "called 3 times in an accumulation window of 2");
+  EXPECT_TRUE(scaler.step(opt).applied);
+  scaler.update();
+  EXPECT_EQ(scaler.backward_passes(), 0);
+}
+
+TEST(TorchGradScaler, BadGradientsAreRefusedBeforeAnythingIsTouched) {
+  {
+    Tiny m;
+    ::torch::optim::SGD opt(m->parameters(), ::torch::optim::SGDOptions(0.1));
+    GradScaler scaler;
+    scaler.set_names(*m);
+    m->w.mutable_grad() = ::torch::full({4, 3}, 2.0f);
+    m->b.mutable_grad() = ::torch::ones({3, 2}).t()[0].expand({3});  // not contiguous: stride 0
+    m->b.mutable_grad() = ::torch::ones({6}).slice(0, 0, 6, 2);      // stride 2
+    expect_error<std::invalid_argument>([&] { scaler.step(opt); }, "the gradient of b is not contiguous");
+    EXPECT_TRUE(::torch::equal(m->w.grad(), ::torch::full({4, 3}, 2.0f))) << "w was not unscaled";
+    EXPECT_TRUE(::torch::equal(m->w, ::torch::ones({4, 3})));
+  }
+  {
+    Tiny m;
+    ::torch::optim::SGD opt(m->parameters(), ::torch::optim::SGDOptions(0.1));
+    GradScaler scaler;
+    scaler.set_names(*m);
+    set_grads(m, 1.0f);
+    m->w.mutable_grad() = ::torch::ones({4, 3}).to_sparse();
+    expect_error<std::invalid_argument>([&] { scaler.unscale(opt); }, "the gradient of w is sparse");
+  }
+  {
+    ::torch::nn::Linear lin(::torch::nn::LinearOptions(3, 2));
+    lin->to(::torch::kDouble);
+    ::torch::optim::SGD opt(lin->parameters(), ::torch::optim::SGDOptions(0.1));
+    GradScaler scaler;
+    scaler.set_names(*lin);
+    lin->weight.mutable_grad() = ::torch::ones({2, 3}, ::torch::kDouble);
+    expect_error<std::invalid_argument>([&] { scaler.step(opt); }, "the gradient of weight has dtype Double");
+  }
+  {
+    Tiny m;
+    ::torch::optim::SGD opt(m->parameters(), ::torch::optim::SGDOptions(0.1));
+    GradScaler scaler;
+    scaler.set_names(*m);
+    m->w.mutable_grad() = ::torch::ones({4, 3});
+    m->b.mutable_grad() = ::torch::ones({3}, ::torch::TensorOptions().device(::torch::kMeta));
+    expect_error<std::invalid_argument>([&] { scaler.step(opt); },
+                                        "gradients on more than one device: w on cpu, b on meta");
+  }
+  {
+    Tensor p = ::torch::ones({3}, ::torch::requires_grad());
+    ::torch::optim::SGD opt(std::vector<Tensor>{p}, ::torch::optim::SGDOptions(0.1));
+    opt.param_groups()[0].params().clear();
+    GradScaler scaler;
+    expect_error<std::invalid_argument>([&] { scaler.step(opt); }, "the optimizer has no parameters");
+  }
+  {
+    Tiny m;
+    ::torch::optim::SGD opt(m->parameters(), ::torch::optim::SGDOptions(0.1));
+    GradScaler scaler;
+    expect_error<std::invalid_argument>([&] { scaler.step(opt, {.max_grad_norm = -1.0f}); },
+                                        "max_grad_norm -1.000000 is not allowed");
+  }
+}
+
+TEST(TorchGradScaler, UndefinedGradientsAreSkippedAndUnnamedParametersGetIndices) {
+  Tiny m;
+  ::torch::optim::SGD opt(m->parameters(), ::torch::optim::SGDOptions(1.0));
+  GradScaler scaler(mixprec::loss_scale_preset("torch"));
+  m->b.mutable_grad() = ::torch::full({3}, 4.0f * scaler.get_scale());  // w has no gradient
+  auto out = scaler.step(opt);
+  EXPECT_TRUE(out.applied);
+  EXPECT_DOUBLE_EQ(out.grad_norm, std::sqrt(3.0 * 16.0));
+  EXPECT_TRUE(::torch::equal(m->b, ::torch::full({3}, -3.0f)));
+  EXPECT_TRUE(::torch::equal(m->w, ::torch::ones({4, 3})));
+  scaler.update();
+  m->b.mutable_grad()[2] = INFINITY;
+  out = scaler.step(opt);
+  EXPECT_FALSE(out.applied);
+  EXPECT_EQ(out.first_overflow, 1);
+  EXPECT_EQ(out.first_overflow_name, "param[1]");
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 32768.0f);
+}
+
+TEST(TorchGradScaler, Fp16AndBf16GradientsAreUnscaledInPlaceAsAtenDoes) {
+  for (const auto dt : {::torch::kHalf, ::torch::kBFloat16, ::torch::kFloat}) {
+    ::torch::manual_seed(3);
+    Tensor p = ::torch::zeros({1000}, ::torch::TensorOptions().dtype(dt).requires_grad(true));
+    Tensor g = (::torch::randn({1000}) * 1000).to(dt);
+    p.mutable_grad() = g.clone();
+    ::torch::optim::SGD opt(std::vector<Tensor>{p}, ::torch::optim::SGDOptions(0.0));
+    GradScaler scaler(mixprec::loss_scale_preset("torch"));  // 65536
+    const void* storage = p.grad().data_ptr();
+    scaler.unscale(opt);
+    EXPECT_EQ(p.grad().data_ptr(), storage) << "in place, no copy";
+    Tensor ref = g.clone();
+    Tensor found = ::torch::zeros({}, ::torch::kFloat);
+    at::_amp_foreach_non_finite_check_and_unscale_({ref}, found, ::torch::full({}, 1.0f / 65536.0f));
+    EXPECT_TRUE(::torch::equal(p.grad(), ref)) << c10::toString(dt);
+  }
+}
+
+TEST(TorchGradScaler, ClipsOnTheUnscaledNorm) {
+  Tiny m;
+  ::torch::optim::SGD opt(m->parameters(), ::torch::optim::SGDOptions(1.0));
+  GradScaler scaler(mixprec::loss_scale_preset("torch"));
+  set_grads(m, 2.0f * scaler.get_scale());  // unscaled norm sqrt(15 * 4)
+  const auto out = scaler.step(opt, {.max_grad_norm = 1.0f});
+  EXPECT_DOUBLE_EQ(out.grad_norm, std::sqrt(60.0));
+  EXPECT_EQ(out.clip_coef, static_cast<float>(1.0 / (std::sqrt(60.0) + 1e-6)));
+  EXPECT_TRUE(::torch::allclose(m->b.grad(), ::torch::full({3}, 2.0f * out.clip_coef)));
+}
+
+// The clip coefficient against clip_grad_norm_'s own arithmetic (fp32 per-tensor norms,
+// the norm of their stack, max_norm * reciprocal(norm + 1e-6), clamped to 1) on the same
+// gradients: a few ulps apart at most (docs/libtorch.md).
+TEST(TorchGradScaler, ClipCoefficientWithinUlpsOfClipGradNorm) {
+  int equal = 0;
+  constexpr int kTrials = 200;
+  for (int t = 0; t < kTrials; ++t) {
+    ::torch::manual_seed(100 + t);
+    std::vector<Tensor> params;
+    for (int k = 0; k < 6; ++k) {
+      Tensor p = ::torch::zeros({1 + 97 * k}, ::torch::requires_grad());
+      p.mutable_grad() = ::torch::randn({1 + 97 * k}) * std::pow(10.0, (t % 7) - 3);
+      params.push_back(p);
+    }
+    ::torch::optim::SGD opt(params, ::torch::optim::SGDOptions(0.0));
+    std::vector<Tensor> norms;
+    for (const auto& p : params) norms.push_back(p.grad().norm(2));
+    const Tensor total = ::torch::stack(norms).norm(2);
+    const float max_norm = 0.5f;
+    const float ref = ::torch::clamp(max_norm / (total + 1e-6), c10::nullopt, 1.0).item<float>();
+    GradScaler scaler(mixprec::loss_scale_preset("static"));  // scale 1: the gradients as they are
+    const auto out = scaler.step(opt, {.max_grad_norm = max_norm});
+    EXPECT_NEAR(out.grad_norm, total.item<double>(), 1e-6 * out.grad_norm);
+    EXPECT_LE(std::abs(out.clip_coef - ref), 4 * std::nextafter(ref, 2.0f) - 4 * ref) << "trial " << t;
+    equal += out.clip_coef == ref;
+    scaler.update();
+  }
+  RecordProperty("bitwise_equal_coefficients", equal);
+  std::printf("clip coefficient bitwise equal to clip_grad_norm_'s in %d of %d trials\n", equal, kTrials);
+}
+
+TEST(TorchGradScaler, ScaleMultipliesTheLossAndKeepsItsDtype) {
+  GradScaler scaler(mixprec::loss_scale_preset("torch"));
+  EXPECT_EQ(scaler.scale(::torch::full({}, 3.0f)).item<float>(), 3.0f * 65536.0f);
+  // A 0-dim fp32 scale: type promotion as in PyTorch (an fp16 vector stays fp16).
+  EXPECT_EQ(scaler.scale(::torch::full({2}, 0.5, ::torch::kHalf)).scalar_type(), ::torch::kHalf);
+  GradScaler off(mixprec::loss_scale_preset("torch"), false);
+  EXPECT_EQ(off.scale(::torch::full({}, 3.0f)).item<float>(), 3.0f);
+  EXPECT_EQ(off.get_scale(), 1.0f);
+}
+
+TEST(TorchGradScaler, StateJsonRoundTripsAndIsTheCoreFormat) {
+  Tiny m;
+  ::torch::optim::SGD opt(m->parameters(), ::torch::optim::SGDOptions(0.0));
+  GradScaler a(mixprec::loss_scale_preset("deepspeed"));
+  for (int s = 0; s < 5; ++s) {
+    set_grads(m, 1.0f);
+    if (s == 2) m->w.mutable_grad()[0][0] = INFINITY;
+    a.step(opt);
+    a.update();
+  }
+  const std::string json = a.state_json();
+  EXPECT_NE(json.find("\"format\":\"mixprec.grad_scaler\""), std::string::npos);
+  mixprec::GradScaler core;
+  core.load_state_json(json);
+  EXPECT_EQ(core.loss_scale().state(), a.loss_scale().state());
+  GradScaler b;
+  b.load_state_json(json);
+  EXPECT_EQ(b.loss_scale().state(), a.loss_scale().state());
+  EXPECT_EQ(b.state_json(), json);
+  expect_error<std::invalid_argument>([&] { b.load_state_json("{\"format\":1}"); }, "GradScaler state: field 'format'");
+  set_grads(m, 1.0f);
+  b.unscale(opt);
+  expect_error<std::logic_error>([&] { b.load_state_json(json); }, "load_state_json() in the middle of a step");
+}
+
+}  // namespace

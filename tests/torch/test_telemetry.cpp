@@ -1,0 +1,100 @@
+// mixprec::torch::Telemetry: hooks on activations, per-parameter amax, a run folder that
+// `mixprec report` reads (the library's load_run + write_report, as the CLI runs them).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "mixprec/monitor/report.hpp"
+#include "mixprec/torch/autocast.hpp"
+#include "mixprec/torch/grad_scaler.hpp"
+#include "mixprec/torch/telemetry.hpp"
+#include "mixprec/train/run_log.hpp"
+
+namespace {
+
+using at::Tensor;
+
+struct NetImpl : ::torch::nn::Module {
+  NetImpl()
+      : fc1(register_module("fc1", ::torch::nn::Linear(8, 32))), fc2(register_module("fc2", ::torch::nn::Linear(32, 2))) {}
+  ::torch::nn::Linear fc1, fc2;
+};
+TORCH_MODULE(Net);
+
+TEST(TorchTelemetry, RunFolderWithHooksAndParameterAmaxReadByTheReport) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "mixprec_torch_telemetry_test";
+  std::filesystem::remove_all(dir);
+  ::torch::manual_seed(0);
+  Net net;
+  ::torch::optim::SGD opt(net->parameters(), ::torch::optim::SGDOptions(0.01));
+  mixprec::torch::GradScaler scaler(mixprec::loss_scale_preset("torch"));
+  scaler.set_names(*net);
+  mixprec::torch::Telemetry tel(dir.string());
+  for (int step = 1; step <= 5; ++step) {
+    const Tensor x = ::torch::randn({16, 8});
+    Tensor loss;
+    {
+      mixprec::torch::Autocast ac(at::kCPU, at::kHalf);
+      Tensor h = ::torch::gelu(net->fc1(x));
+      tel.watch("fc1.out", h);
+      Tensor y = net->fc2(h);
+      tel.watch("fc2.out", y);
+      loss = y.to(::torch::kFloat).pow(2).mean();
+    }
+    scaler.scale(loss).backward();
+    if (step == 3) net->fc2->weight.mutable_grad()[0][0] = INFINITY;
+    const auto out = scaler.step(opt, {.max_grad_norm = 0.1f});
+    const auto rec = tel.record(net->named_parameters(), out, scaler, loss.item<double>(), 0.01, 16);
+    EXPECT_EQ(rec.next_scale, step >= 3 ? 32768.0f : 65536.0f);
+    scaler.update();
+    EXPECT_EQ(rec.next_scale, scaler.get_scale());
+    opt.zero_grad();
+  }
+  const auto log = mixprec::train::read_run_log((dir / "log.jsonl").string());
+  ASSERT_EQ(log.size(), 5u);
+  EXPECT_TRUE(log[2].skipped);
+  EXPECT_TRUE(log[2].found_inf);
+  EXPECT_EQ(log[2].overflow_param, "fc2.weight");
+  EXPECT_FALSE(log[0].skipped);
+  EXPECT_EQ(log[0].act_grads.elements, 16u * 32 + 16u * 2);
+  ASSERT_EQ(log[0].act_grad_tensors.size(), 2u);
+  EXPECT_EQ(log[0].act_grad_tensors[0].name, "fc2.out");  // backward order
+  EXPECT_EQ(log[0].act_grad_tensors[1].name, "fc1.out");
+  EXPECT_GT(log[0].act_grad_amax, 0.0f);
+  // Both watched activations are fp16 (autocast Linear outputs): headroom against 65504.
+  EXPECT_NEAR(log[0].headroom_log2, std::log2(65504.0 / static_cast<double>(log[0].act_grad_amax)), 1e-9);
+  ASSERT_EQ(log[0].params.size(), 4u);
+  EXPECT_EQ(log[0].params[0].name, "fc1.weight");
+  EXPECT_GT(log[0].params[0].grad_amax, 0.0f);
+  EXPECT_TRUE(std::isinf(log[2].params[2].grad_amax));
+  EXPECT_GT(log[0].params[0].weight_amax, 0.0f);
+
+  const auto run = mixprec::monitor::load_run(dir.string());
+  const std::string html = (dir / "report.html").string();
+  mixprec::monitor::write_report(html, {run});
+  std::ifstream in(html);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  EXPECT_NE(ss.str().find("no activation-gradient value underflowed in 5 steps (2 tensors"), std::string::npos)
+      << "the per-tensor activation-gradient note";
+  std::filesystem::remove_all(dir);
+}
+
+TEST(TorchTelemetry, WatchRefusesATensorWithoutGrad) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "mixprec_torch_telemetry_test2";
+  mixprec::torch::Telemetry tel(dir.string());
+  try {
+    tel.watch("x", ::torch::ones({2}));
+    ADD_FAILURE() << "no exception";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("watch('x'): the tensor does not require grad"), std::string::npos);
+  }
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace
