@@ -2,12 +2,14 @@
 // runs, in the same libtorch loop: ATen's _amp_foreach_non_finite_check_and_unscale_, skip
 // optimizer.step() on found_inf, _amp_update_scale_. Small MLP, fixed seed, AdamW, 200+
 // steps, overflows injected at chosen steps, fp16 and bf16 autocast, with and without
-// clipping, with and without accumulation (2 micro-batches per step).
+// clipping (by mixprec's exact norm, and by ClipNorm::torch: clip_grad_norm_'s arithmetic,
+// bitwise), with and without accumulation (2 micro-batches per step).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <limits>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -42,6 +44,12 @@ struct Case {
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return std::string(info.param.dtype == at::kHalf ? "fp16" : "bf16") + (info.param.clip ? "_clip" : "_noclip") +
          "_accum" + std::to_string(info.param.accum) + (info.param.torch_norm ? "_torchnorm" : "");
+}
+
+// gtest names a case by this rather than by the bytes of the struct.
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << (c.dtype == at::kHalf ? "fp16" : "bf16") << (c.clip ? " clip" : " noclip") << " accum " << c.accum
+      << (c.torch_norm ? " torch-norm" : "");
 }
 
 constexpr int kSteps = 240;
