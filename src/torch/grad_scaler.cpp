@@ -208,7 +208,25 @@ StepOutcome GradScaler::step(::torch::optim::Optimizer& opt, const StepOptions& 
   out.first_overflow = r.first_overflow;
   if (r.first_overflow >= 0) out.first_overflow_name = name_of(opt, r.first_overflow);
   out.grad_norm = r.grad_norm;
-  if (!r.found_inf) {
+  if (!r.found_inf && options.max_grad_norm && options.clip_norm == ClipNorm::torch) {
+    // clip_grad_norm_'s expressions, unchanged, so that the coefficient is its float.
+    ::torch::NoGradGuard no_grad;
+    std::vector<at::Tensor> grads, norms;
+    for (const auto& group : opt.param_groups()) {
+      for (const auto& p : group.params()) {
+        if (p.grad().defined()) grads.push_back(p.grad());
+      }
+    }
+    for (const auto& g : grads) norms.push_back(g.norm(2));
+    const at::Tensor total = norms.size() == 1 ? norms[0] : at::stack(norms).norm(2);
+    const at::Tensor coef = static_cast<double>(*options.max_grad_norm) / (total + 1e-6);
+    const at::Tensor clamped = at::clamp(coef, std::nullopt, 1.0);
+    for (auto& g : grads) g.mul_(clamped);
+    out.grad_norm = total.item<double>();
+    out.clip_coef = clamped.item<float>();
+    opt.step();
+    out.applied = true;
+  } else if (!r.found_inf) {
     out.clip_coef = options.max_grad_norm ? clip_coefficient(r.grad_norm, *options.max_grad_norm) : 1.0f;
     if (out.clip_coef < 1.0f) {
       ::torch::NoGradGuard no_grad;

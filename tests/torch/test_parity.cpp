@@ -2,12 +2,14 @@
 // runs, in the same libtorch loop: ATen's _amp_foreach_non_finite_check_and_unscale_, skip
 // optimizer.step() on found_inf, _amp_update_scale_. Small MLP, fixed seed, AdamW, 200+
 // steps, overflows injected at chosen steps, fp16 and bf16 autocast, with and without
-// clipping, with and without accumulation (2 micro-batches per step).
+// clipping (by mixprec's exact norm, and by ClipNorm::torch: clip_grad_norm_'s arithmetic,
+// bitwise), with and without accumulation (2 micro-batches per step).
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <limits>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -36,11 +38,18 @@ struct Case {
   at::ScalarType dtype;
   bool clip;
   int accum;
+  bool torch_norm = false;  // clip with ClipNorm::torch (clip_grad_norm_'s own arithmetic)
 };
 
 std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return std::string(info.param.dtype == at::kHalf ? "fp16" : "bf16") + (info.param.clip ? "_clip" : "_noclip") +
-         "_accum" + std::to_string(info.param.accum);
+         "_accum" + std::to_string(info.param.accum) + (info.param.torch_norm ? "_torchnorm" : "");
+}
+
+// gtest names a case by this rather than by the bytes of the struct.
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << (c.dtype == at::kHalf ? "fp16" : "bf16") << (c.clip ? " clip" : " noclip") << " accum " << c.accum
+      << (c.torch_norm ? " torch-norm" : "");
 }
 
 constexpr int kSteps = 240;
@@ -95,7 +104,10 @@ Result run(const Case& c, bool use_mixprec) {
     }
     if (use_mixprec) {
       mixprec::torch::StepOptions o;
-      if (c.clip) o.max_grad_norm = kMaxNorm;
+      if (c.clip) {
+        o.max_grad_norm = kMaxNorm;
+        o.clip_norm = c.torch_norm ? mixprec::torch::ClipNorm::torch : mixprec::torch::ClipNorm::exact;
+      }
       const mixprec::torch::StepOutcome res = scaler.step(opt, o);
       scaler.update();
       r.found_inf.push_back(res.found_inf);
@@ -155,8 +167,9 @@ TEST_P(TorchParity, SameWeightsOptimizerStateAndScaleAsTorchAmp) {
   ASSERT_EQ(mine.params.size(), ref.params.size());
   for (std::size_t i = 0; i < ref.params.size(); ++i) {
     EXPECT_EQ(mine.adam_steps[i], ref.adam_steps[i]);
-    if (!c.clip) {
-      // Bitwise: the same fp32 unscale (g * float(1/double(S))), the same skipped steps.
+    if (!c.clip || c.torch_norm) {
+      // Bitwise: the same fp32 unscale (g * float(1/double(S))), the same skipped steps,
+      // and with ClipNorm::torch the same clip coefficient as clip_grad_norm_.
       EXPECT_TRUE(::torch::equal(mine.params[i], ref.params[i])) << "param " << i;
       EXPECT_TRUE(::torch::equal(mine.exp_avg[i], ref.exp_avg[i])) << "exp_avg " << i;
       EXPECT_TRUE(::torch::equal(mine.exp_avg_sq[i], ref.exp_avg_sq[i])) << "exp_avg_sq " << i;
@@ -171,7 +184,12 @@ TEST_P(TorchParity, SameWeightsOptimizerStateAndScaleAsTorchAmp) {
       EXPECT_LT(diff, 2e-2 * size) << "param " << i;
     }
   }
-  if (c.clip) {
+  if (c.clip && c.torch_norm) {
+    for (std::size_t s = 0; s < ref.norms.size(); ++s) {
+      if (ref.found_inf[s]) continue;
+      EXPECT_EQ(mine.norms[s], ref.norms[s]) << "step " << s << ": clip_grad_norm_'s norm, bit for bit";
+    }
+  } else if (c.clip) {
     // While the weights are still the same (the first steps), the norms agree to fp32
     // summation error and the clip coefficients to a few ulps.
     for (std::size_t s = 0; s < 10; ++s) {
@@ -192,7 +210,9 @@ INSTANTIATE_TEST_SUITE_P(Loops, TorchParity,
                          ::testing::Values(Case{at::kHalf, false, 1}, Case{at::kBFloat16, false, 1},
                                            Case{at::kHalf, false, 2}, Case{at::kBFloat16, false, 2},
                                            Case{at::kHalf, true, 1}, Case{at::kBFloat16, true, 1},
-                                           Case{at::kHalf, true, 2}, Case{at::kBFloat16, true, 2}),
+                                           Case{at::kHalf, true, 2}, Case{at::kBFloat16, true, 2},
+                                           Case{at::kHalf, true, 1, true}, Case{at::kBFloat16, true, 1, true},
+                                           Case{at::kHalf, true, 2, true}, Case{at::kBFloat16, true, 2, true}),
                          case_name);
 
 }  // namespace

@@ -53,8 +53,20 @@ namespace mixprec::torch {
 
 using mixprec::OptimizerStage;
 
+// How step() computes the norm and the coefficient it clips with.
+enum class ClipNorm : std::uint8_t {
+  // The norm from the unscale pass itself (no second read): the exact sum of squares
+  // rounded once; coefficient max_norm / (norm + 1e-6) in double, capped at 1, as fp32.
+  exact,
+  // torch::nn::utils::clip_grad_norm_'s own ATen arithmetic, bit for bit: each
+  // gradient's norm(2) in fp32, the norm of their stack, max_norm / (norm + 1e-6) and
+  // clamp(max = 1) as fp32 tensors, then mul_. One more read of the gradients.
+  torch,
+};
+
 struct StepOptions {
   std::optional<float> max_grad_norm;  // clip the unscaled gradients to this global L2 norm
+  ClipNorm clip_norm = ClipNorm::exact;
 };
 
 // What step() did.
