@@ -235,34 +235,34 @@ double run_against_reference(const Run& r, const Mode& m) {
     const double S = loss_scale(step);
     const float coef = clip_coef(step);
     const double lr = lr_at(r, step);
-    // Gradients: sign, mantissa in [1, 2), exponent uniform in [min_exp, max_exp].
-    std::size_t k = 0;
+    // The unscaled fp32 gradient the library reads from the store: stored * (1/S), exact
+    // for a power-of-two S; decoded by the test's own f16 decoder.
+    auto unscaled = [&](std::size_t t, std::size_t i) {
+      if (m.grads == DType::f32) return static_cast<float>(static_cast<double>(s.grads<float>(t)[i]) / S);
+      std::uint16_t bits;
+      std::memcpy(&bits, &s.grads<f16>(t)[i], 2);
+      return static_cast<float>(f16_bits_to_double(bits) / S);
+    };
+    // Gradients: sign, mantissa in [1, 2), exponent uniform in [min_exp, max_exp], stored
+    // scaled by S (f16: whatever that rounds to, tiny ones flushed, large ones clamped).
     for (std::size_t t = 0; t < s.tensor_count(); ++t) {
-      for (std::size_t i = 0; i < s.numel(t); ++i, ++k) {
+      for (std::size_t i = 0; i < s.numel(t); ++i) {
         const int e = r.min_exp + static_cast<int>(gen.next() % static_cast<std::uint64_t>(r.max_exp - r.min_exp + 1));
-        double v = std::ldexp(1.0 + gen.uniform(), e) * (gen.next() & 1 ? -1.0 : 1.0);
-        if (m.grads == DType::f32) {
-          const float stored = static_cast<float>(v * S);  // exact scaling by a power of two (in range)
-          s.grads<float>(t)[i] = stored;
-          g[k] = static_cast<double>(static_cast<float>(static_cast<double>(stored) / S));  // the unscaled fp32 value
-        } else {
-          // f16: the stored value is whatever the scaled gradient rounds to (tiny ones flush).
-          const f16 h(static_cast<float>(std::fmin(std::fabs(v * S), 60000.0) * (v < 0 ? -1 : 1)));
-          s.grads<f16>(t)[i] = h;
-          std::uint16_t bits;
-          std::memcpy(&bits, &h, 2);
-          g[k] = f16_bits_to_double(bits) / S;
-        }
-        // The library clips the unscaled fp32 gradient: (g * inv_scale) * coef, as fp32.
-        g[k] = static_cast<double>(static_cast<float>(g[k]) * coef);
+        const double v = std::ldexp(1.0 + gen.uniform(), e) * (gen.next() & 1 ? -1.0 : 1.0);
+        if (m.grads == DType::f32) s.grads<float>(t)[i] = static_cast<float>(v * S);  // exact: S is a power of two
+        else s.grads<f16>(t)[i] = f16(static_cast<float>(std::fmin(std::fabs(v * S), 60000.0) * (v < 0 ? -1 : 1)));
       }
     }
     StepControls ctl{.inv_scale = static_cast<float>(1.0 / S), .clip_coef = coef, .skip = skip, .lr = lr};
     bool applied;
     if (m.fused) {
+      // The fused step clips the unscaled fp32 gradient: (g * inv_scale) * coef, as fp32.
+      for (std::size_t t = 0, k = 0; t < s.tensor_count(); ++t)
+        for (std::size_t i = 0; i < s.numel(t); ++i, ++k) g[k] = static_cast<double>(unscaled(t, i) * coef);
       applied = opt->step(ctl, m.threads ? &pool : nullptr);
     } else {
-      // The unfused path clips through max_norm only; with a coefficient this step, fold it into the gradients.
+      // The unfused path clips through max_norm only: fold this step's coefficient into the
+      // stored gradients, and give the reference what is stored then.
       if (coef != 1.0f) {
         for (std::size_t t = 0; t < s.tensor_count(); ++t) {
           if (m.grads == DType::f32)
@@ -270,19 +270,9 @@ double run_against_reference(const Run& r, const Mode& m) {
           else
             for (auto& x : s.grads<f16>(t)) x = f16(static_cast<float>(x) * coef);
         }
-        // Recompute the reference's gradient from what is stored now.
-        std::size_t kk = 0;
-        for (std::size_t t = 0; t < s.tensor_count(); ++t)
-          for (std::size_t i = 0; i < s.numel(t); ++i, ++kk) {
-            if (m.grads == DType::f32) {
-              g[kk] = static_cast<double>(static_cast<float>(static_cast<double>(s.grads<float>(t)[i]) / S));
-            } else {
-              std::uint16_t bits;
-              std::memcpy(&bits, &s.grads<f16>(t)[i], 2);
-              g[kk] = static_cast<double>(static_cast<float>(f16_bits_to_double(bits) / S));
-            }
-          }
       }
+      for (std::size_t t = 0, k = 0; t < s.tensor_count(); ++t)
+        for (std::size_t i = 0; i < s.numel(t); ++i, ++k) g[k] = static_cast<double>(unscaled(t, i));
       ctl.clip_coef = 1.0f;
       applied = opt->step_unfused(ctl, scratch, std::nullopt, m.threads ? &pool : nullptr);
     }
@@ -291,7 +281,7 @@ double run_against_reference(const Run& r, const Mode& m) {
     EXPECT_EQ(opt->step_count(), st.t) << what << " step " << step;
   }
 
-  // Compare every weight (and Adam's moments' sign structure through the weights).
+  // Compare every weight.
   double worst = 0;
   std::size_t k = 0, failures = 0;
   for (std::size_t t = 0; t < s.tensor_count(); ++t) {
