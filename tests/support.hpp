@@ -22,6 +22,18 @@ inline std::string hex(std::uint64_t v, int digits) {
 }
 inline std::string hexf(float f) { return hex(std::bit_cast<std::uint32_t>(f), 8); }
 
+// splitmix64: deterministic, cheap test data (next(): 64 random bits; uniform(): [0, 1)).
+struct SplitMix64 {
+  std::uint64_t state;
+  std::uint64_t next() {
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+  }
+  double uniform() { return static_cast<double>(next() >> 11) * 0x1p-53; }
+};
+
 // what() of the E that f() throws; a marker (which no expected message equals) when it
 // throws another exception or nothing.
 template <class E, class F>

@@ -87,16 +87,7 @@ class TempDir {
   fs::path path_;
 };
 
-// splitmix64: deterministic test data and mutations.
-struct Rng {
-  std::uint64_t s;
-  std::uint64_t next() {
-    std::uint64_t z = (s += 0x9E3779B97F4A7C15ULL);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-  }
-};
+using Rng = test::SplitMix64;  // deterministic test data and mutations
 Bytes pattern(std::size_t n, std::uint64_t seed) {
   Rng r{seed};
   Bytes b(n);

@@ -48,6 +48,7 @@
 
 #include "mixprec/core/parallel.hpp"
 #include "mixprec/optim/optimizer.hpp"
+#include "support.hpp"
 
 namespace mixprec {
 namespace {
@@ -123,16 +124,6 @@ double f16_bits_to_double(std::uint16_t h) {
   return sign ? -v : v;
 }
 
-struct Gen {  // splitmix64: deterministic, cheap
-  std::uint64_t x;
-  std::uint64_t next() {
-    std::uint64_t z = (x += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  }
-  double uniform() { return static_cast<double>(next() >> 11) * 0x1p-53; }  // [0, 1)
-};
 
 struct Run {
   const char* name;
@@ -218,7 +209,7 @@ double run_against_reference(const Run& r, const Mode& m) {
   st.v.assign(total, 0);
   st.buf.assign(total, 0);
   st.budget.assign(total, 0);
-  Gen gen{0x5eed0000u + static_cast<std::uint64_t>(r.h.kind)};
+  test::SplitMix64 gen{0x5eed0000u + static_cast<std::uint64_t>(r.h.kind)};
   {
     std::size_t k = 0;
     for (std::size_t t = 0; t < s.tensor_count(); ++t)
