@@ -1,5 +1,5 @@
-// safetensors checkpoints: XXH64, the atomic writer, the validating reader and run
-// folder management (docs/checkpoints.md).
+// safetensors checkpoints: XXH64, the writer (through the atomic file of core/io) and
+// the validating reader (docs/checkpoints.md).
 #include "mixprec/checkpoint/safetensors.hpp"
 
 #include <fcntl.h>
@@ -21,6 +21,9 @@
 #include <utility>
 
 #include <nlohmann/json.hpp>
+
+#include "mixprec/core/io.hpp"
+#include "mixprec/core/text.hpp"
 
 namespace mixprec::ckpt {
 
@@ -315,47 +318,6 @@ struct Fd {
 std::string errno_text(int e) { return std::strerror(e); }
 
 // Sequential writer with the fail_after_bytes test hook.
-class Sink {
- public:
-  Sink(int fd, std::optional<std::uint64_t> fail_after, std::string tmp_name, std::string src)
-      : fd_(fd), fail_after_(fail_after), tmp_(std::move(tmp_name)), src_(std::move(src)) {}
-
-  void write(const void* data, std::size_t size) {
-    const auto* p = static_cast<const char*>(data);
-    std::size_t allowed = size;
-    bool simulate = false;
-    if (fail_after_ && written_ + size > *fail_after_) {
-      allowed = static_cast<std::size_t>(*fail_after_ - written_);
-      simulate = true;
-    }
-    while (allowed > 0) {
-      const ssize_t r = ::write(fd_, p, std::min<std::size_t>(allowed, std::size_t{1} << 30));
-      if (r < 0) {
-        if (errno == EINTR) continue;
-        fail(errno_text(errno));
-      }
-      if (r == 0) fail("the system wrote 0 bytes");
-      p += r;
-      allowed -= static_cast<std::size_t>(r);
-      written_ += static_cast<std::uint64_t>(r);
-    }
-    if (simulate)
-      fail(errno_text(ENOSPC) + " (simulated by WriteOptions::fail_after_bytes = " + std::to_string(*fail_after_) +
-           ")");
-  }
-
- private:
-  [[noreturn]] void fail(const std::string& why) const {
-    throw std::runtime_error(src_ + ": cannot write the temporary file '" + tmp_ + "' after " +
-                             std::to_string(written_) + " bytes: " + why);
-  }
-  int fd_;
-  std::optional<std::uint64_t> fail_after_;
-  std::string tmp_, src_;
-  std::uint64_t written_ = 0;
-};
-
-std::atomic<std::uint64_t> g_tmp_counter{0};
 
 // ---- reader: a SAX handler that checks the header's shape while it is parsed --------
 
@@ -510,9 +472,7 @@ class HeaderHandler {
   }
 
   bool parse_error(std::size_t position, const std::string&, const nlohmann::json::exception& ex) {
-    std::string msg = ex.what();
-    // "[json.exception.parse_error.101] parse error at line 1, column 7: ..." -> the part after "]".
-    if (const auto p = msg.find("] "); p != std::string::npos) msg.erase(0, p + 2);
+    const std::string msg(text::json_error_detail(ex.what()));
     error = "the header is not valid JSON (at byte " + std::to_string(position) + " of the header): " + clip(msg, 300);
     return false;
   }
@@ -655,55 +615,14 @@ void write_file(const fs::path& path, std::span<const TensorRef> tensors,
   const std::string header = build_header(tensors, metadata, src, options.header_checksum).first;
   if (path.filename().empty()) throw std::invalid_argument(src + ": expected a file name, found a folder path");
 
-  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  // Same folder as the target, so the rename stays within one file system; a leading
-  // dot keeps it out of list_checkpoints and shell globs.
-  const std::string stem = "." + path.filename().string() + ".tmp-" + std::to_string(::getpid()) + "-";
-  fs::path tmp;
-  Fd fd;
-  for (int attempt = 0;; ++attempt) {
-    tmp = dir / (stem + std::to_string(g_tmp_counter.fetch_add(1)));
-    fd.fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-    if (fd.fd >= 0) break;
-    const int e = errno;
-    if (e == EINTR || (e == EEXIST && attempt < 100)) continue;  // EEXIST: a crashed run with our pid left one
-    throw std::runtime_error(src + ": cannot create the temporary file '" + tmp.string() + "': " + errno_text(e));
-  }
-  // Removes the temporary unless it became `path`.
-  struct Cleanup {
-    const fs::path& tmp;
-    bool armed = true;
-    ~Cleanup() {
-      if (armed) ::unlink(tmp.c_str());
-    }
-  } cleanup{tmp};
-
-  Sink sink(fd.fd, options.fail_after_bytes, tmp.string(), src);
+  io::AtomicFile file(path, io::AtomicWriteOptions{options.fsync, options.fail_after_bytes}, src);
   std::byte len[8];
   put_u64_le(len, header.size());
-  sink.write(len, sizeof len);
-  sink.write(header.data(), header.size());
+  file.write(len, sizeof len);
+  file.write(header.data(), header.size());
   for (const TensorRef& t : tensors)
-    if (!t.bytes.empty()) sink.write(t.bytes.data(), t.bytes.size());
-
-  if (options.fsync && ::fsync(fd.fd) != 0)
-    throw std::runtime_error(src + ": cannot fsync the temporary file '" + tmp.string() + "': " + errno_text(errno));
-  // close() can report a delayed write error (NFS); count it as a failed write.
-  if (::close(fd.release()) != 0)
-    throw std::runtime_error(src + ": cannot close the temporary file '" + tmp.string() + "': " + errno_text(errno));
-  if (::rename(tmp.c_str(), path.c_str()) != 0)
-    throw std::runtime_error(src + ": cannot rename the temporary file '" + tmp.string() + "' to it: " +
-                             errno_text(errno));
-  cleanup.armed = false;
-
-  if (options.fsync) {
-    // Makes the rename itself durable. File systems that cannot sync a folder say
-    // EINVAL; there is nothing more to do on those.
-    Fd dfd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-    if (dfd.fd < 0 || (::fsync(dfd.fd) != 0 && errno != EINVAL))
-      throw std::runtime_error(src + ": the new file is in place, but the folder '" + dir.string() +
-                               "' cannot be synced, so the rename may not survive a crash: " + errno_text(errno));
-  }
+    if (!t.bytes.empty()) file.write(t.bytes.data(), t.bytes.size());
+  file.commit();
 }
 
 // ---- reading -----------------------------------------------------------------------
@@ -910,67 +829,6 @@ std::span<const std::byte> SafetensorsFile::expect(std::string_view name, DType 
                              std::string(dtype_name(dtype)) + " " + shape_text(shape) + ", found " +
                              std::string(dtype_name(t.dtype)) + " " + shape_text(t.shape));
   return bytes(name);
-}
-
-// ---- run folders -------------------------------------------------------------------
-
-fs::path checkpoint_path(const fs::path& dir, std::uint64_t step) {
-  char buf[48];
-  std::snprintf(buf, sizeof buf, "ckpt-%08llu.safetensors", static_cast<unsigned long long>(step));
-  return dir / buf;
-}
-
-std::vector<std::pair<std::uint64_t, fs::path>> list_checkpoints(const fs::path& dir) {
-  std::vector<std::pair<std::uint64_t, fs::path>> out;
-  std::error_code ec;
-  const fs::file_status st = fs::status(dir, ec);
-  if (ec && ec != std::errc::no_such_file_or_directory)
-    throw std::runtime_error("checkpoint folder '" + dir.string() + "' cannot be read: " + ec.message());
-  if (!fs::exists(st)) return out;
-  if (!fs::is_directory(st))
-    throw std::runtime_error("checkpoint folder '" + dir.string() + "' is not a folder");
-  fs::directory_iterator it(dir, ec), end;
-  for (; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    constexpr std::string_view pre = "ckpt-", post = ".safetensors";
-    if (!name.starts_with(pre) || !name.ends_with(post)) continue;
-    const std::string_view digits = std::string_view(name).substr(pre.size(), name.size() - pre.size() - post.size());
-    if (digits.size() < 8 || digits.size() > 20) continue;
-    std::uint64_t step = 0;
-    bool ok = true;
-    for (const char c : digits) {
-      if (c < '0' || c > '9' || __builtin_mul_overflow(step, 10u, &step) ||
-          __builtin_add_overflow(step, static_cast<unsigned>(c - '0'), &step)) {
-        ok = false;
-        break;
-      }
-    }
-    // Only the one spelling checkpoint_path gives, so no step appears twice.
-    if (!ok || checkpoint_path(dir, step).filename() != it->path().filename()) continue;
-    // A folder (or device, ...) with a checkpoint's name would be skipped here and hit
-    // when that checkpoint is written: refused at once, by name.
-    std::error_code fec;
-    if (!it->is_regular_file(fec))
-      throw std::runtime_error("checkpoint '" + it->path().string() +
-                               "' is not a regular file (a folder?); remove it: a checkpoint is "
-                               "a file written by mixprec train");
-    out.emplace_back(step, it->path());
-  }
-  if (ec) throw std::runtime_error("checkpoint folder '" + dir.string() + "' cannot be listed: " + ec.message());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
-void prune_checkpoints(const fs::path& dir, std::size_t keep) {
-  if (keep == 0)
-    throw std::invalid_argument("prune_checkpoints('" + dir.string() + "'): expected keep >= 1, found 0");
-  const auto all = list_checkpoints(dir);
-  if (all.size() <= keep) return;
-  for (std::size_t i = 0; i < all.size() - keep; ++i) {
-    std::error_code ec;
-    fs::remove(all[i].second, ec);
-    if (ec) throw std::runtime_error("cannot delete checkpoint '" + all[i].second.string() + "': " + ec.message());
-  }
 }
 
 }  // namespace mixprec::ckpt

@@ -1,6 +1,7 @@
 // FP8 scaling recipes: delayed scaling state and JSON, current and MX scales.
 #include "mixprec/fp8/recipes.hpp"
 #include "mixprec/core/json_depth.hpp"
+#include "mixprec/core/text.hpp"
 
 #include <algorithm>
 #include <bit>
@@ -258,7 +259,7 @@ DelayedScalingState DelayedScalingState::from_json(std::string_view text) {
   try {
     j = json::parse(text.begin(), text.end());
   } catch (const json::parse_error& e) {
-    fail(top + "not valid JSON: " + e.what());
+    fail(top + "not valid JSON: " + std::string(text::json_error_detail(e.what())));
   }
   if (!j.is_object()) fail(top + "expected an object");
   only_fields(j, {"format", "version", "config", "tensors"}, top);

@@ -1,5 +1,6 @@
 // Alert rules over a run's step log (see alerts.hpp and docs/alerts.md).
 #include "mixprec/monitor/alerts.hpp"
+#include "mixprec/core/text.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -37,11 +38,8 @@ std::string exact(double v) {
   return std::string(buf, r.ptr);
 }
 
-std::string percent(double f, int decimals = 1) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f%%", decimals, f * 100);
-  return buf;
-}
+// Alerts show one decimal unless they ask for more.
+std::string percent(double f, int decimals = 1) { return text::percent(f, decimals); }
 
 // "65536 (2^16)" for powers of two, "1000" otherwise.
 std::string scale_text(double s) {
@@ -66,7 +64,7 @@ std::string cat(const A&... parts) {
 
 std::string num(std::uint64_t v) { return std::to_string(v); }
 
-std::string squote(std::string_view s) { return std::string("'").append(s).append("'"); }
+using text::squote;
 
 [[noreturn]] void bad(std::string_view field, std::string_view expected, const std::string& found) {
   throw std::invalid_argument(std::string("alerts: ").append(field).append(": expected ").append(expected).append(

@@ -1,7 +1,6 @@
 // The HTML report of training runs (see report.hpp, docs/report.md): one document
 // with inline CSS and SVG, built from in-memory runs.
 #include "mixprec/monitor/report.hpp"
-#include "mixprec/core/json_depth.hpp"
 
 #include <unistd.h>
 
@@ -23,7 +22,11 @@
 #include <utility>
 #include <vector>
 
+#include "mixprec/core/io.hpp"
+#include "mixprec/core/json_depth.hpp"
+#include "mixprec/core/text.hpp"
 #include "mixprec/nn/precision.hpp"
+#include "mixprec/train/run_folder.hpp"
 #include "mixprec/train/run_log.hpp"
 #include "mixprec/version.hpp"
 #include "monitor/svg_chart.hpp"
@@ -55,15 +58,10 @@ const char* group_color(std::size_t i) {
 
 constexpr const char* kSkipColor = "#dc2626";
 
-std::string squote(std::string_view s) { return std::string("'").append(s).append("'"); }
+using text::squote;
 
-std::string percent(double f) {
-  if (!std::isfinite(f)) return "\u2013";
-  if (f != 0 && std::fabs(f) < 0.0001) return number(f * 100, 2) + "%";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f%%", f * 100);
-  return buf;
-}
+// An empty table cell shows an en dash, as duration's does.
+std::string percent(double f) { return std::isfinite(f) ? text::percent(f) : "\u2013"; }
 
 std::string duration(double s) {
   if (!std::isfinite(s) || s < 0) return "\u2013";
@@ -930,11 +928,7 @@ std::string render_report(const std::vector<ReportRun>& runs, const ReportOption
 ReportRun load_run(const std::string& dir, const std::string& name) {
   std::error_code ec;
   const fs::path p(dir);
-  if (!fs::exists(p, ec)) throw std::runtime_error("run folder " + squote(dir) + " does not exist");
-  if (!fs::is_directory(p, ec)) throw std::runtime_error(squote(dir) + " is not a folder");
-  const fs::path log = p / "log.jsonl";
-  if (!fs::exists(log, ec))
-    throw std::runtime_error(squote(dir) + " has no log.jsonl: not a run folder (mixprec train --out DIR writes one)");
+  train::check_run_folder(p);
 
   ReportRun run;
   run.dir = dir;
@@ -950,22 +944,17 @@ ReportRun load_run(const std::string& dir, const std::string& name) {
     }
     run.name = base.empty() ? dir : base;
   }
-  run.records = train::read_run_log(log.string());
+  run.records = train::read_run_log((p / train::run_files::log).string());
 
-  auto read_json = [&](const fs::path& f) -> std::optional<ojson> {
-    if (!fs::exists(f, ec)) return std::nullopt;
-    std::ifstream in(f, std::ios::binary);
-    if (!in) throw std::runtime_error(squote(f.string()) + ": cannot read: " + std::strerror(errno));
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (const std::string deep = json_depth_problem(ss.str()); !deep.empty())
-      throw std::runtime_error(squote(f.string()) + ": " + deep);
+  auto read_json = [&](std::string_view file) -> std::optional<ojson> {
+    const std::optional<std::string> text = train::read_run_file(p, file);
+    if (!text) return std::nullopt;
+    const std::string where = squote((p / file).string());
+    if (const std::string deep = json_depth_problem(*text); !deep.empty()) throw std::runtime_error(where + ": " + deep);
     try {
-      return ojson::parse(ss.str());
-    } catch (const ojson::parse_error& e) {
-      std::string what = e.what();
-      if (const auto pos = what.find("] "); pos != std::string::npos) what = what.substr(pos + 2);
-      throw std::runtime_error(squote(f.string()) + ": malformed JSON: " + what);
+      return ojson::parse(*text);
+    } catch (const ojson::exception& e) {
+      throw std::runtime_error(where + ": " + text::malformed_json(e.what()));
     }
   };
   auto text_of = [](const ojson& v) -> std::string {
@@ -978,11 +967,11 @@ ReportRun load_run(const std::string& dir, const std::string& name) {
     return v.dump(-1, ' ', false, ojson::error_handler_t::replace);
   };
 
-  if (const auto cfg = read_json(p / "config.json")) {
+  if (const auto cfg = read_json(train::run_files::config)) {
     if (!cfg->is_object()) throw std::runtime_error(squote((p / "config.json").string()) + ": expected a JSON object");
     for (const auto& [k, v] : cfg->items()) run.config.emplace_back(k, text_of(v));
   }
-  if (const auto sum = read_json(p / "summary.json")) {
+  if (const auto sum = read_json(train::run_files::summary)) {
     const std::string where = squote((p / "summary.json").string());
     if (!sum->is_object()) throw std::runtime_error(where + ": expected a JSON object");
     if (run.config.empty() && sum->contains("config") && (*sum)["config"].is_object())
@@ -1044,21 +1033,7 @@ void make_names_unique(std::vector<ReportRun>& runs) {
 
 void write_report(const std::string& path, const std::vector<ReportRun>& runs, const ReportOptions& options) {
   const std::string html = render_report(runs, options);
-  const fs::path target(path);
-  const fs::path tmp = target.parent_path() / ("." + target.filename().string() + ".tmp-" + std::to_string(::getpid()));
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) throw std::runtime_error("cannot create " + squote(tmp.string()) + ": " + std::strerror(errno));
-  const bool ok = std::fwrite(html.data(), 1, html.size(), f) == html.size() && std::fflush(f) == 0;
-  const int err = errno;
-  if (std::fclose(f) != 0 || !ok) {
-    std::remove(tmp.c_str());
-    throw std::runtime_error("cannot write " + squote(path) + ": " + std::strerror(ok ? errno : err));
-  }
-  if (std::rename(tmp.c_str(), target.c_str()) != 0) {
-    const int rerr = errno;
-    std::remove(tmp.c_str());
-    throw std::runtime_error("cannot write " + squote(path) + ": " + std::strerror(rerr));
-  }
+  io::write_file_atomic(path, html);
 }
 
 }  // namespace mixprec::monitor

@@ -1,6 +1,7 @@
 // Text files, tokenisers, vocabularies, datasets, the batch sampler, validation
 // windows and statistics (docs/data.md).
 #include "mixprec/nn/data.hpp"
+#include "mixprec/core/text.hpp"
 
 #include <algorithm>
 #include <cerrno>
@@ -146,11 +147,7 @@ void check_options(const DataOptions& o) {
   (void)min_tokens_for(o.context, o.validation_fraction);  // validates both
 }
 
-std::string percent(double f) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%g%%", f * 100.0);
-  return buf;
-}
+std::string percent(double f) { return text::num(f * 100.0) + "%"; }
 
 }  // namespace
 

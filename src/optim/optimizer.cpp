@@ -1,4 +1,5 @@
 #include "mixprec/optim/optimizer.hpp"
+#include "mixprec/core/text.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -43,11 +44,7 @@ unsigned optimizer_state_slots(OptimizerKind k) noexcept {
 
 namespace {
 
-std::string num(double v) {
-  char b[64];
-  std::snprintf(b, sizeof b, "%.17g", v);
-  return b;
-}
+using text::num;
 
 void require(bool ok, const std::string& what, double found) {
   if (!ok) throw std::invalid_argument("optimizer: expected " + what + ", found " + num(found));

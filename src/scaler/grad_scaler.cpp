@@ -1,5 +1,6 @@
 #include "mixprec/scaler/grad_scaler.hpp"
 #include "mixprec/core/json_depth.hpp"
+#include "mixprec/core/text.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -194,7 +195,7 @@ void GradScaler::load_state_json(std::string_view text) {
   try {
     j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::parse_error& e) {
-    fail(std::string("not valid JSON: ") + e.what());
+    fail("not valid JSON: " + std::string(text::json_error_detail(e.what())));
   }
   if (!j.is_object()) fail("expected a JSON object");
   if (!j.contains("format") || j["format"] != kStateFormat) {

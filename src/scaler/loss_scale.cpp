@@ -2,6 +2,7 @@
 // docs/loss_scaling.md writes it out; the branches of DynamicLossScale::update() can be read
 // side by side with that page.
 #include "mixprec/scaler/loss_scale.hpp"
+#include "mixprec/core/text.hpp"
 #include "mixprec/core/json_depth.hpp"
 
 #include <nlohmann/json.hpp>
@@ -22,13 +23,7 @@ constexpr double kFloatMax = static_cast<double>(std::numeric_limits<float>::max
 
 [[noreturn]] void fail(const std::string& what) { throw std::invalid_argument(what); }
 
-std::string num(double v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[64];
-  const auto r = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, r.ptr);
-}
+using text::num;
 
 std::string join(const std::vector<std::string>& names) {
   std::string s;
@@ -285,15 +280,7 @@ LossScaleState initial_loss_scale_state(const LossScaleConfig& config) {
   return s;
 }
 
-// ---- set() for the CLI's --set key=value ---------------------------------------
-
-const std::vector<std::string>& loss_scale_config_keys() {
-  static const std::vector<std::string> keys = {
-      "rule",       "init_scale", "growth_factor",          "backoff_factor",          "growth_interval",
-      "min_scale",  "max_scale",  "hysteresis",             "consecutive_hysteresis",  "refuse_nonfinite_growth",
-      "floor_policy", "max_floor_overflows"};
-  return keys;
-}
+// ---- text forms of the fields (the CLI's --set key=value) ----------------------------
 
 namespace {
 
@@ -344,85 +331,6 @@ std::optional<FloorPolicy> parse_floor_policy(std::string_view s) {
 }
 
 }  // namespace
-
-void set(LossScaleConfig& c, std::string_view key, std::string_view value) {
-  const std::string k(key);
-  const std::string shown = "'" + std::string(value) + "'";
-  auto bad = [&](const std::string& expected) { fail(k + ": expected " + expected + ", found " + shown); };
-  auto real = [&](const std::string& expected, auto ok) {
-    const auto v = parse_double(value);
-    if (!v || !ok(*v)) bad(expected);
-    return *v;
-  };
-  auto integer = [&]() {
-    const auto v = parse_int(value);
-    if (!v || *v < 1 || *v > kMaxCount) bad("an integer in [1, " + std::to_string(kMaxCount) + "]");
-    return *v;
-  };
-  auto boolean = [&]() {
-    const auto v = parse_bool(value);
-    if (!v) bad("true or false");
-    return *v;
-  };
-  if (k == "rule") {
-    const auto r = parse_rule(value);
-    if (!r) bad("one of " + rule_names());
-    c.rule = *r;
-  } else if (k == "init_scale") {
-    c.init_scale = real("a finite number > 0", [](double v) { return std::isfinite(v) && v > 0; });
-  } else if (k == "growth_factor") {
-    c.growth_factor = real("a finite number > 1", [](double v) { return std::isfinite(v) && v > 1; });
-    if (single_factor(c.rule)) c.backoff_factor = 1.0 / c.growth_factor;
-  } else if (k == "backoff_factor") {
-    c.backoff_factor = real("a number in (0, 1)", [](double v) { return v > 0 && v < 1; });
-  } else if (k == "growth_interval") {
-    c.growth_interval = integer();
-  } else if (k == "min_scale") {
-    if (value == "none") {
-      c.min_scale = 0;
-    } else {
-      c.min_scale = real("a finite number >= 0 or none", [](double v) { return std::isfinite(v) && v >= 0; });
-    }
-  } else if (k == "max_scale") {
-    if (value == "none") {
-      c.max_scale = kInf;
-    } else {
-      c.max_scale = real("a number > 0, inf or none", [](double v) { return v > 0; });
-    }
-  } else if (k == "hysteresis") {
-    c.hysteresis = integer();
-  } else if (k == "consecutive_hysteresis") {
-    c.consecutive_hysteresis = boolean();
-  } else if (k == "refuse_nonfinite_growth") {
-    c.refuse_nonfinite_growth = boolean();
-  } else if (k == "floor_policy") {
-    const auto p = parse_floor_policy(value);
-    if (!p) bad("continue or error");
-    c.floor_policy = *p;
-  } else if (k == "max_floor_overflows") {
-    c.max_floor_overflows = integer();
-  } else {
-    fail("unknown key '" + k + "'; keys: " + join(loss_scale_config_keys()));
-  }
-}
-
-std::string describe(const LossScaleConfig& c) {
-  std::string s;
-  auto line = [&](const char* k, const std::string& v) { s += std::string(k) + " = " + v + "\n"; };
-  line("rule", std::string(rule_name(c.rule)));
-  line("init_scale", num(c.init_scale));
-  line("growth_factor", num(c.growth_factor));
-  line("backoff_factor", num(c.backoff_factor));
-  line("growth_interval", std::to_string(c.growth_interval));
-  line("min_scale", c.min_scale == 0 ? "none" : num(c.min_scale));
-  line("max_scale", std::isinf(c.max_scale) ? "none" : num(c.max_scale));
-  line("hysteresis", std::to_string(c.hysteresis));
-  line("consecutive_hysteresis", c.consecutive_hysteresis ? "true" : "false");
-  line("refuse_nonfinite_growth", c.refuse_nonfinite_growth ? "true" : "false");
-  line("floor_policy", std::string(floor_policy_name(c.floor_policy)));
-  line("max_floor_overflows", std::to_string(c.max_floor_overflows));
-  return s;
-}
 
 // ---- the scales --------------------------------------------------------------
 
@@ -659,23 +567,6 @@ namespace {
 
 using nlohmann::json;
 
-json config_json(const LossScaleConfig& c) {
-  json j = json::object();
-  j["rule"] = std::string(rule_name(c.rule));
-  j["init_scale"] = c.init_scale;
-  j["growth_factor"] = c.growth_factor;
-  j["backoff_factor"] = c.backoff_factor;
-  j["growth_interval"] = c.growth_interval;
-  j["min_scale"] = c.min_scale == 0 ? json(nullptr) : json(c.min_scale);
-  j["max_scale"] = std::isinf(c.max_scale) ? json(nullptr) : json(c.max_scale);
-  j["hysteresis"] = c.hysteresis;
-  j["consecutive_hysteresis"] = c.consecutive_hysteresis;
-  j["refuse_nonfinite_growth"] = c.refuse_nonfinite_growth;
-  j["floor_policy"] = std::string(floor_policy_name(c.floor_policy));
-  j["max_floor_overflows"] = c.max_floor_overflows;
-  return j;
-}
-
 // Reads the fields of one JSON object, each exactly once, and rejects unknown keys at the end.
 class Fields {
  public:
@@ -731,7 +622,173 @@ class Fields {
   std::vector<std::string> seen_;
 };
 
+
+// ---- the key table: each LossScaleConfig field's text form (set, describe), its
+// JSON form (the saved state's "config") and how each is read ----------------------------
+
+[[noreturn]] void bad_value(std::string_view key, std::string_view value, const std::string& expected) {
+  fail(std::string(key) + ": expected " + expected + ", found '" + std::string(value) + "'");
+}
+
+template <class Ok>
+double real_text(std::string_view key, std::string_view value, const std::string& expected, Ok ok) {
+  const auto v = parse_double(value);
+  if (!v || !ok(*v)) bad_value(key, value, expected);
+  return *v;
+}
+
+std::int64_t count_text(std::string_view key, std::string_view value) {
+  const auto v = parse_int(value);
+  if (!v || *v < 1 || *v > kMaxCount) bad_value(key, value, "an integer in [1, " + std::to_string(kMaxCount) + "]");
+  return *v;
+}
+
+bool bool_text(std::string_view key, std::string_view value) {
+  const auto v = parse_bool(value);
+  if (!v) bad_value(key, value, "true or false");
+  return *v;
+}
+
+std::string bool_name(bool b) { return b ? "true" : "false"; }
+
+// A number field with JSON null for "none" (0 or +inf in the config).
+double number_or_none(Fields& f, const std::string& key, double none) {
+  const json& v = f.get(key);
+  if (!v.is_null() && !v.is_number()) fail(f.where(key) + "expected a number or null (none), found " + v.dump());
+  return v.is_null() ? none : v.get<double>();
+}
+
+struct ConfigKey {
+  const char* name;
+  void (*set)(LossScaleConfig&, std::string_view value);  // checks the field's own range
+  std::string (*text)(const LossScaleConfig&);             // as set() accepts it
+  json (*write)(const LossScaleConfig&);
+  void (*read)(LossScaleConfig&, Fields&);
+};
+
+// Each row: name, set from text, text, JSON value, read from JSON.
+const ConfigKey kConfigKeys[] = {
+    {"rule",
+     [](LossScaleConfig& c, std::string_view v) {
+       const auto r = parse_rule(v);
+       if (!r) bad_value("rule", v, "one of " + rule_names());
+       c.rule = *r;
+     },
+     [](const LossScaleConfig& c) { return std::string(rule_name(c.rule)); },
+     [](const LossScaleConfig& c) { return json(std::string(rule_name(c.rule))); },
+     [](LossScaleConfig& c, Fields& f) {
+       const std::string rule = f.text("rule");
+       const auto r = parse_rule(rule);
+       if (!r) fail(f.where("rule") + "expected one of " + rule_names() + ", found \"" + rule + "\"");
+       c.rule = *r;
+     }},
+    {"init_scale",
+     [](LossScaleConfig& c, std::string_view v) {
+       c.init_scale = real_text("init_scale", v, "a finite number > 0", [](double x) { return std::isfinite(x) && x > 0; });
+     },
+     [](const LossScaleConfig& c) { return num(c.init_scale); },
+     [](const LossScaleConfig& c) { return json(c.init_scale); },
+     [](LossScaleConfig& c, Fields& f) { c.init_scale = f.real("init_scale"); }},
+    {"growth_factor",
+     [](LossScaleConfig& c, std::string_view v) {
+       c.growth_factor =
+           real_text("growth_factor", v, "a finite number > 1", [](double x) { return std::isfinite(x) && x > 1; });
+       if (single_factor(c.rule)) c.backoff_factor = 1.0 / c.growth_factor;
+     },
+     [](const LossScaleConfig& c) { return num(c.growth_factor); },
+     [](const LossScaleConfig& c) { return json(c.growth_factor); },
+     [](LossScaleConfig& c, Fields& f) { c.growth_factor = f.real("growth_factor"); }},
+    {"backoff_factor",
+     [](LossScaleConfig& c, std::string_view v) {
+       c.backoff_factor = real_text("backoff_factor", v, "a number in (0, 1)", [](double x) { return x > 0 && x < 1; });
+     },
+     [](const LossScaleConfig& c) { return num(c.backoff_factor); },
+     [](const LossScaleConfig& c) { return json(c.backoff_factor); },
+     [](LossScaleConfig& c, Fields& f) { c.backoff_factor = f.real("backoff_factor"); }},
+    {"growth_interval", [](LossScaleConfig& c, std::string_view v) { c.growth_interval = count_text("growth_interval", v); },
+     [](const LossScaleConfig& c) { return std::to_string(c.growth_interval); },
+     [](const LossScaleConfig& c) { return json(c.growth_interval); },
+     [](LossScaleConfig& c, Fields& f) { c.growth_interval = f.integer("growth_interval"); }},
+    {"min_scale",
+     [](LossScaleConfig& c, std::string_view v) {
+       c.min_scale = v == "none" ? 0.0
+                                 : real_text("min_scale", v, "a finite number >= 0 or none",
+                                             [](double x) { return std::isfinite(x) && x >= 0; });
+     },
+     [](const LossScaleConfig& c) { return c.min_scale == 0 ? std::string("none") : num(c.min_scale); },
+     [](const LossScaleConfig& c) { return c.min_scale == 0 ? json(nullptr) : json(c.min_scale); },
+     [](LossScaleConfig& c, Fields& f) { c.min_scale = number_or_none(f, "min_scale", 0.0); }},
+    {"max_scale",
+     [](LossScaleConfig& c, std::string_view v) {
+       c.max_scale =
+           v == "none" ? kInf : real_text("max_scale", v, "a number > 0, inf or none", [](double x) { return x > 0; });
+     },
+     [](const LossScaleConfig& c) { return std::isinf(c.max_scale) ? std::string("none") : num(c.max_scale); },
+     [](const LossScaleConfig& c) { return std::isinf(c.max_scale) ? json(nullptr) : json(c.max_scale); },
+     [](LossScaleConfig& c, Fields& f) { c.max_scale = number_or_none(f, "max_scale", kInf); }},
+    {"hysteresis", [](LossScaleConfig& c, std::string_view v) { c.hysteresis = count_text("hysteresis", v); },
+     [](const LossScaleConfig& c) { return std::to_string(c.hysteresis); },
+     [](const LossScaleConfig& c) { return json(c.hysteresis); },
+     [](LossScaleConfig& c, Fields& f) { c.hysteresis = f.integer("hysteresis"); }},
+    {"consecutive_hysteresis",
+     [](LossScaleConfig& c, std::string_view v) { c.consecutive_hysteresis = bool_text("consecutive_hysteresis", v); },
+     [](const LossScaleConfig& c) { return bool_name(c.consecutive_hysteresis); },
+     [](const LossScaleConfig& c) { return json(c.consecutive_hysteresis); },
+     [](LossScaleConfig& c, Fields& f) { c.consecutive_hysteresis = f.boolean("consecutive_hysteresis"); }},
+    {"refuse_nonfinite_growth",
+     [](LossScaleConfig& c, std::string_view v) { c.refuse_nonfinite_growth = bool_text("refuse_nonfinite_growth", v); },
+     [](const LossScaleConfig& c) { return bool_name(c.refuse_nonfinite_growth); },
+     [](const LossScaleConfig& c) { return json(c.refuse_nonfinite_growth); },
+     [](LossScaleConfig& c, Fields& f) { c.refuse_nonfinite_growth = f.boolean("refuse_nonfinite_growth"); }},
+    {"floor_policy",
+     [](LossScaleConfig& c, std::string_view v) {
+       const auto p = parse_floor_policy(v);
+       if (!p) bad_value("floor_policy", v, "continue or error");
+       c.floor_policy = *p;
+     },
+     [](const LossScaleConfig& c) { return std::string(floor_policy_name(c.floor_policy)); },
+     [](const LossScaleConfig& c) { return json(std::string(floor_policy_name(c.floor_policy))); },
+     [](LossScaleConfig& c, Fields& f) {
+       const std::string policy = f.text("floor_policy");
+       const auto p = parse_floor_policy(policy);
+       if (!p) fail(f.where("floor_policy") + "expected \"continue\" or \"error\", found \"" + policy + "\"");
+       c.floor_policy = *p;
+     }},
+    {"max_floor_overflows",
+     [](LossScaleConfig& c, std::string_view v) { c.max_floor_overflows = count_text("max_floor_overflows", v); },
+     [](const LossScaleConfig& c) { return std::to_string(c.max_floor_overflows); },
+     [](const LossScaleConfig& c) { return json(c.max_floor_overflows); },
+     [](LossScaleConfig& c, Fields& f) { c.max_floor_overflows = f.integer("max_floor_overflows"); }},
+};
+
+json config_json(const LossScaleConfig& c) {
+  json j = json::object();
+  for (const ConfigKey& k : kConfigKeys) j[k.name] = k.write(c);
+  return j;
+}
+
 }  // namespace
+
+const std::vector<std::string>& loss_scale_config_keys() {
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k;
+    for (const ConfigKey& key : kConfigKeys) k.emplace_back(key.name);
+    return k;
+  }();
+  return keys;
+}
+
+void set(LossScaleConfig& c, std::string_view key, std::string_view value) {
+  for (const ConfigKey& k : kConfigKeys)
+    if (key == k.name) return k.set(c, value);
+  fail("unknown key '" + std::string(key) + "'; keys: " + join(loss_scale_config_keys()));
+}
+
+std::string describe(const LossScaleConfig& c) {
+  std::string s;
+  for (const ConfigKey& k : kConfigKeys) s.append(k.name).append(" = ").append(k.text(c)).append("\n");
+  return s;
+}
 
 std::string LossScaleState::to_json() const {
   json j = json::object();
@@ -759,7 +816,7 @@ LossScaleState LossScaleState::from_json(std::string_view text) {
   try {
     j = json::parse(text.begin(), text.end());
   } catch (const json::parse_error& e) {
-    fail(std::string("loss-scale state: not valid JSON: ") + e.what());
+    fail("loss-scale state: not valid JSON: " + std::string(text::json_error_detail(e.what())));
   }
   Fields top(j, "");
   const std::string format = top.text("format");
@@ -770,30 +827,7 @@ LossScaleState LossScaleState::from_json(std::string_view text) {
 
   LossScaleState s;
   Fields cf(top.get("config"), "config.");
-  const std::string rule = cf.text("rule");
-  const auto r = parse_rule(rule);
-  if (!r) fail(cf.where("rule") + "expected one of " + rule_names() + ", found \"" + rule + "\"");
-  s.config.rule = *r;
-  s.config.init_scale = cf.real("init_scale");
-  s.config.growth_factor = cf.real("growth_factor");
-  s.config.backoff_factor = cf.real("backoff_factor");
-  s.config.growth_interval = cf.integer("growth_interval");
-  const json& mn = cf.get("min_scale");
-  if (!mn.is_null() && !mn.is_number())
-    fail(cf.where("min_scale") + "expected a number or null (none), found " + mn.dump());
-  s.config.min_scale = mn.is_null() ? 0.0 : mn.get<double>();
-  const json& mx = cf.get("max_scale");
-  if (!mx.is_null() && !mx.is_number())
-    fail(cf.where("max_scale") + "expected a number or null (none), found " + mx.dump());
-  s.config.max_scale = mx.is_null() ? kInf : mx.get<double>();
-  s.config.hysteresis = cf.integer("hysteresis");
-  s.config.consecutive_hysteresis = cf.boolean("consecutive_hysteresis");
-  s.config.refuse_nonfinite_growth = cf.boolean("refuse_nonfinite_growth");
-  const std::string policy = cf.text("floor_policy");
-  const auto p = parse_floor_policy(policy);
-  if (!p) fail(cf.where("floor_policy") + "expected \"continue\" or \"error\", found \"" + policy + "\"");
-  s.config.floor_policy = *p;
-  s.config.max_floor_overflows = cf.integer("max_floor_overflows");
+  for (const ConfigKey& k : kConfigKeys) k.read(s.config, cf);
   cf.no_others();
 
   const json& sc = top.get("scale");

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "mixprec/core/json_depth.hpp"
+#include "mixprec/core/text.hpp"
 #include "mixprec/checkpoint/safetensors.hpp"
 #include "trainer_impl.hpp"
 
@@ -86,7 +87,7 @@ json metadata_json(const ckpt::SafetensorsFile& f, const char* key) {
   try {
     return json::parse(text);
   } catch (const json::exception& e) {
-    bad(f.source(), std::string("metadata '") + key + "' is not valid JSON: " + e.what());
+    bad(f.source(), std::string("metadata '") + key + "' is not valid JSON: " + std::string(text::json_error_detail(e.what())));
   }
 }
 

@@ -1,5 +1,6 @@
 // Run-log lines and the run summary as JSON (see run_log.hpp).
 #include "mixprec/train/run_log.hpp"
+#include "mixprec/core/text.hpp"
 #include "mixprec/core/json_depth.hpp"
 
 #include <nlohmann/json.hpp>
@@ -337,10 +338,7 @@ StepRecord parse_step_record(std::string_view line) {
   try {
     j = json::parse(line);
   } catch (const json::parse_error& e) {
-    std::string what = e.what();
-    if (const auto pos = what.find("] "); what.starts_with("[json.exception") && pos != std::string::npos)
-      what = what.substr(pos + 2);
-    throw std::invalid_argument("malformed JSON: " + what);
+    throw std::invalid_argument(text::malformed_json(e.what()));
   }
   if (!j.is_object()) throw std::invalid_argument("expected a JSON object, found " + std::string(j.type_name()));
   StepRecord r;

@@ -768,56 +768,5 @@ TEST(CheckpointWriter, RelativePathAndNoTensors) {
   EXPECT_EQ(dir.names(), std::set<std::string>{"rel.safetensors"});
 }
 
-// ---- run folders ---------------------------------------------------------------------------
-
-TEST(CheckpointFolder, PathsAndListing) {
-  EXPECT_EQ(checkpoint_path("run", 100), fs::path("run") / "ckpt-00000100.safetensors");
-  EXPECT_EQ(checkpoint_path("run", 0).filename(), "ckpt-00000000.safetensors");
-  EXPECT_EQ(checkpoint_path("run", 123456789).filename(), "ckpt-123456789.safetensors");
-  EXPECT_EQ(checkpoint_path("run", UINT64_MAX).filename(), "ckpt-18446744073709551615.safetensors");
-
-  TempDir dir;
-  EXPECT_TRUE(list_checkpoints(dir.path() / "none").empty());  // a run that has not saved yet
-  for (const std::uint64_t s : {100u, 5u, 123456789u, 7u, 0u}) write_file(checkpoint_path(dir.path(), s), {}, {}, kFast);
-  const std::vector<std::string> others = {".ckpt-00000001.safetensors.tmp-12-0", "ckpt-1.safetensors",
-                                           "ckpt-000000001.safetensors",          "ckpt-00000002.safetensors.bak",
-                                           "ckpt-0000000x.safetensors",           "ckpt-99999999999999999999.safetensors",
-                                           "notes.txt",                           "CKPT-00000004.safetensors"};
-  for (const auto& n : others) std::ofstream(dir.path() / n) << "x";
-  const auto list = list_checkpoints(dir.path());
-  std::vector<std::uint64_t> steps;
-  for (const auto& [s, p] : list) {
-    steps.push_back(s);
-    EXPECT_EQ(p, checkpoint_path(dir.path(), s));
-  }
-  EXPECT_EQ(steps, (std::vector<std::uint64_t>{0, 5, 7, 100, 123456789}));
-  EXPECT_THROW(list_checkpoints(dir.path() / "notes.txt"), std::runtime_error);
-  // A folder with a checkpoint's name is refused by name (skipped, it would only fail
-  // when the run comes to write that checkpoint).
-  fs::create_directory(dir.path() / "ckpt-00000003.safetensors");
-  EXPECT_NE(error_of<std::runtime_error>([&] { list_checkpoints(dir.path()); })
-                .find("ckpt-00000003.safetensors' is not a regular file (a folder?); remove it"),
-            std::string::npos);
-}
-
-TEST(CheckpointFolder, PruneKeepsTheNewestAndTouchesNothingElse) {
-  TempDir dir;
-  for (const std::uint64_t s : {10u, 30u, 20u, 40u}) write_file(checkpoint_path(dir.path(), s), {}, {}, kFast);
-  const std::set<std::string> others = {".ckpt-00000001.safetensors.tmp-1-0", "ckpt-1.safetensors", "notes.txt"};
-  for (const auto& n : others) std::ofstream(dir.path() / n) << "x";
-  EXPECT_NE(error_of<std::invalid_argument>([&] { prune_checkpoints(dir.path(), 0); }).find("expected keep >= 1, found 0"),
-            std::string::npos);
-  prune_checkpoints(dir.path(), 5);
-  EXPECT_EQ(list_checkpoints(dir.path()).size(), 4u);
-  prune_checkpoints(dir.path(), 2);
-  std::set<std::string> expected = others;
-  expected.insert({"ckpt-00000030.safetensors", "ckpt-00000040.safetensors"});
-  EXPECT_EQ(dir.names(), expected);
-  prune_checkpoints(dir.path(), 1);
-  expected.erase("ckpt-00000030.safetensors");
-  EXPECT_EQ(dir.names(), expected);
-  prune_checkpoints(dir.path() / "none", 1);  // nothing to do
-}
-
 }  // namespace
 }  // namespace mixprec::ckpt

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "mixprec/monitor/inspect.hpp"
+#include "mixprec/core/text.hpp"
 #include "mixprec/monitor/npy.hpp"
 
 namespace mixprec::cli {
@@ -51,7 +52,7 @@ std::string json_string(std::string_view s) {
 }
 
 // A percentage that never shows a nonzero share as 0 or a partial one as 100.
-std::string percent(std::uint64_t n, const TensorStats& s) {
+std::string share_text(std::uint64_t n, const TensorStats& s) {
   if (n == 0) return "0";
   if (n == s.finite_nonzero) return "100";
   const double p = 100.0 * monitor::fraction_of(n, s);
@@ -137,8 +138,8 @@ void print_table(const Request& q, const NpyArray& a, const InspectReport& r) {
     for (const FormatInspection& f : r.formats) {
       const ScaleOutcome& o = f.scales[static_cast<std::size_t>(k)];
       const bool mark = f.advice == Advice::scale && f.recommended_log2 == k;
-      line += fmt::format("  {:>6} {:>6} {:>6}{}", percent(o.underflow, s), percent(o.subnormal, s),
-                          percent(o.overflow, s), mark ? "*" : " ");
+      line += fmt::format("  {:>6} {:>6} {:>6}{}", share_text(o.underflow, s), share_text(o.subnormal, s),
+                          share_text(o.overflow, s), mark ? "*" : " ");
     }
     while (line.back() == ' ') line.pop_back();
     fmt::print("{}\n", line);
@@ -154,10 +155,10 @@ void print_table(const Request& q, const NpyArray& a, const InspectReport& r) {
     }
     const ScaleOutcome& o = f.scales[static_cast<std::size_t>(f.recommended_log2)];
     std::string lost;
-    if (o.subnormal > 0) lost.append(percent(o.subnormal, s)).append("% subnormal");
-    if (o.underflow > 0) lost.append(lost.empty() ? "" : ", ").append(percent(o.underflow, s)).append("% become 0");
+    if (o.subnormal > 0) lost.append(share_text(o.subnormal, s)).append("% subnormal");
+    if (o.underflow > 0) lost.append(lost.empty() ? "" : ", ").append(share_text(o.underflow, s)).append("% become 0");
     fmt::print("{}: static scale 2^{} = {} keeps {}% of values normal{}, no overflow (headroom {:.1f} binades)\n", name,
-               f.recommended_log2, scale_value(f.recommended_log2), percent(o.normal, s),
+               f.recommended_log2, scale_value(f.recommended_log2), share_text(o.normal, s),
                lost.empty() ? std::string() : std::string(" (").append(lost).append(")"), f.headroom_binades);
   }
 }

@@ -10,18 +10,12 @@
 #include <string>
 
 #include "mixprec/optim/memory.hpp"
+#include "mixprec/core/text.hpp"
 
 namespace mixprec::cli {
 namespace {
 
-std::string grouped(std::uint64_t v) {
-  std::string s = std::to_string(v), out;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (i != 0 && (s.size() - i) % 3 == 0) out += ',';
-    out += s[i];
-  }
-  return out;
-}
+using text::grouped;
 
 // A parameter count: a whole number written as an integer or in scientific notation.
 std::uint64_t parse_params(const std::string& text) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "mixprec/monitor/report.hpp"
+#include "mixprec/train/run_folder.hpp"
 
 namespace mixprec::cli {
 namespace {
@@ -66,7 +67,7 @@ std::string write_compare_report(const std::vector<std::string>& run_dirs, const
   std::vector<monitor::ReportRun> runs;
   std::error_code ec;
   for (const std::string& d : run_dirs)
-    if (fs::exists(fs::path(d) / "log.jsonl", ec)) runs.push_back(monitor::load_run(d));
+    if (fs::exists(fs::path(d) / train::run_files::log, ec)) runs.push_back(monitor::load_run(d));
   monitor::make_names_unique(runs);
   const std::string out = (fs::path(out_dir) / "report.html").string();
   monitor::ReportOptions o;

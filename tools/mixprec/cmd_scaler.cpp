@@ -19,6 +19,7 @@
 #include "mixprec/monitor/simulate.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
 #include "mixprec/train/config.hpp"
+#include "mixprec/train/run_folder.hpp"
 #include "mixprec/train/run_log.hpp"
 
 namespace mixprec::cli {
@@ -158,14 +159,6 @@ LossScaleConfig policy_from(const std::string& preset, const std::vector<std::st
   return c;
 }
 
-std::string read_file(const std::filesystem::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (!in) throw std::runtime_error(std::string("cannot read '").append(p.string()).append("'"));
-  return ss.str();
-}
-
 std::string step_text(std::uint64_t step) { return step == 0 ? std::string("none") : fmt::format("step {}", step); }
 
 // "2^16" for powers of two, the number otherwise.
@@ -240,15 +233,13 @@ int run_simulate(const SimulateInputs& in) {
   const fs::path dir = in.dir;
   if (!fs::is_directory(dir, ec))
     return fail("'" + in.dir + "' is not a folder; expected a run folder written by mixprec train --out");
-  const fs::path log_path = dir / "log.jsonl", cfg_path = dir / "config.json";
-  if (!fs::exists(log_path, ec)) return fail("'" + in.dir + "' has no log.jsonl; expected a run folder written by "
-                                             "mixprec train --out");
-  if (!fs::exists(cfg_path, ec)) return fail("'" + in.dir + "' has no config.json; expected a run folder written by "
-                                             "mixprec train --out");
   try {
-    const train::TrainConfig run =
-        train::apply_json(train::TrainConfig{}, read_file(cfg_path), "run config '" + cfg_path.string() + "'");
-    const std::vector<train::StepRecord> log = train::read_run_log(log_path.string());
+    train::check_run_folder(dir);
+    const std::optional<std::string> config = train::read_run_file(dir, train::run_files::config);
+    if (!config) return fail("'" + in.dir + "' has no config.json; expected a run folder written by mixprec train --out");
+    const train::TrainConfig run = train::apply_json(train::TrainConfig{}, *config,
+                                                     "run config '" + (dir / train::run_files::config).string() + "'");
+    const std::vector<train::StepRecord> log = train::read_run_log((dir / train::run_files::log).string());
     const monitor::Simulation sim = monitor::simulate(log, run.precision, in.config);
     if (in.json) {
       const std::string body = monitor::simulation_json(sim);

@@ -10,7 +10,6 @@
 #include "cmd_report.hpp"
 #include "cli_app.hpp"
 
-#include <fcntl.h>
 #include <fmt/core.h>
 #include <signal.h>
 #include <unistd.h>
@@ -37,6 +36,8 @@
 #include <vector>
 
 #include "mixprec/checkpoint/safetensors.hpp"
+#include "mixprec/core/io.hpp"
+#include "mixprec/core/text.hpp"
 #include "mixprec/dist/communicator.hpp"
 #ifdef MIXPREC_WITH_MPI
 #include "mixprec/dist/mpi.hpp"
@@ -45,6 +46,7 @@
 #include "mixprec/nn/data.hpp"
 #include "mixprec/nn/precision.hpp"
 #include "mixprec/train/config.hpp"
+#include "mixprec/train/run_folder.hpp"
 #include "mixprec/train/run_log.hpp"
 #include "mixprec/train/trainer.hpp"
 
@@ -64,293 +66,43 @@ struct UsageError : std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
-std::string squote(std::string_view s) {
-  std::string out(1, '\'');
-  out.append(s);
-  out.push_back('\'');
-  return out;
-}
+using text::grouped;
+using text::percent;
+using text::squote;
 
 // ---- flags: one per config key ---------------------------------------------------------
 
-// boolean: --KEY [true|false] (alone: true); flag: --KEY only, no value.
-enum class Kind : std::uint8_t { integer, number, text, list, boolean, flag };
-
-struct KeySpec {
-  std::string key;   // the config key; the flag is --key
-  Kind kind;
-  std::string type;  // in the help: N, X, NAME, ...
-  std::string help;
-};
-
-const std::vector<KeySpec>& key_specs() {
-  static const std::vector<KeySpec> specs = {
-      {"model", Kind::text, "NAME", "Model: gpt (decoder-only transformer) or mlp (deep MLP next-token classifier)"},
-      {"precision", Kind::text, "NAME",
-       "Precision: fp32, fp16 (mixed), bf16 (mixed), fp16-pure, or bf16 with fp8 Linear layers: fp8-noscale, "
-       "fp8-delayed, fp8-current, mxfp8"},
-      {"loss-scale", Kind::text, "SPEC",
-       "Loss scaling: none, dynamic, static:S or a preset (mixprec, torch, deepspeed, megatron, apex, keras, jmp); "
-       "fp8 presets default to none"},
-      {"fp8-format", Kind::text, "NAME", "fp8 presets: hybrid (E4M3 forward, E5M2 gradients) or e4m3"},
-      {"fp8-amax-history", Kind::integer, "N", "fp8-delayed: amax history length"},
-      {"fp8-amax-algo", Kind::text, "NAME", "fp8-delayed: max or most_recent"},
-      {"fp8-margin", Kind::integer, "M", "fp8-delayed: scale = fp8_max * 2^-M / amax, M in [-64, 64]"},
-      {"fp8-power2-scales", Kind::boolean, "[BOOL]", "fp8-current: scales rounded down to powers of two"},
-      {"fp8-amax-epsilon", Kind::number, "X", "fp8-current: amax floor"},
-      {"mx-rounding", Kind::text, "NAME", "mxfp8: E8M0 block-scale rounding, te (round up) or ocp (floor)"},
-      {"layers", Kind::integer, "N", "gpt: transformer blocks"},
-      {"heads", Kind::integer, "N", "gpt: attention heads (must divide --channels)"},
-      {"channels", Kind::integer, "N", "gpt: width (also the mlp's embedding width per context token)"},
-      {"context", Kind::integer, "N", "Tokens per sequence"},
-      {"batch", Kind::integer, "N", "Sequences per micro-batch"},
-      {"depth", Kind::integer, "N", "mlp: hidden layers"},
-      {"hidden", Kind::integer, "N", "mlp: hidden width"},
-      {"data", Kind::text, "FILE", "UTF-8 training text (default: the embedded corpus)"},
-      {"vocab", Kind::text, "SPEC", "Tokeniser: char or word:N"},
-      {"corpus-tokens", Kind::integer, "N", "Size of the embedded corpus in word tokens"},
-      {"val-fraction", Kind::number, "X", "Held-out tail of the token stream, in (0, 0.5]"},
-      {"optimizer", Kind::text, "NAME", "adamw, adam or sgd"},
-      {"lr", Kind::number, "X", "Peak learning rate"},
-      {"min-lr", Kind::number, "X", "Floor of the cosine schedule"},
-      {"warmup", Kind::integer, "N", "Linear warmup steps; the default is at most --steps"},
-      {"weight-decay", Kind::number, "X", "Weight decay"},
-      {"beta1", Kind::number, "X", "Adam beta1"},
-      {"beta2", Kind::number, "X", "Adam beta2"},
-      {"eps", Kind::number, "X", "Adam epsilon"},
-      {"clip", Kind::number, "X", "Max global gradient norm; 0 = no clipping"},
-      {"steps", Kind::integer, "N", "Optimizer steps, applied or skipped"},
-      {"accum", Kind::integer, "N", "Micro-batches per step (gradient accumulation)"},
-      {"seed", Kind::integer, "N", "Seed of the weights, the batch order and the corpus"},
-      {"eval-every", Kind::integer, "N", "Validation loss every N steps and at the end; 0 = only at the end"},
-      {"eval-windows", Kind::integer, "N", "Validation windows per evaluation; 0 = the whole split"},
-      {"histogram-every", Kind::integer, "N", "Log2-magnitude histograms at step 1, every N steps and the last; 0 = never"},
-      {"out", Kind::text, "DIR", "Run folder: config.json, log.jsonl, checkpoints, summary.json (default: none)"},
-      {"checkpoint-every", Kind::integer, "N", "Checkpoint every N steps (needs --out); 0 = only at the end"},
-      {"keep-checkpoints", Kind::integer, "N", "Newest checkpoints kept in the run folder"},
-      {"resume", Kind::text, "DIR", "Continue the run in DIR from its newest checkpoint; --steps may extend it"},
-      {"distributed", Kind::flag, "", "Data-parallel over the ranks of mpirun -np N: each runs --accum micro-batches of the step"},
-      {"zero", Kind::integer, "N", "Distributed: 1 = ZeRO stage 1 (master weights and optimizer state sharded); 0 = off"},
-      {"grad-reduce", Kind::text, "MODE",
-       "Distributed gradient all-reduce: fp32 (fixed-order sums, bitwise reproducible) or low (f16/bf16, half the bytes)"},
-      {"dist-timeout", Kind::number, "S", "Distributed: seconds a collective may take before the job is aborted"},
-      {"inject-overflow-rank", Kind::integer, "R", "Testing: --inject-overflow-at on rank R only; -1 = every rank"},
-      {"inject-overflow-at", Kind::list, "LIST", "Testing: +inf into a gradient at these steps (1-based), e.g. 5,17"},
-      {"threads", Kind::integer, "N", "Threads; 0 = all cores (MIXPREC_THREADS / OMP_NUM_THREADS respected)"},
-  };
-  return specs;
-}
-
-// The default of a key as text, from a default-constructed TrainConfig.
-std::string default_text(const std::string& key) {
-  static const ojson defaults = ojson::parse(train::to_json(TrainConfig{}));
-  const ojson& v = defaults.at(key);
-  if (v.is_string()) return v.get<std::string>();
-  if (v.is_array()) {
-    std::string out;
-    for (const ojson& e : v) out += (out.empty() ? "" : ",") + e.dump();
-    return out;
-  }
-  return v.dump();
-}
-
-std::uint64_t parse_uint(const std::string& key, const std::string& text) {
-  std::uint64_t v = 0;
-  const char* end = text.data() + text.size();
-  auto [ptr, ec] = std::from_chars(text.data(), end, v);
-  if (!text.empty() && ec == std::errc() && ptr == end) return v;
-  // 2e6 and the like: a whole number in scientific notation.
-  double d = 0;
-  auto [dptr, dec] = std::from_chars(text.data(), end, d, std::chars_format::general);
-  if (!text.empty() && dec == std::errc() && dptr == end && d >= 0 && d <= 9007199254740992.0 && d == std::floor(d))
-    return static_cast<std::uint64_t>(d);
-  throw UsageError(key + ": expected a non-negative integer, found " + squote(text) +
-                   " (integers are written in decimal: digits, or a whole number in scientific notation such as 2e6)");
-}
-
-double parse_number(const std::string& key, const std::string& text) {
-  double v = 0;
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, v, std::chars_format::general);
-  if (text.empty() || ptr != end || (ec != std::errc() && ec != std::errc::result_out_of_range))
-    throw UsageError(key + ": expected a number, found " + squote(text));
-  if (ec == std::errc::result_out_of_range)
-    throw UsageError(key + ": expected a number a double holds, found " + squote(text));
-  return v;
-}
-
-template <class T>
-void set_uint(T& field, const std::string& key, const std::string& text) {
-  const std::uint64_t v = parse_uint(key, text);
-  if (v > std::numeric_limits<T>::max())
-    throw UsageError(key + ": expected an integer of at most " + std::to_string(std::numeric_limits<T>::max()) +
-                     ", found " + squote(text));
-  field = static_cast<T>(v);
-}
-
-// Sets one key from its command-line text. Values are checked by train::validate
-// afterwards (so a flag and a config file give the same messages); only text that is
-// not a value of the key's type is rejected here.
-void set_key(TrainConfig& c, const std::string& key, const std::string& text) {
-  if (key == "model") {
-    const auto k = nn::parse_model_kind(text);
-    if (!k) throw UsageError("model: expected gpt or mlp, found " + squote(text));
-    c.model.kind = *k;
-  } else if (key == "precision") {
-    const auto p = nn::parse_precision(text);
-    if (!p) {
-      std::string names;
-      const auto& all = nn::precision_names();
-      for (std::size_t i = 0; i < all.size(); ++i)
-        names += (i == 0 ? "" : i + 1 == all.size() ? " or " : ", ") + all[i];
-      throw UsageError("precision: expected " + names + ", found " + squote(text));
-    }
-    c.precision = *p;
-  } else if (key == "loss-scale") {
-    c.loss_scale = text;
-  } else if (key == "fp8-format") {
-    c.fp8_format = text;
-  } else if (key == "fp8-amax-history") {
-    set_uint(c.fp8_amax_history, key, text);
-  } else if (key == "fp8-amax-algo") {
-    c.fp8_amax_algo = text;
-  } else if (key == "fp8-margin") {
-    const char* end = text.data() + text.size();
-    std::int64_t v = 0;
-    const auto [ptr, ec] = std::from_chars(text.data(), end, v);
-    if (text.empty() || ec != std::errc() || ptr != end)
-      throw UsageError(key + ": expected an integer in [-64, 64], found " + squote(text));
-    c.fp8_margin = v;
-  } else if (key == "fp8-power2-scales") {
-    if (text.empty() || text == "true") c.fp8_power2_scales = true;
-    else if (text == "false") c.fp8_power2_scales = false;
-    else throw UsageError(key + ": expected no value, true or false, found " + squote(text));
-  } else if (key == "fp8-amax-epsilon") {
-    c.fp8_amax_epsilon = parse_number(key, text);
-  } else if (key == "mx-rounding") {
-    c.mx_rounding = text;
-  } else if (key == "layers") {
-    set_uint(c.model.layers, key, text);
-  } else if (key == "heads") {
-    set_uint(c.model.heads, key, text);
-  } else if (key == "channels") {
-    set_uint(c.model.channels, key, text);
-  } else if (key == "context") {
-    set_uint(c.model.context, key, text);
-  } else if (key == "batch") {
-    set_uint(c.model.batch, key, text);
-  } else if (key == "depth") {
-    set_uint(c.model.depth, key, text);
-  } else if (key == "hidden") {
-    set_uint(c.model.hidden, key, text);
-  } else if (key == "data") {
-    c.data = text;
-  } else if (key == "vocab") {
-    c.vocab = text;
-  } else if (key == "corpus-tokens") {
-    set_uint(c.corpus_tokens, key, text);
-  } else if (key == "val-fraction") {
-    c.val_fraction = parse_number(key, text);
-  } else if (key == "optimizer") {
-    c.optimizer = text;
-  } else if (key == "lr") {
-    c.lr = parse_number(key, text);
-  } else if (key == "min-lr") {
-    c.min_lr = parse_number(key, text);
-  } else if (key == "warmup") {
-    set_uint(c.warmup, key, text);
-  } else if (key == "weight-decay") {
-    c.weight_decay = parse_number(key, text);
-  } else if (key == "beta1") {
-    c.beta1 = parse_number(key, text);
-  } else if (key == "beta2") {
-    c.beta2 = parse_number(key, text);
-  } else if (key == "eps") {
-    c.eps = parse_number(key, text);
-  } else if (key == "clip") {
-    c.clip = parse_number(key, text);
-  } else if (key == "steps") {
-    set_uint(c.steps, key, text);
-  } else if (key == "accum") {
-    set_uint(c.accum, key, text);
-  } else if (key == "seed") {
-    set_uint(c.seed, key, text);
-  } else if (key == "eval-every") {
-    set_uint(c.eval_every, key, text);
-  } else if (key == "eval-windows") {
-    set_uint(c.eval_windows, key, text);
-  } else if (key == "histogram-every") {
-    set_uint(c.histogram_every, key, text);
-  } else if (key == "out") {
-    c.out = text;
-  } else if (key == "checkpoint-every") {
-    set_uint(c.checkpoint_every, key, text);
-  } else if (key == "keep-checkpoints") {
-    set_uint(c.keep_checkpoints, key, text);
-  } else if (key == "resume") {
-    c.resume = text;
-  } else if (key == "inject-overflow-at") {
-    std::vector<std::size_t> steps;
-    std::size_t start = 0;
-    while (start <= text.size() && !text.empty()) {
-      const std::size_t comma = std::min(text.find(',', start), text.size());
-      const std::string item = text.substr(start, comma - start);
-      std::size_t s = 0;
-      try {
-        set_uint(s, key, item);
-      } catch (const UsageError&) {
-        throw UsageError(key + ": expected step numbers separated by commas (e.g. 5,17), found " + squote(text));
-      }
-      steps.push_back(s);
-      start = comma + 1;
-    }
-    c.inject_overflow_at = std::move(steps);
-  } else if (key == "threads") {
-    set_uint(c.threads, key, text);
-  } else if (key == "distributed") {
-    if (text != "true" && text != "false") throw UsageError(key + ": expected true or false, found " + squote(text));
-    c.distributed = text == "true";
-  } else if (key == "zero") {
-    set_uint(c.zero, key, text);
-  } else if (key == "grad-reduce") {
-    c.grad_reduce = text;
-  } else if (key == "dist-timeout") {
-    c.dist_timeout = parse_number(key, text);
-  } else if (key == "inject-overflow-rank") {
-    if (text == "-1") c.inject_overflow_rank = -1;
-    else set_uint(c.inject_overflow_rank, key, text);
-  } else {
-    throw std::logic_error("mixprec train: no flag for config key '" + key + "'");
-  }
-}
+using train::ConfigKey;
+using train::KeyKind;
 
 struct Flag {
-  const KeySpec* spec;
+  const ConfigKey* spec;
   std::shared_ptr<std::string> value;
   CLI::Option* option;
 };
 
-// Adds --KEY for every config key except those in `skip`.
-std::vector<Flag> add_key_flags(CLI::App* cmd, const std::vector<std::string>& skip) {
+// Adds --KEY for every config key (train), or every key compare does not set itself.
+std::vector<Flag> add_key_flags(CLI::App* cmd, bool for_compare) {
   std::vector<Flag> flags;
-  for (const KeySpec& s : key_specs()) {
-    if (std::find(skip.begin(), skip.end(), s.key) != skip.end()) continue;
+  for (const ConfigKey& k : train::config_keys()) {
+    if (for_compare && k.compare_sets) continue;
+    const std::string key(k.name);
     auto value = std::make_shared<std::string>();
-    const std::string def = default_text(s.key);
-    std::string help = s.help;
-    if (!def.empty() && s.key != "resume" && s.key != "out" && s.key != "data" && s.kind != Kind::flag)
+    const std::string def = train::config_key_text(TrainConfig{}, key);
+    std::string help(k.help);
+    if (!def.empty() && key != "resume" && key != "out" && key != "data" && k.kind != KeyKind::flag)
       help += " (default " + def + ")";
-    CLI::Option* o = s.kind == Kind::flag ? cmd->add_flag("--" + s.key)->description(help)
-                                          : cmd->add_option("--" + s.key, *value, help)->type_name(s.type);
-    if (s.kind == Kind::boolean) o->expected(0, 1);  // --fp8-power2-scales alone means true
-    flags.push_back({&s, value, o});
+    CLI::Option* o = k.kind == KeyKind::flag ? cmd->add_flag("--" + key)->description(help)
+                                             : cmd->add_option("--" + key, *value, help)->type_name(std::string(k.type));
+    if (k.kind == KeyKind::boolean) o->expected(0, 1);  // --fp8-power2-scales alone means true
+    flags.push_back({&k, value, o});
   }
   return flags;
 }
 
 const Flag* find_flag(const std::vector<Flag>& flags, std::string_view key) {
   for (const Flag& f : flags)
-    if (f.spec->key == key) return &f;
+    if (f.spec->name == key) return &f;
   return nullptr;
 }
 
@@ -358,8 +110,8 @@ const Flag* find_flag(const std::vector<Flag>& flags, std::string_view key) {
 TrainConfig apply_flags(TrainConfig c, const std::vector<Flag>& flags, const std::vector<std::string>& skip = {}) {
   for (const Flag& f : flags) {
     if (f.option->count() == 0) continue;
-    if (std::find(skip.begin(), skip.end(), f.spec->key) != skip.end()) continue;
-    set_key(c, f.spec->key, f.spec->kind == Kind::flag ? std::string("true") : *f.value);
+    if (std::find(skip.begin(), skip.end(), f.spec->name) != skip.end()) continue;
+    train::set_config_key(c, f.spec->name, f.spec->kind == KeyKind::flag ? std::string("true") : *f.value);
   }
   return c;
 }
@@ -400,110 +152,13 @@ void check_fp8_flags(const TrainConfig& c, const std::vector<Flag>& flags) {
 
 // ---- files ------------------------------------------------------------------------------
 
+// A file the command line names: one it cannot read is a usage error.
 std::string read_text(const fs::path& p, const std::string& what) {
-  std::error_code ec;
-  if (fs::is_directory(p, ec)) throw UsageError(what + ": " + squote(p.string()) + " is a folder, not a file");
-  std::ifstream in(p, std::ios::binary);
-  if (!in) throw UsageError(what + ": cannot read " + squote(p.string()) + ": " + std::strerror(errno));
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  if (in.bad()) throw UsageError(what + ": cannot read " + squote(p.string()) + ": " + std::strerror(errno));
-  return ss.str();
-}
-
-// Writes `text` to a temporary next to `path`, then renames it over `path`.
-void write_atomic(const fs::path& path, const std::string& text) {
-  const fs::path tmp = path.parent_path() / ("." + path.filename().string() + ".tmp-" + std::to_string(::getpid()));
-  std::FILE* f = std::fopen(tmp.c_str(), "wb");
-  if (f == nullptr) throw std::runtime_error("cannot create " + squote(tmp.string()) + ": " + std::strerror(errno));
-  const bool ok = std::fwrite(text.data(), 1, text.size(), f) == text.size() && std::fflush(f) == 0 &&
-                  ::fsync(::fileno(f)) == 0;
-  const int err = errno;
-  if (std::fclose(f) != 0 || !ok) {
-    std::remove(tmp.c_str());
-    throw std::runtime_error("cannot write " + squote(path.string()) + ": " + std::strerror(ok ? errno : err));
+  try {
+    return io::read_file(p);
+  } catch (const std::runtime_error& e) {
+    throw UsageError(what + ": " + e.what());
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int rerr = errno;
-    std::remove(tmp.c_str());
-    throw std::runtime_error("cannot rename " + squote(tmp.string()) + " to " + squote(path.string()) + ": " +
-                             std::strerror(rerr));
-  }
-}
-
-// The lock file of a run folder (RunFolderLock).
-constexpr std::string_view kLockName = ".lock";
-
-// A folder that holds nothing but its lock file (a run killed before it wrote
-// config.json) counts as empty.
-bool exists_non_empty(const fs::path& dir, const std::string& key) {
-  std::error_code ec;
-  if (!fs::exists(dir, ec)) return false;
-  if (!fs::is_directory(dir, ec)) throw UsageError(key + ": " + squote(dir.string()) + " exists and is not a folder");
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec))
-    if (e.path().filename() != kLockName) return true;
-  return false;
-}
-
-// One process at a time in a run folder: a POSIX record lock (fcntl F_SETLK) on the
-// whole of DIR/.lock, held for the life of the object (of the process's run). The
-// kernel drops it when the process ends however it ends, SIGKILL included, so no
-// stale lock is left behind; a second process is refused, told which process holds it
-// (F_GETLK). The file stays empty: taking the lock changes nothing in the folder.
-class RunFolderLock {
- public:
-  explicit RunFolderLock(const fs::path& dir) {
-    const fs::path path = dir / kLockName;
-    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
-    if (fd_ < 0)
-      throw std::runtime_error("cannot open the lock file " + squote(path.string()) + " of the run folder: " +
-                               std::strerror(errno));
-    struct flock want {};
-    want.l_type = F_WRLCK;
-    want.l_whence = SEEK_SET;
-    if (::fcntl(fd_, F_SETLK, &want) == 0) return;
-    const int err = errno;
-    std::string holder = "another process";
-    struct flock held {};
-    held.l_type = F_WRLCK;
-    held.l_whence = SEEK_SET;
-    if ((err == EACCES || err == EAGAIN) && ::fcntl(fd_, F_GETLK, &held) == 0 && held.l_type != F_UNLCK &&
-        held.l_pid > 0)
-      holder = "process " + std::to_string(held.l_pid);
-    ::close(fd_);
-    fd_ = -1;
-    if (err != EACCES && err != EAGAIN)
-      throw std::runtime_error("cannot lock the run folder " + squote(dir.string()) + " (" + squote(path.string()) +
-                               "): " + std::strerror(err));
-    throw std::runtime_error("run folder " + squote(dir.string()) + " is in use by " + holder +
-                             " (it holds the lock on " + squote(path.string()) +
-                             "); one mixprec train at a time may run in a folder: wait for it to end, or stop it "
-                             "and continue with --resume " + dir.string());
-  }
-  ~RunFolderLock() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  RunFolderLock(const RunFolderLock&) = delete;
-  RunFolderLock& operator=(const RunFolderLock&) = delete;
-
- private:
-  int fd_ = -1;
-};
-
-// Takes the run folder's lock before anything in it changes: a new run creates the
-// folder (if need be) and, holding the lock, checks again that it is empty (another
-// run may have used it since the check of plan_train).
-std::unique_ptr<RunFolderLock> lock_run_folder(const fs::path& dir, bool resume) {
-  if (!resume) {
-    std::error_code ec;
-    fs::create_directories(dir, ec);
-    if (ec) throw std::runtime_error("cannot create run folder " + squote(dir.string()) + ": " + ec.message());
-  }
-  auto lock = std::make_unique<RunFolderLock>(dir);
-  if (!resume && exists_non_empty(dir, "out"))
-    throw UsageError("out: " + squote(dir.string()) + " exists and is not empty; choose a new folder, or continue "
-                     "that run with --resume " + dir.string());
-  return lock;
 }
 
 void check_parent_exists(const std::string& path, const std::string& key) {
@@ -511,103 +166,6 @@ void check_parent_exists(const std::string& path, const std::string& key) {
   std::error_code ec;
   if (!parent.empty() && !fs::is_directory(parent, ec))
     throw UsageError(key + ": folder " + squote(parent.string()) + " does not exist");
-}
-
-// log.jsonl, appended one flushed line per step.
-class LogWriter {
- public:
-  explicit LogWriter(fs::path path) : path_(std::move(path)) {
-    file_ = std::fopen(path_.c_str(), "ab");
-    if (file_ == nullptr)
-      throw std::runtime_error("cannot open " + squote(path_.string()) + ": " + std::strerror(errno));
-  }
-  ~LogWriter() {
-    if (file_ != nullptr) std::fclose(file_);
-  }
-  LogWriter(const LogWriter&) = delete;
-  LogWriter& operator=(const LogWriter&) = delete;
-
-  void write(const std::string& line) {
-    if (std::fwrite(line.data(), 1, line.size(), file_) != line.size() || std::fputc('\n', file_) == EOF ||
-        std::fflush(file_) != 0)
-      throw std::runtime_error("cannot write " + squote(path_.string()) + ": " + std::strerror(errno));
-  }
-
- private:
-  fs::path path_;
-  std::FILE* file_ = nullptr;
-};
-
-// Keeps the log lines of steps <= `step` (they must be steps 1..step, in order) and
-// drops the rest, replacing the file atomically.
-void truncate_log(const fs::path& path, std::uint64_t step) {
-  std::string text;
-  std::error_code ec;
-  if (fs::exists(path, ec)) {
-    std::ifstream in(path, std::ios::binary);
-    std::ostringstream ss;
-    ss << in.rdbuf();
-    if (!in) throw std::runtime_error("cannot read " + squote(path.string()) + ": " + std::strerror(errno));
-    text = ss.str();
-  }
-  std::string kept;
-  std::uint64_t last = 0;
-  std::size_t line_no = 0;
-  for (std::size_t pos = 0; pos < text.size();) {
-    const std::size_t nl = std::min(text.find('\n', pos), text.size());
-    const std::string line = text.substr(pos, nl - pos);
-    pos = nl + 1;
-    ++line_no;
-    StepRecord r;
-    try {
-      r = train::parse_step_record(line);
-    } catch (const std::invalid_argument& e) {
-      if (last == step) break;  // after the checkpoint: a line cut short by a crash is dropped with the rest
-      throw std::runtime_error(path.string() + ":" + std::to_string(line_no) + ": " + e.what());
-    }
-    if (r.step > step) break;
-    if (r.step != last + 1)
-      throw std::runtime_error(path.string() + ":" + std::to_string(line_no) + ": step " + std::to_string(r.step) +
-                               " follows step " + std::to_string(last) + "; expected consecutive steps");
-    last = r.step;
-    kept += line;
-    kept += '\n';
-  }
-  if (last != step)
-    throw std::runtime_error(squote(path.string()) + " ends at step " + std::to_string(last) +
-                             " but the newest checkpoint is at step " + std::to_string(step) +
-                             "; the run folder is inconsistent");
-  write_atomic(path, kept);
-}
-
-// A process killed inside an atomic write (SIGKILL, a crash) leaves its temporary
-// ".NAME.tmp-PID" / ".NAME.tmp-PID-N" behind. A resume removes those of the run's own
-// files (checkpoints, config.json, log.jsonl, summary.json) whose process PID is gone,
-// so repeated crashes do not fill the disk (docs/reliability.md).
-void remove_stale_temporaries(const fs::path& dir) {
-  auto digits = [](std::string_view s) {
-    return !s.empty() && std::all_of(s.begin(), s.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
-  };
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    const std::size_t tmp = name.rfind(".tmp-");
-    if (name.empty() || name[0] != '.' || tmp == std::string::npos || tmp < 2 || !e.is_regular_file(ec)) continue;
-    const std::string_view target = std::string_view(name).substr(1, tmp - 1);
-    const bool ours = target == "config.json" || target == "log.jsonl" || target == "summary.json" ||
-                      (target.starts_with("ckpt-") && target.ends_with(".safetensors") &&
-                       digits(target.substr(5, target.size() - 5 - 12)));
-    const std::string_view tail = std::string_view(name).substr(tmp + 5);
-    const std::string_view pid_text = tail.substr(0, tail.find('-'));
-    if (!ours || !digits(pid_text) || pid_text.size() > 9 ||
-        (pid_text.size() < tail.size() && !digits(tail.substr(pid_text.size() + 1))))
-      continue;
-    const auto pid = static_cast<pid_t>(std::stol(std::string(pid_text)));
-    if (pid != ::getpid() && !(::kill(pid, 0) != 0 && errno == ESRCH)) continue;  // its writer may still run
-    std::error_code rm;
-    if (fs::remove(e.path(), rm))
-      fmt::print(stderr, "mixprec train: removed {}, left by an interrupted write\n", e.path().string());
-  }
 }
 
 // ---- signals ------------------------------------------------------------------------------
@@ -776,9 +334,9 @@ void print_alert(const monitor::Alert& a, const std::string& label) {
 }
 
 // Trains until done or a stop signal; logs every step; checkpoints every
-// checkpoint-every steps and at the end (or on the stop) when `dir` is set.
+// checkpoint-every steps and at the end (or on the stop) into `folder` when set.
 // Every step goes through `alerts` (when set); new alerts are printed at once.
-RunResult run_loop(Trainer& t, const TrainConfig& c, const fs::path& dir, LogWriter* log, Progress& progress,
+RunResult run_loop(Trainer& t, const TrainConfig& c, train::RunFolder* folder, Progress& progress,
                    std::uint64_t checkpointed, monitor::AlertMonitor* alerts = nullptr,
                    const std::string& label = "") {
   RunResult res;
@@ -786,16 +344,16 @@ RunResult run_loop(Trainer& t, const TrainConfig& c, const fs::path& dir, LogWri
   // ZeRO: a checkpoint gathers every rank's slice, so the other ranks take part in
   // each save that rank 0 makes (and write nothing).
   const bool follower = c.zero == 1 && t.communicator().rank() != 0 && !c.out.empty();
-  const bool saving = !dir.empty() || follower;
+  const bool saving = folder != nullptr || follower;
   auto save = [&](std::uint64_t step) {
     if (follower) {
       t.save_checkpoint("");
       res.checkpoint_step = step;
       return;
     }
-    const fs::path p = ckpt::checkpoint_path(dir, step);
+    const fs::path p = folder->checkpoint_path(step);
     t.save_checkpoint(p.string());
-    ckpt::prune_checkpoints(dir, c.keep_checkpoints);
+    folder->prune_checkpoints(c.keep_checkpoints);
     res.checkpoint_step = step;
     res.checkpoint = p;
   };
@@ -809,7 +367,7 @@ RunResult run_loop(Trainer& t, const TrainConfig& c, const fs::path& dir, LogWri
   };
   while (!t.done() && !stop_requested()) {
     const StepRecord r = t.train_step();
-    if (log != nullptr) log->write(train::step_record_json(r));
+    if (folder != nullptr) folder->append_log(train::step_record_json(r));
     progress.step(r);
     if (alerts != nullptr)
       for (const monitor::Alert& a : alerts->observe(r)) print_alert(a, label);
@@ -821,36 +379,11 @@ RunResult run_loop(Trainer& t, const TrainConfig& c, const fs::path& dir, LogWri
   res.interrupted = !t.done() || g_signal != 0;
   res.signal = res.interrupted && g_signal == 0 ? SIGTERM : g_signal;  // stopped because another rank was signalled
   if (saving && res.checkpoint_step != t.steps_done()) save(t.steps_done());
-  if (!dir.empty() && res.checkpoint.empty()) res.checkpoint = ckpt::checkpoint_path(dir, res.checkpoint_step);
+  if (folder != nullptr && res.checkpoint.empty()) res.checkpoint = folder->checkpoint_path(res.checkpoint_step);
   return res;
 }
 
-// Creates a fresh run folder (checked empty before) and writes config.json.
-void start_run_folder(const fs::path& dir, const TrainConfig& c) {
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) throw std::runtime_error("cannot create run folder " + squote(dir.string()) + ": " + ec.message());
-  TrainConfig file = c;
-  file.resume.clear();
-  write_atomic(dir / "config.json", train::to_json(file, 2) + "\n");
-}
-
 std::string mib(std::size_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / 1048576.0); }
-
-std::string percent(double f) {
-  if (!std::isfinite(f)) return "-";
-  if (f != 0 && std::fabs(f) < 0.0001) return fmt::format("{:.2g}%", f * 100);
-  return fmt::format("{:.2f}%", f * 100);
-}
-
-std::string grouped(std::uint64_t v) {
-  std::string s = std::to_string(v), out;
-  for (std::size_t i = 0; i < s.size(); ++i) {
-    if (i != 0 && (s.size() - i) % 3 == 0) out += ',';
-    out += s[i];
-  }
-  return out;
-}
 
 // The shared setup of a comparison, one line.
 std::string config_line(const TrainConfig& c) {
@@ -871,6 +404,13 @@ std::string precision_text(nn::Precision p) {
                      dtype_name(pol.activations), dtype_name(pol.weights), dtype_name(pol.weight_grads),
                      pol.master ? ", fp32 master weights" : "",
                      nn::is_fp8(p) ? "; fp8 GEMM operands in the block Linears" : "");
+}
+
+// config.json: the run's configuration, without the resume key (a resume rewrites it
+// with the steps it was given).
+std::string config_file_json(TrainConfig c) {
+  c.resume.clear();
+  return train::to_json(c, 2) + "\n";
 }
 
 // summary.json with the run's alerts added ("alerts": alert_json objects).
@@ -918,7 +458,7 @@ void print_summary(Trainer& t, const TrainSummary& s, const TrainConfig& c, cons
              mib(s.memory.scratch_bytes));
   if (!dir.empty()) {
     fmt::print("run folder: {}\n", dir.string());
-    fmt::print("summary: {}\n", (dir / "summary.json").string());
+    fmt::print("summary: {}\n", (dir / train::run_files::summary).string());
   }
   if (!json_path.empty()) fmt::print("json summary: {}\n", json_path);
   print_alerts_summary(alerts);
@@ -1020,7 +560,7 @@ TrainPlan plan_train(const TrainInputs& in) {
     check_data_name(c.data);
     if (c.out.empty() && c.checkpoint_every > 0)
       throw UsageError("checkpoint-every: checkpoints go to the run folder; give --out DIR");
-    if (!c.out.empty() && exists_non_empty(c.out, "out"))
+    if (!c.out.empty() && train::run_folder_has_files(c.out, "out"))
       throw UsageError("out: " + squote(c.out) + " exists and is not empty; choose a new folder, or continue that run "
                        "with --resume " + c.out);
     p.config = c;
@@ -1034,7 +574,7 @@ TrainPlan plan_train(const TrainInputs& in) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw UsageError("resume: " + squote(dir) + " is not a folder");
   const fs::path cfg_path = fs::path(dir) / "config.json";
-  const auto checkpoints = ckpt::list_checkpoints(dir);
+  const auto checkpoints = train::list_checkpoints(dir);
   TrainConfig base;
   if (fs::exists(cfg_path, ec) || checkpoints.empty()) {
     if (!fs::exists(cfg_path, ec))
@@ -1058,9 +598,7 @@ TrainPlan plan_train(const TrainInputs& in) {
   const ojson was = ojson::parse(train::to_json(base));
   const ojson now = ojson::parse(train::to_json(requested));
   for (const auto& [key, value] : was.items()) {
-    if (key == "steps" || key == "out" || key == "resume" || key == "data") continue;
-    // Another number of ranks, or another reduction, may continue a run (docs/distributed.md).
-    if (key == "distributed" || key == "zero" || key == "grad-reduce" || key == "dist-timeout" || key == "inject-overflow-rank") continue;
+    if (train::find_config_key(key)->resume_may_change) continue;
     if (now.at(key) != value)
       throw UsageError("--" + key + ": this run was started with " +
                        (json_value_text(value).empty() ? "''" : json_value_text(value)) +
@@ -1153,7 +691,7 @@ int run_train(const TrainInputs& in) {
   TrainPlan p;
   std::unique_ptr<dist::Communicator> comm;  // outlives the Trainer
   std::unique_ptr<Trainer> t;
-  std::unique_ptr<RunFolderLock> lock;  // held until the run ends
+  std::unique_ptr<train::RunFolder> folder;  // rank 0 with --out; holds the folder's lock until the run ends
   try {
     p = plan_train(in);
     comm = make_communicator(p.config);
@@ -1166,7 +704,9 @@ int run_train(const TrainInputs& in) {
     // The run folder stores the data file by its absolute path (messages about the
     // file, from make_trainer, name it as it was given).
     p.config.data = data_path(p.config.data);
-    if (comm->rank() == 0 && !p.dir.empty()) lock = lock_run_folder(p.dir, p.resume);
+    if (comm->rank() == 0 && !p.dir.empty())
+      folder = std::make_unique<train::RunFolder>(p.dir, p.resume ? train::RunFolder::Mode::resume
+                                                                  : train::RunFolder::Mode::create);
   } catch (const dist::TimeoutError& e) {
     fmt::print(stderr, "mixprec {}: error: rank {}: {}; aborting the job\n", cmd, comm->rank(), e.what());
     comm->abort(1);
@@ -1183,22 +723,19 @@ int run_train(const TrainInputs& in) {
   }
 
   try {
-    std::unique_ptr<LogWriter> log;
     if (p.resume && !root) {
       if (!p.checkpoint.empty()) t->load_checkpoint(p.checkpoint.string());
     } else if (p.resume) {
-      remove_stale_temporaries(p.dir);
+      for (const fs::path& stale : folder->remove_stale_temporaries())
+        fmt::print(stderr, "mixprec train: removed {}, left by an interrupted write\n", stale.string());
       if (!p.checkpoint.empty()) t->load_checkpoint(p.checkpoint.string());
-      truncate_log(p.dir / "log.jsonl", t->steps_done());
-      TrainConfig file = p.config;  // the run's configuration with the (possibly extended) steps
-      file.resume.clear();
-      write_atomic(p.dir / "config.json", train::to_json(file, 2) + "\n");
+      folder->truncate_log(t->steps_done());
+      folder->write_config(config_file_json(p.config));  // with the (possibly extended) steps
       fmt::print(stderr, "mixprec train: resuming {} at step {} of {}\n", p.dir.string(), t->steps_done(),
                  p.config.steps);
-    } else if (!p.dir.empty()) {
-      start_run_folder(p.dir, p.config);
+    } else if (folder != nullptr) {
+      folder->write_config(config_file_json(p.config));
     }
-    if (!p.dir.empty()) log = std::make_unique<LogWriter>(p.dir / "log.jsonl");
     // Alerts (docs/alerts.md): a resumed run replays its logged steps first, silently.
     monitor::AlertMonitor alerts({}, monitor::RunContext::of(p.config));
     if (p.resume && root)
@@ -1209,7 +746,7 @@ int run_train(const TrainInputs& in) {
     if (!root) progress.silence();
     comm->reset_stats();  // per step: the training loop's collectives only
     const std::uint64_t steps_before = t->steps_done();
-    const RunResult res = run_loop(*t, p.config, p.dir, log.get(), progress, p.resume ? t->steps_done() : 0,
+    const RunResult res = run_loop(*t, p.config, folder.get(), progress, p.resume ? t->steps_done() : 0,
                                    root ? &alerts : nullptr);
     std::uint64_t total_bytes = 0;
     for (const dist::CollectiveStats& st : comm->stats()) total_bytes += st.bytes_sent;
@@ -1234,8 +771,8 @@ int run_train(const TrainInputs& in) {
       doc["distributed"] = dist_doc;
       summary = doc.dump(2, ' ', false, ojson::error_handler_t::replace) + "\n";
     }
-    if (!p.dir.empty()) write_atomic(p.dir / "summary.json", summary);
-    if (!p.json_path.empty()) write_atomic(p.json_path, summary);
+    if (folder != nullptr) folder->write_summary(summary);
+    if (!p.json_path.empty()) io::write_file_atomic(p.json_path, summary);
     print_summary(*t, s, p.config, p.dir, p.json_path, alerts.all());
     if (p.config.distributed) print_comm(dist_doc);
     errno = 0;
@@ -1313,14 +850,6 @@ struct ComparePlan {
   std::string json_path;
 };
 
-// The keys compare sets per row or does not use.
-const std::vector<std::string>& compare_skipped_keys() {
-  static const std::vector<std::string> keys = {"precision",   "loss-scale",  "out",          "resume",
-                                                "checkpoint-every", "keep-checkpoints", "distributed", "zero", "grad-reduce",
-                                                "dist-timeout",     "inject-overflow-rank"};
-  return keys;
-}
-
 ComparePlan plan_compare(const CompareInputs& in) {
   ComparePlan p;
   TrainConfig c;
@@ -1348,7 +877,7 @@ ComparePlan plan_compare(const CompareInputs& in) {
   train::validate(train::with_fp8_options_for(c, c.precision));
   p.base = c;
 
-  const double scale = parse_number("static-scale", *in.static_scale);
+  const double scale = text::parse_number("static-scale", *in.static_scale);
   if (!(std::isfinite(scale) && scale > 0))
     throw UsageError("static-scale: expected a finite number > 0, found " + squote(*in.static_scale));
 
@@ -1387,7 +916,7 @@ ComparePlan plan_compare(const CompareInputs& in) {
     } catch (const std::invalid_argument& e) {
       throw UsageError(a.name + ": " + e.what());
     }
-    if (exists_non_empty(row.config.out, "out"))
+    if (train::run_folder_has_files(row.config.out, "out"))
       throw UsageError("out: " + squote(row.config.out) + " exists and is not empty; choose another --out or remove "
                        "it");
     p.rows.push_back(std::move(row));
@@ -1496,7 +1025,6 @@ int run_compare(const CompareInputs& in) {
     int stopped = 0;
     for (std::size_t i = 0; i < p.rows.size(); ++i) {
       CompareRow& row = p.rows[i];
-      const fs::path dir = row.config.out;
       // Not-yet-working setups (a data file, the configuration) stop the comparison;
       // what happens during training (a collapsed scale, ...) is a result of the row.
       std::unique_ptr<Trainer> t;
@@ -1505,21 +1033,20 @@ int run_compare(const CompareInputs& in) {
       } catch (const UsageError& e) {
         return fail_usage(cmd, row.name + ": " + e.what());
       }
-      start_run_folder(dir, row.config);
-      LogWriter log(dir / "log.jsonl");
+      train::RunFolder folder(row.config.out, train::RunFolder::Mode::create);
+      folder.write_config(config_file_json(row.config));
       Progress progress(row.name, row.config.steps, 0, false);
       const auto t0 = Clock::now();
       monitor::AlertMonitor alerts({}, monitor::RunContext::of(row.config));
       try {
-        const RunResult res = run_loop(*t, row.config, dir, &log, progress, 0, &alerts, row.name);
+        const RunResult res = run_loop(*t, row.config, &folder, progress, 0, &alerts, row.name);
         row.alerts = alerts.all();
         if (res.interrupted) {
           stopped = res.signal;
           row.error = fmt::format("interrupted after step {}", t->steps_done());
         } else {
           row.summary = t->summary();
-          write_atomic(dir / "summary.json",
-                       summary_with_alerts(train::summary_json(*row.summary, row.config), row.alerts));
+          folder.write_summary(summary_with_alerts(train::summary_json(*row.summary, row.config), row.alerts));
         }
       } catch (const std::exception& e) {
         progress.finish();
@@ -1538,8 +1065,8 @@ int run_compare(const CompareInputs& in) {
       if (stopped != 0) break;
     }
     const std::string doc = compare_json(p);
-    write_atomic(p.out / "compare.json", doc);
-    if (!p.json_path.empty()) write_atomic(p.json_path, doc);
+    io::write_file_atomic(p.out / "compare.json", doc);
+    if (!p.json_path.empty()) io::write_file_atomic(p.json_path, doc);
     std::vector<std::string> report_dirs;  // the report of every run that has a log (docs/report.md)
     for (const CompareRow& r : p.rows) report_dirs.push_back(r.config.out);
     const std::string report = write_compare_report(report_dirs, p.out.string());
@@ -1570,7 +1097,7 @@ void add_train_commands(CLI::App& app, std::function<int()>& action) {
   // mixprec train
   auto* train_cmd = app.add_subcommand("train", "Train a model: flags or a JSON config, run folder, resume, summary");
   auto ti = std::make_shared<TrainInputs>();
-  ti->flags = add_key_flags(train_cmd, {});
+  ti->flags = add_key_flags(train_cmd, false);
   ti->config_file = std::make_shared<std::string>();
   ti->json_file = std::make_shared<std::string>();
   ti->config_opt = train_cmd->add_option("--config", *ti->config_file,
@@ -1585,7 +1112,7 @@ void add_train_commands(CLI::App& app, std::function<int()>& action) {
   auto* cmp = app.add_subcommand(
       "compare", "Train the same model under fp32, fp16 (no / static / dynamic scaling), bf16 and fp16-pure");
   auto ci = std::make_shared<CompareInputs>();
-  ci->flags = add_key_flags(cmp, compare_skipped_keys());
+  ci->flags = add_key_flags(cmp, true);
   ci->config_file = std::make_shared<std::string>();
   ci->json_file = std::make_shared<std::string>();
   ci->out = std::make_shared<std::string>("compare-runs");

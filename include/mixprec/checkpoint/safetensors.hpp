@@ -1,6 +1,6 @@
 // Checkpoint files in the safetensors format (https://github.com/huggingface/safetensors):
-// an atomic writer, a reader that validates the whole file before handing out any byte,
-// and the "ckpt-<step>.safetensors" files of a run folder. See docs/checkpoints.md.
+// an atomic writer and a reader that validates the whole file before handing out any
+// byte. See docs/checkpoints.md; a run folder's checkpoints are named in train/run_folder.hpp.
 //
 // Files are plain safetensors, so Python's safetensors.safe_open reads them. mixprec
 // adds two kinds of metadata: "mixprec.format" = "mixprec-safetensors" and, for every
@@ -186,17 +186,5 @@ class SafetensorsFile {
   std::vector<TensorInfo> tensors_;
   std::map<std::string, std::size_t, std::less<>> index_;
 };
-
-// ---- checkpoints of a run folder -----------------------------------------------------
-
-// dir / "ckpt-<step, at least 8 digits>.safetensors".
-std::filesystem::path checkpoint_path(const std::filesystem::path& dir, std::uint64_t step);
-// The checkpoints in `dir`, ascending by step: regular files whose name is exactly what
-// checkpoint_path gives for some step. Temporaries and other files are ignored; a
-// missing folder has none. std::runtime_error when `dir` cannot be listed.
-std::vector<std::pair<std::uint64_t, std::filesystem::path>> list_checkpoints(const std::filesystem::path& dir);
-// Deletes all but the newest `keep` checkpoints of list_checkpoints(dir); nothing else.
-// std::invalid_argument for keep == 0; std::runtime_error naming a file it cannot delete.
-void prune_checkpoints(const std::filesystem::path& dir, std::size_t keep);
 
 }  // namespace mixprec::ckpt

@@ -95,4 +95,38 @@ TrainConfig apply_json(const TrainConfig& base, std::string_view json_text, std:
 // The whole config as one JSON object (the same keys), for logs, reports, checkpoints.
 std::string to_json(const TrainConfig& c, int indent = -1);
 
+// ---- the key table ------------------------------------------------------------------------
+// One entry per TrainConfig key, in to_json's order: the CLI's flags (--NAME), the JSON
+// config's keys, `mixprec compare`'s flags and resume's comparison are all derived from it.
+
+// How a key is written on the command line: integer (N), number (X), text, list
+// (comma-separated integers), boolean (--KEY [true|false], alone: true), flag (--KEY).
+enum class KeyKind : std::uint8_t { integer, number, text, list, boolean, flag };
+
+struct ConfigKey {
+  std::string_view name;  // the JSON key; the flag is --name
+  KeyKind kind = KeyKind::text;
+  std::string_view type;  // the value in the help: N, X, NAME, ...
+  std::string_view help;
+  // A resumed run may give it another value (steps may extend the run; the data file
+  // may move; the distribution may change: docs/distributed.md). Every other key must
+  // repeat the run's own value.
+  bool resume_may_change = false;
+  // `mixprec compare` sets it per row (precision, loss-scale, out) or does not use it:
+  // compare has no flag for it.
+  bool compare_sets = false;
+};
+
+const std::vector<ConfigKey>& config_keys();
+// nullptr for an unknown name.
+const ConfigKey* find_config_key(std::string_view name);
+// Sets `key` from its command-line text (a flag's value, an empty text for a boolean or
+// flag given alone). std::invalid_argument when the text is not a value of the key's
+// type, or the key is unknown; values are checked by validate afterwards, so a flag and
+// a config file give the same messages.
+void set_config_key(TrainConfig& c, std::string_view key, std::string_view text);
+// The value of `key` in c as command-line text ("" for an empty text; lists joined
+// with commas): for defaults in the help and for messages.
+std::string config_key_text(const TrainConfig& c, std::string_view key);
+
 }  // namespace mixprec::train

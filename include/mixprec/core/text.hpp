@@ -1,0 +1,39 @@
+// Text for messages and reports: the one definition of each small formatting rule that
+// errors, the CLI, alerts and the report share.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+namespace mixprec::text {
+
+// 'text': how every message quotes a file name, a key's value or a name.
+std::string squote(std::string_view s);
+
+// The shortest text that reads back as the same double (std::to_chars): "10", "0.0003",
+// "1e-05", "-1", "nan", "inf".
+std::string num(double v);
+
+// A fraction as a percentage with `decimals` decimals ("12.50%"); a nonzero fraction
+// that would print as zero gets two significant digits instead ("0.0012%"); NaN and
+// infinities print as "-".
+std::string percent(double fraction, int decimals = 2);
+
+// 1234567 -> "1,234,567".
+std::string grouped(std::uint64_t v);
+
+// A JSON parser's exception text as messages show it: "malformed JSON: parse error at
+// line 1, column 7: ..." (the library's "[json.exception.parse_error.101] " prefix
+// dropped). Every JSON reader of mixprec reports bad JSON through this.
+std::string malformed_json(std::string_view exception_what);
+// The same text without "malformed JSON: ", for readers that say it their own way.
+std::string_view json_error_detail(std::string_view exception_what);
+
+// Numbers as the command line and --set give them, for the value of `key`; std::invalid_argument
+// "KEY: expected ..., found 'TEXT'" otherwise. parse_uint takes digits or a whole number in
+// scientific notation (2e6) up to 2^53; parse_number any decimal or scientific double.
+std::uint64_t parse_uint(std::string_view key, std::string_view text);
+double parse_number(std::string_view key, std::string_view text);
+
+}  // namespace mixprec::text

@@ -1,0 +1,138 @@
+// The atomic writer and the whole-file reader (include/mixprec/core/io.hpp).
+#include "mixprec/core/io.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include "mixprec/core/text.hpp"
+
+namespace mixprec::io {
+namespace fs = std::filesystem;
+namespace {
+
+std::atomic<std::uint64_t> g_tmp_counter{0};
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+bool all_digits(std::string_view s) {
+  return !s.empty() && std::all_of(s.begin(), s.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
+}
+
+}  // namespace
+
+AtomicFile::AtomicFile(fs::path path, AtomicWriteOptions options, std::string source)
+    : path_(std::move(path)), options_(options), source_(std::move(source)) {
+  if (source_.empty()) source_ = text::squote(path_.string());
+  if (path_.filename().empty()) throw std::invalid_argument(source_ + ": expected a file name, found a folder path");
+  const fs::path dir = path_.has_parent_path() ? path_.parent_path() : fs::path(".");
+  // Built by append: GCC 12 warns falsely (-Wrestrict) on "literal" + std::string at -O3.
+  std::string stem(1, '.');
+  stem.append(path_.filename().string()).append(".tmp-").append(std::to_string(::getpid())).append("-");
+  for (int attempt = 0;; ++attempt) {
+    tmp_ = dir / (stem + std::to_string(g_tmp_counter.fetch_add(1)));
+    fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+    if (fd_ >= 0) break;
+    const int e = errno;
+    if (e == EINTR || (e == EEXIST && attempt < 100)) continue;  // EEXIST: a crashed process with our pid left one
+    throw std::runtime_error(source_ + ": cannot create the temporary file '" + tmp_.string() + "': " + errno_text(e));
+  }
+}
+
+AtomicFile::~AtomicFile() {
+  if (fd_ >= 0) ::close(fd_);
+  if (!committed_) ::unlink(tmp_.c_str());
+}
+
+void AtomicFile::fail_write(const std::string& why) const {
+  throw std::runtime_error(source_ + ": cannot write the temporary file '" + tmp_.string() + "' after " +
+                           std::to_string(written_) + " bytes: " + why);
+}
+
+void AtomicFile::write(const void* data, std::size_t n) {
+  const char* p = static_cast<const char*>(data);
+  bool simulate = false;
+  if (options_.fail_after_bytes && written_ + n > *options_.fail_after_bytes) {
+    n = static_cast<std::size_t>(*options_.fail_after_bytes - std::min(written_, *options_.fail_after_bytes));
+    simulate = true;
+  }
+  while (n > 0) {
+    const ssize_t r = ::write(fd_, p, std::min<std::size_t>(n, std::size_t{1} << 30));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      fail_write(errno_text(errno));
+    }
+    if (r == 0) fail_write("the system wrote 0 bytes");
+    p += r;
+    n -= static_cast<std::size_t>(r);
+    written_ += static_cast<std::uint64_t>(r);
+  }
+  if (simulate)
+    fail_write(errno_text(ENOSPC) + " (simulated by WriteOptions::fail_after_bytes = " +
+               std::to_string(*options_.fail_after_bytes) + ")");
+}
+
+void AtomicFile::commit() {
+  if (options_.fsync && ::fsync(fd_) != 0)
+    throw std::runtime_error(source_ + ": cannot fsync the temporary file '" + tmp_.string() + "': " + errno_text(errno));
+  // close() can report a delayed write error (NFS); count it as a failed write.
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0)
+    throw std::runtime_error(source_ + ": cannot close the temporary file '" + tmp_.string() + "': " + errno_text(errno));
+  if (::rename(tmp_.c_str(), path_.c_str()) != 0)
+    throw std::runtime_error(source_ + ": cannot rename the temporary file '" + tmp_.string() + "' to it: " +
+                             errno_text(errno));
+  committed_ = true;
+  if (options_.fsync) {
+    // Makes the rename itself durable. File systems that cannot sync a folder say
+    // EINVAL; there is nothing more to do on those.
+    const fs::path dir = path_.has_parent_path() ? path_.parent_path() : fs::path(".");
+    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    const bool ok = dfd >= 0 && (::fsync(dfd) == 0 || errno == EINVAL);
+    const int err = errno;
+    if (dfd >= 0) ::close(dfd);
+    if (!ok)
+      throw std::runtime_error(source_ + ": the new file is in place, but the folder '" + dir.string() +
+                               "' cannot be synced, so the rename may not survive a crash: " + errno_text(err));
+  }
+}
+
+void write_file_atomic(const fs::path& path, std::string_view bytes, const AtomicWriteOptions& options,
+                       const std::string& source) {
+  AtomicFile f(path, options, source);
+  f.write(bytes);
+  f.commit();
+}
+
+std::string read_file(const fs::path& path) {
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw std::runtime_error(text::squote(path.string()) + " is a folder, not a file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw std::runtime_error("cannot read " + text::squote(path.string()) + ": " + errno_text(errno));
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  if (in.bad()) throw std::runtime_error("cannot read " + text::squote(path.string()) + ": " + errno_text(errno));
+  return ss.str();
+}
+
+std::optional<long> atomic_temporary_pid(std::string_view name, std::string_view* target) {
+  const std::size_t tmp = name.rfind(".tmp-");
+  if (name.empty() || name[0] != '.' || tmp == std::string_view::npos || tmp < 2) return std::nullopt;
+  const std::string_view tail = name.substr(tmp + 5);
+  const std::string_view pid_text = tail.substr(0, tail.find('-'));
+  if (!all_digits(pid_text) || pid_text.size() > 9 ||
+      (pid_text.size() < tail.size() && !all_digits(tail.substr(pid_text.size() + 1))))
+    return std::nullopt;
+  if (target != nullptr) *target = name.substr(1, tmp - 1);
+  return std::stol(std::string(pid_text));
+}
+
+}  // namespace mixprec::io

@@ -1,0 +1,82 @@
+// Message and report formatting (include/mixprec/core/text.hpp).
+#include "mixprec/core/text.hpp"
+
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <stdexcept>
+#include <system_error>
+
+namespace mixprec::text {
+
+std::string squote(std::string_view s) {
+  std::string out;
+  out.reserve(s.size() + 2);
+  out.push_back('\'');
+  out.append(s);
+  out.push_back('\'');
+  return out;
+}
+
+std::string num(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[64];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
+std::string percent(double fraction, int decimals) {
+  if (!std::isfinite(fraction)) return "-";
+  char buf[64];
+  const double p = fraction * 100;
+  if (p != 0 && std::fabs(p) < std::pow(10.0, -decimals)) std::snprintf(buf, sizeof buf, "%.2g%%", p);
+  else std::snprintf(buf, sizeof buf, "%.*f%%", decimals, p);
+  return buf;
+}
+
+std::string grouped(std::uint64_t v) {
+  const std::string s = std::to_string(v);
+  std::string out;
+  for (std::size_t i = 0; i < s.size(); ++i) {
+    if (i != 0 && (s.size() - i) % 3 == 0) out += ',';
+    out += s[i];
+  }
+  return out;
+}
+
+std::string_view json_error_detail(std::string_view what) {
+  if (const auto pos = what.find("] "); what.starts_with("[json.exception") && pos != std::string_view::npos)
+    what.remove_prefix(pos + 2);
+  return what;
+}
+
+std::string malformed_json(std::string_view what) { return std::string("malformed JSON: ").append(json_error_detail(what)); }
+
+std::uint64_t parse_uint(std::string_view key, std::string_view text) {
+  std::uint64_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (!text.empty() && ec == std::errc() && ptr == end) return v;
+  // 2e6 and the like: a whole number in scientific notation.
+  double d = 0;
+  auto [dptr, dec] = std::from_chars(text.data(), end, d, std::chars_format::general);
+  if (!text.empty() && dec == std::errc() && dptr == end && d >= 0 && d <= 9007199254740992.0 /* 2^53 */ && d == std::floor(d))
+    return static_cast<std::uint64_t>(d);
+  throw std::invalid_argument(std::string(key) + ": expected a non-negative integer, found " + squote(text) +
+                              " (integers are written in decimal: digits, or a whole number in scientific notation such as 2e6)");
+}
+
+double parse_number(std::string_view key, std::string_view text) {
+  double v = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, v, std::chars_format::general);
+  if (text.empty() || ptr != end || (ec != std::errc() && ec != std::errc::result_out_of_range))
+    throw std::invalid_argument(std::string(key) + ": expected a number, found " + squote(text));
+  if (ec == std::errc::result_out_of_range)
+    throw std::invalid_argument(std::string(key) + ": expected a number a double holds, found " + squote(text));
+  return v;
+}
+
+}  // namespace mixprec::text
