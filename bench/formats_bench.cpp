@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "bench_common.hpp"
-#include "mixprec/dispatch.hpp"
+#include "mixprec/formats/kernel_table.hpp"
 
 namespace mixprec::bench {
 namespace {

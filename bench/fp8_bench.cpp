@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "bench_common.hpp"
-#include "mixprec/dispatch.hpp"
+#include "mixprec/core/isa.hpp"
 #include "mixprec/fp8/quantize.hpp"
 
 namespace mixprec::bench {

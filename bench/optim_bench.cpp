@@ -21,8 +21,8 @@
 #include <vector>
 
 #include "bench_common.hpp"
+#include "mixprec/core/isa.hpp"
 #include "mixprec/core/parallel.hpp"
-#include "mixprec/dispatch.hpp"
 #include "mixprec/optim/optimizer.hpp"
 
 namespace mixprec::bench {

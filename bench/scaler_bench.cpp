@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "bench_common.hpp"
-#include "mixprec/dispatch.hpp"
+#include "mixprec/core/isa.hpp"
 #include "mixprec/formats/types.hpp"
 #include "mixprec/kernels/unscale.hpp"
 

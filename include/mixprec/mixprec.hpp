@@ -2,9 +2,10 @@
 #pragma once
 
 #include "mixprec/core/dtype.hpp"
+#include "mixprec/core/isa.hpp"
 #include "mixprec/core/parallel.hpp"
-#include "mixprec/dispatch.hpp"
 #include "mixprec/formats/bulk.hpp"
+#include "mixprec/formats/kernel_table.hpp"
 #include "mixprec/formats/scalar.hpp"
 #include "mixprec/formats/types.hpp"
 #include "mixprec/fp8/quantize.hpp"

@@ -5,7 +5,9 @@
 #include <stdexcept>
 #include <string>
 
-#include "mixprec/dispatch.hpp"
+#include "core/select_kernels.hpp"
+#include "formats/kernels.hpp"
+#include "mixprec/formats/kernel_table.hpp"
 
 namespace mixprec {
 namespace {
@@ -29,6 +31,10 @@ const FormatKernels& active() {
 }
 
 }  // namespace
+
+const KernelTable* kernel_table(Isa isa) noexcept {
+  return detail::select_kernels(isa, &detail::scalar_kernels, &detail::avx2_kernels);
+}
 
 template <LowPrecisionFormat T>
 void convert(std::span<const float> src, std::span<T> dst, const ConvertOptions& o) {

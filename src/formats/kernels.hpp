@@ -6,7 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "mixprec/dispatch.hpp"
+#include "mixprec/formats/kernel_table.hpp"
 #include "mixprec/formats/scalar.hpp"
 
 namespace mixprec::detail {

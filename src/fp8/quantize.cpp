@@ -3,7 +3,7 @@
 // chosen once); fp8::reference holds the plain element loops they are tested against.
 #include "mixprec/fp8/quantize.hpp"
 
-#include "mixprec/dispatch.hpp"
+#include "mixprec/formats/kernel_table.hpp"
 
 #include <bit>
 #include <cmath>

@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/select_kernels.hpp"
 #include "kernels/unscale_kernels.hpp"
 #include "mixprec/kernels/unscale.hpp"
 
@@ -19,13 +20,8 @@ using detail::SegmentKernel;
 using detail::SegmentOut;
 using detail::UnscaleKernels;
 
-const UnscaleKernels* kernels_for(Isa isa) noexcept {
-  if (!isa_available(isa)) return nullptr;
-  switch (isa) {
-    case Isa::scalar: return &detail::scalar_unscale_kernels();
-    case Isa::avx2: return detail::avx2_unscale_kernels();
-  }
-  return nullptr;
+const UnscaleKernels* unscale_kernels(Isa isa) noexcept {
+  return detail::select_kernels(isa, &detail::scalar_unscale_kernels, &detail::avx2_unscale_kernels);
 }
 
 void validate(std::span<const GradTensor> grads, float inv_scale, const UnscaleOptions& o,
@@ -179,7 +175,7 @@ namespace detail {
 
 void sum_squares_exact(std::span<const GradTensor> grads, float inv_scale, ExactSum& sum, bool& found_inf) {
   validate(grads, inv_scale, UnscaleOptions{}, {});
-  const UnscaleKernels* kernels = kernels_for(active_isa());
+  const UnscaleKernels* kernels = unscale_kernels(active_isa());
   for (const GradTensor& g : grads) {
     if (g.size == 0) continue;
     SegmentOut out;
@@ -193,13 +189,13 @@ void sum_squares_exact(std::span<const GradTensor> grads, float inv_scale, Exact
 UnscaleResult unscale_and_check(std::span<const GradTensor> grads, float inv_scale, const UnscaleOptions& options,
                                 std::span<float> amax_out, ThreadPool* pool) {
   validate(grads, inv_scale, options, amax_out);
-  static const UnscaleKernels* const active = kernels_for(active_isa());
+  static const UnscaleKernels* const active = unscale_kernels(active_isa());
   return unscale_with(*active, grads, inv_scale, options, amax_out, pool);
 }
 
 UnscaleResult unscale_and_check(Isa isa, std::span<const GradTensor> grads, float inv_scale,
                                 const UnscaleOptions& options, std::span<float> amax_out, ThreadPool* pool) {
-  const UnscaleKernels* k = kernels_for(isa);
+  const UnscaleKernels* k = unscale_kernels(isa);
   if (k == nullptr) {
     throw std::invalid_argument("unscale_and_check: back end '" + std::string(isa_name(isa)) +
                                 "' is not available on this CPU or build");

@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "mixprec/dispatch.hpp"
+#include "mixprec/core/isa.hpp"
 #include "mixprec/formats/scalar.hpp"
 #include "mixprec/kernels/unscale.hpp"
 

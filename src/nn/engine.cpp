@@ -77,20 +77,20 @@ Engine::Engine(PrecisionPolicy policy, ParamStore& store, std::size_t scratch_fl
   if (policy_.weight_grads != DType::f32) grad_acc_.assign(store.flat_size(), 0.0f);
 }
 
-std::span<float> Engine::scratch(std::size_t k, std::size_t n) {
-  if (n > scratch_[k].size()) throw std::logic_error("Engine::scratch: request beyond the planned size");
-  return {scratch_[k].data(), n};
+std::span<float> Engine::scratch(std::size_t slot, std::size_t n) {
+  if (n > scratch_[slot].size()) throw std::logic_error("Engine::scratch: request beyond the planned size");
+  return {scratch_[slot].data(), n};
 }
 
-std::span<float> Engine::zeroed(std::size_t k, std::size_t n) {
-  std::span<float> s = scratch(k, n);
+std::span<float> Engine::zeroed(std::size_t slot, std::size_t n) {
+  std::span<float> s = scratch(slot, n);
   std::memset(s.data(), 0, n * sizeof(float));
   return s;
 }
 
-std::span<float> Engine::target(std::size_t a, std::size_t k, std::size_t n) {
+std::span<float> Engine::target(std::size_t a, std::size_t slot, std::size_t n) {
   if (acts_.act(a).dtype == DType::f32) return acts_.f32(a, n);
-  return scratch(k, n);
+  return scratch(slot, n);
 }
 
 void Engine::commit(std::size_t a, std::span<float> v) {
@@ -154,10 +154,10 @@ float amax_of(std::span<const float> v) noexcept {
 
 namespace mixprec::nn::detail {
 
-std::span<const float> Engine::load(std::size_t a, std::size_t k, std::size_t n) {
+std::span<const float> Engine::load(std::size_t a, std::size_t slot, std::size_t n) {
   const Act& act = acts_.act(a);
   if (act.dtype == DType::f32) return acts_.f32(a, n);
-  std::span<float> s = scratch(k, n);
+  std::span<float> s = scratch(slot, n);
   decode(acts_.data(a), act.dtype, s);
   return s;
 }

@@ -48,6 +48,9 @@ class Arena {
 
 class Engine {
  public:
+  // scratch_count fp32 scratch slots of scratch_floats elements each. Each model names
+  // its slots and states which values share one (enum ForwardSlot / BackwardSlot in
+  // gpt.cpp, mlp.cpp).
   Engine(PrecisionPolicy policy, ParamStore& store, std::size_t scratch_floats, std::size_t scratch_count);
 
   const PrecisionPolicy& policy() const noexcept { return policy_; }
@@ -55,13 +58,13 @@ class Engine {
   Arena& acts() noexcept { return acts_; }
   const Arena& acts() const noexcept { return acts_; }
 
-  // fp32 scratch k (scratch_floats elements), first n elements.
-  std::span<float> scratch(std::size_t k, std::size_t n);
-  std::span<float> zeroed(std::size_t k, std::size_t n);
+  // Scratch slot `slot`, first n elements.
+  std::span<float> scratch(std::size_t slot, std::size_t n);
+  std::span<float> zeroed(std::size_t slot, std::size_t n);
 
   // Where an op writes activation `a` (first n elements): the buffer itself when it is
-  // fp32, else scratch k.
-  std::span<float> target(std::size_t a, std::size_t k, std::size_t n);
+  // fp32, else scratch slot `slot`.
+  std::span<float> target(std::size_t a, std::size_t slot, std::size_t n);
   // Stores v (from target) into activation a (rounding when a is low precision) and
   // leaves v holding the stored values.
   void commit(std::size_t a, std::span<float> v);
@@ -73,8 +76,8 @@ class Engine {
   // rounding); nullptr: none.
   void set_histograms(ModelHistograms* h) noexcept { hist_ = h; }
   // fp32 values of activation a (first n elements): the buffer itself when fp32, else
-  // decoded into scratch k.
-  std::span<const float> load(std::size_t a, std::size_t k, std::size_t n);
+  // decoded into scratch slot `slot`.
+  std::span<const float> load(std::size_t a, std::size_t slot, std::size_t n);
   // First element index of activation a that is inf/NaN within n, or npos.
   std::size_t first_nonfinite(std::size_t a, std::size_t n) const;
 

@@ -29,6 +29,30 @@ struct LayerFp8 {
   std::size_t qkv, proj, fc, fcproj;
 };
 
+// The Engine's fp32 scratch slots. Forward computes a low-precision activation in its
+// slot before committing it (an fp32 one is computed in its own buffer and leaves the
+// slot alone); backward computes every gradient in a slot. The values listed for a
+// slot share it: each is dead before the next overwrites it, except the residual
+// stream, computed in place. Backward reuses forward's slots, as it decodes the saved
+// activations again (Engine::load).
+enum ForwardSlot : std::size_t {
+  kResidualSlot,    // the residual stream: embedding, then each block's attn.residual and
+                    // mlp.residual, each computed in place over the previous one
+  kNarrowSlot,      // ln1, attn, ln2, lnf: each read by the op that follows it only
+  kWideSlot,        // attn.qkv, mlp.fc, logits
+  kGeluSlot,        // mlp.gelu
+  kProjectionSlot,  // attn.proj and mlp.proj outputs, until added to the residual stream
+};
+enum BackwardSlot : std::size_t {
+  kWideGradSlot,           // logits.grad, mlp.gelu.grad, attn.qkv.grad
+  kNarrowGradSlot,         // lnf.grad, ln2.grad, attn.grad, ln1.grad
+  kSavedSlot,              // the saved activation the op at hand reads (Engine::load)
+  kResidualGradSlot,       // the residual stream's gradient, carried from block to block
+  kFcGradSlot,             // mlp.fc.grad
+  kAttnResidualGradSlot,   // attn.residual.grad within a block
+};
+constexpr std::size_t kSlotCount = kAttnResidualGradSlot + 1;  // forward needs the first five
+
 // Gradient labels per layer, built once (nothing is allocated per step).
 struct LayerLabels {
   std::size_t fcproj_in, fc_out, ln2_out, res2, attproj_in, qkv_out, ln1_out, res_in;
@@ -68,7 +92,7 @@ class Gpt final : public Model {
         gpt_specs(c), StoreOptions{p.weights, p.weight_grads, p.master, state_slots});
     const std::size_t B = c.batch, T = c.context, C = c.channels, V = c.vocab, NH = c.heads, L = c.layers;
     const std::size_t N = B * T;
-    engine_ = std::make_unique<Engine>(p, *store_, N * std::max(V, 4 * C), 6);
+    engine_ = std::make_unique<Engine>(p, *store_, N * std::max(V, 4 * C), kSlotCount);
     Arena& a = engine_->acts();
     const DType act = p.activations;
     wte_ = store_->index_of("wte");
@@ -166,49 +190,49 @@ class Gpt final : public Model {
     Gemm& g = e.gemm();
     const std::span<const TokenId> tok(tokens_.data(), N), tgt(targets_.data(), N);
 
-    std::span<float> res = e.target(enc_, 0, N * C);
+    std::span<float> res = e.target(enc_, kResidualSlot, N * C);
     embedding_forward(res, tok, e.w(wte_), e.w(wpe_), rows, T, C, V);
     e.commit(enc_, res);
     for (std::size_t l = 0; l < config_.layers; ++l) {
       const LayerParams& p = params_[l];
       const LayerActs& s = acts_[l];
-      std::span<float> ln = e.target(s.ln1, 1, N * C);
+      std::span<float> ln = e.target(s.ln1, kNarrowSlot, N * C);
       layernorm_forward(ln, a.f32(s.ln1_mean, N), a.f32(s.ln1_rstd, N), res, e.w(p.ln1w), e.w(p.ln1b), N, C);
       e.commit(s.ln1, ln);
-      std::span<float> qkv = e.target(s.qkv, 2, N * 3 * C);
+      std::span<float> qkv = e.target(s.qkv, kWideSlot, N * 3 * C);
       linear(l, &LayerFp8::qkv, qkv, ln, e.w(p.qkvw), e.w(p.qkvb), N, C, 3 * C);
       e.commit(s.qkv, qkv);
-      std::span<float> y = e.target(s.atty, 1, N * C);
+      std::span<float> y = e.target(s.atty, kNarrowSlot, N * C);
       attention_forward(y, a.f32(preatt_, rows * NH * T * T), a.f32(s.att, rows * NH * T * T), qkv, rows, T, C, NH);
       e.commit(s.atty, y);
-      std::span<float> proj = e.target(tmp_, 4, N * C);
+      std::span<float> proj = e.target(tmp_, kProjectionSlot, N * C);
       linear(l, &LayerFp8::proj, proj, y, e.w(p.projw), e.w(p.projb), N, C, C);
       e.commit(tmp_, proj);
-      std::span<float> res2 = e.target(s.res2, 0, N * C);
+      std::span<float> res2 = e.target(s.res2, kResidualSlot, N * C);
       residual_forward(res2, res, proj);
       e.commit(s.res2, res2);
       res = res2;
-      std::span<float> ln2 = e.target(s.ln2, 1, N * C);
+      std::span<float> ln2 = e.target(s.ln2, kNarrowSlot, N * C);
       layernorm_forward(ln2, a.f32(s.ln2_mean, N), a.f32(s.ln2_rstd, N), res, e.w(p.ln2w), e.w(p.ln2b), N, C);
       e.commit(s.ln2, ln2);
-      std::span<float> h = e.target(s.fch, 2, N * 4 * C);
+      std::span<float> h = e.target(s.fch, kWideSlot, N * 4 * C);
       linear(l, &LayerFp8::fc, h, ln2, e.w(p.fcw), e.w(p.fcb), N, C, 4 * C);
       e.commit(s.fch, h);
-      std::span<float> hg = e.target(s.fchg, 3, N * 4 * C);
+      std::span<float> hg = e.target(s.fchg, kGeluSlot, N * 4 * C);
       gelu_forward(hg, h);
       e.commit(s.fchg, hg);
-      std::span<float> fp = e.target(tmp_, 4, N * C);
+      std::span<float> fp = e.target(tmp_, kProjectionSlot, N * C);
       linear(l, &LayerFp8::fcproj, fp, hg, e.w(p.fcprojw), e.w(p.fcprojb), N, 4 * C, C);
       e.commit(tmp_, fp);
-      std::span<float> res3 = e.target(s.res3, 0, N * C);
+      std::span<float> res3 = e.target(s.res3, kResidualSlot, N * C);
       residual_forward(res3, res, fp);
       e.commit(s.res3, res3);
       res = res3;
     }
-    std::span<float> lf = e.target(lnf_, 1, N * C);
+    std::span<float> lf = e.target(lnf_, kNarrowSlot, N * C);
     layernorm_forward(lf, a.f32(lnf_mean_, N), a.f32(lnf_rstd_, N), res, e.w(lnfw_), e.w(lnfb_), N, C);
     e.commit(lnf_, lf);
-    std::span<float> logits = e.target(logits_, 2, N * V);
+    std::span<float> logits = e.target(logits_, kWideSlot, N * V);
     linear_forward(g, logits, lf, e.w(wte_), {}, N, C, V);
     e.commit(logits_, logits);
     const std::span<float> losses = a.f32(losses_, N);
@@ -227,15 +251,15 @@ class Gpt final : public Model {
     e.begin_backward();
     std::fill(dlosses_.begin(), dlosses_.end(), dloss);
 
-    std::span<float> dlogits = e.zeroed(0, N * V);
+    std::span<float> dlogits = e.zeroed(kWideGradSlot, N * V);
     crossentropy_softmax_backward(dlogits, dlosses_, a.f32(probs_, N * V), tgt, B, T, V);
     e.commit_grad(dlogits_, dlogits, stats_, logits_label_);
-    std::span<float> dlf = e.zeroed(1, N * C);
-    linear_backward(g, dlf, e.dw(wte_), {}, dlogits, e.load(lnf_, 2, N * C), e.w(wte_), N, C, V);
+    std::span<float> dlf = e.zeroed(kNarrowGradSlot, N * C);
+    linear_backward(g, dlf, e.dw(wte_), {}, dlogits, e.load(lnf_, kSavedSlot, N * C), e.w(wte_), N, C, V);
     e.commit_grad(dmid_, dlf, stats_, lnf_label_);
-    std::span<float> dres = e.zeroed(3, N * C);
+    std::span<float> dres = e.zeroed(kResidualGradSlot, N * C);
     const std::size_t last = config_.layers - 1;
-    layernorm_backward(dres, e.dw(lnfw_), e.dw(lnfb_), dlf, e.load(acts_[last].res3, 2, N * C), e.w(lnfw_),
+    layernorm_backward(dres, e.dw(lnfw_), e.dw(lnfb_), dlf, e.load(acts_[last].res3, kSavedSlot, N * C), e.w(lnfw_),
                        a.f32(lnf_mean_, N), a.f32(lnf_rstd_, N), N, C);
     e.commit_grad(dres_, dres, stats_, last_res_label_);
 
@@ -244,39 +268,42 @@ class Gpt final : public Model {
       const LayerActs& s = acts_[l];
       const LayerLabels& lb = labels_[l];
       // res3 = res2 + proj(gelu(fc(ln2(res2)))): dres flows to both.
-      std::span<float> dhg = e.zeroed(0, N * 4 * C);
+      std::span<float> dhg = e.zeroed(kWideGradSlot, N * 4 * C);
       if (fp8_) fp8_->backward(g, fp8_ids_[l].fcproj, dhg, e.dw(p.fcprojw), e.dw(p.fcprojb), dres);
-      else linear_backward(g, dhg, e.dw(p.fcprojw), e.dw(p.fcprojb), dres, e.load(s.fchg, 2, N * 4 * C),
+      else linear_backward(g, dhg, e.dw(p.fcprojw), e.dw(p.fcprojb), dres, e.load(s.fchg, kSavedSlot, N * 4 * C),
                            e.w(p.fcprojw), N, 4 * C, C);
       e.commit_grad(dbig_, dhg, stats_, lb.fcproj_in);
-      std::span<float> dh = e.zeroed(4, N * 4 * C);
-      gelu_backward(dh, e.load(s.fch, 2, N * 4 * C), dhg);
+      std::span<float> dh = e.zeroed(kFcGradSlot, N * 4 * C);
+      gelu_backward(dh, e.load(s.fch, kSavedSlot, N * 4 * C), dhg);
       e.commit_grad(dbig_, dh, stats_, lb.fc_out);
-      std::span<float> dln2 = e.zeroed(1, N * C);
+      std::span<float> dln2 = e.zeroed(kNarrowGradSlot, N * C);
       if (fp8_) fp8_->backward(g, fp8_ids_[l].fc, dln2, e.dw(p.fcw), e.dw(p.fcb), dh);
-      else linear_backward(g, dln2, e.dw(p.fcw), e.dw(p.fcb), dh, e.load(s.ln2, 2, N * C), e.w(p.fcw), N, C, 4 * C);
+      else linear_backward(g, dln2, e.dw(p.fcw), e.dw(p.fcb), dh, e.load(s.ln2, kSavedSlot, N * C), e.w(p.fcw),
+                           N, C, 4 * C);
       e.commit_grad(dmid_, dln2, stats_, lb.ln2_out);
-      std::span<float> dres2 = e.scratch(5, N * C);
+      std::span<float> dres2 = e.scratch(kAttnResidualGradSlot, N * C);
       std::memcpy(dres2.data(), dres.data(), N * C * sizeof(float));
-      layernorm_backward(dres2, e.dw(p.ln2w), e.dw(p.ln2b), dln2, e.load(s.res2, 2, N * C), e.w(p.ln2w),
+      layernorm_backward(dres2, e.dw(p.ln2w), e.dw(p.ln2b), dln2, e.load(s.res2, kSavedSlot, N * C), e.w(p.ln2w),
                          a.f32(s.ln2_mean, N), a.f32(s.ln2_rstd, N), N, C);
       e.commit_grad(dres_, dres2, stats_, lb.res2);
       // res2 = res + proj(attention(qkv(ln1(res)))).
-      std::span<float> dy = e.zeroed(1, N * C);
+      std::span<float> dy = e.zeroed(kNarrowGradSlot, N * C);
       if (fp8_) fp8_->backward(g, fp8_ids_[l].proj, dy, e.dw(p.projw), e.dw(p.projb), dres2);
-      else linear_backward(g, dy, e.dw(p.projw), e.dw(p.projb), dres2, e.load(s.atty, 2, N * C), e.w(p.projw), N, C, C);
+      else linear_backward(g, dy, e.dw(p.projw), e.dw(p.projb), dres2, e.load(s.atty, kSavedSlot, N * C),
+                           e.w(p.projw), N, C, C);
       e.commit_grad(dmid_, dy, stats_, lb.attproj_in);
-      std::span<float> dqkv = e.zeroed(0, N * 3 * C);
+      std::span<float> dqkv = e.zeroed(kWideGradSlot, N * 3 * C);
       attention_backward(dqkv, a.f32(dpreatt_, B * NH * T * T), a.f32(datt_, B * NH * T * T), dy,
-                         e.load(s.qkv, 2, N * 3 * C), a.f32(s.att, B * NH * T * T), B, T, C, NH);
+                         e.load(s.qkv, kSavedSlot, N * 3 * C), a.f32(s.att, B * NH * T * T), B, T, C, NH);
       e.commit_grad(dbig_, dqkv, stats_, lb.qkv_out);
-      std::span<float> dln1 = e.zeroed(1, N * C);
+      std::span<float> dln1 = e.zeroed(kNarrowGradSlot, N * C);
       if (fp8_) fp8_->backward(g, fp8_ids_[l].qkv, dln1, e.dw(p.qkvw), e.dw(p.qkvb), dqkv);
-      else linear_backward(g, dln1, e.dw(p.qkvw), e.dw(p.qkvb), dqkv, e.load(s.ln1, 4, N * C), e.w(p.qkvw), N, C, 3 * C);
+      else linear_backward(g, dln1, e.dw(p.qkvw), e.dw(p.qkvb), dqkv, e.load(s.ln1, kSavedSlot, N * C),
+                           e.w(p.qkvw), N, C, 3 * C);
       e.commit_grad(dmid_, dln1, stats_, lb.ln1_out);
       std::memcpy(dres.data(), dres2.data(), N * C * sizeof(float));
       const std::size_t res_in = l == 0 ? enc_ : acts_[l - 1].res3;
-      layernorm_backward(dres, e.dw(p.ln1w), e.dw(p.ln1b), dln1, e.load(res_in, 2, N * C), e.w(p.ln1w),
+      layernorm_backward(dres, e.dw(p.ln1w), e.dw(p.ln1b), dln1, e.load(res_in, kSavedSlot, N * C), e.w(p.ln1w),
                          a.f32(s.ln1_mean, N), a.f32(s.ln1_rstd, N), N, C);
       e.commit_grad(dres_, dres, stats_, lb.res_in);
     }

@@ -30,13 +30,33 @@ std::vector<ParamSpec> mlp_specs(const ModelConfig& c) {
   return s;
 }
 
+// The Engine's fp32 scratch slots. Forward computes a low-precision activation in its
+// slot before committing it (an fp32 one is computed in its own buffer and leaves the
+// slot alone); backward computes every gradient in a slot. The values listed for a
+// slot share it: each is dead before the next overwrites it. Backward reuses
+// forward's slots, as it decodes the saved activations again (Engine::load).
+enum ForwardSlot : std::size_t {
+  kInputSlot,   // the embedding, then odd layers' GELU output (fc<i>.gelu)
+  kLinearSlot,  // each hidden Linear's output (fc<i>)
+  kGeluSlot,    // even layers' GELU output: alternating with kInputSlot, so that a layer's
+                // output never lands in its input's slot
+  kLogitsSlot,  // logits
+};
+constexpr std::size_t kSlotCount = kLogitsSlot + 1;
+enum BackwardSlot : std::size_t {
+  kPreGradSlot,   // logits.grad, then each layer's fc<i>.grad (before the GELU)
+  kDownGradSlot,  // the gradient flowing down: fc<last>.gelu.grad, then each layer's input
+                  // gradient, written once the GELU backward has read the previous one
+  kSavedSlot,     // the saved activation the op at hand reads (Engine::load)
+};
+
 class Mlp final : public Model {
  public:
   Mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, Fp8Recipe recipe, const Fp8Config& fp8)
       : Model(c, p) {
     store_ = std::make_unique<ParamStore>(mlp_specs(c), StoreOptions{p.weights, p.weight_grads, p.master, state_slots});
     const std::size_t B = c.batch, TC = c.context * c.channels, H = c.hidden, V = c.vocab;
-    engine_ = std::make_unique<Engine>(p, *store_, B * std::max({TC, H, V}), 4);
+    engine_ = std::make_unique<Engine>(p, *store_, B * std::max({TC, H, V}), kSlotCount);
     Arena& a = engine_->acts();
     const DType act = p.activations;
     wte_ = store_->index_of("wte");
@@ -102,23 +122,23 @@ class Mlp final : public Model {
     Arena& a = e.acts();
     const std::span<const float> wte = e.w(wte_);
 
-    std::span<float> x = e.target(x0_, 0, rows * T * C);
+    std::span<float> x = e.target(x0_, kInputSlot, rows * T * C);
     for (std::size_t i = 0; i < rows * T; ++i) std::memcpy(&x[i * C], &wte[tokens_[i] * C], C * sizeof(float));
     e.commit(x0_, x);
     std::span<const float> in = x;
     std::size_t fan_in = T * C;
     for (std::size_t i = 0; i < config_.depth; ++i) {
-      std::span<float> h = e.target(pre_[i], 1, rows * H);
+      std::span<float> h = e.target(pre_[i], kLinearSlot, rows * H);
       if (fp8_) fp8_->forward(e.gemm(), i, h, in, e.w(w_[i]), e.w(b_[i]), rows);
       else linear_forward(e.gemm(), h, in, e.w(w_[i]), e.w(b_[i]), rows, fan_in, H);
       e.commit(pre_[i], h);
-      std::span<float> g = e.target(post_[i], i % 2 == 0 ? 2 : 0, rows * H);
+      std::span<float> g = e.target(post_[i], i % 2 == 0 ? kGeluSlot : kInputSlot, rows * H);
       gelu_forward(g, h);
       e.commit(post_[i], g);
       in = g;
       fan_in = H;
     }
-    std::span<float> logits = e.target(logits_, 3, rows * V);
+    std::span<float> logits = e.target(logits_, kLogitsSlot, rows * V);
     linear_forward(e.gemm(), logits, in, e.w(headw_), e.w(headb_), rows, H, V);
     e.commit(logits_, logits);
     const std::span<float> losses = a.f32(losses_, rows);
@@ -139,24 +159,24 @@ class Mlp final : public Model {
     Arena& a = e.acts();
     e.begin_backward();
     std::fill(dlosses_.begin(), dlosses_.end(), dloss);
-    std::span<float> dlogits = e.zeroed(0, B * V);
+    std::span<float> dlogits = e.zeroed(kPreGradSlot, B * V);
     crossentropy_softmax_backward(dlogits, dlosses_, a.f32(probs_, B * V), targets_, B, 1, V);
     e.commit_grad(dlogits_, dlogits, stats_, logits_label_);
     const std::size_t last = config_.depth - 1;
-    std::span<float> dout = e.zeroed(1, B * H);
-    linear_backward(e.gemm(), dout, e.dw(headw_), e.dw(headb_), dlogits, e.load(post_[last], 2, B * H), e.w(headw_),
-                    B, H, V);
+    std::span<float> dout = e.zeroed(kDownGradSlot, B * H);
+    linear_backward(e.gemm(), dout, e.dw(headw_), e.dw(headb_), dlogits, e.load(post_[last], kSavedSlot, B * H),
+                    e.w(headw_), B, H, V);
     e.commit_grad(dhid_, dout, stats_, labels_[last].second);
     for (std::size_t i = config_.depth; i-- > 0;) {
-      std::span<float> dpre = e.zeroed(0, B * H);
-      gelu_backward(dpre, e.load(pre_[i], 2, B * H), dout);
+      std::span<float> dpre = e.zeroed(kPreGradSlot, B * H);
+      gelu_backward(dpre, e.load(pre_[i], kSavedSlot, B * H), dout);
       e.commit_grad(dhid_, dpre, stats_, labels_[i].first);
       const std::size_t fan_in = i == 0 ? T * C : H;
       const std::size_t in_act = i == 0 ? x0_ : post_[i - 1];
-      std::span<float> din = e.zeroed(1, B * fan_in);
+      std::span<float> din = e.zeroed(kDownGradSlot, B * fan_in);
       if (fp8_) fp8_->backward(e.gemm(), i, din, e.dw(w_[i]), e.dw(b_[i]), dpre);
-      else linear_backward(e.gemm(), din, e.dw(w_[i]), e.dw(b_[i]), dpre, e.load(in_act, 2, B * fan_in), e.w(w_[i]),
-                           B, fan_in, H);
+      else linear_backward(e.gemm(), din, e.dw(w_[i]), e.dw(b_[i]), dpre,
+                           e.load(in_act, kSavedSlot, B * fan_in), e.w(w_[i]), B, fan_in, H);
       e.commit_grad(dhid_, din, stats_, i == 0 ? embedding_label_ : labels_[i - 1].second);
       dout = din;
     }

@@ -9,7 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "mixprec/dispatch.hpp"
+#include "mixprec/core/isa.hpp"
 
 namespace mixprec::optim_detail {
 
@@ -46,12 +46,11 @@ struct UpdateKernels {
   void (*sr_bits)(std::uint32_t* out, std::uint64_t first, std::size_t n, std::uint64_t key);
 };
 
-const UpdateKernels& scalar_update_kernels() noexcept;
-const UpdateKernels* avx2_update_kernels() noexcept;  // nullptr when not compiled in
-inline const UpdateKernels& update_kernels(Isa isa) noexcept {
-  if (isa == Isa::avx2 && avx2_update_kernels() != nullptr) return *avx2_update_kernels();
-  return scalar_update_kernels();
-}
+const UpdateKernels& scalar_update_kernels() noexcept;  // reference/update_scalar.cpp
+const UpdateKernels* avx2_update_kernels() noexcept;    // cpu/update_avx2.cpp; nullptr when not compiled in
+// The table of `isa` by the rule of every kernel table (core/select_kernels.hpp):
+// nullptr when isa is not available.
+const UpdateKernels* update_kernels(Isa isa) noexcept;
 
 constexpr std::uint64_t splitmix64(std::uint64_t x) noexcept {
   x += 0x9E3779B97F4A7C15ull;

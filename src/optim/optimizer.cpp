@@ -7,11 +7,17 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/select_kernels.hpp"
 #include "mixprec/core/parallel.hpp"
+#include "mixprec/formats/kernel_table.hpp"
 #include "mixprec/optim/clip.hpp"
 #include "optim/kernels.hpp"
 
 namespace mixprec {
+
+const optim_detail::UpdateKernels* optim_detail::update_kernels(Isa isa) noexcept {
+  return detail::select_kernels(isa, &scalar_update_kernels, &avx2_update_kernels);
+}
 
 using optim_detail::AdamScalars;
 using optim_detail::kChunk;
@@ -253,7 +259,7 @@ Pass make_pass(ParamStore& st, const OptimizerState& s, const PureOptions& pure,
   const double lr = c.lr.value_or(s.lr);
   const KernelTable* table = kernel_table(isa);
   Pass p{};
-  p.k = &optim_detail::update_kernels(isa);
+  p.k = optim_detail::update_kernels(isa);
   p.grad_fmt = format_kernels(table, st.grad_dtype());
   p.model_fmt = format_kernels(table, st.model_dtype());
   p.grads = static_cast<std::byte*>(st.grad_data());

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "mixprec/dispatch.hpp"
+#include "mixprec/formats/kernel_table.hpp"
 #include "mixprec/fp8/quantize.hpp"
 #include "support.hpp"
 

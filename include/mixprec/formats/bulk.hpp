@@ -2,7 +2,7 @@
 //
 // Every function here gives bit-identical results to the scalar reference in
 // scalar.hpp, element by element, in every mode; the SIMD path is chosen once,
-// at first use, from what the CPU offers (see mixprec/dispatch.hpp).
+// at first use, from what the CPU offers (see mixprec/core/isa.hpp).
 //
 // Scale: encode converts x * scale; decode returns float(x) * scale. To undo an
 // encode with scale s, decode with 1/s. The product is rounded to fp32 first

@@ -12,7 +12,7 @@
 // inf. (The MX TE rule ignores NaN for its block scale; see recipes.hpp.)
 //
 // The functions run the dispatched SIMD kernels (AVX2 where the CPU has it, see
-// mixprec/dispatch.hpp) with the amax fused into the conversion pass; fp8::reference
+// mixprec/core/isa.hpp) with the amax fused into the conversion pass; fp8::reference
 // holds plain element loops with the same contracts, which the kernels are tested
 // against bit for bit. Errors (std::invalid_argument, before anything is written):
 // spans of different lengths, a scale that is not finite and > 0, an MX scale span

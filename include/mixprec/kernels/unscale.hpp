@@ -70,7 +70,7 @@
 
 #include "mixprec/core/dtype.hpp"
 #include "mixprec/core/parallel.hpp"
-#include "mixprec/dispatch.hpp"
+#include "mixprec/core/isa.hpp"
 
 namespace mixprec {
 

@@ -18,7 +18,7 @@
 #include <string_view>
 #include <vector>
 
-#include "mixprec/dispatch.hpp"
+#include "mixprec/core/isa.hpp"
 #include "mixprec/optim/param_store.hpp"
 
 namespace mixprec {

@@ -1,5 +1,6 @@
-// AVX2 + F16C back end. Compiled with -mavx2 -mf16c -mfma and only called
-// after the dispatcher has checked the CPU. Sixteen elements an iteration;
+// AVX2 + F16C back end. Its kernels are compiled for AVX2, F16C and FMA (the
+// target pragma below; the file gets no -m flags) and only called after
+// isa_available() has checked the CPU. Sixteen elements an iteration;
 // heads and tails go through the scalar loops, so every element matches the
 // reference bit for bit (the exhaustive tests sweep all 2^32 inputs).
 //
@@ -22,8 +23,8 @@
 // Only the functions defined between push_options and pop_options are compiled
 // for AVX2: the inline templates of the headers above (the scalar reference the
 // tails use) stay baseline code, so the linker can never hand an AVX2 copy of
-// them to the scalar back end; and avx2_kernels(), which the dispatcher calls
-// before it has checked the CPU, is baseline code too.
+// them to the scalar back end; and avx2_kernels(), which only fills the table,
+// is baseline code too.
 // clang has no #pragma GCC target: the same per-function target through its attribute pragma
 // (fuzz builds use clang, docs/fuzzing.md).
 #if defined(__clang__)

@@ -1,5 +1,6 @@
-// AVX2 + F16C back end of unscale_and_check. Compiled with -mavx2 -mf16c
-// -mfma and only called after the dispatcher has checked the CPU.
+// AVX2 + F16C back end of unscale_and_check. Its kernels are compiled for AVX2,
+// F16C and FMA (the target pragma below; the file gets no -m flags) and only
+// called after isa_available() has checked the CPU.
 //
 // Sixteen elements a step: two vectors of 8 f32 (f16 through vcvtph2ps /
 // vcvtps2ph with round to nearest even, which is the library's f16 rounding;
@@ -15,6 +16,7 @@
 // is written and there is no read-for-ownership to save; non-temporal stores
 // would evict lines that are already in cache and cost a second memory trip.
 #include "kernels/unscale_kernels.hpp"
+#include "mixprec/formats/types.hpp"
 
 #if defined(__x86_64__)
 #include <immintrin.h>

@@ -1,5 +1,6 @@
-// The update kernels built with AVX2 + FMA enabled (entered only when the CPU has
-// them). FMA contraction is off for this file, so results equal the scalar build.
+// The update kernels compiled for AVX2, F16C and FMA by the target pragma below
+// (entered only when the CPU has them). FMA contraction is off for this file
+// (src/CMakeLists.txt), so results equal the scalar build.
 //
 // The headers the kernels use are included first, for the baseline ISA; only the
 // functions of update_impl.hpp are compiled for AVX2 (#pragma GCC target), so no

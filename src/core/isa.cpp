@@ -1,10 +1,8 @@
-#include "mixprec/dispatch.hpp"
+#include "mixprec/core/isa.hpp"
 
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
-
-#include "formats/kernels.hpp"
 
 #if defined(__x86_64__) && defined(__clang__)
 #include <cpuid.h>  // __get_cpuid, bit_F16C
@@ -45,7 +43,9 @@ static bool cpu_has_avx2_f16c_fma() noexcept {
 bool isa_available(Isa isa) noexcept {
   switch (isa) {
     case Isa::scalar: return true;
-    case Isa::avx2: return detail::avx2_kernels() != nullptr && cpu_has_avx2_f16c_fma();
+    // The AVX2 back ends (src/*/cpu/*_avx2.cpp) are compiled in on x86-64, the only
+    // target where the CPU check can succeed.
+    case Isa::avx2: return cpu_has_avx2_f16c_fma();
   }
   return false;
 }
@@ -71,15 +71,6 @@ static Isa choose_isa() {
 Isa active_isa() {
   static const Isa isa = choose_isa();
   return isa;
-}
-
-const KernelTable* kernel_table(Isa isa) noexcept {
-  if (!isa_available(isa)) return nullptr;
-  switch (isa) {
-    case Isa::scalar: return &detail::scalar_kernels();
-    case Isa::avx2: return detail::avx2_kernels();
-  }
-  return nullptr;
 }
 
 }  // namespace mixprec

@@ -1,28 +1,16 @@
-// Run-time choice of the kernel back end: made once, at the edge.
-//
-// The public conversion functions use active_isa(), picked at first use from
-// what the CPU reports (AVX2 with F16C and FMA, else scalar). The environment
-// variable MIXPREC_ISA=scalar|avx2 overrides the choice (an unavailable or
-// unknown value is an error at first use). Tests and benchmarks reach each
-// back end directly through kernel_table().
+// The format conversion kernels of each back end, as a table per Isa (core/isa.hpp).
+// The public conversions (bulk.hpp) run the active_isa() table; tests and benchmarks
+// reach each back end's table directly through kernel_table().
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <optional>
-#include <string_view>
+#include <type_traits>
 
+#include "mixprec/core/isa.hpp"
 #include "mixprec/formats/bulk.hpp"
 
 namespace mixprec {
-
-enum class Isa : std::uint8_t { scalar, avx2 };
-
-std::string_view isa_name(Isa isa) noexcept;
-std::optional<Isa> parse_isa(std::string_view name) noexcept;
-bool isa_available(Isa isa) noexcept;  // compiled in and supported by this CPU
-Isa best_isa() noexcept;               // what the CPU supports best
-Isa active_isa();                      // best_isa(), or MIXPREC_ISA; throws if that is invalid
 
 // Kernels: pure loops over raw pointers. They never allocate, log or check
 // arguments; the public functions validate first. dst/src of the low format
@@ -75,7 +63,8 @@ struct KernelTable {
 // read-for-ownership of every destination line). Results are identical.
 inline constexpr std::size_t kStreamingStoreBytes = std::size_t{16} << 20;
 
-// nullptr when the back end is not compiled in or the CPU lacks it.
+// The table of `isa` when isa_available(isa), else nullptr (never another back end's
+// table in its place); kernel_table(active_isa()) is never nullptr.
 const KernelTable* kernel_table(Isa isa) noexcept;
 
 }  // namespace mixprec

@@ -1,0 +1,25 @@
+// Run-time choice of the kernel back end (instruction set): made once, at the edge.
+//
+// The public kernels use active_isa(), picked at first use from what the CPU reports
+// (AVX2 with F16C and FMA, else scalar). The environment variable MIXPREC_ISA=scalar|avx2
+// overrides the choice (an unavailable or unknown value is an error at first use).
+// Tests and benchmarks reach each back end directly: the formats through kernel_table()
+// (mixprec/formats/kernel_table.hpp), unscale_and_check and the optimizers through their
+// Isa arguments.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string_view>
+
+namespace mixprec {
+
+enum class Isa : std::uint8_t { scalar, avx2 };
+
+std::string_view isa_name(Isa isa) noexcept;
+std::optional<Isa> parse_isa(std::string_view name) noexcept;
+bool isa_available(Isa isa) noexcept;  // compiled in and supported by this CPU
+Isa best_isa() noexcept;               // what the CPU supports best
+Isa active_isa();                      // best_isa(), or MIXPREC_ISA; throws if that is invalid
+
+}  // namespace mixprec

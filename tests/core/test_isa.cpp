@@ -1,0 +1,54 @@
+// The one lookup rule of the kernel tables (src/core/select_kernels.hpp): the table of an
+// available back end, nullptr for any other, never a substitute.
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mixprec/core/isa.hpp"
+#include "mixprec/formats/kernel_table.hpp"
+#include "mixprec/kernels/unscale.hpp"
+#include "optim/kernels.hpp"
+
+namespace mixprec {
+namespace {
+
+TEST(Isa, NamesRoundTrip) {
+  for (Isa isa : {Isa::scalar, Isa::avx2}) EXPECT_EQ(parse_isa(isa_name(isa)), isa);
+  EXPECT_FALSE(parse_isa("avx512").has_value());
+}
+
+TEST(Isa, ActiveAndBestAreAvailable) {
+  EXPECT_TRUE(isa_available(Isa::scalar));
+  EXPECT_TRUE(isa_available(best_isa()));
+  EXPECT_TRUE(isa_available(active_isa()));
+}
+
+TEST(Isa, EveryTableFollowsTheSameRule) {
+  std::vector<float> g(8, 1.0f);
+  const GradTensor t{g.data(), g.size(), DType::f32};
+  for (Isa isa : {Isa::scalar, Isa::avx2}) {
+    SCOPED_TRACE(std::string(isa_name(isa)));
+    const bool available = isa_available(isa);
+    const KernelTable* formats = kernel_table(isa);
+    EXPECT_EQ(formats != nullptr, available);
+    if (formats != nullptr) {
+      EXPECT_EQ(formats->isa, isa);
+    }
+    const optim_detail::UpdateKernels* update = optim_detail::update_kernels(isa);
+    EXPECT_EQ(update != nullptr, available);
+    if (update != nullptr) {
+      EXPECT_EQ(update, isa == Isa::scalar ? &optim_detail::scalar_update_kernels()
+                                           : optim_detail::avx2_update_kernels());
+    }
+    if (available) {
+      EXPECT_NO_THROW(unscale_and_check(isa, {&t, 1}, 1.0f));
+    } else {
+      EXPECT_THROW(unscale_and_check(isa, {&t, 1}, 1.0f), std::invalid_argument);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace mixprec
