@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <type_traits>
 
 #include "mixprec/optim/optimizer.hpp"
 #include "trainer_impl.hpp"
@@ -49,6 +50,8 @@ std::vector<std::size_t> zero_bounds(const ParamStore& s, int ranks) {
 
 // ZeRO: the global norm of the unscaled gradients, the exact combination of every
 // slice's exact partial sum of squares (z.grads already stored in the slice's store).
+// The partial sums travel as bytes.
+static_assert(std::is_trivially_copyable_v<ExactSum>);
 double zero_global_norm(ZeroShard& z, dist::Communicator& comm, float scale) {
   ExactSum part;
   bool bad = false;

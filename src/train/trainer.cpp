@@ -263,8 +263,9 @@ StepRecord Trainer::train_step() {
   StepLoss loss = m.forward_backward(r);
   m.end_fp8_step(r);
   m.inject_overflow(r);
+  // Data parallel: every rank skips, or steps on the reduced gradients, together.
   bool found_inf_elsewhere = false;
-  std::optional<double> global_norm;  // ZeRO: combined from the slices
+  std::optional<double> global_norm;  // ZeRO: combined from every rank's slice
   if (m.config.distributed) {
     found_inf_elsewhere = m.agree_across_ranks(r, loss.sum);
     global_norm = m.reduce_gradients(r.scale);
@@ -280,7 +281,7 @@ StepRecord Trainer::train_step() {
   m.schedule.on_step(out.applied);
   if (out.applied) {
     ParamStore& store = m.model->params();
-    if (m.zero) zero_share_weights(*m.zero, *m.comm, store);
+    if (m.zero) zero_share_weights(*m.zero, *m.comm, store);  // the updated slices, everywhere
     m.model->weights_updated();
     // Not measured under ZeRO (the optimizer state of the other slices is elsewhere).
     if (!m.zero)
@@ -404,8 +405,6 @@ void Trainer::Impl::snapshot_weights() {
 }
 
 StepOutcome Trainer::Impl::step_or_skip(StepRecord& r, bool found_inf_elsewhere, std::optional<double> global_norm) {
-  // The scaler checks and unscales the gradients, clips them, and steps the optimizer
-  // unless some gradient (here or on another rank) is inf/NaN.
   StepOptions so;
   if (config.clip > 0) so.max_grad_norm = static_cast<float>(config.clip);
   so.lr = r.lr;

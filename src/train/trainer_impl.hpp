@@ -61,19 +61,23 @@ struct Trainer::Impl {
   Impl(const TrainConfig& c, nn::Dataset d);
 
   // The phases of Trainer::train_step, in the order it calls them.
-  StepRecord begin_step();                // zeroed gradients and statistics; step, lr, scale recorded
-  StepLoss forward_backward(StepRecord& r);  // every micro-batch of the step; gradients accumulated
-  void end_fp8_step(StepRecord& r);       // the fp8 recipe's once-per-step scale update
-  void inject_overflow(StepRecord& r);    // --inject-overflow-at
-  // Data parallel (data_parallel.cpp): found_inf elsewhere, after the flags, loss and
-  // counts are reduced over the ranks; then the gradient reduction (the ZeRO norm).
+  StepRecord begin_step();  // gradients and statistics zeroed; step, lr and scale recorded
+  StepLoss forward_backward(StepRecord& r);  // every micro-batch of the step, gradients accumulated
+  void end_fp8_step(StepRecord& r);          // the fp8 recipe's once-per-step scale update
+  void inject_overflow(StepRecord& r);       // --inject-overflow-at
+  // Data parallel (data_parallel.cpp): whether another rank found inf/NaN, once the
+  // flags, the loss sum and the activation-gradient counts are reduced over the ranks;
+  // then the gradients reduced into the store the optimizer steps (ZeRO: the global
+  // norm of the unscaled gradients, from every rank's slice).
   bool agree_across_ranks(StepRecord& r, double& loss_sum);
   std::optional<double> reduce_gradients(float scale);
-  void record_gradient_telemetry(StepRecord& r);
-  void snapshot_weights();  // the weights of record before the step (lost updates)
+  void record_gradient_telemetry(StepRecord& r);  // amaxes, headroom, histograms
+  void snapshot_weights();                         // the weights of record before the step (lost updates)
+  // Check + unscale, clip, and the optimizer step unless some gradient (here or on
+  // another rank) is inf/NaN.
   StepOutcome step_or_skip(StepRecord& r, bool found_inf_elsewhere, std::optional<double> global_norm);
   void update_loss_scale(StepRecord& r);
-  void record_weight_telemetry(StepRecord& r);
+  void record_weight_telemetry(StepRecord& r);  // amaxes and histograms after the step
   void add_to_totals(const StepRecord& r, bool applied);
 };
 

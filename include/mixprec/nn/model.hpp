@@ -219,7 +219,7 @@ class Model {
 std::unique_ptr<Model> make_model(const ModelConfig& config, Precision precision, unsigned state_slots,
                                   const Fp8Config& fp8 = {});
 
-// What else make_model can be asked for.
+// The same with every option, among them a store without the preset's master weights.
 struct ModelOptions {
   unsigned state_slots = 0;  // optimizer state arrays to reserve in the store
   Fp8Config fp8;             // the fp8 presets' recipe options (ignored by the others)
