@@ -1,12 +1,12 @@
 // The exact accumulator of unscale_and_check's sum of squares (see
-// kernels/unscale_kernels.hpp). Compiled for the baseline ISA.
+// include/mixprec/kernels/exact_sum.hpp). Compiled for the baseline ISA.
+#include "mixprec/kernels/exact_sum.hpp"
+
 #include <bit>
 #include <cmath>
 #include <limits>
 
-#include "kernels/unscale_kernels.hpp"
-
-namespace mixprec::detail {
+namespace mixprec {
 
 void ExactSum::add(double x) noexcept {
   const std::uint64_t b = std::bit_cast<std::uint64_t>(x);
@@ -97,4 +97,4 @@ bool ExactSum::any_below(int k) const noexcept {
 }
 
 
-}  // namespace mixprec::detail
+}  // namespace mixprec

@@ -15,7 +15,6 @@
 namespace mixprec {
 namespace {
 
-using detail::ExactSum;
 using detail::SegmentKernel;
 using detail::SegmentOut;
 using detail::UnscaleKernels;
@@ -171,8 +170,6 @@ UnscaleResult unscale_with(const UnscaleKernels& kernels, std::span<const GradTe
 
 }  // namespace
 
-namespace detail {
-
 void sum_squares_exact(std::span<const GradTensor> grads, float inv_scale, ExactSum& sum, bool& found_inf) {
   validate(grads, inv_scale, UnscaleOptions{}, {});
   const UnscaleKernels* kernels = unscale_kernels(active_isa());
@@ -183,8 +180,6 @@ void sum_squares_exact(std::span<const GradTensor> grads, float inv_scale, Exact
     if (out.max_in >= kInfBits) found_inf = true;
   }
 }
-
-}  // namespace detail
 
 UnscaleResult unscale_and_check(std::span<const GradTensor> grads, float inv_scale, const UnscaleOptions& options,
                                 std::span<float> amax_out, ThreadPool* pool) {

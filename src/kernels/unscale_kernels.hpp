@@ -1,6 +1,6 @@
 // Private: the back ends of unscale_and_check (scalar reference, AVX2) and the
-// pieces both share: the exact accumulator for chunk lane sums and the
-// per-element step of the reference.
+// pieces both share: the per-element step of the reference and the flush of
+// chunk lane sums into the exact accumulator (mixprec/kernels/exact_sum.hpp).
 #pragma once
 
 #include <bit>
@@ -9,36 +9,10 @@
 
 #include "mixprec/core/isa.hpp"
 #include "mixprec/formats/scalar.hpp"
+#include "mixprec/kernels/exact_sum.hpp"
 #include "mixprec/kernels/unscale.hpp"
 
 namespace mixprec::detail {
-
-// Exact sum of non-negative doubles that are multiples of 2^-298 and below
-// 2^320 (sums of squares of f32 values: every f32 is a multiple of 2^-149).
-// Fixed point with 32-bit digits held in 64-bit limbs (carries deferred), so
-// addition is associative: the total does not depend on the order of add()
-// or merge(). inf and NaN are remembered and win (NaN over inf).
-class ExactSum {
- public:
-  static constexpr int kLsbExp = -298;  // weight of bit 0
-  static constexpr int kDigits = 20;    // 640 bits: up to 2^342
-
-  // Out of line (exact_sum.cpp, compiled for the baseline ISA), so that no
-  // AVX2-compiled copy of them can be picked by the linker for scalar code.
-  void add(double x) noexcept;
-  void merge(const ExactSum& o) noexcept;
-  double value() const noexcept;  // the exact total rounded once to double, to nearest even
-
- private:
-  void normalize() noexcept;
-  std::uint64_t bits(int lo, int count) const noexcept;  // count (<= 63) bits from bit index lo
-  bool any_below(int k) const noexcept;                   // any bit with index < k
-
-  std::uint64_t d_[kDigits] = {};
-  std::uint32_t pending_ = 0;
-  bool nan_ = false;
-  bool inf_ = false;
-};
 
 // What one segment (a tensor's elements [begin, begin + n), begin a multiple
 // of kUnscaleChunk) reports: max |g| and max |y| as f32 bit patterns (their
@@ -61,13 +35,6 @@ struct UnscaleKernels {
 };
 
 const UnscaleKernels& scalar_unscale_kernels() noexcept;
-
-// The unrounded sum of squares of unscale_and_check (check only) over `grads`, added
-// to `sum`, on the active back end, one thread; found_inf when an element read is
-// inf/NaN. Each tensor's chunks start at its first element, so a piece of a tensor
-// that starts at a chunk boundary of that tensor adds exactly what the whole tensor's
-// pass adds for those chunks: ZeRO's shards add up to the unsharded norm (dist/).
-void sum_squares_exact(std::span<const GradTensor> grads, float inv_scale, ExactSum& sum, bool& found_inf);
 const UnscaleKernels* avx2_unscale_kernels() noexcept;  // nullptr when not compiled in
 
 inline constexpr int kSumLanes = 16;

@@ -55,14 +55,20 @@ void validate(const ModelConfig& c) {
 
 std::unique_ptr<Model> make_model(const ModelConfig& config, Precision precision, unsigned state_slots,
                                   const Fp8Config& fp8) {
+  return make_model(config, precision, ModelOptions{.state_slots = state_slots, .fp8 = fp8});
+}
+
+std::unique_ptr<Model> make_model(const ModelConfig& config, Precision precision, const ModelOptions& options) {
   validate(config);
-  const PrecisionPolicy p = policy_of(precision);
+  PrecisionPolicy p = policy_of(precision);
+  p.master = p.master && options.master_weights;
   const Fp8Recipe recipe = fp8_recipe_of(precision);
+  const Fp8Config& fp8 = options.fp8;
   if (recipe == Fp8Recipe::delayed) {
     fp8::validate(fp8::DelayedScalingConfig{fp8.margin, fp8.amax_history_len, fp8.amax_compute_algo, fp8.format});
   }
-  return config.kind == ModelKind::gpt ? detail::make_gpt(config, p, state_slots, recipe, fp8)
-                                       : detail::make_mlp(config, p, state_slots, recipe, fp8);
+  return config.kind == ModelKind::gpt ? detail::make_gpt(config, p, options.state_slots, recipe, fp8)
+                                       : detail::make_mlp(config, p, options.state_slots, recipe, fp8);
 }
 
 std::span<const Fp8TensorStats> Model::fp8_stats() const noexcept {

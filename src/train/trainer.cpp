@@ -12,7 +12,6 @@
 
 #include "mixprec/core/parallel.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
-#include "nn/model_impl.hpp"
 #include "trainer_impl.hpp"
 
 namespace mixprec::train {
@@ -117,15 +116,6 @@ void inject_inf(ParamStore& s) {
   }
 }
 
-// Flat fp32 values of a store region of dtype t (flat_size elements) into out.
-void to_f32(const void* src, DType t, std::span<float> out) {
-  switch (t) {
-    case DType::f32: std::memcpy(out.data(), src, out.size() * 4); return;
-    case DType::f16: convert(std::span<const f16>(static_cast<const f16*>(src), out.size()), out); return;
-    case DType::bf16: convert(std::span<const bf16>(static_cast<const bf16*>(src), out.size()), out); return;
-  }
-}
-
 float format_max(DType t) {
   switch (t) {
     case DType::f16: return 65504.0f;
@@ -135,93 +125,19 @@ float format_max(DType t) {
   return std::numeric_limits<float>::max();
 }
 
-// Distributed accumulation: this micro-batch's gradient (the store's grads region,
-// written into zeros) added to acc in fp32, in micro-batch order; the first one is
-// copied (so that the sum is bitwise the same as the communicator's rank-order sum).
-void accumulate_grads(const ParamStore& s, std::span<float> acc, bool first, std::span<float> tmp) {
-  if (first) {
-    to_f32(s.grad_data(), s.grad_dtype(), acc);
-    return;
-  }
-  to_f32(s.grad_data(), s.grad_dtype(), tmp);
-  for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += tmp[i];
-}
-
-// acc rounded once into the store's grads region (to nearest even, inf past the max).
-void store_grads(ParamStore& s, std::span<const float> acc) {
-  switch (s.grad_dtype()) {
-    case DType::f32: std::memcpy(s.grad_data(), acc.data(), acc.size_bytes()); return;
-    case DType::f16: convert(acc, std::span<f16>(static_cast<f16*>(s.grad_data()), acc.size())); return;
-    case DType::bf16: convert(acc, std::span<bf16>(static_cast<bf16*>(s.grad_data()), acc.size())); return;
-  }
-}
-
-bool any_nonfinite(std::span<const float> v) {
-  bool bad = false;
-  for (const float x : v) bad = bad || !std::isfinite(x);
-  return bad;
-}
-
-// ZeRO slice boundaries: rank r's slice starts at the first cut point at or after
-// r * flat_size / ranks; cut points are tensor starts and kUnscaleChunk boundaries
-// inside tensors (the chunks of the norm's fixed summation order).
-std::vector<std::size_t> zero_bounds(const ParamStore& s, int ranks) {
-  std::vector<std::size_t> cuts;
-  for (std::size_t t = 0; t < s.tensor_count(); ++t)
-    for (std::size_t k = 0; k == 0 || k < s.numel(t); k += kUnscaleChunk) cuts.push_back(s.offset(t) + k);
-  cuts.push_back(s.flat_size());
-  std::vector<std::size_t> b{0};
-  for (std::size_t r = 1; r < static_cast<std::size_t>(ranks); ++r) {
-    const std::size_t ideal = s.flat_size() * r / static_cast<std::size_t>(ranks);
-    const auto it = std::lower_bound(cuts.begin(), cuts.end(), std::max(ideal, b.back()));
-    b.push_back(it == cuts.end() ? s.flat_size() : *it);
-  }
-  b.push_back(s.flat_size());
-  return b;
-}
-
-std::unique_ptr<ZeroShard> make_zero_shard(const TrainConfig& config, const nn::ModelConfig& mc, const ParamStore& full,
-                                           bool master, const dist::Communicator& comm) {
-  auto z = std::make_unique<ZeroShard>();
-  z->bounds = zero_bounds(full, comm.size());
-  z->begin = z->bounds[static_cast<std::size_t>(comm.rank())];
-  z->end = z->bounds[static_cast<std::size_t>(comm.rank()) + 1];
-  const std::size_t len = z->end - z->begin;
-  const OptimizerKind kind = *parse_optimizer(config.optimizer);
-  z->store = std::make_unique<ParamStore>(std::vector<ParamSpec>{{"shard", {len}}},
-                                          StoreOptions{full.model_dtype(), full.grad_dtype(), master,
-                                                       optimizer_state_slots(kind)});
-  {
-    // The initial fp32 weights of the slice, from a model built the same way (the
-    // model the trainer keeps has no master weights); dropped right away.
-    const std::unique_ptr<nn::Model> init = nn::make_model(mc, config.precision, 0);
-    const ParamStore& is = init->params();
-    if (master) {
-      std::memcpy(z->store->master_data(), is.master_data() + z->begin, len * 4);
-      z->store->refresh_model();
-    } else {
-      const std::size_t ds = dtype_size(is.model_dtype());
-      std::memcpy(z->store->model_data(), static_cast<const std::byte*>(is.model_data()) + z->begin * ds, len * ds);
-    }
-  }
-  z->grads.assign(len, 0.0f);
-  const std::size_t gs = dtype_size(full.grad_dtype());
-  for (std::size_t t = 0; t < full.tensor_count(); ++t) {
-    const std::size_t lo = std::max(full.offset(t), z->begin);
-    const std::size_t hi = std::min(full.offset(t) + full.numel(t), z->end);
-    if (lo < hi)
-      z->segments.push_back({static_cast<std::byte*>(z->store->grad_data()) + (lo - z->begin) * gs, hi - lo,
-                             full.grad_dtype()});
-  }
-  z->sums.resize(static_cast<std::size_t>(comm.size()));
-  return z;
-}
-
 bool histogram_step(const TrainConfig& c, std::uint64_t step) {
   return c.histogram_every > 0 && (step == 1 || step % c.histogram_every == 0 || step == c.steps);
 }
 
 }  // namespace
+
+void to_f32(const void* src, DType t, std::span<float> out) {
+  switch (t) {
+    case DType::f32: std::memcpy(out.data(), src, out.size() * 4); return;
+    case DType::f16: convert(std::span<const f16>(static_cast<const f16*>(src), out.size()), out); return;
+    case DType::bf16: convert(std::span<const bf16>(static_cast<const bf16*>(src), out.size()), out); return;
+  }
+}
 
 std::unique_ptr<GradScaler> make_scaler(const std::string& spec) {
   if (spec == "none") return std::make_unique<GradScaler>(LossScaleConfig{}, false);
@@ -243,21 +159,6 @@ std::unique_ptr<GradScaler> make_scaler(const std::string& spec) {
     return std::make_unique<GradScaler>(c);
   }
   return std::make_unique<GradScaler>(loss_scale_preset(spec));
-}
-
-void zero_gather(const ZeroShard& z, dist::Communicator& comm, std::size_t flat_size, std::vector<float>& weights,
-                 std::vector<std::vector<float>>& states) {
-  const ParamStore& zs = *z.store;
-  const std::size_t n = flat_size;
-  auto gather = [&](const float* shard, std::vector<float>& out) {
-    out.assign(n, 0.0f);
-    comm.all_gather(std::as_bytes(std::span<const float>(shard, z.end - z.begin)),
-                       std::as_writable_bytes(std::span<float>(out)), sizeof(float), z.bounds);
-  };
-  weights.clear();
-  if (zs.has_master()) gather(zs.master_data(), weights);
-  states.resize(zs.state_slots());
-  for (unsigned k = 0; k < zs.state_slots(); ++k) gather(zs.state_data(k), states[k]);
 }
 
 Trainer::Impl::Impl(const TrainConfig& c, nn::Dataset d)
@@ -305,14 +206,8 @@ void Trainer::init(const TrainConfig& config, dist::Communicator* comm) {
     // ZeRO-1: the model keeps its model copy and gradients, full size; master weights
     // and optimizer state live in this rank's slice only.
     const nn::ModelConfig mc = model_config(config, m.data);
-    nn::validate(mc);
-    nn::PrecisionPolicy pol = nn::policy_of(config.precision);
-    const bool master = pol.master;
-    pol.master = false;
-    const nn::Fp8Recipe recipe = nn::fp8_recipe_of(config.precision);
-    m.model = mc.kind == nn::ModelKind::gpt ? nn::detail::make_gpt(mc, pol, 0, recipe, fp8_config(config))
-                                            : nn::detail::make_mlp(mc, pol, 0, recipe, fp8_config(config));
-    m.zero = make_zero_shard(config, mc, m.model->params(), master, *comm);
+    m.model = nn::make_model(mc, config.precision, {.fp8 = fp8_config(config), .master_weights = false});
+    m.zero = make_zero_shard(config, mc, m.model->params(), nn::policy_of(config.precision).master, *comm);
     m.optimizer = make_optimizer(config, *m.zero->store);
   } else {
     m.model = nn::make_model(model_config(config, m.data), config.precision, optimizer_state_slots(kind),
@@ -364,34 +259,69 @@ StepRecord Trainer::train_step() {
   Impl& m = *impl_;
   if (done()) throw std::logic_error("Trainer::train_step: all " + std::to_string(m.config.steps) + " steps are done");
   const auto t0 = Clock::now();
-  nn::Model& model = *m.model;
-  ParamStore& store = model.params();
-  const TrainConfig& c = m.config;
-  StepRecord r;
-  r.step = m.totals.steps + 1;
-  r.lr = m.schedule.lr();
-  r.scale = m.scaler->get_scale();
-  model.reset_stats();
-  store.zero_grads();
-  const bool histograms = histogram_step(c, r.step);
-  model.set_histograms(histograms);
+  StepRecord r = m.begin_step();
+  StepLoss loss = m.forward_backward(r);
+  m.end_fp8_step(r);
+  m.inject_overflow(r);
+  // Data parallel: every rank skips, or steps on the reduced gradients, together.
+  bool found_inf_elsewhere = false;
+  std::optional<double> global_norm;  // ZeRO: combined from every rank's slice
+  if (m.config.distributed) {
+    found_inf_elsewhere = m.agree_across_ranks(r, loss.sum);
+    global_norm = m.reduce_gradients(r.scale);
+  }
+  r.loss = loss.mean();
+  m.record_gradient_telemetry(r);
 
+  m.snapshot_weights();
+  const auto ts = Clock::now();
+  const StepOutcome out = m.step_or_skip(r, found_inf_elsewhere, global_norm);
+  m.update_loss_scale(r);
+  r.scaler_seconds = seconds_since(ts);
+  m.schedule.on_step(out.applied);
+  if (out.applied) {
+    ParamStore& store = m.model->params();
+    if (m.zero) zero_share_weights(*m.zero, *m.comm, store);  // the updated slices, everywhere
+    m.model->weights_updated();
+    // Not measured under ZeRO (the optimizer state of the other slices is elsewhere).
+    if (!m.zero)
+      r.lost_update_fraction = lost_update_fraction(store, m.snapshot, m.optimizer->kind(), m.config.weight_decay);
+  }
+  m.record_weight_telemetry(r);
+  r.seconds = seconds_since(t0);
+  m.add_to_totals(r, out.applied);
+  if ((m.config.eval_every > 0 && r.step % m.config.eval_every == 0) || done()) r.val_loss = evaluate();
+  return r;
+}
+
+StepRecord Trainer::Impl::begin_step() {
+  StepRecord r;
+  r.step = totals.steps + 1;
+  r.lr = schedule.lr();
+  r.scale = scaler->get_scale();
+  model->reset_stats();
+  model->params().zero_grads();
+  model->set_histograms(histogram_step(config, r.step));
+  comm->set_step(r.step);
+  return r;
+}
+
+StepLoss Trainer::Impl::forward_backward(StepRecord& r) {
   // The loss is the mean over every token of the effective batch, so each token's
   // loss gradient is scale / (accum * losses per micro-batch). Distributed: the
   // effective batch is accum * ranks micro-batches; every rank draws all of them (the
   // sampler stays the same everywhere) and runs its own accum, rank after rank.
-  dist::Communicator& comm = *m.comm;
-  comm.set_step(r.step);
-  const bool dp = c.distributed;
-  const std::size_t micro = c.accum * (dp ? static_cast<std::size_t>(comm.size()) : 1);
-  const std::size_t losses_per_step = micro * model.losses_per_batch();
-  const float dloss = static_cast<float>(static_cast<double>(r.scale) / static_cast<double>(losses_per_step));
-  double loss_sum = 0;
+  ParamStore& store = model->params();
+  const bool dp = config.distributed;
+  const std::size_t micro = config.accum * (dp ? static_cast<std::size_t>(comm->size()) : 1);
+  StepLoss loss;
+  loss.count = micro * model->losses_per_batch();
+  const float dloss = static_cast<float>(static_cast<double>(r.scale) / static_cast<double>(loss.count));
   for (std::size_t k = 0; k < micro; ++k) {
-    m.sampler.next_batch(c.model.batch, c.model.context, m.inputs, m.targets);
-    if (dp && k / c.accum != static_cast<std::size_t>(comm.rank())) continue;
-    const nn::ForwardResult f = model.forward(m.inputs, m.targets);
-    loss_sum += f.loss_sum;
+    sampler.next_batch(config.model.batch, config.model.context, inputs, targets);
+    if (dp && k / config.accum != static_cast<std::size_t>(comm->rank())) continue;
+    const nn::ForwardResult f = model->forward(inputs, targets);
+    loss.sum += f.loss_sum;
     if (!f.finite && r.loss_finite) {
       r.loss_finite = false;
       r.forward_nonfinite = f.first_nonfinite;
@@ -400,98 +330,53 @@ StepRecord Trainer::train_step() {
       // Each micro-batch's gradient on its own, added in fp32 in micro-batch order:
       // oneDNN's accumulating GEMMs (beta = 1) would round differently from the
       // rank-order sum of the all-reduce (docs/distributed.md, "Bitwise equality").
-      const bool first = k % c.accum == 0;
+      const bool first = k % config.accum == 0;
       if (!first) store.zero_grads();
-      model.backward(dloss);
-      accumulate_grads(store, m.acc, first, m.scratch);
+      model->backward(dloss);
+      accumulate_grads(store, acc, first, scratch);
     } else {
-      model.backward(dloss);
+      model->backward(dloss);
     }
-    m.scaler->backward_done();
+    scaler->backward_done();
   }
-  // fp8: this step's per-tensor counts (this rank's), then the recipe's once-per-step
+  r.tokens = micro * model->tokens_per_batch();
+  r.act_grads = model->stats().activation_grads;
+  return loss;
+}
+
+void Trainer::Impl::end_fp8_step(StepRecord& r) {
+  // This step's per-tensor counts (this rank's), then the recipe's once-per-step
   // update (delayed scaling: new scales from the amax histories, the amaxes MAX-reduced
   // over the ranks first), skipped optimizer step or not.
-  const std::span<const nn::Fp8TensorStats> fp8 = model.fp8_stats();
+  const std::span<const nn::Fp8TensorStats> fp8 = model->fp8_stats();
   r.fp8.assign(fp8.begin(), fp8.end());
-  if (dp) model.fp8_step_done([&comm](std::span<float> amaxes) { comm.allreduce_max(amaxes); });
-  else model.fp8_step_done();
-  r.tokens = micro * model.tokens_per_batch();
-  const bool inject_here = c.inject_overflow_rank < 0 || c.inject_overflow_rank == comm.rank();
-  if (std::find(c.inject_overflow_at.begin(), c.inject_overflow_at.end(), r.step) != c.inject_overflow_at.end() &&
-      inject_here) {
-    if (dp) m.acc[store.offset(0)] = INFINITY;
-    else inject_inf(store);
-    r.injected = true;
-  }
-  const nn::BackwardStats& bs = model.stats();
-  r.act_grads = bs.activation_grads;
-  bool found_inf_elsewhere = false;
-  std::optional<double> global_norm;  // ZeRO
-  if (dp) {
-    // found_inf and a non-finite forward pass, MAX over the ranks (after any injection),
-    // so that every rank skips together; then the gradient all-reduce, whose result
-    // the scaler checks again (an overflow the sum itself creates is caught too).
-    float flags[2] = {any_nonfinite(m.acc) ? 1.0f : 0.0f, r.loss_finite ? 0.0f : 1.0f};
-    comm.allreduce_max(flags);
-    found_inf_elsewhere = flags[0] != 0.0f;
-    r.loss_finite = flags[1] == 0.0f;
-    comm.allreduce_sum(std::span<double>(&loss_sum, 1));
-    std::uint64_t counts[6] = {r.act_grads.elements, r.act_grads.nonzero,  r.act_grads.nonfinite_input,
-                               r.act_grads.underflow, r.act_grads.subnormal, r.act_grads.overflow};
-    comm.allreduce_sum(counts);
-    r.act_grads = {counts[0], counts[1], counts[2], counts[3], counts[4], counts[5]};
-    if (c.grad_reduce == "low") {
-      // The scaled gradients rounded to the model's f16/bf16 format (the store's
-      // gradients themselves when they are f16/bf16), summed in fp32 by their shard
-      // owner and rounded again: half the bytes of fp32.
-      const bool own = store.grad_dtype() != DType::f32;
-      const DType t = own ? store.grad_dtype() : store.model_dtype();
-      void* buf = own ? store.grad_data() : static_cast<void*>(m.low.data());
-      const std::size_t n = store.flat_size();
-      if (t == DType::f16) {
-        const std::span<f16> v(static_cast<f16*>(buf), n);
-        convert(std::span<const float>(m.acc), v);
-        comm.allreduce_sum(v);
-        if (!own) convert(std::span<const f16>(v), std::span<float>(static_cast<float*>(store.grad_data()), n));
-      } else {
-        const std::span<bf16> v(static_cast<bf16*>(buf), n);
-        convert(std::span<const float>(m.acc), v);
-        comm.allreduce_sum(v);
-        if (!own) convert(std::span<const bf16>(v), std::span<float>(static_cast<float*>(store.grad_data()), n));
-      }
-    } else if (m.zero) {
-      // ZeRO-1: each rank receives the rank-order fp32 sums of its slice only; the
-      // norm is the exact combination of the slices' exact partial sums of squares.
-      ZeroShard& z = *m.zero;
-      comm.reduce_scatter_sum(m.acc, z.grads, z.bounds);
-      store_grads(*z.store, z.grads);
-      detail::ExactSum part;
-      bool bad = false;
-      detail::sum_squares_exact(z.segments, inv_scale_of(r.scale), part, bad);
-      const std::size_t me = static_cast<std::size_t>(comm.rank());
-      z.sums[me] = part;
-      comm.all_gather(std::as_bytes(std::span<const detail::ExactSum>(&z.sums[me], 1)),
-                      std::as_writable_bytes(std::span<detail::ExactSum>(z.sums)), sizeof(detail::ExactSum));
-      detail::ExactSum total;
-      for (const detail::ExactSum& s : z.sums) total.merge(s);
-      global_norm = std::sqrt(total.value());
-    } else {
-      comm.allreduce_sum(std::span<float>(m.acc));
-      store_grads(store, m.acc);
-    }
-  }
-  r.loss = loss_sum / static_cast<double>(losses_per_step);
+  if (config.distributed) model->fp8_step_done([this](std::span<float> amaxes) { comm->allreduce_max(amaxes); });
+  else model->fp8_step_done();
+}
+
+void Trainer::Impl::inject_overflow(StepRecord& r) {
+  const bool here = config.inject_overflow_rank < 0 || config.inject_overflow_rank == comm->rank();
+  const std::vector<std::size_t>& at = config.inject_overflow_at;
+  if (std::find(at.begin(), at.end(), r.step) == at.end() || !here) return;
+  ParamStore& store = model->params();
+  if (config.distributed) acc[store.offset(0)] = INFINITY;
+  else inject_inf(store);
+  r.injected = true;
+}
+
+void Trainer::Impl::record_gradient_telemetry(StepRecord& r) {
+  const nn::BackwardStats& bs = model->stats();
+  const ParamStore& store = model->params();
   r.overflow_activation = bs.first_overflow;
   r.act_grad_amax = bs.amax;
   r.act_grad_tensors = bs.tensors;
-  r.headroom_log2 = bs.amax > 0 ? std::log2(static_cast<double>(format_max(model.policy().activations)) /
+  r.headroom_log2 = bs.amax > 0 ? std::log2(static_cast<double>(format_max(model->policy().activations)) /
                                             static_cast<double>(bs.amax))
                                 : std::numeric_limits<double>::infinity();
   // Per-parameter gradient amax, unscaled (the scaled gradients are what the scaler checks).
-  std::span<float> flat(m.scratch);
+  std::span<float> flat(scratch);
   // Under ZeRO the reduced gradients exist only slice by slice: no per-tensor amax.
-  if (m.zero) std::fill(flat.begin(), flat.end(), 0.0f);
+  if (zero) std::fill(flat.begin(), flat.end(), 0.0f);
   else to_f32(store.grad_data(), store.grad_dtype(), flat);
   const float inv_scale = 1.0f / r.scale;
   for (float& x : flat) x *= inv_scale;
@@ -503,61 +388,60 @@ StepRecord Trainer::train_step() {
     r.params[i].grad_amax = finite ? nn::amax_of(flat.subspan(store.offset(i), store.numel(i)))
                                    : std::numeric_limits<float>::infinity();
   }
-  if (histograms) {
+  if (histogram_step(config, r.step)) {
     r.histograms.emplace();
-    r.histograms->activations = model.histograms().activations;
-    r.histograms->activation_grads = model.histograms().activation_grads;
+    r.histograms->activations = model->histograms().activations;
+    r.histograms->activation_grads = model->histograms().activation_grads;
     for (std::size_t i = 0; i < store.tensor_count(); ++i) {
       r.histograms->weight_grads.add(flat.subspan(store.offset(i), store.numel(i)));
     }
-    model.set_histograms(false);
+    model->set_histograms(false);
   }
+}
 
-  const std::span<const std::byte> w = weights_of_record(store);
-  std::memcpy(m.snapshot.data(), w.data(), w.size());
-  const auto ts = Clock::now();
+void Trainer::Impl::snapshot_weights() {
+  const std::span<const std::byte> w = weights_of_record(model->params());
+  std::memcpy(snapshot.data(), w.data(), w.size());
+}
+
+StepOutcome Trainer::Impl::step_or_skip(StepRecord& r, bool found_inf_elsewhere, std::optional<double> global_norm) {
   StepOptions so;
-  if (c.clip > 0) so.max_grad_norm = static_cast<float>(c.clip);
+  if (config.clip > 0) so.max_grad_norm = static_cast<float>(config.clip);
   so.lr = r.lr;
   so.found_inf_elsewhere = found_inf_elsewhere;
   so.global_grad_norm = global_norm;
-  const StepOutcome out = m.scaler->step(*m.optimizer, so);
-  m.scaler->update();
-  r.scaler_seconds = seconds_since(ts);
+  const StepOutcome out = scaler->step(*optimizer, so);
   r.found_inf = out.found_inf;
   r.skipped = !out.applied;
   r.grad_norm = out.grad_norm;
   r.clip_coef = out.clip_coef;
   r.overflow_param = out.first_overflow_name;
-  r.next_scale = m.scaler->get_scale();
-  m.schedule.on_step(out.applied);
-  if (out.applied && m.zero) {  // every rank's updated slice of the model copy, everywhere
-    const std::size_t ds = dtype_size(store.model_dtype());
-    const ParamStore& zs = *m.zero->store;
-    comm.all_gather({static_cast<const std::byte*>(zs.model_data()), zs.flat_size() * ds},
-                    {static_cast<std::byte*>(store.model_data()), store.flat_size() * ds}, ds, m.zero->bounds);
-  }
-  if (out.applied) {
-    model.weights_updated();
-    // Not measured under ZeRO (the optimizer state of the other slices is elsewhere).
-    if (!m.zero) r.lost_update_fraction = lost_update_fraction(store, m.snapshot, m.optimizer->kind(), c.weight_decay);
-  }
-  {
-    const bool master = store.has_master();
-    to_f32(master ? static_cast<const void*>(store.master_data()) : store.model_data(),
-           master ? DType::f32 : store.model_dtype(), flat);
-    for (std::size_t i = 0; i < store.tensor_count(); ++i) {
-      r.params[i].weight_amax = nn::amax_of(flat.subspan(store.offset(i), store.numel(i)));
-    }
-    for (std::size_t i = 0; r.histograms && i < store.tensor_count(); ++i) {
-      r.histograms->weights.add(flat.subspan(store.offset(i), store.numel(i)));
-    }
-  }
-  r.seconds = seconds_since(t0);
+  return out;
+}
 
-  RunTotals& t = m.totals;
+void Trainer::Impl::update_loss_scale(StepRecord& r) {
+  scaler->update();
+  r.next_scale = scaler->get_scale();
+}
+
+void Trainer::Impl::record_weight_telemetry(StepRecord& r) {
+  const ParamStore& store = model->params();
+  std::span<float> flat(scratch);
+  const bool master = store.has_master();
+  to_f32(master ? static_cast<const void*>(store.master_data()) : store.model_data(),
+         master ? DType::f32 : store.model_dtype(), flat);
+  for (std::size_t i = 0; i < store.tensor_count(); ++i) {
+    r.params[i].weight_amax = nn::amax_of(flat.subspan(store.offset(i), store.numel(i)));
+  }
+  for (std::size_t i = 0; r.histograms && i < store.tensor_count(); ++i) {
+    r.histograms->weights.add(flat.subspan(store.offset(i), store.numel(i)));
+  }
+}
+
+void Trainer::Impl::add_to_totals(const StepRecord& r, bool applied) {
+  RunTotals& t = totals;
   ++t.steps;
-  (out.applied ? t.applied : t.skipped) += 1;
+  (applied ? t.applied : t.skipped) += 1;
   t.tokens += r.tokens;
   t.act_grads += r.act_grads;
   for (const nn::Fp8TensorStats& f : r.fp8) {
@@ -566,12 +450,10 @@ StepRecord Trainer::train_step() {
     t.fp8_saturated[role] += f.saturated;
     t.fp8_flushed[role] += f.flushed;
   }
-  if (out.applied) t.lost_update_sum += r.lost_update_fraction;
+  if (applied) t.lost_update_sum += r.lost_update_fraction;
   t.seconds += r.seconds;
   t.final_loss = r.loss;
-  m.step_ms.push_back(r.seconds * 1e3);
-  if ((c.eval_every > 0 && r.step % c.eval_every == 0) || done()) r.val_loss = evaluate();
-  return r;
+  step_ms.push_back(r.seconds * 1e3);
 }
 
 double Trainer::evaluate() {

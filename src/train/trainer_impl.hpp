@@ -1,11 +1,14 @@
-// Private: the Trainer's state, shared by trainer.cpp and checkpoint.cpp.
+// Private: the Trainer's state and the phases of a step, shared by trainer.cpp,
+// data_parallel.cpp and checkpoint.cpp.
 #pragma once
 
 #include <chrono>
 #include <memory>
+#include <optional>
+#include <span>
 #include <vector>
 
-#include "kernels/unscale_kernels.hpp"
+#include "data_parallel.hpp"
 #include "mixprec/dist/communicator.hpp"
 #include "mixprec/nn/data.hpp"
 #include "mixprec/nn/model.hpp"
@@ -29,18 +32,11 @@ struct RunTotals {
   std::optional<double> val_loss;
 };
 
-// ZeRO stage 1 (docs/distributed.md): this rank's contiguous slice [begin, end) of the
-// flat parameter vector, in a store of its own holding the fp32 master weights, the
-// model copy, the gradients and the optimizer state of the slice only. Slices are cut
-// at tensor starts or kUnscaleChunk boundaries inside a tensor, so that the exact
-// partial sums of squares of the slices add up to the unsharded norm bit for bit.
-struct ZeroShard {
-  std::vector<std::size_t> bounds;  // ranks + 1 flat offsets
-  std::size_t begin = 0, end = 0;
-  std::unique_ptr<ParamStore> store;
-  std::vector<float> grads;                 // the reduce-scatter's fp32 sums
-  std::vector<GradTensor> segments;         // the pieces of the tensors in the slice (norm)
-  std::vector<detail::ExactSum> sums;       // every rank's partial sum of squares
+// One step's training loss before averaging.
+struct StepLoss {
+  double sum = 0;         // of the per-token losses computed (this rank's until summed over the ranks)
+  std::size_t count = 0;  // losses in the effective batch (every rank's)
+  double mean() const noexcept { return sum / static_cast<double>(count); }
 };
 
 struct Trainer::Impl {
@@ -63,12 +59,30 @@ struct Trainer::Impl {
   std::unique_ptr<ZeroShard> zero;  // --zero 1; the optimizer then steps zero->store
 
   Impl(const TrainConfig& c, nn::Dataset d);
+
+  // The phases of Trainer::train_step, in the order it calls them.
+  StepRecord begin_step();  // gradients and statistics zeroed; step, lr and scale recorded
+  StepLoss forward_backward(StepRecord& r);  // every micro-batch of the step, gradients accumulated
+  void end_fp8_step(StepRecord& r);          // the fp8 recipe's once-per-step scale update
+  void inject_overflow(StepRecord& r);       // --inject-overflow-at
+  // Data parallel (data_parallel.cpp): whether another rank found inf/NaN, once the
+  // flags, the loss sum and the activation-gradient counts are reduced over the ranks;
+  // then the gradients reduced into the store the optimizer steps (ZeRO: the global
+  // norm of the unscaled gradients, from every rank's slice).
+  bool agree_across_ranks(StepRecord& r, double& loss_sum);
+  std::optional<double> reduce_gradients(float scale);
+  void record_gradient_telemetry(StepRecord& r);  // amaxes, headroom, histograms
+  void snapshot_weights();                         // the weights of record before the step (lost updates)
+  // Check + unscale, clip, and the optimizer step unless some gradient (here or on
+  // another rank) is inf/NaN.
+  StepOutcome step_or_skip(StepRecord& r, bool found_inf_elsewhere, std::optional<double> global_norm);
+  void update_loss_scale(StepRecord& r);
+  void record_weight_telemetry(StepRecord& r);  // amaxes and histograms after the step
+  void add_to_totals(const StepRecord& r, bool applied);
 };
 
-// ZeRO: the full fp32 weights of record (empty without master weights) and optimizer
-// state arrays (flat_size each), gathered from every rank's slice. A collective.
-void zero_gather(const ZeroShard& z, dist::Communicator& comm, std::size_t flat_size, std::vector<float>& weights,
-                 std::vector<std::vector<float>>& states);
+// Flat fp32 values of a store region of dtype t (out.size() elements) into out.
+void to_f32(const void* src, DType t, std::span<float> out);
 
 // "none" -> disabled scaler; "dynamic" -> the mixprec preset; "static:S"; a preset name.
 std::unique_ptr<GradScaler> make_scaler(const std::string& spec);

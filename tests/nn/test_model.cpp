@@ -512,6 +512,32 @@ TEST(Model, LowPrecisionHalvesActivationMemory) {
   EXPECT_EQ(f16.gradient_bytes * 2, f32.gradient_bytes);
 }
 
+// Without master weights (ZeRO-1 keeps them in each rank's slice) the store holds the
+// same model copy, and the same forward, as with them.
+TEST(Model, WithoutMasterWeightsKeepsTheSameModelCopy) {
+  const ModelConfig cfg = small_gpt();
+  ModelOptions no_master;
+  no_master.state_slots = 2;
+  no_master.master_weights = false;
+  for (Precision p : {Precision::fp16, Precision::bf16, Precision::fp8_delayed}) {
+    SCOPED_TRACE(std::string(precision_name(p)));
+    auto with = make_model(cfg, p, 2);
+    auto without = make_model(cfg, p, no_master);
+    const ParamStore& a = with->params();
+    const ParamStore& b = without->params();
+    ASSERT_TRUE(a.has_master());
+    EXPECT_FALSE(b.has_master());
+    EXPECT_EQ(b.state_slots(), 2u);
+    ASSERT_EQ(a.flat_size(), b.flat_size());
+    const std::size_t bytes = a.flat_size() * dtype_size(a.model_dtype());
+    EXPECT_EQ(std::memcmp(a.model_data(), b.model_data(), bytes), 0);
+    const Batch batch = random_batch(cfg, 5);
+    EXPECT_EQ(with->forward(batch.in, batch.tgt).loss_sum, without->forward(batch.in, batch.tgt).loss_sum);
+  }
+  // fp32 has no master weights to drop: the option changes nothing.
+  EXPECT_FALSE(make_model(cfg, Precision::fp32, no_master)->params().has_master());
+}
+
 // No buffer is allocated per step: the only heap allocations during a warm forward +
 // backward are oneDNN's small per-execute ones (under 1 KiB; the model's smallest
 // activation buffer here is 16 KiB), and their number does not change step to step.

@@ -71,6 +71,7 @@
 #include "mixprec/core/dtype.hpp"
 #include "mixprec/core/parallel.hpp"
 #include "mixprec/core/isa.hpp"
+#include "mixprec/kernels/exact_sum.hpp"
 
 namespace mixprec {
 
@@ -115,5 +116,13 @@ UnscaleResult unscale_and_check(std::span<const GradTensor> grads, float inv_sca
 UnscaleResult unscale_and_check(Isa isa, std::span<const GradTensor> grads, float inv_scale,
                                 const UnscaleOptions& options = {}, std::span<float> amax_out = {},
                                 ThreadPool* pool = nullptr);
+
+// The unrounded sum of squares of unscale_and_check (check only) over `grads`, added
+// to `sum`, on the active back end, one thread; found_inf set when an element read is
+// inf/NaN. Each tensor's chunks start at its first element, so a piece of a tensor
+// that starts at a chunk boundary of that tensor adds exactly what the whole tensor's
+// pass adds for those chunks: ZeRO's slices add up to the unsharded norm
+// (docs/distributed.md). Errors as unscale_and_check's.
+void sum_squares_exact(std::span<const GradTensor> grads, float inv_scale, ExactSum& sum, bool& found_inf);
 
 }  // namespace mixprec

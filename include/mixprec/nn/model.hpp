@@ -219,4 +219,14 @@ class Model {
 std::unique_ptr<Model> make_model(const ModelConfig& config, Precision precision, unsigned state_slots,
                                   const Fp8Config& fp8 = {});
 
+// The same with every option, among them a store without the preset's master weights.
+struct ModelOptions {
+  unsigned state_slots = 0;  // optimizer state arrays to reserve in the store
+  Fp8Config fp8;             // the fp8 presets' recipe options (ignored by the others)
+  // false: no fp32 master weights in the store even when the preset has them, for an
+  // optimizer that keeps them elsewhere (ZeRO-1: each rank's slice, in a store of its own).
+  bool master_weights = true;
+};
+std::unique_ptr<Model> make_model(const ModelConfig& config, Precision precision, const ModelOptions& options);
+
 }  // namespace mixprec::nn
