@@ -131,7 +131,9 @@ int main(int argc, char** argv) try {
               static_cast<long long>(n_params), static_cast<long long>(vocab_size), ids.size(), preset.c_str());
 
   std::unique_ptr<mixprec::torch::Telemetry> tel;
-  if (!telemetry_dir.empty()) tel = std::make_unique<mixprec::torch::Telemetry>(telemetry_dir);
+  if (!telemetry_dir.empty())
+    tel = std::make_unique<mixprec::torch::Telemetry>(telemetry_dir,
+                                                      mixprec::torch::TelemetryOptions{.precision = "fp16", .loss_scale = preset});
   const auto named = model->named_parameters();
 
   ::torch::manual_seed(2);
@@ -167,8 +169,11 @@ int main(int argc, char** argv) try {
       std::fflush(stdout);
     }
   }
-  if (tel) std::printf("telemetry: %s/log.jsonl (%llu steps); mixprec report %s\n", tel->dir().c_str(),
-                       static_cast<unsigned long long>(tel->steps()), tel->dir().c_str());
+  if (tel) {
+    const auto alerts = tel->finish();
+    std::printf("telemetry: %s/log.jsonl (%llu steps, %zu alerts); mixprec report %s\n", tel->dir().c_str(),
+                static_cast<unsigned long long>(tel->steps()), alerts.size(), tel->dir().c_str());
+  }
   return 0;
 } catch (const std::exception& e) {
   std::fprintf(stderr, "libtorch_gpt: %s\n", e.what());

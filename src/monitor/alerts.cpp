@@ -557,6 +557,12 @@ std::string alerts_json(std::span<const Alert> alerts) {
   return out + "]";
 }
 
+std::string summary_with_alerts(std::string_view summary_json, std::span<const Alert> alerts) {
+  nlohmann::ordered_json doc = nlohmann::ordered_json::parse(summary_json);
+  doc["alerts"] = nlohmann::ordered_json::parse(alerts_json(alerts));
+  return doc.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
 std::string alert_text(const Alert& a) {
   return std::string("ALERT step ").append(std::to_string(a.step)).append(" ").append(a.id).append(": ").append(
       a.message).append("\n  try: ").append(a.advice);

@@ -8,17 +8,51 @@
 #include <stdexcept>
 
 #include "mixprec/scaler/loss_scale.hpp"
+#include "mixprec/train/config.hpp"
 #include "mixprec/train/run_log.hpp"
 
 namespace mixprec::torch {
+namespace {
 
-Telemetry::Telemetry(std::string dir) : dir_(std::move(dir)) {
-  std::error_code ec;
-  std::filesystem::create_directories(dir_, ec);
-  if (ec) throw std::runtime_error("telemetry: cannot create the run folder '" + dir_ + "': " + ec.message());
-  const std::string path = (std::filesystem::path(dir_) / "log.jsonl").string();
-  log_.open(path, std::ios::out | std::ios::trunc);
-  if (!log_) throw std::runtime_error("telemetry: cannot write '" + path + "'");
+const std::vector<std::string_view> kConfigKeys = {"precision", "loss-scale"};
+
+train::TrainConfig run_config(const TelemetryOptions& o) {
+  train::TrainConfig c;
+  const auto p = nn::parse_precision(o.precision);
+  if (!p || (*p != nn::Precision::fp32 && *p != nn::Precision::fp16 && *p != nn::Precision::bf16))
+    throw std::invalid_argument("telemetry: precision: expected fp32, fp16 or bf16, found '" + o.precision + "'");
+  c.precision = *p;
+  c.loss_scale = o.loss_scale;
+  (void)train::loss_scale_config(c.loss_scale);  // "loss-scale: expected ..." for anything else
+  return c;
+}
+
+}  // namespace
+
+Telemetry::Telemetry(std::string dir, const TelemetryOptions& options)
+    : dir_(std::move(dir)),
+      config_(run_config(options)),
+      folder_(dir_, train::RunFolder::Mode::create),
+      alerts_({}, monitor::RunContext::of(config_)) {
+  folder_.write_config(train::to_json(config_, kConfigKeys, 2) + "\n");
+}
+
+std::vector<monitor::Alert> Telemetry::finish() {
+  train::TrainSummary s = totals_;
+  const double nz = static_cast<double>(run_act_grads_.nonzero);
+  s.underflow_fraction = nz > 0 ? static_cast<double>(run_act_grads_.underflow) / nz : 0.0;
+  s.subnormal_fraction = nz > 0 ? static_cast<double>(run_act_grads_.subnormal) / nz : 0.0;
+  if (!step_ms_.empty()) {
+    std::vector<double> ms = step_ms_;
+    std::nth_element(ms.begin(), ms.begin() + static_cast<std::ptrdiff_t>(ms.size() / 2), ms.end());
+    s.median_step_ms = ms[ms.size() / 2];
+    s.mean_step_ms = 1000.0 * s.seconds / static_cast<double>(step_ms_.size());
+  }
+  // The summary with the run's alerts, as mixprec train writes it.
+  const std::vector<monitor::Alert> alerts = alerts_.all();
+  folder_.write_summary(
+      monitor::summary_with_alerts(train::summary_json(s, train::to_json(config_, kConfigKeys)), alerts));
+  return alerts;
 }
 
 void Telemetry::watch(const std::string& name, const at::Tensor& activation) {
@@ -123,9 +157,18 @@ train::StepRecord Telemetry::record(const ::torch::OrderedDict<std::string, at::
     act_amax_ = 0;
     first_nonfinite_.clear();
   }
-  log_ << train::step_record_json(r) << '\n';
-  log_.flush();
-  if (!log_) throw std::runtime_error("telemetry: writing " + dir_ + "/log.jsonl failed");
+  folder_.append_log(train::step_record_json(r));
+  (void)alerts_.observe(r);
+  ++totals_.steps;
+  ++(r.skipped ? totals_.skipped : totals_.applied);
+  totals_.final_loss = r.loss;
+  totals_.final_scale = r.next_scale;
+  totals_.tokens += r.tokens;
+  totals_.seconds += r.seconds;
+  if (totals_.param_count == 0)
+    for (const auto& item : named_parameters) totals_.param_count += static_cast<std::size_t>(item.value().numel());
+  run_act_grads_ += r.act_grads;
+  step_ms_.push_back(1000.0 * r.seconds);
   return r;
 }
 

@@ -108,21 +108,28 @@ void check_beta(std::string_view key, double v) {
   if (!(v >= 0 && v < 1)) fail(key, "a number in [0, 1)", num(v));
 }
 
-void check_loss_scale(const std::string& s) {
+// The S of "static:S": a number float32 holds, as it holds 1/S (the unscale factor).
+double static_loss_scale(const std::string& s) {
   constexpr std::string_view key = "loss-scale";
-  if (s == "none" || s == "dynamic") return;
   const std::string static_form =
       "static:S with S a number > 0 that float32 holds, as it holds 1/S (the unscale factor): S in "
       "(2.9387359e-39, 3.4028235e+38]";
   if (s == "static") fail(key, static_form + " (the static preset needs its scale)", squote(s));
-  if (s.starts_with("static:")) {
-    const char* first = s.data() + 7;
-    const char* last = s.data() + s.size();
-    double v = 0;
-    const auto [ptr, ec] = std::from_chars(first, last, v, std::chars_format::general);
-    if (first == last || ec != std::errc() || ptr != last || !std::isfinite(v) || !(v > 0) || v > kFloatMax ||
-        static_cast<float>(v) == 0.0f || !std::isfinite(1.0f / static_cast<float>(v)))
-      fail(key, static_form, squote(s));
+  const char* first = s.data() + 7;
+  const char* last = s.data() + s.size();
+  double v = 0;
+  const auto [ptr, ec] = std::from_chars(first, last, v, std::chars_format::general);
+  if (!s.starts_with("static:") || first == last || ec != std::errc() || ptr != last || !std::isfinite(v) ||
+      !(v > 0) || v > kFloatMax || static_cast<float>(v) == 0.0f || !std::isfinite(1.0f / static_cast<float>(v)))
+    fail(key, static_form, squote(s));
+  return v;
+}
+
+void check_loss_scale(const std::string& s) {
+  constexpr std::string_view key = "loss-scale";
+  if (s == "none" || s == "dynamic") return;
+  if (s == "static" || s.starts_with("static:")) {
+    (void)static_loss_scale(s);
     return;
   }
   for (const std::string& p : loss_scale_preset_names())
@@ -697,6 +704,18 @@ const Field& field_of(std::string_view key) {
 
 }  // namespace
 
+std::optional<LossScaleConfig> loss_scale_config(const std::string& spec) {
+  check_loss_scale(spec);
+  if (spec == "none") return std::nullopt;
+  if (spec == "dynamic") return loss_scale_preset("mixprec");
+  if (spec.starts_with("static:")) {
+    LossScaleConfig c = loss_scale_preset("static");
+    c.init_scale = static_loss_scale(spec);
+    return c;
+  }
+  return loss_scale_preset(spec);
+}
+
 const std::vector<ConfigKey>& config_keys() {
   static const std::vector<ConfigKey> keys = [] {
     std::vector<ConfigKey> k;
@@ -866,6 +885,14 @@ TrainConfig apply_json(const TrainConfig& base, std::string_view json_text, std:
 std::string to_json(const TrainConfig& c, int indent) {
   ordered_json j = ordered_json::object();
   for (const Field& f : fields()) j[f.key] = f.write(c);
+  return j.dump(indent, ' ', false, ordered_json::error_handler_t::replace);
+}
+
+std::string to_json(const TrainConfig& c, const std::vector<std::string_view>& keys, int indent) {
+  for (const std::string_view k : keys) (void)field_of(k);
+  ordered_json j = ordered_json::object();
+  for (const Field& f : fields())
+    if (std::find(keys.begin(), keys.end(), f.key) != keys.end()) j[f.key] = f.write(c);
   return j.dump(indent, ' ', false, ordered_json::error_handler_t::replace);
 }
 

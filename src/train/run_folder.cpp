@@ -3,11 +3,14 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <map>
 #include <stdexcept>
 
 #include "mixprec/core/io.hpp"
@@ -123,6 +126,20 @@ int lock_folder(const fs::path& dir) {
                            "and continue with --resume " + dir.string());
 }
 
+// fcntl locks belong to the process: a second lock of the same file by this process
+// succeeds, and closing either descriptor drops both. So the folders this process holds
+// are kept here too (by device and inode, with the holder's pid: a child made by fork
+// inherits the table but not the locks), and a second RunFolder of one is refused.
+std::mutex g_held_mutex;
+std::map<std::pair<std::uint64_t, std::uint64_t>, pid_t> g_held;
+
+std::pair<std::uint64_t, std::uint64_t> identity(const fs::path& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0)
+    throw std::runtime_error("cannot read the run folder " + squote(dir.string()) + ": " + std::strerror(errno));
+  return {static_cast<std::uint64_t>(st.st_dev), static_cast<std::uint64_t>(st.st_ino)};
+}
+
 }  // namespace
 
 RunFolder::RunFolder(fs::path dir, Mode mode) : dir_(std::move(dir)) {
@@ -133,11 +150,27 @@ RunFolder::RunFolder(fs::path dir, Mode mode) : dir_(std::move(dir)) {
   } else if (!fs::is_directory(dir_, ec)) {
     throw std::invalid_argument("resume: " + squote(dir_.string()) + " is not a folder");
   }
-  lock_fd_ = lock_folder(dir_);
+  const auto id = identity(dir_);
+  {
+    const std::lock_guard guard(g_held_mutex);
+    const auto [it, inserted] = g_held.emplace(id, ::getpid());
+    if (!inserted && it->second != ::getpid()) it->second = ::getpid();  // the parent's entry, in a forked child
+    else if (!inserted)
+      throw std::runtime_error("run folder " + squote(dir_.string()) + " is in use by this process (another writer "
+                               "of it is still open)");
+  }
+  try {
+    lock_fd_ = lock_folder(dir_);
+  } catch (...) {
+    const std::lock_guard guard(g_held_mutex);
+    g_held.erase(id);
+    throw;
+  }
+  held_ = id;
   // Holding the lock, check again: another run may have used the folder since the
   // caller's own check.
   if (mode == Mode::create && run_folder_has_files(dir_, "out")) {
-    ::close(lock_fd_);
+    release();
     throw std::invalid_argument("out: " + squote(dir_.string()) + " exists and is not empty; choose a new folder, "
                                 "or continue that run with --resume " + dir_.string());
   }
@@ -145,7 +178,14 @@ RunFolder::RunFolder(fs::path dir, Mode mode) : dir_(std::move(dir)) {
 
 RunFolder::~RunFolder() {
   if (log_ != nullptr) std::fclose(log_);
+  release();
+}
+
+void RunFolder::release() noexcept {
   if (lock_fd_ >= 0) ::close(lock_fd_);
+  lock_fd_ = -1;
+  const std::lock_guard guard(g_held_mutex);
+  g_held.erase(held_);
 }
 
 std::vector<fs::path> RunFolder::remove_stale_temporaries() {

@@ -378,7 +378,9 @@ StepRecord parse_step_record(std::string_view line) {
   return r;
 }
 
-std::string summary_json(const TrainSummary& s, const TrainConfig& c) {
+std::string summary_json(const TrainSummary& s, const TrainConfig& c) { return summary_json(s, to_json(c)); }
+
+std::string summary_json(const TrainSummary& s, std::string_view config_json) {
   std::string mem;
   ObjectWriter m(mem);
   m.field("parameter_bytes", static_cast<std::uint64_t>(s.memory.parameter_bytes));
@@ -412,7 +414,7 @@ std::string summary_json(const TrainSummary& s, const TrainConfig& c) {
   w.field("tokens", s.tokens);
   w.raw("memory", mem);
   w.field("param_count", static_cast<std::uint64_t>(s.param_count));
-  w.raw("config", to_json(c));
+  w.raw("config", config_json);
   w.close();
   // Indent through nlohmann, keeping our number texts: parse, then dump keeps key order
   // only with ordered_json; doubles re-dump in their shortest round-trip form.

@@ -140,25 +140,8 @@ void to_f32(const void* src, DType t, std::span<float> out) {
 }
 
 std::unique_ptr<GradScaler> make_scaler(const std::string& spec) {
-  if (spec == "none") return std::make_unique<GradScaler>(LossScaleConfig{}, false);
-  if (spec == "dynamic") return std::make_unique<GradScaler>(loss_scale_preset("mixprec"));
-  if (spec.starts_with("static:")) {
-    LossScaleConfig c = loss_scale_preset("static");
-    const std::string v = spec.substr(7);
-    std::size_t used = 0;
-    double s = 0;
-    try {
-      s = std::stod(v, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != v.size() || v.empty() || !std::isfinite(s) || s <= 0) {
-      throw std::invalid_argument("loss-scale: expected static:S with S finite and > 0, found '" + spec + "'");
-    }
-    c.init_scale = s;
-    return std::make_unique<GradScaler>(c);
-  }
-  return std::make_unique<GradScaler>(loss_scale_preset(spec));
+  const std::optional<LossScaleConfig> c = loss_scale_config(spec);
+  return c ? std::make_unique<GradScaler>(*c) : std::make_unique<GradScaler>(LossScaleConfig{}, false);
 }
 
 Trainer::Impl::Impl(const TrainConfig& c, nn::Dataset d)

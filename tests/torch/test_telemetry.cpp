@@ -9,10 +9,12 @@
 #include <sstream>
 #include <string>
 
+#include "mixprec/core/io.hpp"
 #include "mixprec/monitor/report.hpp"
 #include "mixprec/torch/autocast.hpp"
 #include "mixprec/torch/grad_scaler.hpp"
 #include "mixprec/torch/telemetry.hpp"
+#include "mixprec/train/config.hpp"
 #include "mixprec/train/run_log.hpp"
 
 namespace {
@@ -34,7 +36,7 @@ TEST(TorchTelemetry, RunFolderWithHooksAndParameterAmaxReadByTheReport) {
   ::torch::optim::SGD opt(net->parameters(), ::torch::optim::SGDOptions(0.01));
   mixprec::torch::GradScaler scaler(mixprec::loss_scale_preset("torch"));
   scaler.set_names(*net);
-  mixprec::torch::Telemetry tel(dir.string());
+  mixprec::torch::Telemetry tel(dir.string(), {.precision = "fp16", .loss_scale = "torch"});
   for (int step = 1; step <= 5; ++step) {
     const Tensor x = ::torch::randn({16, 8});
     Tensor loss;
@@ -74,6 +76,18 @@ TEST(TorchTelemetry, RunFolderWithHooksAndParameterAmaxReadByTheReport) {
   EXPECT_TRUE(std::isinf(log[2].params[2].grad_amax));
   EXPECT_GT(log[0].params[0].weight_amax, 0.0f);
 
+  tel.finish();
+  // The run folder of mixprec train: config.json with the run's precision and loss scale,
+  // summary.json with its totals and alerts.
+  const std::string config = mixprec::io::read_file(dir / "config.json");
+  EXPECT_EQ(config, "{\n  \"precision\": \"fp16\",\n  \"loss-scale\": \"torch\"\n}\n");
+  const mixprec::train::TrainConfig c = mixprec::train::apply_json({}, config, "config.json");
+  EXPECT_EQ(c.precision, mixprec::nn::Precision::fp16);
+  const std::string summary = mixprec::io::read_file(dir / "summary.json");
+  EXPECT_NE(summary.find("\"steps\": 5,\n  \"applied\": 4,\n  \"skipped\": 1,"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("\"alerts\": []"), std::string::npos) << summary;
+  EXPECT_NE(summary.find("\"final_scale\": 32768"), std::string::npos) << summary;
+
   const auto run = mixprec::monitor::load_run(dir.string());
   const std::string html = (dir / "report.html").string();
   mixprec::monitor::write_report(html, {run});
@@ -85,8 +99,36 @@ TEST(TorchTelemetry, RunFolderWithHooksAndParameterAmaxReadByTheReport) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(TorchTelemetry, RefusesBadOptionsAndAFolderInUse) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "mixprec_torch_telemetry_test3";
+  std::filesystem::remove_all(dir);
+  auto error = [&](const mixprec::torch::TelemetryOptions& o) {
+    try {
+      mixprec::torch::Telemetry tel(dir.string(), o);
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no exception");
+  };
+  EXPECT_EQ(error({.precision = "fp8-current"}), "telemetry: precision: expected fp32, fp16 or bf16, found 'fp8-current'");
+  EXPECT_NE(error({.loss_scale = "pytorch"}).find("loss-scale: expected none, dynamic, static:S"), std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(dir));  // nothing written
+  {
+    mixprec::torch::Telemetry tel(dir.string());
+    try {  // a second writer of the folder, even in this process, is refused
+      mixprec::torch::Telemetry again(dir.string());
+      ADD_FAILURE() << "no exception";
+    } catch (const std::runtime_error& e) {
+      EXPECT_NE(std::string(e.what()).find("is in use by this process"), std::string::npos) << e.what();
+    }
+  }
+  EXPECT_NE(error({}).find("exists and is not empty"), std::string::npos);  // a finished run is never overwritten
+  std::filesystem::remove_all(dir);
+}
+
 TEST(TorchTelemetry, WatchRefusesATensorWithoutGrad) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / "mixprec_torch_telemetry_test2";
+  std::filesystem::remove_all(dir);
   mixprec::torch::Telemetry tel(dir.string());
   try {
     tel.watch("x", ::torch::ones({2}));

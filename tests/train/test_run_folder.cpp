@@ -134,8 +134,14 @@ TEST(RunFolder, CreateTakesTheLockAndRefusesAFolderWithFiles) {
     int status = 0;
     ASSERT_EQ(::waitpid(child, &status, 0), child);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
+    // In this process too (fcntl locks alone would let it through, and closing its
+    // descriptor would drop the first writer's lock).
+    EXPECT_NE(error_of<std::runtime_error>([&] { RunFolder again(run, RunFolder::Mode::resume); })
+                  .find("is in use by this process"),
+              std::string::npos);
     f.write_config("{}\n");
   }
+  { RunFolder after(run, RunFolder::Mode::resume); }  // free again once the writer is gone
   EXPECT_TRUE(run_folder_has_files(run));
   EXPECT_NE(error_of<std::invalid_argument>([&] { RunFolder f(run, RunFolder::Mode::create); })
                 .find("out: '" + run.string() + "' exists and is not empty; choose a new folder, or continue that run "

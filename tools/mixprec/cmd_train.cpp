@@ -413,12 +413,7 @@ std::string config_file_json(TrainConfig c) {
   return train::to_json(c, 2) + "\n";
 }
 
-// summary.json with the run's alerts added ("alerts": alert_json objects).
-std::string summary_with_alerts(const std::string& summary, const std::vector<monitor::Alert>& alerts) {
-  ojson doc = ojson::parse(summary);
-  doc["alerts"] = ojson::parse(monitor::alerts_json(alerts));
-  return doc.dump(2, ' ', false, ojson::error_handler_t::replace) + "\n";
-}
+using monitor::summary_with_alerts;
 
 void print_alerts_summary(const std::vector<monitor::Alert>& alerts) {
   if (alerts.empty()) {

@@ -174,6 +174,8 @@ std::vector<Alert> evaluate(std::span<const train::StepRecord> log, const RunCon
 std::string alert_json(const Alert& a);
 // A JSON array of alerts (compact).
 std::string alerts_json(std::span<const Alert> alerts);
+// A run's summary.json (train::summary_json) with "alerts": alerts_json added, indented by 2.
+std::string summary_with_alerts(std::string_view summary_json, std::span<const Alert> alerts);
 // The human line printed during a run: "ALERT step N id: message" and, indented on the
 // next line, "try: advice".
 std::string alert_text(const Alert& a);

@@ -1,14 +1,20 @@
 // mixprec::torch::Telemetry: what loss scaling and low precision did to a libtorch run,
-// as a run folder that `mixprec report` reads (docs/libtorch.md, "Telemetry").
+// as a run folder (docs/run_folder.md) that `mixprec report`, the alerts and `mixprec
+// scaler simulate` read as they read one of `mixprec train --out` (docs/libtorch.md).
 //
-//   mixprec::torch::Telemetry tel("runs/libtorch");       // creates the folder, starts log.jsonl
+//   mixprec::torch::Telemetry tel("runs/libtorch", {.precision = "fp16", .loss_scale = "torch"});
 //   for each step:
 //     h = block0->forward(x);  tel.watch("block0.mlp", h); // gradient hook on an activation
 //     ...  scaler.scale(loss).backward();
 //     auto out = scaler.step(opt, o);                      // before update() and zero_grad()
 //     tel.record(model->named_parameters(), out, scaler, loss.item<double>(), lr);
 //     scaler.update();  opt.zero_grad();
+//   tel.finish();                                          // summary.json, with the run's alerts
 //
+// The folder is written through train::RunFolder: it must be new or empty, its lock is
+// held while the Telemetry lives, config.json holds the keys that describe the run
+// (precision, loss-scale), log.jsonl one line per record(), summary.json is written by
+// finish().
 // watch() attaches a tensor hook to an activation (it must require grad); when backward
 // reaches it, the hook counts its gradient (scaled domain, in the activation's dtype):
 // elements, non-zero, subnormal (for fp16/bf16 gradients), inf/NaN, and |max|. The
@@ -34,16 +40,25 @@
 #include <ATen/core/Tensor.h>
 #include <torch/ordered_dict.h>
 
+#include "mixprec/monitor/alerts.hpp"
 #include "mixprec/torch/grad_scaler.hpp"
+#include "mixprec/train/run_folder.hpp"
 #include "mixprec/train/trainer.hpp"
 
 namespace mixprec::torch {
 
+// What config.json says about the run: the mixprec names its readers compare against.
+struct TelemetryOptions {
+  std::string precision = "fp16";     // fp32, fp16 or bf16 (the autocast dtype; fp32: none)
+  std::string loss_scale = "mixprec"; // as mixprec train's --loss-scale: a preset, static:S or none
+};
+
 class Telemetry {
  public:
-  // Creates `dir` (parents too) and truncates dir/log.jsonl. Throws std::runtime_error
-  // naming the path when it cannot.
-  explicit Telemetry(std::string dir);
+  // Checks the options (std::invalid_argument), then creates the run folder `dir`
+  // (parents too), takes its lock and writes config.json. std::invalid_argument when
+  // `dir` holds files already; std::runtime_error naming the path when it cannot write.
+  explicit Telemetry(std::string dir, const TelemetryOptions& options = {});
 
   // Counts `activation`'s gradient at backward under `name`. Throws std::invalid_argument
   // when the tensor does not require grad.
@@ -54,6 +69,10 @@ class Telemetry {
                            const StepOutcome& outcome, const GradScaler& scaler, double loss, double lr,
                            std::uint64_t tokens = 0, double seconds = 0);
 
+  // Writes summary.json (the run's totals and alerts, as mixprec train's); returns the
+  // alerts raised. Records may follow; a later finish() rewrites it.
+  std::vector<monitor::Alert> finish();
+
   const std::string& dir() const noexcept { return dir_; }
   std::uint64_t steps() const noexcept { return step_; }
 
@@ -61,7 +80,12 @@ class Telemetry {
   void count(const std::string& name, const at::Tensor& grad);
 
   std::string dir_;
-  std::ofstream log_;
+  train::TrainConfig config_;  // precision and loss-scale (the keys config.json holds)
+  train::RunFolder folder_;
+  monitor::AlertMonitor alerts_;
+  train::TrainSummary totals_;
+  ConversionStats run_act_grads_;
+  std::vector<double> step_ms_;
   std::uint64_t step_ = 0;
   std::mutex mu_;  // hooks may run on autograd's worker threads
   std::vector<nn::TensorGradStats> act_;

@@ -13,6 +13,7 @@
 
 #include "mixprec/nn/model.hpp"
 #include "mixprec/nn/precision.hpp"
+#include "mixprec/scaler/loss_scale.hpp"
 
 namespace mixprec::train {
 
@@ -79,6 +80,11 @@ struct TrainConfig {
 // Throws std::invalid_argument: "<key>: expected <allowed>, found <value>".
 void validate(const TrainConfig& c);
 
+// The loss scale a `loss-scale` value names: nullopt for "none", the mixprec preset for
+// "dynamic", the static preset at S for "static:S", else the named preset.
+// std::invalid_argument as validate gives it for any other text.
+std::optional<LossScaleConfig> loss_scale_config(const std::string& spec);
+
 // The fp8 recipe options of c (validated by validate()).
 nn::Fp8Config fp8_config(const TrainConfig& c);
 // The config keys of the fp8 recipe options ("fp8-format", ..., "mx-rounding").
@@ -94,6 +100,10 @@ TrainConfig with_fp8_options_for(TrainConfig c, nn::Precision p);
 TrainConfig apply_json(const TrainConfig& base, std::string_view json_text, std::string_view source);
 // The whole config as one JSON object (the same keys), for logs, reports, checkpoints.
 std::string to_json(const TrainConfig& c, int indent = -1);
+// Only `keys` (in the table's order): the config.json of a run another front end trained
+// (libtorch, Python), which holds the keys that describe it. std::invalid_argument for an
+// unknown key.
+std::string to_json(const TrainConfig& c, const std::vector<std::string_view>& keys, int indent = -1);
 
 // ---- the key table ------------------------------------------------------------------------
 // One entry per TrainConfig key, in to_json's order: the CLI's flags (--NAME), the JSON

@@ -53,9 +53,10 @@ void prune_checkpoints(const std::filesystem::path& dir, std::size_t keep);
 // not a folder" when it is a file.
 bool run_folder_has_files(const std::filesystem::path& dir, std::string_view key = "out");
 
-// The writer of one run folder, holding its lock for its lifetime: one process at a time
-// in a folder (a second is refused, told which process holds it; the kernel drops the
-// lock however the holder ends, SIGKILL included).
+// The writer of one run folder, holding its lock for its lifetime: one writer at a time
+// in a folder (a second process is refused, told which process holds it; a second
+// RunFolder in this process too; the kernel drops the lock however the holder ends,
+// SIGKILL included).
 class RunFolder {
  public:
   enum class Mode { create, resume };
@@ -87,8 +88,10 @@ class RunFolder {
   void prune_checkpoints(std::size_t keep) const { train::prune_checkpoints(dir_, keep); }
 
  private:
+  void release() noexcept;
   std::filesystem::path dir_;
   int lock_fd_ = -1;
+  std::pair<std::uint64_t, std::uint64_t> held_{};  // the folder's device and inode
   std::FILE* log_ = nullptr;
 };
 

@@ -30,6 +30,9 @@ StepRecord parse_step_record(std::string_view line);
 // {parameter_bytes, activation_bytes, gradient_bytes, scratch_bytes}, and "config"
 // (to_json). Indented by 2.
 std::string summary_json(const TrainSummary& s, const TrainConfig& c);
+// The same with "config" given as JSON object text (to_json of some keys, for a run
+// another front end trained).
+std::string summary_json(const TrainSummary& s, std::string_view config_json);
 
 // Reads a log.jsonl written from step_record_json: std::runtime_error when the file
 // cannot be read, and "FILE:LINE: ..." for a malformed line (an empty line included)
