@@ -18,6 +18,7 @@
 
 #include "mixprec/checkpoint/safetensors.hpp"
 #include "support.hpp"
+#include "temp_dir.hpp"
 
 namespace mixprec::ckpt {
 namespace {
@@ -63,28 +64,9 @@ Bytes read_all(const fs::path& p) {
   return b;
 }
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / ("mixprec_test_ckpt_" + std::to_string(::getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::permissions(path_, fs::perms::owner_all, ec);
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-  std::set<std::string> names() const {
-    std::set<std::string> s;
-    for (const auto& e : fs::directory_iterator(path_)) s.insert(e.path().filename().string());
-    return s;
-  }
-
- private:
-  fs::path path_;
+// Each test's own folder.
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("ckpt") {}
 };
 
 using Rng = test::SplitMix64;  // deterministic test data and mutations

@@ -20,6 +20,7 @@
 #include "mixprec/train/run_folder.hpp"
 #include "mixprec/train/run_log.hpp"
 #include "support.hpp"
+#include "temp_dir.hpp"
 
 namespace mixprec::train {
 namespace {
@@ -27,27 +28,9 @@ namespace {
 using test::error_of;
 namespace fs = std::filesystem;
 
-class TempDir {
- public:
-  TempDir() {
-    path_ = fs::temp_directory_path() / ("mixprec_test_run_folder_" + std::to_string(::getpid()) + "_" +
-                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  const fs::path& path() const { return path_; }
-  std::set<std::string> names() const {
-    std::set<std::string> s;
-    for (const auto& e : fs::directory_iterator(path_)) s.insert(e.path().filename().string());
-    return s;
-  }
-
- private:
-  fs::path path_;
+// Each test's own folder.
+struct TempDir : test::TempDir {
+  TempDir() : test::TempDir("run_folder") {}
 };
 
 constexpr ckpt::WriteOptions kFast{.fsync = false, .fail_after_bytes = std::nullopt, .header_checksum = false};

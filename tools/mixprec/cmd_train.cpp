@@ -2,6 +2,9 @@
 // (config.json, log.jsonl, checkpoints, summary.json), resume, progress and a summary.
 // `mixprec compare`: the same run under each precision / loss-scale arrangement, and a
 // table of what each one did.
+// This file is the command line: flags, plans, progress, signals and printing. The run's
+// lifecycle is the library's: the key table (train/config.hpp), the run folder
+// (train/run_folder.hpp), the loop and the resume configuration (train/run.hpp).
 //
 // Exit codes: 0 done, 1 runtime failure (data, files, training; a run folder in use by
 // another process; a run that diverged, once all its files are written), 2 bad command
@@ -25,17 +28,14 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <system_error>
 #include <utility>
 #include <vector>
 
-#include "mixprec/checkpoint/safetensors.hpp"
 #include "mixprec/core/io.hpp"
 #include "mixprec/core/text.hpp"
 #include "mixprec/dist/communicator.hpp"
@@ -46,6 +46,7 @@
 #include "mixprec/nn/data.hpp"
 #include "mixprec/nn/precision.hpp"
 #include "mixprec/train/config.hpp"
+#include "mixprec/train/run.hpp"
 #include "mixprec/train/run_folder.hpp"
 #include "mixprec/train/run_log.hpp"
 #include "mixprec/train/trainer.hpp"
@@ -333,30 +334,10 @@ void print_alert(const monitor::Alert& a, const std::string& label) {
   std::fflush(stderr);
 }
 
-// Trains until done or a stop signal; logs every step; checkpoints every
-// checkpoint-every steps and at the end (or on the stop) into `folder` when set.
-// Every step goes through `alerts` (when set); new alerts are printed at once.
-RunResult run_loop(Trainer& t, const TrainConfig& c, train::RunFolder* folder, Progress& progress,
-                   std::uint64_t checkpointed, monitor::AlertMonitor* alerts = nullptr,
-                   const std::string& label = "") {
-  RunResult res;
-  res.checkpoint_step = checkpointed;
-  // ZeRO: a checkpoint gathers every rank's slice, so the other ranks take part in
-  // each save that rank 0 makes (and write nothing).
-  const bool follower = c.zero == 1 && t.communicator().rank() != 0 && !c.out.empty();
-  const bool saving = folder != nullptr || follower;
-  auto save = [&](std::uint64_t step) {
-    if (follower) {
-      t.save_checkpoint("");
-      res.checkpoint_step = step;
-      return;
-    }
-    const fs::path p = folder->checkpoint_path(step);
-    t.save_checkpoint(p.string());
-    folder->prune_checkpoints(c.keep_checkpoints);
-    res.checkpoint_step = step;
-    res.checkpoint = p;
-  };
+// Trains until done or a stop signal (train::run_steps: the log, the checkpoints), with
+// progress; every step goes through `alerts` (when set), new alerts are printed at once.
+RunResult run_loop(Trainer& t, train::RunFolder* folder, Progress& progress, std::uint64_t checkpointed,
+                   monitor::AlertMonitor* alerts = nullptr, const std::string& label = "") {
   // Distributed: the ranks agree on stopping (a signal may reach only some of them).
   auto stop_requested = [&t] {
     dist::Communicator& comm = t.communicator();
@@ -365,21 +346,19 @@ RunResult run_loop(Trainer& t, const TrainConfig& c, train::RunFolder* folder, P
     comm.allreduce_max(std::span<float>(&stop, 1));
     return stop != 0.0f;
   };
-  while (!t.done() && !stop_requested()) {
-    const StepRecord r = t.train_step();
-    if (folder != nullptr) folder->append_log(train::step_record_json(r));
+  const train::RunSteps steps = train::run_steps(t, folder, checkpointed, stop_requested, [&](const StepRecord& r) {
     progress.step(r);
     if (alerts != nullptr)
       for (const monitor::Alert& a : alerts->observe(r)) print_alert(a, label);
-    if (saving && c.checkpoint_every > 0 && r.step % c.checkpoint_every == 0) save(r.step);
-  }
+  });
   progress.finish();
+  RunResult res;
+  res.checkpoint_step = steps.checkpoint_step;
+  res.checkpoint = steps.checkpoint;
   // A signal that arrives during the last step stops the run too (it is reported, and
   // the run ends as stopped runs do: a checkpoint, no summary; a resume finishes it).
-  res.interrupted = !t.done() || g_signal != 0;
+  res.interrupted = steps.stopped || g_signal != 0;
   res.signal = res.interrupted && g_signal == 0 ? SIGTERM : g_signal;  // stopped because another rank was signalled
-  if (saving && res.checkpoint_step != t.steps_done()) save(t.steps_done());
-  if (folder != nullptr && res.checkpoint.empty()) res.checkpoint = folder->checkpoint_path(res.checkpoint_step);
   return res;
 }
 
@@ -568,22 +547,11 @@ TrainPlan plan_train(const TrainInputs& in) {
   if (dir.empty()) throw UsageError("resume: expected a run folder, found ''");
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) throw UsageError("resume: " + squote(dir) + " is not a folder");
-  const fs::path cfg_path = fs::path(dir) / "config.json";
-  const auto checkpoints = train::list_checkpoints(dir);
-  TrainConfig base;
-  if (fs::exists(cfg_path, ec) || checkpoints.empty()) {
-    if (!fs::exists(cfg_path, ec))
-      throw UsageError("resume: " + squote(dir) + " has no config.json; expected a run folder written by mixprec "
-                       "train --out");
-    base = train::apply_json(TrainConfig{}, read_text(cfg_path, "resume"), "run config " + squote(cfg_path.string()));
-  } else {
-    // config.json was lost (deleted under a live run, ...): every checkpoint holds the
-    // run's configuration; the resume writes config.json again.
-    const fs::path& newest = checkpoints.back().second;
-    base = train::apply_json(TrainConfig{}, ckpt::SafetensorsFile::open(newest).require_metadata("mixprec.config"),
-                             "the configuration in checkpoint " + squote(newest.string()));
-    fmt::print(stderr, "mixprec train: {} has no config.json; using the configuration in {}\n", dir, newest.string());
-  }
+  const train::ResumeConfig run = train::read_resume_config(dir);
+  if (!run.from_checkpoint.empty())
+    fmt::print(stderr, "mixprec train: {} has no config.json; using the configuration in {}\n", dir,
+               run.from_checkpoint.string());
+  const TrainConfig& base = run.config;
   TrainConfig requested = base;
   if (in.config_opt->count() > 0) requested = train::apply_json(requested, config_text, config_source);
   requested = apply_flags(requested, in.flags, {"resume"});
@@ -604,10 +572,9 @@ TrainPlan plan_train(const TrainInputs& in) {
       throw UsageError("out: a resumed run continues in its own folder " + squote(dir) + ", found " +
                        squote(*out->value));
   }
-  if (!checkpoints.empty()) {  // none: the run stopped before its first checkpoint and starts again from step 0
-    p.checkpoint_step = checkpoints.back().first;
-    p.checkpoint = checkpoints.back().second;
-  }
+  // No checkpoint: the run stopped before its first one and starts again from step 0.
+  p.checkpoint_step = run.checkpoint_step;
+  p.checkpoint = run.checkpoint;
   TrainConfig c = requested;
   c.out = dir;
   c.resume = dir;
@@ -741,7 +708,7 @@ int run_train(const TrainInputs& in) {
     if (!root) progress.silence();
     comm->reset_stats();  // per step: the training loop's collectives only
     const std::uint64_t steps_before = t->steps_done();
-    const RunResult res = run_loop(*t, p.config, folder.get(), progress, p.resume ? t->steps_done() : 0,
+    const RunResult res = run_loop(*t, folder.get(), progress, p.resume ? t->steps_done() : 0,
                                    root ? &alerts : nullptr);
     std::uint64_t total_bytes = 0;
     for (const dist::CollectiveStats& st : comm->stats()) total_bytes += st.bytes_sent;
@@ -1034,7 +1001,7 @@ int run_compare(const CompareInputs& in) {
       const auto t0 = Clock::now();
       monitor::AlertMonitor alerts({}, monitor::RunContext::of(row.config));
       try {
-        const RunResult res = run_loop(*t, row.config, &folder, progress, 0, &alerts, row.name);
+        const RunResult res = run_loop(*t, &folder, progress, 0, &alerts, row.name);
         row.alerts = alerts.all();
         if (res.interrupted) {
           stopped = res.signal;
