@@ -326,7 +326,9 @@ const std::vector<Field>& fields() {
         {.name = "fp8-format",
          .kind = KeyKind::text,
          .type = "NAME",
-         .help = "fp8 presets: hybrid (E4M3 forward, E5M2 gradients) or e4m3"},
+         .help = "fp8 presets: hybrid (E4M3 forward, E5M2 gradients) or e4m3",
+         .only_for = precision_bits({nn::Precision::fp8_noscale, nn::Precision::fp8_delayed,
+                                     nn::Precision::fp8_current, nn::Precision::mxfp8})},
         string_field(
             "fp8-format", [](auto& c) -> auto& { return c.fp8_format; },
             [](const TrainConfig& c) {
@@ -334,11 +336,13 @@ const std::vector<Field>& fields() {
                 fail("fp8-format", "hybrid or e4m3", squote(c.fp8_format));
             }));
     add(f,
-        {.name = "fp8-amax-history", .kind = KeyKind::integer, .type = "N", .help = "fp8-delayed: amax history length"},
+        {.name = "fp8-amax-history", .kind = KeyKind::integer, .type = "N", .help = "fp8-delayed: amax history length",
+         .only_for = precision_bits({nn::Precision::fp8_delayed})},
         uint_field(
             "fp8-amax-history", [](auto& c) -> auto& { return c.fp8_amax_history; },
             [](const TrainConfig& c) { check_range("fp8-amax-history", c.fp8_amax_history, 1, kMaxAmaxHistory); }));
-    add(f, {.name = "fp8-amax-algo", .kind = KeyKind::text, .type = "NAME", .help = "fp8-delayed: max or most_recent"},
+    add(f, {.name = "fp8-amax-algo", .kind = KeyKind::text, .type = "NAME", .help = "fp8-delayed: max or most_recent",
+         .only_for = precision_bits({nn::Precision::fp8_delayed})},
         string_field(
             "fp8-amax-algo", [](auto& c) -> auto& { return c.fp8_amax_algo; },
             [](const TrainConfig& c) {
@@ -349,7 +353,8 @@ const std::vector<Field>& fields() {
         {.name = "fp8-margin",
          .kind = KeyKind::integer,
          .type = "M",
-         .help = "fp8-delayed: scale = fp8_max * 2^-M / amax, M in [-64, 64]"},
+         .help = "fp8-delayed: scale = fp8_max * 2^-M / amax, M in [-64, 64]",
+         .only_for = precision_bits({nn::Precision::fp8_delayed})},
         {"fp8-margin",
          [](TrainConfig& c, const json& v) {
            if (v.is_number_integer())
@@ -366,14 +371,16 @@ const std::vector<Field>& fields() {
         {.name = "fp8-power2-scales",
          .kind = KeyKind::boolean,
          .type = "[BOOL]",
-         .help = "fp8-current: scales rounded down to powers of two"},
+         .help = "fp8-current: scales rounded down to powers of two",
+         .only_for = precision_bits({nn::Precision::fp8_current})},
         {"fp8-power2-scales",
          [](TrainConfig& c, const json& v) {
            if (!v.is_boolean()) fail("fp8-power2-scales", "true or false", describe(v));
            c.fp8_power2_scales = v.get<bool>();
          },
          [](const TrainConfig& c) { return ordered_json(c.fp8_power2_scales); }, none});
-    add(f, {.name = "fp8-amax-epsilon", .kind = KeyKind::number, .type = "X", .help = "fp8-current: amax floor"},
+    add(f, {.name = "fp8-amax-epsilon", .kind = KeyKind::number, .type = "X", .help = "fp8-current: amax floor",
+         .only_for = precision_bits({nn::Precision::fp8_current})},
         double_field(
             "fp8-amax-epsilon", [](auto& c) -> auto& { return c.fp8_amax_epsilon; },
             [](const TrainConfig& c) {
@@ -389,7 +396,8 @@ const std::vector<Field>& fields() {
         {.name = "mx-rounding",
          .kind = KeyKind::text,
          .type = "NAME",
-         .help = "mxfp8: E8M0 block-scale rounding, te (round up) or ocp (floor)"},
+         .help = "mxfp8: E8M0 block-scale rounding, te (round up) or ocp (floor)",
+         .only_for = precision_bits({nn::Precision::mxfp8})},
         string_field(
             "mx-rounding", [](auto& c) -> auto& { return c.mx_rounding; },
             [](const TrainConfig& c) {
@@ -748,8 +756,12 @@ std::string config_key_text(const TrainConfig& c, std::string_view key) {
 }
 
 const std::vector<std::string>& fp8_keys() {
-  static const std::vector<std::string> keys = {"fp8-format", "fp8-amax-history", "fp8-amax-algo", "fp8-margin",
-                                                "fp8-power2-scales", "fp8-amax-epsilon", "mx-rounding"};
+  static const std::vector<std::string> keys = [] {
+    std::vector<std::string> k;
+    for (const Field& f : fields())
+      if (f.info.only_for != 0) k.push_back(f.key);
+    return k;
+  }();
   return keys;
 }
 
@@ -765,23 +777,9 @@ nn::Fp8Config fp8_config(const TrainConfig& c) {
   return f;
 }
 
-namespace {
-
-// The precisions an fp8 key applies to, for the check that an option is not set where it
-// would be ignored.
-std::vector<nn::Precision> fp8_key_precisions(std::string_view key) {
-  using P = nn::Precision;
-  if (key == "fp8-format") return {P::fp8_noscale, P::fp8_delayed, P::fp8_current, P::mxfp8};
-  if (key == "fp8-amax-history" || key == "fp8-amax-algo" || key == "fp8-margin") return {P::fp8_delayed};
-  if (key == "fp8-power2-scales" || key == "fp8-amax-epsilon") return {P::fp8_current};
-  return {P::mxfp8};
-}
-
-}  // namespace
-
 bool fp8_key_applies(std::string_view key, nn::Precision p) {
-  const std::vector<nn::Precision> ps = fp8_key_precisions(key);
-  return std::find(ps.begin(), ps.end(), p) != ps.end();
+  const std::uint32_t only = field_of(key).info.only_for;
+  return only == 0 || (only & (1u << static_cast<unsigned>(p))) != 0;
 }
 
 TrainConfig with_fp8_options_for(TrainConfig c, nn::Precision p) {
@@ -803,10 +801,10 @@ void validate(const TrainConfig& c) {
     const ordered_json given = ordered_json::parse(to_json(c));
     for (const std::string& key : fp8_keys()) {
       if (given[key] == defaults[key]) continue;
-      const std::vector<nn::Precision> ps = fp8_key_precisions(key);
-      if (std::find(ps.begin(), ps.end(), c.precision) != ps.end()) continue;
+      if (fp8_key_applies(key, c.precision)) continue;
       std::vector<std::string> names;
-      for (nn::Precision p : ps) names.push_back(std::string(nn::precision_name(p)));
+      for (const std::string& name : nn::precision_names())
+        if (fp8_key_applies(key, *nn::parse_precision(name))) names.push_back(name);
       fail(key, "the default (" + defaults[key].dump() + ") with --precision " +
                     std::string(nn::precision_name(c.precision)) + "; it applies to --precision " + join(names),
            given[key].dump());

@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -87,7 +88,8 @@ std::optional<LossScaleConfig> loss_scale_config(const std::string& spec);
 
 // The fp8 recipe options of c (validated by validate()).
 nn::Fp8Config fp8_config(const TrainConfig& c);
-// The config keys of the fp8 recipe options ("fp8-format", ..., "mx-rounding").
+// The config keys of the fp8 recipe options ("fp8-format", ..., "mx-rounding"): those of
+// the key table that apply to some precisions only.
 const std::vector<std::string>& fp8_keys();
 // Whether fp8 option `key` is used by precision p (validate refuses it set otherwise).
 bool fp8_key_applies(std::string_view key, nn::Precision p);
@@ -125,7 +127,16 @@ struct ConfigKey {
   // `mixprec compare` sets it per row (precision, loss-scale, out) or does not use it:
   // compare has no flag for it.
   bool compare_sets = false;
+  // The precisions that use the key (bit 1 << Precision), 0 for all of them: the fp8
+  // recipe options, which validate refuses away from their default elsewhere.
+  std::uint32_t only_for = 0;
 };
+
+constexpr std::uint32_t precision_bits(std::initializer_list<nn::Precision> ps) {
+  std::uint32_t bits = 0;
+  for (const nn::Precision p : ps) bits |= 1u << static_cast<unsigned>(p);
+  return bits;
+}
 
 const std::vector<ConfigKey>& config_keys();
 // nullptr for an unknown name.
