@@ -36,6 +36,23 @@ std::string percent(double fraction, int decimals) {
   return buf;
 }
 
+std::string json_quote(std::string_view s) {
+  std::string out = "\"";
+  for (const char ch : s) {
+    if (ch == '"' || ch == '\\') {
+      out += '\\';
+      out += ch;
+    } else if (static_cast<unsigned char>(ch) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(ch)));
+      out += buf;
+    } else {
+      out += ch;
+    }
+  }
+  return out + "\"";
+}
+
 std::string grouped(std::uint64_t v) {
   const std::string s = std::to_string(v);
   std::string out;

@@ -58,13 +58,37 @@ OptimizerStage GradScaler::stage(const Optimizer& opt) const noexcept {
   return it == records_.end() ? OptimizerStage::ready : it->second.stage;
 }
 
-void GradScaler::check_window_complete(const char* call) const {
-  if (accumulation_steps_ > 1 && backward_passes_ != accumulation_steps_) {
-    throw std::logic_error(std::string(call) + " after " + std::to_string(backward_passes_) + " of " +
-                           std::to_string(accumulation_steps_) +
+void AccumulationWindow::require_complete(const char* call) const {
+  if (steps_ > 1 && passes_ != steps_) {
+    throw std::logic_error(std::string(call) + " after " + std::to_string(passes_) + " of " + std::to_string(steps_) +
                            " backward passes of the accumulation window: one scale holds for the whole "
                            "window; unscale, step and update once, at its end");
   }
+}
+
+void AccumulationWindow::require_between(const char* call) const {
+  if (passes_ != 0) throw std::logic_error(std::string(call) + " in the middle of an accumulation window");
+}
+
+void AccumulationWindow::set_steps(int k) {
+  if (k < 1) throw std::invalid_argument("accumulation steps " + std::to_string(k) + " is not allowed; it must be >= 1");
+  if (passes_ != 0) {
+    throw std::logic_error("set_accumulation_steps() in the middle of an accumulation window (" +
+                           std::to_string(passes_) + " backward passes done)");
+  }
+  steps_ = k;
+}
+
+void AccumulationWindow::backward_done(bool step_started) {
+  if (step_started) {
+    throw std::logic_error("backward_done() after unscale() or step() and before update(): a new window starts "
+                           "after update()");
+  }
+  if (passes_ == steps_) {
+    throw std::logic_error("backward_done() called " + std::to_string(passes_ + 1) + " times in an accumulation "
+                           "window of " + std::to_string(steps_) + "; call step() and update() at the window's end");
+  }
+  ++passes_;
 }
 
 void GradScaler::unscale(Optimizer& opt, ThreadPool* pool) {
@@ -74,7 +98,7 @@ void GradScaler::unscale(Optimizer& opt, ThreadPool* pool) {
     throw std::logic_error("unscale() has already been called on this optimizer since the last update()");
   }
   if (r.stage == OptimizerStage::stepped) throw std::logic_error("unscale() is being called after step()");
-  check_window_complete("unscale()");
+  window_.require_complete("unscale()");
   UnscaleOptions o;
   o.sum_squares = true;
   const UnscaleResult res = unscale_and_check(opt.store().grad_tensors(), inv_scale_of(scale_->scale()), o, {}, pool);
@@ -91,7 +115,7 @@ StepOutcome GradScaler::step(Optimizer& opt, const StepOptions& options) {
   if (r.stage == OptimizerStage::stepped) {
     throw std::logic_error("step() has already been called since the last update()");
   }
-  if (enabled_) check_window_complete("step()");
+  if (enabled_) window_.require_complete("step()");
 
   // The check: fused (read-only pass over the scaled gradients) unless unscale() already ran.
   float inv_scale = 1.0f;
@@ -131,7 +155,7 @@ StepOutcome GradScaler::step(Optimizer& opt, const StepOptions& options) {
 
 void GradScaler::update() {
   if (!enabled_) return;
-  check_window_complete("update()");
+  window_.require_complete("update()");
   bool any_recorded = false, found_inf = false;
   for (auto& [opt, r] : records_) {
     if (r.stage == OptimizerStage::ready) continue;
@@ -140,33 +164,15 @@ void GradScaler::update() {
   }
   if (!any_recorded) throw std::logic_error("No inf checks were recorded prior to update()");
   for (auto& [opt, r] : records_) r.reset();
-  backward_passes_ = 0;
+  window_.end();
   scale_->update(found_inf);
-}
-
-void GradScaler::set_accumulation_steps(int k) {
-  if (k < 1) throw std::invalid_argument("accumulation steps " + std::to_string(k) + " is not allowed; it must be >= 1");
-  if (backward_passes_ != 0) {
-    throw std::logic_error("set_accumulation_steps() in the middle of an accumulation window (" +
-                           std::to_string(backward_passes_) + " backward passes done)");
-  }
-  accumulation_steps_ = k;
 }
 
 void GradScaler::backward_done() {
   if (!enabled_) return;  // a disabled scaler keeps no window (update() does nothing either)
-  for (const auto& [opt, r] : records_) {
-    if (r.stage != OptimizerStage::ready) {
-      throw std::logic_error("backward_done() after unscale() or step() and before update(): a new window starts "
-                             "after update()");
-    }
-  }
-  if (backward_passes_ == accumulation_steps_) {
-    throw std::logic_error("backward_done() called " + std::to_string(backward_passes_ + 1) +
-                           " times in an accumulation window of " + std::to_string(accumulation_steps_) +
-                           "; call step() and update() at the window's end");
-  }
-  ++backward_passes_;
+  bool started = false;
+  for (const auto& [opt, r] : records_) started = started || r.stage != OptimizerStage::ready;
+  window_.backward_done(started);
 }
 
 std::string GradScaler::state_json() const {
@@ -174,7 +180,7 @@ std::string GradScaler::state_json() const {
   j["format"] = kStateFormat;
   j["version"] = kStateVersion;
   j["enabled"] = enabled_;
-  j["accumulation_steps"] = accumulation_steps_;
+  j["accumulation_steps"] = window_.steps();
   j["loss_scale"] = nlohmann::json::parse(scale_->to_json());
   return j.dump();
 }
@@ -186,7 +192,7 @@ void GradScaler::load_state_json(std::string_view text) {
                              std::string(stage_name(r.stage)) + "; load before the step or after update()");
     }
   }
-  if (backward_passes_ != 0) throw std::logic_error("load_state_json() in the middle of an accumulation window");
+  window_.require_between("load_state_json()");
   auto fail = [](const std::string& what) {
     throw std::invalid_argument("GradScaler state: " + what);
   };
@@ -216,7 +222,7 @@ void GradScaler::load_state_json(std::string_view text) {
   // Everything checked: commit.
   scale_ = std::move(fresh);
   enabled_ = j["enabled"].get<bool>();
-  accumulation_steps_ = j["accumulation_steps"].get<int>();
+  window_.set_steps(j["accumulation_steps"].get<int>());
 }
 
 }  // namespace mixprec

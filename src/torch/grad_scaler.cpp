@@ -76,14 +76,6 @@ OptimizerStage GradScaler::stage(const ::torch::optim::Optimizer& opt) const noe
   return it == records_.end() ? OptimizerStage::ready : it->second.stage;
 }
 
-void GradScaler::check_window_complete(const char* call) const {
-  if (accumulation_steps_ > 1 && backward_passes_ != accumulation_steps_) {
-    throw std::logic_error(std::string(call) + " after " + std::to_string(backward_passes_) + " of " +
-                           std::to_string(accumulation_steps_) +
-                           " backward passes of the accumulation window: one scale holds for the whole "
-                           "window; unscale, step and update once, at its end");
-  }
-}
 
 // Validates every gradient of `opt` (nothing is touched before all are checked), then
 // checks and unscales them in place (write_scaled: multiply by 1/scale) and records
@@ -185,7 +177,7 @@ void GradScaler::unscale(::torch::optim::Optimizer& opt) {
     throw std::logic_error("unscale() has already been called on this optimizer since the last update()");
   }
   if (r.stage == OptimizerStage::stepped) throw std::logic_error("unscale() is being called after step()");
-  check_window_complete("unscale()");
+  window_.require_complete("unscale()");
   check_unscale(opt, r, true);
   r.stage = OptimizerStage::unscaled;
 }
@@ -199,7 +191,7 @@ StepOutcome GradScaler::step(::torch::optim::Optimizer& opt, const StepOptions& 
   if (r.stage == OptimizerStage::stepped) {
     throw std::logic_error("step() has already been called since the last update()");
   }
-  if (enabled_) check_window_complete("step()");
+  if (enabled_) window_.require_complete("step()");
   if (r.stage == OptimizerStage::ready) check_unscale(opt, r, true);
 
   StepOutcome out;
@@ -249,7 +241,7 @@ StepOutcome GradScaler::step(::torch::optim::Optimizer& opt, const StepOptions& 
 
 void GradScaler::update() {
   if (!enabled_) return;
-  check_window_complete("update()");
+  window_.require_complete("update()");
   bool any_recorded = false, found_inf = false;
   for (auto& [opt, r] : records_) {
     if (r.stage == OptimizerStage::ready) continue;
@@ -258,33 +250,17 @@ void GradScaler::update() {
   }
   if (!any_recorded) throw std::logic_error("No inf checks were recorded prior to update()");
   records_.clear();  // as the core scaler: the step is over even if the update throws
-  backward_passes_ = 0;
+  window_.end();
   scale_->update(found_inf);  // may throw ScaleCollapseError (the scale stays as it was)
 }
 
-void GradScaler::set_accumulation_steps(int k) {
-  if (k < 1) throw std::invalid_argument("accumulation steps " + std::to_string(k) + " is not allowed; it must be >= 1");
-  if (backward_passes_ != 0) {
-    throw std::logic_error("set_accumulation_steps() in the middle of an accumulation window (" +
-                           std::to_string(backward_passes_) + " backward passes done)");
-  }
-  accumulation_steps_ = k;
-}
+void GradScaler::set_accumulation_steps(int k) { window_.set_steps(k); }
 
 void GradScaler::backward_done() {
   if (!enabled_) return;
-  for (const auto& [opt, r] : records_) {
-    if (r.stage != OptimizerStage::ready) {
-      throw std::logic_error("backward_done() after unscale() or step() and before update(): a new window starts "
-                             "after update()");
-    }
-  }
-  if (backward_passes_ == accumulation_steps_) {
-    throw std::logic_error("backward_done() called " + std::to_string(backward_passes_ + 1) +
-                           " times in an accumulation window of " + std::to_string(accumulation_steps_) +
-                           "; call step() and update() at the window's end");
-  }
-  ++backward_passes_;
+  bool started = false;
+  for (const auto& [opt, r] : records_) started = started || r.stage != OptimizerStage::ready;
+  window_.backward_done(started);
 }
 
 // The state format is the core GradScaler's: a core scaler holding a copy of the scale
@@ -293,7 +269,7 @@ std::string GradScaler::state_json() const {
   auto copy = make_loss_scale(scale_->config());
   copy->load(scale_->state());
   mixprec::GradScaler core(std::move(copy), enabled_);
-  core.set_accumulation_steps(accumulation_steps_);
+  core.set_accumulation_steps(window_.steps());
   return core.state_json();
 }
 
@@ -304,14 +280,14 @@ void GradScaler::load_state_json(std::string_view json) {
                              std::string(stage_name(r.stage)) + "; load before the step or after update()");
     }
   }
-  if (backward_passes_ != 0) throw std::logic_error("load_state_json() in the middle of an accumulation window");
+  window_.require_between("load_state_json()");
   mixprec::GradScaler core;
   core.load_state_json(json);  // validates everything, throws std::invalid_argument naming the field
   auto fresh = make_loss_scale(core.loss_scale().config());
   fresh->load(core.loss_scale().state());
   scale_ = std::move(fresh);
   enabled_ = core.enabled();
-  accumulation_steps_ = core.accumulation_steps();
+  window_.set_steps(core.accumulation_steps());
 }
 
 }  // namespace mixprec::torch

@@ -36,20 +36,7 @@ struct Request {
 
 constexpr std::string_view kFormatList = "fp16, bf16, e4m3, e5m2";
 
-std::string json_string(std::string_view s) {
-  std::string out = "\"";
-  for (const char ch : s) {
-    if (ch == '"' || ch == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (static_cast<unsigned char>(ch) < 0x20) {
-      out += fmt::format("\\u{:04x}", static_cast<int>(ch));
-    } else {
-      out += ch;
-    }
-  }
-  return out + "\"";
-}
+using text::json_quote;
 
 // A percentage that never shows a nonzero share as 0 or a partial one as 100.
 std::string share_text(std::uint64_t n, const TensorStats& s) {
@@ -168,8 +155,8 @@ void print_json(const Request& q, const NpyArray& a, const InspectReport& r) {
   std::string shape = "[";
   for (std::size_t i = 0; i < a.shape.size(); ++i) shape.append(i ? "," : "").append(std::to_string(a.shape[i]));
   shape += "]";
-  fmt::print("{{\"file\":{},\"shape\":{},\"dtype\":{},\"fortran_order\":{},\"npy_version\":\"{}.{}\",", json_string(q.file),
-             shape, json_string(a.dtype), a.fortran_order, a.version_major, a.version_minor);
+  fmt::print("{{\"file\":{},\"shape\":{},\"dtype\":{},\"fortran_order\":{},\"npy_version\":\"{}.{}\",", json_quote(q.file),
+             shape, json_quote(a.dtype), a.fortran_order, a.version_major, a.version_minor);
   fmt::print("\"narrowed_to_zero\":{},\"narrowed_to_inf\":{},\n", a.narrowed_to_zero, a.narrowed_to_inf);
   const bool any = s.finite_nonzero > 0;
   std::string hist = "[";

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "mixprec/core/text.hpp"
 #include "mixprec/monitor/simulate.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
 #include "mixprec/train/config.hpp"
@@ -41,20 +42,7 @@ struct Row {
 std::string scale_text(double s) { return std::isinf(s) ? std::string("inf") : fmt::format("{}", s); }
 std::string scale_json(double s) { return std::isinf(s) ? std::string("\"inf\"") : fmt::format("{}", s); }
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (const char ch : s) {
-    if (ch == '"' || ch == '\\') {
-      out += '\\';
-      out += ch;
-    } else if (static_cast<unsigned char>(ch) < 0x20) {
-      out += fmt::format("\\u{:04x}", static_cast<int>(ch));
-    } else {
-      out += ch;
-    }
-  }
-  return out + "\"";
-}
+using text::json_quote;
 
 void print_table(const Replay& r, const LossScaleState& initial, const std::vector<Row>& rows) {
   const bool ds = r.config.rule == LossScaleRule::deepspeed;
@@ -84,7 +72,7 @@ void print_table(const Replay& r, const LossScaleState& initial, const std::vect
 
 void print_json(const Replay& r, const LossScaleState& initial, const std::vector<Row>& rows,
                 const std::string& final_state, const std::string& error) {
-  fmt::print("{{\"preset\":{},\"initial_state\":{},\"steps\":[", json_string(r.preset), initial.to_json());
+  fmt::print("{{\"preset\":{},\"initial_state\":{},\"steps\":[", json_quote(r.preset), initial.to_json());
   for (std::size_t i = 0; i < rows.size(); ++i) {
     const Row& w = rows[i];
     const LossScaleCounters& k = w.counters;
@@ -94,7 +82,7 @@ void print_json(const Replay& r, const LossScaleState& initial, const std::vecto
         i == 0 ? "\n" : ",\n", i + 1, w.found_inf, w.found_inf, scale_json(w.scale), k.growth_tracker,
         k.hysteresis_left, k.floor_overflows, k.iteration, k.last_overflow_iter, k.growths, k.backoffs);
   }
-  fmt::print("],\n\"final_state\":{},\n\"error\":{}}}\n", final_state, error.empty() ? "null" : json_string(error));
+  fmt::print("],\n\"final_state\":{},\n\"error\":{}}}\n", final_state, error.empty() ? "null" : json_quote(error));
 }
 
 int run_replay(const Replay& r) {
@@ -243,7 +231,7 @@ int run_simulate(const SimulateInputs& in) {
     const monitor::Simulation sim = monitor::simulate(log, run.precision, in.config);
     if (in.json) {
       const std::string body = monitor::simulation_json(sim);
-      fmt::print("{{\"run\":{},\"preset\":{},{}\n", json_string(in.dir), json_string(in.preset), body.substr(1));
+      fmt::print("{{\"run\":{},\"preset\":{},{}\n", json_quote(in.dir), json_quote(in.preset), body.substr(1));
     } else {
       print_simulation(in, run, sim);
     }

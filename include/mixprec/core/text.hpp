@@ -20,6 +20,9 @@ std::string num(double v);
 // infinities print as "-".
 std::string percent(double fraction, int decimals = 2);
 
+// A JSON string literal of s: quotes, backslash escapes, control characters as \u00XX.
+std::string json_quote(std::string_view s);
+
 // 1234567 -> "1,234,567".
 std::string grouped(std::uint64_t v);
 

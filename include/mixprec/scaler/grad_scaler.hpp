@@ -77,6 +77,29 @@ struct StepOutcome {
   float clip_coef = 1.0f;               // applied clip coefficient (1: none)
 };
 
+// The accumulation window of a GradScaler (this one and mixprec::torch's): k backward
+// passes share one scale; unscale, step and update come once, at the window's end. The
+// errors name the misuse.
+class AccumulationWindow {
+ public:
+  int steps() const noexcept { return steps_; }
+  int passes() const noexcept { return passes_; }
+  // k >= 1 (std::invalid_argument), between windows only (std::logic_error).
+  void set_steps(int k);
+  // One more backward pass. `step_started`: some optimizer was unscaled or stepped since
+  // the last update() (std::logic_error, as is a pass beyond k).
+  void backward_done(bool step_started);
+  // std::logic_error for `call` (unscale(), step()) before the k-th pass when k > 1.
+  void require_complete(const char* call) const;
+  // std::logic_error for `call` (load_state_json()) inside a window.
+  void require_between(const char* call) const;
+  void end() noexcept { passes_ = 0; }  // update()
+
+ private:
+  int steps_ = 1;
+  int passes_ = 0;
+};
+
 class GradScaler {
  public:
   explicit GradScaler(const LossScaleConfig& config = {}, bool enabled = true);
@@ -92,10 +115,10 @@ class GradScaler {
   void update();  // may throw ScaleCollapseError (preset "mixprec": the scale collapsed)
 
   // Accumulation windows (k >= 1; 1 = no accumulation). Changing k mid-window is an error.
-  void set_accumulation_steps(int k);
-  int accumulation_steps() const noexcept { return accumulation_steps_; }
+  void set_accumulation_steps(int k) { window_.set_steps(k); }
+  int accumulation_steps() const noexcept { return window_.steps(); }
   void backward_done();
-  int backward_passes() const noexcept { return backward_passes_; }
+  int backward_passes() const noexcept { return window_.passes(); }
 
   OptimizerStage stage(const Optimizer& opt) const noexcept;
 
@@ -118,14 +141,12 @@ class GradScaler {
       grad_norm = std::numeric_limits<double>::quiet_NaN();
     }
   };
-  void check_window_complete(const char* call) const;
   Record& record(Optimizer& opt);
   static void record_check(Record& r, const UnscaleResult& res);
 
   std::unique_ptr<LossScale> scale_;
   bool enabled_;
-  int accumulation_steps_ = 1;
-  int backward_passes_ = 0;
+  AccumulationWindow window_;
   std::map<const Optimizer*, Record> records_;
 };
 

@@ -102,9 +102,9 @@ class GradScaler {
   void update();  // may throw ScaleCollapseError (preset "mixprec")
 
   void set_accumulation_steps(int k);
-  int accumulation_steps() const noexcept { return accumulation_steps_; }
+  int accumulation_steps() const noexcept { return window_.steps(); }
   void backward_done();
-  int backward_passes() const noexcept { return backward_passes_; }
+  int backward_passes() const noexcept { return window_.passes(); }
 
   OptimizerStage stage(const ::torch::optim::Optimizer& opt) const noexcept;
 
@@ -119,14 +119,12 @@ class GradScaler {
     std::int64_t first_overflow = -1;
     double grad_norm = std::numeric_limits<double>::quiet_NaN();
   };
-  void check_window_complete(const char* call) const;
   void check_unscale(::torch::optim::Optimizer& opt, Record& r, bool write_scaled);
   std::string name_of(const ::torch::optim::Optimizer& opt, std::int64_t index) const;
 
   std::unique_ptr<LossScale> scale_;
   bool enabled_;
-  int accumulation_steps_ = 1;
-  int backward_passes_ = 0;
+  AccumulationWindow window_;
   std::map<const ::torch::optim::Optimizer*, Record> records_;
   std::unordered_map<const void*, std::string> names_;  // TensorImpl* -> name
 };
