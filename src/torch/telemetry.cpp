@@ -7,6 +7,7 @@
 #include <limits>
 #include <stdexcept>
 
+#include "mixprec/formats/bulk.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
 #include "mixprec/train/config.hpp"
 #include "mixprec/train/run_log.hpp"
@@ -67,16 +68,17 @@ void Telemetry::watch(const std::string& name, const at::Tensor& activation) {
 
 void Telemetry::count(const std::string& name, const at::Tensor& grad) {
   const at::Tensor g = grad.detach();
-  ConversionStats s;
-  s.elements = static_cast<std::uint64_t>(g.numel());
-  const at::Tensor finite = at::isfinite(g);
-  s.nonfinite_input = static_cast<std::uint64_t>(g.numel() - finite.sum().item<std::int64_t>());
-  s.nonzero = static_cast<std::uint64_t>(at::count_nonzero(g).item<std::int64_t>());
-  const at::Tensor mag = g.abs().to(at::kFloat);
-  if (g.scalar_type() == at::kHalf || g.scalar_type() == at::kBFloat16) {
-    const double min_normal = g.scalar_type() == at::kHalf ? std::ldexp(1.0, -14) : std::ldexp(1.0, -126);
-    s.subnormal = static_cast<std::uint64_t>(((mag < min_normal) & (mag > 0)).sum().item<std::int64_t>());
-  }
+  // The counts of converting the gradient, as it is (scaled), to fp16 with mixprec's
+  // counted conversion: for an fp16 gradient its zeros and subnormals as stored (it is
+  // fp16 already: nothing more underflows); for fp32 and bf16 what fp16 would flush, and
+  // where it would overflow, at the current scale.
+  const at::Tensor g32 = g.to(at::kFloat).contiguous();
+  const auto n = static_cast<std::size_t>(g32.numel());
+  const at::Tensor mag = g32.abs();
+  std::lock_guard lock(mu_);
+  if (fp16_scratch_.size() < n) fp16_scratch_.resize(n);
+  const ConversionStats s = convert_counted(std::span<const float>(g32.const_data_ptr<float>(), n),
+                                            std::span<f16>(fp16_scratch_.data(), n));
   float amax = s.elements ? mag.max().item<float>() : 0.0f;
   if (s.nonfinite_input) amax = std::numeric_limits<float>::infinity();
   // Binades between this gradient's largest value and its format's largest finite.
@@ -86,7 +88,6 @@ void Telemetry::count(const std::string& name, const at::Tensor& grad) {
                                                             : static_cast<double>(std::numeric_limits<float>::max());
   const double headroom = amax > 0 && std::isfinite(amax) ? std::log2(fmt_max / static_cast<double>(amax))
                                                           : std::numeric_limits<double>::infinity();
-  std::lock_guard lock(mu_);
   headroom_ = std::min(headroom_, headroom);
   act_total_ += s;
   act_amax_ = std::max(act_amax_, amax);

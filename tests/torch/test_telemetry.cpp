@@ -8,8 +8,10 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "mixprec/core/io.hpp"
+#include "mixprec/formats/bulk.hpp"
 #include "mixprec/monitor/report.hpp"
 #include "mixprec/torch/autocast.hpp"
 #include "mixprec/torch/grad_scaler.hpp"
@@ -97,6 +99,58 @@ TEST(TorchTelemetry, RunFolderWithHooksAndParameterAmaxReadByTheReport) {
   EXPECT_NE(ss.str().find("no activation-gradient value underflowed in 5 steps (2 tensors"), std::string::npos)
       << "the per-tensor activation-gradient note";
   std::filesystem::remove_all(dir);
+}
+
+// The counts of a watched gradient are those of mixprec's counted conversion to fp16 on
+// the same values: for fp32 and bf16 activations, what fp16 would flush at this scale.
+TEST(TorchTelemetry, CountsEqualConvertCountedOnTheSameGradients) {
+  for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    SCOPED_TRACE(std::string(c10::toString(dtype)));
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() / "mixprec_torch_telemetry_counts";
+    std::filesystem::remove_all(dir);
+    ::torch::manual_seed(3);
+    Net net;
+    net->to(dtype);
+    ::torch::optim::SGD opt(net->parameters(), ::torch::optim::SGDOptions(0.01));
+    mixprec::torch::GradScaler scaler(mixprec::LossScaleConfig{}, false);
+    mixprec::torch::Telemetry tel(dir.string(), {.precision = "fp32", .loss_scale = "none"});
+    std::vector<Tensor> seen;  // the gradients the hooks saw, in backward order
+    // Inputs spread over 2^-40 .. 2^8 so that the gradients reach fp16's subnormal and
+    // underflow range and, for fp32/bf16, past its largest finite value.
+    const Tensor x = (::torch::randn({64, 8}) * ::torch::exp2(::torch::randint(-40, 8, {64, 1}).to(::torch::kFloat)))
+                         .to(dtype);
+    Tensor h = net->fc1(x);
+    tel.watch("fc1.out", h);
+    h.register_hook([&](const Tensor& g) { seen.push_back(g.detach().clone()); });
+    Tensor y = net->fc2(h);
+    tel.watch("fc2.out", y);
+    y.register_hook([&](const Tensor& g) { seen.push_back(g.detach().clone()); });
+    (y.to(::torch::kFloat) * ::torch::exp2(::torch::randint(-30, 20, {64, 1}).to(::torch::kFloat))).sum().backward();
+    const auto out = scaler.step(opt);
+    const auto rec = tel.record(net->named_parameters(), out, scaler, 0.0, 0.01);
+    ASSERT_EQ(seen.size(), 2u);
+    ASSERT_EQ(rec.act_grad_tensors.size(), 2u);
+    mixprec::ConversionStats total;
+    for (std::size_t i = 0; i < 2; ++i) {
+      const Tensor g = seen[i].to(::torch::kFloat).contiguous();
+      std::vector<float> v(g.data_ptr<float>(), g.data_ptr<float>() + g.numel());
+      std::vector<mixprec::f16> codes(v.size());
+      const mixprec::ConversionStats want = mixprec::convert_counted(std::span<const float>(v), std::span(codes));
+      const mixprec::ConversionStats& got = rec.act_grad_tensors[i].stats;
+      EXPECT_EQ(got.elements, want.elements);
+      EXPECT_EQ(got.nonzero, want.nonzero);
+      EXPECT_EQ(got.nonfinite_input, want.nonfinite_input);
+      EXPECT_EQ(got.underflow, want.underflow);
+      EXPECT_EQ(got.subnormal, want.subnormal);
+      EXPECT_EQ(got.overflow, want.overflow);
+      total += want;
+    }
+    EXPECT_EQ(rec.act_grads.underflow, total.underflow);
+    EXPECT_GT(total.subnormal, 0u);  // the inputs reach fp16's subnormal range
+    if (dtype == at::kHalf) EXPECT_EQ(total.underflow, 0u);  // rounded already: nothing more flushes
+    else EXPECT_GT(total.underflow, 0u);                      // what fp16 would flush
+    std::filesystem::remove_all(dir);
+  }
 }
 
 TEST(TorchTelemetry, RefusesBadOptionsAndAFolderInUse) {

@@ -16,10 +16,12 @@
 // (precision, loss-scale), log.jsonl one line per record(), summary.json is written by
 // finish().
 // watch() attaches a tensor hook to an activation (it must require grad); when backward
-// reaches it, the hook counts its gradient (scaled domain, in the activation's dtype):
-// elements, non-zero, subnormal (for fp16/bf16 gradients), inf/NaN, and |max|. The
-// rounding has already happened there, so values that underflowed to 0 are not told
-// apart from exact zeros (underflow is written as 0).
+// reaches it, the hook counts its gradient (scaled domain) with mixprec's counted
+// conversion to fp16 (convert_counted): elements, non-zero, inf/NaN, subnormal,
+// underflow, overflow, and |max|. For an fp16 gradient these are its values as stored:
+// the rounding has already happened there, so values that underflowed to 0 are not told
+// apart from exact zeros (underflow is 0). For an fp32 or bf16 gradient they are what
+// fp16 would flush (underflow, subnormal) or overflow at the current scale.
 // record() writes one log line through mixprec::train::step_record_json: the outcome
 // (scale, found_inf, skipped, norm, clip coefficient, first overflowing parameter), the
 // scale after the update (read from a copy of the loss scale), per named parameter the
@@ -88,6 +90,7 @@ class Telemetry {
   std::vector<double> step_ms_;
   std::uint64_t step_ = 0;
   std::mutex mu_;  // hooks may run on autograd's worker threads
+  std::vector<f16> fp16_scratch_;  // convert_counted's output, reused
   std::vector<nn::TensorGradStats> act_;
   ConversionStats act_total_;
   float act_amax_ = 0;
