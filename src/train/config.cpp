@@ -187,15 +187,29 @@ struct FieldIo {
   std::function<void(const TrainConfig&)> check;
 };
 
+// A key's command-line text as the JSON value its reader takes.
+using FromText = std::function<json(std::string_view)>;
+
 struct Field : FieldIo {
-  ConfigKey info;  // its command-line description
+  ConfigKey info;     // its command-line description
+  FromText from_text;  // empty: by info.kind (text_value)
 };
 
-// Appends a key: its description and its JSON handling, the one place both are written.
-void add(std::vector<Field>& table, const ConfigKey& info, FieldIo io) {
+// Appends a key: its description and its JSON handling, the one place both are written;
+// `from_text` for a key whose command-line text its kind does not say how to read.
+void add(std::vector<Field>& table, const ConfigKey& info, FieldIo io, FromText from_text = {}) {
   if (info.name != io.key)
     throw std::logic_error(std::string("config key table: '").append(io.key).append("' described as '").append(info.name).append("'"));
-  table.push_back(Field{std::move(io), info});
+  table.push_back(Field{std::move(io), info, std::move(from_text)});
+}
+
+// A signed integer's command-line text; `expected` names its range in the message.
+json signed_text(std::string_view key, std::string_view text, std::string_view expected) {
+  std::int64_t v = 0;
+  const char* end = text.data() + text.size();
+  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc() || ptr != end) fail(key, expected, squote(text));
+  return v;
 }
 
 // ---- command-line text -------------------------------------------------------------------
@@ -206,18 +220,11 @@ using text::parse_uint;
 // A key's command-line text as the JSON value its reader takes (the reader then
 // checks the range of its member, as for a config file).
 json text_value(const Field& f, std::string_view text) {
+  if (f.from_text) return f.from_text(text);
   const std::string_view key = f.info.name;
   switch (f.info.kind) {
-    case KeyKind::integer: {
-      if (key == "fp8-margin" || (key == "inject-overflow-rank" && text == "-1")) {  // the signed ones
-        std::int64_t v = 0;
-        const char* end = text.data() + text.size();
-        const auto [ptr, ec] = std::from_chars(text.data(), end, v);
-        if (text.empty() || ec != std::errc() || ptr != end) fail(key, "an integer in [-64, 64]", squote(text));
-        return v;
-      }
+    case KeyKind::integer:
       return parse_uint(key, text);
-    }
     case KeyKind::number:
       return parse_number(key, text);
     case KeyKind::text:
@@ -366,7 +373,8 @@ const std::vector<Field>& fields() {
          [](const TrainConfig& c) {
            if (c.fp8_margin < -64 || c.fp8_margin > 64)
              fail("fp8-margin", "an integer in [-64, 64]", std::to_string(c.fp8_margin));
-         }});
+         }},
+        [](std::string_view text) { return signed_text("fp8-margin", text, "an integer in [-64, 64]"); });
     add(f,
         {.name = "fp8-power2-scales",
          .kind = KeyKind::boolean,
@@ -663,7 +671,10 @@ const std::vector<Field>& fields() {
            if (c.inject_overflow_rank < -1 || c.inject_overflow_rank >= static_cast<std::int64_t>(kMaxRanks))
              fail("inject-overflow-rank", "-1 (every rank) or a rank in [0, " + std::to_string(kMaxRanks) + ")",
                   std::to_string(c.inject_overflow_rank));
-         }});
+         }},
+        [](std::string_view text) {
+          return text == "-1" ? json(-1) : json(text::parse_uint("inject-overflow-rank", text));
+        });
     add(f,
         {.name = "inject-overflow-at",
          .kind = KeyKind::list,
