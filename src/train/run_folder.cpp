@@ -29,6 +29,27 @@ fs::path checkpoint_path(const fs::path& dir, std::uint64_t step) {
   return dir / buf;
 }
 
+namespace {
+
+// The step of a file named as checkpoint_path names it (only that spelling, so no step
+// appears twice); nullopt for any other name.
+std::optional<std::uint64_t> checkpoint_step(std::string_view name) {
+  constexpr std::string_view pre = "ckpt-", post = ".safetensors";
+  if (!name.starts_with(pre) || !name.ends_with(post)) return std::nullopt;
+  const std::string_view digits = name.substr(pre.size(), name.size() - pre.size() - post.size());
+  if (digits.size() < 8 || digits.size() > 20) return std::nullopt;
+  std::uint64_t step = 0;
+  for (const char c : digits) {
+    if (c < '0' || c > '9' || __builtin_mul_overflow(step, 10u, &step) ||
+        __builtin_add_overflow(step, static_cast<unsigned>(c - '0'), &step))
+      return std::nullopt;
+  }
+  if (checkpoint_path("", step).filename() != name) return std::nullopt;
+  return step;
+}
+
+}  // namespace
+
 std::vector<std::pair<std::uint64_t, fs::path>> list_checkpoints(const fs::path& dir) {
   std::vector<std::pair<std::uint64_t, fs::path>> out;
   std::error_code ec;
@@ -40,22 +61,8 @@ std::vector<std::pair<std::uint64_t, fs::path>> list_checkpoints(const fs::path&
     throw std::runtime_error("checkpoint folder '" + dir.string() + "' is not a folder");
   fs::directory_iterator it(dir, ec), end;
   for (; !ec && it != end; it.increment(ec)) {
-    const std::string name = it->path().filename().string();
-    constexpr std::string_view pre = "ckpt-", post = ".safetensors";
-    if (!name.starts_with(pre) || !name.ends_with(post)) continue;
-    const std::string_view digits = std::string_view(name).substr(pre.size(), name.size() - pre.size() - post.size());
-    if (digits.size() < 8 || digits.size() > 20) continue;
-    std::uint64_t step = 0;
-    bool ok = true;
-    for (const char c : digits) {
-      if (c < '0' || c > '9' || __builtin_mul_overflow(step, 10u, &step) ||
-          __builtin_add_overflow(step, static_cast<unsigned>(c - '0'), &step)) {
-        ok = false;
-        break;
-      }
-    }
-    // Only the one spelling checkpoint_path gives, so no step appears twice.
-    if (!ok || checkpoint_path(dir, step).filename() != it->path().filename()) continue;
+    const std::optional<std::uint64_t> step = checkpoint_step(it->path().filename().string());
+    if (!step) continue;
     // A folder (or device, ...) with a checkpoint's name would be skipped here and hit
     // when that checkpoint is written: refused at once, by name.
     std::error_code fec;
@@ -63,7 +70,7 @@ std::vector<std::pair<std::uint64_t, fs::path>> list_checkpoints(const fs::path&
       throw std::runtime_error("checkpoint '" + it->path().string() +
                                "' is not a regular file (a folder?); remove it: a checkpoint is "
                                "a file written by mixprec train");
-    out.emplace_back(step, it->path());
+    out.emplace_back(*step, it->path());
   }
   if (ec) throw std::runtime_error("checkpoint folder '" + dir.string() + "' cannot be listed: " + ec.message());
   std::sort(out.begin(), out.end());
@@ -189,9 +196,6 @@ void RunFolder::release() noexcept {
 }
 
 std::vector<fs::path> RunFolder::remove_stale_temporaries() {
-  auto digits = [](std::string_view s) {
-    return !s.empty() && std::all_of(s.begin(), s.end(), [](char ch) { return ch >= '0' && ch <= '9'; });
-  };
   std::vector<fs::path> removed;
   std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator(dir_, ec)) {
@@ -200,8 +204,7 @@ std::vector<fs::path> RunFolder::remove_stale_temporaries() {
     const std::optional<long> pid = io::atomic_temporary_pid(name, &target);
     if (!pid || !e.is_regular_file(ec)) continue;
     const bool ours = target == run_files::config || target == run_files::log || target == run_files::summary ||
-                      (target.starts_with("ckpt-") && target.ends_with(".safetensors") &&
-                       digits(target.substr(5, target.size() - 5 - 12)));
+                      checkpoint_step(target).has_value();
     if (!ours) continue;
     if (*pid != ::getpid() && !(::kill(static_cast<pid_t>(*pid), 0) != 0 && errno == ESRCH))
       continue;  // its writer may still run
