@@ -39,15 +39,23 @@ Telemetry::Telemetry(std::string dir, const TelemetryOptions& options)
 }
 
 std::vector<monitor::Alert> Telemetry::finish() {
-  train::TrainSummary s = totals_;
-  const double nz = static_cast<double>(run_act_grads_.nonzero);
-  s.underflow_fraction = nz > 0 ? static_cast<double>(run_act_grads_.underflow) / nz : 0.0;
-  s.subnormal_fraction = nz > 0 ? static_cast<double>(run_act_grads_.subnormal) / nz : 0.0;
+  const monitor::RunNumbers n = numbers_.numbers();
+  train::TrainSummary s;
+  s.steps = n.steps;
+  s.skipped = n.skipped;
+  s.applied = n.steps - n.skipped;
+  s.final_loss = n.final_loss;
+  s.final_scale = n.final_scale;
+  s.underflow_fraction = n.underflow_fraction;
+  s.subnormal_fraction = n.subnormal_fraction;
+  s.tokens = n.tokens;
+  s.seconds = n.seconds;
+  s.mean_step_ms = n.mean_step_ms;
+  s.param_count = param_count_;
   if (!step_ms_.empty()) {
     std::vector<double> ms = step_ms_;
     std::nth_element(ms.begin(), ms.begin() + static_cast<std::ptrdiff_t>(ms.size() / 2), ms.end());
     s.median_step_ms = ms[ms.size() / 2];
-    s.mean_step_ms = 1000.0 * s.seconds / static_cast<double>(step_ms_.size());
   }
   // The summary with the run's alerts, as mixprec train writes it.
   const std::vector<monitor::Alert> alerts = alerts_.all();
@@ -160,15 +168,9 @@ train::StepRecord Telemetry::record(const ::torch::OrderedDict<std::string, at::
   }
   folder_.append_log(train::step_record_json(r));
   (void)alerts_.observe(r);
-  ++totals_.steps;
-  ++(r.skipped ? totals_.skipped : totals_.applied);
-  totals_.final_loss = r.loss;
-  totals_.final_scale = r.next_scale;
-  totals_.tokens += r.tokens;
-  totals_.seconds += r.seconds;
-  if (totals_.param_count == 0)
-    for (const auto& item : named_parameters) totals_.param_count += static_cast<std::size_t>(item.value().numel());
-  run_act_grads_ += r.act_grads;
+  numbers_.add(r);
+  if (param_count_ == 0)
+    for (const auto& item : named_parameters) param_count_ += static_cast<std::size_t>(item.value().numel());
   step_ms_.push_back(1000.0 * r.seconds);
   return r;
 }

@@ -61,6 +61,22 @@ struct RunNumbers {
 };
 RunNumbers run_numbers(const std::vector<train::StepRecord>& records);
 
+// The same numbers, step by step, for a writer that does not keep its records
+// (mixprec::torch::Telemetry): run_numbers is this over a log.
+class RunNumbersSum {
+ public:
+  void add(const train::StepRecord& r);
+  RunNumbers numbers() const;
+
+ private:
+  RunNumbers n_;
+  ConversionStats act_grads_;
+  double lost_ = 0;
+  std::uint64_t applied_ = 0;
+  bool last_loss_finite_ = false;
+  double last_loss_ = 0;
+};
+
 struct ReportOptions {
   std::string title = "mixprec report";
   int skip_window = 20;  // steps in the rolling skip rate

@@ -43,6 +43,7 @@
 #include <torch/ordered_dict.h>
 
 #include "mixprec/monitor/alerts.hpp"
+#include "mixprec/monitor/report.hpp"
 #include "mixprec/torch/grad_scaler.hpp"
 #include "mixprec/train/run_folder.hpp"
 #include "mixprec/train/trainer.hpp"
@@ -85,9 +86,9 @@ class Telemetry {
   train::TrainConfig config_;  // precision and loss-scale (the keys config.json holds)
   train::RunFolder folder_;
   monitor::AlertMonitor alerts_;
-  train::TrainSummary totals_;
-  ConversionStats run_act_grads_;
-  std::vector<double> step_ms_;
+  monitor::RunNumbersSum numbers_;  // the summary's figures, as the report computes them
+  std::vector<double> step_ms_;     // the median step time
+  std::size_t param_count_ = 0;
   std::uint64_t step_ = 0;
   std::mutex mu_;  // hooks may run on autograd's worker threads
   std::vector<f16> fp16_scratch_;  // convert_counted's output, reused
