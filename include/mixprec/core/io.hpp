@@ -39,8 +39,6 @@ class AtomicFile {
   // fsync (when asked), close, rename over the target, fsync the folder (when asked).
   void commit();
 
-  const std::filesystem::path& temporary() const noexcept { return tmp_; }
-
  private:
   [[noreturn]] void fail_write(const std::string& why) const;
   std::filesystem::path path_, tmp_;
