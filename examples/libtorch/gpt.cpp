@@ -2,7 +2,13 @@
 // trained on mixprec's embedded corpus with fp16 autocast on the CPU and
 // mixprec::torch::GradScaler (docs/libtorch.md).
 //
-//   libtorch_gpt [--steps N] [--log-every K] [--preset NAME] [--telemetry DIR]
+//   libtorch_gpt [--steps N] [--log-every K] [--preset NAME] [--telemetry DIR] [--eval-every K]
+//                [--inject-overflow-at S[,S...]]
+//
+// --eval-every K: the validation loss (the corpus's held-out last tenth) every K steps and
+// at the last. --inject-overflow-at: writes inf into blocks.1.fc.weight's gradient after
+// backward at those steps, as an fp16 overflow would; the scaler skips them and names it.
+// At the end it prints the scaler's share of the step (scale, unscale, update).
 //
 // --telemetry DIR: a run folder for `mixprec report DIR` (activation-gradient counts of
 // every block's output through tensor hooks, per-parameter gradient and weight |max|).
@@ -13,9 +19,13 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
+#include <optional>
+#include <stdexcept>
+#include <algorithm>
 #include <string>
 #include <vector>
 
+#include "mixprec/core/text.hpp"
 #include "mixprec/nn/data.hpp"
 #include "mixprec/torch/autocast.hpp"
 #include "mixprec/torch/grad_scaler.hpp"
@@ -85,31 +95,93 @@ struct GptImpl : ::torch::nn::Module {
 };
 TORCH_MODULE(Gpt);
 
-int arg_int(int argc, char** argv, const std::string& flag, int def) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (argv[i] == flag) return std::atoi(argv[i + 1]);
+constexpr const char* kUsage =
+    "usage: libtorch_gpt [--steps N] [--log-every K] [--preset NAME] [--telemetry DIR] [--eval-every K]\n"
+    "                    [--inject-overflow-at S[,S...]]";
+
+struct Options {
+  std::uint64_t steps = 200;
+  std::uint64_t log_every = 10;
+  std::string preset = "mixprec";
+  std::string telemetry_dir;         // empty: no run folder
+  std::uint64_t eval_every = 0;      // 0: no validation loss
+  std::vector<std::uint64_t> inject;  // steps whose gradient gets an inf written into it
+};
+
+// Every flag is checked before anything runs: an unknown flag, a missing or malformed
+// value, a step outside the run, or an unknown preset is an error naming what is allowed.
+Options parse_options(int argc, char** argv) {
+  Options o;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") throw std::invalid_argument("");
+    const bool known = flag == "--steps" || flag == "--log-every" || flag == "--preset" || flag == "--telemetry" ||
+                       flag == "--eval-every" || flag == "--inject-overflow-at";
+    if (!known) throw std::invalid_argument("unknown option '" + flag + "'");
+    if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
+    const std::string value = argv[++i];
+    if (flag == "--steps") o.steps = mixprec::text::parse_uint(flag, value);
+    else if (flag == "--log-every") o.log_every = mixprec::text::parse_uint(flag, value);
+    else if (flag == "--eval-every") o.eval_every = mixprec::text::parse_uint(flag, value);
+    else if (flag == "--preset") o.preset = value;
+    else if (flag == "--telemetry") o.telemetry_dir = value;
+    else {
+      std::size_t pos = 0;
+      while (pos <= value.size()) {
+        const std::size_t comma = std::min(value.find(',', pos), value.size());
+        o.inject.push_back(mixprec::text::parse_uint(flag, value.substr(pos, comma - pos)));
+        pos = comma + 1;
+      }
+    }
   }
-  return def;
+  if (o.steps == 0 || o.steps > 1'000'000) throw std::invalid_argument("--steps: expected 1 to 1000000, found " + std::to_string(o.steps));
+  if (o.log_every == 0) throw std::invalid_argument("--log-every: expected at least 1, found 0");
+  for (std::uint64_t s : o.inject) {
+    if (s == 0 || s > o.steps) {
+      throw std::invalid_argument("--inject-overflow-at: step " + std::to_string(s) + " is outside the run (1 to " +
+                                  std::to_string(o.steps) + ")");
+    }
+  }
+  (void)mixprec::loss_scale_preset(o.preset);  // an unknown name throws, listing the presets
+  return o;
 }
 
-std::string arg_str(int argc, char** argv, const std::string& flag, const std::string& def) {
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (argv[i] == flag) return argv[i + 1];
+
+// The mean loss over the validation batches (no gradients, the same autocast).
+double validation_loss(Gpt& model, const std::vector<std::pair<Tensor, Tensor>>& batches, int64_t vocab_size) {
+  ::torch::NoGradGuard ng;
+  double sum = 0;
+  for (const auto& [x, y] : batches) {
+    mixprec::torch::Autocast ac(at::kCPU, at::kHalf);
+    const Tensor logits = model->forward(x);
+    sum += ::torch::nn::functional::cross_entropy(logits.to(::torch::kFloat).view({-1, vocab_size}), y.view({-1}))
+               .item<double>();
   }
-  return def;
+  return sum / static_cast<double>(batches.size());
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
 }
 
 }  // namespace
 
-int main(int argc, char** argv) try {
-  const int steps = arg_int(argc, argv, "--steps", 200);
-  const int log_every = std::max(1, arg_int(argc, argv, "--log-every", 10));
-  const std::string preset = arg_str(argc, argv, "--preset", "mixprec");
-  const std::string telemetry_dir = arg_str(argc, argv, "--telemetry", "");
+int main(int argc, char** argv) {
+  Options opt_in;
+  try {
+    opt_in = parse_options(argc, argv);
+  } catch (const std::invalid_argument& e) {
+    if (*e.what()) std::fprintf(stderr, "libtorch_gpt: %s\n", e.what());
+    std::fprintf(stderr, "%s\n", kUsage);
+    return 2;
+  }
+  const Options& o = opt_in;
+  try {
   constexpr int64_t kBatch = 16, kContext = 32, kDim = 64, kHeads = 4;
   constexpr int kLayers = 2;
 
-  // The library's embedded corpus (a seeded English-like grammar), word tokens.
+  // The library's embedded corpus (a seeded English-like grammar), word tokens; the last
+  // tenth is held out for the validation loss.
   mixprec::nn::CorpusOptions co;
   co.tokens = 200'000;
   const std::string text = mixprec::nn::generate_corpus(co);
@@ -118,32 +190,42 @@ int main(int argc, char** argv) try {
   std::vector<int64_t> ids(ids32.begin(), ids32.end());
   const Tensor data = ::torch::tensor(ids, ::torch::kLong);
   const auto vocab_size = static_cast<int64_t>(vocab.size());
+  const int64_t train_end = data.size(0) * 9 / 10;
+
+  auto batch_at = [&](const Tensor& starts) {
+    const Tensor idx = starts.unsqueeze(1) + ::torch::arange(kContext, ::torch::kLong).unsqueeze(0);
+    return std::pair<Tensor, Tensor>{data.index({idx}), data.index({idx + 1})};
+  };
+  std::vector<std::pair<Tensor, Tensor>> val_batches;  // 4 fixed batches of the held-out tail
+  for (int64_t b = 0; b < 4; ++b) {
+    val_batches.push_back(batch_at(train_end + (b * kBatch + ::torch::arange(kBatch, ::torch::kLong)) * kContext));
+  }
 
   ::torch::manual_seed(1);
   Gpt model(vocab_size, kContext, kDim, kHeads, kLayers);
   int64_t n_params = 0;
   for (const auto& p : model->parameters()) n_params += p.numel();
-  ::torch::optim::AdamW opt(model->parameters(), ::torch::optim::AdamWOptions(3e-3).weight_decay(0.01));
-  mixprec::torch::GradScaler scaler(mixprec::loss_scale_preset(preset));
+  constexpr double kLr = 3e-3;
+  ::torch::optim::AdamW opt(model->parameters(), ::torch::optim::AdamWOptions(kLr).weight_decay(0.01));
+  mixprec::torch::GradScaler scaler(mixprec::loss_scale_preset(o.preset));
   scaler.set_names(*model);
   std::printf("libtorch GPT: %lld parameters, vocabulary %lld, %zu corpus tokens; fp16 autocast (CPU), "
               "loss scale preset %s\n",
-              static_cast<long long>(n_params), static_cast<long long>(vocab_size), ids.size(), preset.c_str());
+              static_cast<long long>(n_params), static_cast<long long>(vocab_size), ids.size(), o.preset.c_str());
 
   std::unique_ptr<mixprec::torch::Telemetry> tel;
-  if (!telemetry_dir.empty())
-    tel = std::make_unique<mixprec::torch::Telemetry>(telemetry_dir,
-                                                      mixprec::torch::TelemetryOptions{.precision = "fp16", .loss_scale = preset});
+  if (!o.telemetry_dir.empty())
+    tel = std::make_unique<mixprec::torch::Telemetry>(
+        o.telemetry_dir, mixprec::torch::TelemetryOptions{.precision = "fp16", .loss_scale = o.preset});
   const auto named = model->named_parameters();
 
   ::torch::manual_seed(2);
   int skipped = 0;
+  double step_seconds = 0, scaler_seconds = 0;  // the scaler's share of the training step
   const auto t0 = std::chrono::steady_clock::now();
-  for (int step = 1; step <= steps; ++step) {
-    const Tensor starts = ::torch::randint(0, data.size(0) - kContext - 1, {kBatch}, ::torch::kLong);
-    const Tensor offs = ::torch::arange(kContext, ::torch::kLong);
-    const Tensor idx = starts.unsqueeze(1) + offs.unsqueeze(0);
-    const Tensor x = data.index({idx}), y = data.index({idx + 1});
+  for (std::uint64_t step = 1; step <= o.steps; ++step) {
+    const auto ts = std::chrono::steady_clock::now();
+    const auto [x, y] = batch_at(::torch::randint(0, train_end - kContext - 1, {kBatch}, ::torch::kLong));
     Tensor logits;
     {
       mixprec::torch::Autocast ac(at::kCPU, at::kHalf);
@@ -151,31 +233,56 @@ int main(int argc, char** argv) try {
     }
     const Tensor loss = ::torch::nn::functional::cross_entropy(logits.to(::torch::kFloat).view({-1, vocab_size}),
                                                                y.view({-1}));
-    scaler.scale(loss).backward();
-    const mixprec::torch::StepOutcome out = scaler.step(opt, {.max_grad_norm = 1.0f});
-    if (tel) tel->record(named, out, scaler, loss.item<double>(), 3e-3, static_cast<std::uint64_t>(kBatch * kContext));
+    auto tc = std::chrono::steady_clock::now();
+    Tensor scaled = scaler.scale(loss);
+    scaler_seconds += seconds_since(tc);
+    scaled.backward();
+    if (std::find(o.inject.begin(), o.inject.end(), step) != o.inject.end()) {
+      ::torch::NoGradGuard ng;  // what an fp16 overflow in backward leaves behind
+      named["blocks.1.fc.weight"].mutable_grad()[0][0] = INFINITY;
+    }
+    tc = std::chrono::steady_clock::now();
+    scaler.unscale(opt);  // check + unscale + norm: one pass over the gradients
+    scaler_seconds += seconds_since(tc);
+    const mixprec::torch::StepOutcome out = scaler.step(opt, {.max_grad_norm = 1.0f});  // clip, opt.step()
+    std::optional<double> val;
+    if (o.eval_every && (step % o.eval_every == 0 || step == o.steps)) val = validation_loss(model, val_batches, vocab_size);
+    const double secs = seconds_since(ts);
+    if (tel) {
+      tel->record(named, out, scaler,
+                  {.loss = loss.item<double>(), .lr = kLr, .tokens = static_cast<std::uint64_t>(kBatch * kContext),
+                   .seconds = secs, .val_loss = val});
+    }
+    tc = std::chrono::steady_clock::now();
     scaler.update();
+    scaler_seconds += seconds_since(tc);
     opt.zero_grad();
+    step_seconds += seconds_since(ts);
     if (!out.applied) {
       ++skipped;
-      std::printf("step %4d  skipped: inf/NaN first in %s (scale %.0f)\n", step, out.first_overflow_name.c_str(),
-                  static_cast<double>(out.scale));
+      std::printf("step %4llu  skipped: inf/NaN first in %s (scale %.0f)\n", static_cast<unsigned long long>(step),
+                  out.first_overflow_name.c_str(), static_cast<double>(out.scale));
     }
-    if (step % log_every == 0 || step == steps) {
-      const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      std::printf("step %4d  loss %.4f  grad norm %.3f  scale %.0f  skipped %d  (%.0f ms/step)\n", step,
-                  loss.item<double>(), out.grad_norm, static_cast<double>(scaler.get_scale()), skipped,
-                  1000.0 * secs / step);
+    if (step % o.log_every == 0 || step == o.steps) {
+      std::printf("step %4llu  loss %.4f  grad norm %.3f  scale %.0f  skipped %d  (%.0f ms/step)",
+                  static_cast<unsigned long long>(step), loss.item<double>(), out.grad_norm,
+                  static_cast<double>(scaler.get_scale()), skipped, 1000.0 * seconds_since(t0) / double(step));
+      if (val) std::printf("  val loss %.4f", *val);
+      std::printf("\n");
       std::fflush(stdout);
     }
   }
+  std::printf("scaler (scale, check + unscale + norm, update): %.3f ms of %.1f ms per step (%.2f%%)\n",
+              1000.0 * scaler_seconds / double(o.steps), 1000.0 * step_seconds / double(o.steps),
+              100.0 * scaler_seconds / step_seconds);
   if (tel) {
     const auto alerts = tel->finish();
     std::printf("telemetry: %s/log.jsonl (%llu steps, %zu alerts); mixprec report %s\n", tel->dir().c_str(),
                 static_cast<unsigned long long>(tel->steps()), alerts.size(), tel->dir().c_str());
   }
   return 0;
-} catch (const std::exception& e) {
-  std::fprintf(stderr, "libtorch_gpt: %s\n", e.what());
-  return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "libtorch_gpt: %s\n", e.what());
+    return 1;
+  }
 }

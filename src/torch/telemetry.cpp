@@ -111,13 +111,13 @@ void Telemetry::count(const std::string& name, const at::Tensor& grad) {
 }
 
 train::StepRecord Telemetry::record(const ::torch::OrderedDict<std::string, at::Tensor>& named_parameters,
-                                    const StepOutcome& outcome, const GradScaler& scaler, double loss, double lr,
-                                    std::uint64_t tokens, double seconds) {
+                                    const StepOutcome& outcome, const GradScaler& scaler, const StepInfo& info) {
   train::StepRecord r;
   r.step = ++step_;
-  r.lr = lr;
-  r.loss = loss;
-  r.loss_finite = std::isfinite(loss);
+  r.lr = info.lr;
+  r.loss = info.loss;
+  r.loss_finite = std::isfinite(info.loss);
+  r.val_loss = info.val_loss;
   r.scale = outcome.scale;
   // The scale after this step's update, without touching the scaler: a copy of its policy.
   auto next = make_loss_scale(scaler.loss_scale().config());
@@ -134,8 +134,8 @@ train::StepRecord Telemetry::record(const ::torch::OrderedDict<std::string, at::
   r.grad_norm = outcome.found_inf ? std::numeric_limits<double>::quiet_NaN() : outcome.grad_norm;
   r.clip_coef = outcome.clip_coef;
   r.overflow_param = outcome.first_overflow_name;
-  r.tokens = tokens;
-  r.seconds = seconds;
+  r.tokens = info.tokens;
+  r.seconds = info.seconds;
   {
     ::torch::NoGradGuard ng;
     for (const auto& item : named_parameters) {

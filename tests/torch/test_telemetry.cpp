@@ -6,6 +6,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -53,7 +54,8 @@ TEST(TorchTelemetry, RunFolderWithHooksAndParameterAmaxReadByTheReport) {
     scaler.scale(loss).backward();
     if (step == 3) net->fc2->weight.mutable_grad()[0][0] = INFINITY;
     const auto out = scaler.step(opt, {.max_grad_norm = 0.1f});
-    const auto rec = tel.record(net->named_parameters(), out, scaler, loss.item<double>(), 0.01, 16);
+    const auto rec = tel.record(net->named_parameters(), out, scaler, {.loss = loss.item<double>(), .lr = 0.01, .tokens = 16,
+                                                                       .val_loss = step == 4 ? std::optional<double>(1.25) : std::nullopt});
     EXPECT_EQ(rec.next_scale, step >= 3 ? 32768.0f : 65536.0f);
     scaler.update();
     EXPECT_EQ(rec.next_scale, scaler.get_scale());
@@ -65,6 +67,9 @@ TEST(TorchTelemetry, RunFolderWithHooksAndParameterAmaxReadByTheReport) {
   EXPECT_TRUE(log[2].found_inf);
   EXPECT_EQ(log[2].overflow_param, "fc2.weight");
   EXPECT_FALSE(log[0].skipped);
+  EXPECT_FALSE(log[0].val_loss.has_value());
+  ASSERT_TRUE(log[3].val_loss.has_value());  // the validation loss given at step 4, the report's dot
+  EXPECT_EQ(*log[3].val_loss, 1.25);
   EXPECT_EQ(log[0].act_grads.elements, 16u * 32 + 16u * 2);
   ASSERT_EQ(log[0].act_grad_tensors.size(), 2u);
   EXPECT_EQ(log[0].act_grad_tensors[0].name, "fc2.out");  // backward order
@@ -127,7 +132,7 @@ TEST(TorchTelemetry, CountsEqualConvertCountedOnTheSameGradients) {
     y.register_hook([&](const Tensor& g) { seen.push_back(g.detach().clone()); });
     (y.to(::torch::kFloat) * ::torch::exp2(::torch::randint(-30, 20, {64, 1}).to(::torch::kFloat))).sum().backward();
     const auto out = scaler.step(opt);
-    const auto rec = tel.record(net->named_parameters(), out, scaler, 0.0, 0.01);
+    const auto rec = tel.record(net->named_parameters(), out, scaler, {.loss = 0.0, .lr = 0.01});
     ASSERT_EQ(seen.size(), 2u);
     ASSERT_EQ(rec.act_grad_tensors.size(), 2u);
     mixprec::ConversionStats total;

@@ -7,7 +7,7 @@
 //     h = block0->forward(x);  tel.watch("block0.mlp", h); // gradient hook on an activation
 //     ...  scaler.scale(loss).backward();
 //     auto out = scaler.step(opt, o);                      // before update() and zero_grad()
-//     tel.record(model->named_parameters(), out, scaler, loss.item<double>(), lr);
+//     tel.record(model->named_parameters(), out, scaler, {.loss = loss.item<double>(), .lr = lr});
 //     scaler.update();  opt.zero_grad();
 //   tel.finish();                                          // summary.json, with the run's alerts
 //
@@ -36,6 +36,7 @@
 #include <fstream>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -49,6 +50,15 @@
 #include "mixprec/train/trainer.hpp"
 
 namespace mixprec::torch {
+
+// What record() logs besides the outcome and the parameters: the step's own numbers.
+struct StepInfo {
+  double loss = std::numeric_limits<double>::quiet_NaN();  // the training loss (unscaled)
+  double lr = 0;
+  std::uint64_t tokens = 0;          // tokens this step trained on (the summary's throughput)
+  double seconds = 0;                // the step's wall time (the summary's median step time)
+  std::optional<double> val_loss = std::nullopt;  // a validation loss measured at this step: the report's dots
+};
 
 // What config.json says about the run: the mixprec names its readers compare against.
 struct TelemetryOptions {
@@ -69,8 +79,7 @@ class Telemetry {
 
   // One log line for this optimizer step (call after step(), before update()); returns it.
   train::StepRecord record(const ::torch::OrderedDict<std::string, at::Tensor>& named_parameters,
-                           const StepOutcome& outcome, const GradScaler& scaler, double loss, double lr,
-                           std::uint64_t tokens = 0, double seconds = 0);
+                           const StepOutcome& outcome, const GradScaler& scaler, const StepInfo& info);
 
   // Writes summary.json (the run's totals and alerts, as mixprec train's); returns the
   // alerts raised. Records may follow; a later finish() rewrites it.
