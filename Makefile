@@ -62,7 +62,7 @@ test-asan: debug-asan test-deps
 # A consumer project built against the installed package (find_package(mixprec CONFIG)),
 # and the same project with mixprec added from source (add_subdirectory).
 example: release
-	rm -rf $(INSTALL) build/example build/example-subdir
+	rm -rf $(INSTALL) build/example build/example-subdir build/example-torch
 	cmake --install $(RELEASE) --prefix $(CURDIR)/$(INSTALL) > /dev/null
 	cmake -S examples/consumer -B build/example $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release \
 		-DCMAKE_PREFIX_PATH=$(CURDIR)/$(INSTALL) > /dev/null
@@ -72,6 +72,13 @@ example: release
 		-DMIXPREC_SOURCE_DIR=$(CURDIR) > /dev/null
 	cmake --build build/example-subdir -j $(JOBS)
 	./build/example-subdir/consumer
+	@# The libtorch adapter as an installed component, when this build has it (make test's does).
+	if [ -f $(INSTALL)/lib/cmake/mixprec/mixprecTorchTargets.cmake ]; then \
+	  rm -rf build/example-torch && \
+	  cmake -S examples/torch_consumer -B build/example-torch $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release \
+	    -DCMAKE_PREFIX_PATH=$(CURDIR)/$(INSTALL) > /dev/null && \
+	  cmake --build build/example-torch -j $(JOBS) && ./build/example-torch/torch_consumer; \
+	else echo "examples/torch_consumer: skipped (this build has no mixprec::torch)"; fi
 
 # ---- fuzzing (docs/fuzzing.md): libFuzzer targets built with clang, ASan and UBSan -----
 # make fuzz: each target for FUZZ_SECONDS (default 60), one after another, printing the

@@ -14,6 +14,8 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <array>
+#include <chrono>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -69,6 +71,84 @@ std::vector<at::Tensor> make_grads(at::ScalarType dt) {
 
 DType to_mixprec(at::ScalarType t) { return t == at::kFloat ? DType::f32 : DType::bf16; }
 
+// The tensors of one dtype, their GradTensor views and ATen's 0-dim arguments.
+struct Grads {
+  std::vector<at::Tensor> tensors;
+  std::vector<GradTensor> views;
+  at::Tensor found = at::zeros({}, at::kFloat);
+  at::Tensor inv_t[2] = {at::full({}, 0.5f), at::full({}, 2.0f)};
+};
+
+Grads make_set(at::ScalarType dt) {
+  Grads g;
+  g.tensors = make_grads(dt);
+  for (auto& t : g.tensors) g.views.push_back({t.data_ptr(), static_cast<std::size_t>(t.numel()), to_mixprec(dt)});
+  return g;
+}
+
+// One run of `op`; k (0 or 1) picks inv_scale 0.5 or 2.
+void run_op(Op op, Grads& g, ThreadPool& pool, int k) {
+  const float inv = k ? 2.0f : 0.5f;
+  switch (op) {
+    case Op::fused:
+    case Op::unscale: {
+      UnscaleOptions o;
+      o.sum_squares = op == Op::fused;
+      benchmark::DoNotOptimize(unscale_and_check(g.views, inv, o, {}, &pool));
+      break;
+    }
+    case Op::torch_2pass: {
+      at::Tensor f = g.found;
+      at::_amp_foreach_non_finite_check_and_unscale_(g.tensors, f, g.inv_t[k]);
+      std::vector<at::Tensor> norms;
+      norms.reserve(g.tensors.size());
+      for (const auto& t : g.tensors) norms.push_back(t.norm(2));
+      benchmark::DoNotOptimize(at::stack(norms).norm(2).item<double>());
+      break;
+    }
+    case Op::aten_unscale: {
+      at::Tensor f = g.found;
+      at::_amp_foreach_non_finite_check_and_unscale_(g.tensors, f, g.inv_t[k]);
+      break;
+    }
+    case Op::mul: at::_foreach_mul_(g.tensors, at::Scalar(inv)); break;
+  }
+}
+
+constexpr Op kOps[] = {Op::fused, Op::torch_2pass, Op::unscale, Op::aten_unscale, Op::mul};
+constexpr int kRounds = 41;
+
+// Paired rounds: every op once per round, in an order rotated from round to round, each
+// timed on its own; a ratio of two ops is taken inside a round (both ran within a few
+// milliseconds of each other) and the median over the rounds is reported. On a shared
+// host whose memory bandwidth swings by 2x for seconds at a time, the medians of
+// separately timed benchmarks can come from different regimes; paired ratios cannot.
+std::array<double, 3> paired_ratios(Grads& g, ThreadPool& pool, int threads) {
+  at::set_num_threads(threads);
+  constexpr int n = static_cast<int>(std::size(kOps));
+  for (Op op : kOps) run_op(op, g, pool, 0), run_op(op, g, pool, 1);  // warm
+  std::vector<double> r[3];
+  for (int round = 0; round < kRounds; ++round) {
+    double t[n] = {};
+    for (int j = 0; j < n; ++j) {
+      const int i = (j + round) % n;
+      const auto t0 = std::chrono::steady_clock::now();
+      run_op(kOps[i], g, pool, round & 1);
+      t[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
+    // t[]: fused, torch_2pass, unscale, aten_unscale, mul; ratios > 1: the first is faster.
+    r[0].push_back(t[1] / t[0]);
+    r[1].push_back(t[3] / t[2]);
+    r[2].push_back(t[4] / t[2]);
+  }
+  std::array<double, 3> med{};
+  for (int i = 0; i < 3; ++i) {
+    std::sort(r[i].begin(), r[i].end());
+    med[static_cast<std::size_t>(i)] = r[i][r[i].size() / 2];
+  }
+  return med;
+}
+
 std::string case_name(Op op, at::ScalarType dt, int t) {
   return std::string(op_name(op)) + "/" + (dt == at::kFloat ? "f32" : "bf16") + "/t" + std::to_string(t);
 }
@@ -83,54 +163,29 @@ int main(int argc, char** argv) {
 
   std::vector<Case> cases;
   for (auto dt : {at::kFloat, at::kBFloat16}) {
-    for (Op op : {Op::fused, Op::torch_2pass, Op::unscale, Op::aten_unscale, Op::mul}) {
+    for (Op op : kOps) {
       for (int t : thread_counts) cases.push_back({op, dt, t, case_name(op, dt, t)});
     }
   }
-  std::vector<at::Tensor> f32 = make_grads(at::kFloat), bf16 = make_grads(at::kBFloat16);
+  Grads f32 = make_set(at::kFloat), bf16 = make_set(at::kBFloat16);
   auto pools = std::make_unique<std::vector<std::unique_ptr<ThreadPool>>>();
   for (int t : thread_counts) pools->push_back(std::make_unique<ThreadPool>(t));
+  auto pool_for = [&](int threads) -> ThreadPool& {
+    const auto it = std::find(thread_counts.begin(), thread_counts.end(), threads);
+    return *(*pools)[static_cast<std::size_t>(it - thread_counts.begin())];
+  };
 
   for (const Case& c : cases) {
-    auto* b = benchmark::RegisterBenchmark(c.name.c_str(), [&c, &f32, &bf16, &pools, &thread_counts](benchmark::State& s) {
-      std::vector<at::Tensor>& grads = c.dtype == at::kFloat ? f32 : bf16;
-      const auto it = std::find(thread_counts.begin(), thread_counts.end(), c.threads);
-      ThreadPool& pool = *(*pools)[static_cast<std::size_t>(it - thread_counts.begin())];
+    auto* b = benchmark::RegisterBenchmark(c.name.c_str(), [&c, &f32, &bf16, &pool_for](benchmark::State& s) {
+      Grads& g = c.dtype == at::kFloat ? f32 : bf16;
+      ThreadPool& pool = pool_for(c.threads);
       at::set_num_threads(c.threads);
-      std::vector<GradTensor> views;
-      for (auto& g : grads) views.push_back({g.data_ptr(), static_cast<std::size_t>(g.numel()), to_mixprec(c.dtype)});
-      const at::Tensor found = at::zeros({}, at::kFloat);
-      const at::Tensor inv_t[2] = {at::full({}, 0.5f), at::full({}, 2.0f)};
       int k = 0;
       for (auto _ : s) {
-        const float inv = k ? 2.0f : 0.5f;
-        switch (c.op) {
-          case Op::fused:
-          case Op::unscale: {
-            UnscaleOptions o;
-            o.sum_squares = c.op == Op::fused;
-            benchmark::DoNotOptimize(unscale_and_check(views, inv, o, {}, &pool));
-            break;
-          }
-          case Op::torch_2pass: {
-            at::Tensor f = found;
-            at::_amp_foreach_non_finite_check_and_unscale_(grads, f, inv_t[k]);
-            std::vector<at::Tensor> norms;
-            norms.reserve(grads.size());
-            for (const auto& g : grads) norms.push_back(g.norm(2));
-            benchmark::DoNotOptimize(at::stack(norms).norm(2).item<double>());
-            break;
-          }
-          case Op::aten_unscale: {
-            at::Tensor f = found;
-            at::_amp_foreach_non_finite_check_and_unscale_(grads, f, inv_t[k]);
-            break;
-          }
-          case Op::mul: at::_foreach_mul_(grads, at::Scalar(inv)); break;
-        }
+        run_op(c.op, g, pool, k);
         k ^= 1;
       }
-      const auto bytes = static_cast<std::int64_t>(kElements) * static_cast<std::int64_t>(grads[0].element_size());
+      const auto bytes = static_cast<std::int64_t>(kElements) * static_cast<std::int64_t>(g.tensors[0].element_size());
       s.SetBytesProcessed(s.iterations() * bytes);
       s.SetItemsProcessed(s.iterations() * kElements);
     });
@@ -138,10 +193,14 @@ int main(int argc, char** argv) {
     b->Unit(benchmark::kMillisecond);
   }
   run_registered([&](const Collector& col) {
-    std::printf("\n%d tensors, %lld Mi elements; ratios of median rates (> 1: the first is faster)\n", kTensors,
+    std::printf("\n%d tensors, %lld Mi elements; ratios (> 1: the first is faster)\n", kTensors,
                 static_cast<long long>(kElements >> 20));
-    std::printf("%-6s %7s %22s %22s %22s\n", "dtype", "threads", "fused vs torch_2pass", "unscale vs aten",
+    std::printf("  medians: the ratio of the two benchmarks' median rates above\n");
+    std::printf("  paired:  the median over %d rounds of the ratio inside a round (every op once per round)\n",
+                kRounds);
+    std::printf("%-6s %7s %24s %24s %24s\n", "dtype", "threads", "fused vs torch_2pass", "unscale vs aten",
                 "unscale vs mul");
+    std::printf("%-6s %7s %24s %24s %24s\n", "", "", "median / paired", "median / paired", "median / paired");
     for (auto dt : {at::kFloat, at::kBFloat16}) {
       for (int t : thread_counts) {
         auto rate = [&](Op op) {
@@ -149,9 +208,10 @@ int main(int argc, char** argv) {
           return r ? r->items_per_s : 0.0;
         };
         auto ratio = [](double a, double b) { return b > 0 ? a / b : 0.0; };
-        std::printf("%-6s %7d %22.2f %22.2f %22.2f\n", dt == at::kFloat ? "f32" : "bf16", t,
-                    ratio(rate(Op::fused), rate(Op::torch_2pass)), ratio(rate(Op::unscale), rate(Op::aten_unscale)),
-                    ratio(rate(Op::unscale), rate(Op::mul)));
+        const auto p = paired_ratios(dt == at::kFloat ? f32 : bf16, pool_for(t), t);
+        std::printf("%-6s %7d %15.2f / %5.2f %15.2f / %5.2f %15.2f / %5.2f\n", dt == at::kFloat ? "f32" : "bf16", t,
+                    ratio(rate(Op::fused), rate(Op::torch_2pass)), p[0], ratio(rate(Op::unscale), rate(Op::aten_unscale)),
+                    p[1], ratio(rate(Op::unscale), rate(Op::mul)), p[2]);
       }
     }
   });
