@@ -14,6 +14,7 @@ std::string_view isa_name(Isa isa) noexcept {
   switch (isa) {
     case Isa::scalar: return "scalar";
     case Isa::avx2: return "avx2";
+    case Isa::avx512: return "avx512";
   }
   return "unknown";
 }
@@ -21,6 +22,7 @@ std::string_view isa_name(Isa isa) noexcept {
 std::optional<Isa> parse_isa(std::string_view name) noexcept {
   if (name == "scalar") return Isa::scalar;
   if (name == "avx2") return Isa::avx2;
+  if (name == "avx512") return Isa::avx512;
   return std::nullopt;
 }
 
@@ -40,17 +42,32 @@ static bool cpu_has_avx2_f16c_fma() noexcept {
 #endif
 }
 
+static bool cpu_has_avx512() noexcept {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+  __builtin_cpu_init();
+  return cpu_has_avx2_f16c_fma() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
 bool isa_available(Isa isa) noexcept {
   switch (isa) {
     case Isa::scalar: return true;
     // The AVX2 back ends (src/*/cpu/*_avx2.cpp) are compiled in on x86-64, the only
     // target where the CPU check can succeed.
     case Isa::avx2: return cpu_has_avx2_f16c_fma();
+    // The AVX-512 kernels (src/*/cpu/*_avx512.cpp) likewise; they include AVX2's.
+    case Isa::avx512: return cpu_has_avx512();
   }
   return false;
 }
 
-Isa best_isa() noexcept { return isa_available(Isa::avx2) ? Isa::avx2 : Isa::scalar; }
+Isa best_isa() noexcept {
+  if (isa_available(Isa::avx512)) return Isa::avx512;
+  return isa_available(Isa::avx2) ? Isa::avx2 : Isa::scalar;
+}
 
 static Isa choose_isa() {
   const char* env = std::getenv("MIXPREC_ISA");
@@ -58,7 +75,7 @@ static Isa choose_isa() {
   const auto isa = parse_isa(env);
   if (!isa) {
     throw std::invalid_argument(std::string("MIXPREC_ISA='") + env +
-                                "' is not a back end; allowed: scalar, avx2");
+                                "' is not a back end; allowed: scalar, avx2, avx512");
   }
   if (!isa_available(*isa)) {
     throw std::invalid_argument(std::string("MIXPREC_ISA='") + env +

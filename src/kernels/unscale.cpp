@@ -20,7 +20,8 @@ using detail::SegmentOut;
 using detail::UnscaleKernels;
 
 const UnscaleKernels* unscale_kernels(Isa isa) noexcept {
-  return detail::select_kernels(isa, &detail::scalar_unscale_kernels, &detail::avx2_unscale_kernels);
+  return detail::select_kernels(isa, &detail::scalar_unscale_kernels, &detail::avx2_unscale_kernels,
+                                &detail::avx512_unscale_kernels);
 }
 
 void validate(std::span<const GradTensor> grads, float inv_scale, const UnscaleOptions& o,

@@ -1,4 +1,4 @@
-// Private: the back ends of unscale_and_check (scalar reference, AVX2) and the
+// Private: the back ends of unscale_and_check (scalar reference, AVX2, AVX-512) and the
 // pieces both share: the per-element step of the reference and the flush of
 // chunk lane sums into the exact accumulator (mixprec/kernels/exact_sum.hpp).
 #pragma once
@@ -35,7 +35,8 @@ struct UnscaleKernels {
 };
 
 const UnscaleKernels& scalar_unscale_kernels() noexcept;
-const UnscaleKernels* avx2_unscale_kernels() noexcept;  // nullptr when not compiled in
+const UnscaleKernels* avx2_unscale_kernels() noexcept;    // nullptr when not compiled in
+const UnscaleKernels* avx512_unscale_kernels() noexcept;  // nullptr when not compiled in
 
 inline constexpr int kSumLanes = 16;
 

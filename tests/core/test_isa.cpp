@@ -1,5 +1,6 @@
 // The one lookup rule of the kernel tables (src/core/select_kernels.hpp): the table of an
-// available back end, nullptr for any other, never a substitute.
+// available back end, nullptr for any other; under avx512 a family without AVX-512
+// kernels answers with its AVX2 table (back ends nest), and says so in its isa field.
 #include <gtest/gtest.h>
 
 #include <stdexcept>
@@ -15,8 +16,19 @@ namespace mixprec {
 namespace {
 
 TEST(Isa, NamesRoundTrip) {
-  for (Isa isa : {Isa::scalar, Isa::avx2}) EXPECT_EQ(parse_isa(isa_name(isa)), isa);
-  EXPECT_FALSE(parse_isa("avx512").has_value());
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) EXPECT_EQ(parse_isa(isa_name(isa)), isa);
+  EXPECT_FALSE(parse_isa("avx512f").has_value());
+  EXPECT_FALSE(parse_isa("AVX2").has_value());
+}
+
+TEST(Isa, AvxLevelsNest) {
+  // AVX-512 is only claimed with AVX2 (its kernels fall back to AVX2's), AVX2 with scalar.
+  if (isa_available(Isa::avx512)) {
+    EXPECT_TRUE(isa_available(Isa::avx2));
+  }
+  EXPECT_EQ(best_isa(), isa_available(Isa::avx512) ? Isa::avx512
+                        : isa_available(Isa::avx2) ? Isa::avx2
+                                                   : Isa::scalar);
 }
 
 TEST(Isa, ActiveAndBestAreAvailable) {
@@ -28,13 +40,13 @@ TEST(Isa, ActiveAndBestAreAvailable) {
 TEST(Isa, EveryTableFollowsTheSameRule) {
   std::vector<float> g(8, 1.0f);
   const GradTensor t{g.data(), g.size(), DType::f32};
-  for (Isa isa : {Isa::scalar, Isa::avx2}) {
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
     SCOPED_TRACE(std::string(isa_name(isa)));
     const bool available = isa_available(isa);
     const KernelTable* formats = kernel_table(isa);
     EXPECT_EQ(formats != nullptr, available);
     if (formats != nullptr) {
-      EXPECT_EQ(formats->isa, isa);
+      EXPECT_EQ(formats->isa, isa == Isa::avx512 ? Isa::avx2 : isa);  // no AVX-512 format kernels
     }
     const optim_detail::UpdateKernels* update = optim_detail::update_kernels(isa);
     EXPECT_EQ(update != nullptr, available);

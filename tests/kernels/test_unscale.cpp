@@ -1,4 +1,4 @@
-// unscale_and_check: scalar reference vs AVX2 bit for bit, PyTorch GradScaler
+// unscale_and_check: scalar reference vs AVX2 and AVX-512 bit for bit, PyTorch GradScaler
 // semantics (check before the multiply, skip at inv_scale == 1), check-only
 // mode, thread-count independence, hand-derived cases and argument errors.
 #include <gtest/gtest.h>
@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
 #include <random>
@@ -154,8 +155,65 @@ TEST(Unscale, Avx2EqualsScalarOnAwkwardMixedLists) {
   }
 }
 
+TEST(Unscale, Avx512EqualsScalarOnAwkwardMixedLists) {
+  if (!isa_available(Isa::avx512)) GTEST_SKIP() << "no AVX-512 (F, BW, DQ, VL) on this CPU: its back end is not tested here";
+  ThreadPool pool2(2);
+  const Tensors t = awkward_list();
+  for (float inv : {inv_scale_of(65536.0f), inv_scale_of(3000.0f), 1.0f, 3.0f}) {
+    for (std::size_t mp : {kUnscaleParallelElements, std::size_t{0}}) {
+      for (const UnscaleOptions& o : all_options(mp)) {
+        const std::string what = describe(o) + " inv=" + std::to_string(inv);
+        expect_same(run(Isa::scalar, t, inv, o, &pool2), run(Isa::avx512, t, inv, o, &pool2), what);
+      }
+    }
+  }
+}
+
+// Every f16 and every bf16 code (NaNs, infinities, subnormals, both zeros), and a
+// stride through all f32 patterns, unscaled by each SIMD back end: the values written
+// are the reference's bit for bit; the first difference is printed in hex.
+TEST(Unscale, EverySixteenBitCodeAndF32PatternsEqualTheReference) {
+  int ran = 0;
+  for (Isa isa : {Isa::avx2, Isa::avx512}) {
+    if (!isa_available(isa)) {
+      std::printf("[  SKIP    ] %s: not available on this CPU\n", std::string(isa_name(isa)).c_str());
+      continue;
+    }
+    for (DType d : {DType::f16, DType::bf16, DType::f32}) {
+      Tensors t;
+      const std::size_t n = d == DType::f32 ? (std::size_t{1} << 20) + 5 : std::size_t{1} << 16;
+      t.add(d, n);
+      for (std::size_t i = 0; i < n; ++i) {
+        if (d == DType::f32) {
+          const auto w = static_cast<std::uint32_t>(i * 4099u + (i >> 7));  // 4099 odd: spreads over 2^32
+          std::memcpy(reinterpret_cast<std::byte*>(t.words[0].data()) + 4 * i, &w, 4);
+        } else {
+          const auto c = static_cast<std::uint16_t>(i);
+          std::memcpy(reinterpret_cast<std::byte*>(t.words[0].data()) + 2 * i, &c, 2);
+        }
+      }
+      for (float inv : {0.5f, 3.0f, inv_scale_of(65536.0f), 1.0f / 3.0f}) {
+        const Outcome ref = run(Isa::scalar, t, inv, {true, true, true, 0});
+        const Outcome got = run(isa, t, inv, {true, true, true, 0});
+        const std::size_t width = dtype_size(d);
+        for (std::size_t i = 0; i < n; ++i) {
+          std::uint32_t a = 0, b = 0, x = 0;
+          std::memcpy(&a, reinterpret_cast<const std::byte*>(ref.words[0].data()) + width * i, width);
+          std::memcpy(&b, reinterpret_cast<const std::byte*>(got.words[0].data()) + width * i, width);
+          std::memcpy(&x, reinterpret_cast<const std::byte*>(t.words[0].data()) + width * i, width);
+          ASSERT_EQ(a, b) << isa_name(isa) << " " << dtype_name(d) << " inv " << inv << ": input 0x" << std::hex << x
+                          << " gives 0x" << b << ", the reference 0x" << a;
+        }
+        expect_same(ref, got, std::string(isa_name(isa)) + " " + std::string(dtype_name(d)));
+        ++ran;
+      }
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << "no SIMD back end on this CPU";
+}
+
 TEST(Unscale, NonFiniteAnywhereInAnyDtype) {
-  const Isa isas[] = {Isa::scalar, Isa::avx2};
+  const Isa isas[] = {Isa::scalar, Isa::avx2, Isa::avx512};
   for (DType d : {DType::f32, DType::f16, DType::bf16}) {
     for (float bad : {kInf, -kInf, kNaN}) {
       for (int where = 0; where < 3; ++where) {
@@ -200,7 +258,7 @@ TEST(Unscale, NonFiniteAnywhereInAnyDtype) {
 
 TEST(Unscale, FiniteProductOverflowIsNotFoundInf) {
   // inv_scale > 1 (a loss scale below 1): the check reads g, which is finite.
-  for (Isa isa : {Isa::scalar, Isa::avx2}) {
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
     if (!isa_available(isa)) continue;
     Tensors t;
     t.add(DType::f32, 20);
@@ -223,7 +281,7 @@ TEST(Unscale, FiniteProductOverflowIsNotFoundInf) {
 // ---- PyTorch semantics and modes -------------------------------------------------
 
 TEST(Unscale, InvScaleOneWritesNothing) {
-  for (Isa isa : {Isa::scalar, Isa::avx2}) {
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
     if (!isa_available(isa)) continue;
     Tensors t = awkward_list();
     t.words[3][0] = 0x7f800001u;  // a signalling NaN (f32) would be quieted by a multiply
@@ -235,7 +293,7 @@ TEST(Unscale, InvScaleOneWritesNothing) {
 }
 
 TEST(Unscale, CheckOnlyWritesNothingAndReportsTheSame) {
-  for (Isa isa : {Isa::scalar, Isa::avx2}) {
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
     if (!isa_available(isa)) continue;
     ThreadPool pool(2);
     const Tensors t = awkward_list();
@@ -250,7 +308,7 @@ TEST(Unscale, CheckOnlyWritesNothingAndReportsTheSame) {
 }
 
 TEST(Unscale, WrittenValuesAreTheLibraryRounding) {
-  for (Isa isa : {Isa::scalar, Isa::avx2}) {
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
     if (!isa_available(isa)) continue;
     const Tensors t = awkward_list();
     const float inv = inv_scale_of(3000.0f);
@@ -283,7 +341,7 @@ TEST(Unscale, ResultsDoNotDependOnThreadCount) {
   t.fill_random(3);
   t.set(4, 3 * C + 2, kInf);
   ThreadPool p1(1), p2(2), p3(3), p5(5);
-  for (Isa isa : {Isa::scalar, Isa::avx2}) {
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
     if (!isa_available(isa)) continue;
     for (const UnscaleOptions& o : all_options(0)) {
       const Outcome base = run(isa, t, inv_scale_of(65536.0f), o, &p1);
@@ -308,7 +366,7 @@ TEST(Unscale, ResultsDoNotDependOnThreadCount) {
 // ---- hand-derived ---------------------------------------------------------------
 
 TEST(Unscale, SmallKnownCases) {
-  for (Isa isa : {Isa::scalar, Isa::avx2}) {
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
     if (!isa_available(isa)) continue;
     Tensors t;
     t.add(DType::f32, 4);
@@ -344,7 +402,7 @@ TEST(Unscale, SumOfSquaresFollowsTheDocumentedLanes) {
   // theirs and the lanes are added exactly. 325 = 20 * 16 + 5 elements: lanes
   // 0..4 hold 21 elements, lanes 5..15 hold 20, so the total is big^2 + 4 * 21
   // + 11 * 20. A second tensor in the list and a second chunk restart the lanes.
-  for (Isa isa : {Isa::scalar, Isa::avx2}) {
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
     if (!isa_available(isa)) continue;
     for (DType d : {DType::f32, DType::bf16}) {
       const float big = d == DType::f32 ? 0x1p30f : 0x1p60f;
@@ -414,6 +472,9 @@ TEST(Unscale, RejectsBadArguments) {
   for (float v : x) EXPECT_EQ(v, 1.0f);
   if (!isa_available(Isa::avx2)) {
     expect_invalid([&] { unscale_and_check(Isa::avx2, g, 0.5f); }, "'avx2' is not available");
+  }
+  if (!isa_available(Isa::avx512)) {
+    expect_invalid([&] { unscale_and_check(Isa::avx512, g, 0.5f); }, "'avx512' is not available");
   }
 }
 

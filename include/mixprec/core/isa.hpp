@@ -1,8 +1,11 @@
 // Run-time choice of the kernel back end (instruction set): made once, at the edge.
 //
 // The public kernels use active_isa(), picked at first use from what the CPU reports
-// (AVX2 with F16C and FMA, else scalar). The environment variable MIXPREC_ISA=scalar|avx2
-// overrides the choice (an unavailable or unknown value is an error at first use).
+// (AVX-512 F/BW/DQ/VL with AVX2, F16C and FMA; else AVX2 with F16C and FMA; else
+// scalar). The environment variable MIXPREC_ISA=scalar|avx2|avx512 overrides the choice
+// (an unavailable or unknown value is an error at first use). Back ends nest: a kernel
+// family without AVX-512 kernels runs its AVX2 ones under avx512 (today only
+// unscale_and_check has AVX-512 kernels; docs/performance.md).
 // Tests and benchmarks reach each back end directly: the formats through kernel_table()
 // (mixprec/formats/kernel_table.hpp), unscale_and_check and the optimizers through their
 // Isa arguments.
@@ -14,7 +17,7 @@
 
 namespace mixprec {
 
-enum class Isa : std::uint8_t { scalar, avx2 };
+enum class Isa : std::uint8_t { scalar, avx2, avx512 };
 
 std::string_view isa_name(Isa isa) noexcept;
 std::optional<Isa> parse_isa(std::string_view name) noexcept;
