@@ -114,7 +114,7 @@ for path in glob.glob(os.path.join(ROOT, "config", "*")):
         pass
 words = ["none", "dynamic", "static:", "fp32", "fp16", "bf16", "fp16-pure", "bf16-pure", "adam", "adamw", "sgd",
          "sgd-momentum", "word:", "char", "gpt", "mlp", "mixprec", "torch", "deepspeed", "megatron", "apex", "keras",
-         "jmp", "static", "inf", "nan"]
+         "tf-keras", "jmp", "static", "inf", "nan"]
 numbers = ["1e400", "-0", "0.5", "1e-45", "18446744073709551616", "-1", "2147483648", "4294967296"]
 dict_file("config.dict", ['"%s"' % n for n in names | set(words)] + numbers +
           ["null", "true", "false", "[]", "{}", ":", ","])

@@ -49,6 +49,21 @@ void GradScaler::record_check(Record& r, const UnscaleResult& res) {
   r.found_inf = res.found_inf || !std::isfinite(r.grad_norm);
 }
 
+// The scale is inf, 0 or so small that 1/S overflows float32: the gradients cannot be
+// unscaled. Keras 3 at scale inf multiplies the loss by inf, finds non-finite gradients and
+// skips the step (and inf * 0.5 stays inf: every later step too); at scale 0 it would divide
+// 0 by 0 and write NaN into the weights. mixprec skips both: found_inf, nothing written.
+// The check still reads the gradients as they are (inv_scale 1) to name the first tensor
+// holding inf/NaN; the unscaled norm is unknown (NaN).
+void GradScaler::record_unscalable(Record& r, Optimizer& opt, ThreadPool* pool) {
+  UnscaleOptions o;
+  o.write = false;
+  const UnscaleResult res = unscale_and_check(opt.store().grad_tensors(), 1.0f, o, {}, pool);
+  r.first_overflow = res.first_nonfinite;
+  r.grad_norm = std::numeric_limits<double>::quiet_NaN();
+  r.found_inf = true;
+}
+
 GradScaler::Record& GradScaler::record(Optimizer& opt) {
   return records_[&opt];
 }
@@ -99,10 +114,15 @@ void GradScaler::unscale(Optimizer& opt, ThreadPool* pool) {
   }
   if (r.stage == OptimizerStage::stepped) throw std::logic_error("unscale() is being called after step()");
   window_.require_complete("unscale()");
-  UnscaleOptions o;
-  o.sum_squares = true;
-  const UnscaleResult res = unscale_and_check(opt.store().grad_tensors(), inv_scale_of(scale_->scale()), o, {}, pool);
-  record_check(r, res);
+  const float inv_scale = inv_scale_of(scale_->scale());
+  if (can_unscale(inv_scale)) {
+    UnscaleOptions o;
+    o.sum_squares = true;
+    const UnscaleResult res = unscale_and_check(opt.store().grad_tensors(), inv_scale, o, {}, pool);
+    record_check(r, res);
+  } else {
+    record_unscalable(r, opt, pool);  // nothing written; step() will skip
+  }
   r.stage = OptimizerStage::unscaled;
 }
 
@@ -121,11 +141,15 @@ StepOutcome GradScaler::step(Optimizer& opt, const StepOptions& options) {
   float inv_scale = 1.0f;
   if (r.stage == OptimizerStage::ready) {
     inv_scale = enabled_ ? inv_scale_of(scale_->scale()) : 1.0f;
-    UnscaleOptions o;
-    o.write = false;
-    o.sum_squares = true;
-    const UnscaleResult res = unscale_and_check(opt.store().grad_tensors(), inv_scale, o, {}, options.pool);
-    record_check(r, res);
+    if (can_unscale(inv_scale)) {
+      UnscaleOptions o;
+      o.write = false;
+      o.sum_squares = true;
+      const UnscaleResult res = unscale_and_check(opt.store().grad_tensors(), inv_scale, o, {}, options.pool);
+      record_check(r, res);
+    } else {
+      record_unscalable(r, opt, options.pool);
+    }
   }
   r.found_inf = r.found_inf || options.found_inf_elsewhere;
   if (options.global_grad_norm) {

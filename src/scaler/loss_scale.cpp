@@ -33,7 +33,7 @@ std::string join(const std::vector<std::string>& names) {
 
 constexpr LossScaleRule kRules[] = {LossScaleRule::static_scale, LossScaleRule::torch, LossScaleRule::deepspeed,
                                     LossScaleRule::megatron,     LossScaleRule::apex,  LossScaleRule::keras,
-                                    LossScaleRule::jmp};
+                                    LossScaleRule::tf_keras,     LossScaleRule::jmp};
 
 bool known_rule(LossScaleRule r) {
   return std::find(std::begin(kRules), std::end(kRules), r) != std::end(kRules);
@@ -48,12 +48,12 @@ std::string rule_names() {
 // Rules whose anchor holds (or computes) the scale in float32.
 bool holds_f32(LossScaleRule r) {
   return r == LossScaleRule::static_scale || r == LossScaleRule::torch || r == LossScaleRule::megatron ||
-         r == LossScaleRule::keras || r == LossScaleRule::jmp;
+         r == LossScaleRule::keras || r == LossScaleRule::tf_keras || r == LossScaleRule::jmp;
 }
 // Rules whose anchor has a single factor: growth multiplies by it, backoff divides by it.
 bool single_factor(LossScaleRule r) {
   return r == LossScaleRule::deepspeed || r == LossScaleRule::apex || r == LossScaleRule::keras ||
-         r == LossScaleRule::jmp;
+         r == LossScaleRule::tf_keras || r == LossScaleRule::jmp;
 }
 bool has_hysteresis(LossScaleRule r) { return r == LossScaleRule::deepspeed || r == LossScaleRule::megatron; }
 
@@ -85,6 +85,7 @@ std::string_view rule_name(LossScaleRule r) noexcept {
     case LossScaleRule::megatron: return "megatron";
     case LossScaleRule::apex: return "apex";
     case LossScaleRule::keras: return "keras";
+    case LossScaleRule::tf_keras: return "tf-keras";
     case LossScaleRule::jmp: return "jmp";
   }
   return "?";
@@ -101,8 +102,8 @@ std::string_view floor_policy_name(FloorPolicy p) noexcept {
 // ---- presets -----------------------------------------------------------------
 
 const std::vector<std::string>& loss_scale_preset_names() {
-  static const std::vector<std::string> names = {"mixprec", "torch", "deepspeed", "megatron",
-                                                 "apex",    "keras", "jmp",       "static"};
+  static const std::vector<std::string> names = {"mixprec", "torch",    "deepspeed", "megatron", "apex",
+                                                 "keras",   "tf-keras", "jmp",       "static"};
   return names;
 }
 
@@ -146,7 +147,16 @@ LossScaleConfig loss_scale_preset(std::string_view name) {
     c.max_scale = 16777216.0;
     c.refuse_nonfinite_growth = false;
   } else if (name == "keras") {
+    // Keras 3 LossScaleOptimizer: initial_scale 2^15, dynamic_growth_steps 2000, no floor, no
+    // finite guard (the scale can go below 1, to 0, or grow to inf).
     c.rule = LossScaleRule::keras;
+    c.init_scale = 32768.0;
+    c.growth_interval = 2000;
+    c.min_scale = 0.0;
+    c.refuse_nonfinite_growth = false;
+  } else if (name == "tf-keras") {
+    // tf.keras / Keras 2 LossScaleOptimizer (dynamic): floor at 1, growth only into a finite value.
+    c.rule = LossScaleRule::tf_keras;
     c.init_scale = 32768.0;
     c.growth_interval = 2000;
     c.min_scale = 1.0;
@@ -507,7 +517,37 @@ void DynamicLossScale::update(bool found_inf) {
       break;
     }
     case LossScaleRule::keras: {
-      // float32 variable; counter + 1 >= growth_steps; growth only into a finite value.
+      // Keras 3 LossScaleOptimizer: float32 variable dynamic_scale, integer step_counter.
+      // Finite grads: if step_counter == dynamic_growth_steps - 1, scale * 2 (in float32, may
+      // become inf: no guard) and counter 0; else counter + 1. Non-finite: counter 0, scale * 0.5
+      // (no floor: below 1, through the subnormals, to 0; inf * 0.5 stays inf). min_scale,
+      // max_scale and refuse_nonfinite_growth are mixprec's knobs, off in the preset.
+      const float scale = static_cast<float>(scale_);
+      if (!found_inf) {
+        if (k.growth_tracker == c.growth_interval - 1) {
+          const float n = scale * growth_f;
+          if (std::isfinite(n) || !refuse) {
+            scale_ = std::min(n, max_f);
+            k.growths += 1;
+          }
+          k.growth_tracker = 0;
+        } else {
+          k.growth_tracker += 1;
+        }
+        k.floor_overflows = 0;
+      } else {
+        check_floor(scale_);
+        k.growth_tracker = 0;
+        float n = scale / growth_f;  // Keras 3: scale * 0.5, the same float32 value for factor 2
+        if (c.min_scale > 0) n = std::max(n, min_f);
+        scale_ = n;
+        k.backoffs += 1;
+      }
+      break;
+    }
+    case LossScaleRule::tf_keras: {
+      // tf.keras / Keras 2: float32 variable; counter + 1 >= growth_steps; growth only into a
+      // finite value; backoff max(scale / multiplier, 1).
       const float scale = static_cast<float>(scale_);
       if (!found_inf) {
         if (k.growth_tracker + 1 >= c.growth_interval) {

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cmath>
+#include <limits>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -125,6 +126,21 @@ void GradScaler::check_unscale(::torch::optim::Optimizer& opt, Record& r, bool w
     throw std::invalid_argument("mixprec::torch::GradScaler: the optimizer has no parameters");
   }
   const float inv_scale = (enabled_ && write_scaled) ? inv_scale_of(scale_->scale()) : 1.0f;
+  if (!can_unscale(inv_scale)) {
+    // The scale is inf, 0 or below about 2^-128 (the keras preset, like Keras 3, has no floor
+    // and no finite guard): nothing can be unscaled. As the core GradScaler: an overflow step,
+    // nothing written, the first tensor holding inf/NaN named, the norm unknown.
+    r.found_inf = true;
+    r.grad_norm = std::numeric_limits<double>::quiet_NaN();
+    r.first_overflow = -1;
+    for (const Entry& e : entries) {
+      if (!at::isfinite(e.grad).all().item<bool>()) {
+        r.first_overflow = e.index;
+        break;
+      }
+    }
+    return;
+  }
 
   if (!device || device->is_cpu()) {
     // The fused pass over the tensors' own storage: GradTensor views, no copy.

@@ -324,7 +324,7 @@ const std::vector<Field>& fields() {
          .kind = KeyKind::text,
          .type = "SPEC",
          .help = "Loss scaling: none, dynamic, static:S or a preset (mixprec, torch, deepspeed, megatron, apex, keras, "
-                 "jmp); fp8 presets default to none",
+                 "tf-keras, jmp); fp8 presets default to none",
          .compare_sets = true},
         string_field(
             "loss-scale", [](auto& c) -> auto& { return c.loss_scale; },

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <type_traits>
 
 #include "mixprec/optim/optimizer.hpp"
@@ -55,13 +56,19 @@ static_assert(std::is_trivially_copyable_v<ExactSum>);
 double zero_global_norm(ZeroShard& z, dist::Communicator& comm, float scale) {
   ExactSum part;
   bool bad = false;
-  sum_squares_exact(z.segments, inv_scale_of(scale), part, bad);
+  // A scale whose inverse float32 cannot hold (inf, 0: the keras preset has no floor or guard)
+  // unscales nothing: the norm is inf, and the step an overflow (GradScaler skips it too).
+  // Every rank has the same scale, so every rank still joins the all-gather below.
+  const float inv_scale = inv_scale_of(scale);
+  const bool unscalable = !can_unscale(inv_scale);
+  if (!unscalable) sum_squares_exact(z.segments, inv_scale, part, bad);
   const std::size_t me = static_cast<std::size_t>(comm.rank());
   z.sums[me] = part;
   comm.all_gather(std::as_bytes(std::span<const ExactSum>(&z.sums[me], 1)),
                   std::as_writable_bytes(std::span<ExactSum>(z.sums)), sizeof(ExactSum));
   ExactSum total;
   for (const ExactSum& s : z.sums) total.merge(s);
+  if (unscalable) return std::numeric_limits<double>::infinity();
   return std::sqrt(total.value());
 }
 

@@ -200,7 +200,7 @@ TEST(Alerts, HealthyRunsRaiseNothing) {
   const auto dyn = run(300, [](StepRecord& r) { r.skipped = r.step <= 6; }, "mixprec");
   EXPECT_TRUE(evaluate(dyn, ctx("dynamic")).empty()) << ids(evaluate(dyn, ctx("dynamic"))).size();
   // The same under every dynamic preset.
-  for (const char* p : {"torch", "deepspeed", "megatron", "apex", "keras", "jmp"}) {
+  for (const char* p : {"torch", "deepspeed", "megatron", "apex", "keras", "tf-keras", "jmp"}) {
     const auto log = run(300, [](StepRecord& r) { r.skipped = r.step <= 6 || r.step % 97 == 0; }, p);
     EXPECT_TRUE(evaluate(log, ctx(p)).empty()) << p;
   }

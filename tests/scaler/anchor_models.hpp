@@ -4,7 +4,7 @@
 //
 // Precision is the anchor's: torch keeps a float32 tensor and multiplies by a Python float
 // (double) before rounding to float32; DeepSpeed and Apex use Python floats (double); Megatron
-// keeps float32 tensors for scale, factors and min; Keras a float32 variable; jmp a float32 array.
+// keeps float32 tensors for scale, factors and min; Keras 3 and tf.keras a float32 variable; jmp a float32 array.
 #pragma once
 
 #include <algorithm>
@@ -143,8 +143,34 @@ struct Apex {
   }
 };
 
-// Keras 2 LossScaleOptimizer (float32 variable, multiplier 2, floor 1).
-struct Keras {
+// Keras 3 LossScaleOptimizer (keras/src/optimizers/loss_scale_optimizer.py, keras 3.15.1:
+// _common_apply -> _stateful_handle_finite_grads / _stateful_handle_non_finite_grads):
+// dynamic_scale a float32 variable (initial_scale 2^15), step_counter an int variable
+// (dynamic_growth_steps 2000). Finite: if step_counter == dynamic_growth_steps - 1 then
+// step_counter = 0, dynamic_scale = dynamic_scale * 2.0, else step_counter += 1. Non-finite:
+// step_counter = 0, dynamic_scale = dynamic_scale * 0.5. No floor, no finite guard.
+struct Keras3 {
+  float dynamic_scale = 32768.0f;
+  std::int64_t dynamic_growth_steps = 2000;
+  std::int64_t step_counter = 0;
+
+  void apply(bool finite) {
+    if (finite) {
+      if (step_counter == dynamic_growth_steps - 1) {
+        step_counter = 0;
+        dynamic_scale = dynamic_scale * 2.0f;
+      } else {
+        step_counter += 1;
+      }
+    } else {
+      step_counter = 0;
+      dynamic_scale = dynamic_scale * 0.5f;
+    }
+  }
+};
+
+// tf.keras / Keras 2 LossScaleOptimizer (float32 variable, multiplier 2, floor 1).
+struct TfKeras {
   float current_loss_scale;
   std::int64_t growth_steps;
   std::int64_t counter = 0;

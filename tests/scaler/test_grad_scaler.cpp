@@ -7,6 +7,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -331,6 +332,100 @@ TEST(GradScaler, OverflowCreatedByUnscalingIsSkipped) {
   EXPECT_EQ(master_bits(s), before);
   scaler.update();
   EXPECT_EQ(scaler.get_scale(), 0x1p-11f);
+}
+
+// The keras preset follows Keras 3: no floor. A scale below 1 unscales by 1/S > 1; for a
+// power of two the weights equal those of a run at scale 1 on the same gradients.
+TEST(GradScaler, KerasScaleBelowOneUnscalesUp) {
+  ParamStore a = make_store(DType::f32), b = make_store(DType::f32);
+  Adam oa(a, {}), ob(b, {});
+  LossScaleConfig c = loss_scale_preset("keras");
+  c.init_scale = 0x1p-10;
+  GradScaler below(c), one(small_torch(1.0, 1000));
+  for (int step = 0; step < 4; ++step) {
+    write_grads(a, below.get_scale(), step);
+    write_grads(b, 1.0f, step);
+    const StepOutcome oa_out = below.step(oa);
+    const StepOutcome ob_out = one.step(ob);
+    EXPECT_TRUE(oa_out.applied);
+    EXPECT_EQ(oa_out.grad_norm, ob_out.grad_norm);
+    below.update();
+    one.update();
+    ASSERT_EQ(master_bits(a), master_bits(b)) << "step " << step;
+  }
+  EXPECT_EQ(below.get_scale(), 0x1p-10f);
+}
+
+// Keras 3 can grow the scale to inf (no finite guard). Its scaled loss is then inf, every
+// gradient non-finite, every step skipped, and inf * 0.5 stays inf. mixprec does the same
+// without throwing on the inverse scale 0: found_inf, nothing written, on both paths.
+TEST(GradScaler, KerasScaleInfSkipsEveryStep) {
+  ParamStore s = make_store(DType::f32);
+  Adam opt(s, {});
+  LossScaleConfig c = loss_scale_preset("keras");
+  c.init_scale = 0x1p127;
+  c.growth_interval = 1;
+  GradScaler scaler(c);
+  write_grads(s, scaler.get_scale(), 0);
+  EXPECT_TRUE(scaler.step(opt).applied);
+  scaler.update();
+  ASSERT_TRUE(std::isinf(scaler.get_scale()));
+  for (int step = 1; step <= 6; ++step) {
+    // Gradients of a loss scaled by inf (inf and NaN), or finite ones: skipped either way.
+    write_grads(s, step % 2 ? scaler.get_scale() : 1.0f, step);
+    const auto before = master_bits(s);
+    std::vector<float> grads_before(s.grads<float>(0).begin(), s.grads<float>(0).end());
+    StepOutcome out;
+    if (step % 3 == 0) {
+      ASSERT_NO_THROW(scaler.unscale(opt));
+      const std::span<const float> g = s.grads<float>(0);
+      for (std::size_t k = 0; k < g.size(); ++k)
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(g[k]), std::bit_cast<std::uint32_t>(grads_before[k]))
+            << "unscale() must not write when the scale cannot be inverted";
+    }
+    ASSERT_NO_THROW(out = scaler.step(opt));
+    EXPECT_FALSE(out.applied) << "step " << step;
+    EXPECT_TRUE(out.found_inf) << "step " << step;
+    EXPECT_TRUE(std::isinf(out.scale));
+    EXPECT_TRUE(std::isnan(out.grad_norm));
+    EXPECT_EQ(out.first_overflow, step % 2 ? 0 : -1) << "step " << step;
+    EXPECT_EQ(out.first_overflow_name, step % 2 ? "w1" : "") << "step " << step;
+    EXPECT_EQ(master_bits(s), before);
+    scaler.update();
+    EXPECT_TRUE(std::isinf(scaler.get_scale())) << "the scale never recovers";
+  }
+  EXPECT_EQ(opt.step_count(), 1);
+  GradScaler copy(loss_scale_preset("keras"));
+  copy.load_state_json(scaler.state_json());
+  EXPECT_TRUE(std::isinf(copy.get_scale()));
+}
+
+// A scale of 0 (Keras 3's halving underflows to it after 165 overflows from 2^15) or one so
+// small that 1/S overflows float32 cannot unscale either: skipped, where Keras 3 would divide
+// 0 by 0 and write NaN into the weights.
+TEST(GradScaler, KerasScaleZeroOrTinySkips) {
+  for (double init : {0x1p-149, 0x1p-140}) {
+    ParamStore s = make_store(DType::f32);
+    SGD opt(s, {});
+    LossScaleConfig c = loss_scale_preset("keras");
+    c.init_scale = init;
+    GradScaler scaler(c);
+    if (init == 0x1p-149) {  // one overflow: 2^-150 rounds to 0
+      write_grads(s, 1.0f, 0, INFINITY);
+      EXPECT_FALSE(scaler.step(opt).applied);
+      scaler.update();
+      ASSERT_EQ(scaler.get_scale(), 0.0f);
+    }
+    write_grads(s, scaler.get_scale(), 1);
+    const auto before = master_bits(s);
+    StepOutcome out;
+    ASSERT_NO_THROW(out = scaler.step(opt)) << init;
+    EXPECT_FALSE(out.applied) << init;
+    EXPECT_TRUE(out.found_inf) << init;
+    EXPECT_EQ(out.first_overflow, -1) << init;
+    EXPECT_EQ(master_bits(s), before) << init;
+    scaler.update();
+  }
 }
 
 TEST(GradScaler, RejectsBadStepOptions) {

@@ -5,8 +5,12 @@
 #include <bit>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <limits>
+#include <optional>
+#include <sstream>
 #include <random>
 #include <string>
 #include <vector>
@@ -272,17 +276,112 @@ TEST(LossScaleAnchors, ApexTrajectories) {
   totals.expect(0, 0);
 }
 
+// Keras 3: no floor and no guard, so these runs also fall below 1 (the bursts) and, from 2^125
+// with short intervals, reach inf and stay there.
 TEST(LossScaleAnchors, KerasTrajectories) {
+  const TotalsCheck totals;
+  int went_below_one = 0, reached_inf = 0, reached_zero = 0;
+  for (const SeqCase& sc : kSeqs) {
+    const auto seq = overflow_sequence(sc.seed + 500, kSteps, sc.p);
+    for (std::int64_t iv : kIntervals) {
+      for (double init : {32768.0, 0x1p125, 0x1p-120}) {
+        const LossScaleConfig c = with(loss_scale_preset("keras"), iv, init);
+        anchors::Keras3 m{static_cast<float>(c.init_scale), c.growth_interval};
+        bool below = false, inf = false, zero = false;
+        compare<anchors::Keras3>(
+            c, m, seq,
+            [&](anchors::Keras3& t, bool f) {
+              t.apply(!f);
+              below = below || t.dynamic_scale < 1.0f;
+              inf = inf || std::isinf(t.dynamic_scale);
+              zero = zero || t.dynamic_scale == 0.0f;
+            },
+            [](const anchors::Keras3& t, const LossScaleState& s) {
+              std::string d = diff_scale(static_cast<double>(t.dynamic_scale), s);
+              if (d.empty()) d = diff_count("step_counter", t.step_counter, s.counters.growth_tracker);
+              return d;
+            });
+        went_below_one += below ? 1 : 0;
+        reached_inf += inf ? 1 : 0;
+        reached_zero += zero ? 1 : 0;
+      }
+    }
+  }
+  totals.expect(0, 0);
+  EXPECT_GT(went_below_one, 10);
+  EXPECT_GT(reached_inf, 0);
+  EXPECT_GT(reached_zero, 0);
+}
+
+// Trajectories recorded from the real Keras 3 LossScaleOptimizer (keras 3.15.1, backend torch:
+// see the file's header and record_keras3.py), replayed through the keras preset: the same
+// float32 scale and step_counter after every step. The sequences include 30 overflows from
+// 2^15, a collapse to 0, growth to inf with growth steps 1, and seeded burst/drought runs.
+TEST(LossScaleAnchors, RecordedKeras3Trajectories) {
+  const std::string path = std::string(MIXPREC_SCALER_FIXTURES) + "/keras3_trajectories.txt";
+  std::ifstream in(path);
+  ASSERT_TRUE(in) << "cannot open " << path;
+  auto number = [](const std::string& s) {
+    char* end = nullptr;
+    const double v = std::strtod(s.c_str(), &end);
+    EXPECT_EQ(*end, '\0') << "not a number: " << s;
+    return v;
+  };
+  std::optional<DynamicLossScale> ls;
+  std::string name, line;
+  std::int64_t cases = 0, steps = 0, expected_steps = 0, step = 0;
+  bool saw_inf = false, saw_zero = false, saw_below_one = false;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    std::istringstream is(line);
+    if (line.rfind("case ", 0) == 0) {
+      ASSERT_EQ(step, expected_steps) << "case " << name << " is short";
+      std::string kw, init;
+      std::int64_t growth_steps = 0;
+      is >> kw >> name >> growth_steps >> init >> expected_steps;
+      ASSERT_TRUE(is) << line;
+      LossScaleConfig c = loss_scale_preset("keras");
+      c.growth_interval = growth_steps;
+      c.init_scale = number(init);
+      ls.emplace(c);
+      ASSERT_EQ(bits(ls->state().scale), bits(number(init))) << name;
+      ++cases;
+      step = 0;
+      continue;
+    }
+    ASSERT_TRUE(ls.has_value()) << "a step before the first case: " << line;
+    int overflow = 0;
+    std::string scale;
+    std::int64_t counter = 0;
+    is >> overflow >> scale >> counter;
+    ASSERT_TRUE(is) << line;
+    ++step;
+    ++steps;
+    ASSERT_NO_THROW(ls->update(overflow == 1)) << name << " step " << step;
+    const double want = number(scale);
+    ASSERT_EQ(bits(ls->state().scale), bits(want)) << name << " step " << step;
+    ASSERT_EQ(ls->counters().growth_tracker, counter) << name << " step " << step;
+    saw_inf = saw_inf || std::isinf(want);
+    saw_zero = saw_zero || want == 0;
+    saw_below_one = saw_below_one || want < 1;
+  }
+  EXPECT_EQ(step, expected_steps) << "case " << name << " is short";
+  EXPECT_GE(cases, 10);
+  EXPECT_GT(steps, 15000);
+  EXPECT_TRUE(saw_inf && saw_zero && saw_below_one);
+}
+
+TEST(LossScaleAnchors, TfKerasTrajectories) {
   const TotalsCheck totals;
   for (const SeqCase& sc : kSeqs) {
     const auto seq = overflow_sequence(sc.seed + 500, kSteps, sc.p);
     for (std::int64_t iv : kIntervals) {
       for (double init : {32768.0, 0x1p125}) {
-        const LossScaleConfig c = with(loss_scale_preset("keras"), iv, init);
-        anchors::Keras m{static_cast<float>(c.init_scale), c.growth_interval};
-        compare<anchors::Keras>(
-            c, m, seq, [](anchors::Keras& t, bool f) { t.update(!f); },
-            [](const anchors::Keras& t, const LossScaleState& s) {
+        const LossScaleConfig c = with(loss_scale_preset("tf-keras"), iv, init);
+        anchors::TfKeras m{static_cast<float>(c.init_scale), c.growth_interval};
+        compare<anchors::TfKeras>(
+            c, m, seq, [](anchors::TfKeras& t, bool f) { t.update(!f); },
+            [](const anchors::TfKeras& t, const LossScaleState& s) {
               std::string d = diff_scale(static_cast<double>(t.current_loss_scale), s);
               if (d.empty()) d = diff_count("counter", t.counter, s.counters.growth_tracker);
               return d;
@@ -362,7 +461,7 @@ TEST(LossScaleRules, TorchHasNoFloorAndUnderflowsToZero) {
 }
 
 TEST(LossScaleRules, GrowthIntoInfinityIsRefused) {
-  for (const char* preset : {"torch", "keras", "jmp", "mixprec"}) {
+  for (const char* preset : {"torch", "tf-keras", "jmp", "mixprec"}) {
     LossScaleConfig c = loss_scale_preset(preset);
     c.growth_interval = 1;
     c.init_scale = 0x1p127;
@@ -509,8 +608,8 @@ TEST(LossScaleRules, MegatronHysteresisTrackerKeepsCounting) {
   EXPECT_EQ(ls.scale(), 0x1p31f);
 }
 
-TEST(LossScaleRules, KerasAndJmpFloorAtOne) {
-  for (const char* p : {"keras", "jmp"}) {
+TEST(LossScaleRules, TfKerasAndJmpFloorAtOne) {
+  for (const char* p : {"tf-keras", "jmp"}) {
     LossScaleConfig c = loss_scale_preset(p);
     c.init_scale = 2;
     DynamicLossScale ls(c);
@@ -520,6 +619,118 @@ TEST(LossScaleRules, KerasAndJmpFloorAtOne) {
     EXPECT_EQ(ls.scale(), 1.0f) << p;
     EXPECT_EQ(ls.counters().floor_overflows, 2) << p;
   }
+}
+
+// Keras 3 (keras preset): 30 overflows in a row from 2^15 halve it 30 times, through 1 and on
+// below it: 2^14, 2^13, ..., 2^-15, each exact. tf-keras stops at its floor, 1.
+TEST(LossScaleRules, KerasThirtyOverflowsGoBelowOne) {
+  DynamicLossScale k3(loss_scale_preset("keras"));
+  DynamicLossScale tf(loss_scale_preset("tf-keras"));
+  EXPECT_EQ(k3.scale(), 0x1p15f);
+  for (int i = 1; i <= 30; ++i) {
+    k3.update(true);
+    tf.update(true);
+    EXPECT_EQ(k3.state().scale, std::ldexp(1.0, 15 - i)) << "overflow " << i;
+    EXPECT_EQ(tf.state().scale, std::ldexp(1.0, std::max(0, 15 - i))) << "overflow " << i;
+    EXPECT_EQ(k3.counters().growth_tracker, 0);
+  }
+  EXPECT_EQ(k3.scale(), 0x1p-15f);
+  EXPECT_EQ(k3.counters().backoffs, 30);
+  EXPECT_EQ(k3.counters().floor_overflows, 0) << "keras has no floor";
+  EXPECT_EQ(tf.scale(), 1.0f);
+  EXPECT_EQ(tf.counters().floor_overflows, 15);
+  // On through the float32 subnormals: 2^-149 after 164 overflows, then 0 (2^-150 rounds to
+  // even), and 0 stays 0 (0 * 2 = 0; Keras 3 has no guard against it either).
+  for (int i = 31; i <= 164; ++i) k3.update(true);
+  EXPECT_EQ(k3.scale(), 0x1p-149f);
+  k3.update(true);
+  EXPECT_EQ(k3.scale(), 0.0f);
+  EXPECT_FALSE(std::signbit(k3.scale()));
+  LossScaleConfig one = loss_scale_preset("keras");
+  one.growth_interval = 1;
+  LossScaleState zero = k3.state();
+  zero.config = one;
+  DynamicLossScale z(one);
+  z.load(zero);
+  for (int i = 0; i < 5; ++i) z.update(false);
+  EXPECT_EQ(z.scale(), 0.0f);
+  EXPECT_EQ(z.counters().growths, 5);
+  DynamicLossScale back(loss_scale_preset("keras"));
+  back.load_json(k3.to_json());  // a state with scale 0 round-trips
+  EXPECT_EQ(back.state(), k3.state());
+}
+
+// Keras 3 with dynamic_growth_steps 1: every clean step doubles, up to 2^127 (the largest power
+// of two float32 holds) and then to inf; inf * 0.5 stays inf, so no overflow brings it back.
+// tf-keras refuses the growth into inf and stays at 2^127.
+TEST(LossScaleRules, KerasGrowsToInfinityAndNeverRecovers) {
+  LossScaleConfig c = loss_scale_preset("keras");
+  c.growth_interval = 1;
+  LossScaleConfig t = loss_scale_preset("tf-keras");
+  t.growth_interval = 1;
+  DynamicLossScale k3(c), tf(t);
+  for (int i = 1; i <= 112; ++i) {
+    k3.update(false);
+    tf.update(false);
+    ASSERT_EQ(k3.state().scale, std::ldexp(1.0, 15 + i)) << "clean step " << i;
+    ASSERT_EQ(tf.state().scale, k3.state().scale);
+  }
+  EXPECT_EQ(k3.scale(), 0x1p127f);
+  k3.update(false);
+  tf.update(false);
+  EXPECT_TRUE(std::isinf(k3.scale()));
+  EXPECT_GT(k3.scale(), 0.0f);
+  EXPECT_EQ(k3.counters().growths, 113);
+  EXPECT_EQ(tf.scale(), 0x1p127f);
+  EXPECT_EQ(tf.counters().growths, 112);
+  for (int i = 0; i < 50; ++i) k3.update(i % 3 != 2);  // overflows and clean steps alike
+  EXPECT_TRUE(std::isinf(k3.scale()));
+  EXPECT_EQ(k3.counters().backoffs, 34);
+  for (int i = 0; i < 200; ++i) k3.update(true);
+  EXPECT_TRUE(std::isinf(k3.scale())) << "inf * 0.5 is inf: the scale never recovers";
+  const std::string saved = k3.to_json();
+  EXPECT_NE(saved.find("\"scale\":\"inf\""), std::string::npos);
+  DynamicLossScale back(c);
+  back.load_json(saved);
+  EXPECT_EQ(back.state(), k3.state());
+}
+
+// The counter: Keras 3 grows when step_counter == dynamic_growth_steps - 1 (the 2000th clean
+// step in a row) and resets it there and on every overflow.
+TEST(LossScaleRules, KerasGrowthCounter) {
+  DynamicLossScale k3(loss_scale_preset("keras"));
+  for (int i = 0; i < 1999; ++i) k3.update(false);
+  EXPECT_EQ(k3.scale(), 0x1p15f);
+  EXPECT_EQ(k3.counters().growth_tracker, 1999);
+  k3.update(false);
+  EXPECT_EQ(k3.scale(), 0x1p16f);
+  EXPECT_EQ(k3.counters().growth_tracker, 0);
+  for (int i = 0; i < 1500; ++i) k3.update(false);
+  k3.update(true);
+  EXPECT_EQ(k3.scale(), 0x1p15f);
+  EXPECT_EQ(k3.counters().growth_tracker, 0);
+  for (int i = 0; i < 1999; ++i) k3.update(false);
+  EXPECT_EQ(k3.scale(), 0x1p15f);
+  k3.update(false);
+  EXPECT_EQ(k3.scale(), 0x1p16f);
+}
+
+// mixprec's knobs still apply to the keras rule when set (off in the preset).
+TEST(LossScaleRules, KerasWithMixprecKnobs) {
+  LossScaleConfig c = loss_scale_preset("keras");
+  c.min_scale = 1;
+  c.init_scale = 2;
+  c.refuse_nonfinite_growth = true;
+  DynamicLossScale ls(c);
+  for (int i = 0; i < 5; ++i) ls.update(true);
+  EXPECT_EQ(ls.scale(), 1.0f);
+  EXPECT_EQ(ls.counters().floor_overflows, 4);
+  c.min_scale = 0;
+  c.init_scale = 0x1p127;
+  c.growth_interval = 1;
+  DynamicLossScale guarded(c);
+  guarded.update(false);
+  EXPECT_EQ(guarded.scale(), 0x1p127f);
 }
 
 TEST(LossScaleRules, MixprecCollapseError) {
@@ -588,7 +799,8 @@ TEST(LossScalePresets, DefaultsMatchTheReferenceTable) {
       {"deepspeed", LossScaleRule::deepspeed, 0x1p16, 1000, 2, 1, kInf, false},
       {"megatron", LossScaleRule::megatron, 0x1p32, 1000, 2, 1, kInf, false},
       {"apex", LossScaleRule::apex, 0x1p16, 2000, 1, 0, 0x1p24, false},
-      {"keras", LossScaleRule::keras, 0x1p15, 2000, 1, 1, kInf, true},
+      {"keras", LossScaleRule::keras, 0x1p15, 2000, 1, 0, kInf, false},
+      {"tf-keras", LossScaleRule::tf_keras, 0x1p15, 2000, 1, 1, kInf, true},
       {"jmp", LossScaleRule::jmp, 0x1p15, 2000, 1, 1, kInf, true},
       {"mixprec", LossScaleRule::torch, 0x1p16, 2000, 1, 1, kInf, true},
   };
@@ -623,7 +835,7 @@ TEST(LossScalePresets, UnknownNameListsValidNames) {
   } catch (const std::invalid_argument& e) {
     EXPECT_STREQ(e.what(),
                  "unknown loss-scale preset 'pytorch'; presets: mixprec, torch, deepspeed, megatron, apex, keras, "
-                 "jmp, static");
+                 "tf-keras, jmp, static");
   }
 }
 
@@ -738,7 +950,7 @@ TEST(LossScaleValidation, SetParsesChecksAndNamesKeys) {
   EXPECT_EQ(message("consecutive_hysteresis", "yes"), "consecutive_hysteresis: expected true or false, found 'yes'");
   EXPECT_EQ(message("floor_policy", "ignore"), "floor_policy: expected continue or error, found 'ignore'");
   EXPECT_EQ(message("rule", "pytorch"),
-            "rule: expected one of static, torch, deepspeed, megatron, apex, keras, jmp, found 'pytorch'");
+            "rule: expected one of static, torch, deepspeed, megatron, apex, keras, tf-keras, jmp, found 'pytorch'");
   EXPECT_EQ(message("max_floor_overflows", "0"),
             "max_floor_overflows: expected an integer in [1, 2147483647], found '0'");
   EXPECT_NE(describe(loss_scale_preset("apex")).find("max_scale = 16777216\n"), std::string::npos);
@@ -819,7 +1031,7 @@ TEST(LossScaleSaveLoad, MegatronNegativeHysteresisTracker) {
 }
 
 TEST(LossScaleSaveLoad, ApexKerasJmpMidWindow) {
-  for (const char* p : {"apex", "keras", "jmp"}) {
+  for (const char* p : {"apex", "keras", "tf-keras", "jmp"}) {
     LossScaleConfig c = loss_scale_preset(p);
     c.growth_interval = 4;
     round_trip(c, pattern("0100000"), overflow_sequence(15, 500, 0.1),

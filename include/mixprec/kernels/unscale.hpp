@@ -66,6 +66,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <span>
 
 #include "mixprec/core/dtype.hpp"
@@ -105,6 +106,14 @@ struct UnscaleResult {
 // float(1 / double(scale)), as torch.amp.GradScaler computes it.
 constexpr float inv_scale_of(float scale) noexcept {
   return static_cast<float>(1.0 / static_cast<double>(scale));
+}
+
+// Whether unscale_and_check accepts inv_scale (finite and > 0). A loss scale without floor or
+// guard (the keras and torch presets) can reach values whose inverse is not one: inf (inverse
+// 0), 0, or below about 2^-128 (inverse beyond float32): gradients scaled by them cannot be
+// unscaled, and GradScaler treats every such step as an overflow (docs/loss_scaling.md).
+constexpr bool can_unscale(float inv_scale) noexcept {
+  return inv_scale > 0.0f && inv_scale <= std::numeric_limits<float>::max();
 }
 
 UnscaleResult unscale_and_check(std::span<const GradTensor> grads, float inv_scale,

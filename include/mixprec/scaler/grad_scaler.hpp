@@ -27,6 +27,12 @@
 // after each of the k backward passes of a window; the scale is fixed for the
 // window, and unscale/step/update before the k-th backward pass are errors.
 //
+// A scale whose inverse float32 cannot hold (inf, 0, or below about 2^-128, all
+// reachable by the keras preset, which follows Keras 3: no floor, no finite guard)
+// cannot unscale anything: every such step is an overflow (found_inf, nothing
+// written, the first tensor holding inf/NaN named, grad_norm NaN), as in Keras 3,
+// where a loss scaled by inf gives non-finite gradients and the step is skipped.
+//
 // enabled = false: a pass-through for the scale: scale() returns the loss
 // unchanged, update() does nothing, unscale() does nothing. step() still reads
 // the gradients once (norm for clipping, and the check): it refuses to write
@@ -143,6 +149,7 @@ class GradScaler {
   };
   Record& record(Optimizer& opt);
   static void record_check(Record& r, const UnscaleResult& res);
+  static void record_unscalable(Record& r, Optimizer& opt, ThreadPool* pool);
 
   std::unique_ptr<LossScale> scale_;
   bool enabled_;

@@ -1,6 +1,6 @@
 // Loss-scale policies: a static scale, and dynamic scales that reproduce, step by step,
-// the update rules of PyTorch, DeepSpeed, Megatron-LM, Apex, Keras and jmp
-// (written out in docs/loss_scaling.md), plus mixprec's own default.
+// the update rules of PyTorch, DeepSpeed, Megatron-LM, Apex, Keras 3, tf.keras (Keras 2) and
+// jmp (written out in docs/loss_scaling.md), plus mixprec's own default.
 //
 //   mixprec::DynamicLossScale ls(mixprec::loss_scale_preset("mixprec"));
 //   loss * ls.scale();  ...  ls.update(found_inf);   // once per optimizer step
@@ -20,9 +20,11 @@ namespace mixprec {
 
 // Which anchor's update rule a scale follows. Each rule keeps the anchor's arithmetic
 // precision (see docs/loss_scaling.md): torch holds a float32 and multiplies in double;
-// deepspeed and apex hold a Python float (double); megatron, keras and jmp compute in
-// float32.
-enum class LossScaleRule : std::uint8_t { static_scale, torch, deepspeed, megatron, apex, keras, jmp };
+// deepspeed and apex hold a Python float (double); megatron, keras, tf_keras and jmp compute
+// in float32. keras is Keras 3's LossScaleOptimizer (no floor, no finite guard: the scale can
+// fall below 1, to 0, or grow to inf and stay there); tf_keras is tf.keras / Keras 2's (floor
+// at 1, growth only into a finite value).
+enum class LossScaleRule : std::uint8_t { static_scale, torch, deepspeed, megatron, apex, keras, tf_keras, jmp };
 
 // What to do when the scale is at its floor (min_scale) and an overflow asks to back off.
 enum class FloorPolicy : std::uint8_t {
@@ -30,7 +32,7 @@ enum class FloorPolicy : std::uint8_t {
   error,       // "error": throw ScaleCollapseError after max_floor_overflows such overflows in a row
 };
 
-std::string_view rule_name(LossScaleRule r) noexcept;         // "static", "torch", ...
+std::string_view rule_name(LossScaleRule r) noexcept;         // "static", "torch", ..., "tf-keras", "jmp"
 std::string_view floor_policy_name(FloorPolicy p) noexcept;   // "continue", "error"
 
 // Defaults are the `mixprec` preset: torch's rule, floor at 1, error after 10 overflows at the floor.
@@ -51,7 +53,8 @@ struct LossScaleConfig {
   friend bool operator==(const LossScaleConfig&, const LossScaleConfig&) = default;
 };
 
-// Names accepted by loss_scale_preset, in order: mixprec, torch, deepspeed, megatron, apex, keras, jmp, static.
+// Names accepted by loss_scale_preset, in order: mixprec, torch, deepspeed, megatron, apex, keras, tf-keras,
+// jmp, static.
 const std::vector<std::string>& loss_scale_preset_names();
 // The preset's config; an unknown name throws std::invalid_argument listing the valid names.
 LossScaleConfig loss_scale_preset(std::string_view name);
@@ -64,7 +67,7 @@ const std::vector<std::string>& loss_scale_config_keys();
 // Sets one field from text (the CLI's --set key=value). Checks the field's own range; checks
 // across fields (min <= init <= max, ...) are validate()'s. Unknown key, unparsable or out-of-range
 // value: std::invalid_argument naming the key and what it accepts. For rules with one factor
-// (deepspeed, apex, keras, jmp) setting growth_factor also sets backoff_factor = 1/growth_factor.
+// (deepspeed, apex, keras, tf-keras, jmp) setting growth_factor also sets backoff_factor = 1/growth_factor.
 void set(LossScaleConfig& config, std::string_view key, std::string_view value);
 
 // One line per field, "key = value", as set() accepts them.
@@ -78,7 +81,8 @@ struct LossScaleCounters {
   std::int64_t growths = 0;             // times the scale grew
   std::int64_t backoffs = 0;            // times an overflow lowered (or tried to lower) the scale
   std::int64_t growth_tracker = 0;      // clean steps toward the next growth (torch growth tracker,
-                                        // megatron growth_tracker, apex _unskipped, keras/jmp counter)
+                                        // megatron growth_tracker, apex _unskipped, keras step_counter,
+                                        // tf-keras/jmp counter)
   std::int64_t hysteresis_left = 1;     // deepspeed cur_hysteresis, megatron hysteresis_tracker (may go < 0)
   std::int64_t iteration = 0;           // deepspeed cur_iter
   std::int64_t last_overflow_iter = -1; // deepspeed last_overflow_iter

@@ -23,7 +23,7 @@ struct TrainConfig {
   nn::ModelConfig model{};
   nn::Precision precision = nn::Precision::fp16;
   // "none" | "static:S" (S finite, > 0) | "dynamic" (the mixprec preset) | a preset name
-  // (mixprec, torch, deepspeed, megatron, apex, keras, jmp).
+  // (mixprec, torch, deepspeed, megatron, apex, keras, tf-keras, jmp).
   std::string loss_scale = "dynamic";
   // fp8 presets only (an error with another precision when not at the default):
   std::string fp8_format = "hybrid";           // hybrid (E4M3 forward, E5M2 gradients) | e4m3
