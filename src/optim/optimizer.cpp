@@ -16,7 +16,7 @@
 namespace mixprec {
 
 const optim_detail::UpdateKernels* optim_detail::update_kernels(Isa isa) noexcept {
-  return detail::select_kernels(isa, &scalar_update_kernels, &avx2_update_kernels);
+  return detail::select_kernels(isa, &scalar_update_kernels, &avx2_update_kernels, &avx512_update_kernels);
 }
 
 using optim_detail::AdamScalars;

@@ -159,7 +159,7 @@ TEST(FusedStep, EqualsUnfusedSequenceBitwise) {
   for (const Case& c : all_cases())
     for (const NamedFactory& f : kFactories)
       for (std::size_t n : kSizes)
-        for (Isa isa : {Isa::scalar, Isa::avx2}) {
+        for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
           if (!isa_available(isa)) continue;
           check_case(c, f, n, isa, nullptr, false);
           if (HasFatalFailure()) return;

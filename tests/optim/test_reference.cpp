@@ -294,7 +294,7 @@ double run_against_reference(const Run& r, const Mode& m) {
 
 std::vector<Mode> modes() {
   std::vector<Mode> out;
-  for (Isa isa : {Isa::scalar, Isa::avx2}) {
+  for (Isa isa : {Isa::scalar, Isa::avx2, Isa::avx512}) {
     if (!isa_available(isa)) {
       std::printf("[  SKIP    ] back end %s: not available on this CPU\n", std::string(isa_name(isa)).c_str());
       continue;
