@@ -222,6 +222,7 @@ int main(int argc, char** argv) {
   ::torch::manual_seed(2);
   int skipped = 0;
   double step_seconds = 0, scaler_seconds = 0;  // the scaler's share of the training step
+  double record_seconds = 0;                     // the telemetry's record() (its hooks run in backward)
   const auto t0 = std::chrono::steady_clock::now();
   for (std::uint64_t step = 1; step <= o.steps; ++step) {
     const auto ts = std::chrono::steady_clock::now();
@@ -249,9 +250,11 @@ int main(int argc, char** argv) {
     if (o.eval_every && (step % o.eval_every == 0 || step == o.steps)) val = validation_loss(model, val_batches, vocab_size);
     const double secs = seconds_since(ts);
     if (tel) {
+      const auto tr = std::chrono::steady_clock::now();
       tel->record(named, out, scaler,
                   {.loss = loss.item<double>(), .lr = kLr, .tokens = static_cast<std::uint64_t>(kBatch * kContext),
                    .seconds = secs, .val_loss = val});
+      record_seconds += seconds_since(tr);
     }
     tc = std::chrono::steady_clock::now();
     scaler.update();
@@ -276,6 +279,9 @@ int main(int argc, char** argv) {
               1000.0 * scaler_seconds / double(o.steps), 1000.0 * step_seconds / double(o.steps),
               100.0 * scaler_seconds / step_seconds);
   if (tel) {
+    std::printf("telemetry (hooks on %d tensors, record): %.3f ms of %.1f ms per step (%.2f%%; record %.3f ms)\n",
+                kLayers + 1, 1000.0 * tel->seconds() / double(o.steps), 1000.0 * step_seconds / double(o.steps),
+                100.0 * tel->seconds() / step_seconds, 1000.0 * record_seconds / double(o.steps));
     const auto alerts = tel->finish();
     std::printf("telemetry: %s/log.jsonl (%llu steps, %zu alerts); mixprec report %s\n", tel->dir().c_str(),
                 static_cast<unsigned long long>(tel->steps()), alerts.size(), tel->dir().c_str());

@@ -2,18 +2,31 @@
 
 #include <ATen/ATen.h>
 
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 
 #include "mixprec/formats/bulk.hpp"
+#include "mixprec/kernels/unscale.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
 #include "mixprec/train/config.hpp"
 #include "mixprec/train/run_log.hpp"
 
 namespace mixprec::torch {
 namespace {
+
+// Adds the time since `t0` to `total` when it goes out of scope (the caller holds the lock).
+struct Spent {
+  double& total;
+  std::chrono::steady_clock::time_point t0;
+  Spent(double& t, std::chrono::steady_clock::time_point start) : total(t), t0(start) {}
+  ~Spent() { total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+  Spent(const Spent&) = delete;
+  Spent& operator=(const Spent&) = delete;
+};
 
 const std::vector<std::string_view> kConfigKeys = {"precision", "loss-scale"};
 
@@ -26,6 +39,46 @@ train::TrainConfig run_config(const TelemetryOptions& o) {
   c.loss_scale = o.loss_scale;
   (void)train::loss_scale_config(c.loss_scale);  // "loss-scale: expected ..." for anything else
   return c;
+}
+
+std::optional<DType> mixprec_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return DType::f32;
+    case at::kHalf: return DType::f16;
+    case at::kBFloat16: return DType::bf16;
+    default: return std::nullopt;
+  }
+}
+
+// |max| of each tensor (0 for an undefined or empty one; NaN when it holds NaN). CPU
+// tensors in fp32/fp16/bf16 that are contiguous go through one pass of the core's
+// multi-tensor kernel (check-only, amax, nothing written): one call instead of an ATen
+// reduction and a host read per tensor, which cost more than the reading itself on
+// small models. Any other tensor: ATen's infinity norm.
+std::vector<float> amax_each(const std::vector<at::Tensor>& ts) {
+  std::vector<float> out(ts.size(), 0.0f);
+  std::vector<GradTensor> views;
+  std::vector<std::size_t> where;
+  for (std::size_t i = 0; i < ts.size(); ++i) {
+    const at::Tensor& t = ts[i];
+    if (!t.defined() || t.numel() == 0) continue;
+    const auto d = mixprec_dtype(t.scalar_type());
+    if (d && t.device().is_cpu() && t.is_contiguous() && !t.is_sparse()) {
+      views.push_back({t.data_ptr(), static_cast<std::size_t>(t.numel()), *d});
+      where.push_back(i);
+    } else {
+      out[i] = at::linalg_vector_norm(t, INFINITY).to(at::kFloat).item<float>();
+    }
+  }
+  if (!views.empty()) {
+    UnscaleOptions o;
+    o.write = false;
+    o.amax = true;
+    std::vector<float> amax(views.size());
+    (void)unscale_and_check(views, 1.0f, o, amax);
+    for (std::size_t k = 0; k < where.size(); ++k) out[where[k]] = amax[k];
+  }
+  return out;
 }
 
 }  // namespace
@@ -75,6 +128,7 @@ void Telemetry::watch(const std::string& name, const at::Tensor& activation) {
 }
 
 void Telemetry::count(const std::string& name, const at::Tensor& grad) {
+  const auto t0 = std::chrono::steady_clock::now();
   const at::Tensor g = grad.detach();
   // The counts of converting the gradient, as it is (scaled), to fp16 with mixprec's
   // counted conversion: for an fp16 gradient its zeros and subnormals as stored (it is
@@ -82,12 +136,14 @@ void Telemetry::count(const std::string& name, const at::Tensor& grad) {
   // where it would overflow, at the current scale.
   const at::Tensor g32 = g.to(at::kFloat).contiguous();
   const auto n = static_cast<std::size_t>(g32.numel());
-  const at::Tensor mag = g32.abs();
+  // |max| as a reduction (the infinity norm), without an |g| tensor.
+  const float amax_in = n ? at::linalg_vector_norm(g32, INFINITY).item<float>() : 0.0f;
   std::lock_guard lock(mu_);
+  const Spent spent(seconds_, t0);
   if (fp16_scratch_.size() < n) fp16_scratch_.resize(n);
   const ConversionStats s = convert_counted(std::span<const float>(g32.const_data_ptr<float>(), n),
                                             std::span<f16>(fp16_scratch_.data(), n));
-  float amax = s.elements ? mag.max().item<float>() : 0.0f;
+  float amax = s.elements ? amax_in : 0.0f;
   if (s.nonfinite_input) amax = std::numeric_limits<float>::infinity();
   // Binades between this gradient's largest value and its format's largest finite.
   const double fmt_max = g.scalar_type() == at::kHalf       ? 65504.0
@@ -112,6 +168,7 @@ void Telemetry::count(const std::string& name, const at::Tensor& grad) {
 
 train::StepRecord Telemetry::record(const ::torch::OrderedDict<std::string, at::Tensor>& named_parameters,
                                     const StepOutcome& outcome, const GradScaler& scaler, const StepInfo& info) {
+  const auto t0 = std::chrono::steady_clock::now();
   train::StepRecord r;
   r.step = ++step_;
   r.lr = info.lr;
@@ -138,19 +195,27 @@ train::StepRecord Telemetry::record(const ::torch::OrderedDict<std::string, at::
   r.seconds = info.seconds;
   {
     ::torch::NoGradGuard ng;
+    std::vector<at::Tensor> grads, weights;
     for (const auto& item : named_parameters) {
       const at::Tensor& p = item.value();
+      grads.push_back(p.grad().defined() ? p.grad() : at::Tensor());
+      weights.push_back(p.detach());
+    }
+    const std::vector<float> grad_amax = amax_each(grads), weight_amax = amax_each(weights);
+    std::size_t i = 0;
+    for (const auto& item : named_parameters) {
       train::StepRecord::ParamStats ps;
       ps.name = item.key();
-      if (p.grad().defined() && p.grad().numel() > 0) {
+      if (grads[i].defined() && grads[i].numel() > 0) {
         // step() left the gradients unscaled (and clipped: undo the coefficient).
-        float a = p.grad().abs().max().to(at::kFloat).item<float>();
+        float a = grad_amax[i];
         if (!std::isfinite(a)) a = std::numeric_limits<float>::infinity();
         else if (outcome.applied && outcome.clip_coef < 1.0f) a /= outcome.clip_coef;
         ps.grad_amax = a;
       }
-      if (p.numel() > 0) ps.weight_amax = p.detach().abs().max().to(at::kFloat).item<float>();
+      if (weights[i].numel() > 0) ps.weight_amax = weight_amax[i];
       r.params.push_back(std::move(ps));
+      ++i;
     }
   }
   {
@@ -172,6 +237,8 @@ train::StepRecord Telemetry::record(const ::torch::OrderedDict<std::string, at::
   if (param_count_ == 0)
     for (const auto& item : named_parameters) param_count_ += static_cast<std::size_t>(item.value().numel());
   step_ms_.push_back(1000.0 * r.seconds);
+  std::lock_guard lock(mu_);
+  seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
 

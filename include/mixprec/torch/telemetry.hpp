@@ -86,6 +86,12 @@ class Telemetry {
   std::vector<monitor::Alert> finish();
 
   const std::string& dir() const noexcept { return dir_; }
+  // Wall time spent inside the telemetry so far: its hooks during backward and record().
+  // What it costs a step (the example prints its share; docs/libtorch.md).
+  double seconds() {
+    std::lock_guard lock(mu_);
+    return seconds_;
+  }
   std::uint64_t steps() const noexcept { return step_; }
 
  private:
@@ -106,6 +112,7 @@ class Telemetry {
   float act_amax_ = 0;
   std::string first_nonfinite_;
   double headroom_ = std::numeric_limits<double>::infinity();  // min over this step's watched tensors
+  double seconds_ = 0;  // time spent in hooks and record()
 };
 
 }  // namespace mixprec::torch
