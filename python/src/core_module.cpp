@@ -91,7 +91,7 @@ A as_array(nb::handle h, const char* what, std::string_view expected) {
 
 // The array's dtype must be one of `allowed`; the message lists them.
 template <class A>
-void require_dtype(const A& a, const char* what, std::initializer_list<nb::dlpack::dtype> allowed,
+void require_dtype(const A& a, const char* what, const std::vector<nb::dlpack::dtype>& allowed,
                    std::string_view expected) {
   for (const auto& t : allowed)
     if (a.dtype() == t) return;
@@ -114,6 +114,17 @@ void require_same_size(const A& a, const char* what_a, const B& b, const char* w
   if (a.size() != b.size())
     throw nb::value_error((std::string(what_b) + ": expected " + std::to_string(a.size()) + " elements (as " +
                            what_a + "), found " + std::to_string(b.size()))
+                              .c_str());
+}
+
+// The core reads one array while it writes the other: they must not share memory.
+template <class A, class B>
+void require_apart(const A& a, const char* what_a, const B& b, const char* what_b) {
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a.data()), a1 = a0 + a.size() * a.itemsize();
+  const auto b0 = reinterpret_cast<std::uintptr_t>(b.data()), b1 = b0 + b.size() * b.itemsize();
+  if (a0 < b1 && b0 < a1)
+    throw nb::value_error((std::string(what_b) + ": expected memory apart from " + what_a +
+                           ", found the two overlapping (the conversion is not in place)")
                               .c_str());
 }
 
@@ -163,15 +174,11 @@ mixprec::Subnormals parse_subnormals(std::string_view s) {
 
 // Code dtypes: the format's storage as unsigned integers; f16 codes may also be float16.
 template <class T>
-std::initializer_list<nb::dlpack::dtype> code_dtypes() {
-  static const nb::dlpack::dtype u16 = nb::dtype<std::uint16_t>(), u8 = nb::dtype<std::uint8_t>();
-  static const nb::dlpack::dtype h{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float), 16, 1};
-  static const std::initializer_list<nb::dlpack::dtype> f16_list = {u16, h};
-  static const std::initializer_list<nb::dlpack::dtype> u16_list = {u16};
-  static const std::initializer_list<nb::dlpack::dtype> u8_list = {u8};
-  if constexpr (std::is_same_v<T, mixprec::f16>) return f16_list;
-  else if constexpr (sizeof(typename T::storage_type) == 2) return u16_list;
-  else return u8_list;
+std::vector<nb::dlpack::dtype> code_dtypes() {
+  if constexpr (std::is_same_v<T, mixprec::f16>)
+    return {nb::dtype<std::uint16_t>(), {static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float), 16, 1}};
+  else if constexpr (sizeof(typename T::storage_type) == 2) return {nb::dtype<std::uint16_t>()};
+  else return {nb::dtype<std::uint8_t>()};
 }
 
 template <class T>
@@ -215,6 +222,7 @@ template <class T>
 nb::tuple encode_as(nb::handle x, nb::handle out, const ConvertOptions& opts) {
   const AnyArray src = checked_f32(x, "x");
   auto [obj, dst] = code_destination<T>(out, src, "x");
+  require_apart(src, "x", dst, "out");
   const std::span<const float> in(static_cast<const float*>(src.data()), src.size());
   ConversionStats stats;
   {
@@ -232,6 +240,8 @@ nb::object encode_stochastic_as(nb::handle x, nb::handle random, nb::handle out,
   require_c_contiguous(bits, "random");
   require_same_size(src, "x", bits, "random");
   auto [obj, dst] = code_destination<T>(out, src, "x");
+  require_apart(src, "x", dst, "out");
+  require_apart(bits, "random", dst, "out");
   const std::span<const float> in(static_cast<const float*>(src.data()), src.size());
   const std::span<const std::uint32_t> words(static_cast<const std::uint32_t*>(bits.data()), bits.size());
   {
@@ -255,6 +265,7 @@ nb::object decode_as(nb::handle codes, nb::handle out, const ConvertOptions& opt
     require_dtype(dst, "out", {kF32}, "float32");
     require_c_contiguous(dst, "out");
     require_same_size(src, "codes", dst, "out");
+    require_apart(src, "codes", dst, "out");
     obj = nb::borrow(out);
   }
   const std::span<const T> in(static_cast<const T*>(src.data()), src.size());

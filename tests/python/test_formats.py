@@ -330,6 +330,17 @@ def test_bad_out_and_options_are_refused():
         mixprec.decode(x, "bf16")
     with pytest.raises(TypeError, match="out: expected dtype float32, found float64"):
         mixprec.decode(np.zeros(4, np.uint8), "f8e5m2", out=np.zeros(4, np.float64))
+    # the core reads one buffer while writing the other: overlapping memory is refused
+    buf = np.ones(8, np.float32)
+    with pytest.raises(ValueError, match="out: expected memory apart from x"):
+        mixprec.encode(buf, "f16", out=buf.view(np.uint16)[:8])
+    codes = np.zeros(8, np.uint16)
+    with pytest.raises(ValueError, match="out: expected memory apart from codes"):
+        mixprec.decode(codes[:4], "bf16", out=codes.view(np.float32)[:4])
+    bits = np.zeros(16, np.uint32)
+    with pytest.raises(ValueError, match="out: expected memory apart from random"):
+        mixprec.encode(np.ones(8, np.float32), "f8e5m2", rounding="stochastic", random=bits[:8],
+                       out=bits.view(np.uint8)[28:36])  # the last word of random and the next one
     # nothing was written to out before the checks failed
     out = np.full(4, 7, np.uint16)
     with pytest.raises(ValueError):
