@@ -71,6 +71,7 @@ test-asan: debug-asan test-deps
 # pytest suite run from an empty folder outside the repository, so that `import mixprec`
 # is the installed package and not python/mixprec.
 test-python: deps python-deps
+	@echo "test-python: pip install . into $(PY_VENV) (the first time builds the core: a few minutes)"
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
 		--no-build-isolation .
 	@d=$$(mktemp -d) && cd $$d && PYTHONDONTWRITEBYTECODE=1 $(CURDIR)/$(PY_VENV)/bin/python -m pytest -q \
