@@ -2,7 +2,7 @@
 #   make run    install what is missing, build (Release), train the default model (mixprec train)
 #   make test   install what is missing, build Release and Debug+ASan+UBSan, run every test
 #   make bench  install what is missing, build (Release), run the benchmarks
-.PHONY: all deps test-deps torch-deps release debug-asan run test test-release test-asan example bench fuzz clean
+.PHONY: all deps test-deps torch-deps python-deps release debug-asan run test test-release test-asan test-python example bench fuzz clean
 
 JOBS     ?= $(shell nproc)
 RELEASE  := build/release
@@ -13,6 +13,9 @@ MIXPREC  := $(RELEASE)/tools/mixprec/mixprec
 # libtorch for mixprec::torch (docs/libtorch.md): the torch wheel in a venv that
 # `scripts/deps.sh torch` makes; the Release build of `make test` builds and tests it.
 TORCH_VENV := build/torch-venv
+# The Python package (docs/python.md): built with `pip install .` into this venv, which
+# `scripts/deps.sh python` makes with the build and test requirements.
+PY_VENV    := build/py-venv
 
 all: release
 
@@ -26,6 +29,10 @@ test-deps:
 # libtorch (the PyPI torch wheel, C++ part) in $(TORCH_VENV), only if missing.
 torch-deps:
 	@MIXPREC_TORCH_VENV=$(TORCH_VENV) bash scripts/deps.sh torch
+
+# python3-venv/-dev, and $(PY_VENV) with scikit-build-core, nanobind, numpy, pytest, ml_dtypes, only if missing.
+python-deps:
+	@MIXPREC_PY_VENV=$(PY_VENV) bash scripts/deps.sh python
 
 $(RELEASE)/CMakeCache.txt: | deps
 	cmake -S . -B $(RELEASE) $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=Release
@@ -46,8 +53,8 @@ run: release
 	rm -rf runs/latest
 	$(MIXPREC) train --out runs/latest
 
-test: test-release test-asan example test-fuzz-smoke
-	@echo "make test: all test suites passed (Release, Debug+ASan+UBSan, installed-package consumer, fuzz smoke)"
+test: test-release test-asan example test-fuzz-smoke test-python
+	@echo "make test: all test suites passed (Release, Debug+ASan+UBSan, installed-package consumer, fuzz smoke, Python package)"
 
 # The Release tests include mixprec::torch: the venv, then MIXPREC_TORCH=ON (required).
 test-release: release test-deps torch-deps
@@ -58,6 +65,17 @@ test-release: release test-deps torch-deps
 test-asan: debug-asan test-deps
 	cd $(ASAN) && ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 		ctest --output-on-failure -j 2
+
+# The Python package: `pip install .` into $(PY_VENV) (no build isolation, so that its CMake
+# build folder build/py-<wheel tag> is reused and a second run only relinks), then its
+# pytest suite run from an empty folder outside the repository, so that `import mixprec`
+# is the installed package and not python/mixprec.
+test-python: deps python-deps
+	@echo "test-python: pip install . into $(PY_VENV) (the first time builds the core: a few minutes)"
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+		--no-build-isolation .
+	@d=$$(mktemp -d) && cd $$d && PYTHONDONTWRITEBYTECODE=1 $(CURDIR)/$(PY_VENV)/bin/python -m pytest -q \
+		-p no:cacheprovider $(CURDIR)/tests/python; rc=$$?; rm -rf $$d; exit $$rc
 
 # A consumer project built against the installed package (find_package(mixprec CONFIG)),
 # and the same project with mixprec added from source (add_subdirectory).

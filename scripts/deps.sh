@@ -13,10 +13,17 @@
 #                            with the PyPI wheel torch==$TORCH_VERSION installed --no-deps
 #                            (about 1.4 GB; only its C++ part, include/ and lib/, is used).
 #                            Never the system Python's site-packages; nothing if present.
+#   scripts/deps.sh python   also what the Python package needs to build and test (docs/python.md):
+#                            python3-venv and python3-dev, then a venv in build/py-venv
+#                            (MIXPREC_PY_VENV overrides) with the build requirements
+#                            (scikit-build-core, nanobind) and the test ones (numpy, pytest,
+#                            ml_dtypes) from PyPI. Nothing if the venv already has them.
 set -euo pipefail
 
 TORCH_VERSION=2.15.0
 want_torch=0
+want_python=0
+PY_PACKAGES=("scikit-build-core>=0.10" "nanobind>=2.0" numpy pytest ml_dtypes)
 
 packages=(
   g++ cmake ninja-build make pkg-config
@@ -30,7 +37,8 @@ for set in "$@"; do
     test) packages+=(chromium python3-pil) ;;
     fuzz) packages+=(clang libclang-rt-14-dev libomp-14-dev) ;;
     torch) packages+=(python3 python3-venv); want_torch=1 ;;
-    *) echo "deps: unknown package set '$set'; allowed: test, fuzz, torch" >&2; exit 2 ;;
+    python) packages+=(python3 python3-venv python3-dev); want_python=1 ;;
+    *) echo "deps: unknown package set '$set'; allowed: test, fuzz, torch, python" >&2; exit 2 ;;
   esac
 done
 
@@ -63,5 +71,17 @@ if [ "$want_torch" = 1 ]; then
     echo "deps: installing torch==$TORCH_VERSION (C++ part used) into the venv $venv"
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "torch==$TORCH_VERSION"
+  fi
+fi
+
+# The Python package's build and test requirements, in a venv of its own (docs/python.md).
+if [ "$want_python" = 1 ]; then
+  venv=${MIXPREC_PY_VENV:-build/py-venv}
+  if "$venv/bin/python" -c 'import scikit_build_core, nanobind, numpy, pytest, ml_dtypes' 2>/dev/null; then
+    echo "deps: Python build and test packages present in $venv"
+  else
+    echo "deps: installing ${PY_PACKAGES[*]} into the venv $venv"
+    [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${PY_PACKAGES[@]}"
   fi
 fi

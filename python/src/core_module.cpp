@@ -1,0 +1,429 @@
+// mixprec._core: the nanobind extension module behind the `mixprec` Python package
+// (docs/python.md). Thin: every conversion and every loss-scale step is the core's own
+// function; this file only checks Python arguments, names what it expected and what it
+// found, and moves buffers across without copying them (nanobind ndarray: the buffer
+// protocol or DLPack, so NumPy arrays today and CPU tensors later, without importing torch).
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mixprec/formats/bulk.hpp"
+#include "mixprec/formats/types.hpp"
+#include "mixprec/scaler/loss_scale.hpp"
+
+namespace nb = nanobind;
+
+namespace {
+
+using mixprec::ConversionStats;
+using mixprec::ConvertOptions;
+
+// ---- arrays: what the caller passed, checked without copying -------------------------
+
+using AnyArray = nb::ndarray<nb::ro>;  // any dtype, layout or device: checked below
+using MutArray = nb::ndarray<>;
+
+std::string dtype_name(nb::dlpack::dtype t) {
+  const auto code = static_cast<nb::dlpack::dtype_code>(t.code);
+  std::string kind;
+  switch (code) {
+    case nb::dlpack::dtype_code::Int: kind = "int"; break;
+    case nb::dlpack::dtype_code::UInt: kind = "uint"; break;
+    case nb::dlpack::dtype_code::Float: kind = "float"; break;
+    case nb::dlpack::dtype_code::Bfloat: kind = "bfloat"; break;
+    case nb::dlpack::dtype_code::Complex: kind = "complex"; break;
+    case nb::dlpack::dtype_code::Bool: return "bool";
+    default: kind = "dtype code " + std::to_string(t.code) + " of "; break;
+  }
+  return kind + std::to_string(t.bits) + (t.lanes != 1 ? "x" + std::to_string(t.lanes) : "");
+}
+
+std::string python_type_name(nb::handle h) { return nb::type_name(h.type()).c_str(); }
+
+// True when the elements lie in row-major (C) order without gaps; size-1 dimensions may
+// carry any stride, and an empty array any strides (as NumPy's C_CONTIGUOUS flag allows).
+template <class A>
+bool c_contiguous(const A& a) {
+  if (a.size() == 0) return true;
+  std::int64_t expected = 1;
+  for (std::size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) != 1 && a.stride(i) != expected) return false;
+    expected *= static_cast<std::int64_t>(a.shape(i));
+  }
+  return true;
+}
+
+// `what` names the argument in messages: "x", "out", "random", "codes".
+template <class A>
+A as_array(nb::handle h, const char* what, std::string_view expected) {
+  A a;
+  if (!nb::try_cast(h, a, /*convert=*/false)) {
+    if constexpr (std::is_same_v<A, MutArray>) {
+      AnyArray ro;
+      if (nb::try_cast(h, ro, false))
+        throw nb::value_error((std::string(what) + ": expected a writable array of " + std::string(expected) +
+                               ", found a read-only array")
+                                  .c_str());
+    }
+    throw nb::type_error((std::string(what) + ": expected a NumPy array (or DLPack CPU tensor) of " +
+                          std::string(expected) + ", found " + python_type_name(h))
+                             .c_str());
+  }
+  if (a.device_type() != nb::device::cpu::value)
+    throw nb::value_error((std::string(what) + ": expected an array in CPU memory, found device type " +
+                           std::to_string(a.device_type()))
+                              .c_str());
+  return a;
+}
+
+// The array's dtype must be one of `allowed`; the message lists them.
+template <class A>
+void require_dtype(const A& a, const char* what, const std::vector<nb::dlpack::dtype>& allowed,
+                   std::string_view expected) {
+  for (const auto& t : allowed)
+    if (a.dtype() == t) return;
+  throw nb::type_error((std::string(what) + ": expected dtype " + std::string(expected) + ", found " +
+                        dtype_name(a.dtype()) + " (mixprec converts in place and never copies or casts)")
+                           .c_str());
+}
+
+template <class A>
+void require_c_contiguous(const A& a, const char* what) {
+  if (!c_contiguous(a))
+    throw nb::value_error((std::string(what) +
+                           ": expected a C-contiguous array, found a strided view (pass "
+                           "numpy.ascontiguousarray(...) to copy it once yourself)")
+                              .c_str());
+}
+
+template <class A, class B>
+void require_same_size(const A& a, const char* what_a, const B& b, const char* what_b) {
+  if (a.size() != b.size())
+    throw nb::value_error((std::string(what_b) + ": expected " + std::to_string(a.size()) + " elements (as " +
+                           what_a + "), found " + std::to_string(b.size()))
+                              .c_str());
+}
+
+// The core reads one array while it writes the other: they must not share memory.
+template <class A, class B>
+void require_apart(const A& a, const char* what_a, const B& b, const char* what_b) {
+  const auto a0 = reinterpret_cast<std::uintptr_t>(a.data()), a1 = a0 + a.size() * a.itemsize();
+  const auto b0 = reinterpret_cast<std::uintptr_t>(b.data()), b1 = b0 + b.size() * b.itemsize();
+  if (a0 < b1 && b0 < a1)
+    throw nb::value_error((std::string(what_b) + ": expected memory apart from " + what_a +
+                           ", found the two overlapping (the conversion is not in place)")
+                              .c_str());
+}
+
+std::vector<std::size_t> shape_of(const AnyArray& a) {
+  std::vector<std::size_t> s(a.ndim());
+  for (std::size_t i = 0; i < a.ndim(); ++i) s[i] = a.shape(i);
+  return s;
+}
+
+// A fresh C-contiguous NumPy array of `Storage` with the given shape (owned by a capsule).
+template <class Storage>
+nb::object new_numpy(const std::vector<std::size_t>& shape, std::size_t n, MutArray& view) {
+  auto* data = new Storage[n == 0 ? 1 : n];
+  nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<Storage*>(p); });
+  nb::ndarray<nb::numpy, Storage> arr(data, shape.size(), shape.data(), owner);
+  nb::object obj = nb::cast(arr);
+  view = nb::cast<MutArray>(obj, false);
+  return obj;
+}
+
+// ---- formats ---------------------------------------------------------------------------
+
+enum class Fmt { f16, bf16, f8e4m3, f8e5m2 };
+
+constexpr const char* kFormatList = "f16, bf16, f8e4m3, f8e5m2";
+
+Fmt parse_format(std::string_view name) {
+  if (name == mixprec::format_traits<mixprec::f16>::name) return Fmt::f16;
+  if (name == mixprec::format_traits<mixprec::bf16>::name) return Fmt::bf16;
+  if (name == mixprec::format_traits<mixprec::f8e4m3>::name) return Fmt::f8e4m3;
+  if (name == mixprec::format_traits<mixprec::f8e5m2>::name) return Fmt::f8e5m2;
+  throw nb::value_error(
+      ("format: expected one of " + std::string(kFormatList) + ", found '" + std::string(name) + "'").c_str());
+}
+
+mixprec::Overflow parse_overflow(std::string_view s) {
+  if (s == "ieee") return mixprec::Overflow::ieee;
+  if (s == "saturate") return mixprec::Overflow::saturate;
+  throw nb::value_error(("overflow: expected 'ieee' or 'saturate', found '" + std::string(s) + "'").c_str());
+}
+
+mixprec::Subnormals parse_subnormals(std::string_view s) {
+  if (s == "keep") return mixprec::Subnormals::keep;
+  if (s == "flush") return mixprec::Subnormals::flush;
+  throw nb::value_error(("subnormals: expected 'keep' or 'flush', found '" + std::string(s) + "'").c_str());
+}
+
+// Code dtypes: the format's storage as unsigned integers; f16 codes may also be float16.
+template <class T>
+std::vector<nb::dlpack::dtype> code_dtypes() {
+  if constexpr (std::is_same_v<T, mixprec::f16>)
+    return {nb::dtype<std::uint16_t>(), {static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float), 16, 1}};
+  else if constexpr (sizeof(typename T::storage_type) == 2) return {nb::dtype<std::uint16_t>()};
+  else return {nb::dtype<std::uint8_t>()};
+}
+
+template <class T>
+std::string code_dtype_text() {
+  if constexpr (std::is_same_v<T, mixprec::f16>) return "uint16 or float16 (f16 codes)";
+  else if constexpr (sizeof(typename T::storage_type) == 2) return "uint16 (" + std::string(mixprec::format_traits<T>::name) + " codes)";
+  else return "uint8 (" + std::string(mixprec::format_traits<T>::name) + " codes)";
+}
+
+const nb::dlpack::dtype kF32 = nb::dtype<float>();
+
+AnyArray checked_f32(nb::handle x, const char* what) {
+  AnyArray a = as_array<AnyArray>(x, what, "float32");
+  require_dtype(a, what, {kF32}, "float32");
+  require_c_contiguous(a, what);
+  return a;
+}
+
+// The destination for codes: `out` checked, or a new array shaped like `like`.
+template <class T>
+std::pair<nb::object, MutArray> code_destination(nb::handle out, const AnyArray& like, const char* like_name) {
+  using S = typename T::storage_type;
+  MutArray view;
+  if (out.is_none()) {
+    nb::object obj = new_numpy<S>(shape_of(like), like.size(), view);
+    return {obj, view};
+  }
+  view = as_array<MutArray>(out, "out", code_dtype_text<T>());
+  require_dtype(view, "out", code_dtypes<T>(), code_dtype_text<T>());
+  require_c_contiguous(view, "out");
+  require_same_size(like, like_name, view, "out");
+  return {nb::borrow(out), view};
+}
+
+template <class T>
+std::span<T> code_span(const MutArray& a) {
+  return {static_cast<T*>(a.data()), a.size()};
+}
+
+template <class T>
+nb::tuple encode_as(nb::handle x, nb::handle out, const ConvertOptions& opts) {
+  const AnyArray src = checked_f32(x, "x");
+  auto [obj, dst] = code_destination<T>(out, src, "x");
+  require_apart(src, "x", dst, "out");
+  const std::span<const float> in(static_cast<const float*>(src.data()), src.size());
+  ConversionStats stats;
+  {
+    nb::gil_scoped_release release;
+    stats = mixprec::convert_counted<T>(in, code_span<T>(dst), opts);
+  }
+  return nb::make_tuple(obj, stats);
+}
+
+template <class T>
+nb::object encode_stochastic_as(nb::handle x, nb::handle random, nb::handle out, const ConvertOptions& opts) {
+  const AnyArray src = checked_f32(x, "x");
+  const AnyArray bits = as_array<AnyArray>(random, "random", "uint32");
+  require_dtype(bits, "random", {nb::dtype<std::uint32_t>()}, "uint32 (32 random bits per element)");
+  require_c_contiguous(bits, "random");
+  require_same_size(src, "x", bits, "random");
+  auto [obj, dst] = code_destination<T>(out, src, "x");
+  require_apart(src, "x", dst, "out");
+  require_apart(bits, "random", dst, "out");
+  const std::span<const float> in(static_cast<const float*>(src.data()), src.size());
+  const std::span<const std::uint32_t> words(static_cast<const std::uint32_t*>(bits.data()), bits.size());
+  {
+    nb::gil_scoped_release release;
+    mixprec::convert_stochastic<T>(in, code_span<T>(dst), words, opts);
+  }
+  return obj;
+}
+
+template <class T>
+nb::object decode_as(nb::handle codes, nb::handle out, const ConvertOptions& opts) {
+  const AnyArray src = as_array<AnyArray>(codes, "codes", code_dtype_text<T>());
+  require_dtype(src, "codes", code_dtypes<T>(), code_dtype_text<T>());
+  require_c_contiguous(src, "codes");
+  MutArray dst;
+  nb::object obj;
+  if (out.is_none()) {
+    obj = new_numpy<float>(shape_of(src), src.size(), dst);
+  } else {
+    dst = as_array<MutArray>(out, "out", "float32");
+    require_dtype(dst, "out", {kF32}, "float32");
+    require_c_contiguous(dst, "out");
+    require_same_size(src, "codes", dst, "out");
+    require_apart(src, "codes", dst, "out");
+    obj = nb::borrow(out);
+  }
+  const std::span<const T> in(static_cast<const T*>(src.data()), src.size());
+  const std::span<float> result(static_cast<float*>(dst.data()), dst.size());
+  {
+    nb::gil_scoped_release release;
+    mixprec::convert<T>(in, result, opts);
+  }
+  return obj;
+}
+
+ConvertOptions make_options(std::string_view overflow, std::string_view subnormals, float scale) {
+  ConvertOptions o;
+  o.overflow = parse_overflow(overflow);
+  o.subnormals = parse_subnormals(subnormals);
+  o.scale = scale;  // the core checks it (finite, > 0) and names it
+  return o;
+}
+
+template <class F>
+auto dispatch(std::string_view format, F&& f) {
+  switch (parse_format(format)) {
+    case Fmt::f16: return f(mixprec::f16{});
+    case Fmt::bf16: return f(mixprec::bf16{});
+    case Fmt::f8e4m3: return f(mixprec::f8e4m3{});
+    case Fmt::f8e5m2: return f(mixprec::f8e5m2{});
+  }
+  throw std::logic_error("unreachable");
+}
+
+// ---- loss scale --------------------------------------------------------------------------
+
+// One loss-scale policy (mixprec::LossScale) made from a preset and `--set`-style overrides.
+class PyLossScale {
+ public:
+  PyLossScale(std::string_view preset, const std::vector<std::pair<std::string, std::string>>& overrides) {
+    mixprec::LossScaleConfig config = mixprec::loss_scale_preset(preset);
+    // In the order of the core's key table (rule first, so that growth_factor then sets
+    // the backoff of a one-factor rule), whatever order the caller wrote them in.
+    for (const std::string& key : mixprec::loss_scale_config_keys())
+      for (const auto& [k, v] : overrides)
+        if (k == key) mixprec::set(config, k, v);
+    for (const auto& [k, v] : overrides) {
+      const auto& keys = mixprec::loss_scale_config_keys();
+      if (std::find(keys.begin(), keys.end(), k) == keys.end()) mixprec::set(config, k, v);  // throws, listing keys
+    }
+    mixprec::validate(config);
+    scale_ = mixprec::make_loss_scale(config);
+  }
+
+  float scale() const { return scale_->scale(); }
+  double exact_scale() const { return scale_->state().scale; }
+
+  // ("grew" | "backed_off" | "unchanged", scale before, scale after).
+  nb::tuple update(bool found_inf) {
+    const mixprec::LossScaleCounters before = scale_->counters();
+    const float old_scale = scale_->scale();
+    scale_->update(found_inf);  // ScaleCollapseError: the scale is left as it was
+    const mixprec::LossScaleCounters after = scale_->counters();
+    const char* action = after.growths > before.growths     ? "grew"
+                         : after.backoffs > before.backoffs ? "backed_off"
+                                                            : "unchanged";
+    return nb::make_tuple(action, old_scale, scale_->scale());
+  }
+
+  std::vector<float> replay(const std::vector<bool>& overflows) {
+    std::vector<float> scales;
+    scales.reserve(overflows.size());
+    for (std::size_t i = 0; i < overflows.size(); ++i) {
+      try {
+        scale_->update(overflows[i]);
+      } catch (const mixprec::ScaleCollapseError& e) {
+        throw mixprec::ScaleCollapseError("replay step " + std::to_string(i) + " (0-based; " +
+                                          std::to_string(scales.size()) + " steps applied): " + e.what());
+      }
+      scales.push_back(scale_->scale());
+    }
+    return scales;
+  }
+
+  std::string to_json() const { return scale_->to_json(); }
+  void load_json(std::string_view json) { scale_->load_json(json); }
+  std::string describe() const { return mixprec::describe(scale_->config()); }
+
+ private:
+  std::unique_ptr<mixprec::LossScale> scale_;
+};
+
+}  // namespace
+
+NB_MODULE(_core, m) {
+  m.doc() = "mixprec's C++ core (nanobind); use the `mixprec` package, not this module";
+
+  nb::exception<mixprec::ScaleCollapseError>(m, "ScaleCollapseError", PyExc_RuntimeError);
+
+  nb::class_<ConversionStats>(m, "ConversionStats",
+                              "What a conversion destroyed, counted by the core (mixprec::ConversionStats)")
+      .def_ro("elements", &ConversionStats::elements)
+      .def_ro("nonzero", &ConversionStats::nonzero, "inputs != +-0 (finite or not)")
+      .def_ro("nonfinite_input", &ConversionStats::nonfinite_input, "inputs that were inf or NaN")
+      .def_ro("underflow", &ConversionStats::underflow, "nonzero inputs that became +-0")
+      .def_ro("subnormal", &ConversionStats::subnormal, "nonzero inputs that became subnormal")
+      .def_ro("overflow", &ConversionStats::overflow, "finite inputs rounded past max finite")
+      .def("__eq__", [](const ConversionStats& a, const ConversionStats& b) { return a == b; })
+      .def("__repr__", [](const ConversionStats& s) {
+        return "ConversionStats(elements=" + std::to_string(s.elements) + ", nonzero=" + std::to_string(s.nonzero) +
+               ", nonfinite_input=" + std::to_string(s.nonfinite_input) + ", underflow=" +
+               std::to_string(s.underflow) + ", subnormal=" + std::to_string(s.subnormal) +
+               ", overflow=" + std::to_string(s.overflow) + ")";
+      });
+
+  m.attr("FORMATS") = nb::make_tuple("f16", "bf16", "f8e4m3", "f8e5m2");
+
+  m.def(
+      "encode",
+      [](nb::handle x, std::string_view format, std::string_view overflow, std::string_view subnormals, float scale,
+         nb::handle out) {
+        const ConvertOptions o = make_options(overflow, subnormals, scale);
+        return dispatch(format, [&](auto t) { return encode_as<decltype(t)>(x, out, o); });
+      },
+      nb::arg("x").none(), nb::arg("format"), nb::arg("overflow"), nb::arg("subnormals"), nb::arg("scale"),
+      nb::arg("out").none());
+
+  m.def(
+      "encode_stochastic",
+      [](nb::handle x, std::string_view format, nb::handle random, std::string_view overflow,
+         std::string_view subnormals, float scale, nb::handle out) {
+        const ConvertOptions o = make_options(overflow, subnormals, scale);
+        return dispatch(format, [&](auto t) { return encode_stochastic_as<decltype(t)>(x, random, out, o); });
+      },
+      nb::arg("x").none(), nb::arg("format"), nb::arg("random").none(), nb::arg("overflow"), nb::arg("subnormals"),
+      nb::arg("scale"), nb::arg("out").none());
+
+  m.def(
+      "decode",
+      [](nb::handle codes, std::string_view format, std::string_view subnormals, float scale, nb::handle out) {
+        const ConvertOptions o = make_options("ieee", subnormals, scale);
+        return dispatch(format, [&](auto t) { return decode_as<decltype(t)>(codes, out, o); });
+      },
+      nb::arg("codes").none(), nb::arg("format"), nb::arg("subnormals"), nb::arg("scale"), nb::arg("out").none());
+
+  // The address nanobind hands to the core for `x`: the tests compare it with NumPy's.
+  m.def("buffer_address", [](nb::handle x) {
+    const AnyArray a = as_array<AnyArray>(x, "x", "any dtype");
+    return reinterpret_cast<std::uintptr_t>(a.data());
+  });
+
+  m.def("loss_scale_preset_names", [] { return mixprec::loss_scale_preset_names(); });
+  m.def("loss_scale_config_keys", [] { return mixprec::loss_scale_config_keys(); });
+
+  nb::class_<PyLossScale>(m, "LossScale")
+      .def(nb::init<std::string_view, const std::vector<std::pair<std::string, std::string>>&>(), nb::arg("preset"),
+           nb::arg("overrides"))
+      .def_prop_ro("scale", &PyLossScale::scale)
+      .def_prop_ro("exact_scale", &PyLossScale::exact_scale)
+      .def("update", &PyLossScale::update, nb::arg("found_inf"))
+      .def("replay", &PyLossScale::replay, nb::arg("overflows"))
+      .def("to_json", &PyLossScale::to_json)
+      .def("load_json", &PyLossScale::load_json, nb::arg("json"))
+      .def("describe", &PyLossScale::describe);
+}
