@@ -18,6 +18,8 @@ namespace mixprec::detail {
 // of kUnscaleChunk) reports: max |g| and max |y| as f32 bit patterns (their
 // order is the order of the magnitudes; NaN patterns lie above inf), and its
 // chunk lane sums added to `sum` when summing.
+// max_in is only ever compared with the bits of inf: a back end may report kInfBits
+// (0x7f800000) for "an input was inf/NaN" instead of the true largest magnitude.
 struct SegmentOut {
   std::uint32_t max_in = 0;
   std::uint32_t max_out = 0;
