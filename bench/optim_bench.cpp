@@ -6,8 +6,7 @@
 // Timed in the same run next to
 //   copy:    the faster of memcpy and a streaming copy of 14P bytes (28P moved);
 //   unfused: the sequence a framework runs (unscale into an fp32 buffer, update,
-//            refresh the model copy), each pass with the same back end and threads;
-//   fused on AVX2 (only where the active back end is avx512): what AVX-512 buys.
+//            refresh the model copy), each pass with the same back end and threads.
 // The table reports ratios of medians.
 #include "optim_bench.hpp"
 
@@ -35,14 +34,13 @@ constexpr int kThreadCounts[] = {1, 2};
 constexpr double kBandwidthTarget = 0.80;  // fused bytes/s vs copy bytes/s
 constexpr double kSpeedupTarget = 1.5;     // unfused time / fused time
 
-enum class Op { memcpy, stream, fused, unfused, fused_avx2 };
+enum class Op { memcpy, stream, fused, unfused };
 const char* op_name(Op op) {
   switch (op) {
     case Op::memcpy: return "memcpy";
     case Op::stream: return "stream_copy";
     case Op::fused: return "adam_fused";
     case Op::unfused: return "adam_unfused";
-    case Op::fused_avx2: return "adam_fused_avx2";
   }
   return "?";
 }
@@ -59,7 +57,7 @@ std::string case_name(Op op, int threads) {
 
 struct State {
   ParamStore store{{{"w", {kParams}}}, {.model = DType::f16, .grads = DType::f16, .master = true, .state_slots = 2}};
-  std::unique_ptr<Adam> fused, unfused, fused_avx2;
+  std::unique_ptr<Adam> fused, unfused;
   std::vector<float> scratch;
   Buffer copy_src, copy_dst;
   ThreadPool pool1{1}, pool2{2};
@@ -78,8 +76,6 @@ struct State {
     store.refresh_model();
     fused = std::make_unique<Adam>(store, AdamConfig{.lr = 1e-4});
     unfused = std::make_unique<Adam>(store, AdamConfig{.lr = 1e-4});
-    fused_avx2 = std::make_unique<Adam>(store, AdamConfig{.lr = 1e-4});
-    if (isa_available(Isa::avx2)) fused_avx2->set_isa(Isa::avx2);
     scratch.assign(unfused->unfused_scratch_size(), 0.0f);
     copy_src = allocate(kParams * kBytesPerParam / 2);
     copy_dst = allocate(kParams * kBytesPerParam / 2);
@@ -102,9 +98,8 @@ void run_case(benchmark::State& st, const Case& c, State& s) {
       }
       break;
     case Op::fused:
-    case Op::fused_avx2:
       for (auto _ : st) {
-        (c.op == Op::fused ? s.fused : s.fused_avx2)->step(ctl, &pool);
+        s.fused->step(ctl, &pool);
         benchmark::ClobberMemory();
       }
       break;
@@ -127,10 +122,8 @@ void print_table(const Collector& col) {
   fmt::print("GB/s = the {} bytes per parameter the fused step must move (for every case, so rates compare as times);\n",
              kBytesPerParam);
   fmt::print("copy = the faster of memcpy and a streaming copy moving the same bytes; speedup = unfused time / fused time.\n\n");
-  const bool vs_avx2 = active_isa() == Isa::avx512;
-  if (vs_avx2) fmt::print("vs AVX2 = the fused step with this back end / the same step with the AVX2 one.\n\n");
-  fmt::print("{:>3} {:>10} {:>5} {:>10} {:>5} {:>12} {:>5} {:>9} {:>8} {:>8}{}\n", "thr", "copy GB/s", "cv%", "fused GB/s",
-             "cv%", "unfused GB/s", "cv%", "vs copy", "speedup", "Gparam/s", vs_avx2 ? "  vs AVX2" : "");
+  fmt::print("{:>3} {:>10} {:>5} {:>10} {:>5} {:>12} {:>5} {:>9} {:>8} {:>8}\n", "thr", "copy GB/s", "cv%", "fused GB/s",
+             "cv%", "unfused GB/s", "cv%", "vs copy", "speedup", "Gparam/s");
   for (int t : kThreadCounts) {
     const auto mc = col.find(case_name(Op::memcpy, t), 1), sc = col.find(case_name(Op::stream, t), 1);
     const auto f = col.find(case_name(Op::fused, t), 1), u = col.find(case_name(Op::unfused, t), 1);
@@ -138,11 +131,9 @@ void print_table(const Collector& col) {
     const Result copy = (!sc || (mc && mc->bytes_per_s > sc->bytes_per_s)) ? *mc : *sc;
     const double vs = f->bytes_per_s / copy.bytes_per_s, sp = f->bytes_per_s / u->bytes_per_s;
     auto cv = [](const Result& r) { return r.cv >= 0 ? fmt::format("{:.1f}", r.cv * 100) : std::string("-"); };
-    const auto a2 = col.find(case_name(Op::fused_avx2, t), 1);
-    const std::string vs2 = vs_avx2 && a2 ? fmt::format("  {:>7.3f}", f->bytes_per_s / a2->bytes_per_s) : "";
-    fmt::print("{:>3} {:>10.1f} {:>5} {:>10.1f} {:>5} {:>12.1f} {:>5} {:>9.3f} {:>8.2f} {:>8.3f}{}\n", t,
+    fmt::print("{:>3} {:>10.1f} {:>5} {:>10.1f} {:>5} {:>12.1f} {:>5} {:>9.3f} {:>8.2f} {:>8.3f}\n", t,
                copy.bytes_per_s / 1e9, cv(copy), f->bytes_per_s / 1e9, cv(*f), u->bytes_per_s / 1e9, cv(*u), vs, sp,
-               f->items_per_s / 1e9, vs2);
+               f->items_per_s / 1e9);
     bw.add(vs >= kBandwidthTarget, fmt::format("t{} fused at {:.3f} of copy", t, vs));
     speed.add(sp >= kSpeedupTarget, fmt::format("t{} speedup {:.2f}x", t, sp));
   }
@@ -156,10 +147,8 @@ void print_table(const Collector& col) {
 int run_optim(int argc, char** argv) {
   if (!initialize(argc, argv, "bench_optim", default_flags())) return 1;
   std::vector<Case> cases;
-  for (Op op : {Op::memcpy, Op::stream, Op::fused, Op::unfused, Op::fused_avx2}) {
-    if (op == Op::fused_avx2 && active_isa() != Isa::avx512) continue;
+  for (Op op : {Op::memcpy, Op::stream, Op::fused, Op::unfused})
     for (int t : kThreadCounts) cases.push_back({op, t, case_name(op, t)});
-  }
   auto state = std::make_unique<State>();
   for (const Case& c : cases) {
     auto* b = benchmark::RegisterBenchmark(c.name.c_str(), [&c, &state](benchmark::State& s) { run_case(s, c, *state); });

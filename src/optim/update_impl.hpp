@@ -1,6 +1,5 @@
 // Private: the bodies of the update kernels, included by one translation unit per
-// back end (reference/update_scalar.cpp, cpu/update_avx2.cpp, cpu/update_avx512.cpp) inside a
-// distinct namespace.
+// back end (reference/update_scalar.cpp, cpu/update_avx2.cpp) inside a distinct namespace.
 // Plain loops the compiler vectorises; branches are hoisted into template
 // parameters so that each loop body is straight-line code.
 #include <cmath>
