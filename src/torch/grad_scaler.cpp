@@ -12,6 +12,7 @@
 
 #include "mixprec/kernels/unscale.hpp"
 #include "mixprec/optim/clip.hpp"
+#include "dtype.hpp"
 
 namespace mixprec::torch {
 namespace {
@@ -28,14 +29,7 @@ std::string shape_text(at::IntArrayRef a) {
   return s.str();
 }
 
-std::optional<DType> mixprec_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DType::f32;
-    case at::kHalf: return DType::f16;
-    case at::kBFloat16: return DType::bf16;
-    default: return std::nullopt;
-  }
-}
+using detail::mixprec_dtype;
 
 }  // namespace
 

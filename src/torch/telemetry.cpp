@@ -14,6 +14,7 @@
 #include "mixprec/scaler/loss_scale.hpp"
 #include "mixprec/train/config.hpp"
 #include "mixprec/train/run_log.hpp"
+#include "dtype.hpp"
 
 namespace mixprec::torch {
 namespace {
@@ -41,14 +42,7 @@ train::TrainConfig run_config(const TelemetryOptions& o) {
   return c;
 }
 
-std::optional<DType> mixprec_dtype(at::ScalarType t) {
-  switch (t) {
-    case at::kFloat: return DType::f32;
-    case at::kHalf: return DType::f16;
-    case at::kBFloat16: return DType::bf16;
-    default: return std::nullopt;
-  }
-}
+using detail::mixprec_dtype;
 
 // |max| of each tensor (0 for an undefined or empty one; NaN when it holds NaN). CPU
 // tensors in fp32/fp16/bf16 that are contiguous go through one pass of the core's

@@ -141,32 +141,28 @@ Tensors awkward_list() {
 
 // ---- reference vs AVX2 ----------------------------------------------------------
 
-TEST(Unscale, Avx2EqualsScalarOnAwkwardMixedLists) {
-  if (!have_avx2()) GTEST_SKIP() << "no AVX2 back end here";
+// A SIMD back end against the scalar reference on awkward mixed lists, every option.
+void expect_equals_scalar_on_awkward_lists(Isa isa) {
   ThreadPool pool2(2);
   const Tensors t = awkward_list();
   for (float inv : {inv_scale_of(65536.0f), inv_scale_of(3000.0f), 1.0f, 3.0f}) {
     for (std::size_t mp : {kUnscaleParallelElements, std::size_t{0}}) {
       for (const UnscaleOptions& o : all_options(mp)) {
         const std::string what = describe(o) + " inv=" + std::to_string(inv);
-        expect_same(run(Isa::scalar, t, inv, o, &pool2), run(Isa::avx2, t, inv, o, &pool2), what);
+        expect_same(run(Isa::scalar, t, inv, o, &pool2), run(isa, t, inv, o, &pool2), what);
       }
     }
   }
 }
 
+TEST(Unscale, Avx2EqualsScalarOnAwkwardMixedLists) {
+  if (!have_avx2()) GTEST_SKIP() << "no AVX2 back end here";
+  expect_equals_scalar_on_awkward_lists(Isa::avx2);
+}
+
 TEST(Unscale, Avx512EqualsScalarOnAwkwardMixedLists) {
   if (!isa_available(Isa::avx512)) GTEST_SKIP() << "no AVX-512 (F, BW, DQ, VL) on this CPU: its back end is not tested here";
-  ThreadPool pool2(2);
-  const Tensors t = awkward_list();
-  for (float inv : {inv_scale_of(65536.0f), inv_scale_of(3000.0f), 1.0f, 3.0f}) {
-    for (std::size_t mp : {kUnscaleParallelElements, std::size_t{0}}) {
-      for (const UnscaleOptions& o : all_options(mp)) {
-        const std::string what = describe(o) + " inv=" + std::to_string(inv);
-        expect_same(run(Isa::scalar, t, inv, o, &pool2), run(Isa::avx512, t, inv, o, &pool2), what);
-      }
-    }
-  }
+  expect_equals_scalar_on_awkward_lists(Isa::avx512);
 }
 
 // Every f16 and every bf16 code (NaNs, infinities, subnormals, both zeros), and a
