@@ -547,7 +547,8 @@ std::string histograms_section(const std::vector<ReportRun>& runs) {
   if (!any) {
     out += card("", "<p class=\"muted\">No histograms in " +
                         std::string(runs.size() == 1 ? "this log" : "these logs") +
-                        ": train with histogram steps (<code>--histogram-every N</code>) to see them.</p>");
+                        " (<code>mixprec train --histogram-every N</code> writes them; a libtorch run's "
+                        "Telemetry does not).</p>");
     return out + "</section>";
   }
   for (std::size_t i = 0; i < runs.size(); ++i) {
