@@ -7,8 +7,8 @@
 namespace mixprec::detail {
 
 // The table of `isa` when isa_available(isa) (compiled in and supported by this CPU),
-// else nullptr: never another back end's table in its place, so a test or benchmark
-// that asks for a back end measures that one. Callers that must have a table ask for
+// else nullptr: never a table of a back end this CPU lacks, so a test or benchmark
+// that asks for a back end measures that one or nothing. Callers that must have a table ask for
 // active_isa(), which is always available. The tables are reached through their
 // accessors, so only the selected one is built. Back ends nest: a family without
 // AVX-512 kernels (avx512 == nullptr) answers avx512 with its AVX2 table, whose `isa`
