@@ -447,6 +447,20 @@ def test_setters_keep_the_scale_and_new_scale():
     with pytest.raises(ValueError):
         s.set_growth_interval(0)
     assert s.get_growth_interval() == 7
+    # a tracker past a lowered interval: lowered to interval - 1, the next clean step grows
+    lin = torch.nn.Linear(2, 1)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.0)
+    for _ in range(5):
+        s.scale(lin(torch.ones(1, 2)).sum()).backward()
+        s.step(opt)
+        s.update()
+    assert s._get_growth_tracker() == 5
+    s.set_growth_interval(3)
+    assert s._get_growth_tracker() == 2 and s.get_scale() == 16.0
+    s.scale(lin(torch.ones(1, 2)).sum()).backward()
+    s.step(opt)
+    s.update()
+    assert s.get_scale() == 64.0 and s._get_growth_tracker() == 0
 
 
 def test_scale_matches_torch_on_nested_outputs_and_dtypes():

@@ -361,6 +361,11 @@ class GradScaler:
         for k in old:
             if k != "config":
                 state[k] = old[k]
+        interval = state["config"].get("growth_interval")
+        tracker = state["counters"].get("growth_tracker", 0)
+        if isinstance(interval, int) and interval > 0 and tracker >= interval:
+            # The core refuses a tracker past the interval (torch would never grow again).
+            state["counters"]["growth_tracker"] = interval - 1
         fresh.load_state_dict(state)
         self._overrides = overrides
         self._ls = fresh
