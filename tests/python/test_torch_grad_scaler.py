@@ -515,3 +515,58 @@ def test_import_mixprec_without_torch():
             "try:\n    import mixprec.torch\nexcept ImportError as e:\n    print('ImportError:', e)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert "mixprec.torch needs PyTorch" in out.stdout
+
+
+DIST_RANK = r"""
+import json, math, sys, torch, torch.distributed as dist
+from mixprec.torch import GradScaler
+rank, path, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+dist.init_process_group("gloo", init_method="file://" + path, rank=rank, world_size=2)
+torch.manual_seed(0)
+lin = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+scaler = GradScaler(init_scale=1024.0, reduce_found_inf={"auto": None, "off": False}[mode])
+scaler.set_names(lin)
+log = []
+for step in range(6):
+    scaler.scale(lin(torch.ones(3, 4) * (rank + 1)).sum()).backward()
+    if step == 2 and rank == 1:
+        lin.weight.grad[0, 0] = math.inf   # as a sharded optimizer: only this rank sees it
+    if step == 4 and rank == 0:
+        lin.bias.grad[1] = math.nan
+    out = scaler.step(opt)
+    scaler.update()
+    opt.zero_grad()
+    log.append([out.applied, out.found_inf, out.first_overflow, scaler.get_scale()])
+print(json.dumps(log), flush=True)
+dist.barrier()  # both ranks done before either tears gloo down (its shutdown races otherwise)
+dist.destroy_process_group()
+"""
+
+
+def run_two_ranks(tmp_path, mode):
+    if not torch.distributed.is_available():
+        pytest.skip("torch.distributed is not available in this torch build")
+    store = tmp_path / f"store-{mode}"
+    procs = [subprocess.Popen([sys.executable, "-c", DIST_RANK, str(rank), str(store), mode],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
+    logs = []
+    for p in procs:
+        out, err = p.communicate(timeout=180)
+        assert p.returncode == 0, err
+        logs.append(__import__("json").loads(out.strip().splitlines()[-1]))
+    return logs
+
+
+def test_distributed_found_inf_is_max_reduced_over_two_gloo_ranks(tmp_path):
+    r0, r1 = run_two_ranks(tmp_path, "auto")
+    for log in (r0, r1):
+        assert [s[0] for s in log] == [True, True, False, True, False, True]  # both ranks skip 2 and 4
+        assert [s[3] for s in log] == [1024.0, 1024.0, 512.0, 512.0, 256.0, 256.0]
+    # each rank names what it saw itself
+    assert r1[2][2] == "weight" and r0[2][2] is None
+    assert r0[4][2] == "bias" and r1[4][2] is None
+    # without the reduction the ranks part: rank 0 steps at 2, rank 1 does not
+    o0, o1 = run_two_ranks(tmp_path, "off")
+    assert o0[2][0] and not o1[2][0]
+    assert o0[2][3] == 1024.0 and o1[2][3] == 512.0

@@ -79,7 +79,8 @@ class GradScaler:
     """A drop-in for torch.amp.GradScaler whose scale policy is a mixprec preset.
 
     GradScaler(device="cpu", init_scale=None, growth_factor=None, backoff_factor=None,
-               growth_interval=None, enabled=True, *, preset=None, **overrides)
+               growth_interval=None, enabled=True, *, preset=None, reduce_found_inf=None,
+               process_group=None, **overrides)
 
     Without `preset`: the core's `torch` preset (init_scale 2^16, growth_factor 2,
     backoff_factor 0.5, growth_interval 2000), i.e. exactly torch.amp.GradScaler's rule; the
@@ -87,13 +88,23 @@ class GradScaler:
     that preset; torch arguments given explicitly and `overrides` (the core's config keys,
     mixprec.config_keys()) override it. Unknown presets, keys or values out of range raise
     ValueError with the core's message.
+
+    Under torch.distributed, found_inf is MAX-reduced over `process_group` (default: the
+    default group) before the skip decision, so that every rank skips the same steps and keeps
+    the same scale; reduce_found_inf=None does it whenever torch.distributed is initialized,
+    True requires it, False never. Every rank must then call unscale_/step together.
     """
 
     def __init__(self, device: str = "cpu", init_scale: Optional[float] = None,
                  growth_factor: Optional[float] = None, backoff_factor: Optional[float] = None,
                  growth_interval: Optional[int] = None, enabled: bool = True, *,
-                 preset: Optional[str] = None, **overrides: Any) -> None:
+                 preset: Optional[str] = None, reduce_found_inf: Optional[bool] = None,
+                 process_group: Any = None, **overrides: Any) -> None:
         self._device = device
+        # None: MAX-reduce found_inf over the process group whenever torch.distributed is
+        # initialized (sharded optimizers see different gradients on each rank).
+        self._reduce = reduce_found_inf
+        self._group = process_group
         self._enabled = bool(enabled)
         if self._enabled and device == "cuda" and not torch.cuda.is_available():
             # torch.amp.GradScaler does the same (and so silently runs unscaled); say it too.
@@ -375,7 +386,31 @@ class GradScaler:
         state["scale"] = value
         self._ls.load_state_dict(state)
 
+    def _distributed(self) -> bool:
+        if self._reduce is False:
+            return False
+        dist = torch.distributed
+        ready = dist.is_available() and dist.is_initialized()
+        if self._reduce and not ready:
+            raise RuntimeError("GradScaler(reduce_found_inf=True): torch.distributed is not initialized "
+                               "(call torch.distributed.init_process_group first)")
+        return ready
+
     def _check_unscale(self, optimizer: torch.optim.Optimizer, r: _Record) -> None:
+        """The local check and unscale, then (under torch.distributed) found_inf MAX-reduced
+        over the process group: every rank skips the same steps."""
+        device = self._local_check_unscale(optimizer, r)
+        if self._distributed():
+            dist = torch.distributed
+            dev = device if device is not None and dist.get_backend(self._group) != "gloo" else torch.device("cpu")
+            flags = torch.tensor([1.0 if r.found_inf else 0.0, 1.0 if r.checked else 0.0],
+                                 dtype=torch.float32, device=dev)
+            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._group)
+            found, checked = flags.tolist()
+            r.found_inf = r.found_inf or found != 0.0
+            r.checked = r.checked or checked != 0.0
+
+    def _local_check_unscale(self, optimizer: torch.optim.Optimizer, r: _Record) -> Optional[torch.device]:
         """Validate every gradient (nothing is touched before all are checked), then check and
         unscale them in place; record found_inf, the first overflowing index and the norm."""
         entries: List[Tuple[int, torch.Tensor]] = []
@@ -415,7 +450,7 @@ class GradScaler:
         r.checked = bool(entries)
         r.found_inf, r.first_index, r.grad_norm = False, None, 0.0
         if not entries:
-            return
+            return None
         inv_scale = float(np.float32(1.0 / float(r.scale))) if r.scale != 0 else math.inf
         grads = [g.detach() for _, g in entries]
         if not (0.0 < inv_scale <= float(np.finfo(np.float32).max)):
@@ -426,7 +461,7 @@ class GradScaler:
                 if not bool(torch.isfinite(g).all()):
                     r.first_index = i
                     break
-            return
+            return first_device[0]
         device = first_device[0]
         if device.type == "cpu":
             # The core's fused pass over the tensors' own memory (DLPack views, no copy).
@@ -434,7 +469,7 @@ class GradScaler:
             r.grad_norm = math.sqrt(sum_squares) if sum_squares == sum_squares else math.nan
             r.found_inf = bool(found) or not math.isfinite(r.grad_norm)
             r.first_index = entries[first][0] if first >= 0 else None
-            return
+            return device
         # Other devices: ATen's own kernel, the norm on the device, one copy of two floats.
         found_inf = torch.zeros((), dtype=torch.float32, device=device)
         torch._amp_foreach_non_finite_check_and_unscale_(
@@ -448,3 +483,4 @@ class GradScaler:
                 if not bool(torch.isfinite(g).all()):
                     r.first_index = i
                     break
+        return device
