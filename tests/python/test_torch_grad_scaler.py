@@ -24,6 +24,10 @@ import mixprec  # noqa: E402
 from mixprec import _core  # noqa: E402
 from mixprec.torch import GradScaler, StepOutcome  # noqa: E402
 
+# Tiny tensors: one intra-op thread. ATen's OpenMP threads spin while waiting, which on a
+# loaded two-core machine made the 240-step loops 50 times slower (2 s -> 130 s).
+torch.set_num_threads(1)
+
 STEPS = 240
 INJECT = {7: ("fc2.weight", math.inf), 8: ("fc1.bias", -math.inf), 41: ("fc3.weight", math.nan),
           150: ("fc3.bias", -math.inf), 151: ("fc1.weight", math.inf), 199: ("fc2.weight", math.nan),
@@ -49,7 +53,7 @@ def data(steps: int, micro: int = 2, batch: int = 32):
     return xs, ys
 
 
-def train(make_scaler, steps: int = STEPS, inject=INJECT, clip: float = 1.0):
+def train(make_scaler, steps: int = STEPS, inject=INJECT, clip: float = 1.0, window: bool = False):
     """The user's loop; returns (model, optimizer, scaler, skipped steps, scales, outcomes)."""
     torch.manual_seed(0)
     model = MLP()
@@ -59,12 +63,16 @@ def train(make_scaler, steps: int = STEPS, inject=INJECT, clip: float = 1.0):
         scaler.set_names(model)
     params = dict(model.named_parameters())
     xs, ys = data(steps)
+    if window:
+        scaler.set_accumulation_steps(xs.shape[1])
     skipped, scales, outcomes = [], [], []
     for step in range(steps):
         for m in range(xs.shape[1]):
             with torch.autocast("cpu", dtype=torch.float16):
                 loss = torch.nn.functional.mse_loss(model(xs[step, m]), ys[step, m]) / xs.shape[1]
             scaler.scale(loss).backward()
+            if window:
+                scaler.backward_done()
         if step in inject:
             name, value = inject[step]
             params[name].grad.view(-1)[3] = value
@@ -104,6 +112,10 @@ def test_bit_exact_parity_with_torch_amp_grad_scaler():
     assert [i for i, o in enumerate(outs) if not o.applied] == tskip
     for step, (name, _) in INJECT.items():
         assert outs[step].found_inf and outs[step].first_overflow == name
+    # The same loop declaring its accumulation window (backward_done after each micro-batch).
+    wm, wopt, wsc, wskip, wscales, _ = train(lambda: GradScaler(preset="torch", growth_interval=20), window=True)
+    assert wskip == tskip and wscales == tscales
+    assert all(torch.equal(a, b) for a, b in zip(tm.parameters(), wm.parameters()))
 
 
 def test_skip_is_visible_and_scheduler_advances_on_applied_steps_only():
@@ -521,6 +533,7 @@ DIST_RANK = r"""
 import json, math, sys, torch, torch.distributed as dist
 from mixprec.torch import GradScaler
 rank, path, mode = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+torch.set_num_threads(1)
 dist.init_process_group("gloo", init_method="file://" + path, rank=rank, world_size=2)
 torch.manual_seed(0)
 lin = torch.nn.Linear(4, 2)
@@ -570,3 +583,38 @@ def test_distributed_found_inf_is_max_reduced_over_two_gloo_ranks(tmp_path):
     o0, o1 = run_two_ranks(tmp_path, "off")
     assert o0[2][0] and not o1[2][0]
     assert o0[2][3] == 1024.0 and o1[2][3] == 512.0
+
+
+def test_accumulation_window():
+    torch.manual_seed(0)
+    model = MLP()
+    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
+    s = GradScaler()
+    with pytest.raises(ValueError, match="accumulation steps 0 is not allowed"):
+        s.set_accumulation_steps(0)
+    s.set_accumulation_steps(3)
+    one_backward(s, model)
+    s.backward_done()
+    with pytest.raises(RuntimeError, match="set_accumulation_steps\\(\\) in the middle of an accumulation window"):
+        s.set_accumulation_steps(2)
+    with pytest.raises(RuntimeError, match="in the middle of an accumulation window"):
+        s.load_state_dict(s.state_dict())
+    for call in (lambda: s.unscale_(opt), lambda: s.step(opt), lambda: s.update()):
+        with pytest.raises(RuntimeError, match=r"after 1 of 3 backward passes of the accumulation window"):
+            call()
+    for _ in range(2):
+        one_backward(s, model)
+        s.backward_done()
+    with pytest.raises(RuntimeError, match="backward_done\\(\\) called 4 times in an accumulation window of 3"):
+        s.backward_done()
+    assert s.step(opt).applied
+    with pytest.raises(RuntimeError, match="a new window starts after update"):
+        s.backward_done()
+    s.update()
+    sd = s.state_dict()
+    assert sd["accumulation_steps"] == 3
+    t = GradScaler()
+    t.load_state_dict(sd)
+    assert t.get_accumulation_steps() == 3
+    with pytest.raises(ValueError, match="accumulation_steps 0"):
+        t.load_state_dict(dict(sd, accumulation_steps=0))

@@ -124,6 +124,8 @@ class GradScaler:
             self._overrides[k] = v
         self._ls = LossScale(self._preset, **self._overrides)  # validates (the core's messages)
         self._records: Dict[int, _Record] = {}
+        self._acc_steps = 1   # the accumulation window (set_accumulation_steps), as the core scaler's
+        self._acc_passes = 0
         self._names: Dict[int, Tuple[Any, str]] = {}  # id(param) -> (weakref to it, name)
 
     # ---- names -------------------------------------------------------------------------
@@ -193,6 +195,7 @@ class GradScaler:
             raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
         if r.stage == _STEPPED:
             raise RuntimeError("unscale_() is being called after step().")
+        self._require_complete("unscale_()")
         self._check_unscale(optimizer, r)
         r.stage = _UNSCALED
 
@@ -207,6 +210,7 @@ class GradScaler:
         r = self._records.setdefault(id(optimizer), _Record())
         if r.stage == _STEPPED:
             raise RuntimeError("step() has already been called since the last update().")
+        self._require_complete("step()")
         if r.stage == _READY:
             self.unscale_(optimizer)
         if not r.checked:
@@ -236,13 +240,49 @@ class GradScaler:
                 value = float(new_scale)
             self._set_scale(value)
             self._records = {}
+            self._acc_passes = 0
             return
+        self._require_complete("update()")
         checked = [r for r in self._records.values() if r.stage != _READY and r.checked]
         if not checked:
             raise AssertionError("No inf checks were recorded prior to update.")
         found_inf = any(r.found_inf for r in checked)
         self._records = {}  # the step is over even if the update raises (as the core scaler)
+        self._acc_passes = 0
         self._ls.update(found_inf)
+
+    # ---- accumulation windows (the core scaler's rule; optional) ---------------------------
+
+    def set_accumulation_steps(self, k: int) -> None:
+        """k backward passes share one scale: call backward_done() after each; unscale_, step
+        and update before the k-th raise. k = 1 (the default): no window, torch's behaviour."""
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"accumulation steps {k!r} is not allowed; it must be an int >= 1")
+        if self._acc_passes != 0:
+            raise RuntimeError(f"set_accumulation_steps() in the middle of an accumulation window "
+                               f"({self._acc_passes} backward passes done)")
+        self._acc_steps = k
+
+    def get_accumulation_steps(self) -> int:
+        return self._acc_steps
+
+    def backward_done(self) -> None:
+        """One backward pass of the window is done."""
+        if not self._enabled:
+            return
+        if any(r.stage != _READY for r in self._records.values()):
+            raise RuntimeError("backward_done() after unscale_() or step() and before update(): a new window "
+                               "starts after update()")
+        if self._acc_passes == self._acc_steps:
+            raise RuntimeError(f"backward_done() called {self._acc_passes + 1} times in an accumulation window "
+                               f"of {self._acc_steps}; call step() and update() at the window's end")
+        self._acc_passes += 1
+
+    def _require_complete(self, call: str) -> None:
+        if self._acc_steps > 1 and self._acc_passes != self._acc_steps:
+            raise RuntimeError(f"{call} after {self._acc_passes} of {self._acc_steps} backward passes of the "
+                               "accumulation window: one scale holds for the whole window; unscale_, step and "
+                               "update once, at its end")
 
     def get_scale(self) -> float:
         """The scale (float32 value) as a Python float; 1.0 when disabled."""
@@ -294,6 +334,7 @@ class GradScaler:
             "growth_interval": self.get_growth_interval(),
             "_growth_tracker": self._get_growth_tracker(),
             "preset": self._preset,
+            "accumulation_steps": self._acc_steps,
             "mixprec": self._ls.state_dict(),
         }
 
@@ -306,14 +347,20 @@ class GradScaler:
             raise RuntimeError("The source state dict is empty, possibly because it was saved "
                                "from a disabled instance of GradScaler.")
         self._require_between("load_state_dict()")
+        if self._acc_passes != 0:
+            raise RuntimeError("load_state_dict() in the middle of an accumulation window")
         if "mixprec" in state_dict:
             saved = state_dict.get("preset")
             if saved != self._preset:
                 raise ValueError(f"load_state_dict: the state was saved by a GradScaler with preset {saved!r}; "
                                  f"this one has preset {self._preset!r} (build GradScaler(preset={saved!r}) to load it)")
+            steps = state_dict.get("accumulation_steps", self._acc_steps)
+            if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+                raise ValueError(f"load_state_dict: accumulation_steps {steps!r} is not allowed; it must be an int >= 1")
             fresh = LossScale(self._preset, **self._overrides)
             fresh.load_state_dict(state_dict["mixprec"])
             self._ls = fresh
+            self._acc_steps = steps
             return
         missing = [k for k in ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
                    if k not in state_dict]
