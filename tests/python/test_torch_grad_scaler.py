@@ -552,8 +552,13 @@ for step in range(6):
     opt.zero_grad()
     log.append([out.applied, out.found_inf, out.first_overflow, scaler.get_scale()])
 print(json.dumps(log), flush=True)
-dist.barrier()  # both ranks done before either tears gloo down (its shutdown races otherwise)
-dist.destroy_process_group()
+dist.barrier()
+# Leave without tearing gloo down: its shutdown at exit aborted now and then (about 1 run in 10
+# under pytest, "terminate called without an active exception", also after a barrier and
+# destroy_process_group); the log above is the result.
+sys.stderr.flush()
+import os
+os._exit(0)
 """
 
 

@@ -449,7 +449,15 @@ class GradScaler:
         device = self._local_check_unscale(optimizer, r)
         if self._distributed():
             dist = torch.distributed
-            dev = device if device is not None and dist.get_backend(self._group) != "gloo" else torch.device("cpu")
+            # gloo reduces CPU tensors; other backends (nccl) those on the gradients' device.
+            if dist.get_backend(self._group) == "gloo":
+                dev = torch.device("cpu")
+            elif device is not None and device.type != "cpu":
+                dev = device
+            elif torch.cuda.is_available():
+                dev = torch.device("cuda", torch.cuda.current_device())
+            else:
+                dev = torch.device("cpu")
             flags = torch.tensor([1.0 if r.found_inf else 0.0, 1.0 if r.checked else 0.0],
                                  dtype=torch.float32, device=dev)
             dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._group)
