@@ -17,7 +17,9 @@
 #                            python3-venv and python3-dev, then a venv in build/py-venv
 #                            (MIXPREC_PY_VENV overrides) with the build requirements
 #                            (scikit-build-core, nanobind) and the test ones (numpy, pytest,
-#                            ml_dtypes) from PyPI. Nothing if the venv already has them.
+#                            ml_dtypes) from PyPI, and torch==$TORCH_VERSION with its
+#                            dependencies (mixprec.torch and its tests import torch; about
+#                            4-5 GB). Nothing if the venv already has them.
 set -euo pipefail
 
 TORCH_VERSION=2.15.0
@@ -83,5 +85,16 @@ if [ "$want_python" = 1 ]; then
     echo "deps: installing ${PY_PACKAGES[*]} into the venv $venv"
     [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "${PY_PACKAGES[@]}"
+  fi
+  # mixprec.torch (GradScaler) and its tests import torch: the full wheel with its Python
+  # dependencies (import torch needs the nvidia-* libraries too; --no-deps is not enough).
+  have=$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("torch"))' 2>/dev/null || true)
+  if [ "$have" = "$TORCH_VERSION" ]; then
+    echo "deps: torch $TORCH_VERSION present in $venv"
+  else
+    echo "deps: installing torch==$TORCH_VERSION (with its dependencies, for import torch) into the venv $venv"
+    t0=$(date +%s)
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION"
+    echo "deps: torch installed in $(( $(date +%s) - t0 )) s"
   fi
 fi

@@ -8,20 +8,24 @@
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
 #include <string_view>
+#include <tuple>
 #include <vector>
 
 #include "mixprec/formats/bulk.hpp"
 #include "mixprec/formats/types.hpp"
+#include "mixprec/kernels/unscale.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
 
 namespace nb = nanobind;
@@ -354,6 +358,51 @@ class PyLossScale {
   std::unique_ptr<mixprec::LossScale> scale_;
 };
 
+// ---- gradients: the core's fused check + unscale over CPU tensors (mixprec.torch) -------
+
+// One pass of mixprec::unscale_and_check over `tensors` (a list of C-contiguous CPU arrays of
+// float32, float16 or bfloat16: torch tensors arrive through DLPack, without importing torch),
+// in place, on the arrays' own memory. Every tensor is checked before anything is written.
+// Returns (found_inf, index of the first tensor holding inf/NaN or -1, sum of squares of the
+// unscaled values; NaN when not asked). mixprec.torch validates first and names parameters;
+// these messages (tensors[i]) are the backstop.
+std::tuple<bool, std::int64_t, double> unscale_tensors(nb::list tensors, float inv_scale, bool write,
+                                                       bool sum_squares) {
+  std::vector<MutArray> keep;  // holds every DLPack export alive during the pass
+  std::vector<mixprec::GradTensor> views;
+  keep.reserve(tensors.size());
+  views.reserve(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const std::string what = "tensors[" + std::to_string(i) + "]";
+    MutArray a = as_array<MutArray>(tensors[i], what.c_str(), "float32, float16 or bfloat16");
+    mixprec::DType t;
+    if (a.dtype() == nb::dtype<float>())
+      t = mixprec::DType::f32;
+    else if (a.dtype() == nb::dlpack::dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float), 16, 1})
+      t = mixprec::DType::f16;
+    else if (a.dtype() == nb::dlpack::dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1})
+      t = mixprec::DType::bf16;
+    else
+      throw nb::type_error((what + ": expected dtype float32, float16 or bfloat16, found " + dtype_name(a.dtype()) +
+                            " (gradients are unscaled in place, never copied or cast)")
+                               .c_str());
+    require_c_contiguous(a, what.c_str());
+    views.push_back({a.size() ? a.data() : nullptr, a.size(), t});
+    keep.push_back(std::move(a));
+  }
+  if (!(std::isfinite(inv_scale) && inv_scale > 0.0f))
+    throw nb::value_error(("inv_scale: expected a finite value > 0, found " + std::to_string(inv_scale)).c_str());
+  mixprec::UnscaleOptions o;
+  o.write = write;
+  o.sum_squares = sum_squares;
+  mixprec::UnscaleResult r;
+  {
+    nb::gil_scoped_release unlocked;
+    r = mixprec::unscale_and_check(views, inv_scale, o);
+  }
+  return {r.found_inf, r.first_nonfinite, r.sum_squares};
+}
+
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -412,6 +461,11 @@ NB_MODULE(_core, m) {
     const AnyArray a = as_array<AnyArray>(x, "x", "any dtype");
     return reinterpret_cast<std::uintptr_t>(a.data());
   });
+
+  m.def("unscale_and_check", &unscale_tensors, nb::arg("tensors"), nb::arg("inv_scale"), nb::arg("write") = true,
+        nb::arg("sum_squares") = true,
+        "The core's fused check + unscale (mixprec::unscale_and_check) in place over CPU tensors; "
+        "returns (found_inf, first_nonfinite, sum_squares)");
 
   m.def("loss_scale_preset_names", [] { return mixprec::loss_scale_preset_names(); });
   m.def("loss_scale_config_keys", [] { return mixprec::loss_scale_config_keys(); });

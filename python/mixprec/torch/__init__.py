@@ -1,0 +1,20 @@
+"""mixprec for PyTorch users (docs/python.md, "mixprec.torch.GradScaler").
+
+    from mixprec.torch import GradScaler
+    scaler = GradScaler("cpu", growth_interval=2000)       # torch.amp.GradScaler's rule, exactly
+    scaler = GradScaler(preset="mixprec")                  # or any mixprec.preset_names()
+
+Importing `mixprec` never imports torch; importing `mixprec.torch` does.
+"""
+
+try:
+    import torch as _torch  # noqa: F401  (the subpackage needs it; say so clearly)
+except ImportError as e:  # pragma: no cover - exercised by a test in a subprocess
+    raise ImportError(
+        "mixprec.torch needs PyTorch (import torch failed: " + str(e) + "); "
+        "install torch in this environment, or use mixprec.LossScale without torch"
+    ) from e
+
+from .grad_scaler import GradScaler, StepOutcome
+
+__all__ = ["GradScaler", "StepOutcome"]
