@@ -2,7 +2,7 @@
 #   make run    install what is missing, build (Release), train the default model (mixprec train)
 #   make test   install what is missing, build Release and Debug+ASan+UBSan, run every test
 #   make bench  install what is missing, build (Release), run the benchmarks
-.PHONY: all deps test-deps torch-deps python-deps release debug-asan run test test-release test-asan test-python example bench fuzz clean
+.PHONY: all deps test-deps torch-deps python-deps release debug-asan run test test-release test-asan test-python example bench bench-peers fuzz clean
 
 JOBS     ?= $(shell nproc)
 RELEASE  := build/release
@@ -128,6 +128,12 @@ bench: release
 	$(MIXPREC) bench scaler
 	$(MIXPREC) bench fp8
 	$(MIXPREC) bench train
+
+# PyTorch eager on this machine, side by side with mixprec train (bench/peers/pytorch_gpt.py,
+# docs/performance.md): the default and the 3.45M gpt, fp32/bf16/fp16, 1 thread and all cores.
+# Uses build/py-venv (scripts/deps.sh python installs torch there); about 10 minutes.
+bench-peers: release python-deps
+	$(PY_VENV)/bin/python bench/peers/pytorch_gpt.py --mixprec $(MIXPREC)
 
 clean:
 	rm -rf build
