@@ -11,6 +11,11 @@
 //     scaler.update();  opt.zero_grad();
 //   tel.finish();                                          // summary.json, with the run's alerts
 //
+// The counting, the log line, the alerts and the summary are the core's
+// train::TelemetryRecorder (include/mixprec/train/telemetry_recorder.hpp), the same code
+// behind mixprec.torch.Telemetry in Python: this class only turns tensors into views.
+// Histograms (log2 magnitudes of the watched activation gradients, the parameter
+// gradients and the weights) are taken at step 1 and every options.histogram_every steps.
 // The folder is written through train::RunFolder: it must be new or empty, its lock is
 // held while the Telemetry lives, config.json holds the keys that describe the run
 // (precision, loss-scale), log.jsonl one line per record(), summary.json is written by
@@ -33,9 +38,7 @@
 #pragma once
 
 #include <cstdint>
-#include <fstream>
 #include <limits>
-#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -44,10 +47,8 @@
 #include <torch/ordered_dict.h>
 
 #include "mixprec/monitor/alerts.hpp"
-#include "mixprec/monitor/report.hpp"
 #include "mixprec/torch/grad_scaler.hpp"
-#include "mixprec/train/run_folder.hpp"
-#include "mixprec/train/trainer.hpp"
+#include "mixprec/train/telemetry_recorder.hpp"
 
 namespace mixprec::torch {
 
@@ -60,11 +61,9 @@ struct StepInfo {
   std::optional<double> val_loss = std::nullopt;  // a validation loss measured at this step: the report's dots
 };
 
-// What config.json says about the run: the mixprec names its readers compare against.
-struct TelemetryOptions {
-  std::string precision = "fp16";     // fp32, fp16 or bf16 (the autocast dtype; fp32: none)
-  std::string loss_scale = "mixprec"; // as mixprec train's --loss-scale: a preset, static:S or none
-};
+// What config.json says about the run (precision, loss-scale) and how often histograms
+// are taken: the core recorder's options.
+using TelemetryOptions = train::TelemetryOptions;
 
 class Telemetry {
  public:
@@ -85,34 +84,16 @@ class Telemetry {
   // alerts raised. Records may follow; a later finish() rewrites it.
   std::vector<monitor::Alert> finish();
 
-  const std::string& dir() const noexcept { return dir_; }
+  const std::string& dir() const noexcept { return rec_.dir(); }
   // Wall time spent inside the telemetry so far: its hooks during backward and record().
   // What it costs a step (the example prints its share; docs/libtorch.md).
-  double seconds() {
-    std::lock_guard lock(mu_);
-    return seconds_;
-  }
-  std::uint64_t steps() const noexcept { return step_; }
+  double seconds() { return rec_.seconds(); }
+  std::uint64_t steps() const noexcept { return rec_.steps(); }
 
  private:
   void count(const std::string& name, const at::Tensor& grad);
 
-  std::string dir_;
-  train::TrainConfig config_;  // precision and loss-scale (the keys config.json holds)
-  train::RunFolder folder_;
-  monitor::AlertMonitor alerts_;
-  monitor::RunNumbersSum numbers_;  // the summary's figures, as the report computes them
-  std::vector<double> step_ms_;     // the median step time
-  std::size_t param_count_ = 0;
-  std::uint64_t step_ = 0;
-  std::mutex mu_;  // hooks may run on autograd's worker threads
-  std::vector<f16> fp16_scratch_;  // convert_counted's output, reused
-  std::vector<nn::TensorGradStats> act_;
-  ConversionStats act_total_;
-  float act_amax_ = 0;
-  std::string first_nonfinite_;
-  double headroom_ = std::numeric_limits<double>::infinity();  // min over this step's watched tensors
-  double seconds_ = 0;  // time spent in hooks and record()
+  train::TelemetryRecorder rec_;  // the run folder, counts, alerts and summary: the core's
 };
 
 }  // namespace mixprec::torch

@@ -1,0 +1,132 @@
+// train::TelemetryRecorder: the run folder of a training loop that mixprec does not run
+// (a libtorch or PyTorch model), written in the schema of `mixprec train --out`
+// (docs/run_folder.md), so that `mixprec report`, the alerts and `mixprec scaler simulate`
+// read it as they read one of mixprec's own runs. One implementation behind both front
+// ends: mixprec::torch::Telemetry (C++, include/mixprec/torch/telemetry.hpp) and
+// mixprec.torch.Telemetry (Python, docs/python.md) only turn their tensors into
+// GradTensor views and call this.
+//
+//   train::TelemetryRecorder rec("runs/x", {.precision = "fp16", .loss_scale = "torch"});
+//   during backward:   rec.count_activation_grad("h0.mlp", view_of(grad));   // any thread
+//   during forward:    rec.check_activation("h0.mlp", view_of(output));      // optional
+//   after the step:    rec.record(step, params);    // one log line; resets the step's counts
+//   at the end:        rec.finish();                // summary.json with the run's alerts
+//
+// Counting an activation gradient means converting it, as it is (scaled domain), to fp16
+// with the core's counted conversion (convert_counted): for an fp16 gradient its zeros and
+// subnormals as stored (underflow is 0: it is fp16 already), for fp32 and bf16 what fp16
+// would flush or overflow at the current scale. Views are read only; the recorder never
+// keeps them past the call.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mixprec/formats/bulk.hpp"
+#include "mixprec/kernels/unscale.hpp"
+#include "mixprec/monitor/alerts.hpp"
+#include "mixprec/monitor/report.hpp"
+#include "mixprec/train/config.hpp"
+#include "mixprec/train/run_folder.hpp"
+#include "mixprec/train/trainer.hpp"
+
+namespace mixprec::train {
+
+// What config.json says about the run, and how often histograms are taken.
+struct TelemetryOptions {
+  std::string precision = "fp16";     // fp32, fp16 or bf16 (the autocast dtype; fp32: none)
+  std::string loss_scale = "mixprec"; // as mixprec train's --loss-scale: a preset, static:S or none
+  std::size_t histogram_every = 50;   // log2 histograms at step 1 and every N steps; 0 = never
+};
+
+// One optimizer step as the front end saw it: its own numbers and its scaler's outcome.
+struct TelemetryStep {
+  double loss = std::numeric_limits<double>::quiet_NaN();  // training loss (unscaled)
+  double lr = 0;
+  std::uint64_t tokens = 0;                 // tokens trained on (the summary's throughput)
+  double seconds = 0;                       // the step's wall time (the summary's median step time)
+  std::optional<double> val_loss = std::nullopt;  // a validation loss measured at this step
+  float scale = 1;                          // the scale the gradients carried
+  float next_scale = 1;                     // the scale after this step's update
+  bool found_inf = false;                   // inf/NaN among the parameter gradients
+  bool applied = true;                      // optimizer.step() ran
+  double grad_norm = 0;                     // of the unscaled gradients, before clipping
+  float clip_coef = 1;                      // the clipping applied to the gradients (1: none)
+  std::string overflow_param = {};          // the first parameter holding inf/NaN
+};
+
+// A parameter as the step left it: its gradient (data == nullptr or size 0: none) as
+// step() left it (unscaled; divided back by clip_coef when the step clipped) and its weight.
+struct NamedParam {
+  std::string name;
+  GradTensor grad;
+  GradTensor weight;
+};
+
+class TelemetryRecorder {
+ public:
+  // Checks the options (std::invalid_argument: "telemetry: precision: expected ..."), then
+  // creates the run folder `dir` (parents too), takes its lock and writes config.json.
+  // std::invalid_argument when `dir` holds files already; std::runtime_error naming the
+  // path when it cannot write.
+  TelemetryRecorder(std::string dir, const TelemetryOptions& options);
+
+  // Whether the coming step (steps() + 1) takes histograms: step 1 and every
+  // histogram_every-th. Front ends ask before they hand over forward activations.
+  bool histogram_step() const noexcept;
+
+  // Counts one activation gradient under `name` (summed over the step's micro-batches).
+  // Thread-safe (autograd may call hooks on its worker threads).
+  void count_activation_grad(std::string_view name, const GradTensor& grad);
+  // A forward output: the first non-finite one of the step is named in the log line
+  // (forward_nonfinite); at histogram steps its values go into the activation histogram.
+  // Returns true when it held inf/NaN. Thread-safe.
+  bool check_activation(std::string_view name, const GradTensor& output);
+
+  // One log line for this step; resets the step's counts. Returns the record written.
+  StepRecord record(const TelemetryStep& step, std::span<const NamedParam> params);
+  // Writes summary.json (the run's totals and alerts, as mixprec train's); returns the
+  // alerts raised. Records may follow; a later finish() rewrites it.
+  std::vector<monitor::Alert> finish();
+
+  const std::string& dir() const noexcept { return dir_; }
+  std::uint64_t steps() const noexcept { return step_; }
+  // Wall time spent inside the recorder so far (counting, checks, record()): what the
+  // telemetry costs a step, with the front end's own time added by the front end.
+  double seconds();
+  void add_seconds(double s);
+
+ private:
+  std::span<const float> as_f32(const GradTensor& t, std::vector<float>& scratch);
+
+  std::string dir_;
+  TrainConfig config_;  // precision and loss-scale (the keys config.json holds)
+  std::size_t histogram_every_;
+  RunFolder folder_;
+  monitor::AlertMonitor alerts_;
+  monitor::RunNumbersSum numbers_;  // the summary's figures, as the report computes them
+  std::vector<double> step_ms_;     // the median step time
+  std::size_t param_count_ = 0;
+  std::uint64_t step_ = 0;
+
+  std::mutex mu_;                   // hooks may run on autograd's worker threads
+  std::vector<float> f32_scratch_;  // widened fp16/bf16 tensors, reused
+  std::vector<f16> f16_scratch_;    // convert_counted's output, reused
+  std::vector<nn::TensorGradStats> act_;
+  ConversionStats act_total_;
+  float act_amax_ = 0;
+  std::string first_nonfinite_grad_;
+  std::string first_nonfinite_forward_;
+  double headroom_ = std::numeric_limits<double>::infinity();  // min over this step's tensors
+  StepRecord::Histograms hist_;
+  double seconds_ = 0;
+};
+
+}  // namespace mixprec::train

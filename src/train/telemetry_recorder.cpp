@@ -1,0 +1,245 @@
+#include "mixprec/train/telemetry_recorder.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <stdexcept>
+
+#include "mixprec/formats/types.hpp"
+#include "mixprec/train/run_log.hpp"
+
+namespace mixprec::train {
+namespace {
+
+// Adds the time since construction to `total` when it goes out of scope (the caller holds the lock).
+struct Spent {
+  double& total;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+  explicit Spent(double& t) : total(t) {}
+  ~Spent() { total += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); }
+  Spent(const Spent&) = delete;
+  Spent& operator=(const Spent&) = delete;
+};
+
+const std::vector<std::string_view> kConfigKeys = {"precision", "loss-scale"};
+
+TrainConfig run_config(const TelemetryOptions& o) {
+  TrainConfig c;
+  const auto p = nn::parse_precision(o.precision);
+  if (!p || (*p != nn::Precision::fp32 && *p != nn::Precision::fp16 && *p != nn::Precision::bf16))
+    throw std::invalid_argument("telemetry: precision: expected fp32, fp16 or bf16, found '" + o.precision + "'");
+  c.precision = *p;
+  c.loss_scale = o.loss_scale;
+  (void)loss_scale_config(c.loss_scale);  // "loss-scale: expected ..." for anything else
+  c.histogram_every = o.histogram_every;
+  return c;
+}
+
+double format_max(DType t) {
+  switch (t) {
+    case DType::f16: return 65504.0;
+    case DType::bf16: return 3.3895313892515355e38;
+    case DType::f32: break;
+  }
+  return static_cast<double>(std::numeric_limits<float>::max());
+}
+
+// |max| of each view (0 for an empty one; inf when one holds inf or NaN): one check-only
+// pass of the core's multi-tensor kernel, nothing written.
+std::vector<float> amax_each(const std::vector<GradTensor>& views) {
+  std::vector<float> out(views.size(), 0.0f);
+  std::vector<GradTensor> present;
+  std::vector<std::size_t> where;
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    if (views[i].size == 0 || views[i].data == nullptr) continue;
+    present.push_back(views[i]);
+    where.push_back(i);
+  }
+  if (present.empty()) return out;
+  UnscaleOptions o;
+  o.write = false;
+  o.amax = true;
+  std::vector<float> amax(present.size());
+  (void)unscale_and_check(present, 1.0f, o, amax);
+  for (std::size_t k = 0; k < where.size(); ++k)
+    out[where[k]] = std::isfinite(amax[k]) ? amax[k] : std::numeric_limits<float>::infinity();
+  return out;
+}
+
+}  // namespace
+
+TelemetryRecorder::TelemetryRecorder(std::string dir, const TelemetryOptions& options)
+    : dir_(std::move(dir)),
+      config_(run_config(options)),
+      histogram_every_(options.histogram_every),
+      folder_(dir_, RunFolder::Mode::create),
+      alerts_({}, monitor::RunContext::of(config_)) {
+  folder_.write_config(to_json(config_, kConfigKeys, 2) + "\n");
+}
+
+bool TelemetryRecorder::histogram_step() const noexcept {
+  const std::uint64_t next = step_ + 1;
+  return histogram_every_ != 0 && (next == 1 || next % histogram_every_ == 0);
+}
+
+double TelemetryRecorder::seconds() {
+  std::lock_guard lock(mu_);
+  return seconds_;
+}
+
+void TelemetryRecorder::add_seconds(double s) {
+  std::lock_guard lock(mu_);
+  seconds_ += s;
+}
+
+// The view as fp32: itself, or widened (exactly) into `scratch`. Caller holds the lock.
+std::span<const float> TelemetryRecorder::as_f32(const GradTensor& t, std::vector<float>& scratch) {
+  if (t.size == 0 || t.data == nullptr) return {};
+  if (t.dtype == DType::f32) return {static_cast<const float*>(t.data), t.size};
+  if (scratch.size() < t.size) scratch.resize(t.size);
+  const std::span<float> out(scratch.data(), t.size);
+  if (t.dtype == DType::f16)
+    f16_to_f32(std::span<const f16>(static_cast<const f16*>(t.data), t.size), out);
+  else
+    bf16_to_f32(std::span<const bf16>(static_cast<const bf16*>(t.data), t.size), out);
+  return out;
+}
+
+void TelemetryRecorder::count_activation_grad(std::string_view name, const GradTensor& grad) {
+  std::lock_guard lock(mu_);
+  const Spent spent(seconds_);
+  const std::span<const float> g = as_f32(grad, f32_scratch_);
+  const std::size_t n = g.size();
+  if (f16_scratch_.size() < n) f16_scratch_.resize(n);
+  const ConversionStats s = convert_counted(g, std::span<f16>(f16_scratch_.data(), n));
+  float amax = n ? nn::amax_of(g) : 0.0f;
+  if (s.nonfinite_input) amax = std::numeric_limits<float>::infinity();
+  // Binades between this gradient's largest value and its format's largest finite.
+  const double headroom = amax > 0 && std::isfinite(amax) ? std::log2(format_max(grad.dtype) / static_cast<double>(amax))
+                                                          : std::numeric_limits<double>::infinity();
+  headroom_ = std::min(headroom_, headroom);
+  act_total_ += s;
+  act_amax_ = std::max(act_amax_, amax);
+  if (s.nonfinite_input && first_nonfinite_grad_.empty()) first_nonfinite_grad_ = name;
+  if (histogram_step()) hist_.activation_grads.add(g, nn::kHistogramStride);
+  for (auto& t : act_) {
+    if (t.name == name) {
+      t.stats += s;
+      t.amax = std::max(t.amax, amax);
+      return;
+    }
+  }
+  act_.push_back({std::string(name), s, amax});
+}
+
+bool TelemetryRecorder::check_activation(std::string_view name, const GradTensor& output) {
+  std::lock_guard lock(mu_);
+  const Spent spent(seconds_);
+  if (output.size == 0 || output.data == nullptr) return false;
+  UnscaleOptions o;
+  o.write = false;
+  o.sum_squares = false;
+  const bool nonfinite = unscale_and_check(std::span<const GradTensor>(&output, 1), 1.0f, o).found_inf;
+  if (nonfinite && first_nonfinite_forward_.empty()) first_nonfinite_forward_ = name;
+  if (histogram_step()) hist_.activations.add(as_f32(output, f32_scratch_), nn::kHistogramStride);
+  return nonfinite;
+}
+
+StepRecord TelemetryRecorder::record(const TelemetryStep& step, std::span<const NamedParam> params) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool histograms = histogram_step();
+  StepRecord r;
+  r.step = ++step_;
+  r.lr = step.lr;
+  r.loss = step.loss;
+  r.loss_finite = std::isfinite(step.loss);
+  r.val_loss = step.val_loss;
+  r.scale = step.scale;
+  r.next_scale = step.next_scale;
+  r.found_inf = step.found_inf;
+  r.skipped = !step.applied;
+  r.grad_norm = step.found_inf ? std::numeric_limits<double>::quiet_NaN() : step.grad_norm;
+  r.clip_coef = step.clip_coef;
+  r.overflow_param = step.overflow_param;
+  r.tokens = step.tokens;
+  r.seconds = step.seconds;
+
+  std::vector<GradTensor> grads, weights;
+  grads.reserve(params.size());
+  weights.reserve(params.size());
+  for (const NamedParam& p : params) {
+    grads.push_back(p.grad.data ? p.grad : GradTensor{nullptr, 0, p.grad.dtype});
+    weights.push_back(p.weight.data ? p.weight : GradTensor{nullptr, 0, p.weight.dtype});
+  }
+  const std::vector<float> grad_amax = amax_each(grads), weight_amax = amax_each(weights);
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    StepRecord::ParamStats ps;
+    ps.name = params[i].name;
+    if (grads[i].size > 0) {
+      // step() left the gradients unscaled and clipped: undo the coefficient.
+      float a = grad_amax[i];
+      if (std::isfinite(a) && step.applied && step.clip_coef < 1.0f) a /= step.clip_coef;
+      ps.grad_amax = a;
+    }
+    if (weights[i].size > 0) ps.weight_amax = weight_amax[i];
+    r.params.push_back(std::move(ps));
+  }
+  {
+    std::lock_guard lock(mu_);
+    if (histograms) {
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        hist_.weight_grads.add(as_f32(grads[i], f32_scratch_));
+        hist_.weights.add(as_f32(weights[i], f32_scratch_));
+      }
+      r.histograms = hist_;
+    }
+    hist_ = {};
+    r.act_grads = act_total_;
+    r.act_grad_amax = act_amax_;
+    r.headroom_log2 = std::isfinite(headroom_) ? headroom_ : 0.0;  // the tightest counted tensor; 0 when none
+    r.act_grad_tensors = std::move(act_);
+    r.overflow_activation = first_nonfinite_grad_;
+    r.forward_nonfinite = first_nonfinite_forward_;
+    act_.clear();
+    act_total_ = {};
+    act_amax_ = 0;
+    headroom_ = std::numeric_limits<double>::infinity();
+    first_nonfinite_grad_.clear();
+    first_nonfinite_forward_.clear();
+  }
+  folder_.append_log(step_record_json(r));
+  (void)alerts_.observe(r);
+  numbers_.add(r);
+  if (param_count_ == 0)
+    for (const NamedParam& p : params) param_count_ += p.weight.size;
+  step_ms_.push_back(1000.0 * r.seconds);
+  add_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  return r;
+}
+
+std::vector<monitor::Alert> TelemetryRecorder::finish() {
+  const monitor::RunNumbers n = numbers_.numbers();
+  TrainSummary s;
+  s.steps = n.steps;
+  s.skipped = n.skipped;
+  s.applied = n.steps - n.skipped;
+  s.final_loss = n.final_loss;
+  s.final_scale = n.final_scale;
+  s.underflow_fraction = n.underflow_fraction;
+  s.subnormal_fraction = n.subnormal_fraction;
+  s.tokens = n.tokens;
+  s.seconds = n.seconds;
+  s.mean_step_ms = n.mean_step_ms;
+  s.param_count = param_count_;
+  if (!step_ms_.empty()) {
+    std::vector<double> ms = step_ms_;
+    std::nth_element(ms.begin(), ms.begin() + static_cast<std::ptrdiff_t>(ms.size() / 2), ms.end());
+    s.median_step_ms = ms[ms.size() / 2];
+  }
+  // The summary with the run's alerts, as mixprec train writes it.
+  const std::vector<monitor::Alert> alerts = alerts_.all();
+  folder_.write_summary(monitor::summary_with_alerts(summary_json(s, to_json(config_, kConfigKeys)), alerts));
+  return alerts;
+}
+
+}  // namespace mixprec::train

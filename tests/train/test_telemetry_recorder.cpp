@@ -1,0 +1,196 @@
+// train::TelemetryRecorder (include/mixprec/train/telemetry_recorder.hpp): the core behind
+// mixprec::torch::Telemetry and mixprec.torch.Telemetry. Its counts against the core's
+// counted conversion on the same values, its log line read back through the run log's own
+// parser, its histograms, forward checks and refusals.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <random>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mixprec/core/io.hpp"
+#include "mixprec/formats/bulk.hpp"
+#include "mixprec/train/run_folder.hpp"
+#include "mixprec/train/run_log.hpp"
+#include "mixprec/train/telemetry_recorder.hpp"
+#include "support.hpp"
+#include "temp_dir.hpp"
+
+namespace mixprec::train {
+namespace {
+
+using test::error_of;
+
+std::vector<float> gradient_like(std::size_t n, unsigned seed) {
+  // Magnitudes over 2^-40 .. 2^20: fp16 flushes some, keeps some subnormal, overflows some.
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> e(-40.0f, 20.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = ((rng() & 1) ? -1.0f : 1.0f) * std::exp2(e(rng));
+  v[n / 3] = 0.0f;
+  return v;
+}
+
+GradTensor view(std::vector<float>& v) { return {v.data(), v.size(), DType::f32}; }
+
+TEST(TelemetryRecorder, CountsEqualConvertCountedForEveryStorageDtype) {
+  test::TempDir tmp("telrec");
+  TelemetryRecorder rec((tmp.path() / "run").string(), {.precision = "bf16", .loss_scale = "none"});
+  std::vector<float> a = gradient_like(4099, 1), b = gradient_like(1000, 2);
+  std::vector<bf16> b16(b.size());
+  f32_to_bf16(b, b16);
+  std::vector<float> b_widened(b.size());
+  bf16_to_f32(b16, b_widened);
+  std::vector<float> c = gradient_like(513, 3);
+  for (float& x : c) x = std::ldexp(x, -8);  // inside fp16's range: its |max| is finite
+  std::vector<f16> h16(c.size());
+  f32_to_f16(c, h16);
+  std::vector<float> h_widened(c.size());
+  f16_to_f32(h16, h_widened);
+
+  rec.count_activation_grad("fc", view(a));
+  rec.count_activation_grad("fc", view(a));  // a second micro-batch: summed under one name
+  rec.count_activation_grad("proj", {b16.data(), b16.size(), DType::bf16});
+  rec.count_activation_grad("head", {h16.data(), h16.size(), DType::f16});
+  const StepRecord r = rec.record({.loss = 2.0}, {});
+
+  std::vector<f16> sink(a.size());
+  const ConversionStats sa = convert_counted(std::span<const float>(a), std::span<f16>(sink));
+  const ConversionStats sb = convert_counted(std::span<const float>(b_widened), std::span<f16>(sink.data(), b.size()));
+  const ConversionStats sh = convert_counted(std::span<const float>(h_widened), std::span<f16>(sink.data(), c.size()));
+  ASSERT_EQ(r.act_grad_tensors.size(), 3u);
+  ConversionStats twice = sa;
+  twice += sa;
+  EXPECT_EQ(r.act_grad_tensors[0].name, "fc");
+  EXPECT_EQ(r.act_grad_tensors[0].stats, twice);
+  EXPECT_EQ(r.act_grad_tensors[1].stats, sb);
+  EXPECT_EQ(r.act_grad_tensors[2].stats, sh);
+  EXPECT_GT(sa.underflow, 0u);
+  EXPECT_GT(sa.overflow, 0u);
+  EXPECT_EQ(sh.underflow, 0u) << "an fp16 gradient has underflowed already: nothing more is counted";
+  ConversionStats all = twice;
+  all += sb;
+  all += sh;
+  EXPECT_EQ(r.act_grads, all);
+  EXPECT_EQ(r.act_grad_amax, nn::amax_of(a));
+  // The tightest headroom: the fp16 gradient's (its format max is the smallest).
+  EXPECT_DOUBLE_EQ(r.headroom_log2, std::log2(65504.0 / static_cast<double>(nn::amax_of(h_widened))));
+
+  // What was written is what was returned, through the run log's own reader.
+  const std::vector<StepRecord> back = read_run_log((tmp.path() / "run" / run_files::log).string());
+  ASSERT_EQ(back.size(), 1u);
+  EXPECT_EQ(back[0].act_grads, all);
+  EXPECT_EQ(back[0].act_grad_tensors.size(), 3u);
+  // The next step starts from zero.
+  EXPECT_EQ(rec.record({.loss = 1.0}, {}).act_grads, ConversionStats{});
+}
+
+TEST(TelemetryRecorder, NamesTheFirstNonFiniteGradientAndForwardOutput) {
+  test::TempDir tmp("telrec");
+  TelemetryRecorder rec((tmp.path() / "run").string(), {});
+  std::vector<float> ok = {1, 2, 3}, bad = {1, std::numeric_limits<float>::quiet_NaN(), 3};
+  EXPECT_FALSE(rec.check_activation("ln", view(ok)));
+  EXPECT_TRUE(rec.check_activation("mlp.fc", view(bad)));
+  EXPECT_TRUE(rec.check_activation("mlp.proj", view(bad)));
+  rec.count_activation_grad("attn", view(ok));
+  rec.count_activation_grad("mlp", view(bad));
+  rec.count_activation_grad("head", view(bad));
+  const StepRecord r = rec.record({.loss = std::numeric_limits<double>::infinity()}, {});
+  EXPECT_EQ(r.forward_nonfinite, "mlp.fc");
+  EXPECT_EQ(r.overflow_activation, "mlp");
+  EXPECT_FALSE(r.loss_finite);
+  EXPECT_TRUE(std::isinf(r.act_grad_amax));
+  const StepRecord next = rec.record({.loss = 1.0}, {});
+  EXPECT_EQ(next.forward_nonfinite, "");
+  EXPECT_EQ(next.overflow_activation, "");
+}
+
+TEST(TelemetryRecorder, ParameterAmaxUndoesClippingAndSkipsMissingGradients) {
+  test::TempDir tmp("telrec");
+  TelemetryRecorder rec((tmp.path() / "run").string(), {});
+  std::vector<float> g = {0.5f, -2.0f, 1.0f}, w = {3.0f, -7.0f};
+  std::vector<bf16> g16(g.size());
+  f32_to_bf16(g, g16);
+  const std::vector<NamedParam> params = {
+      {"a", view(g), view(w)},
+      {"b", {g16.data(), g16.size(), DType::bf16}, view(w)},
+      {"frozen", {nullptr, 0, DType::f32}, view(w)},
+  };
+  const StepRecord r = rec.record({.loss = 1, .scale = 1024, .next_scale = 2048, .clip_coef = 0.5f}, params);
+  ASSERT_EQ(r.params.size(), 3u);
+  EXPECT_EQ(r.params[0].grad_amax, 4.0f) << "|max| 2 was clipped by 0.5: the record holds the unclipped 4";
+  EXPECT_EQ(r.params[1].grad_amax, 4.0f);
+  EXPECT_EQ(r.params[2].grad_amax, 0.0f);
+  EXPECT_EQ(r.params[0].weight_amax, 7.0f);
+  EXPECT_EQ(r.params[2].weight_amax, 7.0f);
+  EXPECT_EQ(r.scale, 1024.0f);
+  EXPECT_EQ(r.next_scale, 2048.0f);
+
+  std::vector<float> inf_grad = {1.0f, -std::numeric_limits<float>::infinity()};
+  const std::vector<NamedParam> over = {{"a", view(inf_grad), view(w)}};
+  const StepRecord s =
+      rec.record({.loss = 1, .found_inf = true, .applied = false, .grad_norm = 5, .overflow_param = "a"}, over);
+  EXPECT_TRUE(s.skipped);
+  EXPECT_TRUE(std::isnan(s.grad_norm)) << "no norm is claimed for a step that overflowed";
+  EXPECT_TRUE(std::isinf(s.params[0].grad_amax));
+  EXPECT_EQ(s.overflow_param, "a");
+
+  // The summary: the totals of the records, as the report computes them.
+  (void)rec.finish();
+  const std::string text = io::read_file(tmp.path() / "run" / run_files::summary);
+  EXPECT_NE(text.find("\"skipped\": 1"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"param_count\": 6"), std::string::npos) << text;
+}
+
+TEST(TelemetryRecorder, HistogramsAtStepOneAndEveryNth) {
+  test::TempDir tmp("telrec");
+  TelemetryRecorder rec((tmp.path() / "run").string(), {.histogram_every = 3});
+  std::vector<float> act(64, 0.25f), grad(64, 1.0f / 1024), w = {2.0f, 0.0f};
+  const std::vector<NamedParam> params = {{"w", view(grad), view(w)}};
+  std::vector<bool> taken;
+  for (int step = 1; step <= 7; ++step) {
+    EXPECT_EQ(rec.histogram_step(), step == 1 || step % 3 == 0) << "step " << step;
+    (void)rec.check_activation("x", view(act));
+    rec.count_activation_grad("x", view(grad));
+    const StepRecord r = rec.record({.loss = 1}, params);
+    taken.push_back(r.histograms.has_value());
+    if (!r.histograms) continue;
+    const int bin = -2 - nn::Log2Histogram::kMinExp;
+    EXPECT_EQ(r.histograms->activations.counts[static_cast<std::size_t>(bin)], 64 / nn::kHistogramStride);
+    EXPECT_EQ(r.histograms->weight_grads.counts[static_cast<std::size_t>(-10 - nn::Log2Histogram::kMinExp)], 64u);
+    EXPECT_EQ(r.histograms->weights.zeros, 1u);
+    EXPECT_EQ(r.histograms->activation_grads.total(), 64 / nn::kHistogramStride);
+  }
+  EXPECT_EQ(taken, (std::vector<bool>{true, false, true, false, false, true, false}));
+  TelemetryRecorder never((tmp.path() / "never").string(), {.histogram_every = 0});
+  EXPECT_FALSE(never.histogram_step());
+}
+
+TEST(TelemetryRecorder, RefusesBadOptionsAndAFolderInUse) {
+  test::TempDir tmp("telrec");
+  const std::string dir = (tmp.path() / "run").string();
+  EXPECT_NE(error_of<std::invalid_argument>([&] { TelemetryRecorder r(dir, {.precision = "fp8"}); })
+                .find("precision: expected fp32, fp16 or bf16, found 'fp8'"),
+            std::string::npos);
+  EXPECT_NE(error_of<std::invalid_argument>([&] { TelemetryRecorder r(dir, {.loss_scale = "sometimes"}); })
+                .find("loss-scale"),
+            std::string::npos);
+  EXPECT_FALSE(std::filesystem::exists(dir)) << "bad options leave nothing behind";
+  {
+    TelemetryRecorder first(dir, {});
+    (void)first.record({.loss = 1}, {});
+    // The folder is locked and holds a run: a second writer is refused.
+    EXPECT_NE(error_of<std::runtime_error>([&] { TelemetryRecorder second(dir, {}); }).find("in use"),
+              std::string::npos);
+  }
+  // A finished run is never overwritten.
+  EXPECT_THROW(TelemetryRecorder again(dir, {}), std::invalid_argument);
+  EXPECT_EQ(read_run_log((std::filesystem::path(dir) / run_files::log).string()).size(), 1u);
+}
+
+}  // namespace
+}  // namespace mixprec::train
