@@ -70,11 +70,12 @@ test-asan: debug-asan test-deps
 # build folder build/py-<wheel tag> is reused and a second run only relinks), then its
 # pytest suite run from an empty folder outside the repository, so that `import mixprec`
 # is the installed package and not python/mixprec.
-test-python: deps python-deps
+test-python: release deps python-deps
 	@echo "test-python: pip install . into $(PY_VENV) (the first time builds the core: a few minutes)"
 	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
 		--no-build-isolation .
-	@d=$$(mktemp -d) && cd $$d && PYTHONDONTWRITEBYTECODE=1 $(CURDIR)/$(PY_VENV)/bin/python -m pytest -q \
+	@d=$$(mktemp -d) && cd $$d && PYTHONDONTWRITEBYTECODE=1 MIXPREC_CLI=$(CURDIR)/$(MIXPREC) \
+		$(CURDIR)/$(PY_VENV)/bin/python -m pytest -q \
 		-p no:cacheprovider $(CURDIR)/tests/python; rc=$$?; rm -rf $$d; exit $$rc
 
 # A consumer project built against the installed package (find_package(mixprec CONFIG)),

@@ -4,15 +4,18 @@
     codes, stats = mixprec.encode(np.array([1e-8, 1.0, 7e4], np.float32), "f16")
     mixprec.decode(codes, "f16")
     ls = mixprec.LossScale("mixprec"); ls.update(found_inf=False)
+    mixprec.report("runs/x")                      # `mixprec report`: runs/x/report.html
 """
 
 from ._core import ConversionStats, ScaleCollapseError
 from .formats import FORMATS, decode, encode, stats_dict
 from .loss_scale import LossScale, ScaleUpdate, config_keys, preset_names
+from .report import report
+from . import data
 
 __version__ = "0.1.0"
 
 __all__ = [
     "FORMATS", "ConversionStats", "LossScale", "ScaleCollapseError", "ScaleUpdate",
-    "config_keys", "decode", "encode", "preset_names", "stats_dict",
+    "config_keys", "data", "decode", "encode", "preset_names", "report", "stats_dict",
 ]

@@ -11,6 +11,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
+#include <nanobind/stl/optional.h>
 
 #include <algorithm>
 #include <cmath>
@@ -26,7 +27,11 @@
 #include "mixprec/formats/bulk.hpp"
 #include "mixprec/formats/types.hpp"
 #include "mixprec/kernels/unscale.hpp"
+#include "mixprec/monitor/report.hpp"
+#include "mixprec/nn/data.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
+#include "mixprec/train/run_log.hpp"
+#include "mixprec/train/telemetry_recorder.hpp"
 
 namespace nb = nanobind;
 
@@ -403,6 +408,136 @@ std::tuple<bool, std::int64_t, double> unscale_tensors(nb::list tensors, float i
   return {r.found_inf, r.first_nonfinite, r.sum_squares};
 }
 
+// ---- telemetry: the core's TelemetryRecorder over tensors handed in by mixprec.torch ------
+
+// A read-only view of a CPU float32/float16/bfloat16 array (a torch tensor through DLPack):
+// `what` names it in messages. Strided arrays are refused (mixprec.torch passes contiguous
+// ones, copying a strided one itself).
+mixprec::GradTensor tensor_view(nb::handle h, const std::string& what, std::vector<AnyArray>& keep) {
+  AnyArray a = as_array<AnyArray>(h, what.c_str(), "float32, float16 or bfloat16");
+  mixprec::DType t;
+  if (a.dtype() == nb::dtype<float>())
+    t = mixprec::DType::f32;
+  else if (a.dtype() == nb::dlpack::dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float), 16, 1})
+    t = mixprec::DType::f16;
+  else if (a.dtype() == nb::dlpack::dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1})
+    t = mixprec::DType::bf16;
+  else
+    throw nb::type_error((what + ": expected dtype float32, float16 or bfloat16, found " + dtype_name(a.dtype()))
+                             .c_str());
+  require_c_contiguous(a, what.c_str());
+  mixprec::GradTensor v{a.size() ? const_cast<void*>(a.data()) : nullptr, a.size(), t};
+  keep.push_back(std::move(a));
+  return v;
+}
+
+class PyTelemetryRecorder {
+ public:
+  PyTelemetryRecorder(std::string dir, std::string precision, std::string loss_scale, std::size_t histogram_every)
+      : rec_(std::move(dir), {.precision = std::move(precision),
+                              .loss_scale = std::move(loss_scale),
+                              .histogram_every = histogram_every}) {}
+
+  bool histogram_step() const { return rec_.histogram_step(); }
+
+  void count_activation_grad(const std::string& name, nb::handle grad) {
+    std::vector<AnyArray> keep;
+    const mixprec::GradTensor v = tensor_view(grad, "gradient of '" + name + "'", keep);
+    nb::gil_scoped_release unlocked;
+    rec_.count_activation_grad(name, v);
+  }
+
+  bool check_activation(const std::string& name, nb::handle output) {
+    std::vector<AnyArray> keep;
+    const mixprec::GradTensor v = tensor_view(output, "output of '" + name + "'", keep);
+    nb::gil_scoped_release unlocked;
+    return rec_.check_activation(name, v);
+  }
+
+  // params: a list of (name, gradient or None, weight). Returns the log line written.
+  std::string record(double loss, double lr, std::uint64_t tokens, double seconds, std::optional<double> val_loss,
+                     float scale, float next_scale, bool found_inf, bool applied, double grad_norm, float clip_coef,
+                     std::string overflow_param, nb::list params) {
+    std::vector<AnyArray> keep;
+    std::vector<mixprec::train::NamedParam> views;
+    views.reserve(params.size());
+    for (nb::handle item : params) {
+      const auto [name, grad, weight] = nb::cast<std::tuple<std::string, nb::object, nb::object>>(item);
+      mixprec::train::NamedParam p{name, {}, {}};
+      if (!grad.is_none()) p.grad = tensor_view(grad, "gradient of '" + name + "'", keep);
+      p.weight = tensor_view(weight, "parameter '" + name + "'", keep);
+      views.push_back(std::move(p));
+    }
+    mixprec::train::TelemetryStep s;
+    s.loss = loss;
+    s.lr = lr;
+    s.tokens = tokens;
+    s.seconds = seconds;
+    s.val_loss = val_loss;
+    s.scale = scale;
+    s.next_scale = next_scale;
+    s.found_inf = found_inf;
+    s.applied = applied;
+    s.grad_norm = grad_norm;
+    s.clip_coef = clip_coef;
+    s.overflow_param = std::move(overflow_param);
+    mixprec::train::StepRecord r;
+    {
+      nb::gil_scoped_release unlocked;
+      r = rec_.record(s, views);
+    }
+    return mixprec::train::step_record_json(r);
+  }
+
+  // The alerts raised: (id, step, message, advice) each.
+  std::vector<std::tuple<std::string, std::uint64_t, std::string, std::string>> finish() {
+    std::vector<std::tuple<std::string, std::uint64_t, std::string, std::string>> out;
+    for (const auto& a : rec_.finish()) out.emplace_back(a.id, a.step, a.message, a.advice);
+    return out;
+  }
+
+  double seconds() { return rec_.seconds(); }
+  void add_seconds(double s) { rec_.add_seconds(s); }
+  std::uint64_t steps() const { return rec_.steps(); }
+  const std::string& dir() const { return rec_.dir(); }
+
+ private:
+  mixprec::train::TelemetryRecorder rec_;
+};
+
+// `mixprec report`'s function: one HTML file of the run folders; returns the steps shown.
+std::size_t write_report(const std::vector<std::string>& dirs, const std::string& out, const std::string& title) {
+  std::vector<mixprec::monitor::ReportRun> runs;
+  for (const std::string& d : dirs) runs.push_back(mixprec::monitor::load_run(d));
+  mixprec::monitor::make_names_unique(runs);
+  mixprec::monitor::ReportOptions o;
+  o.title = title;
+  mixprec::monitor::write_report(out, runs, o);
+  std::size_t steps = 0;
+  for (const auto& r : runs) steps += r.records.size();
+  return steps;
+}
+
+// The embedded corpus (or a text) as token ids: (train, validation, vocabulary, source).
+nb::tuple dataset(std::optional<std::string> text, std::uint64_t seed, std::size_t tokens, std::string_view vocab,
+                  double validation_fraction, std::size_t context) {
+  mixprec::nn::DataOptions o;
+  o.vocab = mixprec::nn::parse_vocab_spec(vocab);
+  o.validation_fraction = validation_fraction;
+  o.context = context;
+  const mixprec::nn::Dataset d = text ? mixprec::nn::Dataset::from_text(*text, o)
+                                      : mixprec::nn::Dataset::from_corpus({.seed = seed, .tokens = tokens}, o);
+  auto ids = [](std::span<const mixprec::nn::TokenId> v) {
+    auto* owned = new std::vector<std::uint32_t>(v.begin(), v.end());
+    nb::capsule free_it(owned, [](void* p) noexcept { delete static_cast<std::vector<std::uint32_t>*>(p); });
+    return nb::ndarray<nb::numpy, std::uint32_t, nb::ndim<1>>(owned->data(), {owned->size()}, free_it);
+  };
+  std::vector<std::string> words;
+  for (std::size_t i = 0; i < d.vocab().size(); ++i)
+    words.push_back(d.vocab().token(static_cast<mixprec::nn::TokenId>(i)));
+  return nb::make_tuple(ids(d.train()), ids(d.validation()), words, d.source());
+}
+
 }  // namespace
 
 NB_MODULE(_core, m) {
@@ -480,4 +615,24 @@ NB_MODULE(_core, m) {
       .def("to_json", &PyLossScale::to_json)
       .def("load_json", &PyLossScale::load_json, nb::arg("json"))
       .def("describe", &PyLossScale::describe);
+
+  nb::class_<PyTelemetryRecorder>(m, "TelemetryRecorder")
+      .def(nb::init<std::string, std::string, std::string, std::size_t>(), nb::arg("dir"), nb::arg("precision"),
+           nb::arg("loss_scale"), nb::arg("histogram_every"))
+      .def("histogram_step", &PyTelemetryRecorder::histogram_step)
+      .def("count_activation_grad", &PyTelemetryRecorder::count_activation_grad, nb::arg("name"), nb::arg("grad"))
+      .def("check_activation", &PyTelemetryRecorder::check_activation, nb::arg("name"), nb::arg("output"))
+      .def("record", &PyTelemetryRecorder::record, nb::arg("loss"), nb::arg("lr"), nb::arg("tokens"),
+           nb::arg("seconds"), nb::arg("val_loss").none(), nb::arg("scale"), nb::arg("next_scale"),
+           nb::arg("found_inf"), nb::arg("applied"), nb::arg("grad_norm"), nb::arg("clip_coef"),
+           nb::arg("overflow_param"), nb::arg("params"))
+      .def("finish", &PyTelemetryRecorder::finish)
+      .def("seconds", &PyTelemetryRecorder::seconds)
+      .def("add_seconds", &PyTelemetryRecorder::add_seconds, nb::arg("seconds"))
+      .def_prop_ro("steps", &PyTelemetryRecorder::steps)
+      .def_prop_ro("dir", &PyTelemetryRecorder::dir);
+
+  m.def("write_report", &write_report, nb::arg("dirs"), nb::arg("out"), nb::arg("title"));
+  m.def("dataset", &dataset, nb::arg("text").none(), nb::arg("seed"), nb::arg("tokens"), nb::arg("vocab"),
+        nb::arg("validation_fraction"), nb::arg("context"));
 }

@@ -149,7 +149,7 @@ std::pair<std::uint64_t, std::uint64_t> identity(const fs::path& dir) {
 
 }  // namespace
 
-RunFolder::RunFolder(fs::path dir, Mode mode) : dir_(std::move(dir)) {
+RunFolder::RunFolder(fs::path dir, Mode mode, std::string_view instead) : dir_(std::move(dir)) {
   std::error_code ec;
   if (mode == Mode::create) {
     fs::create_directories(dir_, ec);
@@ -178,8 +178,12 @@ RunFolder::RunFolder(fs::path dir, Mode mode) : dir_(std::move(dir)) {
   // caller's own check.
   if (mode == Mode::create && run_folder_has_files(dir_, "out")) {
     release();
-    throw std::invalid_argument("out: " + squote(dir_.string()) + " exists and is not empty; choose a new folder, "
-                                "or continue that run with --resume " + dir_.string());
+    std::string msg = "out: " + squote(dir_.string()) + " exists and is not empty; choose a new folder";
+    if (instead.empty())
+      msg.append(", or continue that run with --resume ").append(dir_.string());
+    else
+      msg.append(" (").append(instead).append(")");
+    throw std::invalid_argument(msg);
   }
 }
 

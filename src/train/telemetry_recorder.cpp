@@ -72,7 +72,7 @@ TelemetryRecorder::TelemetryRecorder(std::string dir, const TelemetryOptions& op
     : dir_(std::move(dir)),
       config_(run_config(options)),
       histogram_every_(options.histogram_every),
-      folder_(dir_, RunFolder::Mode::create),
+      folder_(dir_, RunFolder::Mode::create, "a finished run is never overwritten"),
       alerts_({}, monitor::RunContext::of(config_)) {
   folder_.write_config(to_json(config_, kConfigKeys, 2) + "\n");
 }

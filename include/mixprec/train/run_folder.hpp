@@ -62,8 +62,9 @@ class RunFolder {
   enum class Mode { create, resume };
   // create: makes `dir` (and its parents), takes the lock and, holding it, requires the
   // folder empty: std::invalid_argument otherwise (a usage error: nothing is touched).
-  // resume: `dir` must be a folder; takes the lock.
-  RunFolder(std::filesystem::path dir, Mode mode);
+  // resume: `dir` must be a folder; takes the lock. `instead` ends create's message (what
+  // the user may do instead of choosing a new folder); empty: mixprec train's --resume.
+  RunFolder(std::filesystem::path dir, Mode mode, std::string_view instead = {});
   ~RunFolder();
   RunFolder(const RunFolder&) = delete;
   RunFolder& operator=(const RunFolder&) = delete;

@@ -16,5 +16,6 @@ except ImportError as e:  # pragma: no cover - exercised by a test in a subproce
     ) from e
 
 from .grad_scaler import GradScaler, StepOutcome
+from .telemetry import Telemetry
 
-__all__ = ["GradScaler", "StepOutcome"]
+__all__ = ["GradScaler", "StepOutcome", "Telemetry"]

@@ -428,6 +428,21 @@ class GradScaler:
         self._overrides = overrides
         self._ls = fresh
 
+    def _scale_after_update(self, found_inf: bool) -> float:
+        """The scale update() leaves (or left: when it has run since step()), without changing
+        anything: what mixprec.torch.Telemetry records as the step's next scale."""
+        if not self._enabled:
+            return 1.0
+        if not self._records:
+            return self._ls.scale  # update() has run: its result is the scale now
+        copy = LossScale(self._preset, **self._overrides)
+        copy.load_state_dict(self._ls.state_dict())
+        try:
+            copy.update(bool(found_inf))
+        except _core.ScaleCollapseError:
+            pass  # update() will raise it; the scale stays
+        return copy.scale
+
     def _set_scale(self, value: float) -> None:
         state = self._ls.state_dict()
         state["scale"] = value

@@ -1,0 +1,270 @@
+"""mixprec.torch.Telemetry: what loss scaling and low precision did to any PyTorch model, as a
+run folder that `mixprec report`, the alerts and `mixprec scaler simulate` read.
+
+    scaler = mixprec.torch.GradScaler("cpu", preset="torch")
+    tel = mixprec.torch.Telemetry(model, out="runs/pytorch", precision="fp16", scaler=scaler)
+    for step in range(steps):
+        with torch.autocast("cpu", dtype=torch.float16):
+            loss = criterion(model(x), y)
+        scaler.scale(loss).backward()
+        outcome = scaler.step(opt)
+        tel.record(outcome, loss=loss.item(), lr=sched.get_last_lr()[0], tokens=x.numel())
+        scaler.update()
+        opt.zero_grad()
+    tel.close()                       # summary.json with the run's alerts; mixprec.report(tel.dir)
+
+Module hooks (docs/python.md, "Telemetry"):
+- a forward hook on each watched module (by default every module without children): at sampled
+  steps its output is checked for inf/NaN (the first one is named in the step's log line as
+  forward_nonfinite), added to the activation histogram at histogram steps, and given a tensor
+  hook, so that backward hands its gradient over to be counted under the module's name;
+- counting is the core's: the gradient, as it is (scaled), converted to fp16 with mixprec's
+  counted conversion: underflow, subnormal, overflow and inf/NaN counts, |max|; for an fp32 or
+  bf16 gradient what fp16 would flush at the current scale, for an fp16 gradient its values as
+  stored;
+- record() adds per parameter the gradient |max| (unscaled, as step() left them, divided back
+  by clip_coef when you clipped) and the weight |max|, in one pass of the core's multi-tensor
+  kernel, then writes one log line.
+The counting, the log line, the alerts and the summary are the C++ core's
+train::TelemetryRecorder, the code behind the libtorch adapter's Telemetry too.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import weakref
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+
+import torch
+
+from .. import _core
+from .grad_scaler import GradScaler, StepOutcome
+
+_CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_PRECISIONS = ("fp32", "fp16", "bf16")
+
+
+def _as_view(t: torch.Tensor) -> torch.Tensor:
+    """t as the core reads it: detached, CPU, contiguous, float32/float16/bfloat16. Anything else
+    is copied once (to float32 when its dtype is another)."""
+    t = t.detach()
+    if t.device.type != "cpu":
+        t = t.to("cpu")
+    if t.dtype not in _CPU_DTYPES:
+        t = t.float()
+    if not t.is_contiguous():
+        t = t.contiguous()
+    return t
+
+
+def _tensors_of(output: Any) -> List[torch.Tensor]:
+    """The floating-point tensors of a module's output (a tensor, or a tuple/list/dict of them)."""
+    if isinstance(output, torch.Tensor):
+        return [output] if output.is_floating_point() else []
+    if isinstance(output, (tuple, list)):
+        return [t for o in output for t in _tensors_of(o)]
+    if isinstance(output, dict):
+        return [t for o in output.values() for t in _tensors_of(o)]
+    return []
+
+
+class Telemetry:
+    """Writes a run folder (the schema of `mixprec train --out`) for a PyTorch training loop.
+
+    model           the module whose submodules are watched and whose parameters are recorded
+    out             the run folder: it must not exist or be empty (a finished run is never
+                    overwritten); its lock is held until close()
+    precision       "fp32", "fp16" or "bf16": the autocast dtype of the run (config.json)
+    loss_scale      the run's loss scale as `mixprec train --loss-scale` names it (a preset,
+                    "static:S" or "none"); by default the scaler's preset ("none" without one or
+                    when it is disabled)
+    scaler          the mixprec.torch.GradScaler of the loop (for the scale after each update)
+    modules         which submodules to watch: None = every module without children; or an
+                    iterable of names from model.named_modules(); or a predicate (name, module) -> bool
+    sample_every    count activation gradients and check forward outputs at every N-th step
+                    (1 = every step; the parameter |max| and the scaler's outcome are recorded
+                    at every step)
+    histogram_every log2 histograms at step 1 and every N steps (0 = never)
+    check_forward   check the watched modules' outputs for inf/NaN at sampled steps
+    """
+
+    def __init__(self, model: torch.nn.Module, out: str, *, precision: str = "fp16",
+                 loss_scale: Optional[str] = None, scaler: Optional[GradScaler] = None,
+                 modules: Union[None, Iterable[str], Callable[[str, torch.nn.Module], bool]] = None,
+                 sample_every: int = 4, histogram_every: int = 50, check_forward: bool = True) -> None:
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError(f"model: expected a torch.nn.Module, found {type(model).__name__}")
+        if precision not in _PRECISIONS:
+            raise ValueError(f"precision: expected one of {', '.join(_PRECISIONS)}, found {precision!r}")
+        for what, v, low in (("sample_every", sample_every, 1), ("histogram_every", histogram_every, 0)):
+            if isinstance(v, bool) or not isinstance(v, int) or v < low:
+                raise ValueError(f"{what}: expected an int >= {low}, found {v!r}")
+        if scaler is not None and not isinstance(scaler, GradScaler):
+            raise TypeError("scaler: expected a mixprec.torch.GradScaler (torch.amp.GradScaler does not say "
+                            f"what its update will do), found {type(scaler).__name__}")
+        if loss_scale is None:
+            loss_scale = scaler.preset if scaler is not None and scaler.is_enabled() else "none"
+        if not isinstance(out, str) or not out:
+            raise TypeError(f"out: expected a folder name, found {out!r}")
+        watched = self._select(model, modules)  # before the folder exists: a bad name leaves nothing
+        self._model = model
+        self._scaler = scaler
+        self._precision = precision
+        self._sample_every = sample_every
+        self._check_forward = check_forward
+        # The core creates the folder, takes its lock and checks precision and loss_scale
+        # (ValueError / RuntimeError with its message) before anything else happens here.
+        self._rec = _core.TelemetryRecorder(out, precision, loss_scale, histogram_every)
+        self._dir = out
+        self._seconds = 0.0  # time in the hooks and in record(), the core's counting included
+        self._last_record = time.perf_counter()
+        self._params = [(n, p) for n, p in model.named_parameters()]
+        self._handles = []
+        for name, module in watched:
+            self._handles.append(module.register_forward_hook(self._forward_hook(name)))
+
+    # ---- which modules ---------------------------------------------------------------------
+
+    @staticmethod
+    def _select(model: torch.nn.Module, modules: Any) -> List[Any]:
+        named = [(n or type(model).__name__, m) for n, m in model.named_modules()]
+        if modules is None:
+            chosen = [(n, m) for n, m in named if not any(True for _ in m.children())]
+        elif callable(modules):
+            chosen = [(n, m) for n, m in named if modules(n, m)]
+        else:
+            wanted = list(modules)
+            known = dict(named)
+            unknown = [w for w in wanted if w not in known]
+            if unknown:
+                raise ValueError(f"modules: {unknown[0]!r} is not a module of the model; "
+                                 f"its modules are {', '.join(n for n, _ in named[:12])}"
+                                 + (", ..." if len(named) > 12 else ""))
+            chosen = [(w, known[w]) for w in wanted]
+        if not chosen:
+            raise ValueError("modules: no module of the model was selected")
+        return chosen
+
+    # ---- hooks -----------------------------------------------------------------------------
+
+    def _sampled(self) -> bool:
+        return self._rec is not None and self._rec.steps % self._sample_every == 0
+
+    # The hooks hold the Telemetry through a weak reference: the model keeps its hooks, and a
+    # strong one would make a cycle (model -> hook -> Telemetry -> model) that keeps the run
+    # folder locked until the garbage collector runs.
+    def _forward_hook(self, name: str):
+        ref = weakref.ref(self)
+
+        def hook(module: torch.nn.Module, inputs: Any, output: Any) -> None:
+            tel = ref()
+            if tel is None or not torch.is_grad_enabled() or not tel._sampled():
+                return  # gone, evaluation, or a step that is not sampled: nothing to do
+            t0 = time.perf_counter()
+            tensors = _tensors_of(output)
+            histogram = tel._rec.histogram_step()
+            for i, t in enumerate(tensors):
+                label = name if len(tensors) == 1 else f"{name}[{i}]"
+                if tel._check_forward or histogram:
+                    tel._rec.check_activation(label, _as_view(t))
+                if t.requires_grad:
+                    t.register_hook(Telemetry._grad_hook(ref, label))
+            tel._seconds += time.perf_counter() - t0
+        return hook
+
+    @staticmethod
+    def _grad_hook(ref: "weakref.ref[Telemetry]", label: str):
+        def hook(grad: torch.Tensor) -> None:
+            tel = ref()
+            if tel is None or tel._rec is None:
+                return
+            t0 = time.perf_counter()
+            tel._rec.count_activation_grad(label, _as_view(grad))
+            tel._seconds += time.perf_counter() - t0
+        return hook
+
+    # ---- one line per optimizer step ---------------------------------------------------------
+
+    def record(self, outcome: Optional[StepOutcome] = None, *, loss: float, lr: float = 0.0, tokens: int = 0,
+               seconds: Optional[float] = None, val_loss: Optional[float] = None,
+               clip_coef: float = 1.0) -> Dict[str, Any]:
+        """One log line for this optimizer step: after scaler.step() (its StepOutcome), before
+        optimizer.zero_grad(); before or after scaler.update(). Without a scaler, outcome may be
+        None (an fp32 or bf16 run without loss scaling: every step applied, scale 1).
+        seconds: the step's wall time (default: the time since the previous record()).
+        clip_coef: the coefficient your clipping applied (max_norm / (norm + 1e-6), capped at 1),
+        so that the recorded gradient |max| is the unclipped one. Returns the line as a dict."""
+        if self._rec is None:
+            raise RuntimeError(f"telemetry: the run folder '{self._dir}' is closed; record() after close() "
+                               "would write to a finished run")
+        now = time.perf_counter()
+        if seconds is None:
+            seconds = now - self._last_record
+        self._last_record = now
+        if not (isinstance(clip_coef, (int, float)) and 0.0 < clip_coef <= 1.0):
+            raise ValueError(f"clip_coef: expected a number in (0, 1], found {clip_coef!r}")
+        if outcome is None:
+            if self._scaler is not None and self._scaler.is_enabled():
+                raise ValueError("record(): pass the StepOutcome scaler.step() returned (the scaler is enabled)")
+            scale = next_scale = 1.0
+            found_inf, applied, grad_norm, first = False, True, math.nan, ""
+        else:
+            if not isinstance(outcome, StepOutcome):
+                raise TypeError(f"outcome: expected the StepOutcome of mixprec.torch.GradScaler.step(), "
+                                f"found {type(outcome).__name__}")
+            scale = outcome.scale if not math.isnan(outcome.scale) else 1.0
+            found_inf, applied = outcome.found_inf, outcome.applied
+            grad_norm = outcome.grad_norm
+            first = outcome.first_overflow or ""
+            next_scale = self._scaler._scale_after_update(found_inf) if self._scaler is not None else scale
+        params = [(n, None if p.grad is None else _as_view(p.grad), _as_view(p)) for n, p in self._params]
+        line = self._rec.record(float(loss), float(lr), int(tokens), float(seconds),
+                                None if val_loss is None else float(val_loss), float(scale), float(next_scale),
+                                bool(found_inf), bool(applied), float(grad_norm), float(clip_coef), first, params)
+        result = json.loads(line)
+        self._seconds += time.perf_counter() - now
+        return result
+
+    # ---- the end --------------------------------------------------------------------------
+
+    def finish(self) -> List[Dict[str, Any]]:
+        """Writes summary.json (totals and alerts, as mixprec train's); records may follow and a
+        later finish() rewrites it. Returns the alerts raised (id, step, message, advice)."""
+        if self._rec is None:
+            raise RuntimeError(f"telemetry: the run folder '{self._dir}' is closed")
+        return [dict(id=i, step=s, message=m, advice=a) for i, s, m, a in self._rec.finish()]
+
+    def close(self) -> List[Dict[str, Any]]:
+        """finish(), then removes the hooks and releases the run folder's lock. Idempotent."""
+        if self._rec is None:
+            return []
+        alerts = self.finish()
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self._rec = None  # the core's recorder goes: its lock on the folder with it
+        return alerts
+
+    def __enter__(self) -> "Telemetry":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    @property
+    def dir(self) -> str:
+        return self._dir
+
+    @property
+    def steps(self) -> int:
+        return 0 if self._rec is None else self._rec.steps
+
+    def seconds(self) -> float:
+        """Wall time spent in the telemetry so far (its hooks, the core's counting and record())."""
+        return self._seconds
+
+    def __repr__(self) -> str:
+        state = "closed" if self._rec is None else f"{self.steps} steps"
+        return f"mixprec.torch.Telemetry({self._dir!r}, {self._precision}, {len(self._handles)} modules, {state})"
