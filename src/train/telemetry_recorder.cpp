@@ -112,8 +112,9 @@ void TelemetryRecorder::count_activation_grad(std::string_view name, const GradT
   const std::size_t n = g.size();
   if (f16_scratch_.size() < n) f16_scratch_.resize(n);
   const ConversionStats s = convert_counted(g, std::span<f16>(f16_scratch_.data(), n));
-  float amax = n ? nn::amax_of(g) : 0.0f;
-  if (s.nonfinite_input) amax = std::numeric_limits<float>::infinity();
+  // |max| from the tensor as stored, in one check-only pass of the multi-tensor kernel
+  // (faster than a pass over the widened copy); inf when it holds inf/NaN.
+  float amax = amax_each({grad})[0];
   // Binades between this gradient's largest value and its format's largest finite.
   const double headroom = amax > 0 && std::isfinite(amax) ? std::log2(format_max(grad.dtype) / static_cast<double>(amax))
                                                           : std::numeric_limits<double>::infinity();
