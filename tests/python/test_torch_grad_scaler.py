@@ -537,12 +537,18 @@ torch.set_num_threads(1)
 dist.init_process_group("gloo", init_method="file://" + path, rank=rank, world_size=2)
 torch.manual_seed(0)
 lin = torch.nn.Linear(4, 2)
-opt = torch.optim.SGD(lin.parameters(), lr=0.1)
-scaler = GradScaler(init_scale=1024.0, reduce_found_inf={"auto": None, "off": False}[mode])
+model = lin
+if mode == "ddp":  # DDP all-reduces the gradients; ZeRO shards AdamW's state (a step is collective)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    model = torch.nn.parallel.DistributedDataParallel(lin)
+    opt = ZeroRedundancyOptimizer(lin.parameters(), optimizer_class=torch.optim.AdamW, lr=0.1)
+else:
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1)
+scaler = GradScaler(init_scale=1024.0, reduce_found_inf={"auto": None, "off": False, "ddp": None}[mode])
 scaler.set_names(lin)
 log = []
 for step in range(6):
-    scaler.scale(lin(torch.ones(3, 4) * (rank + 1)).sum()).backward()
+    scaler.scale(model(torch.ones(3, 4) * (rank + 1)).sum()).backward()
     if step == 2 and rank == 1:
         lin.weight.grad[0, 0] = math.inf   # as a sharded optimizer: only this rank sees it
     if step == 4 and rank == 0:
@@ -551,6 +557,7 @@ for step in range(6):
     scaler.update()
     opt.zero_grad()
     log.append([out.applied, out.found_inf, out.first_overflow, scaler.get_scale()])
+log.append([p.detach().flatten().tolist() for p in lin.parameters()])
 print(json.dumps(log), flush=True)
 dist.barrier()
 # Leave without tearing gloo down: its shutdown at exit aborted now and then (about 1 run in 10
@@ -578,6 +585,7 @@ def run_two_ranks(tmp_path, mode):
 
 def test_distributed_found_inf_is_max_reduced_over_two_gloo_ranks(tmp_path):
     r0, r1 = run_two_ranks(tmp_path, "auto")
+    r0.pop(), r1.pop()  # the weights (the ranks' inputs differ: so do they)
     for log in (r0, r1):
         assert [s[0] for s in log] == [True, True, False, True, False, True]  # both ranks skip 2 and 4
         assert [s[3] for s in log] == [1024.0, 1024.0, 512.0, 512.0, 256.0, 256.0]
@@ -586,8 +594,23 @@ def test_distributed_found_inf_is_max_reduced_over_two_gloo_ranks(tmp_path):
     assert r0[4][2] == "bias" and r1[4][2] is None
     # without the reduction the ranks part: rank 0 steps at 2, rank 1 does not
     o0, o1 = run_two_ranks(tmp_path, "off")
+    o0.pop(), o1.pop()
     assert o0[2][0] and not o1[2][0]
     assert o0[2][3] == 1024.0 and o1[2][3] == 512.0
+
+
+def test_distributed_ddp_with_a_sharded_optimizer_skips_together(tmp_path):
+    # DDP + ZeroRedundancyOptimizer (AdamW state sharded over the 2 ranks; its step broadcasts
+    # each shard, so a rank that skipped alone would leave the other waiting). An inf written
+    # after DDP's all-reduce is seen by one rank only, as with a sharded gradient. Without the
+    # reduction (tried once: reduce_found_inf=False) rank 0 steps alone and waits in ZeRO's
+    # broadcast for ever: the test times out.
+    r0, r1 = run_two_ranks(tmp_path, "ddp")
+    assert r0.pop() == r1.pop()  # DDP's promise kept: identical weights on both ranks
+    for log in (r0, r1):
+        assert [s[0] for s in log] == [True, True, False, True, False, True]
+        assert [s[3] for s in log] == [1024.0, 1024.0, 512.0, 512.0, 256.0, 256.0]
+    assert r1[2][2] == "weight" and r0[4][2] == "bias"
 
 
 def test_accumulation_window():
