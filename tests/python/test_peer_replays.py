@@ -38,6 +38,7 @@ import inspect
 import math
 import os
 import random
+import warnings
 
 import numpy as np
 import pytest
@@ -50,21 +51,23 @@ if os.environ.get("MIXPREC_NO_PEERS") == "1":
 # not installed). Set before anything imports keras.
 os.environ["KERAS_BACKEND"] = "torch"
 
-import torch  # noqa: E402
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import jmp  # noqa: E402
-import keras  # noqa: E402
-
-# DeepSpeed: only the loss-scaler module (importing it imports the deepspeed package, which
-# works on the CPU with DS_BUILD_OPS=0: no op is compiled at import).
-from deepspeed.runtime.fp16 import loss_scaler as ds_loss_scaler  # noqa: E402
-from deepspeed.runtime.precision_config import DeepSpeedFP16Config  # noqa: E402
-# Megatron: the grad-scaler module and the optimizer config holding its defaults; both
-# import on the CPU (megatron.core.optimizer warns that Transformer Engine and Apex are missing).
-from megatron.core.optimizer import grad_scaler as mg_grad_scaler  # noqa: E402
-from megatron.core.optimizer.optimizer_config import OptimizerConfig as MegatronOptimizerConfig  # noqa: E402
+# The peers' imports warn about what a CPU venv lacks (Megatron: Transformer Engine and Apex,
+# falling back to torch; a deprecation inside megatron.core): silenced here, nothing else.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    import torch
+    import jax
+    import jax.numpy as jnp
+    import jmp
+    import keras
+    # DeepSpeed: the loss-scaler module and the fp16 config holding its defaults (importing
+    # them imports the deepspeed package, which works on the CPU: no op is built at import).
+    from deepspeed.runtime.fp16 import loss_scaler as ds_loss_scaler
+    from deepspeed.runtime.precision_config import DeepSpeedFP16Config
+    # Megatron: the grad-scaler module and the optimizer config holding its defaults; both
+    # import on the CPU.
+    from megatron.core.optimizer import grad_scaler as mg_grad_scaler
+    from megatron.core.optimizer.optimizer_config import OptimizerConfig as MegatronOptimizerConfig
 
 import mixprec  # noqa: E402
 
@@ -278,10 +281,10 @@ class KerasDriver:
         self.opt.apply([self.grads[found_inf]], [self.var])
 
     def scale(self):
-        return float(keras.ops.convert_to_numpy(self.opt.dynamic_scale.value))
+        return float(self.opt.dynamic_scale.value)  # the backend tensor (torch), float32
 
     def counters(self):
-        return {"growth_tracker": int(keras.ops.convert_to_numpy(self.opt.step_counter.value))}
+        return {"growth_tracker": int(self.opt.step_counter.value)}
 
 
 class _RankOne:
@@ -372,8 +375,8 @@ def _show(x):
 
 def replay_both(driver, monkeypatch, overrides, flags):
     """Every flag through mixprec and the peer; fails at the first step where the scales, the
-    counters or a collapse error differ. Returns (scales, steps that raised, mixprec's final counters) for the checks that the
-    sequence reached what it was meant to."""
+    counters or a collapse error differ. Returns the scales, the steps that raised and mixprec's
+    final counters, for the checks that the sequence reached what it was meant to."""
     peer = "torch" if driver == "gradscaler" else driver
     preset = PEER_ARGS[peer][0]
     ours = mixprec.LossScale(preset, **overrides)
@@ -392,20 +395,19 @@ def replay_both(driver, monkeypatch, overrides, flags):
         except mixprec.ScaleCollapseError as e:
             our_error = e
         a, b = ours.exact_scale, theirs.scale()
+        got, want = ours.counters, theirs.counters()
+        got = {k: got[k] for k in want}
+        same_error = (our_error is None) == (peer_error is None)
+        if same_error and (a == b or (math.isnan(a) and math.isnan(b))) and got == want:
+            if our_error is not None:
+                collapses.append(step)
+            scales.append(a)
+            continue
         where = (f"{driver} vs mixprec preset {preset!r} {overrides}: first difference at step {step} "
                  f"(found_inf={found_inf}, {sum(flags[:step])} overflows before it)")
-        assert (our_error is None) == (peer_error is None), \
-            f"{where}: mixprec {'raised ' + repr(str(our_error)) if our_error else 'did not raise'}, " \
-            f"the peer {'raised ' + repr(str(peer_error)) if peer_error else 'did not raise'}; " \
-            f"scale mixprec {_show(a)}, peer {_show(b)}"
-        assert a == b or (math.isnan(a) and math.isnan(b)), f"{where}: scale mixprec {_show(a)}, peer {_show(b)}"
-        mine = ours.counters
-        want = theirs.counters()
-        got = {k: mine[k] for k in want}
-        assert got == want, f"{where}: scale {_show(a)} on both; counters mixprec {got}, peer {want}"
-        if our_error is not None:
-            collapses.append(step)
-        scales.append(a)
+        raised = lambda e: f"raised {str(e)!r}" if e is not None else "did not raise"  # noqa: E731
+        pytest.fail(f"{where}: scale mixprec {_show(a)}, peer {_show(b)}; counters mixprec {got}, peer {want}; "
+                    f"mixprec {raised(our_error)}, the peer {raised(peer_error)}")
     return scales, collapses, ours.counters
 
 
