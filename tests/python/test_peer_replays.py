@@ -486,10 +486,14 @@ def test_gradscaler_growth_to_float_max_with_interval_one(monkeypatch):
     {"min_scale": 0.25, "hysteresis": 1, "growth_interval": 3},
 ], ids=lambda o: ",".join(f"{k}={v}" for k, v in o.items()))
 def test_deepspeed_overrides(overrides, monkeypatch):
-    # short droughts, so that the scale stays finite and the tail of overflows reaches the floor
-    flags = regimes(N_STEPS, 77, p_normal=0.1, p_long_drought=0.0) + [True] * 1100 + [False] * 10 + [True] * 40
-    scales, collapses, _ = replay_both("deepspeed", monkeypatch, overrides, flags)
     cfg = mixprec.LossScale("deepspeed", **overrides).config
+    # a first drought of two windows and a step grows the scale twice (at the default window
+    # too); then short droughts, so that the scale stays finite and the tail of overflows
+    # reaches the floor
+    flags = [False] * (2 * cfg["growth_interval"] + 2) + regimes(N_STEPS, 77, p_normal=0.1, p_long_drought=0.0) \
+        + [True] * 1100 + [False] * 10 + [True] * 40
+    scales, collapses, counters = replay_both("deepspeed", monkeypatch, overrides, flags)
+    assert counters["growths"] > 0 and min(scales) == cfg["min_scale"], counters
     if cfg["floor_policy"] == "error":
         assert collapses  # each raised at the same steps, and the states went on identically
 
