@@ -134,8 +134,10 @@ def peer_defaults(peer):
                 "min_scale": a[ds_loss_scaler.MIN_LOSS_SCALE], "delayed_shift": a[ds_loss_scaler.DELAYED_SHIFT],
                 "consecutive_hysteresis": a[ds_loss_scaler.CONSECUTIVE_HYSTERESIS],
                 "raise_error_at_min_scale": sig["raise_error_at_min_scale"].default}
-        # scale_factor is 2.0 in the constructor; it backs off by dividing by it.
-        fixed = {"growth_factor": 2.0, "backoff_factor": 0.5, "max_scale": None, "refuse_nonfinite_growth": False,
+        # The constructor sets scale_factor (not an argument); it backs off by dividing by it.
+        factor = ds_loss_scaler.DynamicLossScaler(**args).scale_factor
+        fixed = {"growth_factor": factor, "backoff_factor": 1 / factor, "max_scale": None,
+                 "refuse_nonfinite_growth": False,
                  "max_floor_overflows": 1 if args["raise_error_at_min_scale"] else None}
     elif peer == "megatron":
         c = MegatronOptimizerConfig()
