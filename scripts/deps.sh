@@ -19,13 +19,24 @@
 #                            (scikit-build-core, nanobind) and the test ones (numpy, pytest,
 #                            ml_dtypes) from PyPI, and torch==$TORCH_VERSION with its
 #                            dependencies (mixprec.torch and its tests import torch; about
-#                            4-5 GB). Nothing if the venv already has them.
+#                            4-5 GB), then the peers whose own loss-scale code
+#                            tests/python/test_peer_replays.py replays: jax and jaxlib (CPU),
+#                            jmp, keras (3), megatron-core, and deepspeed (an sdist: built with
+#                            DS_BUILD_OPS=0, --no-build-isolation against the venv's torch,
+#                            --no-deps with its Python dependencies named below; about 650 MB,
+#                            under a minute). Pinned versions, under a constraint that keeps
+#                            the venv's torch and numpy. Nothing if the venv already has them.
 set -euo pipefail
 
 TORCH_VERSION=2.15.0
 want_torch=0
 want_python=0
 PY_PACKAGES=("scikit-build-core>=0.10" "nanobind>=2.0" numpy pytest ml_dtypes)
+# The peers of tests/python/test_peer_replays.py (pinned there too, and in docs/python.md).
+PEER_PACKAGES=(jax==0.10.2 jaxlib==0.10.2 jmp==0.0.4 keras==3.15.1 megatron-core==0.16.1)
+DEEPSPEED_PACKAGES=(deepspeed==0.19.8  # sdist; with --no-deps, so its dependencies follow
+  hjson==3.1.0 msgpack==1.2.4 psutil==7.2.2 py-cpuinfo==9.0.0 pydantic==2.14.4 pydantic_core==2.50.5
+  annotated-types==0.8.0 typing-inspection==0.4.5 tqdm==4.70.1 einops==0.8.2)
 
 packages=(
   g++ cmake ninja-build make pkg-config
@@ -96,5 +107,34 @@ if [ "$want_python" = 1 ]; then
     t0=$(date +%s)
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check "torch==$TORCH_VERSION"
     echo "deps: torch installed in $(( $(date +%s) - t0 )) s"
+  fi
+  # The peers' own loss-scale code (tests/python/test_peer_replays.py), pinned. Present means
+  # importlib.metadata finds each pinned version (nothing is imported: quick when present).
+  missing_peers=$("$venv/bin/python" - "${PEER_PACKAGES[@]}" "${DEEPSPEED_PACKAGES[@]}" <<'PY'
+import importlib.metadata as m, sys
+for spec in sys.argv[1:]:
+    name, version = spec.split("==")
+    try:
+        have = m.version(name)
+    except m.PackageNotFoundError:
+        have = None
+    if have != version:
+        print(spec)
+PY
+)
+  if [ -z "$missing_peers" ]; then
+    echo "deps: loss-scale peers present in $venv (jax, jmp, keras, megatron-core, deepspeed)"
+  else
+    echo "deps: installing the loss-scale peers into the venv $venv:" $missing_peers
+    t0=$(date +%s)
+    # Keep the venv's torch and numpy whatever a peer asks for (pip fails rather than change them).
+    constraints=$(mktemp)
+    "$venv/bin/python" -c 'import importlib.metadata as m; print("torch==" + m.version("torch")); print("numpy==" + m.version("numpy"))' > "$constraints"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c "$constraints" "${PEER_PACKAGES[@]}"
+    # DeepSpeed's setup.py imports torch: build against the venv's (no isolation), no ops compiled.
+    DS_BUILD_OPS=0 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c "$constraints" \
+      --no-build-isolation --no-deps "${DEEPSPEED_PACKAGES[@]}"
+    rm -f "$constraints"
+    echo "deps: loss-scale peers installed in $(( $(date +%s) - t0 )) s"
   fi
 fi
