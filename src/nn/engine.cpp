@@ -74,6 +74,8 @@ std::span<float> Arena::f32(std::size_t i, std::size_t n) {
 Engine::Engine(PrecisionPolicy policy, ParamStore& store, std::size_t scratch_floats, std::size_t scratch_count)
     : policy_(policy), store_(&store), scratch_(scratch_count, std::vector<float>(scratch_floats, 0.0f)) {
   if (policy_.weights != DType::f32) weights_f32_.assign(store.flat_size(), 0.0f);
+  native_ = policy_.activations == DType::bf16 && policy_.weights == DType::bf16 &&
+            gemm_.path(DType::bf16, DType::bf16) == GemmPath::onednn_bf16;
   if (policy_.weight_grads != DType::f32) grad_acc_.assign(store.flat_size(), 0.0f);
 }
 
@@ -160,6 +162,33 @@ std::span<const float> Engine::load(std::size_t a, std::size_t slot, std::size_t
   std::span<float> s = scratch(slot, n);
   decode(acts_.data(a), act.dtype, s);
   return s;
+}
+
+MatrixView Engine::operand(std::size_t a, std::span<const float> v, std::size_t rows, std::size_t cols) {
+  if (v.size() != rows * cols) throw std::logic_error("Engine::operand: span does not match the shape");
+  const Act& act = acts_.act(a);
+  if (native_ && act.dtype == DType::bf16) {
+    if (rows * cols > act.numel) throw std::logic_error("Engine::operand: beyond '" + act.name + "'");
+    return {acts_.data(a), DType::bf16, rows, cols, 0};
+  }
+  return view(v.data(), rows, cols);
+}
+
+MatrixView Engine::saved_operand(std::size_t a, std::size_t slot, std::size_t rows, std::size_t cols) {
+  const Act& act = acts_.act(a);
+  if (native_ && act.dtype == DType::bf16) {
+    if (rows * cols > act.numel) throw std::logic_error("Engine::saved_operand: beyond '" + act.name + "'");
+    return {acts_.data(a), DType::bf16, rows, cols, 0};
+  }
+  return view(load(a, slot, rows * cols).data(), rows, cols);
+}
+
+MatrixView Engine::weight_operand(std::size_t param, std::size_t rows, std::size_t cols) const {
+  if (rows * cols != store_->numel(param)) throw std::logic_error("Engine::weight_operand: shape mismatch");
+  if (native_) {
+    return {static_cast<const bf16*>(store_->model_data()) + store_->offset(param), DType::bf16, rows, cols, 0};
+  }
+  return view(w(param).data(), rows, cols);
 }
 
 std::size_t Engine::first_nonfinite(std::size_t a, std::size_t n) const {

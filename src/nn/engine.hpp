@@ -78,6 +78,22 @@ class Engine {
   // fp32 values of activation a (first n elements): the buffer itself when fp32, else
   // decoded into scratch slot `slot`.
   std::span<const float> load(std::size_t a, std::size_t slot, std::size_t n);
+  // GEMM operands (docs/gemm.md, "Which GEMM takes which path"). When the policy stores
+  // activations and weights in bf16 and the Gemm multiplies bf16 natively (oneDNN's bf16
+  // matmul on AVX-512), the operands are the stored bf16 tensors themselves; otherwise
+  // their fp32 values (multiplying widened copies would only add a conversion).
+  bool native_operands() const noexcept { return native_; }
+  // Activation (or activation gradient) `a` as a rows x cols operand; `v` holds its
+  // values in fp32 (what target/commit/commit_grad/load left there).
+  MatrixView operand(std::size_t a, std::span<const float> v, std::size_t rows, std::size_t cols);
+  // A saved activation read by a backward GEMM: its storage when native (nothing is
+  // decoded), else load(a, slot, rows * cols).
+  MatrixView saved_operand(std::size_t a, std::size_t slot, std::size_t rows, std::size_t cols);
+  // Weight `param` as a rows x cols operand (the stored model copy when native).
+  MatrixView weight_operand(std::size_t param, std::size_t rows, std::size_t cols) const;
+  // The dtype of operands (bf16 when native, else f32), for Gemm::prepare.
+  DType operand_dtype() const noexcept { return native_ ? DType::bf16 : DType::f32; }
+
   // First element index of activation a that is inf/NaN within n, or npos.
   std::size_t first_nonfinite(std::size_t a, std::size_t n) const;
 
@@ -102,6 +118,7 @@ class Engine {
   std::vector<float> weights_f32_;  // decoded model copy (empty when the model copy is fp32)
   std::vector<float> grad_acc_;     // fp32 accumulator (only when weight grads are low precision)
   ModelHistograms* hist_ = nullptr;
+  bool native_ = false;
 };
 
 
