@@ -198,16 +198,16 @@ class Gpt final : public Model {
       const LayerActs& s = acts_[l];
       std::span<float> ln = e.target(s.ln1, kNarrowSlot, N * C);
       layernorm_forward(ln, a.f32(s.ln1_mean, N), a.f32(s.ln1_rstd, N), res, e.w(p.ln1w), e.w(p.ln1b), N, C);
-      e.commit(s.ln1, ln);
+      commit_linear_input(s.ln1, ln);
       std::span<float> qkv = e.target(s.qkv, kWideSlot, N * 3 * C);
       linear(l, &LayerFp8::qkv, qkv, ln, s.ln1, p.qkvw, e.w(p.qkvb), N, C, 3 * C);
       e.commit(s.qkv, qkv);
       std::span<float> y = e.target(s.atty, kNarrowSlot, N * C);
       // fp32 values of qkv: oneDNN 2.6 has no fast bf16 kernel for the per-head strided
       // views (Gemm widens them), and qkv's fp32 values are at hand (docs/gemm.md).
-      attention_forward(g, y, a.f32(preatt_, rows * NH * T * T), a.f32(s.att, rows * NH * T * T), qkv, rows, T, C,
-                        NH);
-      e.commit(s.atty, y);
+      attention_forward(e.head_gemms(), y, a.f32(preatt_, rows * NH * T * T), a.f32(s.att, rows * NH * T * T),
+                        view(qkv.data(), N, 3 * C), rows, T, C, NH);
+      commit_linear_input(s.atty, y);
       std::span<float> proj = e.target(tmp_, kProjectionSlot, N * C);
       linear(l, &LayerFp8::proj, proj, y, s.atty, p.projw, e.w(p.projb), N, C, C);
       e.commit(tmp_, proj);
@@ -217,13 +217,13 @@ class Gpt final : public Model {
       res = res2;
       std::span<float> ln2 = e.target(s.ln2, kNarrowSlot, N * C);
       layernorm_forward(ln2, a.f32(s.ln2_mean, N), a.f32(s.ln2_rstd, N), res, e.w(p.ln2w), e.w(p.ln2b), N, C);
-      e.commit(s.ln2, ln2);
+      commit_linear_input(s.ln2, ln2);
       std::span<float> h = e.target(s.fch, kWideSlot, N * 4 * C);
       linear(l, &LayerFp8::fc, h, ln2, s.ln2, p.fcw, e.w(p.fcb), N, C, 4 * C);
       e.commit(s.fch, h);
       std::span<float> hg = e.target(s.fchg, kGeluSlot, N * 4 * C);
       gelu_forward(hg, h);
-      e.commit(s.fchg, hg);
+      commit_linear_input(s.fchg, hg);
       std::span<float> fp = e.target(tmp_, kProjectionSlot, N * C);
       linear(l, &LayerFp8::fcproj, fp, hg, s.fchg, p.fcprojw, e.w(p.fcprojb), N, 4 * C, C);
       e.commit(tmp_, fp);
@@ -234,7 +234,7 @@ class Gpt final : public Model {
     }
     std::span<float> lf = e.target(lnf_, kNarrowSlot, N * C);
     layernorm_forward(lf, a.f32(lnf_mean_, N), a.f32(lnf_rstd_, N), res, e.w(lnfw_), e.w(lnfb_), N, C);
-    e.commit(lnf_, lf);
+    e.commit_operand(lnf_, lf);  // read by the LM head's GEMM only
     std::span<float> logits = e.target(logits_, kWideSlot, N * V);
     linear_forward(g, logits, e.operand(lnf_, lf, N, C), e.weight_operand(wte_, V, C), {}, N, C, V);
     e.commit(logits_, logits);
@@ -256,7 +256,7 @@ class Gpt final : public Model {
 
     std::span<float> dlogits = e.zeroed(kWideGradSlot, N * V);
     crossentropy_softmax_backward(dlogits, dlosses_, a.f32(probs_, N * V), tgt, B, T, V);
-    e.commit_grad(dlogits_, dlogits, stats_, logits_label_);
+    e.commit_grad_operand(dlogits_, dlogits, stats_, logits_label_);  // read by GEMMs only (no bias)
     std::span<float> dlf = e.zeroed(kNarrowGradSlot, N * C);
     linear_backward(g, dlf, e.dw(wte_), {}, dlogits, e.operand(dlogits_, dlogits, N, V),
                     e.saved_operand(lnf_, kSavedSlot, N, C), e.weight_operand(wte_, V, C), N, C, V);
@@ -298,8 +298,9 @@ class Gpt final : public Model {
                            e.saved_operand(s.atty, kSavedSlot, N, C), e.weight_operand(p.projw, C, C), N, C, C);
       e.commit_grad(dmid_, dy, stats_, lb.attproj_in);
       std::span<float> dqkv = e.zeroed(kWideGradSlot, N * 3 * C);
-      attention_backward(g, dqkv, a.f32(dpreatt_, B * NH * T * T), a.f32(datt_, B * NH * T * T), dy,
-                         e.load(s.qkv, kSavedSlot, N * 3 * C), a.f32(s.att, B * NH * T * T), B, T, C, NH);
+      attention_backward(e.head_gemms(), dqkv, a.f32(dpreatt_, B * NH * T * T), a.f32(datt_, B * NH * T * T),
+                         view(dy.data(), N, C), view(e.load(s.qkv, kSavedSlot, N * 3 * C).data(), N, 3 * C),
+                         a.f32(s.att, B * NH * T * T), B, T, C, NH);
       e.commit_grad(dbig_, dqkv, stats_, lb.qkv_out);
       std::span<float> dln1 = e.zeroed(kNarrowGradSlot, N * C);
       if (fp8_) fp8_->backward(g, fp8_ids_[l].qkv, dln1, e.dw(p.qkvw), e.dw(p.qkvb), dqkv);
@@ -343,6 +344,14 @@ class Gpt final : public Model {
   }
 
  private:
+  // Commits an activation that only the next block Linear reads: without decoding it
+  // back when that Linear multiplies the stored bf16 (not in the fp8 presets, whose
+  // Linears quantize the fp32 values).
+  void commit_linear_input(std::size_t act, std::span<float> v) {
+    if (fp8_) engine_->commit(act, v);
+    else engine_->commit_operand(act, v);
+  }
+
   // A block's Linear: fp8 (fp8 presets) or the layer on the engine's GEMM operands
   // (bf16 storage on the native path). x holds the values of activation x_act.
   void linear(std::size_t layer, std::size_t LayerFp8::*which, std::span<float> out, std::span<const float> x,
@@ -389,7 +398,7 @@ class Gpt final : public Model {
     fwd(N, C, 4 * C, block);
     fwd(N, 4 * C, C, block);
     fwd(N, C, V, d);
-    attention_prepare(g, DType::f32, DType::f32, config_.context, C, config_.heads);
+    attention_prepare(engine_->head_gemms(), DType::f32, DType::f32, config_.context, C, config_.heads);
   }
 
   ForwardResult finish_forward(std::span<const float> losses, std::size_t n) {

@@ -1,6 +1,8 @@
 // fp32 layers, llm.c style (include/mixprec/nn/layers.hpp, docs/layers.md).
 #include "mixprec/nn/layers.hpp"
 
+#include <omp.h>
+
 #include <cmath>
 #include <cstddef>
 #include <stdexcept>
@@ -487,7 +489,36 @@ MatrixView head_block(const MatrixView& m, std::size_t b, std::size_t T, std::si
   return MatrixView{at(m, b * T, col), m.dtype, T, hs, m.ld == 0 ? m.cols : m.ld};
 }
 
+void check_gemms(const char* fn, std::span<Gemm> gemms) {
+  if (gemms.empty()) fail(fn, "gemms: expected at least one Gemm, found 0");
+  if (gemms.size() == 1) return;
+  for (const Gemm& g : gemms) {
+    if (g.options().threads != 1) {
+      fail(fn, "gemms: expected 1-thread Gemms when there are " + std::to_string(gemms.size()) + ", found one with " +
+                   std::to_string(g.options().threads) + " threads");
+    }
+  }
+}
+
+// f(gemm, i) for i in [0, count): on gemms[0] in order, or in parallel with each OpenMP
+// thread on its own Gemm.
+template <class F>
+void for_each_head(std::span<Gemm> gemms, std::size_t count, F&& f) {
+  if (gemms.size() == 1) {
+    for (std::size_t i = 0; i < count; ++i) f(gemms[0], i);
+    return;
+  }
+  #pragma omp parallel for schedule(static) num_threads(static_cast<int>(gemms.size()))
+  for (std::size_t i = 0; i < count; ++i) f(gemms[static_cast<std::size_t>(omp_get_thread_num())], i);
+}
+
 }  // namespace
+
+void attention_prepare(std::span<Gemm> gemms, DType qkv_type, DType dout_type, std::size_t T, std::size_t C,
+                       std::size_t NH) {
+  check_gemms("attention_prepare", gemms);
+  for (Gemm& g : gemms) attention_prepare(g, qkv_type, dout_type, T, C, NH);
+}
 
 void attention_prepare(Gemm& gemm, DType qkv_type, DType dout_type, std::size_t T, std::size_t C, std::size_t NH) {
   check_attention("attention_prepare", 1, T, C, NH);
@@ -515,7 +546,13 @@ void attention_forward(Gemm& gemm, std::span<float> out, std::span<float> preatt
 
 void attention_forward(Gemm& gemm, std::span<float> out, std::span<float> preatt, std::span<float> att,
                        const MatrixView& qkv, std::size_t B, std::size_t T, std::size_t C, std::size_t NH) {
+  attention_forward(std::span<Gemm>(&gemm, 1), out, preatt, att, qkv, B, T, C, NH);
+}
+
+void attention_forward(std::span<Gemm> gemms, std::span<float> out, std::span<float> preatt, std::span<float> att,
+                       const MatrixView& qkv, std::size_t B, std::size_t T, std::size_t C, std::size_t NH) {
   constexpr const char* fn = "attention_forward";
+  check_gemms(fn, gemms);
   check_attention(fn, B, T, C, NH);
   check_size(fn, "out", out.size(), B * T * C, "B*T*C");
   check_size(fn, "preatt", preatt.size(), B * NH * T * T, "B*NH*T*T");
@@ -525,18 +562,23 @@ void attention_forward(Gemm& gemm, std::span<float> out, std::span<float> preatt
   const std::size_t hs = C / NH;
   const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
   const GemmArgs scores{.trans_a = Trans::no, .trans_b = Trans::yes, .alpha = scale, .beta = 0.0f};
-  for (std::size_t b = 0; b < B; ++b) {
-    for (std::size_t h = 0; h < NH; ++h) {
-      float* pre = preatt.data() + (b * NH + h) * T * T;
-      float* a = att.data() + (b * NH + h) * T * T;
-      // preatt[t, t2] = q_t . k_t2 * scale over the full T x T block (the masked half is
-      // overwritten by the softmax loop), then att = causal softmax per row.
-      gemm.run(head_block(qkv, b, T, h * hs, hs), head_block(qkv, b, T, C + h * hs, hs), output(pre, T, T), scores);
-      for (std::size_t t = 0; t < T; ++t) softmax_causal_row(pre + t * T, a + t * T, t + 1, T);
-      // out[t, h*hs..] = sum_t2 att[t, t2] v_t2 (masked att entries are exactly 0)
-      gemm.run(view(a, T, T), head_block(qkv, b, T, 2 * C + h * hs, hs), output(out.data() + b * T * C + h * hs, T, hs, C));
-    }
-  }
+  // preatt[t, t2] = q_t . k_t2 * scale over the full T x T block of every (b, h) (the
+  // masked half is overwritten by the softmax), then att = causal softmax per row (all
+  // B*NH*T rows in one parallel loop), then out[t, h*hs..] = sum_t2 att[t, t2] v_t2
+  // (masked att entries are exactly 0).
+  for_each_head(gemms, B * NH, [&](Gemm& gemm, std::size_t bh) {
+    const std::size_t b = bh / NH, h = bh % NH;
+    gemm.run(head_block(qkv, b, T, h * hs, hs), head_block(qkv, b, T, C + h * hs, hs),
+             output(preatt.data() + bh * T * T, T, T), scores);
+  });
+  const std::size_t rows = B * NH * T;
+  #pragma omp parallel for schedule(static) if (parallel_worth_it(rows * T))
+  for (std::size_t r = 0; r < rows; ++r) softmax_causal_row(preatt.data() + r * T, att.data() + r * T, r % T + 1, T);
+  for_each_head(gemms, B * NH, [&](Gemm& gemm, std::size_t bh) {
+    const std::size_t b = bh / NH, h = bh % NH;
+    gemm.run(view(att.data() + bh * T * T, T, T), head_block(qkv, b, T, 2 * C + h * hs, hs),
+             output(out.data() + b * T * C + h * hs, T, hs, C));
+  });
 }
 
 void attention_backward(Gemm& gemm, std::span<float> dqkv, std::span<float> dpreatt, std::span<float> datt,
@@ -552,7 +594,14 @@ void attention_backward(Gemm& gemm, std::span<float> dqkv, std::span<float> dpre
 void attention_backward(Gemm& gemm, std::span<float> dqkv, std::span<float> dpreatt, std::span<float> datt,
                         const MatrixView& dout, const MatrixView& qkv, std::span<const float> att, std::size_t B,
                         std::size_t T, std::size_t C, std::size_t NH) {
+  attention_backward(std::span<Gemm>(&gemm, 1), dqkv, dpreatt, datt, dout, qkv, att, B, T, C, NH);
+}
+
+void attention_backward(std::span<Gemm> gemms, std::span<float> dqkv, std::span<float> dpreatt,
+                        std::span<float> datt, const MatrixView& dout, const MatrixView& qkv,
+                        std::span<const float> att, std::size_t B, std::size_t T, std::size_t C, std::size_t NH) {
   constexpr const char* fn = "attention_backward";
+  check_gemms(fn, gemms);
   check_attention(fn, B, T, C, NH);
   check_size(fn, "dqkv", dqkv.size(), B * T * 3 * C, "B*T*3C");
   check_size(fn, "dpreatt", dpreatt.size(), B * NH * T * T, "B*NH*T*T");
@@ -568,35 +617,40 @@ void attention_backward(Gemm& gemm, std::span<float> dqkv, std::span<float> dpre
   const GemmArgs tn_acc{.trans_a = Trans::yes, .trans_b = Trans::no, .alpha = 1.0f, .beta = 1.0f};
   const GemmArgs nn_scaled_acc{.trans_a = Trans::no, .trans_b = Trans::no, .alpha = scale, .beta = 1.0f};
   const GemmArgs tn_scaled_acc{.trans_a = Trans::yes, .trans_b = Trans::no, .alpha = scale, .beta = 1.0f};
-  for (std::size_t b = 0; b < B; ++b) {
-    for (std::size_t h = 0; h < NH; ++h) {
-      const float* a = att.data() + (b * NH + h) * T * T;
-      float* da = datt.data() + (b * NH + h) * T * T;
-      float* dpre = dpreatt.data() + (b * NH + h) * T * T;
-      float* dq = dqkv.data() + b * T * C3 + h * hs;
-      const MatrixView dy = head_block(dout, b, T, h * hs, hs);
-      // through out = att . v: datt = dout . v^T (full block; masked entries zeroed
-      // below), dv += att^T . dout
-      gemm.run(dy, head_block(qkv, b, T, 2 * C + h * hs, hs), output(da, T, T), nt);
-      gemm.run(view(a, T, T), dy, output(dq + 2 * C, T, hs, C3), tn_acc);
-      // through the softmax: dpre[t3] = att[t3] * (datt[t3] - sum_t2 att[t2] datt[t2])
-      for (std::size_t t = 0; t < T; ++t) {
-        const float* ar = a + t * T;
-        float* dar = da + t * T;
-        float* dpr = dpre + t * T;
-        float dot = 0.0f;
-        for (std::size_t t2 = 0; t2 <= t; ++t2) dot += ar[t2] * dar[t2];
-        for (std::size_t t3 = 0; t3 <= t; ++t3) dpr[t3] = ar[t3] * (dar[t3] - dot);
-        for (std::size_t t2 = t + 1; t2 < T; ++t2) {
-          dar[t2] = 0.0f;
-          dpr[t2] = 0.0f;
-        }
-      }
-      // through preatt = q.k * scale: dq += scale dpre . k, dk += scale dpre^T . q
-      gemm.run(view(dpre, T, T), head_block(qkv, b, T, C + h * hs, hs), output(dq, T, hs, C3), nn_scaled_acc);
-      gemm.run(view(dpre, T, T), head_block(qkv, b, T, h * hs, hs), output(dq + C, T, hs, C3), tn_scaled_acc);
+  // through out = att . v: datt = dout . v^T (full blocks; masked entries zeroed below),
+  // dv += att^T . dout
+  for_each_head(gemms, B * NH, [&](Gemm& gemm, std::size_t bh) {
+    const std::size_t b = bh / NH, h = bh % NH;
+    const MatrixView dy = head_block(dout, b, T, h * hs, hs);
+    gemm.run(dy, head_block(qkv, b, T, 2 * C + h * hs, hs), output(datt.data() + bh * T * T, T, T), nt);
+    gemm.run(view(att.data() + bh * T * T, T, T), dy, output(dqkv.data() + b * T * C3 + 2 * C + h * hs, T, hs, C3),
+             tn_acc);
+  });
+  // through the softmax, every row in one parallel loop:
+  // dpre[t3] = att[t3] * (datt[t3] - sum_t2 att[t2] datt[t2])
+  const std::size_t rows = B * NH * T;
+  #pragma omp parallel for schedule(static) if (parallel_worth_it(rows * T))
+  for (std::size_t r = 0; r < rows; ++r) {
+    const std::size_t t = r % T;
+    const float* ar = att.data() + r * T;
+    float* dar = datt.data() + r * T;
+    float* dpr = dpreatt.data() + r * T;
+    float dot = 0.0f;
+    for (std::size_t t2 = 0; t2 <= t; ++t2) dot += ar[t2] * dar[t2];
+    for (std::size_t t3 = 0; t3 <= t; ++t3) dpr[t3] = ar[t3] * (dar[t3] - dot);
+    for (std::size_t t2 = t + 1; t2 < T; ++t2) {
+      dar[t2] = 0.0f;
+      dpr[t2] = 0.0f;
     }
   }
+  // through preatt = q.k * scale: dq += scale dpre . k, dk += scale dpre^T . q
+  for_each_head(gemms, B * NH, [&](Gemm& gemm, std::size_t bh) {
+    const std::size_t b = bh / NH, h = bh % NH;
+    const MatrixView dpre = view(dpreatt.data() + bh * T * T, T, T);
+    float* dq = dqkv.data() + b * T * C3 + h * hs;
+    gemm.run(dpre, head_block(qkv, b, T, C + h * hs, hs), output(dq, T, hs, C3), nn_scaled_acc);
+    gemm.run(dpre, head_block(qkv, b, T, h * hs, hs), output(dq + C, T, hs, C3), tn_scaled_acc);
+  });
 }
 
 // ---- softmax + cross-entropy -------------------------------------------------------------

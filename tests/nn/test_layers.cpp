@@ -53,6 +53,9 @@ std::vector<TokenId> random_ids(std::size_t n, std::size_t V, std::uint32_t seed
 
 Gemm make_gemm() { return Gemm(GemmOptions{.threads = 1, .native_bf16 = true}); }
 
+template <class F>
+void expect_invalid(F&& f, const std::string& needle);
+
 double dot(const DVec& a, const Vec& b) {
   double s = 0;
   for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * static_cast<double>(b[i]);
@@ -594,6 +597,39 @@ TEST(Attention, FastPathMatchesScalarReference) {
       expect_masked_zero(tag + "dpreatt", dpre, T);
     }
   }
+}
+
+// One 1-thread Gemm per OpenMP thread (what the training engine passes): each (batch
+// row, head) is computed by exactly the same 1-thread GEMMs whichever thread runs it, so
+// the result equals a single 1-thread Gemm's bit for bit.
+TEST(Attention, PerThreadGemmsGiveTheSameBitsAsOne) {
+  const std::size_t B = 3, T = 33, C = 24, NH = 4;
+  std::vector<Gemm> team;
+  for (int i = 0; i < 3; ++i) team.emplace_back(GemmOptions{.threads = 1});
+  Gemm one({.threads = 1});
+  const Vec qkv = random_vec(B * T * 3 * C, 130, -1.5f, 1.5f), dout = random_vec(B * T * C, 131);
+  Vec out1(B * T * C), pre1(B * NH * T * T), att1(pre1.size()), out2 = out1, pre2 = pre1, att2 = att1;
+  attention_prepare(team, DType::f32, DType::f32, T, C, NH);
+  attention_forward(team, out1, pre1, att1, view(qkv.data(), B * T, 3 * C), B, T, C, NH);
+  attention_forward(one, out2, pre2, att2, qkv, B, T, C, NH);
+  EXPECT_EQ(out1, out2);
+  EXPECT_EQ(pre1, pre2);
+  EXPECT_EQ(att1, att2);
+  Vec d1(qkv.size(), 0.5f), d2 = d1, dp1(pre1.size()), da1(pre1.size()), dp2 = dp1, da2 = da1;
+  attention_backward(team, d1, dp1, da1, view(dout.data(), B * T, C), view(qkv.data(), B * T, 3 * C), att1, B, T, C,
+                     NH);
+  attention_backward(one, d2, dp2, da2, dout, qkv, att1, B, T, C, NH);
+  EXPECT_EQ(d1, d2);
+  EXPECT_EQ(dp1, dp2);
+  EXPECT_EQ(da1, da2);
+  std::vector<Gemm> threaded;
+  threaded.emplace_back(GemmOptions{.threads = 1});
+  threaded.emplace_back(GemmOptions{.threads = 2});
+  expect_invalid([&] { attention_forward(threaded, out1, pre1, att1, view(qkv.data(), B * T, 3 * C), B, T, C, NH); },
+                 "attention_forward: gemms: expected 1-thread Gemms when there are 2, found one with 2 threads");
+  expect_invalid([&] { attention_forward(std::span<Gemm>(), out1, pre1, att1, view(qkv.data(), B * T, 3 * C), B, T, C,
+                                         NH); },
+                 "gemms: expected at least one Gemm, found 0");
 }
 
 TEST(Attention, SoftmaxCausalRow) {

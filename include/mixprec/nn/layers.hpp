@@ -94,9 +94,15 @@ void residual_backward(std::span<float> da, std::span<float> db, std::span<const
 // differs (tests/nn/test_layers.cpp states the tolerance).
 void attention_forward(Gemm& gemm, std::span<float> out, std::span<float> preatt, std::span<float> att,
                        std::span<const float> qkv, std::size_t B, std::size_t T, std::size_t C, std::size_t NH);
-// qkv as stored ([B*T, 3C], dense; f32, f16 or bf16): in a bf16 model the q.k products
-// run on oneDNN's native bf16 path (att stays fp32, so att.V widens v).
+// qkv as stored ([B*T, 3C], dense; f32, f16 or bf16; bf16 is multiplied natively only
+// where oneDNN has a fast kernel for the strided per-head views, see Gemm).
 void attention_forward(Gemm& gemm, std::span<float> out, std::span<float> preatt, std::span<float> att,
+                       const MatrixView& qkv, std::size_t B, std::size_t T, std::size_t C, std::size_t NH);
+// With one 1-thread Gemm per OpenMP thread (gemms.size() > 1): the per-head GEMMs run in
+// parallel over (batch row, head), one parallel region per phase instead of a threaded
+// call per small GEMM. gemms.size() == 1: that Gemm, sequentially over the heads. More
+// than one Gemm with threads != 1 is refused (std::invalid_argument).
+void attention_forward(std::span<Gemm> gemms, std::span<float> out, std::span<float> preatt, std::span<float> att,
                        const MatrixView& qkv, std::size_t B, std::size_t T, std::size_t C, std::size_t NH);
 // dqkv[B,T,3C] +=. datt and dpreatt [B,NH,T,T] are scratch, overwritten in full
 // (masked entries 0): afterwards they hold dL/datt and dL/dpreatt.
@@ -107,10 +113,15 @@ void attention_backward(Gemm& gemm, std::span<float> dqkv, std::span<float> dpre
 void attention_backward(Gemm& gemm, std::span<float> dqkv, std::span<float> dpreatt, std::span<float> datt,
                         const MatrixView& dout, const MatrixView& qkv, std::span<const float> att, std::size_t B,
                         std::size_t T, std::size_t C, std::size_t NH);
+void attention_backward(std::span<Gemm> gemms, std::span<float> dqkv, std::span<float> dpreatt,
+                        std::span<float> datt, const MatrixView& dout, const MatrixView& qkv,
+                        std::span<const float> att, std::size_t B, std::size_t T, std::size_t C, std::size_t NH);
 
 // Creates the fast path's GEMM primitives (Gemm::prepare) for qkv stored as `qkv_type`
 // and dout as `dout_type`, so that training allocates nothing later.
 void attention_prepare(Gemm& gemm, DType qkv_type, DType dout_type, std::size_t T, std::size_t C, std::size_t NH);
+void attention_prepare(std::span<Gemm> gemms, DType qkv_type, DType dout_type, std::size_t T, std::size_t C,
+                       std::size_t NH);
 
 // The causal softmax of one attention row: att[t2] = softmax(pre[0..visible))[t2] for
 // t2 < visible (max subtracted, fp32), and pre[t2] = att[t2] = 0 for visible <= t2 < T.
