@@ -5,6 +5,8 @@
 #include <emmintrin.h>
 #endif
 
+#include <omp.h>
+
 #include <cmath>
 #include <limits>
 #include <numbers>
@@ -74,6 +76,12 @@ std::span<float> Arena::f32(std::size_t i, std::size_t n) {
 Engine::Engine(PrecisionPolicy policy, ParamStore& store, std::size_t scratch_floats, std::size_t scratch_count)
     : policy_(policy), store_(&store), scratch_(scratch_count, std::vector<float>(scratch_floats, 0.0f)) {
   if (policy_.weights != DType::f32) weights_f32_.assign(store.flat_size(), 0.0f);
+  if (const int n = omp_get_max_threads(); n > 1) {
+    head_gemms_.reserve(static_cast<std::size_t>(n));
+    for (int i = 0; i < n; ++i) head_gemms_.emplace_back(GemmOptions{.threads = 1});
+  }
+  native_ = policy_.activations == DType::bf16 && policy_.weights == DType::bf16 &&
+            gemm_.path(DType::bf16, DType::bf16) == GemmPath::onednn_bf16;
   if (policy_.weight_grads != DType::f32) grad_acc_.assign(store.flat_size(), 0.0f);
 }
 
@@ -104,7 +112,23 @@ void Engine::commit(std::size_t a, std::span<float> v) {
   decode(acts_.data(a), act.dtype, v);
 }
 
+void Engine::commit_operand(std::size_t a, std::span<float> v) {
+  const Act& act = acts_.act(a);
+  if (!(native_ && act.dtype == DType::bf16)) return commit(a, v);
+  if (hist_ != nullptr) hist_->activations.add(v, kHistogramStride);
+  encode(v, acts_.data(a), act.dtype);
+}
+
+void Engine::commit_grad_operand(std::size_t a, std::span<float> v, BackwardStats& stats, std::size_t label) {
+  commit_grad_impl(a, v, stats, label, !(native_ && acts_.act(a).dtype == DType::bf16));
+}
+
 void Engine::commit_grad(std::size_t a, std::span<float> v, BackwardStats& stats, std::size_t label) {
+  commit_grad_impl(a, v, stats, label, true);
+}
+
+void Engine::commit_grad_impl(std::size_t a, std::span<float> v, BackwardStats& stats, std::size_t label,
+                              bool decode_back) {
   const Act& act = acts_.act(a);
   TensorGradStats& t = stats.tensors[label];
   ++stats.stores;
@@ -118,7 +142,7 @@ void Engine::commit_grad(std::size_t a, std::span<float> v, BackwardStats& stats
     t.stats += s;
     if (s.nonfinite_input > 0) m = std::numeric_limits<float>::infinity();
     if ((s.overflow > 0 || s.nonfinite_input > 0) && stats.first_overflow.empty()) stats.first_overflow = t.name;
-    decode(acts_.data(a), act.dtype, v);
+    if (decode_back) decode(acts_.data(a), act.dtype, v);
   }
   t.amax = std::max(t.amax, m);
   stats.amax = std::max(stats.amax, m);
@@ -160,6 +184,33 @@ std::span<const float> Engine::load(std::size_t a, std::size_t slot, std::size_t
   std::span<float> s = scratch(slot, n);
   decode(acts_.data(a), act.dtype, s);
   return s;
+}
+
+MatrixView Engine::operand(std::size_t a, std::span<const float> v, std::size_t rows, std::size_t cols) {
+  if (v.size() != rows * cols) throw std::logic_error("Engine::operand: span does not match the shape");
+  const Act& act = acts_.act(a);
+  if (native_ && act.dtype == DType::bf16) {
+    if (rows * cols > act.numel) throw std::logic_error("Engine::operand: beyond '" + act.name + "'");
+    return {acts_.data(a), DType::bf16, rows, cols, 0};
+  }
+  return view(v.data(), rows, cols);
+}
+
+MatrixView Engine::saved_operand(std::size_t a, std::size_t slot, std::size_t rows, std::size_t cols) {
+  const Act& act = acts_.act(a);
+  if (native_ && act.dtype == DType::bf16) {
+    if (rows * cols > act.numel) throw std::logic_error("Engine::saved_operand: beyond '" + act.name + "'");
+    return {acts_.data(a), DType::bf16, rows, cols, 0};
+  }
+  return view(load(a, slot, rows * cols).data(), rows, cols);
+}
+
+MatrixView Engine::weight_operand(std::size_t param, std::size_t rows, std::size_t cols) const {
+  if (rows * cols != store_->numel(param)) throw std::logic_error("Engine::weight_operand: shape mismatch");
+  if (native_) {
+    return {static_cast<const bf16*>(store_->model_data()) + store_->offset(param), DType::bf16, rows, cols, 0};
+  }
+  return view(w(param).data(), rows, cols);
 }
 
 std::size_t Engine::first_nonfinite(std::size_t a, std::size_t n) const {
@@ -216,6 +267,7 @@ void Engine::finish_backward() {
 
 std::size_t Engine::scratch_bytes() const noexcept {
   std::size_t b = (weights_f32_.size() + grad_acc_.size()) * sizeof(float) + gemm_.scratch_bytes();
+  for (const Gemm& g : head_gemms_) b += g.scratch_bytes();
   for (const auto& s : scratch_) b += s.size() * sizeof(float);
   return b;
 }

@@ -2,7 +2,10 @@
 // format, fp32 working scratch, the decoded fp32 view of the weights, and weight-
 // gradient targets. Every op of a model reads fp32 values, computes with the fp32
 // layers of layers.hpp, and commits its output to storage, which rounds it; after
-// commit the fp32 span holds exactly the stored values, ready for the next op.
+// commit the fp32 span holds exactly the stored values, ready for the next op. The
+// exception: GEMM operands (operand() and friends) are the stored bf16 tensors when
+// the Gemm multiplies bf16 natively, and commit_operand() skips the decode for an
+// activation that only such GEMMs read.
 #pragma once
 
 #include <cstddef>
@@ -55,6 +58,11 @@ class Engine {
 
   const PrecisionPolicy& policy() const noexcept { return policy_; }
   Gemm& gemm() noexcept { return gemm_; }
+  // One 1-thread Gemm per OpenMP thread (as many as omp_get_max_threads() when the
+  // engine was built), for attention's per-head GEMMs; just gemm() on one thread.
+  std::span<Gemm> head_gemms() noexcept {
+    return head_gemms_.empty() ? std::span<Gemm>(&gemm_, 1) : std::span<Gemm>(head_gemms_);
+  }
   Arena& acts() noexcept { return acts_; }
   const Arena& acts() const noexcept { return acts_; }
 
@@ -68,16 +76,39 @@ class Engine {
   // Stores v (from target) into activation a (rounding when a is low precision) and
   // leaves v holding the stored values.
   void commit(std::size_t a, std::span<float> v);
+  // The same for an activation that only native GEMMs read (through operand()): when
+  // native_operands(), the stored bf16 values are not decoded back into v (v keeps the
+  // unrounded values and must not be read as the activation afterwards); otherwise
+  // exactly commit().
+  void commit_operand(std::size_t a, std::span<float> v);
   // The same for an activation gradient, counting what rounding lost into stats.
   // `label` indexes stats.tensors (layer and role), which also names the tensor in
   // stats.first_overflow.
   void commit_grad(std::size_t a, std::span<float> v, BackwardStats& stats, std::size_t label);
+  // commit_grad for a gradient that only native GEMMs read (see commit_operand).
+  void commit_grad_operand(std::size_t a, std::span<float> v, BackwardStats& stats, std::size_t label);
   // Histograms to add every committed activation / activation gradient to (before
   // rounding); nullptr: none.
   void set_histograms(ModelHistograms* h) noexcept { hist_ = h; }
   // fp32 values of activation a (first n elements): the buffer itself when fp32, else
   // decoded into scratch slot `slot`.
   std::span<const float> load(std::size_t a, std::size_t slot, std::size_t n);
+  // GEMM operands (docs/gemm.md, "Which GEMM takes which path"). When the policy stores
+  // activations and weights in bf16 and the Gemm multiplies bf16 natively (oneDNN's bf16
+  // matmul on AVX-512), the operands are the stored bf16 tensors themselves; otherwise
+  // their fp32 values (multiplying widened copies would only add a conversion).
+  bool native_operands() const noexcept { return native_; }
+  // Activation (or activation gradient) `a` as a rows x cols operand; `v` holds its
+  // values in fp32 (what target/commit/commit_grad/load left there).
+  MatrixView operand(std::size_t a, std::span<const float> v, std::size_t rows, std::size_t cols);
+  // A saved activation read by a backward GEMM: its storage when native (nothing is
+  // decoded), else load(a, slot, rows * cols).
+  MatrixView saved_operand(std::size_t a, std::size_t slot, std::size_t rows, std::size_t cols);
+  // Weight `param` as a rows x cols operand (the stored model copy when native).
+  MatrixView weight_operand(std::size_t param, std::size_t rows, std::size_t cols) const;
+  // The dtype of operands (bf16 when native, else f32), for Gemm::prepare.
+  DType operand_dtype() const noexcept { return native_ ? DType::bf16 : DType::f32; }
+
   // First element index of activation a that is inf/NaN within n, or npos.
   std::size_t first_nonfinite(std::size_t a, std::size_t n) const;
 
@@ -94,14 +125,19 @@ class Engine {
   std::size_t scratch_bytes() const noexcept;
 
  private:
+  void commit_grad_impl(std::size_t a, std::span<float> v, BackwardStats& stats, std::size_t label,
+                        bool decode_back);
+
   PrecisionPolicy policy_;
   ParamStore* store_;
   Gemm gemm_;
+  std::vector<Gemm> head_gemms_;
   Arena acts_;
   std::vector<std::vector<float>> scratch_;
   std::vector<float> weights_f32_;  // decoded model copy (empty when the model copy is fp32)
   std::vector<float> grad_acc_;     // fp32 accumulator (only when weight grads are low precision)
   ModelHistograms* hist_ = nullptr;
+  bool native_ = false;
 };
 
 

@@ -198,15 +198,18 @@ class Gpt final : public Model {
       const LayerActs& s = acts_[l];
       std::span<float> ln = e.target(s.ln1, kNarrowSlot, N * C);
       layernorm_forward(ln, a.f32(s.ln1_mean, N), a.f32(s.ln1_rstd, N), res, e.w(p.ln1w), e.w(p.ln1b), N, C);
-      e.commit(s.ln1, ln);
+      commit_linear_input(s.ln1, ln);
       std::span<float> qkv = e.target(s.qkv, kWideSlot, N * 3 * C);
-      linear(l, &LayerFp8::qkv, qkv, ln, e.w(p.qkvw), e.w(p.qkvb), N, C, 3 * C);
+      linear(l, &LayerFp8::qkv, qkv, ln, s.ln1, p.qkvw, e.w(p.qkvb), N, C, 3 * C);
       e.commit(s.qkv, qkv);
       std::span<float> y = e.target(s.atty, kNarrowSlot, N * C);
-      attention_forward(y, a.f32(preatt_, rows * NH * T * T), a.f32(s.att, rows * NH * T * T), qkv, rows, T, C, NH);
-      e.commit(s.atty, y);
+      // fp32 values of qkv: oneDNN 2.6 has no fast bf16 kernel for the per-head strided
+      // views (Gemm widens them), and qkv's fp32 values are at hand (docs/gemm.md).
+      attention_forward(e.head_gemms(), y, a.f32(preatt_, rows * NH * T * T), a.f32(s.att, rows * NH * T * T),
+                        view(qkv.data(), N, 3 * C), rows, T, C, NH);
+      commit_linear_input(s.atty, y);
       std::span<float> proj = e.target(tmp_, kProjectionSlot, N * C);
-      linear(l, &LayerFp8::proj, proj, y, e.w(p.projw), e.w(p.projb), N, C, C);
+      linear(l, &LayerFp8::proj, proj, y, s.atty, p.projw, e.w(p.projb), N, C, C);
       e.commit(tmp_, proj);
       std::span<float> res2 = e.target(s.res2, kResidualSlot, N * C);
       residual_forward(res2, res, proj);
@@ -214,15 +217,15 @@ class Gpt final : public Model {
       res = res2;
       std::span<float> ln2 = e.target(s.ln2, kNarrowSlot, N * C);
       layernorm_forward(ln2, a.f32(s.ln2_mean, N), a.f32(s.ln2_rstd, N), res, e.w(p.ln2w), e.w(p.ln2b), N, C);
-      e.commit(s.ln2, ln2);
+      commit_linear_input(s.ln2, ln2);
       std::span<float> h = e.target(s.fch, kWideSlot, N * 4 * C);
-      linear(l, &LayerFp8::fc, h, ln2, e.w(p.fcw), e.w(p.fcb), N, C, 4 * C);
+      linear(l, &LayerFp8::fc, h, ln2, s.ln2, p.fcw, e.w(p.fcb), N, C, 4 * C);
       e.commit(s.fch, h);
       std::span<float> hg = e.target(s.fchg, kGeluSlot, N * 4 * C);
       gelu_forward(hg, h);
-      e.commit(s.fchg, hg);
+      commit_linear_input(s.fchg, hg);
       std::span<float> fp = e.target(tmp_, kProjectionSlot, N * C);
-      linear(l, &LayerFp8::fcproj, fp, hg, e.w(p.fcprojw), e.w(p.fcprojb), N, 4 * C, C);
+      linear(l, &LayerFp8::fcproj, fp, hg, s.fchg, p.fcprojw, e.w(p.fcprojb), N, 4 * C, C);
       e.commit(tmp_, fp);
       std::span<float> res3 = e.target(s.res3, kResidualSlot, N * C);
       residual_forward(res3, res, fp);
@@ -231,9 +234,9 @@ class Gpt final : public Model {
     }
     std::span<float> lf = e.target(lnf_, kNarrowSlot, N * C);
     layernorm_forward(lf, a.f32(lnf_mean_, N), a.f32(lnf_rstd_, N), res, e.w(lnfw_), e.w(lnfb_), N, C);
-    e.commit(lnf_, lf);
+    e.commit_operand(lnf_, lf);  // read by the LM head's GEMM only
     std::span<float> logits = e.target(logits_, kWideSlot, N * V);
-    linear_forward(g, logits, lf, e.w(wte_), {}, N, C, V);
+    linear_forward(g, logits, e.operand(lnf_, lf, N, C), e.weight_operand(wte_, V, C), {}, N, C, V);
     e.commit(logits_, logits);
     const std::span<float> losses = a.f32(losses_, N);
     softmax_crossentropy_forward(losses, a.f32(probs_, N * V), logits, tgt, rows, T, V);
@@ -253,9 +256,10 @@ class Gpt final : public Model {
 
     std::span<float> dlogits = e.zeroed(kWideGradSlot, N * V);
     crossentropy_softmax_backward(dlogits, dlosses_, a.f32(probs_, N * V), tgt, B, T, V);
-    e.commit_grad(dlogits_, dlogits, stats_, logits_label_);
+    e.commit_grad_operand(dlogits_, dlogits, stats_, logits_label_);  // read by GEMMs only (no bias)
     std::span<float> dlf = e.zeroed(kNarrowGradSlot, N * C);
-    linear_backward(g, dlf, e.dw(wte_), {}, dlogits, e.load(lnf_, kSavedSlot, N * C), e.w(wte_), N, C, V);
+    linear_backward(g, dlf, e.dw(wte_), {}, dlogits, e.operand(dlogits_, dlogits, N, V),
+                    e.saved_operand(lnf_, kSavedSlot, N, C), e.weight_operand(wte_, V, C), N, C, V);
     e.commit_grad(dmid_, dlf, stats_, lnf_label_);
     std::span<float> dres = e.zeroed(kResidualGradSlot, N * C);
     const std::size_t last = config_.layers - 1;
@@ -270,16 +274,17 @@ class Gpt final : public Model {
       // res3 = res2 + proj(gelu(fc(ln2(res2)))): dres flows to both.
       std::span<float> dhg = e.zeroed(kWideGradSlot, N * 4 * C);
       if (fp8_) fp8_->backward(g, fp8_ids_[l].fcproj, dhg, e.dw(p.fcprojw), e.dw(p.fcprojb), dres);
-      else linear_backward(g, dhg, e.dw(p.fcprojw), e.dw(p.fcprojb), dres, e.load(s.fchg, kSavedSlot, N * 4 * C),
-                           e.w(p.fcprojw), N, 4 * C, C);
+      else linear_backward(g, dhg, e.dw(p.fcprojw), e.dw(p.fcprojb), dres, e.operand(dres_, dres, N, C),
+                           e.saved_operand(s.fchg, kSavedSlot, N, 4 * C), e.weight_operand(p.fcprojw, C, 4 * C), N,
+                           4 * C, C);
       e.commit_grad(dbig_, dhg, stats_, lb.fcproj_in);
       std::span<float> dh = e.zeroed(kFcGradSlot, N * 4 * C);
       gelu_backward(dh, e.load(s.fch, kSavedSlot, N * 4 * C), dhg);
       e.commit_grad(dbig_, dh, stats_, lb.fc_out);
       std::span<float> dln2 = e.zeroed(kNarrowGradSlot, N * C);
       if (fp8_) fp8_->backward(g, fp8_ids_[l].fc, dln2, e.dw(p.fcw), e.dw(p.fcb), dh);
-      else linear_backward(g, dln2, e.dw(p.fcw), e.dw(p.fcb), dh, e.load(s.ln2, kSavedSlot, N * C), e.w(p.fcw),
-                           N, C, 4 * C);
+      else linear_backward(g, dln2, e.dw(p.fcw), e.dw(p.fcb), dh, e.operand(dbig_, dh, N, 4 * C),
+                           e.saved_operand(s.ln2, kSavedSlot, N, C), e.weight_operand(p.fcw, 4 * C, C), N, C, 4 * C);
       e.commit_grad(dmid_, dln2, stats_, lb.ln2_out);
       std::span<float> dres2 = e.scratch(kAttnResidualGradSlot, N * C);
       std::memcpy(dres2.data(), dres.data(), N * C * sizeof(float));
@@ -289,17 +294,18 @@ class Gpt final : public Model {
       // res2 = res + proj(attention(qkv(ln1(res)))).
       std::span<float> dy = e.zeroed(kNarrowGradSlot, N * C);
       if (fp8_) fp8_->backward(g, fp8_ids_[l].proj, dy, e.dw(p.projw), e.dw(p.projb), dres2);
-      else linear_backward(g, dy, e.dw(p.projw), e.dw(p.projb), dres2, e.load(s.atty, kSavedSlot, N * C),
-                           e.w(p.projw), N, C, C);
+      else linear_backward(g, dy, e.dw(p.projw), e.dw(p.projb), dres2, e.operand(dres_, dres2, N, C),
+                           e.saved_operand(s.atty, kSavedSlot, N, C), e.weight_operand(p.projw, C, C), N, C, C);
       e.commit_grad(dmid_, dy, stats_, lb.attproj_in);
       std::span<float> dqkv = e.zeroed(kWideGradSlot, N * 3 * C);
-      attention_backward(dqkv, a.f32(dpreatt_, B * NH * T * T), a.f32(datt_, B * NH * T * T), dy,
-                         e.load(s.qkv, kSavedSlot, N * 3 * C), a.f32(s.att, B * NH * T * T), B, T, C, NH);
+      attention_backward(e.head_gemms(), dqkv, a.f32(dpreatt_, B * NH * T * T), a.f32(datt_, B * NH * T * T),
+                         view(dy.data(), N, C), view(e.load(s.qkv, kSavedSlot, N * 3 * C).data(), N, 3 * C),
+                         a.f32(s.att, B * NH * T * T), B, T, C, NH);
       e.commit_grad(dbig_, dqkv, stats_, lb.qkv_out);
       std::span<float> dln1 = e.zeroed(kNarrowGradSlot, N * C);
       if (fp8_) fp8_->backward(g, fp8_ids_[l].qkv, dln1, e.dw(p.qkvw), e.dw(p.qkvb), dqkv);
-      else linear_backward(g, dln1, e.dw(p.qkvw), e.dw(p.qkvb), dqkv, e.load(s.ln1, kSavedSlot, N * C),
-                           e.w(p.qkvw), N, C, 3 * C);
+      else linear_backward(g, dln1, e.dw(p.qkvw), e.dw(p.qkvb), dqkv, e.operand(dbig_, dqkv, N, 3 * C),
+                           e.saved_operand(s.ln1, kSavedSlot, N, C), e.weight_operand(p.qkvw, 3 * C, C), N, C, 3 * C);
       e.commit_grad(dmid_, dln1, stats_, lb.ln1_out);
       std::memcpy(dres.data(), dres2.data(), N * C * sizeof(float));
       const std::size_t res_in = l == 0 ? enc_ : acts_[l - 1].res3;
@@ -338,11 +344,22 @@ class Gpt final : public Model {
   }
 
  private:
-  // A block's Linear: fp8 (fp8 presets) or the fp32 layer.
+  // Commits an activation that only the next block Linear reads: without decoding it
+  // back when that Linear multiplies the stored bf16 (not in the fp8 presets, whose
+  // Linears quantize the fp32 values).
+  void commit_linear_input(std::size_t act, std::span<float> v) {
+    if (fp8_) engine_->commit(act, v);
+    else engine_->commit_operand(act, v);
+  }
+
+  // A block's Linear: fp8 (fp8 presets) or the layer on the engine's GEMM operands
+  // (bf16 storage on the native path). x holds the values of activation x_act.
   void linear(std::size_t layer, std::size_t LayerFp8::*which, std::span<float> out, std::span<const float> x,
-              std::span<const float> w, std::span<const float> b, std::size_t N, std::size_t C, std::size_t OC) {
-    if (fp8_) fp8_->forward(engine_->gemm(), fp8_ids_[layer].*which, out, x, w, b, N);
-    else linear_forward(engine_->gemm(), out, x, w, b, N, C, OC);
+              std::size_t x_act, std::size_t w, std::span<const float> b, std::size_t N, std::size_t C,
+              std::size_t OC) {
+    Engine& e = *engine_;
+    if (fp8_) fp8_->forward(e.gemm(), fp8_ids_[layer].*which, out, x, e.w(w), b, N);
+    else linear_forward(e.gemm(), out, e.operand(x_act, x, N, C), e.weight_operand(w, OC, C), b, N, C, OC);
   }
 
   void init_weights() {
@@ -364,18 +381,24 @@ class Gpt final : public Model {
     const std::size_t N = config_.batch * config_.context, C = config_.channels, V = config_.vocab;
     Gemm& g = engine_->gemm();
     float x = 0;  // only shapes matter to prepare(); pointers must be non-null
-    auto fwd = [&](std::size_t n, std::size_t in, std::size_t out) {
-      g.prepare(view(&x, n, in), view(&x, out, in), output(&x, n, out), {.trans_a = Trans::no, .trans_b = Trans::yes});
-      g.prepare(view(&x, n, out), view(&x, out, in), output(&x, n, in), {.trans_a = Trans::no, .trans_b = Trans::no,
-                                                                          .alpha = 1.0f, .beta = 1.0f});
-      g.prepare(view(&x, n, out), view(&x, n, in), output(&x, out, in), {.trans_a = Trans::yes, .trans_b = Trans::no,
-                                                                          .alpha = 1.0f, .beta = 1.0f});
+    // The operands' dtype: bf16 storage on the native path (engine.hpp), else f32; the
+    // fp8 presets' block Linears multiply fp32 values of fp8 operands (fp8_linear.cpp).
+    const DType d = engine_->operand_dtype();
+    const DType block = fp8_ ? DType::f32 : d;
+    auto fwd = [&](std::size_t n, std::size_t in, std::size_t out, DType t) {
+      auto op = [&](std::size_t rows, std::size_t cols) { return MatrixView{&x, t, rows, cols, 0}; };
+      g.prepare(op(n, in), op(out, in), output(&x, n, out), {.trans_a = Trans::no, .trans_b = Trans::yes});
+      g.prepare(op(n, out), op(out, in), output(&x, n, in), {.trans_a = Trans::no, .trans_b = Trans::no,
+                                                             .alpha = 1.0f, .beta = 1.0f});
+      g.prepare(op(n, out), op(n, in), output(&x, out, in), {.trans_a = Trans::yes, .trans_b = Trans::no,
+                                                             .alpha = 1.0f, .beta = 1.0f});
     };
-    fwd(N, C, 3 * C);
-    fwd(N, C, C);
-    fwd(N, C, 4 * C);
-    fwd(N, 4 * C, C);
-    fwd(N, C, V);
+    fwd(N, C, 3 * C, block);
+    fwd(N, C, C, block);
+    fwd(N, C, 4 * C, block);
+    fwd(N, 4 * C, C, block);
+    fwd(N, C, V, d);
+    attention_prepare(engine_->head_gemms(), DType::f32, DType::f32, config_.context, C, config_.heads);
   }
 
   ForwardResult finish_forward(std::span<const float> losses, std::size_t n) {

@@ -1,6 +1,8 @@
 // fp32 layers, llm.c style (include/mixprec/nn/layers.hpp, docs/layers.md).
 #include "mixprec/nn/layers.hpp"
 
+#include <omp.h>
+
 #include <cmath>
 #include <cstddef>
 #include <stdexcept>
@@ -22,6 +24,17 @@ void check_size(const char* fn, const char* name, std::size_t found, std::size_t
   if (found != expected) {
     fail(fn, std::string(name) + ": expected " + std::to_string(expected) + " elements (" + shape + "), found " +
                  std::to_string(found));
+  }
+}
+
+// A dense matrix operand of `rows` x `cols` (shape text for the message).
+void check_matrix(const char* fn, const char* name, const MatrixView& m, std::size_t rows, std::size_t cols,
+                  const char* shape) {
+  const std::size_t ld = m.ld == 0 ? m.cols : m.ld;
+  if (m.rows != rows || m.cols != cols || ld != cols || m.data == nullptr) {
+    fail(fn, std::string(name) + ": expected a dense " + std::to_string(rows) + " x " + std::to_string(cols) + " (" +
+                 shape + ") matrix, found " + std::to_string(m.rows) + " x " + std::to_string(m.cols) + ", ld " +
+                 std::to_string(ld));
   }
 }
 
@@ -67,10 +80,21 @@ void linear_forward(Gemm& gemm, std::span<float> out, std::span<const float> inp
   check_size(fn, "out", out.size(), N * OC, "N*OC");
   check_size(fn, "inp", inp.size(), N * C, "N*C");
   check_size(fn, "weight", weight.size(), OC * C, "OC*C");
+  linear_forward(gemm, out, view(inp.data(), N, C), view(weight.data(), OC, C), bias, N, C, OC);
+}
+
+void linear_forward(Gemm& gemm, std::span<float> out, const MatrixView& inp, const MatrixView& weight,
+                    std::span<const float> bias, std::size_t N, std::size_t C, std::size_t OC) {
+  constexpr const char* fn = "linear_forward";
+  check_dim(fn, "N", N);
+  check_dim(fn, "C", C);
+  check_dim(fn, "OC", OC);
+  check_size(fn, "out", out.size(), N * OC, "N*OC");
+  check_matrix(fn, "inp", inp, N, C, "N x C");
+  check_matrix(fn, "weight", weight, OC, C, "OC x C");
   if (!bias.empty()) check_size(fn, "bias", bias.size(), OC, "OC, or empty for no bias");
 
-  gemm.run(view(inp.data(), N, C), view(weight.data(), OC, C), output(out.data(), N, OC),
-           {.trans_a = Trans::no, .trans_b = Trans::yes});
+  gemm.run(inp, weight, output(out.data(), N, OC), {.trans_a = Trans::no, .trans_b = Trans::yes});
   if (!bias.empty()) {
     #pragma omp parallel for schedule(static) if (parallel_worth_it(N * OC))
     for (std::size_t n = 0; n < N; ++n) {
@@ -87,21 +111,34 @@ void linear_backward(Gemm& gemm, std::span<float> dinp, std::span<float> dweight
   check_dim(fn, "N", N);
   check_dim(fn, "C", C);
   check_dim(fn, "OC", OC);
+  check_size(fn, "dout", dout.size(), N * OC, "N*OC");
+  check_size(fn, "inp", inp.size(), N * C, "N*C");
+  check_size(fn, "weight", weight.size(), OC * C, "OC*C");
+  linear_backward(gemm, dinp, dweight, dbias, dout, view(dout.data(), N, OC), view(inp.data(), N, C),
+                  view(weight.data(), OC, C), N, C, OC);
+}
+
+void linear_backward(Gemm& gemm, std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
+                     std::span<const float> dout, const MatrixView& dout_op, const MatrixView& inp,
+                     const MatrixView& weight, std::size_t N, std::size_t C, std::size_t OC) {
+  constexpr const char* fn = "linear_backward";
+  check_dim(fn, "N", N);
+  check_dim(fn, "C", C);
+  check_dim(fn, "OC", OC);
   if (!dinp.empty()) check_size(fn, "dinp", dinp.size(), N * C, "N*C, or empty to skip");
   check_size(fn, "dweight", dweight.size(), OC * C, "OC*C");
   if (!dbias.empty()) check_size(fn, "dbias", dbias.size(), OC, "OC, or empty for no bias");
   check_size(fn, "dout", dout.size(), N * OC, "N*OC");
-  check_size(fn, "inp", inp.size(), N * C, "N*C");
-  check_size(fn, "weight", weight.size(), OC * C, "OC*C");
+  check_matrix(fn, "dout_op", dout_op, N, OC, "N x OC");
+  check_matrix(fn, "inp", inp, N, C, "N x C");
+  check_matrix(fn, "weight", weight, OC, C, "OC x C");
 
   const GemmArgs accumulate_nn{.trans_a = Trans::no, .trans_b = Trans::no, .alpha = 1.0f, .beta = 1.0f};
   const GemmArgs accumulate_tn{.trans_a = Trans::yes, .trans_b = Trans::no, .alpha = 1.0f, .beta = 1.0f};
   // dinp[N,C] += dout[N,OC] * weight[OC,C]
-  if (!dinp.empty()) {
-    gemm.run(view(dout.data(), N, OC), view(weight.data(), OC, C), output(dinp.data(), N, C), accumulate_nn);
-  }
+  if (!dinp.empty()) gemm.run(dout_op, weight, output(dinp.data(), N, C), accumulate_nn);
   // dweight[OC,C] += dout^T[OC,N] * inp[N,C]
-  gemm.run(view(dout.data(), N, OC), view(inp.data(), N, C), output(dweight.data(), OC, C), accumulate_tn);
+  gemm.run(dout_op, inp, output(dweight.data(), OC, C), accumulate_tn);
   if (!dbias.empty()) {
     for (std::size_t n = 0; n < N; ++n) {
       const float* row = dout.data() + n * OC;
@@ -299,6 +336,9 @@ void check_attention(const char* fn, std::size_t B, std::size_t T, std::size_t C
 }
 }  // namespace
 
+// The scalar reference (declared in layers.hpp's namespace reference).
+namespace reference {
+
 void attention_forward(std::span<float> out, std::span<float> preatt, std::span<float> att, std::span<const float> qkv,
                        std::size_t B, std::size_t T, std::size_t C, std::size_t NH) {
   constexpr const char* fn = "attention_forward";
@@ -416,6 +456,201 @@ void attention_backward(std::span<float> dqkv, std::span<float> dpreatt, std::sp
       }
     }
   }
+}
+
+}  // namespace reference
+
+void softmax_causal_row(float* pre, float* att, std::size_t visible, std::size_t T) noexcept {
+  float maxval = pre[0];
+  for (std::size_t t2 = 1; t2 < visible; ++t2) maxval = pre[t2] > maxval ? pre[t2] : maxval;
+  float expsum = 0.0f;
+  for (std::size_t t2 = 0; t2 < visible; ++t2) {
+    const float e = std::exp(pre[t2] - maxval);
+    expsum += e;
+    att[t2] = e;
+  }
+  const float inv = 1.0f / expsum;  // expsum >= 1 (the maximum contributes exp(0))
+  for (std::size_t t2 = 0; t2 < visible; ++t2) att[t2] *= inv;
+  for (std::size_t t2 = visible; t2 < T; ++t2) {
+    att[t2] = 0.0f;
+    pre[t2] = 0.0f;
+  }
+}
+
+namespace {
+
+// Element offset of (row, col) in a stored matrix, as an untyped pointer.
+const void* at(const MatrixView& m, std::size_t row, std::size_t col) {
+  return static_cast<const std::byte*>(m.data) + (row * (m.ld == 0 ? m.cols : m.ld) + col) * dtype_size(m.dtype);
+}
+
+// One head's T x hs block of a stored [B*T, ld] matrix, starting at column `col`.
+MatrixView head_block(const MatrixView& m, std::size_t b, std::size_t T, std::size_t col, std::size_t hs) {
+  return MatrixView{at(m, b * T, col), m.dtype, T, hs, m.ld == 0 ? m.cols : m.ld};
+}
+
+void check_gemms(const char* fn, std::span<Gemm> gemms) {
+  if (gemms.empty()) fail(fn, "gemms: expected at least one Gemm, found 0");
+  if (gemms.size() == 1) return;
+  for (const Gemm& g : gemms) {
+    if (g.options().threads != 1) {
+      fail(fn, "gemms: expected 1-thread Gemms when there are " + std::to_string(gemms.size()) + ", found one with " +
+                   std::to_string(g.options().threads) + " threads");
+    }
+  }
+}
+
+// f(gemm, i) for i in [0, count): on gemms[0] in order, or in parallel with each OpenMP
+// thread on its own Gemm.
+template <class F>
+void for_each_head(std::span<Gemm> gemms, std::size_t count, F&& f) {
+  if (gemms.size() == 1) {
+    for (std::size_t i = 0; i < count; ++i) f(gemms[0], i);
+    return;
+  }
+  #pragma omp parallel for schedule(static) num_threads(static_cast<int>(gemms.size()))
+  for (std::size_t i = 0; i < count; ++i) f(gemms[static_cast<std::size_t>(omp_get_thread_num())], i);
+}
+
+}  // namespace
+
+void attention_prepare(std::span<Gemm> gemms, DType qkv_type, DType dout_type, std::size_t T, std::size_t C,
+                       std::size_t NH) {
+  check_gemms("attention_prepare", gemms);
+  for (Gemm& g : gemms) attention_prepare(g, qkv_type, dout_type, T, C, NH);
+}
+
+void attention_prepare(Gemm& gemm, DType qkv_type, DType dout_type, std::size_t T, std::size_t C, std::size_t NH) {
+  check_attention("attention_prepare", 1, T, C, NH);
+  const std::size_t hs = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  float x = 0;  // only shapes matter to prepare(); pointers must be non-null
+  const MatrixView qkv_head{&x, qkv_type, T, hs, 3 * C}, dout_head{&x, dout_type, T, hs, C};
+  const MatrixView tt = view(&x, T, T);
+  // forward: the scores, att . v
+  gemm.prepare(qkv_head, qkv_head, output(&x, T, T), {.trans_a = Trans::no, .trans_b = Trans::yes, .alpha = scale});
+  gemm.prepare(tt, qkv_head, output(&x, T, hs, C));
+  // backward: dout . v^T, att^T . dout, dpre . k, dpre^T . q
+  gemm.prepare(dout_head, qkv_head, output(&x, T, T), {.trans_a = Trans::no, .trans_b = Trans::yes});
+  gemm.prepare(tt, dout_head, output(&x, T, hs, 3 * C), {.trans_a = Trans::yes, .beta = 1.0f});
+  gemm.prepare(tt, qkv_head, output(&x, T, hs, 3 * C), {.alpha = scale, .beta = 1.0f});
+  gemm.prepare(tt, qkv_head, output(&x, T, hs, 3 * C), {.trans_a = Trans::yes, .alpha = scale, .beta = 1.0f});
+}
+
+void attention_forward(Gemm& gemm, std::span<float> out, std::span<float> preatt, std::span<float> att,
+                       std::span<const float> qkv, std::size_t B, std::size_t T, std::size_t C, std::size_t NH) {
+  check_attention("attention_forward", B, T, C, NH);
+  check_size("attention_forward", "qkv", qkv.size(), B * T * 3 * C, "B*T*3C");
+  attention_forward(gemm, out, preatt, att, view(qkv.data(), B * T, 3 * C), B, T, C, NH);
+}
+
+void attention_forward(Gemm& gemm, std::span<float> out, std::span<float> preatt, std::span<float> att,
+                       const MatrixView& qkv, std::size_t B, std::size_t T, std::size_t C, std::size_t NH) {
+  attention_forward(std::span<Gemm>(&gemm, 1), out, preatt, att, qkv, B, T, C, NH);
+}
+
+void attention_forward(std::span<Gemm> gemms, std::span<float> out, std::span<float> preatt, std::span<float> att,
+                       const MatrixView& qkv, std::size_t B, std::size_t T, std::size_t C, std::size_t NH) {
+  constexpr const char* fn = "attention_forward";
+  check_gemms(fn, gemms);
+  check_attention(fn, B, T, C, NH);
+  check_size(fn, "out", out.size(), B * T * C, "B*T*C");
+  check_size(fn, "preatt", preatt.size(), B * NH * T * T, "B*NH*T*T");
+  check_size(fn, "att", att.size(), B * NH * T * T, "B*NH*T*T");
+  check_matrix(fn, "qkv", qkv, B * T, 3 * C, "B*T x 3C");
+
+  const std::size_t hs = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const GemmArgs scores{.trans_a = Trans::no, .trans_b = Trans::yes, .alpha = scale, .beta = 0.0f};
+  // preatt[t, t2] = q_t . k_t2 * scale over the full T x T block of every (b, h) (the
+  // masked half is overwritten by the softmax), then att = causal softmax per row (all
+  // B*NH*T rows in one parallel loop), then out[t, h*hs..] = sum_t2 att[t, t2] v_t2
+  // (masked att entries are exactly 0).
+  for_each_head(gemms, B * NH, [&](Gemm& gemm, std::size_t bh) {
+    const std::size_t b = bh / NH, h = bh % NH;
+    gemm.run(head_block(qkv, b, T, h * hs, hs), head_block(qkv, b, T, C + h * hs, hs),
+             output(preatt.data() + bh * T * T, T, T), scores);
+  });
+  const std::size_t rows = B * NH * T;
+  #pragma omp parallel for schedule(static) if (parallel_worth_it(rows * T))
+  for (std::size_t r = 0; r < rows; ++r) softmax_causal_row(preatt.data() + r * T, att.data() + r * T, r % T + 1, T);
+  for_each_head(gemms, B * NH, [&](Gemm& gemm, std::size_t bh) {
+    const std::size_t b = bh / NH, h = bh % NH;
+    gemm.run(view(att.data() + bh * T * T, T, T), head_block(qkv, b, T, 2 * C + h * hs, hs),
+             output(out.data() + b * T * C + h * hs, T, hs, C));
+  });
+}
+
+void attention_backward(Gemm& gemm, std::span<float> dqkv, std::span<float> dpreatt, std::span<float> datt,
+                        std::span<const float> dout, std::span<const float> qkv, std::span<const float> att,
+                        std::size_t B, std::size_t T, std::size_t C, std::size_t NH) {
+  check_attention("attention_backward", B, T, C, NH);
+  check_size("attention_backward", "dout", dout.size(), B * T * C, "B*T*C");
+  check_size("attention_backward", "qkv", qkv.size(), B * T * 3 * C, "B*T*3C");
+  attention_backward(gemm, dqkv, dpreatt, datt, view(dout.data(), B * T, C), view(qkv.data(), B * T, 3 * C), att, B,
+                     T, C, NH);
+}
+
+void attention_backward(Gemm& gemm, std::span<float> dqkv, std::span<float> dpreatt, std::span<float> datt,
+                        const MatrixView& dout, const MatrixView& qkv, std::span<const float> att, std::size_t B,
+                        std::size_t T, std::size_t C, std::size_t NH) {
+  attention_backward(std::span<Gemm>(&gemm, 1), dqkv, dpreatt, datt, dout, qkv, att, B, T, C, NH);
+}
+
+void attention_backward(std::span<Gemm> gemms, std::span<float> dqkv, std::span<float> dpreatt,
+                        std::span<float> datt, const MatrixView& dout, const MatrixView& qkv,
+                        std::span<const float> att, std::size_t B, std::size_t T, std::size_t C, std::size_t NH) {
+  constexpr const char* fn = "attention_backward";
+  check_gemms(fn, gemms);
+  check_attention(fn, B, T, C, NH);
+  check_size(fn, "dqkv", dqkv.size(), B * T * 3 * C, "B*T*3C");
+  check_size(fn, "dpreatt", dpreatt.size(), B * NH * T * T, "B*NH*T*T");
+  check_size(fn, "datt", datt.size(), B * NH * T * T, "B*NH*T*T");
+  check_matrix(fn, "dout", dout, B * T, C, "B*T x C");
+  check_matrix(fn, "qkv", qkv, B * T, 3 * C, "B*T x 3C");
+  check_size(fn, "att", att.size(), B * NH * T * T, "B*NH*T*T");
+
+  const std::size_t C3 = 3 * C;
+  const std::size_t hs = C / NH;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hs));
+  const GemmArgs nt{.trans_a = Trans::no, .trans_b = Trans::yes, .alpha = 1.0f, .beta = 0.0f};
+  const GemmArgs tn_acc{.trans_a = Trans::yes, .trans_b = Trans::no, .alpha = 1.0f, .beta = 1.0f};
+  const GemmArgs nn_scaled_acc{.trans_a = Trans::no, .trans_b = Trans::no, .alpha = scale, .beta = 1.0f};
+  const GemmArgs tn_scaled_acc{.trans_a = Trans::yes, .trans_b = Trans::no, .alpha = scale, .beta = 1.0f};
+  // through out = att . v: datt = dout . v^T (full blocks; masked entries zeroed below),
+  // dv += att^T . dout
+  for_each_head(gemms, B * NH, [&](Gemm& gemm, std::size_t bh) {
+    const std::size_t b = bh / NH, h = bh % NH;
+    const MatrixView dy = head_block(dout, b, T, h * hs, hs);
+    gemm.run(dy, head_block(qkv, b, T, 2 * C + h * hs, hs), output(datt.data() + bh * T * T, T, T), nt);
+    gemm.run(view(att.data() + bh * T * T, T, T), dy, output(dqkv.data() + b * T * C3 + 2 * C + h * hs, T, hs, C3),
+             tn_acc);
+  });
+  // through the softmax, every row in one parallel loop:
+  // dpre[t3] = att[t3] * (datt[t3] - sum_t2 att[t2] datt[t2])
+  const std::size_t rows = B * NH * T;
+  #pragma omp parallel for schedule(static) if (parallel_worth_it(rows * T))
+  for (std::size_t r = 0; r < rows; ++r) {
+    const std::size_t t = r % T;
+    const float* ar = att.data() + r * T;
+    float* dar = datt.data() + r * T;
+    float* dpr = dpreatt.data() + r * T;
+    float dot = 0.0f;
+    for (std::size_t t2 = 0; t2 <= t; ++t2) dot += ar[t2] * dar[t2];
+    for (std::size_t t3 = 0; t3 <= t; ++t3) dpr[t3] = ar[t3] * (dar[t3] - dot);
+    for (std::size_t t2 = t + 1; t2 < T; ++t2) {
+      dar[t2] = 0.0f;
+      dpr[t2] = 0.0f;
+    }
+  }
+  // through preatt = q.k * scale: dq += scale dpre . k, dk += scale dpre^T . q
+  for_each_head(gemms, B * NH, [&](Gemm& gemm, std::size_t bh) {
+    const std::size_t b = bh / NH, h = bh % NH;
+    const MatrixView dpre = view(dpreatt.data() + bh * T * T, T, T);
+    float* dq = dqkv.data() + b * T * C3 + h * hs;
+    gemm.run(dpre, head_block(qkv, b, T, C + h * hs, hs), output(dq, T, hs, C3), nn_scaled_acc);
+    gemm.run(dpre, head_block(qkv, b, T, h * hs, hs), output(dq + C, T, hs, C3), tn_scaled_acc);
+  });
 }
 
 // ---- softmax + cross-entropy -------------------------------------------------------------

@@ -126,20 +126,24 @@ class Mlp final : public Model {
     for (std::size_t i = 0; i < rows * T; ++i) std::memcpy(&x[i * C], &wte[tokens_[i] * C], C * sizeof(float));
     e.commit(x0_, x);
     std::span<const float> in = x;
+    std::size_t in_act = x0_;  // the activation `in` holds (GEMM operand: engine.hpp)
     std::size_t fan_in = T * C;
     for (std::size_t i = 0; i < config_.depth; ++i) {
       std::span<float> h = e.target(pre_[i], kLinearSlot, rows * H);
       if (fp8_) fp8_->forward(e.gemm(), i, h, in, e.w(w_[i]), e.w(b_[i]), rows);
-      else linear_forward(e.gemm(), h, in, e.w(w_[i]), e.w(b_[i]), rows, fan_in, H);
+      else linear_forward(e.gemm(), h, e.operand(in_act, in, rows, fan_in), e.weight_operand(w_[i], H, fan_in),
+                          e.w(b_[i]), rows, fan_in, H);
       e.commit(pre_[i], h);
       std::span<float> g = e.target(post_[i], i % 2 == 0 ? kGeluSlot : kInputSlot, rows * H);
       gelu_forward(g, h);
       e.commit(post_[i], g);
       in = g;
+      in_act = post_[i];
       fan_in = H;
     }
     std::span<float> logits = e.target(logits_, kLogitsSlot, rows * V);
-    linear_forward(e.gemm(), logits, in, e.w(headw_), e.w(headb_), rows, H, V);
+    linear_forward(e.gemm(), logits, e.operand(in_act, in, rows, H), e.weight_operand(headw_, V, H), e.w(headb_), rows,
+                   H, V);
     e.commit(logits_, logits);
     const std::span<float> losses = a.f32(losses_, rows);
     softmax_crossentropy_forward(losses, a.f32(probs_, rows * V), logits, {targets_.data(), rows}, rows, 1, V);
@@ -164,8 +168,8 @@ class Mlp final : public Model {
     e.commit_grad(dlogits_, dlogits, stats_, logits_label_);
     const std::size_t last = config_.depth - 1;
     std::span<float> dout = e.zeroed(kDownGradSlot, B * H);
-    linear_backward(e.gemm(), dout, e.dw(headw_), e.dw(headb_), dlogits, e.load(post_[last], kSavedSlot, B * H),
-                    e.w(headw_), B, H, V);
+    linear_backward(e.gemm(), dout, e.dw(headw_), e.dw(headb_), dlogits, e.operand(dlogits_, dlogits, B, V),
+                    e.saved_operand(post_[last], kSavedSlot, B, H), e.weight_operand(headw_, V, H), B, H, V);
     e.commit_grad(dhid_, dout, stats_, labels_[last].second);
     for (std::size_t i = config_.depth; i-- > 0;) {
       std::span<float> dpre = e.zeroed(kPreGradSlot, B * H);
@@ -176,7 +180,8 @@ class Mlp final : public Model {
       std::span<float> din = e.zeroed(kDownGradSlot, B * fan_in);
       if (fp8_) fp8_->backward(e.gemm(), i, din, e.dw(w_[i]), e.dw(b_[i]), dpre);
       else linear_backward(e.gemm(), din, e.dw(w_[i]), e.dw(b_[i]), dpre,
-                           e.load(in_act, kSavedSlot, B * fan_in), e.w(w_[i]), B, fan_in, H);
+                           e.operand(dhid_, dpre, B, H), e.saved_operand(in_act, kSavedSlot, B, fan_in),
+                           e.weight_operand(w_[i], H, fan_in), B, fan_in, H);
       e.commit_grad(dhid_, din, stats_, i == 0 ? embedding_label_ : labels_[i - 1].second);
       dout = din;
     }

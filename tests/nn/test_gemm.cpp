@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <iostream>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -245,6 +246,42 @@ TEST(Gemm, Bf16NativeAndWidenedPathsAgreeWithReference) {
       check_case(widened, {9, 10, 11, DType::bf16, DType::bf16, ta, tb, 2.0f, -1.0f}, true, rng);
     }
   }
+}
+
+// A bf16 signature stays native only where oneDNN picks the implementation of its dense
+// 64x64x64 bf16 probe (gemm_backend_info().bf16_impl); layouts it would run on a slower
+// kernel (strided per-head attention views) are widened, and stay correct.
+TEST(Gemm, Bf16StaysNativeOnlyOnOneDnnsFastKernel) {
+  const GemmBackendInfo& info = gemm_backend_info();
+  Gemm g;
+  std::vector<bf16> a(64 * 3 * 64, bf16(0.5f)), b(a.size(), bf16(0.25f));
+  std::vector<float> c(64 * 64);
+  const std::string dense = g.implementation(view(a.data(), 64, 64), view(b.data(), 64, 64), output(c.data(), 64, 64));
+  EXPECT_EQ(g.implementation(view(a.data(), 0, 64), view(b.data(), 64, 64), output(c.data(), 0, 64)), "");
+  const std::string widened_prefix = "widened f32: ";
+  if (!info.bf16_native) {
+    EXPECT_EQ(dense.rfind(widened_prefix, 0), 0u) << dense;
+    GTEST_SKIP() << "no bf16 matmul in oneDNN on this CPU (" << info.cpu_isa << "): every bf16 GEMM is widened";
+  }
+  EXPECT_EQ(dense, info.bf16_impl);
+  // The training engine's Linear layouts (Y = X W^T, dX = dY W, dW += dY^T X), dense.
+  const std::string lin[] = {
+      g.implementation(view(a.data(), 128, 64), view(b.data(), 96, 64), output(c.data(), 128, 96), {.trans_b = Trans::yes}),
+      g.implementation(view(a.data(), 128, 96), view(b.data(), 96, 64), output(c.data(), 128, 64), {.beta = 1.0f}),
+      g.implementation(view(a.data(), 128, 96), view(b.data(), 128, 64), output(c.data(), 96, 64),
+                       {.trans_a = Trans::yes, .beta = 1.0f})};
+  for (const std::string& impl : lin) {
+    EXPECT_TRUE(impl == info.bf16_impl || impl.rfind(widened_prefix, 0) == 0) << impl;
+  }
+  // Attention's per-head view: 64 x 16 blocks with leading dimension 3 * 64.
+  const std::string strided = g.implementation(view(a.data(), 64, 16, 192), view(b.data(), 64, 16, 192),
+                                               output(c.data(), 64, 64), {.trans_b = Trans::yes});
+  EXPECT_TRUE(strided == info.bf16_impl || strided.rfind(widened_prefix, 0) == 0) << strided;
+  std::cout << "[   INFO   ] dense bf16: " << dense << "; linear layouts: " << lin[0] << " / " << lin[1] << " / "
+            << lin[2] << "; strided per-head: " << strided << "\n";
+  std::mt19937 rng(11);
+  check_case(g, {64, 64, 16, DType::bf16, DType::bf16, Trans::no, Trans::yes, 0.25f, 0.0f, 176}, false, rng);
+  check_case(g, {64, 16, 64, DType::bf16, DType::bf16, Trans::no, Trans::no, 1.0f, 1.0f, 176}, false, rng);
 }
 
 TEST(Gemm, ExplicitThreadCountsGiveResultsWithinBound) {

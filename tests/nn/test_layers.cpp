@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstddef>
 #include <functional>
+#include <iostream>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -51,6 +52,9 @@ std::vector<TokenId> random_ids(std::size_t n, std::size_t V, std::uint32_t seed
 }
 
 Gemm make_gemm() { return Gemm(GemmOptions{.threads = 1, .native_bf16 = true}); }
+
+template <class F>
+void expect_invalid(F&& f, const std::string& needle);
 
 double dot(const DVec& a, const Vec& b) {
   double s = 0;
@@ -338,12 +342,37 @@ TEST(Residual, ForwardAndAccumulatingBackward) {
 }
 
 // ---- attention ------------------------------------------------------------------------------------
+//
+// The tests below run both implementations: the fast path (GEMMs through oneDNN, a
+// 1-thread Gemm as make_gemm builds) and the scalar reference (namespace reference);
+// every assertion holds for each.
+
+enum class Attn { fast, reference };
+constexpr Attn kAttns[] = {Attn::fast, Attn::reference};
+std::string attn_name(Attn a) { return a == Attn::fast ? "fast: " : "reference: "; }
+
+void attn_forward(Attn impl, std::span<float> out, std::span<float> preatt, std::span<float> att,
+                  std::span<const float> qkv, std::size_t B, std::size_t T, std::size_t C, std::size_t NH) {
+  if (impl == Attn::reference) return reference::attention_forward(out, preatt, att, qkv, B, T, C, NH);
+  Gemm gemm = make_gemm();
+  attention_forward(gemm, out, preatt, att, qkv, B, T, C, NH);
+}
+
+void attn_backward(Attn impl, std::span<float> dqkv, std::span<float> dpreatt, std::span<float> datt,
+                   std::span<const float> dout, std::span<const float> qkv, std::span<const float> att, std::size_t B,
+                   std::size_t T, std::size_t C, std::size_t NH) {
+  if (impl == Attn::reference) return reference::attention_backward(dqkv, dpreatt, datt, dout, qkv, att, B, T, C, NH);
+  Gemm gemm = make_gemm();
+  attention_backward(gemm, dqkv, dpreatt, datt, dout, qkv, att, B, T, C, NH);
+}
 
 TEST(Attention, ForwardAndBackwardMatchReference) {
+  for (const Attn impl : kAttns) {
+  SCOPED_TRACE(attn_name(impl));
   const std::size_t B = 2, T = 3, C = 8, NH = 2;
   const Vec qkv = random_vec(B * T * 3 * C, 60, -1.5f, 1.5f), dout = random_vec(B * T * C, 61);
   Vec out(B * T * C), preatt(B * NH * T * T), att(B * NH * T * T);
-  attention_forward(out, preatt, att, qkv, B, T, C, NH);
+  attn_forward(impl, out, preatt, att, qkv, B, T, C, NH);
   expect_forward("out", out, attention_ref(to_double(qkv), B, T, C, NH), 1e-6);
   for (std::size_t row = 0; row < B * NH * T; ++row) {
     const std::size_t t = row % T;
@@ -362,7 +391,7 @@ TEST(Attention, ForwardAndBackwardMatchReference) {
   Vec dqkv = p_dqkv;
   Vec dpreatt(att.size(), std::numeric_limits<float>::quiet_NaN()),
       datt(att.size(), std::numeric_limits<float>::quiet_NaN());
-  attention_backward(dqkv, dpreatt, datt, dout, qkv, att, B, T, C, NH);
+  attn_backward(impl, dqkv, dpreatt, datt, dout, qkv, att, B, T, C, NH);
   expect_grad("dqkv", dqkv, p_dqkv,
               numeric_grad([&](const DVec& v) { return attention_ref(v, B, T, C, NH); }, qkv, dout));
   for (std::size_t i = 0; i < att.size(); ++i) {
@@ -373,9 +402,10 @@ TEST(Attention, ForwardAndBackwardMatchReference) {
   }
   // Overwritten, not accumulated: a second call gives the same scratch.
   Vec dpreatt2 = dpreatt, datt2 = datt;
-  attention_backward(dqkv, dpreatt2, datt2, dout, qkv, att, B, T, C, NH);
+  attn_backward(impl, dqkv, dpreatt2, datt2, dout, qkv, att, B, T, C, NH);
   EXPECT_EQ(dpreatt2, dpreatt);
   EXPECT_EQ(datt2, datt);
+  }
 }
 
 // out as a function of the scores preatt[B,NH,T,T] (the causal softmax of each row's
@@ -407,19 +437,20 @@ DVec attention_from_scores_ref(const DVec& pre, const DVec& qkv, std::size_t B, 
 // datt = dL/datt (exact in double: the v . dout of each visible pair) and
 // dpreatt = dL/dpreatt (finite differences of the double softmax-then-sum of v).
 TEST(Attention, BackwardScratchHoldsTheScoreGradients) {
+  for (const Attn impl : kAttns)
   for (const std::size_t NH : {std::size_t{1}, std::size_t{2}, std::size_t{4}}) {
     const std::size_t B = 2, T = 5, C = 8;
-    const std::string tag = "NH " + std::to_string(NH) + " ";
+    const std::string tag = attn_name(impl) + "NH " + std::to_string(NH) + " ";
     const Vec qkv = random_vec(B * T * 3 * C, 90 + static_cast<std::uint32_t>(NH), -1.5f, 1.5f);
     const Vec dout = random_vec(B * T * C, 91);
     Vec out(B * T * C), preatt(B * NH * T * T), att(B * NH * T * T);
-    attention_forward(out, preatt, att, qkv, B, T, C, NH);
+    attn_forward(impl, out, preatt, att, qkv, B, T, C, NH);
     expect_forward(tag + "out", out, attention_ref(to_double(qkv), B, T, C, NH), 1e-6);
     const Vec p_dqkv = random_vec(qkv.size(), 92);
     Vec dqkv = p_dqkv;
     Vec dpreatt(att.size(), std::numeric_limits<float>::quiet_NaN()),
         datt(att.size(), std::numeric_limits<float>::quiet_NaN());
-    attention_backward(dqkv, dpreatt, datt, dout, qkv, att, B, T, C, NH);
+    attn_backward(impl, dqkv, dpreatt, datt, dout, qkv, att, B, T, C, NH);
     expect_grad(tag + "dqkv", dqkv, p_dqkv,
                 numeric_grad([&](const DVec& v) { return attention_ref(v, B, T, C, NH); }, qkv, dout));
     const std::size_t hs = C / NH;
@@ -442,10 +473,12 @@ TEST(Attention, BackwardScratchHoldsTheScoreGradients) {
 }
 
 TEST(Attention, IsCausal) {
+  for (const Attn impl : kAttns) {
+  SCOPED_TRACE(attn_name(impl));
   const std::size_t B = 2, T = 5, C = 8, NH = 2;
   const Vec qkv = random_vec(B * T * 3 * C, 70);
   Vec out(B * T * C), preatt(B * NH * T * T), att(B * NH * T * T);
-  attention_forward(out, preatt, att, qkv, B, T, C, NH);
+  attn_forward(impl, out, preatt, att, qkv, B, T, C, NH);
   for (std::size_t t = 0; t + 1 < T; ++t) {
     Vec changed = qkv;
     const Vec noise = random_vec(B * T * 3 * C, 71 + static_cast<std::uint32_t>(t), -5.0f, 5.0f);
@@ -453,7 +486,7 @@ TEST(Attention, IsCausal) {
       for (std::size_t t2 = t + 1; t2 < T; ++t2)
         for (std::size_t i = 0; i < 3 * C; ++i) changed[(b * T + t2) * 3 * C + i] = noise[(b * T + t2) * 3 * C + i];
     Vec out2(out.size()), preatt2(preatt.size()), att2(att.size());
-    attention_forward(out2, preatt2, att2, changed, B, T, C, NH);
+    attn_forward(impl, out2, preatt2, att2, changed, B, T, C, NH);
     bool later_changed = false;
     for (std::size_t b = 0; b < B; ++b) {
       for (std::size_t t1 = 0; t1 < T; ++t1) {
@@ -469,6 +502,150 @@ TEST(Attention, IsCausal) {
     }
     EXPECT_TRUE(later_changed) << "the perturbation after " << t << " did nothing";
   }
+  }
+}
+
+// The fast path (GEMMs) against the scalar reference, on the same fp32 inputs, over
+// shapes with T = 1, odd T / C / head sizes, one and several heads, and with q, k, v and
+// dout stored in bf16 (the values rounded first, so both see the same numbers; the fast
+// path multiplies the stored bf16, widened or on oneDNN's native bf16 path, the
+// reference their fp32 values).
+//
+// Tolerance: the two differ only in the summation order of dot products of at most
+// n = max(hs, T) terms (each product exact, or rounded once the same way), and the
+// softmax and its backward are the same loops in both, differing only through their
+// inputs. Reassociating a sum of n terms changes it by at most ~n u times the sum of the
+// terms' magnitudes (u = 2^-24); with |q|, |k|, |v|, |dout| <= 1.5 and att rows summing
+// to 1 that sum stays below 8 max(1, max|element| of the tensor), so per element
+//     |fast - ref| <= 16 n u max(1, max|ref|)   (two sides, each n u * 8 M)
+// (for T = 128: 1.2e-4 M; typical errors are ~sqrt(n) u, far below, while a wrong or
+// missing term is O(1e-2) or more). Masked entries (t2 > t) must be exactly 0 in
+// preatt, att, datt and dpreatt.
+void expect_close(const std::string& name, const Vec& got, const Vec& ref, std::size_t n) {
+  ASSERT_EQ(got.size(), ref.size()) << name;
+  const double u = std::ldexp(1.0, -24);
+  double maxabs = 1.0;
+  for (const float r : ref) maxabs = std::max(maxabs, std::abs(static_cast<double>(r)));
+  const double tol = 16.0 * static_cast<double>(n) * u * maxabs;
+  int bad = 0;
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    const double d = std::abs(static_cast<double>(got[i]) - static_cast<double>(ref[i]));
+    if (!(d <= tol) && bad++ < 5) {
+      ADD_FAILURE() << name << "[" << i << "]: fast " << got[i] << ", reference " << ref[i] << ", tol " << tol;
+    }
+  }
+  EXPECT_EQ(bad, 0) << name;
+}
+
+void expect_masked_zero(const std::string& name, const Vec& v, std::size_t T) {
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (i % T > (i / T) % T) {
+      ASSERT_EQ(v[i], 0.0f) << name << "[" << i << "] is masked";
+    }
+  }
+}
+
+TEST(Attention, FastPathMatchesScalarReference) {
+  struct Shape {
+    std::size_t B, T, C, NH;
+  };
+  const Shape shapes[] = {{1, 1, 8, 2},  {2, 1, 6, 1},  {1, 7, 12, 3}, {2, 13, 20, 5},
+                          {3, 5, 9, 1},  {1, 33, 24, 4}, {2, 64, 64, 2}, {1, 128, 128, 2}};
+  enum class Storage { f32, bf16_widened, bf16_native };
+  for (const Storage storage : {Storage::f32, Storage::bf16_widened, Storage::bf16_native}) {
+    Gemm gemm({.threads = storage == Storage::bf16_native ? 2u : 1u,
+               .native_bf16 = storage != Storage::bf16_widened});
+    if (storage == Storage::bf16_native && gemm.path(DType::bf16, DType::bf16) != GemmPath::onednn_bf16) {
+      std::cout << "[   INFO   ] no native bf16 matmul on this CPU: the bf16_native case runs widened\n";
+    }
+    for (const Shape& sh : shapes) {
+      const auto [B, T, C, NH] = sh;
+      const std::string tag = std::string(storage == Storage::f32 ? "f32" : storage == Storage::bf16_widened ? "bf16 widened" : "bf16 native") +
+                              " B" + std::to_string(B) + " T" + std::to_string(T) + " C" + std::to_string(C) + " NH" +
+                              std::to_string(NH) + " ";
+      const std::uint32_t seed = static_cast<std::uint32_t>(B * 1000 + T * 10 + NH);
+      Vec qkv = random_vec(B * T * 3 * C, seed, -1.5f, 1.5f), dout = random_vec(B * T * C, seed + 1, -1.5f, 1.5f);
+      std::vector<bf16> qkv16(qkv.size()), dout16(dout.size());
+      if (storage != Storage::f32) {
+        for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = static_cast<float>(qkv16[i] = bf16(qkv[i]));
+        for (std::size_t i = 0; i < dout.size(); ++i) dout[i] = static_cast<float>(dout16[i] = bf16(dout[i]));
+      }
+      const MatrixView qkv_op = storage == Storage::f32 ? view(qkv.data(), B * T, 3 * C) : view(qkv16.data(), B * T, 3 * C);
+      const MatrixView dout_op = storage == Storage::f32 ? view(dout.data(), B * T, C) : view(dout16.data(), B * T, C);
+      const std::size_t n = std::max(C / NH, T);
+
+      Vec out(B * T * C, 7.0f), preatt(B * NH * T * T, 7.0f), att(preatt.size(), 7.0f);
+      Vec rout(out.size()), rpreatt(preatt.size()), ratt(att.size());
+      attention_forward(gemm, out, preatt, att, qkv_op, B, T, C, NH);
+      reference::attention_forward(rout, rpreatt, ratt, qkv, B, T, C, NH);
+      expect_close(tag + "preatt", preatt, rpreatt, n);
+      expect_close(tag + "att", att, ratt, n);
+      expect_close(tag + "out", out, rout, n);
+      expect_masked_zero(tag + "preatt", preatt, T);
+      expect_masked_zero(tag + "att", att, T);
+
+      const Vec prefill = random_vec(qkv.size(), seed + 2);
+      Vec dqkv = prefill, rdqkv = prefill;
+      Vec dpre(att.size(), std::numeric_limits<float>::quiet_NaN()), da(att.size(), std::numeric_limits<float>::quiet_NaN());
+      Vec rdpre(att.size()), rda(att.size());
+      attention_backward(gemm, dqkv, dpre, da, dout_op, qkv_op, ratt, B, T, C, NH);
+      reference::attention_backward(rdqkv, rdpre, rda, dout, qkv, ratt, B, T, C, NH);
+      expect_close(tag + "datt", da, rda, n);
+      expect_close(tag + "dpreatt", dpre, rdpre, n);
+      expect_close(tag + "dqkv", dqkv, rdqkv, n);
+      expect_masked_zero(tag + "datt", da, T);
+      expect_masked_zero(tag + "dpreatt", dpre, T);
+    }
+  }
+}
+
+// One 1-thread Gemm per OpenMP thread (what the training engine passes): each (batch
+// row, head) is computed by exactly the same 1-thread GEMMs whichever thread runs it, so
+// the result equals a single 1-thread Gemm's bit for bit.
+TEST(Attention, PerThreadGemmsGiveTheSameBitsAsOne) {
+  const std::size_t B = 3, T = 33, C = 24, NH = 4;
+  std::vector<Gemm> team;
+  for (int i = 0; i < 3; ++i) team.emplace_back(GemmOptions{.threads = 1});
+  Gemm one({.threads = 1});
+  const Vec qkv = random_vec(B * T * 3 * C, 130, -1.5f, 1.5f), dout = random_vec(B * T * C, 131);
+  Vec out1(B * T * C), pre1(B * NH * T * T), att1(pre1.size()), out2 = out1, pre2 = pre1, att2 = att1;
+  attention_prepare(team, DType::f32, DType::f32, T, C, NH);
+  attention_forward(team, out1, pre1, att1, view(qkv.data(), B * T, 3 * C), B, T, C, NH);
+  attention_forward(one, out2, pre2, att2, qkv, B, T, C, NH);
+  EXPECT_EQ(out1, out2);
+  EXPECT_EQ(pre1, pre2);
+  EXPECT_EQ(att1, att2);
+  Vec d1(qkv.size(), 0.5f), d2 = d1, dp1(pre1.size()), da1(pre1.size()), dp2 = dp1, da2 = da1;
+  attention_backward(team, d1, dp1, da1, view(dout.data(), B * T, C), view(qkv.data(), B * T, 3 * C), att1, B, T, C,
+                     NH);
+  attention_backward(one, d2, dp2, da2, dout, qkv, att1, B, T, C, NH);
+  EXPECT_EQ(d1, d2);
+  EXPECT_EQ(dp1, dp2);
+  EXPECT_EQ(da1, da2);
+  std::vector<Gemm> threaded;
+  threaded.emplace_back(GemmOptions{.threads = 1});
+  threaded.emplace_back(GemmOptions{.threads = 2});
+  expect_invalid([&] { attention_forward(threaded, out1, pre1, att1, view(qkv.data(), B * T, 3 * C), B, T, C, NH); },
+                 "attention_forward: gemms: expected 1-thread Gemms when there are 2, found one with 2 threads");
+  expect_invalid([&] { attention_forward(std::span<Gemm>(), out1, pre1, att1, view(qkv.data(), B * T, 3 * C), B, T, C,
+                                         NH); },
+                 "gemms: expected at least one Gemm, found 0");
+}
+
+TEST(Attention, SoftmaxCausalRow) {
+  Vec pre = {1.0f, 3.0f, -2.0f, 9.0f, -7.0f}, att(5, 5.0f);
+  softmax_causal_row(pre.data(), att.data(), 3, 5);
+  const double z = std::exp(1.0 - 3.0) + 1.0 + std::exp(-5.0);
+  EXPECT_NEAR(att[0], std::exp(-2.0) / z, 1e-7);
+  EXPECT_NEAR(att[1], 1.0 / z, 1e-7);
+  EXPECT_NEAR(att[2], std::exp(-5.0) / z, 1e-7);
+  EXPECT_EQ(att[3], 0.0f);
+  EXPECT_EQ(att[4], 0.0f);
+  EXPECT_EQ(pre[3], 0.0f);
+  EXPECT_EQ(pre[4], 0.0f);
+  Vec one = {-1e30f}, a1(1);
+  softmax_causal_row(one.data(), a1.data(), 1, 1);
+  EXPECT_EQ(a1[0], 1.0f);
 }
 
 // ---- softmax cross-entropy ---------------------------------------------------------------------
@@ -603,13 +780,15 @@ TEST(Layers, LargeShapesTakeTheParallelBranchesAndStayCorrect) {
   {  // attention [2, 32, 64], 2 heads: B*NH*T*T*hs = 2^17
     const std::size_t B = 2, T = 32, C = 64, NH = 2;
     const Vec qkv = random_vec(B * T * 3 * C, 111, -1.5f, 1.5f), dout = random_vec(B * T * C, 112);
+    for (const Attn impl : kAttns) {
     Vec out(B * T * C), preatt(B * NH * T * T), att(B * NH * T * T);
-    attention_forward(out, preatt, att, qkv, B, T, C, NH);
-    expect_forward("attention out", out, attention_ref(to_double(qkv), B, T, C, NH), 1e-6);
+    attn_forward(impl, out, preatt, att, qkv, B, T, C, NH);
+    expect_forward(attn_name(impl) + "attention out", out, attention_ref(to_double(qkv), B, T, C, NH), 1e-6);
     Vec dqkv(qkv.size(), 0.0f), dpreatt(att.size()), datt(att.size());
-    attention_backward(dqkv, dpreatt, datt, dout, qkv, att, B, T, C, NH);
-    expect_directional("attention dqkv", dqkv, [&](const DVec& v) { return attention_ref(v, B, T, C, NH); }, qkv,
+    attn_backward(impl, dqkv, dpreatt, datt, dout, qkv, att, B, T, C, NH);
+    expect_directional(attn_name(impl) + "attention dqkv", dqkv, [&](const DVec& v) { return attention_ref(v, B, T, C, NH); }, qkv,
                        dout, 113);
+    }
   }
   {  // softmax cross-entropy [4, 32, 512]
     const std::size_t B = 4, T = 32, V = 512, N = B * T;
@@ -677,11 +856,28 @@ TEST(Layers, ShapeValidation) {
   Vec dwte(11 * 8), dwpe(3 * 8);
   expect_invalid([&] { embedding_backward(dwte, dwpe, small, tok, 1, 3, 8, 11); }, "dout");
   Vec att(1 * 3 * 3 * 3);
-  expect_invalid([&] { attention_forward(a, att, att, Vec(3 * 24), 1, 3, 8, 3); },
-                 "NH: expected a divisor of C = 8, found 3");
-  expect_invalid([&] { attention_forward(a, att, att, Vec(3 * 24), 1, 3, 8, 2); }, "preatt: expected 18");
   Vec dqkv(72), dpre(18), datt(18);
-  expect_invalid([&] { attention_backward(dqkv, dpre, datt, a, Vec(71), Vec(18), 1, 3, 8, 2); }, "qkv");
+  for (const Attn impl : kAttns) {
+    SCOPED_TRACE(attn_name(impl));
+    expect_invalid([&] { attn_forward(impl, a, att, att, Vec(3 * 24), 1, 3, 8, 3); },
+                   "attention_forward: NH: expected a divisor of C = 8, found 3");
+    expect_invalid([&] { attn_forward(impl, a, att, att, Vec(3 * 24), 1, 3, 8, 2); }, "preatt: expected 18");
+    expect_invalid([&] { attn_backward(impl, dqkv, dpre, datt, a, Vec(71), Vec(18), 1, 3, 8, 2); }, "qkv");
+  }
+  {  // the stored-operand overloads
+    const bf16 one(1.0f);
+    std::vector<bf16> qkv16(72, one), dout16(24, one);
+    expect_invalid([&] { attention_forward(gemm, a, dpre, datt, view(qkv16.data(), 3, 23), 1, 3, 8, 2); },
+                   "attention_forward: qkv: expected a dense 3 x 24 (B*T x 3C) matrix, found 3 x 23");
+    expect_invalid([&] { attention_backward(gemm, dqkv, dpre, datt, view(dout16.data(), 3, 8, 9),
+                                            view(qkv16.data(), 3, 24), Vec(18), 1, 3, 8, 2); },
+                   "dout: expected a dense 3 x 8");
+    expect_invalid([&] { linear_forward(gemm, out9, view(qkv16.data(), 3, 8), view(dout16.data(), 2, 8), {}, 3, 8, 3); },
+                   "linear_forward: weight: expected a dense 3 x 8 (OC x C) matrix, found 2 x 8");
+    expect_invalid([&] { linear_backward(gemm, a, b, {}, out9, view(qkv16.data(), 3, 4), view(qkv16.data(), 3, 8),
+                                         view(dout16.data(), 3, 8), 3, 8, 3); },
+                   "dout_op: expected a dense 3 x 3");
+  }
   Vec losses(3), probs(33);
   expect_invalid([&] { softmax_crossentropy_forward(losses, probs, Vec(33), {{0, 1, 11}}, 1, 3, 11); }, "targets[2]");
   expect_invalid(

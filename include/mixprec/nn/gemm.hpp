@@ -123,6 +123,12 @@ class Gemm {
   // so that a training loop can do all its allocation up front.
   void prepare(const MatrixView& a, const MatrixView& b, const OutputView& c, const GemmArgs& args = {});
 
+  // oneDNN's implementation for this call signature (creating its primitive as prepare
+  // does), prefixed "widened f32: " when the inputs are widened; "" for empty shapes.
+  // A bf16 layout that oneDNN would only run on its slow reference matmul is widened.
+  std::string implementation(const MatrixView& a, const MatrixView& b, const OutputView& c,
+                             const GemmArgs& args = {});
+
   // The path a pair of input types takes on this CPU with these options.
   GemmPath path(DType a, DType b) const noexcept;
   std::size_t cached_primitives() const noexcept;

@@ -39,6 +39,17 @@ void linear_backward(Gemm& gemm, std::span<float> dinp, std::span<float> dweight
                      std::span<const float> dout, std::span<const float> inp, std::span<const float> weight,
                      std::size_t N, std::size_t C, std::size_t OC);
 
+// The same with the GEMM operands as stored (each a dense MatrixView of f32, f16 or
+// bf16: inp N x C, weight OC x C, dout_op N x OC), so that a bf16 model multiplies its
+// bf16 activations and weights on oneDNN's native bf16 path instead of widening fp32
+// copies of them (Gemm::path; docs/gemm.md). linear_backward still reads the fp32
+// values of dout (`dout`, the same values as dout_op) for dbias.
+void linear_forward(Gemm& gemm, std::span<float> out, const MatrixView& inp, const MatrixView& weight,
+                    std::span<const float> bias, std::size_t N, std::size_t C, std::size_t OC);
+void linear_backward(Gemm& gemm, std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
+                     std::span<const float> dout, const MatrixView& dout_op, const MatrixView& inp,
+                     const MatrixView& weight, std::size_t N, std::size_t C, std::size_t OC);
+
 // ---- embedding: out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:] ---------------------
 // wte is [V,C]; wpe is [maxT,C] with maxT >= T (its size must be a multiple of C).
 void embedding_forward(std::span<float> out, std::span<const TokenId> tokens, std::span<const float> wte,
@@ -69,18 +80,62 @@ void residual_forward(std::span<float> out, std::span<const float> a, std::span<
 // da += dout; db += dout.
 void residual_backward(std::span<float> da, std::span<float> db, std::span<const float> dout);
 
-// ---- causal multi-head self-attention (llm.c's CPU reference) --------------------
+// ---- causal multi-head self-attention ----------------------------------------------
 // qkv[B,T,3C] holds q, k, v side by side per token (q in [0,C), k in [C,2C), v in
 // [2C,3C)); head h uses channels [h*hs, (h+1)*hs) of each, hs = C/NH (NH must divide
 // C). Writes out[B,T,C] and saves preatt[B,NH,T,T] (q.k / sqrt(hs)) and
-// att[B,NH,T,T] (its causal softmax); entries t2 > t (masked) are written as 0.
-void attention_forward(std::span<float> out, std::span<float> preatt, std::span<float> att, std::span<const float> qkv,
-                       std::size_t B, std::size_t T, std::size_t C, std::size_t NH);
+// att[B,NH,T,T] (its causal softmax); entries t2 > t (masked) are written as exactly 0.
+//
+// The fast path: per (batch row, head), QK^T and att.V (and in backward dout.V^T,
+// att^T.dout, dpreatt.K, dpreatt^T.Q) are strided GEMMs through `gemm` (oneDNN), with
+// the causal softmax as a plain loop over each row's visible entries. The GEMMs read
+// q, k, v straight out of qkv with leading dimension 3C. Compared with the scalar
+// reference (namespace reference below) only the summation order of the dot products
+// differs (tests/nn/test_layers.cpp states the tolerance).
+void attention_forward(Gemm& gemm, std::span<float> out, std::span<float> preatt, std::span<float> att,
+                       std::span<const float> qkv, std::size_t B, std::size_t T, std::size_t C, std::size_t NH);
+// qkv as stored ([B*T, 3C], dense; f32, f16 or bf16; bf16 is multiplied natively only
+// where oneDNN has a fast kernel for the strided per-head views, see Gemm).
+void attention_forward(Gemm& gemm, std::span<float> out, std::span<float> preatt, std::span<float> att,
+                       const MatrixView& qkv, std::size_t B, std::size_t T, std::size_t C, std::size_t NH);
+// With one 1-thread Gemm per OpenMP thread (gemms.size() > 1): the per-head GEMMs run in
+// parallel over (batch row, head), one parallel region per phase instead of a threaded
+// call per small GEMM. gemms.size() == 1: that Gemm, sequentially over the heads. More
+// than one Gemm with threads != 1 is refused (std::invalid_argument).
+void attention_forward(std::span<Gemm> gemms, std::span<float> out, std::span<float> preatt, std::span<float> att,
+                       const MatrixView& qkv, std::size_t B, std::size_t T, std::size_t C, std::size_t NH);
 // dqkv[B,T,3C] +=. datt and dpreatt [B,NH,T,T] are scratch, overwritten in full
 // (masked entries 0): afterwards they hold dL/datt and dL/dpreatt.
+void attention_backward(Gemm& gemm, std::span<float> dqkv, std::span<float> dpreatt, std::span<float> datt,
+                        std::span<const float> dout, std::span<const float> qkv, std::span<const float> att,
+                        std::size_t B, std::size_t T, std::size_t C, std::size_t NH);
+// dout ([B*T, C]) and qkv ([B*T, 3C]) as stored, dense.
+void attention_backward(Gemm& gemm, std::span<float> dqkv, std::span<float> dpreatt, std::span<float> datt,
+                        const MatrixView& dout, const MatrixView& qkv, std::span<const float> att, std::size_t B,
+                        std::size_t T, std::size_t C, std::size_t NH);
+void attention_backward(std::span<Gemm> gemms, std::span<float> dqkv, std::span<float> dpreatt,
+                        std::span<float> datt, const MatrixView& dout, const MatrixView& qkv,
+                        std::span<const float> att, std::size_t B, std::size_t T, std::size_t C, std::size_t NH);
+
+// Creates the fast path's GEMM primitives (Gemm::prepare) for qkv stored as `qkv_type`
+// and dout as `dout_type`, so that training allocates nothing later.
+void attention_prepare(Gemm& gemm, DType qkv_type, DType dout_type, std::size_t T, std::size_t C, std::size_t NH);
+void attention_prepare(std::span<Gemm> gemms, DType qkv_type, DType dout_type, std::size_t T, std::size_t C,
+                       std::size_t NH);
+
+// The causal softmax of one attention row: att[t2] = softmax(pre[0..visible))[t2] for
+// t2 < visible (max subtracted, fp32), and pre[t2] = att[t2] = 0 for visible <= t2 < T.
+void softmax_causal_row(float* pre, float* att, std::size_t visible, std::size_t T) noexcept;
+
+namespace reference {
+// The plain scalar attention (llm.c's CPU reference loops, fixed order, no GEMM): the
+// definition the fast path above is tested against. Same contracts and errors.
+void attention_forward(std::span<float> out, std::span<float> preatt, std::span<float> att, std::span<const float> qkv,
+                       std::size_t B, std::size_t T, std::size_t C, std::size_t NH);
 void attention_backward(std::span<float> dqkv, std::span<float> dpreatt, std::span<float> datt,
                         std::span<const float> dout, std::span<const float> qkv, std::span<const float> att,
                         std::size_t B, std::size_t T, std::size_t C, std::size_t NH);
+}  // namespace reference
 
 // ---- softmax + cross-entropy over logits[B,T,V] -------------------------------------
 // probs = softmax(logits) per row (max subtracted, fp32); losses[b,t] =
