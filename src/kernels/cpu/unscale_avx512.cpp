@@ -1,15 +1,14 @@
 // AVX-512 back end of unscale_and_check (AVX512F/BW/DQ/VL, the target pragma below;
 // only called after isa_available(Isa::avx512) has checked the CPU).
 //
-// Vectors of 16 f32: f32 sixteen elements a step; f16 and bf16 thirty-two, one 64-byte
-// load and store per step (a cache line), split into two vectors (f16 through vcvtph2ps / vcvtps2ph
+// Sixteen elements a step, one vector of 16 f32 (f16 through vcvtph2ps / vcvtps2ph
 // with round to nearest even; bf16 widened by zero-extension and a shift, rounded back
 // with (bits + 0x7fff + lsb) >> 16, NaN quieted). The check: for f32, vfpclassps marks
 // inf/NaN lanes (one instruction where abs + max take two: at one thread this loop is
 // close enough to the core's limits that it shows, 0.92 -> 0.96 of a bare multiply); for
 // f16/bf16, the max of the raw 16-bit magnitudes. amax: the max of the products' bits. Squares go to 16
 // double lanes, two vectors of 8 (lane = index % 16 inside the chunk), in the
-// reference's order; tails (less than a step) run the reference step on the same lanes.
+// reference's order; tails (< 16 elements) run the reference step on the same lanes.
 // Results equal the reference bit for bit.
 //
 // Why a second SIMD back end for a loop bound by memory: with one thread a core keeps
@@ -40,18 +39,36 @@ namespace {
 
 inline __m512i vabs(__m512 v) { return _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff)); }
 
-// 16 products rounded back to f16 or bf16 codes (round to nearest even; bf16 NaN quieted).
+// Also returns the raw 16-bit codes (f16/bf16), for the non-finite check.
 template <DType D>
-inline __m256i codes16(__m512 y) {
-  if constexpr (D == DType::f16) {
-    return _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT);
+inline __m512 load16(const void* data, std::size_t i, __m256i& raw) {
+  if constexpr (D == DType::f32) {
+    (void)raw;
+    return _mm512_loadu_ps(static_cast<const float*>(data) + i);
   } else {
-    const __m512i u = _mm512_castps_si512(y);
-    const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
-    __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
-    const __mmask16 nan = _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q);
-    if (nan) r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
-    return _mm512_cvtepi32_epi16(r);
+    raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const std::uint16_t*>(data) + i));
+    if constexpr (D == DType::f16) return _mm512_cvtph_ps(raw);
+    else return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+  }
+}
+
+template <DType D>
+inline void store16(void* data, std::size_t i, __m512 y) {
+  if constexpr (D == DType::f32) {
+    _mm512_storeu_ps(static_cast<float*>(data) + i, y);
+  } else {
+    __m256i c;
+    if constexpr (D == DType::f16) {
+      c = _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT);
+    } else {
+      const __m512i u = _mm512_castps_si512(y);
+      const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+      __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), lsb)), 16);
+      const __mmask16 nan = _mm512_cmp_ps_mask(y, y, _CMP_UNORD_Q);
+      if (nan) r = _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x40));
+      c = _mm512_cvtepi32_epi16(r);
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(data) + i), c);
   }
 }
 
@@ -63,29 +80,6 @@ inline std::uint32_t hmax_epu16(__m256i v) {
   return static_cast<std::uint32_t>(_mm_cvtsi128_si32(m)) & 0xffffu;
 }
 
-// One vector of 16 products: the check of its inputs, amax and the squares (in lanes 0-7
-// and 8-15 of the chunk's order); returns the products (the caller stores them). `raw`
-// holds the 16-bit codes (f16/bf16).
-template <DType D, bool kSum, bool kAmax>
-inline __m512 step16(__m512 x, __m256i raw, __m512 vinv, __mmask16& bad, __m256i& max_in16, __m512i& max_out,
-                     __m512d& lo, __m512d& hi) {
-  if constexpr (D == DType::f32) {
-    bad |= _mm512_fpclass_ps_mask(x, 0x99);  // QNaN | +inf | -inf | SNaN
-  } else {  // the largest 16-bit magnitude, before widening
-    (void)bad;
-    max_in16 = _mm256_max_epu16(max_in16, _mm256_and_si256(raw, _mm256_set1_epi16(0x7fff)));
-  }
-  const __m512 y = _mm512_mul_ps(x, vinv);
-  if constexpr (kAmax) max_out = _mm512_max_epu32(max_out, vabs(y));
-  if constexpr (kSum) {  // d * d is exact: equals the reference's d * d + lane
-    const __m512d d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(y));
-    const __m512d d1 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y), 1)));
-    lo = _mm512_fmadd_pd(d0, d0, lo);
-    hi = _mm512_fmadd_pd(d1, d1, hi);
-  }
-  return y;
-}
-
 template <DType D, bool kWrite, bool kSum, bool kAmax>
 void segment_avx512(void* data, std::size_t n, float inv, SegmentOut& out, ExactSum* sum) {
   const __m512 vinv = _mm512_set1_ps(inv);
@@ -93,36 +87,26 @@ void segment_avx512(void* data, std::size_t n, float inv, SegmentOut& out, Exact
   __m256i max_in16 = _mm256_setzero_si256();
   __m512i max_out = _mm512_setzero_si512();
   double lanes[kSumLanes] = {};
-  // f16/bf16 take 32 elements a step: one 64-byte load (a whole cache line) split in two
-  // vectors of 16, where 16 a step made two 32-byte loads per line; the squares still go
-  // to lane (index % 16), in index order, so the sums are unchanged.
-  constexpr std::size_t kStep = D == DType::f32 ? 16 : 32;
   for (std::size_t c = 0; c < n; c += kUnscaleChunk) {
     const std::size_t end = n - c < kUnscaleChunk ? n : c + kUnscaleChunk;
-    const std::size_t main_end = c + ((end - c) & ~(kStep - 1));
+    const std::size_t main_end = c + ((end - c) & ~std::size_t{15});
     __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();  // lanes 0-7, 8-15
-    for (std::size_t i = c; i < main_end; i += kStep) {
+    for (std::size_t i = c; i < main_end; i += 16) {
+      __m256i raw;
+      const __m512 x = load16<D>(data, i, raw);
       if constexpr (D == DType::f32) {
-        float* p = static_cast<float*>(data) + i;
-        const __m512 y =
-            step16<D, kSum, kAmax>(_mm512_loadu_ps(p), _mm256_setzero_si256(), vinv, bad, max_in16, max_out, lo, hi);
-        if constexpr (kWrite) _mm512_storeu_ps(p, y);
-      } else {
-        std::uint16_t* p = static_cast<std::uint16_t*>(data) + i;
-        const __m512i line = _mm512_loadu_si512(p);
-        const __m256i r0 = _mm512_castsi512_si256(line), r1 = _mm512_extracti64x4_epi64(line, 1);
-        __m512 x0, x1;
-        if constexpr (D == DType::f16) {
-          x0 = _mm512_cvtph_ps(r0);
-          x1 = _mm512_cvtph_ps(r1);
-        } else {
-          x0 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(r0), 16));
-          x1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(r1), 16));
-        }
-        const __m512 y0 = step16<D, kSum, kAmax>(x0, r0, vinv, bad, max_in16, max_out, lo, hi);
-        const __m512 y1 = step16<D, kSum, kAmax>(x1, r1, vinv, bad, max_in16, max_out, lo, hi);
-        if constexpr (kWrite)  // one 64-byte store: the line read
-          _mm512_storeu_si512(p, _mm512_inserti64x4(_mm512_castsi256_si512(codes16<D>(y0)), codes16<D>(y1), 1));
+        bad |= _mm512_fpclass_ps_mask(x, 0x99);  // QNaN | +inf | -inf | SNaN
+      } else {  // the largest 16-bit magnitude, before widening
+        max_in16 = _mm256_max_epu16(max_in16, _mm256_and_si256(raw, _mm256_set1_epi16(0x7fff)));
+      }
+      const __m512 y = _mm512_mul_ps(x, vinv);
+      if constexpr (kWrite) store16<D>(data, i, y);
+      if constexpr (kAmax) max_out = _mm512_max_epu32(max_out, vabs(y));
+      if constexpr (kSum) {  // d * d is exact: equals the reference's d * d + lane
+        const __m512d d0 = _mm512_cvtps_pd(_mm512_castps512_ps256(y));
+        const __m512d d1 = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(y), 1)));
+        lo = _mm512_fmadd_pd(d0, d0, lo);
+        hi = _mm512_fmadd_pd(d1, d1, hi);
       }
     }
     if constexpr (kSum) {
