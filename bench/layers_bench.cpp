@@ -130,9 +130,10 @@ int main(int argc, char** argv) {
   using namespace mixprec::bench;
   if (!initialize(argc, argv, "bench_layers", default_flags())) return 1;
   const LayerKernels& ref = mixprec::nn::detail::scalar_layer_kernels();
-  const LayerKernels* fast = mixprec::nn::detail::layer_kernels(mixprec::best_isa());
   std::vector<const LayerKernels*> tables{&ref};
-  if (fast != nullptr && fast != &ref) tables.push_back(fast);
+  for (mixprec::Isa isa : {mixprec::Isa::avx2, mixprec::Isa::avx512}) {
+    if (const LayerKernels* k = mixprec::nn::detail::layer_kernels(isa)) tables.push_back(k);
+  }
   Data data = make_data();
   for (Op op : kOps) {
     for (const LayerKernels* k : tables) {
@@ -142,16 +143,20 @@ int main(int argc, char** argv) {
     }
   }
   run_registered([&](const Collector& col) {
-    fmt::print("\nbench_layers: ratios of medians from this run, 1 thread (SIMD back end: {})\n",
-               tables.size() > 1 ? std::string(mixprec::isa_name(tables[1]->isa)) : std::string("none"));
-    fmt::print("{:<30} {:>14} {:>14} {:>9}\n", "kernel", "ref Melem/s", "simd Melem/s", "simd/ref");
+    fmt::print("\nbench_layers: ratios of medians from this run, 1 thread (Melem/s; x = over the reference)\n");
+    fmt::print("{:<30} {:>10}", "kernel", "reference");
+    for (std::size_t t = 1; t < tables.size(); ++t) fmt::print(" {:>10} {:>7}", mixprec::isa_name(tables[t]->isa), "x");
+    fmt::print("\n");
     for (Op op : kOps) {
       const auto r = col.find(case_name(op, ref), 1);
-      const auto f = tables.size() > 1 ? col.find(case_name(op, *tables[1]), 1) : std::nullopt;
       if (!r) continue;
-      fmt::print("{:<30} {:>14.1f} {:>14} {:>9}\n", op_name(op), r->items_per_s / 1e6,
-                 f ? fmt::format("{:.1f}", f->items_per_s / 1e6) : "-",
-                 f ? fmt::format("{:.2f}x", f->items_per_s / r->items_per_s) : "-");
+      fmt::print("{:<30} {:>10.1f}", op_name(op), r->items_per_s / 1e6);
+      for (std::size_t t = 1; t < tables.size(); ++t) {
+        const auto f = col.find(case_name(op, *tables[t]), 1);
+        fmt::print(" {:>10} {:>7}", f ? fmt::format("{:.1f}", f->items_per_s / 1e6) : "-",
+                   f ? fmt::format("{:.2f}x", f->items_per_s / r->items_per_s) : "-");
+      }
+      fmt::print("\n");
     }
   });
   return 0;

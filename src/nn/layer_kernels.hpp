@@ -1,7 +1,8 @@
 // Private: the back ends of the fp32 layers' elementwise and row kernels (GELU,
 // layer norm, softmax / cross-entropy, residual add, embedding rows): the scalar
 // reference (src/nn/reference/layer_kernels_scalar.cpp, the plain definitions the
-// layers always had) and AVX2 + FMA (src/nn/cpu/layer_kernels_avx2.cpp). layers.cpp
+// layers always had), AVX2 + FMA (src/nn/cpu/layer_kernels_avx2.cpp) and AVX-512
+// (src/nn/cpu/layer_kernels_avx512.cpp: GELU; AVX2's other kernels). layers.cpp
 // picks one table once (active_isa(), MIXPREC_ISA) and keeps the argument checks and
 // the OpenMP split; the kernels only compute: they never allocate, throw or log.
 //
@@ -53,10 +54,10 @@ struct LayerKernels {
 };
 
 const LayerKernels& scalar_layer_kernels() noexcept;
-const LayerKernels* avx2_layer_kernels() noexcept;  // nullptr when not compiled in
+const LayerKernels* avx2_layer_kernels() noexcept;    // nullptr when not compiled in
+const LayerKernels* avx512_layer_kernels() noexcept;  // nullptr when not compiled in
 
-// The table of `isa` (nullptr where this CPU or build lacks it; avx512 answers with the
-// AVX2 table: this family has no AVX-512 kernels), as select_kernels().
+// The table of `isa` (nullptr where this CPU or build lacks it), as select_kernels().
 const LayerKernels* layer_kernels(Isa isa) noexcept;
 // The table the layers use: layer_kernels(active_isa()), chosen at first use.
 const LayerKernels& active_layer_kernels();

@@ -61,10 +61,11 @@ Vec random_vec(std::size_t n, std::uint32_t seed, float scale, float offset = 0.
   return v;
 }
 
-// The fast back ends this CPU has (AVX2; avx512 answers with the AVX2 table).
+// The fast back ends this CPU has (AVX2; AVX-512 where the CPU has it).
 std::vector<const LayerKernels*> fast_tables() {
   std::vector<const LayerKernels*> t;
   if (const LayerKernels* k = layer_kernels(Isa::avx2)) t.push_back(k);
+  if (const LayerKernels* k = layer_kernels(Isa::avx512)) t.push_back(k);
   return t;
 }
 
@@ -141,10 +142,36 @@ TEST(LayerKernels, TablesAndDispatch) {
     EXPECT_EQ(layer_kernels(Isa::avx2), nullptr);
   }
   if (isa_available(Isa::avx512)) {
-    // No AVX-512 kernels in this family: avx512 runs (and is tested as) the AVX2 table.
-    EXPECT_EQ(layer_kernels(Isa::avx512), layer_kernels(Isa::avx2));
+    ASSERT_NE(layer_kernels(Isa::avx512), nullptr);
+    EXPECT_EQ(layer_kernels(Isa::avx512)->isa, Isa::avx512);
+    // Its layer norm, softmax, adds and cross-entropy backward are AVX2's.
+    EXPECT_EQ(layer_kernels(Isa::avx512)->layernorm_forward_row, layer_kernels(Isa::avx2)->layernorm_forward_row);
+    EXPECT_EQ(layer_kernels(Isa::avx512)->softmax_row, layer_kernels(Isa::avx2)->softmax_row);
   } else {
-    std::cout << "[ NOTE ] no AVX-512 on this CPU (and no AVX-512 layer kernels to test)\n";
+    EXPECT_EQ(layer_kernels(Isa::avx512), nullptr);
+    std::cout << "[ NOTE ] no AVX-512 (F, BW, DQ, VL) on this CPU: its layer kernels are not tested here\n";
+  }
+}
+
+// The AVX-512 GELU does AVX2's operations lane for lane: equal bit for bit
+// (on top of the bounds against the reference, which every test above checks for both).
+TEST(LayerKernels, Avx512EqualsAvx2Bitwise) {
+  if (!isa_available(Isa::avx512)) GTEST_SKIP() << "no AVX-512 (F, BW, DQ, VL) on this CPU: its back end is not tested here";
+  const LayerKernels& a = *layer_kernels(Isa::avx2);
+  const LayerKernels& b = *layer_kernels(Isa::avx512);
+  const Vec x = gelu_inputs();
+  const Vec d = random_vec(x.size(), 8, 1.0f);
+  for (std::size_t n : {x.size(), std::size_t{1}, std::size_t{15}, std::size_t{17}, std::size_t{31}}) {
+    Vec fa(n), fb(n);
+    a.gelu_forward(fa.data(), x.data(), n);
+    b.gelu_forward(fb.data(), x.data(), n);
+    bitwise(fb, fa, "gelu_forward n=" + std::to_string(n));
+    for (bool acc : {false, true}) {
+      Vec ga(d.begin(), d.begin() + static_cast<std::ptrdiff_t>(n)), gb = ga;
+      a.gelu_backward(ga.data(), x.data(), d.data(), n, acc);
+      b.gelu_backward(gb.data(), x.data(), d.data(), n, acc);
+      bitwise(gb, ga, "gelu_backward n=" + std::to_string(n));
+    }
   }
 }
 

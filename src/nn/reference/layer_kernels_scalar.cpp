@@ -126,7 +126,7 @@ const LayerKernels& scalar_layer_kernels() noexcept {
 }
 
 const LayerKernels* layer_kernels(Isa isa) noexcept {
-  return mixprec::detail::select_kernels(isa, &scalar_layer_kernels, &avx2_layer_kernels);
+  return mixprec::detail::select_kernels(isa, &scalar_layer_kernels, &avx2_layer_kernels, &avx512_layer_kernels);
 }
 
 const LayerKernels& active_layer_kernels() {
