@@ -94,13 +94,17 @@ double lost_update_fraction(const ParamStore& s, std::span<const std::byte> befo
   const std::span<const std::byte> after = weights_of_record(s);
   const std::size_t w = after.size() / s.flat_size();
   std::uint64_t meant = 0, lost = 0;
+  const bool adam_family = kind == OptimizerKind::adam || kind == OptimizerKind::adamw;
+  // Looked up once, not per parameter (out-of-line, checked accessors).
+  const float* first_moment = adam_family ? s.state_data(0) : nullptr;
   for (std::size_t t = 0; t < s.tensor_count(); ++t) {
     const std::size_t off = s.offset(t);
-    for (std::size_t i = off; i < off + s.numel(t); ++i) {
+    const std::size_t end = off + s.numel(t);
+    for (std::size_t i = off; i < end; ++i) {
       const bool changed = differs(&before[i * w], &after[i * w], w);
       bool moves = false;
-      if (kind == OptimizerKind::adam || kind == OptimizerKind::adamw) {
-        moves = s.state_data(0)[i] != 0.0f;
+      if (adam_family) {
+        moves = first_moment[i] != 0.0f;
       } else {
         float g = 0;
         if (s.grad_dtype() == DType::f32) g = static_cast<const float*>(s.grad_data())[i];
