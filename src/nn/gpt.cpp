@@ -10,6 +10,7 @@
 
 #include "engine.hpp"
 #include "fp8_linear.hpp"
+#include "layer_kernels.hpp"
 #include "mixprec/nn/layers.hpp"
 #include "model_impl.hpp"
 
@@ -254,16 +255,17 @@ class Gpt final : public Model {
     e.begin_backward();
     std::fill(dlosses_.begin(), dlosses_.end(), dloss);
 
-    std::span<float> dlogits = e.zeroed(kWideGradSlot, N * V);
-    crossentropy_softmax_backward(dlogits, dlosses_, a.f32(probs_, N * V), tgt, B, T, V);
+    // Ops that overwrite their whole output get an unzeroed slot and the storing variant.
+    std::span<float> dlogits = e.scratch(kWideGradSlot, N * V);
+    crossentropy_softmax_backward_store(dlogits, dlosses_, a.f32(probs_, N * V), tgt, B, T, V);
     e.commit_grad_operand(dlogits_, dlogits, stats_, logits_label_);  // read by GEMMs only (no bias)
     std::span<float> dlf = e.zeroed(kNarrowGradSlot, N * C);
     linear_backward(g, dlf, e.dw(wte_), {}, dlogits, e.operand(dlogits_, dlogits, N, V),
                     e.saved_operand(lnf_, kSavedSlot, N, C), e.weight_operand(wte_, V, C), N, C, V);
     e.commit_grad(dmid_, dlf, stats_, lnf_label_);
-    std::span<float> dres = e.zeroed(kResidualGradSlot, N * C);
+    std::span<float> dres = e.scratch(kResidualGradSlot, N * C);
     const std::size_t last = config_.layers - 1;
-    layernorm_backward(dres, e.dw(lnfw_), e.dw(lnfb_), dlf, e.load(acts_[last].res3, kSavedSlot, N * C), e.w(lnfw_),
+    layernorm_backward_store(dres, e.dw(lnfw_), e.dw(lnfb_), dlf, e.load(acts_[last].res3, kSavedSlot, N * C), e.w(lnfw_),
                        a.f32(lnf_mean_, N), a.f32(lnf_rstd_, N), N, C);
     e.commit_grad(dres_, dres, stats_, last_res_label_);
 
@@ -278,8 +280,8 @@ class Gpt final : public Model {
                            e.saved_operand(s.fchg, kSavedSlot, N, 4 * C), e.weight_operand(p.fcprojw, C, 4 * C), N,
                            4 * C, C);
       e.commit_grad(dbig_, dhg, stats_, lb.fcproj_in);
-      std::span<float> dh = e.zeroed(kFcGradSlot, N * 4 * C);
-      gelu_backward(dh, e.load(s.fch, kSavedSlot, N * 4 * C), dhg);
+      std::span<float> dh = e.scratch(kFcGradSlot, N * 4 * C);
+      gelu_backward_store(dh, e.load(s.fch, kSavedSlot, N * 4 * C), dhg);
       e.commit_grad(dbig_, dh, stats_, lb.fc_out);
       std::span<float> dln2 = e.zeroed(kNarrowGradSlot, N * C);
       if (fp8_) fp8_->backward(g, fp8_ids_[l].fc, dln2, e.dw(p.fcw), e.dw(p.fcb), dh);

@@ -3,13 +3,23 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <stdexcept>
 #include <string>
 
+#include "nn/layer_kernels.hpp"
+
 namespace mixprec::nn {
 namespace {
+
+using detail::active_layer_kernels;
+using detail::LayerKernels;
+
+// Elementwise ops split into chunks of this many elements for OpenMP (each chunk one
+// kernel call; results do not depend on the split, see layer_kernels.hpp).
+constexpr std::size_t kChunk = 4096;
 
 [[noreturn]] void fail(const char* fn, const std::string& what) {
   throw std::invalid_argument(std::string(fn) + ": " + what);
@@ -55,17 +65,21 @@ void check_wpe(const char* fn, const char* name, std::size_t found, std::size_t 
   }
 }
 
-constexpr float kGeluScale = 0.7978845608028654f;  // sqrt(2/pi)
-
 // Whether a loop touching `elements` values is worth an OpenMP parallel region. Waking
 // the team costs microseconds on a quiet machine and far more on a busy one, so small
 // problems (tests, evaluation tails, tiny models) stay on the calling thread.
 inline bool parallel_worth_it(std::size_t elements) { return elements >= (std::size_t{1} << 16); }
 
-// tanh(u) = 1 - 2 / (exp(2u) + 1): one expf instead of libm's tanhf (three times
-// slower here), absolute error within a few fp32 ulps of 1; exp overflow to inf gives
-// exactly 1 and underflow to 0 gives exactly -1.
-inline float tanh_fast(float u) { return 1.0f - 2.0f / (std::exp(2.0f * u) + 1.0f); }
+// Runs f(begin, count) over [0, n) in chunks of kChunk, in parallel when worth it.
+template <class F>
+void chunked(std::size_t n, F&& f) {
+  const std::size_t chunks = (n + kChunk - 1) / kChunk;
+  #pragma omp parallel for schedule(static) if (parallel_worth_it(n))
+  for (std::size_t c = 0; c < chunks; ++c) {
+    const std::size_t b = c * kChunk;
+    f(b, std::min(kChunk, n - b));
+  }
+}
 
 }  // namespace
 
@@ -162,13 +176,12 @@ void embedding_forward(std::span<float> out, std::span<const TokenId> tokens, st
   check_wpe(fn, "wpe", wpe.size(), T, C);
   check_tokens(fn, "tokens", tokens, V);
 
+  const LayerKernels& k = active_layer_kernels();
   #pragma omp parallel for schedule(static) if (parallel_worth_it(B * T * C))
   for (std::size_t b = 0; b < B; ++b) {
     for (std::size_t t = 0; t < T; ++t) {
-      float* o = out.data() + (b * T + t) * C;
       const float* e = wte.data() + static_cast<std::size_t>(tokens[b * T + t]) * C;
-      const float* p = wpe.data() + t * C;
-      for (std::size_t i = 0; i < C; ++i) o[i] = e[i] + p[i];
+      k.add(out.data() + (b * T + t) * C, e, wpe.data() + t * C, C);
     }
   }
 }
@@ -186,15 +199,11 @@ void embedding_backward(std::span<float> dwte, std::span<float> dwpe, std::span<
   check_size(fn, "tokens", tokens.size(), B * T, "B*T");
   check_tokens(fn, "tokens", tokens, V);
 
+  const LayerKernels& k = active_layer_kernels();
   for (std::size_t b = 0; b < B; ++b) {
     for (std::size_t t = 0; t < T; ++t) {
-      const float* d = dout.data() + (b * T + t) * C;
       float* e = dwte.data() + static_cast<std::size_t>(tokens[b * T + t]) * C;
-      float* p = dwpe.data() + t * C;
-      for (std::size_t i = 0; i < C; ++i) {
-        e[i] += d[i];
-        p[i] += d[i];
-      }
+      k.add_to_both(e, dwpe.data() + t * C, dout.data() + (b * T + t) * C, C);
     }
   }
 }
@@ -215,30 +224,19 @@ void layernorm_forward(std::span<float> out, std::span<float> mean, std::span<fl
   check_size(fn, "bias", bias.size(), C, "C");
   if (!(eps > 0.0f)) fail(fn, "eps: expected > 0, found " + std::to_string(eps));
 
-  const float inv_c = 1.0f / static_cast<float>(C);
+  const LayerKernels& k = active_layer_kernels();
   #pragma omp parallel for schedule(static) if (parallel_worth_it(N * C))
   for (std::size_t n = 0; n < N; ++n) {
-    const float* x = inp.data() + n * C;
-    float m = 0.0f;
-    for (std::size_t i = 0; i < C; ++i) m += x[i];
-    m *= inv_c;
-    float v = 0.0f;
-    for (std::size_t i = 0; i < C; ++i) {
-      const float d = x[i] - m;
-      v += d * d;
-    }
-    v *= inv_c;
-    const float s = 1.0f / std::sqrt(v + eps);
-    float* o = out.data() + n * C;
-    for (std::size_t i = 0; i < C; ++i) o[i] = (s * (x[i] - m)) * weight[i] + bias[i];
-    mean[n] = m;
-    rstd[n] = s;
+    k.layernorm_forward_row(out.data() + n * C, &mean[n], &rstd[n], inp.data() + n * C, weight.data(), bias.data(), C,
+                            eps);
   }
 }
 
-void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
-                        std::span<const float> dout, std::span<const float> inp, std::span<const float> weight,
-                        std::span<const float> mean, std::span<const float> rstd, std::size_t N, std::size_t C) {
+namespace {
+void layernorm_backward_impl(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
+                             std::span<const float> dout, std::span<const float> inp, std::span<const float> weight,
+                             std::span<const float> mean, std::span<const float> rstd, std::size_t N, std::size_t C,
+                             bool accumulate) {
   constexpr const char* fn = "layernorm_backward";
   check_dim(fn, "N", N);
   check_dim(fn, "C", C);
@@ -251,58 +249,53 @@ void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::sp
   check_size(fn, "mean", mean.size(), N, "N");
   check_size(fn, "rstd", rstd.size(), N, "N");
 
-  const float inv_c = 1.0f / static_cast<float>(C);
+  const LayerKernels& k = active_layer_kernels();
   for (std::size_t n = 0; n < N; ++n) {
-    const float* x = inp.data() + n * C;
-    const float* dy = dout.data() + n * C;
-    float* dx = dinp.data() + n * C;
-    const float m = mean[n];
-    const float s = rstd[n];
-    // two reductions: mean of dnorm and mean of dnorm * norm
-    float dnorm_mean = 0.0f;
-    float dnorm_norm_mean = 0.0f;
-    for (std::size_t i = 0; i < C; ++i) {
-      const float norm = (x[i] - m) * s;
-      const float dnorm = weight[i] * dy[i];
-      dnorm_mean += dnorm;
-      dnorm_norm_mean += dnorm * norm;
-    }
-    dnorm_mean *= inv_c;
-    dnorm_norm_mean *= inv_c;
-    for (std::size_t i = 0; i < C; ++i) {
-      const float norm = (x[i] - m) * s;
-      const float dnorm = weight[i] * dy[i];
-      dbias[i] += dy[i];
-      dweight[i] += norm * dy[i];
-      dx[i] += (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
-    }
+    k.layernorm_backward_row(dinp.data() + n * C, dweight.data(), dbias.data(), dout.data() + n * C,
+                             inp.data() + n * C, weight.data(), mean[n], rstd[n], C, accumulate);
   }
+}
+}  // namespace
+
+void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
+                        std::span<const float> dout, std::span<const float> inp, std::span<const float> weight,
+                        std::span<const float> mean, std::span<const float> rstd, std::size_t N, std::size_t C) {
+  layernorm_backward_impl(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, true);
+}
+
+void detail::layernorm_backward_store(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
+                                      std::span<const float> dout, std::span<const float> inp,
+                                      std::span<const float> weight, std::span<const float> mean,
+                                      std::span<const float> rstd, std::size_t N, std::size_t C) {
+  layernorm_backward_impl(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C, false);
 }
 
 // ---- GELU ---------------------------------------------------------------------------
 
 void gelu_forward(std::span<float> out, std::span<const float> inp) {
   check_size("gelu_forward", "out", out.size(), inp.size(), "inp.size()");
-  #pragma omp parallel for schedule(static) if (parallel_worth_it(inp.size()))
-  for (std::size_t i = 0; i < inp.size(); ++i) {
-    const float x = inp[i];
-    const float cube = 0.044715f * x * x * x;
-    out[i] = 0.5f * x * (1.0f + tanh_fast(kGeluScale * (x + cube)));
-  }
+  const LayerKernels& k = active_layer_kernels();
+  chunked(inp.size(), [&](std::size_t b, std::size_t n) { k.gelu_forward(out.data() + b, inp.data() + b, n); });
 }
 
-void gelu_backward(std::span<float> dinp, std::span<const float> inp, std::span<const float> dout) {
+namespace {
+void gelu_backward_impl(std::span<float> dinp, std::span<const float> inp, std::span<const float> dout,
+                        bool accumulate) {
   check_size("gelu_backward", "dinp", dinp.size(), inp.size(), "inp.size()");
   check_size("gelu_backward", "dout", dout.size(), inp.size(), "inp.size()");
-  #pragma omp parallel for schedule(static) if (parallel_worth_it(inp.size()))
-  for (std::size_t i = 0; i < inp.size(); ++i) {
-    const float x = inp[i];
-    const float cube = 0.044715f * x * x * x;
-    const float th = tanh_fast(kGeluScale * (x + cube));
-    const float sech2 = 1.0f - th * th;  // 1/cosh^2, no overflow for large |x|
-    const float local = 0.5f * (1.0f + th) + x * 0.5f * sech2 * kGeluScale * (1.0f + 3.0f * 0.044715f * x * x);
-    dinp[i] += local * dout[i];
-  }
+  const LayerKernels& k = active_layer_kernels();
+  chunked(inp.size(), [&](std::size_t b, std::size_t n) {
+    k.gelu_backward(dinp.data() + b, inp.data() + b, dout.data() + b, n, accumulate);
+  });
+}
+}  // namespace
+
+void gelu_backward(std::span<float> dinp, std::span<const float> inp, std::span<const float> dout) {
+  gelu_backward_impl(dinp, inp, dout, true);
+}
+
+void detail::gelu_backward_store(std::span<float> dinp, std::span<const float> inp, std::span<const float> dout) {
+  gelu_backward_impl(dinp, inp, dout, false);
 }
 
 // ---- residual ------------------------------------------------------------------------
@@ -310,16 +303,15 @@ void gelu_backward(std::span<float> dinp, std::span<const float> inp, std::span<
 void residual_forward(std::span<float> out, std::span<const float> a, std::span<const float> b) {
   check_size("residual_forward", "b", b.size(), a.size(), "a.size()");
   check_size("residual_forward", "out", out.size(), a.size(), "a.size()");
-  for (std::size_t i = 0; i < a.size(); ++i) out[i] = a[i] + b[i];
+  const LayerKernels& k = active_layer_kernels();
+  chunked(a.size(), [&](std::size_t i, std::size_t n) { k.add(out.data() + i, a.data() + i, b.data() + i, n); });
 }
 
 void residual_backward(std::span<float> da, std::span<float> db, std::span<const float> dout) {
   check_size("residual_backward", "da", da.size(), dout.size(), "dout.size()");
   check_size("residual_backward", "db", db.size(), dout.size(), "dout.size()");
-  for (std::size_t i = 0; i < dout.size(); ++i) {
-    da[i] += dout[i];
-    db[i] += dout[i];
-  }
+  const LayerKernels& k = active_layer_kernels();
+  chunked(dout.size(), [&](std::size_t i, std::size_t n) { k.add_to_both(da.data() + i, db.data() + i, dout.data() + i, n); });
 }
 
 // ---- attention -------------------------------------------------------------------------
@@ -460,21 +452,11 @@ void attention_backward(std::span<float> dqkv, std::span<float> dpreatt, std::sp
 
 }  // namespace reference
 
+// The dispatched softmax row (vectorized where the CPU allows; docs/layers.md gives its
+// bound against the scalar reference), then the masked part of `pre` zeroed.
 void softmax_causal_row(float* pre, float* att, std::size_t visible, std::size_t T) noexcept {
-  float maxval = pre[0];
-  for (std::size_t t2 = 1; t2 < visible; ++t2) maxval = pre[t2] > maxval ? pre[t2] : maxval;
-  float expsum = 0.0f;
-  for (std::size_t t2 = 0; t2 < visible; ++t2) {
-    const float e = std::exp(pre[t2] - maxval);
-    expsum += e;
-    att[t2] = e;
-  }
-  const float inv = 1.0f / expsum;  // expsum >= 1 (the maximum contributes exp(0))
-  for (std::size_t t2 = 0; t2 < visible; ++t2) att[t2] *= inv;
-  for (std::size_t t2 = visible; t2 < T; ++t2) {
-    att[t2] = 0.0f;
-    pre[t2] = 0.0f;
-  }
+  (void)active_layer_kernels().softmax_row(att, pre, T, visible);
+  for (std::size_t t2 = visible; t2 < T; ++t2) pre[t2] = 0.0f;
 }
 
 namespace {
@@ -673,27 +655,19 @@ void softmax_crossentropy_forward(std::span<float> losses, std::span<float> prob
   check_size(fn, "targets", targets.size(), B * T, "B*T");
   check_tokens(fn, "targets", targets, V);
 
+  const LayerKernels& k = active_layer_kernels();
   #pragma omp parallel for schedule(static) if (parallel_worth_it(B * T * V))
   for (std::size_t n = 0; n < B * T; ++n) {
     const float* l = logits.data() + n * V;
-    float* p = probs.data() + n * V;
-    float maxval = l[0];
-    for (std::size_t i = 1; i < V; ++i) maxval = l[i] > maxval ? l[i] : maxval;
-    float sum = 0.0f;
-    for (std::size_t i = 0; i < V; ++i) {
-      const float e = std::exp(l[i] - maxval);
-      p[i] = e;
-      sum += e;
-    }
-    const float inv = 1.0f / sum;  // sum >= 1
-    for (std::size_t i = 0; i < V; ++i) p[i] *= inv;
-    losses[n] = std::log(sum) - (l[targets[n]] - maxval);
+    const detail::SoftmaxStats st = k.softmax_row(probs.data() + n * V, l, V, V);
+    losses[n] = std::log(st.sum) - (l[targets[n]] - st.max);  // st.sum >= 1
   }
 }
 
-void crossentropy_softmax_backward(std::span<float> dlogits, std::span<const float> dlosses,
-                                   std::span<const float> probs, std::span<const TokenId> targets, std::size_t B,
-                                   std::size_t T, std::size_t V) {
+namespace {
+void crossentropy_backward_impl(std::span<float> dlogits, std::span<const float> dlosses,
+                                std::span<const float> probs, std::span<const TokenId> targets, std::size_t B,
+                                std::size_t T, std::size_t V, bool accumulate) {
   constexpr const char* fn = "crossentropy_softmax_backward";
   check_crossentropy(fn, B, T, V);
   check_size(fn, "dlogits", dlogits.size(), B * T * V, "B*T*V");
@@ -702,17 +676,24 @@ void crossentropy_softmax_backward(std::span<float> dlogits, std::span<const flo
   check_size(fn, "targets", targets.size(), B * T, "B*T");
   check_tokens(fn, "targets", targets, V);
 
+  const LayerKernels& k = active_layer_kernels();
   #pragma omp parallel for schedule(static) if (parallel_worth_it(B * T * V))
   for (std::size_t n = 0; n < B * T; ++n) {
-    const float* p = probs.data() + n * V;
-    float* d = dlogits.data() + n * V;
-    const float dl = dlosses[n];
-    const std::size_t target = targets[n];
-    for (std::size_t i = 0; i < V; ++i) {
-      const float indicator = i == target ? 1.0f : 0.0f;
-      d[i] += (p[i] - indicator) * dl;
-    }
+    k.crossentropy_backward_row(dlogits.data() + n * V, probs.data() + n * V, V, targets[n], dlosses[n], accumulate);
   }
+}
+}  // namespace
+
+void crossentropy_softmax_backward(std::span<float> dlogits, std::span<const float> dlosses,
+                                   std::span<const float> probs, std::span<const TokenId> targets, std::size_t B,
+                                   std::size_t T, std::size_t V) {
+  crossentropy_backward_impl(dlogits, dlosses, probs, targets, B, T, V, true);
+}
+
+void detail::crossentropy_softmax_backward_store(std::span<float> dlogits, std::span<const float> dlosses,
+                                                 std::span<const float> probs, std::span<const TokenId> targets,
+                                                 std::size_t B, std::size_t T, std::size_t V) {
+  crossentropy_backward_impl(dlogits, dlosses, probs, targets, B, T, V, false);
 }
 
 float mean_loss(std::span<const float> losses) noexcept {

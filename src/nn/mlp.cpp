@@ -10,6 +10,7 @@
 
 #include "engine.hpp"
 #include "fp8_linear.hpp"
+#include "layer_kernels.hpp"
 #include "mixprec/nn/layers.hpp"
 #include "model_impl.hpp"
 
@@ -163,8 +164,8 @@ class Mlp final : public Model {
     Arena& a = e.acts();
     e.begin_backward();
     std::fill(dlosses_.begin(), dlosses_.end(), dloss);
-    std::span<float> dlogits = e.zeroed(kPreGradSlot, B * V);
-    crossentropy_softmax_backward(dlogits, dlosses_, a.f32(probs_, B * V), targets_, B, 1, V);
+    std::span<float> dlogits = e.scratch(kPreGradSlot, B * V);  // overwritten in full
+    crossentropy_softmax_backward_store(dlogits, dlosses_, a.f32(probs_, B * V), targets_, B, 1, V);
     e.commit_grad(dlogits_, dlogits, stats_, logits_label_);
     const std::size_t last = config_.depth - 1;
     std::span<float> dout = e.zeroed(kDownGradSlot, B * H);
@@ -172,8 +173,8 @@ class Mlp final : public Model {
                     e.saved_operand(post_[last], kSavedSlot, B, H), e.weight_operand(headw_, V, H), B, H, V);
     e.commit_grad(dhid_, dout, stats_, labels_[last].second);
     for (std::size_t i = config_.depth; i-- > 0;) {
-      std::span<float> dpre = e.zeroed(kPreGradSlot, B * H);
-      gelu_backward(dpre, e.load(pre_[i], kSavedSlot, B * H), dout);
+      std::span<float> dpre = e.scratch(kPreGradSlot, B * H);  // overwritten in full
+      gelu_backward_store(dpre, e.load(pre_[i], kSavedSlot, B * H), dout);
       e.commit_grad(dhid_, dpre, stats_, labels_[i].first);
       const std::size_t fan_in = i == 0 ? T * C : H;
       const std::size_t in_act = i == 0 ? x0_ : post_[i - 1];
