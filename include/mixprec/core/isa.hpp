@@ -4,8 +4,8 @@
 // (AVX-512 F/BW/DQ/VL with AVX2, F16C and FMA; else AVX2 with F16C and FMA; else
 // scalar). The environment variable MIXPREC_ISA=scalar|avx2|avx512 overrides the choice
 // (an unavailable or unknown value is an error at first use). Back ends nest: a kernel
-// family without AVX-512 kernels runs its AVX2 ones under avx512 (today only
-// unscale_and_check has AVX-512 kernels; docs/performance.md).
+// family without AVX-512 kernels runs its AVX2 ones under avx512 (today
+// unscale_and_check and the layer kernels' GELU have AVX-512 kernels; docs/performance.md).
 // Tests and benchmarks reach each back end directly: the formats through kernel_table()
 // (mixprec/formats/kernel_table.hpp), unscale_and_check and the optimizers through their
 // Isa arguments.
