@@ -15,14 +15,14 @@
 #else
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")
-#endif
-
 // GCC 12's AVX-512 intrinsics start from
 // _mm512_undefined_ps(), a self-initialised variable (__Y = __Y) that
 // -W(maybe-)uninitialized reports in every caller (as in src/kernels/cpu/unscale_avx512.cpp).
+// GCC only: clang knows no -Wmaybe-uninitialized (and -Werror rejects the unknown group).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
 
 namespace mixprec::nn::detail {
 namespace {
@@ -129,11 +129,10 @@ const LayerKernels* avx512_layer_kernels() noexcept {
 
 }  // namespace mixprec::nn::detail
 
-#pragma GCC diagnostic pop
-
 #if defined(__clang__)
 #pragma clang attribute pop
 #else
+#pragma GCC diagnostic pop
 #pragma GCC pop_options
 #endif
 
