@@ -365,6 +365,20 @@ class PyLossScale {
 
 // ---- gradients: the core's fused check + unscale over CPU tensors (mixprec.torch) -------
 
+// The core's DType of a float32, float16 or bfloat16 array; TypeError naming `what` (and
+// `why`, appended) for any other dtype.
+template <class A>
+mixprec::DType gradient_dtype(const A& a, const std::string& what, const char* why) {
+  if (a.dtype() == nb::dtype<float>()) return mixprec::DType::f32;
+  if (a.dtype() == nb::dlpack::dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float), 16, 1})
+    return mixprec::DType::f16;
+  if (a.dtype() == nb::dlpack::dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1})
+    return mixprec::DType::bf16;
+  throw nb::type_error(
+      (what + ": expected dtype float32, float16 or bfloat16, found " + dtype_name(a.dtype()) + why).c_str());
+}
+
+
 // One pass of mixprec::unscale_and_check over `tensors` (a list of C-contiguous CPU arrays of
 // float32, float16 or bfloat16: torch tensors arrive through DLPack, without importing torch),
 // in place, on the arrays' own memory. Every tensor is checked before anything is written.
@@ -380,17 +394,7 @@ std::tuple<bool, std::int64_t, double> unscale_tensors(nb::list tensors, float i
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const std::string what = "tensors[" + std::to_string(i) + "]";
     MutArray a = as_array<MutArray>(tensors[i], what.c_str(), "float32, float16 or bfloat16");
-    mixprec::DType t;
-    if (a.dtype() == nb::dtype<float>())
-      t = mixprec::DType::f32;
-    else if (a.dtype() == nb::dlpack::dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float), 16, 1})
-      t = mixprec::DType::f16;
-    else if (a.dtype() == nb::dlpack::dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1})
-      t = mixprec::DType::bf16;
-    else
-      throw nb::type_error((what + ": expected dtype float32, float16 or bfloat16, found " + dtype_name(a.dtype()) +
-                            " (gradients are unscaled in place, never copied or cast)")
-                               .c_str());
+    const mixprec::DType t = gradient_dtype(a, what, " (gradients are unscaled in place, never copied or cast)");
     require_c_contiguous(a, what.c_str());
     views.push_back({a.size() ? a.data() : nullptr, a.size(), t});
     keep.push_back(std::move(a));
@@ -415,16 +419,7 @@ std::tuple<bool, std::int64_t, double> unscale_tensors(nb::list tensors, float i
 // ones, copying a strided one itself).
 mixprec::GradTensor tensor_view(nb::handle h, const std::string& what, std::vector<AnyArray>& keep) {
   AnyArray a = as_array<AnyArray>(h, what.c_str(), "float32, float16 or bfloat16");
-  mixprec::DType t;
-  if (a.dtype() == nb::dtype<float>())
-    t = mixprec::DType::f32;
-  else if (a.dtype() == nb::dlpack::dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float), 16, 1})
-    t = mixprec::DType::f16;
-  else if (a.dtype() == nb::dlpack::dtype{static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat), 16, 1})
-    t = mixprec::DType::bf16;
-  else
-    throw nb::type_error((what + ": expected dtype float32, float16 or bfloat16, found " + dtype_name(a.dtype()))
-                             .c_str());
+  const mixprec::DType t = gradient_dtype(a, what, "");
   require_c_contiguous(a, what.c_str());
   mixprec::GradTensor v{a.size() ? const_cast<void*>(a.data()) : nullptr, a.size(), t};
   keep.push_back(std::move(a));
