@@ -4,8 +4,8 @@
 #include <stdexcept>
 #include <string>
 
-#if defined(__x86_64__) && defined(__clang__)
-#include <cpuid.h>  // __get_cpuid, bit_F16C
+#if defined(__x86_64__)
+#include <cpuid.h>  // __get_cpuid, __get_cpuid_count, bit_F16C
 #endif
 
 namespace mixprec {
@@ -47,6 +47,16 @@ static bool cpu_has_avx512() noexcept {
   __builtin_cpu_init();
   return cpu_has_avx2_f16c_fma() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
          __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl");
+#else
+  return false;
+#endif
+}
+
+bool cpu_has_avx512_bf16() noexcept {
+#if defined(__x86_64__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d) == 0) return false;
+  return (a >> 5 & 1u) != 0;  // CPUID.(EAX=7,ECX=1):EAX[5] = AVX512_BF16
 #else
   return false;
 #endif

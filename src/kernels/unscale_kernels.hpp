@@ -20,6 +20,8 @@ namespace mixprec::detail {
 // chunk lane sums added to `sum` when summing.
 // max_in is only ever compared with the bits of inf: a back end may report kInfBits
 // (0x7f800000) for "an input was inf/NaN" instead of the true largest magnitude.
+// Likewise any max_out above inf means NaN (amax reports the canonical NaN), so a
+// back end need not find the largest NaN payload.
 struct SegmentOut {
   std::uint32_t max_in = 0;
   std::uint32_t max_out = 0;
@@ -39,8 +41,17 @@ struct UnscaleKernels {
 const UnscaleKernels& scalar_unscale_kernels() noexcept;
 const UnscaleKernels* avx2_unscale_kernels() noexcept;    // nullptr when not compiled in
 const UnscaleKernels* avx512_unscale_kernels() noexcept;  // nullptr when not compiled in
+// The AVX-512 back end with or without its AVX512-BF16 bf16 store (the one above picks by
+// the CPU); tests reach both. Only call with true where cpu_has_avx512_bf16().
+const UnscaleKernels* avx512_unscale_kernels(bool bf16_instructions) noexcept;
 
 inline constexpr int kSumLanes = 16;
+
+// How far ahead the SIMD back ends prefetch the tensor they update in place. One core
+// keeps too few misses in flight to reach memory bandwidth on its own: prefetching
+// 2 KiB ahead took 16-bit unscale from 0.88 to 1.2 of the plain in-place multiply
+// (bench scaler, one thread; docs/performance.md).
+inline constexpr std::size_t kPrefetchBytes = 2048;
 
 // The element helpers have internal linkage: each back end's translation unit
 // (compiled for its own ISA) keeps its own copy.
@@ -93,6 +104,15 @@ inline void unscale_range(void* data, std::size_t i0, std::size_t i1, std::size_
       l += yd * yd;  // the product is exact, so this equals fma(yd, yd, l)
     }
   }
+}
+
+// amax of the products of a 16-bit segment from its largest input magnitude: rounding
+// is monotonic, so for inv > 0 (unscale_and_check refuses any other) max |fl(x * inv)|
+// is fl(max |x| * inv), and the loop saves two vector operations a step. With a NaN
+// input the result lies above inf, which is all that matters: amax reports any NaN as
+// the canonical one (and with inf but no NaN it is inf).
+inline std::uint32_t product_amax_bits(std::uint32_t max_in_bits, float inv) noexcept {
+  return abs_bits(std::bit_cast<float>(max_in_bits) * inv);
 }
 
 inline void flush_lanes(double* lanes, ExactSum& sum) noexcept {

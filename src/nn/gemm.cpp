@@ -17,10 +17,7 @@
 #include <utility>
 #include <vector>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <cpuid.h>
-#endif
-
+#include "mixprec/core/isa.hpp"
 #include "nn/gemm_common.hpp"
 
 namespace mixprec::nn {
@@ -148,16 +145,6 @@ const char* isa_name(dnnl::cpu_isa isa) {
     case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
     default: return "other";
   }
-}
-
-bool cpu_has_avx512_bf16() {
-#if defined(__x86_64__) || defined(__i386__)
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid_count(7, 1, &a, &b, &c, &d) == 0) return false;
-  return (a >> 5 & 1u) != 0;  // CPUID.(EAX=7,ECX=1):EAX[5] = AVX512_BF16
-#else
-  return false;
-#endif
 }
 
 std::string impl_of(const dnnl::engine& eng, dt type) {

@@ -16,6 +16,7 @@
 
 #include "mixprec/formats/types.hpp"
 #include "mixprec/kernels/unscale.hpp"
+#include "kernels/unscale_kernels.hpp"  // both AVX-512 bf16 stores (private)
 
 namespace mixprec {
 namespace {
@@ -189,6 +190,10 @@ TEST(Unscale, EverySixteenBitCodeAndF32PatternsEqualTheReference) {
         }
       }
       for (float inv : {0.5f, 3.0f, inv_scale_of(65536.0f), 1.0f / 3.0f}) {
+        // amax with and without the write (the 16-bit back ends derive it from the largest input).
+        const Outcome check_ref = run(Isa::scalar, t, inv, {false, false, true, 0});
+        expect_same(check_ref, run(isa, t, inv, {false, false, true, 0}),
+                    std::string(isa_name(isa)) + " " + std::string(dtype_name(d)) + " check-only amax");
         const Outcome ref = run(Isa::scalar, t, inv, {true, true, true, 0});
         const Outcome got = run(isa, t, inv, {true, true, true, 0});
         const std::size_t width = dtype_size(d);
@@ -206,6 +211,97 @@ TEST(Unscale, EverySixteenBitCodeAndF32PatternsEqualTheReference) {
     }
   }
   if (ran == 0) GTEST_SKIP() << "no SIMD back end on this CPU";
+}
+
+// The 16-bit SIMD back ends take amax from the largest input code (fl(max|x| * inv)).
+// With NaNs of both kinds (a signalling NaN with a large payload, which the multiply
+// quiets, next to a quiet one whose raw code is larger) and with inf alone, with and
+// without the write, every back end must report what the reference does.
+TEST(Unscale, AmaxWithSignallingAndQuietNaNsEqualsTheReference) {
+  int ran = 0;
+  for (Isa isa : {Isa::avx2, Isa::avx512}) {
+    if (!isa_available(isa)) {
+      std::printf("[  SKIP    ] %s: not available on this CPU\n", std::string(isa_name(isa)).c_str());
+      continue;
+    }
+    for (DType d : {DType::f16, DType::bf16}) {
+      // {signalling NaN with the largest payload, quiet NaN with the smallest}, +-inf alone.
+      const std::uint16_t snan = d == DType::f16 ? 0x7dffu : 0x7fbfu;
+      const std::uint16_t qnan = d == DType::f16 ? 0xfe00u : 0xffc0u;
+      const std::uint16_t inf = d == DType::f16 ? 0xfc00u : 0xff80u;
+      const std::vector<std::vector<std::uint16_t>> specials = {{snan, qnan}, {qnan, snan}, {inf}};
+      for (const auto& sp : specials) {
+        for (std::size_t n : {std::size_t{48}, std::size_t{100}, C + 40}) {
+          for (std::size_t at : {std::size_t{0}, std::size_t{17}, n - 20}) {
+            Tensors t;
+            t.add(d, n);
+            t.fill_random(static_cast<std::uint32_t>(n + at));
+            for (std::size_t k = 0; k < sp.size(); ++k) {
+              std::memcpy(reinterpret_cast<std::byte*>(t.words[0].data()) + 2 * (at + k), &sp[k], 2);
+            }
+            for (bool write : {false, true}) {
+              const UnscaleOptions o{write, false, true, 0};
+              const std::string what = std::string(isa_name(isa)) + " " + std::string(dtype_name(d)) +
+                                       " n=" + std::to_string(n) + " at=" + std::to_string(at) +
+                                       " write=" + (write ? "1" : "0");
+              const Outcome ref = run(Isa::scalar, t, 0.5f, o);
+              expect_same(ref, run(isa, t, 0.5f, o), what);
+              ++ran;
+            }
+          }
+        }
+      }
+    }
+  }
+  if (ran == 0) GTEST_SKIP() << "no SIMD back end on this CPU";
+}
+
+// The AVX-512 back end has two bf16 stores: vcvtneps2bf16 where the CPU has AVX512-BF16
+// (it flushes subnormal results, so such vectors take the integer trick) and the integer
+// trick alone. unscale_and_check reaches only the one this CPU picks; here both run,
+// segment by segment, on every bf16 code and on random codes, with factors that make
+// subnormal, overflowing and ordinary products, against the scalar reference.
+TEST(Unscale, BothAvx512Bf16StoresEqualTheReferenceOnEveryCode) {
+  using detail::SegmentOut;
+  if (!isa_available(Isa::avx512)) GTEST_SKIP() << "no AVX-512 (F, BW, DQ, VL) on this CPU: its back end is not tested here";
+  std::vector<const detail::UnscaleKernels*> variants{detail::avx512_unscale_kernels(false)};
+  if (cpu_has_avx512_bf16()) variants.push_back(detail::avx512_unscale_kernels(true));
+  else std::printf("[  SKIP    ] the AVX512-BF16 store: this CPU has no AVX512-BF16\n");
+  const detail::UnscaleKernels& ref = detail::scalar_unscale_kernels();
+  const int bf = static_cast<int>(DType::bf16);
+  std::vector<std::uint16_t> input(std::size_t{1} << 16);
+  for (std::size_t i = 0; i < input.size(); ++i) input[i] = static_cast<std::uint16_t>(i);
+  std::mt19937 rng(3);
+  std::vector<std::uint16_t> random(2 * C + 37);
+  for (auto& c : random) c = static_cast<std::uint16_t>(rng());
+  for (const auto* v : variants) {
+    for (const auto* data : {&input, &random}) {
+      for (float inv : {0.5f, 1.0f / 3.0f, 0x1p-120f, 0x1p+100f}) {
+        for (int m = 0; m < 8; ++m) {
+          const int w = m & 1, sq = (m >> 1) & 1, am = (m >> 2) & 1;
+          std::vector<std::uint16_t> a = *data, b = *data;
+          SegmentOut oa, ob;
+          ExactSum sa, sb;
+          ref.segment[bf][w][sq][am](a.data(), a.size(), inv, oa, sq ? &sa : nullptr);
+          v->segment[bf][w][sq][am](b.data(), b.size(), inv, ob, sq ? &sb : nullptr);
+          const std::string what = std::string(v == variants[0] ? "integer" : "vcvtneps2bf16") + " store, inv " +
+                                   std::to_string(inv) + ", write/sum/amax " + std::to_string(m);
+          for (std::size_t i = 0; i < a.size(); ++i) {
+            ASSERT_EQ(a[i], b[i]) << what << ": input 0x" << std::hex << (*data)[i] << " gives 0x" << b[i]
+                                  << ", the reference 0x" << a[i];
+          }
+          EXPECT_EQ(oa.max_in, ob.max_in) << what;
+          // Above inf, max_out only means NaN (SegmentOut).
+          if (am) {
+            EXPECT_EQ(std::min(oa.max_out, 0x7f800001u), std::min(ob.max_out, 0x7f800001u)) << what;
+          }
+          if (sq) {
+            EXPECT_EQ(bits(sa.value()), bits(sb.value())) << what;
+          }
+        }
+      }
+    }
+  }
 }
 
 TEST(Unscale, NonFiniteAnywhereInAnyDtype) {

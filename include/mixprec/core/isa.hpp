@@ -23,6 +23,9 @@ std::string_view isa_name(Isa isa) noexcept;
 std::optional<Isa> parse_isa(std::string_view name) noexcept;
 bool isa_available(Isa isa) noexcept;  // compiled in and supported by this CPU
 Isa best_isa() noexcept;               // what the CPU supports best
+// AVX512-BF16 (vcvtneps2bf16, vdpbf16ps): used inside the avx512 back end where it pays
+// (the bf16 store of unscale_and_check) and reported by the GEMM (native bf16 dot products).
+bool cpu_has_avx512_bf16() noexcept;
 Isa active_isa();                      // best_isa(), or MIXPREC_ISA; throws if that is invalid
 
 }  // namespace mixprec
