@@ -48,10 +48,10 @@ const UnscaleKernels* avx512_unscale_kernels(bool bf16_instructions) noexcept;
 inline constexpr int kSumLanes = 16;
 
 // How far ahead the SIMD back ends prefetch the tensor they update in place. One core
-// keeps too few misses in flight to reach memory bandwidth on its own: prefetching
-// 2 KiB ahead took 16-bit unscale from 0.88 to 1.2 of the plain in-place multiply
-// (bench scaler, one thread; docs/performance.md).
-inline constexpr std::size_t kPrefetchBytes = 2048;
+// keeps too few misses in flight to reach memory bandwidth on its own: prefetching took
+// 16-bit unscale from 0.88 to 1.2 of the compiler's in-place multiply loop (one thread);
+// 4 KiB measured a little ahead of 2 and 8 KiB for the 16-bit kernels (docs/performance.md).
+inline constexpr std::size_t kPrefetchBytes = 4096;
 
 // The element helpers have internal linkage: each back end's translation unit
 // (compiled for its own ISA) keeps its own copy.
