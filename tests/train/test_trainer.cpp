@@ -136,6 +136,53 @@ TEST(Trainer, PureFp16LosesUpdatesAtLowLearningRatesAndMasterWeightsDoNot) {
   EXPECT_LT(lost_mixed, 1e-3);  // fp32 master weights keep them
 }
 
+// The step's lost-update fraction against a plain count over the weights before and
+// after the step: Adam meant to move a weight when its first moment is nonzero or decay
+// acts on it (nonzero), and lost it when the stored bits did not change. Pure fp16
+// (2-byte model copy) at a rate where some but not all updates round away, and mixed
+// fp16 (4-byte master).
+TEST(Trainer, LostUpdateFractionEqualsAPlainCountOverTheStep) {
+  for (nn::Precision p : {nn::Precision::fp16_pure, nn::Precision::fp16}) {
+    TrainConfig c = tiny(p, "static:1024");
+    c.lr = p == nn::Precision::fp16_pure ? 3e-4 : 1e-6;
+    c.min_lr = c.lr;
+    c.warmup = 0;
+    c.steps = 3;
+    Trainer t(c);
+    (void)t.train_step();  // Adam's moments are nonzero from here on
+    const ParamStore& store = t.model().params();
+    const std::size_t n = store.flat_size();
+    const std::size_t w = store.has_master() ? 4 : 2;
+    const auto weights = [&] {
+      return store.has_master() ? static_cast<const std::byte*>(static_cast<const void*>(store.master_data()))
+                                : static_cast<const std::byte*>(store.model_data());
+    };
+    const std::vector<std::byte> before(weights(), weights() + n * w);
+    const StepRecord r = t.train_step();
+    ASSERT_FALSE(r.skipped);
+    const float* m1 = const_cast<ParamStore&>(store).state_data(0);
+    std::uint64_t meant = 0, lost = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      bool nonzero = false;  // the weight before the step, sign bit ignored
+      for (std::size_t k = 0; k < w; ++k) {
+        const auto byte = static_cast<unsigned>(before[i * w + k]);
+        nonzero = nonzero || (k + 1 == w ? (byte & 0x7fu) != 0 : byte != 0);
+      }
+      const bool moves = m1[i] != 0.0f || (c.weight_decay > 0 && nonzero);
+      const bool same = std::memcmp(&before[i * w], weights() + i * w, w) == 0;
+      meant += moves ? 1 : 0;
+      lost += moves && same ? 1 : 0;
+    }
+    ASSERT_GT(meant, 0u);
+    const double expected = static_cast<double>(lost) / static_cast<double>(meant);
+    EXPECT_EQ(r.lost_update_fraction, expected) << nn::precision_name(p) << ": " << lost << " of " << meant;
+    if (p == nn::Precision::fp16_pure) {
+      EXPECT_GT(expected, 0.0);  // the case is not trivial: some updates are lost,
+      EXPECT_LT(expected, 1.0);  // and some are not
+    }
+  }
+}
+
 class TrainerResume : public ::testing::Test {
  protected:
   void SetUp() override {
