@@ -2,7 +2,7 @@
 //
 // Kernels never allocate, check, log or throw; the public entry points validate
 // first. Every loop is element-wise fp32 arithmetic in a fixed order, compiled
-// without FMA contraction (-ffp-contract=off), so the scalar and AVX2 builds give
+// without FMA contraction (-ffp-contract=off), so the scalar, AVX2 and AVX-512 builds give
 // bitwise the same results.
 #pragma once
 
@@ -48,6 +48,7 @@ struct UpdateKernels {
 
 const UpdateKernels& scalar_update_kernels() noexcept;  // reference/update_scalar.cpp
 const UpdateKernels* avx2_update_kernels() noexcept;    // cpu/update_avx2.cpp; nullptr when not compiled in
+const UpdateKernels* avx512_update_kernels() noexcept;  // cpu/update_avx512.cpp; nullptr when not compiled in
 // The table of `isa` by the rule of every kernel table (core/select_kernels.hpp):
 // nullptr when isa is not available.
 const UpdateKernels* update_kernels(Isa isa) noexcept;

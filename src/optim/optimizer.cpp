@@ -18,7 +18,7 @@ namespace mixprec {
 const optim_detail::UpdateKernels* optim_detail::update_kernels(Isa isa) noexcept {
   // No AVX-512 table: measured, a 512-bit build of these loops was 2-4% slower than AVX2
   // (the step is bound by the divider at one thread, by memory at two; docs/optimizers.md).
-  return detail::select_kernels(isa, &scalar_update_kernels, &avx2_update_kernels);
+  return detail::select_kernels(isa, &scalar_update_kernels, &avx2_update_kernels, &avx512_update_kernels);
 }
 
 using optim_detail::AdamScalars;

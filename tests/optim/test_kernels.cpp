@@ -59,7 +59,8 @@ void expect_bitwise(const std::vector<float>& want, const std::vector<float>& go
 
 std::vector<const UpdateKernels*> simd_tables(std::vector<std::string>& names) {
   std::vector<const UpdateKernels*> out;
-  const std::pair<Isa, const UpdateKernels*> all[] = {{Isa::avx2, optim_detail::avx2_update_kernels()}};
+  const std::pair<Isa, const UpdateKernels*> all[] = {{Isa::avx2, optim_detail::avx2_update_kernels()},
+                                                      {Isa::avx512, optim_detail::avx512_update_kernels()}};
   for (const auto& [isa, table] : all) {
     if (!isa_available(isa) || table == nullptr) {
       std::printf("[  SKIP    ] back end %s: not available on this CPU or build\n", std::string(isa_name(isa)).c_str());
