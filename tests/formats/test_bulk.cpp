@@ -247,7 +247,7 @@ TYPED_TEST(BulkTest, EncodeAndRoundEqualsEncodeThenDecodeInEveryMode) {
           check_encode_round<T>(ref, k, in, offset, n, o,
                                 std::string(isa_name(isa)) + " " + describe(o) + " n=" + std::to_string(n) +
                                     " offset " + std::to_string(offset));
-          if (HasFatalFailure()) return;
+          if (::testing::Test::HasFatalFailure()) return;
         }
       }
     }
@@ -266,7 +266,7 @@ TYPED_TEST(BulkTest, EncodeAndRoundLargeArrays) {
       check_encode_round<T>(ref, fast, in, offset, n, o,
                             std::string(isa_name(active_isa())) + " " + describe(o) + " offset " +
                                 std::to_string(offset));
-      if (HasFatalFailure()) return;
+      if (::testing::Test::HasFatalFailure()) return;
     }
   }
 }
