@@ -35,7 +35,7 @@ constexpr double kCountedTarget = 0.85;   // counting pass out of cache, vs copy
 constexpr double kInCacheTarget = 20e9;   // elements/s, f32<->f16/bf16, AVX-512 machines
 constexpr double kScalarTarget = 5.0;     // SIMD / scalar reference
 
-enum class Op { memcpy, stream, encode, decode, counted };
+enum class Op { memcpy, stream, encode, decode, counted, round, encode_decode };
 enum class Fmt { f16, bf16, e4m3, e5m2 };
 constexpr Fmt kFormats[] = {Fmt::f16, Fmt::bf16, Fmt::e4m3, Fmt::e5m2};
 constexpr Op kConversions[] = {Op::encode, Op::decode, Op::counted};
@@ -47,6 +47,8 @@ const char* op_name(Op op) {
     case Op::encode: return "encode";
     case Op::decode: return "decode";
     case Op::counted: return "counted";
+    case Op::round: return "round";
+    case Op::encode_decode: return "enc+dec";
   }
   return "?";
 }
@@ -181,6 +183,26 @@ void run_case(benchmark::State& state, const Case& c, const Buffers& b) {
       }
       break;
     }
+    // Store and round over b.out() (v is overwritten; after the first pass it holds
+    // rounded values, which the kernel handles at the same speed), against the
+    // engine's former two passes over the same buffers.
+    case Op::round: {
+      const auto& k = kernels_of(*c.table, c.fmt);
+      for (auto _ : state) {
+        k.encode_round(b.out() + lo, b.low_of(c.fmt) + lo * w, per, opts);
+        benchmark::ClobberMemory();
+      }
+      break;
+    }
+    case Op::encode_decode: {
+      const auto& k = kernels_of(*c.table, c.fmt);
+      for (auto _ : state) {
+        k.encode(b.out() + lo, b.low_of(c.fmt) + lo * w, per, opts);
+        k.decode(b.low_of(c.fmt) + lo * w, b.out() + lo, per, opts);
+        benchmark::ClobberMemory();
+      }
+      break;
+    }
   }
   const auto items = static_cast<std::int64_t>(per) * static_cast<std::int64_t>(state.iterations());
   state.SetItemsProcessed(items);
@@ -238,7 +260,7 @@ void print_table(const Collector& col, const std::vector<Case>& cases, const Ker
              "Gelem/s", "GB/s", "copy GB/s", "vs copy", "vs scalar", "cv%", "target");
 
   for (const Case& c : cases) {
-    if (is_copy(c.op)) continue;
+    if (is_copy(c.op) || c.op == Op::round || c.op == Op::encode_decode) continue;
     const bool is_scalar_row = compare_scalar && c.table == scalar;
     for (int t : kThreadCounts) {
       const auto r = col.find(c.name, t);
@@ -290,6 +312,21 @@ void print_table(const Collector& col, const std::vector<Case>& cases, const Ker
     }
   }
 
+  fmt::print("\nStore and round (encode_round) vs encode then decode, same buffers (speedup = time of the two\n"
+             "passes / time of the fused one):\n");
+  fmt::print("{:<6} {:>5} {:>3} {:>12} {:>12} {:>8}\n", "format", "size", "thr", "round el/ns", "enc+dec el/ns",
+             "speedup");
+  for (const Case& c : cases) {
+    if (c.op != Op::round) continue;
+    for (int t : kThreadCounts) {
+      const auto r = col.find(c.name, t);
+      const auto sep = col.find(case_name(Op::encode_decode, c.fmt, *c.table, c.n), t);
+      if (!r || !sep) continue;
+      fmt::print("{:<6} {:>5} {:>3} {:>12.2f} {:>12.2f} {:>7.2f}x\n", fmt_name(c.fmt), size_name(c.n), t,
+                 r->items_per_s / 1e9, sep->items_per_s / 1e9, r->items_per_s / sep->items_per_s);
+    }
+  }
+
   fmt::print("\nTargets (issue), judged on the medians above:\n");
   copy_tally.print("out of cache, f32<->f16 and f32<->bf16 >= 90% of copy");
   counted_tally.print("out of cache, counting pass >= 85% of copy");
@@ -337,6 +374,13 @@ int run_formats(int argc, char** argv) {
       if (scalar != fast) {
         cases.push_back({op, f, scalar, kInCache, 4 + width(f), case_name(op, f, *scalar, kInCache)});
       }
+    }
+  }
+
+  // Store and round and its two-pass equivalent: the 16-bit formats the engine stores.
+  for (Op op : {Op::round, Op::encode_decode}) {
+    for (Fmt f : {Fmt::f16, Fmt::bf16}) {
+      for (std::size_t n : kSizes) cases.push_back({op, f, fast, n, 8 + width(f), case_name(op, f, *fast, n)});
     }
   }
 

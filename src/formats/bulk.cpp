@@ -1,7 +1,9 @@
 // Public bulk conversions: validate on the host, then call the active back end.
 #include "mixprec/formats/bulk.hpp"
 
+#include <bit>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -66,13 +68,32 @@ ConversionStats convert_counted(std::span<const float> src, std::span<T> dst, co
   return active<T>().encode_counted(src.data(), dst.data(), src.size(), o);
 }
 
+template <LowPrecisionFormat T>
+void encode_and_round(std::span<float> v, std::span<T> dst, const ConvertOptions& o) {
+  check(v.size(), dst.size(), o, "encode_and_round");
+  active<T>().encode_round(v.data(), dst.data(), v.size(), o);
+}
+
+template <LowPrecisionFormat T>
+RoundedStats encode_and_round_counted(std::span<float> v, std::span<T> dst, const ConvertOptions& o) {
+  check(v.size(), dst.size(), o, "encode_and_round_counted");
+  std::uint32_t bits = 0;
+  RoundedStats r;
+  r.stats = active<T>().encode_round_counted(v.data(), dst.data(), v.size(), o, &bits);
+  // Magnitude bits at or above inf's are inf or NaN: either makes the amax infinite.
+  r.amax = bits >= 0x7f800000u ? std::numeric_limits<float>::infinity() : std::bit_cast<float>(bits);
+  return r;
+}
+
 #define MIXPREC_INSTANTIATE(T)                                                                    \
   template void convert<T>(std::span<const float>, std::span<T>, const ConvertOptions&);          \
   template void convert<T>(std::span<const T>, std::span<float>, const ConvertOptions&);          \
   template void convert_stochastic<T>(std::span<const float>, std::span<T>,                       \
                                       std::span<const std::uint32_t>, const ConvertOptions&);     \
   template ConversionStats convert_counted<T>(std::span<const float>, std::span<T>,               \
-                                              const ConvertOptions&);
+                                              const ConvertOptions&);                             \
+  template void encode_and_round<T>(std::span<float>, std::span<T>, const ConvertOptions&);       \
+  template RoundedStats encode_and_round_counted<T>(std::span<float>, std::span<T>, const ConvertOptions&);
 MIXPREC_INSTANTIATE(f16)
 MIXPREC_INSTANTIATE(bf16)
 MIXPREC_INSTANTIATE(f8e4m3)

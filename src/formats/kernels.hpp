@@ -61,6 +61,36 @@ inline void encode_counted_range(const float* src, Storage* dst, std::size_t n,
   }
 }
 
+// Store and round: the code, then the code decoded back over the input.
+template <const MiniFloatSpec& S, class Storage>
+inline void encode_round_range(float* v, Storage* dst, std::size_t n, const ConvertOptions& o) noexcept {
+  const EncodeMode m = mode_of(o);
+  const float back = 1.0f / o.scale;
+  for (std::size_t i = 0; i < n; ++i) {
+    const auto code = static_cast<Storage>(encode_full<S>(v[i] * o.scale, m, false, 0).code);
+    dst[i] = code;
+    v[i] = decode<S>(code, o.subnormals) * back;
+  }
+}
+
+// The same, counted, with the input's magnitude-bits max folded into amax_bits.
+template <const MiniFloatSpec& S, class Storage>
+inline void encode_round_counted_range(float* v, Storage* dst, std::size_t n, const ConvertOptions& o,
+                                       ConversionStats& st, std::uint32_t& amax_bits) noexcept {
+  const EncodeMode m = mode_of(o);
+  const float back = 1.0f / o.scale;
+  for (std::size_t i = 0; i < n; ++i) {
+    const float x = v[i];
+    const std::uint32_t a = std::bit_cast<std::uint32_t>(x) & 0x7fffffffu;
+    amax_bits = a > amax_bits ? a : amax_bits;
+    const EncodeResult r = encode_full<S>(x * o.scale, m, false, 0);
+    const auto code = static_cast<Storage>(r.code);
+    dst[i] = code;
+    count_one<S>(x, r, st);
+    v[i] = decode<S>(code, o.subnormals) * back;
+  }
+}
+
 inline std::uint32_t amax_bits_range(const float* src, std::size_t n) noexcept {
   std::uint32_t m = 0;
   for (std::size_t i = 0; i < n; ++i) {

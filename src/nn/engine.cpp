@@ -47,6 +47,25 @@ ConversionStats encode_counted(std::span<const float> src, std::byte* dst, DType
   return {};
 }
 
+// Stores v and leaves in v the values stored (what decode would give back), in one pass.
+void store_and_round(std::span<float> v, std::byte* dst, DType t) {
+  switch (t) {
+    case DType::f32: std::memcpy(dst, v.data(), v.size() * 4); return;
+    case DType::f16: encode_and_round(v, std::span<f16>(reinterpret_cast<f16*>(dst), v.size())); return;
+    case DType::bf16: encode_and_round(v, std::span<bf16>(reinterpret_cast<bf16*>(dst), v.size())); return;
+  }
+}
+
+// The same, counted, with the input's amax (inf when it holds a nonfinite element).
+RoundedStats store_and_round_counted(std::span<float> v, std::byte* dst, DType t) {
+  switch (t) {
+    case DType::f16: return encode_and_round_counted(v, std::span<f16>(reinterpret_cast<f16*>(dst), v.size()));
+    case DType::bf16: return encode_and_round_counted(v, std::span<bf16>(reinterpret_cast<bf16*>(dst), v.size()));
+    case DType::f32: break;
+  }
+  throw std::logic_error("store_and_round_counted: fp32 is stored as it is");
+}
+
 }  // namespace
 
 // ---- Arena ---------------------------------------------------------------------
@@ -108,8 +127,7 @@ void Engine::commit(std::size_t a, std::span<float> v) {
     if (v.data() != reinterpret_cast<float*>(acts_.data(a))) std::memcpy(acts_.data(a), v.data(), v.size() * 4);
     return;
   }
-  encode(v, acts_.data(a), act.dtype);
-  decode(acts_.data(a), act.dtype, v);
+  store_and_round(v, acts_.data(a), act.dtype);
 }
 
 void Engine::commit_operand(std::size_t a, std::span<float> v) {
@@ -133,16 +151,27 @@ void Engine::commit_grad_impl(std::size_t a, std::span<float> v, BackwardStats& 
   TensorGradStats& t = stats.tensors[label];
   ++stats.stores;
   if (hist_ != nullptr) hist_->activation_grads.add(v, kHistogramStride);
-  float m = amax_of(v);
+  float m = 0;
   if (act.dtype == DType::f32) {
-    if (v.data() != reinterpret_cast<float*>(acts_.data(a))) std::memcpy(acts_.data(a), v.data(), v.size() * 4);
+    // An fp32 gradient is stored as it is, so v is its stored value: every reader gets v
+    // (operand() views it; nothing loads a gradient back from the arena), and copying
+    // it into the arena would only cost a pass.
+    m = amax_of(v);
   } else {
-    const ConversionStats s = encode_counted(v, acts_.data(a), act.dtype);
+    ConversionStats s;
+    if (decode_back) {
+      // One pass: codes, stats, amax (inf when a nonfinite is present) and v rounded.
+      const RoundedStats r = store_and_round_counted(v, acts_.data(a), act.dtype);
+      s = r.stats;
+      m = r.amax;
+    } else {
+      m = amax_of(v);
+      s = encode_counted(v, acts_.data(a), act.dtype);
+      if (s.nonfinite_input > 0) m = std::numeric_limits<float>::infinity();
+    }
     stats.activation_grads += s;
     t.stats += s;
-    if (s.nonfinite_input > 0) m = std::numeric_limits<float>::infinity();
     if ((s.overflow > 0 || s.nonfinite_input > 0) && stats.first_overflow.empty()) stats.first_overflow = t.name;
-    if (decode_back) decode(acts_.data(a), act.dtype, v);
   }
   t.amax = std::max(t.amax, m);
   stats.amax = std::max(stats.amax, m);

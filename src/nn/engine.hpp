@@ -81,7 +81,8 @@ class Engine {
   // unrounded values and must not be read as the activation afterwards); otherwise
   // exactly commit().
   void commit_operand(std::size_t a, std::span<float> v);
-  // The same for an activation gradient, counting what rounding lost into stats.
+  // The same for an activation gradient, counting what rounding lost into stats. An
+  // fp32 gradient is not copied into the arena: v is its stored value.
   // `label` indexes stats.tensors (layer and role), which also names the tensor in
   // stats.first_overflow.
   void commit_grad(std::size_t a, std::span<float> v, BackwardStats& stats, std::size_t label);

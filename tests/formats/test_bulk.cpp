@@ -3,6 +3,7 @@
 // bad arguments are refused before anything is written.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <limits>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "mixprec/mixprec.hpp"
+#include "mixprec/nn/model.hpp"
 #include "support.hpp"
 
 namespace mixprec {
@@ -183,6 +185,151 @@ TYPED_TEST(BulkTest, LargeArraysMatchScalar) {
       }
     }
   }
+}
+
+// Store and round, every back end (the reference included) against encode then decode
+// of the reference, in every mode, at awkward lengths and misaligned starts: the codes,
+// the rounded values, the counts and the input's amax bits, element by element in hex.
+template <class T>
+void check_encode_round(const FormatKernels& ref, const FormatKernels& k, const std::vector<float>& in,
+                        std::size_t offset, std::size_t n, const ConvertOptions& o, const std::string& what) {
+  const ConvertOptions back{o.overflow, o.subnormals, 1.0f / o.scale};
+  std::vector<T> want(offset + n), got(offset + n), counted(offset + n);
+  std::vector<float> want_v(offset + n), v(in.begin(), in.begin() + static_cast<std::ptrdiff_t>(offset + n)), cv = v;
+  const ConversionStats s_want = ref.encode_counted(in.data() + offset, want.data() + offset, n, o);
+  ref.decode(want.data() + offset, want_v.data() + offset, n, back);
+  std::uint32_t want_amax = 0;
+  for (std::size_t i = offset; i < offset + n; ++i) {
+    want_amax = std::max(want_amax, std::bit_cast<std::uint32_t>(in[i]) & 0x7fffffffu);
+  }
+  k.encode_round(v.data() + offset, got.data() + offset, n, o);
+  std::uint32_t amax = 0xdeadbeef;
+  const ConversionStats s_got = k.encode_round_counted(cv.data() + offset, counted.data() + offset, n, o, &amax);
+  for (std::size_t i = offset; i < offset + n; ++i) {
+    ASSERT_EQ(got[i].bits(), want[i].bits())
+        << what << " encode_round element " << i << ": input " << hexf(in[i]) << " gave code "
+        << hex(got[i].bits(), 4) << ", encode " << hex(want[i].bits(), 4);
+    ASSERT_EQ(counted[i].bits(), want[i].bits())
+        << what << " encode_round_counted element " << i << ": input " << hexf(in[i]) << " gave code "
+        << hex(counted[i].bits(), 4) << ", encode " << hex(want[i].bits(), 4);
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(v[i]), std::bit_cast<std::uint32_t>(want_v[i]))
+        << what << " encode_round element " << i << ": input " << hexf(in[i]) << " code " << hex(want[i].bits(), 4)
+        << " rounded to " << hexf(v[i]) << ", decode gives " << hexf(want_v[i]);
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(cv[i]), std::bit_cast<std::uint32_t>(want_v[i]))
+        << what << " encode_round_counted element " << i << ": input " << hexf(in[i]) << " code "
+        << hex(want[i].bits(), 4) << " rounded to " << hexf(cv[i]) << ", decode gives " << hexf(want_v[i]);
+  }
+  for (std::size_t i = 0; i < offset; ++i) {
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(v[i]), std::bit_cast<std::uint32_t>(in[i])) << what << " wrote before v";
+    ASSERT_EQ(std::bit_cast<std::uint32_t>(cv[i]), std::bit_cast<std::uint32_t>(in[i])) << what << " wrote before v";
+  }
+  EXPECT_EQ(s_got, s_want) << what << " counts differ: underflow " << s_got.underflow << " vs " << s_want.underflow
+                           << ", subnormal " << s_got.subnormal << " vs " << s_want.subnormal << ", overflow "
+                           << s_got.overflow << " vs " << s_want.overflow;
+  EXPECT_EQ(amax, want_amax) << what << " amax bits " << hex(amax, 8) << ", want " << hex(want_amax, 8);
+}
+
+std::vector<Isa> all_isas() {
+  std::vector<Isa> v = {Isa::scalar};
+  for (Isa isa : simd_isas()) v.push_back(isa);
+  return v;
+}
+
+TYPED_TEST(BulkTest, EncodeAndRoundEqualsEncodeThenDecodeInEveryMode) {
+  using T = TypeParam;
+  const FormatKernels& ref = kernel_table(Isa::scalar)->get<T>();
+  for (Isa isa : all_isas()) {
+    const FormatKernels& k = kernel_table(isa)->get<T>();
+    for (const ConvertOptions& o : all_modes()) {
+      for (std::size_t n : kLengths) {
+        for (std::size_t offset : {0, 1, 5}) {
+          const auto in = make_input(n + offset, static_cast<std::uint32_t>(n * 13 + offset + 5));
+          check_encode_round<T>(ref, k, in, offset, n, o,
+                                std::string(isa_name(isa)) + " " + describe(o) + " n=" + std::to_string(n) +
+                                    " offset " + std::to_string(offset));
+          if (::testing::Test::HasFatalFailure()) return;
+        }
+      }
+    }
+  }
+}
+
+// Past kStreamingStoreBytes the codes are streamed after a scalar head up to their alignment.
+TYPED_TEST(BulkTest, EncodeAndRoundLargeArrays) {
+  using T = TypeParam;
+  const std::size_t n = kStreamingStoreBytes / (sizeof(float) + sizeof(T)) + 37;
+  const auto in = make_input(n + 3, 777);
+  const FormatKernels& ref = kernel_table(Isa::scalar)->get<T>();
+  const FormatKernels& fast = kernel_table(active_isa())->get<T>();
+  for (std::size_t offset : {0, 3}) {
+    for (const ConvertOptions& o : {ConvertOptions{}, ConvertOptions{Overflow::saturate, Subnormals::flush, 8.0f}}) {
+      check_encode_round<T>(ref, fast, in, offset, n, o,
+                            std::string(isa_name(active_isa())) + " " + describe(o) + " offset " +
+                                std::to_string(offset));
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
+// The public forms: the active back end, and the amax the engine's gradient commit
+// needs: amax_of's value (NaN skipped), made +inf when any input is nonfinite.
+TYPED_TEST(BulkTest, EncodeAndRoundPublicApi) {
+  using T = TypeParam;
+  for (std::size_t n : kLengths) {
+    for (std::uint32_t seed : {1u, 2u, 3u}) {
+      auto in = make_input(n, seed * 101 + static_cast<std::uint32_t>(n));
+      if (seed == 3) {  // finite inputs only
+        for (float& x : in) x = std::isfinite(x) ? x : 1.5f;
+      }
+      std::vector<T> want(n), got(n), counted(n);
+      std::vector<float> want_v(n), v = in, cv = in;
+      const ConversionStats s_want = convert_counted(std::span<const float>(in), std::span<T>(want));
+      convert(std::span<const T>(want), std::span<float>(want_v));
+      encode_and_round(std::span<float>(v), std::span<T>(got));
+      const RoundedStats r = encode_and_round_counted(std::span<float>(cv), std::span<T>(counted));
+      expect_same_codes(want, got, in, "encode_and_round n=" + std::to_string(n));
+      expect_same_codes(want, counted, in, "encode_and_round_counted n=" + std::to_string(n));
+      for (std::size_t i = 0; i < n; ++i) {
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(v[i]), std::bit_cast<std::uint32_t>(want_v[i])) << "element " << i;
+        ASSERT_EQ(std::bit_cast<std::uint32_t>(cv[i]), std::bit_cast<std::uint32_t>(want_v[i])) << "element " << i;
+      }
+      EXPECT_EQ(r.stats, s_want) << "n=" << n;
+      const float engine_amax =
+          s_want.nonfinite_input > 0 ? std::numeric_limits<float>::infinity() : nn::amax_of(in);
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(r.amax), std::bit_cast<std::uint32_t>(engine_amax))
+          << "n=" << n << " seed " << seed << ": amax " << hexf(r.amax) << ", want " << hexf(engine_amax);
+    }
+  }
+}
+
+TEST(BulkEncodeAndRound, AmaxByHand) {
+  auto amax = [](std::vector<float> v, float scale = 1.0f) {
+    std::vector<bf16> out(v.size());
+    return encode_and_round_counted(std::span<float>(v), std::span<bf16>(out),
+                                    {Overflow::ieee, Subnormals::keep, scale})
+        .amax;
+  };
+  EXPECT_EQ(std::bit_cast<std::uint32_t>(amax({})), 0u);
+  EXPECT_EQ(std::bit_cast<std::uint32_t>(amax({-0.0f})), 0u) << "+0, as amax_of";
+  EXPECT_EQ(amax({1.0f, -3.0f, 2.0f}), 3.0f);
+  EXPECT_EQ(amax({1.0f, -3.0f, 2.0f}, 4.0f), 3.0f) << "of the input, before scaling";
+  EXPECT_EQ(amax({1.0f, NAN, 2.0f}), INFINITY);
+  EXPECT_EQ(amax({-INFINITY, 2.0f}), INFINITY);
+  EXPECT_EQ(amax({1e38f, 3e38f}), 3e38f) << "finite, though past bf16's range after rounding";
+}
+
+TYPED_TEST(BulkTest, EncodeAndRoundRefusesBadArgumentsBeforeWriting) {
+  using T = TypeParam;
+  std::vector<float> v(16, 1.25f);
+  std::vector<T> out(15, T::from_bits(0x5));
+  EXPECT_THROW(encode_and_round(std::span<float>(v), std::span<T>(out)), std::invalid_argument);
+  EXPECT_THROW(encode_and_round_counted(std::span<float>(v), std::span<T>(out)), std::invalid_argument);
+  std::vector<T> out16(16, T::from_bits(0x5));
+  EXPECT_THROW(encode_and_round(std::span<float>(v), std::span<T>(out16), {Overflow::ieee, Subnormals::keep, 0.0f}),
+               std::invalid_argument);
+  for (const T& c : out) ASSERT_EQ(c.bits(), 0x5);
+  for (const T& c : out16) ASSERT_EQ(c.bits(), 0x5);
+  for (float x : v) ASSERT_EQ(x, 1.25f);
 }
 
 // Every code of the format, decoded by the bulk path, in every subnormal mode.

@@ -3,7 +3,9 @@
 //    (checked inside the f16 default-mode sweep, to run the reference once);
 //  - for every format, the SIMD back end (plain and counting) equals the
 //    scalar reference, codes and counts, in the default and the
-//    saturate + flush modes.
+//    saturate + flush modes;
+//  - for f16 and bf16, store and round (both back ends, plain and counting)
+//    equals encode then decode: codes, rounded values, counts and amax.
 // The scalar reference costs ~5 ns an element here, so each sweep takes
 // about 2^32 * 5 ns / cores: ~11 s on two cores.
 // The sanitizer build sweeps a sample (every 251st chunk).
@@ -105,6 +107,82 @@ void sweep_back_end(Isa isa, const ConvertOptions& o, bool check_f16c = false) {
 constexpr ConvertOptions kDefault{};
 constexpr ConvertOptions kSatFlush{Overflow::saturate, Subnormals::flush, 1.0f};
 
+// Store and round (encode_round, encode_round_counted) over all 2^32 inputs, for the
+// scalar reference and the SIMD back end. The oracle is the SIMD back end's plain
+// encode and decode, which the sweeps above prove equal to the reference: one scalar
+// pass a sweep instead of two.
+template <class T>
+void sweep_encode_round(Isa isa, const ConvertOptions& o) {
+  using S = typename T::storage_type;
+  const KernelTable* fast_table = kernel_table(isa);
+  if (fast_table == nullptr) GTEST_SKIP() << isa_name(isa) << " not available here";
+  const FormatKernels& ref = kernel_table(Isa::scalar)->get<T>();
+  const FormatKernels& fast = fast_table->get<T>();
+  const ConvertOptions back{o.overflow, o.subnormals, 1.0f / o.scale};
+  Failures failures;
+  const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
+  struct Buffers {
+    std::vector<float> x = std::vector<float>(kChunk), want_v = x, ref_v = x, fast_v = x, plain_v = x;
+    std::vector<S> want = std::vector<S>(kChunk), ref_c = want, fast_c = want, plain_c = want;
+    ConversionStats want_stats, ref_stats, fast_stats;
+  };
+  std::vector<Buffers> buf(threads);
+  test::sweep_patterns(0, kAll, kChunk, kStride, [&](std::uint32_t first, std::size_t n, unsigned t) {
+    Buffers& b = buf[t];
+    fill_patterns(b.x, first, n);
+    b.want_stats += fast.encode_counted(b.x.data(), b.want.data(), n, o);
+    fast.decode(b.want.data(), b.want_v.data(), n, back);
+    std::uint32_t want_amax = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t a = (first + static_cast<std::uint32_t>(i)) & 0x7fffffffu;
+      want_amax = a > want_amax ? a : want_amax;
+    }
+    b.ref_v = b.x;
+    b.fast_v = b.x;
+    b.plain_v = b.x;
+    std::uint32_t ref_amax = 0xdeadbeef, fast_amax = 0xdeadbeef;
+    b.ref_stats += ref.encode_round_counted(b.ref_v.data(), b.ref_c.data(), n, o, &ref_amax);
+    b.fast_stats += fast.encode_round_counted(b.fast_v.data(), b.fast_c.data(), n, o, &fast_amax);
+    fast.encode_round(b.plain_v.data(), b.plain_c.data(), n, o);
+    if (ref_amax != want_amax || fast_amax != want_amax) {
+      failures.add("chunk at " + hex(first, 8) + ": amax bits " + hex(want_amax, 8) + ", reference " +
+                   hex(ref_amax, 8) + ", " + std::string(isa_name(isa)) + " " + hex(fast_amax, 8));
+    }
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::uint32_t w = std::bit_cast<std::uint32_t>(b.want_v[i]);
+      const std::uint32_t r = std::bit_cast<std::uint32_t>(b.ref_v[i]);
+      const std::uint32_t f = std::bit_cast<std::uint32_t>(b.fast_v[i]);
+      const std::uint32_t p = std::bit_cast<std::uint32_t>(b.plain_v[i]);
+      if (b.ref_c[i] != b.want[i] || b.fast_c[i] != b.want[i] || b.plain_c[i] != b.want[i] || r != w || f != w ||
+          p != w) {
+        failures.add("input " + hex(first + i, 8) + ": want code " + hex(b.want[i], 4) + " value " + hex(w, 8) +
+                     "; reference " + hex(b.ref_c[i], 4) + " " + hex(r, 8) + ", " + std::string(isa_name(isa)) +
+                     " counted " + hex(b.fast_c[i], 4) + " " + hex(f, 8) + ", plain " + hex(b.plain_c[i], 4) + " " +
+                     hex(p, 8));
+      }
+    }
+  });
+  ConversionStats want_total, ref_total, fast_total;
+  for (const Buffers& b : buf) {
+    want_total += b.want_stats;
+    ref_total += b.ref_stats;
+    fast_total += b.fast_stats;
+  }
+  EXPECT_EQ(failures.count(), 0u) << format_traits<T>::name << ": " << failures.report();
+  EXPECT_EQ(want_total, ref_total) << "reference counts differ: underflow " << want_total.underflow << " vs "
+                                   << ref_total.underflow << ", subnormal " << want_total.subnormal << " vs "
+                                   << ref_total.subnormal << ", overflow " << want_total.overflow << " vs "
+                                   << ref_total.overflow;
+  EXPECT_EQ(want_total, fast_total) << "SIMD counts differ: underflow " << want_total.underflow << " vs "
+                                    << fast_total.underflow << ", subnormal " << want_total.subnormal << " vs "
+                                    << fast_total.subnormal << ", overflow " << want_total.overflow << " vs "
+                                    << fast_total.overflow;
+  if (kStride == 1) {
+    EXPECT_EQ(ref_total.elements, kAll);
+    EXPECT_EQ(ref_total.nonfinite_input, std::uint64_t{2} << 23);
+  }
+}
+
 TEST(Exhaustive, F16ReferenceEqualsF16CAndAvx2) {
 #if defined(__x86_64__)
   const bool has_f16c = __builtin_cpu_supports("f16c");
@@ -121,6 +199,15 @@ TEST(Exhaustive, F16Avx2EqualsReferenceSaturateFlush) { sweep_back_end<f16>(Isa:
 TEST(Exhaustive, BF16Avx2EqualsReferenceSaturateFlush) { sweep_back_end<bf16>(Isa::avx2, kSatFlush); }
 TEST(Exhaustive, E4M3Avx2EqualsReferenceSaturateFlush) { sweep_back_end<f8e4m3>(Isa::avx2, kSatFlush); }
 TEST(Exhaustive, E5M2Avx2EqualsReferenceSaturateFlush) { sweep_back_end<f8e5m2>(Isa::avx2, kSatFlush); }
+
+TEST(Exhaustive, F16EncodeAndRoundEqualsEncodeThenDecode) { sweep_encode_round<f16>(Isa::avx2, kDefault); }
+TEST(Exhaustive, BF16EncodeAndRoundEqualsEncodeThenDecode) { sweep_encode_round<bf16>(Isa::avx2, kDefault); }
+TEST(Exhaustive, F16EncodeAndRoundEqualsEncodeThenDecodeSaturateFlush) {
+  sweep_encode_round<f16>(Isa::avx2, kSatFlush);
+}
+TEST(Exhaustive, BF16EncodeAndRoundEqualsEncodeThenDecodeSaturateFlush) {
+  sweep_encode_round<bf16>(Isa::avx2, kSatFlush);
+}
 
 }  // namespace
 }  // namespace mixprec

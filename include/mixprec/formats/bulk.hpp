@@ -63,6 +63,24 @@ template <LowPrecisionFormat T>
 ConversionStats convert_counted(std::span<const float> src, std::span<T> dst,
                                 const ConvertOptions& opts = {});
 
+// Store and round in one pass (what a model does when it keeps a low-precision copy
+// and goes on computing with the values it stored): writes convert(v, dst, opts)'s
+// codes to dst, and overwrites v with them decoded back, i.e. with
+// convert(dst, v, {opts.overflow, opts.subnormals, 1 / opts.scale}), bit for bit.
+// v and dst must not overlap.
+template <LowPrecisionFormat T>
+void encode_and_round(std::span<float> v, std::span<T> dst, const ConvertOptions& opts = {});
+
+// encode_and_round's counted form: convert_counted's stats, and amax, the largest |v[i]|
+// of the input (unscaled) or +inf when any input is inf or NaN (a gradient with a
+// nonfinite element reports an infinite amax); 0 for an empty span.
+struct RoundedStats {
+  ConversionStats stats;
+  float amax = 0.0f;
+};
+template <LowPrecisionFormat T>
+RoundedStats encode_and_round_counted(std::span<float> v, std::span<T> dst, const ConvertOptions& opts = {});
+
 // Named forms of the most used directions.
 inline void f32_to_f16(std::span<const float> s, std::span<f16> d, const ConvertOptions& o = {}) { convert(s, d, o); }
 inline void f32_to_bf16(std::span<const float> s, std::span<bf16> d, const ConvertOptions& o = {}) { convert(s, d, o); }

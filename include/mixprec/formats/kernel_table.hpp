@@ -32,6 +32,13 @@ struct FormatKernels {
                               const float* factors, const ConvertOptions& o);
   void (*decode_block_scaled)(const void* src, float* dst, std::size_t n, std::size_t block,
                               const float* factors, const ConvertOptions& o);
+  // Store and round (encode_and_round): encode's codes of v into dst, then v[i] =
+  // decode(dst[i]) * (1 / o.scale), in one pass; each v[i] is read before it is written.
+  void (*encode_round)(float* v, void* dst, std::size_t n, const ConvertOptions& o);
+  // encode_round with encode_counted's stats; *amax_bits gets the input's max |v[i]|
+  // as magnitude bits (as encode_amax: a NaN wins; 0 when n == 0).
+  ConversionStats (*encode_round_counted)(float* v, void* dst, std::size_t n, const ConvertOptions& o,
+                                          std::uint32_t* amax_bits);
 };
 
 // Format-independent reductions the FP8 recipes need.

@@ -264,11 +264,17 @@ std::size_t head_to_align(const T* dst, std::size_t align, std::size_t n) {
 }
 
 // ---- encode ---------------------------------------------------------------------
+template <const MiniFloatSpec& S>
+inline void decode_codes16(__m256i h, bool flush, __m256& lo, __m256& hi);
+
 // kAmax: also folds max |x| (magnitude bits, unsigned) into *amax.
-template <const MiniFloatSpec& S, bool kCount, bool kStream, bool kAmax = false>
+// kRound: also writes the codes decoded back, times 1 / o.scale, to back[0, n) (store and
+// round; back may be src: each block is loaded before it is overwritten).
+template <const MiniFloatSpec& S, bool kCount, bool kStream, bool kAmax = false, bool kRound = false>
 std::size_t encode_blocks(const float* src, StorageOf<S>* dst, std::size_t n, const ConvertOptions& o,
-                          Counters<S>& counters, __m256i* amax = nullptr) {
+                          Counters<S>& counters, __m256i* amax = nullptr, float* back = nullptr) {
   __m256i amax_acc = _mm256_setzero_si256();
+  [[maybe_unused]] const __m256 unscale = _mm256_set1_ps(1.0f / o.scale);
   const bool saturate = o.overflow == Overflow::saturate;
   const bool flush = o.subnormals == Subnormals::flush;
   const __m256 scale = _mm256_set1_ps(o.scale);
@@ -296,6 +302,17 @@ std::size_t encode_blocks(const float* src, StorageOf<S>* dst, std::size_t n, co
       }
       if (flush) c = flush16<S>(c);
       store16<kStream>(dst + i, c);
+      if constexpr (kRound) {
+        // Regular stores: v's lines were just read, so they are in cache already.
+        __m256 lo, hi;
+        decode_codes16<S>(c, flush, lo, hi);
+        if (scaled) {
+          lo = _mm256_mul_ps(lo, unscale);
+          hi = _mm256_mul_ps(hi, unscale);
+        }
+        _mm256_storeu_ps(back + i, lo);
+        _mm256_storeu_ps(back + i + 8, hi);
+      }
     }
     if constexpr (kCount) counters.spill(flush);
   }
@@ -357,6 +374,38 @@ std::uint32_t encode_amax_kernel(const float* src, void* dst_v, std::size_t n, c
   const std::uint32_t body = hmax_epu32(amax);
   m = m > tail ? m : tail;
   return m > body ? m : body;
+}
+
+// Store and round in one pass: the codes of encode_kernel, then v decoded back from
+// them; kCount adds encode_counted's stats and the input's amax bits.
+template <const MiniFloatSpec& S, bool kCount>
+ConversionStats encode_round_kernel(float* v, void* dst_v, std::size_t n, const ConvertOptions& o,
+                                    std::uint32_t* amax_bits) {
+  using Storage = StorageOf<S>;
+  auto* dst = static_cast<Storage*>(dst_v);
+  Counters<S> counters;
+  ConversionStats head_tail;
+  __m256i amax = _mm256_setzero_si256();
+  std::uint32_t m = 0;
+  std::size_t i = 0;
+  if (n * (sizeof(float) + sizeof(Storage)) >= kStreamBytes) {
+    i = head_to_align(dst, S.bits == 16 ? 32 : 16, n);
+    if constexpr (kCount) encode_round_counted_range<S>(v, dst, i, o, head_tail, m);
+    else encode_round_range<S>(v, dst, i, o);
+    i += encode_blocks<S, kCount, true, kCount, true>(v + i, dst + i, n - i, o, counters, &amax, v + i);
+    _mm_sfence();
+  } else {
+    i = encode_blocks<S, kCount, false, kCount, true>(v, dst, n, o, counters, &amax, v);
+  }
+  if constexpr (kCount) {
+    encode_round_counted_range<S>(v + i, dst + i, n - i, o, head_tail, m);
+    counters.total += head_tail;
+    const std::uint32_t body = hmax_epu32(amax);
+    *amax_bits = m > body ? m : body;
+  } else {
+    encode_round_range<S>(v + i, dst + i, n - i, o);
+  }
+  return counters.total;
 }
 
 // Block-scaled encode (MX): blocks whose length is a multiple of 16 run 16 lanes at a
@@ -500,15 +549,15 @@ inline void f16x16_to_f32(__m256i h, __m256& lo, __m256& hi) {
   hi = _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1));
 }
 
-// 16 codes at src -> 16 floats (lo: elements 0-7, hi: 8-15), unscaled.
+// 16 codes, one in each 16-bit lane of h (fp8: in the low byte) -> 16 floats
+// (lo: elements 0-7, hi: 8-15), unscaled. Store and round decodes its codes
+// straight from the register that encode made; decode16 loads them first.
 template <const MiniFloatSpec& S>
-inline void decode16(const StorageOf<S>* src, bool flush, __m256& lo, __m256& hi) {
+inline void decode_codes16(__m256i h, bool flush, __m256& lo, __m256& hi) {
   if constexpr (same_format(S, kF16Spec)) {
-    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
     if (flush) h = flush_f16_16(h);
     f16x16_to_f32(h, lo, hi);
   } else if constexpr (same_format(S, kBF16Spec)) {
-    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(src));
     const __m256i nan = _mm256_cmpgt_epi16(_mm256_and_si256(h, set1_16(0x7fff)), set1_16(0x7f80));
     h = _mm256_or_si256(h, _mm256_and_si256(nan, set1_16(0x0040)));  // quiet
     if (flush) {
@@ -519,26 +568,34 @@ inline void decode16(const StorageOf<S>* src, bool flush, __m256& lo, __m256& hi
     hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16));
   } else if constexpr (same_format(S, kE5M2Spec)) {
     // E5M2 is the top byte of an f16.
-    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src));
-    __m256i h = _mm256_slli_epi16(_mm256_cvtepu8_epi16(b), 8);
+    h = _mm256_slli_epi16(h, 8);
     if (flush) h = flush_f16_16(h);
     f16x16_to_f32(h, lo, hi);
   } else {
     // E4M3 into an f16 (bias 15 vs 7: the f16 value is 2^-8 of it), NaN as f16 NaN.
-    const __m256i w = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src)));
-    const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(w, set1_16(0x80)), 8);
-    __m256i mag = _mm256_and_si256(w, set1_16(0x7f));
+    const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(h, set1_16(0x80)), 8);
+    __m256i mag = _mm256_and_si256(h, set1_16(0x7f));
     const __m256i nan = _mm256_cmpeq_epi16(mag, set1_16(0x7f));
     if (flush) {
       mag = _mm256_andnot_si256(_mm256_cmpeq_epi16(_mm256_and_si256(mag, set1_16(0x78)), _mm256_setzero_si256()),
                                 mag);
     }
-    __m256i h = _mm256_or_si256(sign, _mm256_slli_epi16(mag, 7));
-    h = _mm256_blendv_epi8(h, _mm256_or_si256(sign, set1_16(0x7e00)), nan);
-    f16x16_to_f32(h, lo, hi);
+    __m256i f = _mm256_or_si256(sign, _mm256_slli_epi16(mag, 7));
+    f = _mm256_blendv_epi8(f, _mm256_or_si256(sign, set1_16(0x7e00)), nan);
+    f16x16_to_f32(f, lo, hi);
     const __m256 k256 = _mm256_set1_ps(256.0f);  // exact; NaN passes unchanged
     lo = _mm256_mul_ps(lo, k256);
     hi = _mm256_mul_ps(hi, k256);
+  }
+}
+
+// 16 codes at src -> 16 floats, unscaled.
+template <const MiniFloatSpec& S>
+inline void decode16(const StorageOf<S>* src, bool flush, __m256& lo, __m256& hi) {
+  if constexpr (S.bits == 16) {
+    decode_codes16<S>(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src)), flush, lo, hi);
+  } else {
+    decode_codes16<S>(_mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src))), flush, lo, hi);
   }
 }
 
@@ -622,6 +679,10 @@ FormatKernels make_avx2() {
       &encode_amax_kernel<S>,
       &encode_block_scaled_kernel<S>,
       &decode_block_scaled_kernel<S>,
+      [](float* v, void* d, std::size_t n, const ConvertOptions& o) {
+        (void)encode_round_kernel<S, false>(v, d, n, o, nullptr);
+      },
+      &encode_round_kernel<S, true>,
   };
 }
 

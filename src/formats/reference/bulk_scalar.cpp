@@ -30,6 +30,16 @@ FormatKernels make_scalar() {
       [](const void* s, float* d, std::size_t n, std::size_t block, const float* f, const ConvertOptions& o) {
         decode_block_scaled_range<S>(static_cast<const Storage*>(s), d, 0, n, block, f, o);
       },
+      [](float* v, void* d, std::size_t n, const ConvertOptions& o) {
+        encode_round_range<S>(v, static_cast<Storage*>(d), n, o);
+      },
+      [](float* v, void* d, std::size_t n, const ConvertOptions& o, std::uint32_t* amax_bits) {
+        ConversionStats st;
+        std::uint32_t m = 0;
+        encode_round_counted_range<S>(v, static_cast<Storage*>(d), n, o, st, m);
+        *amax_bits = m;
+        return st;
+      },
   };
 }
 
