@@ -103,7 +103,7 @@ class Fp8Linears {
   // What is kept from a forward to its backward: X's fp8 codes and scales (mxfp8: E8M0
   // block scales), 1 byte per element plus scales.
   std::size_t saved_bytes() const noexcept;
-  std::size_t scratch_bytes() const noexcept;  // work memory (weight, dY codes, own work)
+  std::size_t scratch_bytes() const noexcept;  // the weight, codes on their way, mxfp8 tile, own work
 
  private:
   // What one quantization did, before it is committed to the step's stats.

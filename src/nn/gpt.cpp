@@ -367,17 +367,17 @@ class Gpt final : public Model {
   }
 
  private:
-  // Commits an activation that only the next block Linear reads: without decoding it
-  // back when that Linear multiplies the stored bf16 (not in the fp8 presets, whose
-  // Linears quantize the fp32 values).
   // Engine scratch slots as fp8 work memory (Fp8Linears::Work): slots no live value
-  // occupies during the call.
+  // occupies during the call (at most three).
   Fp8Linears::Work fp8_work(std::initializer_list<std::size_t> slots) {
     std::size_t i = 0;
-    for (std::size_t s : slots) fp8_work_[i++] = engine_->scratch(s, slot_floats_);
+    for (std::size_t s : slots) fp8_work_.at(i++) = engine_->scratch(s, slot_floats_);
     return {fp8_work_.data(), slots.size()};
   }
 
+  // Commits an activation that only the next block Linear reads: without decoding it
+  // back when that Linear multiplies the stored bf16 (not in the fp8 presets, whose
+  // Linears quantize the fp32 values).
   void commit_linear_input(std::size_t act, std::span<float> v) {
     if (fp8_) engine_->commit(act, v);
     else engine_->commit_operand(act, v);
@@ -389,9 +389,12 @@ class Gpt final : public Model {
               std::size_t x_act, std::size_t w, std::span<const float> b, std::size_t N, std::size_t C,
               std::size_t OC) {
     Engine& e = *engine_;
-    // The forward needs no backward slot (enum BackwardSlot).
-    if (fp8_) fp8_->forward(e.gemm(), fp8_ids_[layer].*which, out, x, e.w(w), b, N, fp8_work({kAttnResidualGradSlot}));
-    else linear_forward(e.gemm(), out, e.operand(x_act, x, N, C), e.weight_operand(w, OC, C), b, N, C, OC);
+    // Work memory: the one slot the forward leaves unused (enum ForwardSlot).
+    if (fp8_) {
+      fp8_->forward(e.gemm(), fp8_ids_[layer].*which, out, x, e.w(w), b, N, fp8_work({kAttnResidualGradSlot}));
+    } else {
+      linear_forward(e.gemm(), out, e.operand(x_act, x, N, C), e.weight_operand(w, OC, C), b, N, C, OC);
+    }
   }
 
   void init_weights() {
