@@ -5,11 +5,16 @@
 // accumulation multiplies):
 //   Y = Xq Wq^T + b,  dX += dYq Wq,  dW += dYq^T Xq,  db += column sums of dY (unquantized,
 //   as TE's fused bias-gradient).
-// The backward uses the Xq saved by the forward, as Transformer Engine does. mxfp8
-// quantizes each operand along the GEMM's reduction dimension, like TE: rowwise copies
-// for the forward GEMM, columnwise (transposed) copies for dgrad (Wq) and wgrad (Xq, dYq).
+// The backward uses the X saved by the forward as fp8 codes plus scale(s) (1 byte per
+// element), as Transformer Engine does, and dequantizes them into fp32 work memory right
+// before its GEMM; the weight is re-quantized from W (unchanged between a forward and its
+// backward) with the forward's scale, so no copy of it is kept. mxfp8 quantizes each
+// operand along the GEMM's reduction dimension, like TE: rowwise for the forward GEMM,
+// columnwise for dgrad (Wq) and wgrad (Xq, dYq); only X's columnwise codes are saved.
 //
-// Everything is allocated by finish(); forward/backward allocate nothing.
+// Everything is allocated by finish(); forward/backward allocate nothing. The fp32 work
+// memory for the dequantized operands is either the caller's (spans of scratch it does
+// not need during the call) or, finish(true), buffers of this object.
 #pragma once
 
 #include <cstddef>
@@ -34,6 +39,12 @@ namespace mixprec::nn::detail {
 // saturated, underflow = flushed).
 ConversionStats fake_quantize(std::span<const float> x, std::span<float> out, fp8::Dtype dtype, float scale,
                               float scale_inv, std::span<std::uint8_t> codes);
+// fake_quantize in two halves, for values kept as codes in between: codes[i] =
+// encode_sat<dtype>(x[i] * scale) (returns what the cast destroyed), then out[i] =
+// decode(codes[i]) * scale_inv. codes holds at least x.size() (out.size()) bytes.
+ConversionStats quantize_codes(std::span<const float> x, std::span<std::uint8_t> codes, fp8::Dtype dtype,
+                               float scale);
+void dequantize_codes(std::span<const std::uint8_t> codes, std::span<float> out, fp8::Dtype dtype, float scale_inv);
 
 struct MxFakeQuantized {
   ConversionStats stats;  // overflow = saturated, underflow = flushed
@@ -44,9 +55,13 @@ struct MxFakeQuantized {
 // fp8::mx_dequantize, bit for bit. out may alias x. codes: x.size() bytes of scratch.
 MxFakeQuantized fake_quantize_mx(std::span<const float> x, std::span<float> out, std::size_t row_len,
                                  fp8::Dtype dtype, fp8::MxRounding rounding, std::span<std::uint8_t> codes);
-
-// dst[c * rows + r] = src[r * cols + c].
-void transpose(std::span<const float> src, std::span<float> dst, std::size_t rows, std::size_t cols);
+// fake_quantize_mx in two halves: the codes (x.size() bytes) and the E8M0 scales of every
+// row's blocks (rows * fp8::mx_blocks(row_len)), then out = their dequantization
+// (fp8::mx_dequantize per row). Together bit for bit fake_quantize_mx.
+MxFakeQuantized quantize_mx_codes(std::span<const float> x, std::size_t row_len, fp8::Dtype dtype,
+                                  fp8::MxRounding rounding, std::span<std::uint8_t> codes, std::span<e8m0> scales);
+void dequantize_mx_codes(std::span<const std::uint8_t> codes, std::span<const e8m0> scales, std::size_t row_len,
+                         fp8::Dtype dtype, std::span<float> out);
 
 // ---- the Linear layers of one model ----------------------------------------------------
 
@@ -58,23 +73,37 @@ class Fp8Linears {
   // tensors are "<layer>.input", "<layer>.weight" (forward) and "<layer>.grad_output"
   // (backward), in that order. Returns its id. Before finish().
   std::size_t add(const std::string& layer, std::size_t rows, std::size_t in, std::size_t out);
-  void finish();  // allocates every buffer
+  // Allocates every buffer; own_work: also the fp32 work memory, for callers that pass no
+  // work spans.
+  void finish(bool own_work = true);
 
-  // y[rows, out] = Xq Wq^T + b for the first `rows` rows of x. What the quantization
-  // did is held until backward() (an evaluation forward records nothing).
+  // fp32 work memory of one call: the dequantized operands are carved out of these spans
+  // (first fit), which the caller does not read or write during the call; empty: this
+  // object's own (finish(true)). Too little is a std::logic_error. Needed: forward
+  // rows*in floats in one span; backward N*OC (dYq) and N*C (Xq), mxfp8 another N*OC
+  // (the columnwise dYq), each in one span.
+  using Work = std::span<const std::span<float>>;
+
+  // y[rows, out] = Xq Wq^T + b for the first `rows` rows of x; saves X's codes for the
+  // backward. What the quantization did is held until backward() (an evaluation forward
+  // records nothing).
   void forward(Gemm& g, std::size_t id, std::span<float> y, std::span<const float> x, std::span<const float> w,
-               std::span<const float> b, std::size_t rows);
-  // The backward of the last forward of this layer, which must have used all rows.
+               std::span<const float> b, std::size_t rows, Work work = {});
+  // The backward of the last forward of this layer, which must have used all rows; w is
+  // the weight that forward multiplied (re-quantized here with that forward's scale).
   // dx may be empty (not needed); db must be empty exactly when the layer has no bias.
   void backward(Gemm& g, std::size_t id, std::span<float> dx, std::span<float> dw, std::span<float> db,
-                std::span<const float> dy);
+                std::span<const float> dy, std::span<const float> w, Work work = {});
 
   void step_done();           // fp8-delayed: DelayedScaling::update()
   void reset_stats() noexcept;  // the per-step counts; scales and histories stay
   std::span<const Fp8TensorStats> stats() const noexcept { return stats_; }
   fp8::DelayedScaling* delayed() noexcept { return recipe_ == Fp8Recipe::delayed ? &delayed_ : nullptr; }
   Fp8Recipe recipe() const noexcept { return recipe_; }
-  std::size_t scratch_bytes() const noexcept;
+  // What is kept from a forward to its backward: X's fp8 codes and scales (mxfp8: E8M0
+  // block scales), 1 byte per element plus scales.
+  std::size_t saved_bytes() const noexcept;
+  std::size_t scratch_bytes() const noexcept;  // the weight, codes on their way, mxfp8 tile, own work
 
  private:
   // What one quantization did, before it is committed to the step's stats.
@@ -86,16 +115,27 @@ class Fp8Linears {
   struct Linear {
     std::size_t rows = 0, in = 0, out = 0;
     std::size_t tensor = 0;          // index of "<layer>.input"; weight and grad_output follow
-    std::size_t xq = 0, wq = 0, xq_col = 0, wq_col = 0;  // offsets into saved_ (the columnwise copies: mxfp8)
+    // X's codes: offset into saved_codes_ (rows * in bytes; mxfp8: columnwise, [in][rows])
+    // and, mxfp8, into saved_scales_ (in * mx_blocks(rows)).
+    std::size_t x_codes = 0, x_scales = 0;
+    float x_scale_inv = 1;             // per-tensor: what X's codes are dequantized with
+    float w_scale = 1, w_scale_inv = 1;  // per-tensor: W's, for the backward's re-quantization
     std::size_t forward_rows = 0;    // rows of the last forward
     Pending input, weight;
   };
 
-  // Quantizes x (rows x cols, reduction along cols) for tensor t into out (rowwise).
-  Pending quantize(std::size_t t, std::span<const float> x, std::span<float> out, std::size_t cols);
-  // mxfp8's columnwise copy: blocks along the rows (the other GEMM's reduction dimension).
-  void quantize_columnwise(std::size_t t, std::span<const float> x, std::span<float> out, std::size_t rows,
-                           std::size_t cols);
+  // Quantizes x (rows x cols, reduction along cols) for tensor t: codes, then their
+  // dequantization into out (rowwise). scale_inv: what out was dequantized with (per-tensor).
+  Pending quantize(std::size_t t, std::span<const float> x, std::span<float> out, std::size_t cols,
+                   std::span<std::uint8_t> codes, float& scale_inv);
+  // mxfp8's columnwise copies: blocks along the rows of x[rows, cols] (the other GEMM's
+  // reduction dimension), kMxBlock columns at a time through tile_.
+  void fake_quantize_columnwise(std::size_t t, std::span<const float> x, std::span<float> out, std::size_t rows,
+                                std::size_t cols);
+  void save_columnwise(std::size_t t, std::span<const float> x, std::uint8_t* codes, e8m0* scales,
+                       std::size_t rows, std::size_t cols);
+  void load_columnwise(std::size_t t, const std::uint8_t* codes, const e8m0* scales, std::span<float> out,
+                       std::size_t rows, std::size_t cols);
   void commit(std::size_t t, const Pending& p);
   float scale_of(std::size_t t) const;
   float scale_inv_of(std::size_t t) const;
@@ -105,11 +145,14 @@ class Fp8Linears {
   fp8::DelayedScaling delayed_;
   std::vector<Linear> linears_;
   std::vector<Fp8TensorStats> stats_;
-  std::vector<float> saved_;  // per Linear: Xq [rows, in], Wq [out, in]; mxfp8 also their columnwise copies
-  std::size_t saved_floats_ = 0;
-  std::vector<float> dyq_, dyq_col_, transposed_;
-  std::vector<std::uint8_t> codes_;
-  std::size_t max_act_ = 0, max_weight_ = 0;
+  std::vector<std::uint8_t> saved_codes_;  // per Linear: X's codes
+  std::vector<e8m0> saved_scales_;         // mxfp8, per Linear: X's columnwise block scales
+  std::size_t saved_code_bytes_ = 0, saved_scale_count_ = 0;
+  std::vector<float> wq_;                  // the weight being multiplied (forward or backward)
+  std::vector<float> tile_;                // mxfp8: kMxBlock columns, transposed
+  std::vector<float> work_;                // own work memory (finish(true))
+  std::vector<std::uint8_t> codes_;        // codes of W and dY on their way to fp32
+  std::size_t max_act_ = 0, max_weight_ = 0, max_work_ = 0, max_tile_rows_ = 0;
   bool finished_ = false;
 };
 

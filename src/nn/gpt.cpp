@@ -1,8 +1,10 @@
 // The decoder-only transformer (GPT-2 architecture, llm.c's layout) under a precision
 // policy. See include/mixprec/nn/model.hpp for the protocol and docs/training.md for
 // which format every tensor is stored in.
+#include <array>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -93,9 +95,11 @@ class Gpt final : public Model {
         gpt_specs(c), StoreOptions{p.weights, p.weight_grads, p.master, state_slots});
     const std::size_t B = c.batch, T = c.context, C = c.channels, V = c.vocab, NH = c.heads, L = c.layers;
     const std::size_t N = B * T;
-    engine_ = std::make_unique<Engine>(p, *store_, N * std::max(V, 4 * C), kSlotCount);
+    slot_floats_ = N * std::max(V, 4 * C);
+    engine_ = std::make_unique<Engine>(p, *store_, slot_floats_, kSlotCount);
     Arena& a = engine_->acts();
     const DType act = p.activations;
+    const bool shared_inputs = recipe != Fp8Recipe::none;  // fp8 presets (below)
     wte_ = store_->index_of("wte");
     wpe_ = store_->index_of("wpe");
     lnfw_ = store_->index_of("lnf.weight");
@@ -108,18 +112,21 @@ class Gpt final : public Model {
                          idx("attn.proj.weight"), idx("attn.proj.bias"), idx("ln2.weight"), idx("ln2.bias"),
                          idx("mlp.fc.weight"), idx("mlp.fc.bias"), idx("mlp.proj.weight"), idx("mlp.proj.bias")});
       LayerActs la{};
-      la.ln1 = a.add(h + "ln1", act, N * C);
+      // fp8 presets: the inputs of the block Linears (ln1, attn, ln2, mlp.gelu) are read
+      // by the fp8 Linears only, whose backward reads the codes they saved; they pass
+      // through one shared buffer (below) instead of being kept.
+      if (!shared_inputs) la.ln1 = a.add(h + "ln1", act, N * C);
       la.ln1_mean = a.add(h + "ln1.mean", DType::f32, N);
       la.ln1_rstd = a.add(h + "ln1.rstd", DType::f32, N);
       la.qkv = a.add(h + "attn.qkv", act, N * 3 * C);
       la.att = a.add(h + "attn.softmax", DType::f32, B * NH * T * T);
-      la.atty = a.add(h + "attn", act, N * C);
+      if (!shared_inputs) la.atty = a.add(h + "attn", act, N * C);
       la.res2 = a.add(h + "attn.residual", act, N * C);
-      la.ln2 = a.add(h + "ln2", act, N * C);
+      if (!shared_inputs) la.ln2 = a.add(h + "ln2", act, N * C);
       la.ln2_mean = a.add(h + "ln2.mean", DType::f32, N);
       la.ln2_rstd = a.add(h + "ln2.rstd", DType::f32, N);
       la.fch = a.add(h + "mlp.fc", act, N * 4 * C);
-      la.fchg = a.add(h + "mlp.gelu", act, N * 4 * C);
+      if (!shared_inputs) la.fchg = a.add(h + "mlp.gelu", act, N * 4 * C);
       la.res3 = a.add(h + "mlp.residual", act, N * C);
       acts_.push_back(la);
     }
@@ -147,6 +154,12 @@ class Gpt final : public Model {
     probs_ = a.add("probs", DType::f32, N * V);
     losses_ = a.add("losses", DType::f32, N);
     saved_bytes_end_ = a.count();
+    if (shared_inputs) {
+      // Stored in the activation format and decoded back (Engine::commit), as the kept
+      // copies were: the fp8 Linears quantize the same values.
+      const std::size_t in = a.add("fp8.linear_input", act, N * 4 * C);
+      for (LayerActs& la : acts_) la.ln1 = la.atty = la.ln2 = la.fchg = in;
+    }
     tmp_ = a.add("projection", act, N * C);
     preatt_ = a.add("attn.scores", DType::f32, B * NH * T * T);
     dpreatt_ = a.add("attn.scores.grad", DType::f32, B * NH * T * T);
@@ -165,7 +178,7 @@ class Gpt final : public Model {
         fp8_ids_.push_back({fp8_->add(h + "attn.qkv", N, C, 3 * C), fp8_->add(h + "attn.proj", N, C, C),
                             fp8_->add(h + "mlp.fc", N, C, 4 * C), fp8_->add(h + "mlp.proj", N, 4 * C, C)});
       }
-      fp8_->finish();
+      fp8_->finish(false);  // its fp32 work memory: engine slots free during each call (fp8_work)
     }
     tokens_.assign(N, 0);
     targets_.assign(N, 0);
@@ -275,7 +288,8 @@ class Gpt final : public Model {
       const LayerLabels& lb = labels_[l];
       // res3 = res2 + proj(gelu(fc(ln2(res2)))): dres flows to both.
       std::span<float> dhg = e.zeroed(kWideGradSlot, N * 4 * C);
-      if (fp8_) fp8_->backward(g, fp8_ids_[l].fcproj, dhg, e.dw(p.fcprojw), e.dw(p.fcprojb), dres);
+      if (fp8_) fp8_->backward(g, fp8_ids_[l].fcproj, dhg, e.dw(p.fcprojw), e.dw(p.fcprojb), dres, e.w(p.fcprojw),
+                               fp8_work({kSavedSlot, kFcGradSlot, kAttnResidualGradSlot}));
       else linear_backward(g, dhg, e.dw(p.fcprojw), e.dw(p.fcprojb), dres, e.operand(dres_, dres, N, C),
                            e.saved_operand(s.fchg, kSavedSlot, N, 4 * C), e.weight_operand(p.fcprojw, C, 4 * C), N,
                            4 * C, C);
@@ -284,7 +298,8 @@ class Gpt final : public Model {
       gelu_backward_store(dh, e.load(s.fch, kSavedSlot, N * 4 * C), dhg);
       e.commit_grad(dbig_, dh, stats_, lb.fc_out);
       std::span<float> dln2 = e.zeroed(kNarrowGradSlot, N * C);
-      if (fp8_) fp8_->backward(g, fp8_ids_[l].fc, dln2, e.dw(p.fcw), e.dw(p.fcb), dh);
+      if (fp8_) fp8_->backward(g, fp8_ids_[l].fc, dln2, e.dw(p.fcw), e.dw(p.fcb), dh, e.w(p.fcw),
+                               fp8_work({kSavedSlot, kAttnResidualGradSlot, kWideGradSlot}));  // dhg: consumed
       else linear_backward(g, dln2, e.dw(p.fcw), e.dw(p.fcb), dh, e.operand(dbig_, dh, N, 4 * C),
                            e.saved_operand(s.ln2, kSavedSlot, N, C), e.weight_operand(p.fcw, 4 * C, C), N, C, 4 * C);
       e.commit_grad(dmid_, dln2, stats_, lb.ln2_out);
@@ -295,7 +310,8 @@ class Gpt final : public Model {
       e.commit_grad(dres_, dres2, stats_, lb.res2);
       // res2 = res + proj(attention(qkv(ln1(res)))).
       std::span<float> dy = e.zeroed(kNarrowGradSlot, N * C);
-      if (fp8_) fp8_->backward(g, fp8_ids_[l].proj, dy, e.dw(p.projw), e.dw(p.projb), dres2);
+      if (fp8_) fp8_->backward(g, fp8_ids_[l].proj, dy, e.dw(p.projw), e.dw(p.projb), dres2, e.w(p.projw),
+                               fp8_work({kSavedSlot, kFcGradSlot, kWideGradSlot}));
       else linear_backward(g, dy, e.dw(p.projw), e.dw(p.projb), dres2, e.operand(dres_, dres2, N, C),
                            e.saved_operand(s.atty, kSavedSlot, N, C), e.weight_operand(p.projw, C, C), N, C, C);
       e.commit_grad(dmid_, dy, stats_, lb.attproj_in);
@@ -305,7 +321,8 @@ class Gpt final : public Model {
                          a.f32(s.att, B * NH * T * T), B, T, C, NH);
       e.commit_grad(dbig_, dqkv, stats_, lb.qkv_out);
       std::span<float> dln1 = e.zeroed(kNarrowGradSlot, N * C);
-      if (fp8_) fp8_->backward(g, fp8_ids_[l].qkv, dln1, e.dw(p.qkvw), e.dw(p.qkvb), dqkv);
+      if (fp8_) fp8_->backward(g, fp8_ids_[l].qkv, dln1, e.dw(p.qkvw), e.dw(p.qkvb), dqkv, e.w(p.qkvw),
+                               fp8_work({kSavedSlot, kFcGradSlot}));
       else linear_backward(g, dln1, e.dw(p.qkvw), e.dw(p.qkvb), dqkv, e.operand(dbig_, dqkv, N, 3 * C),
                            e.saved_operand(s.ln1, kSavedSlot, N, C), e.weight_operand(p.qkvw, 3 * C, C), N, C, 3 * C);
       e.commit_grad(dmid_, dln1, stats_, lb.ln1_out);
@@ -335,7 +352,11 @@ class Gpt final : public Model {
       else m.scratch_bytes += b;
     }
     m.scratch_bytes += engine_->scratch_bytes();
-    if (fp8_) m.scratch_bytes += fp8_->scratch_bytes();
+    if (fp8_) {
+      m.activation_bytes += fp8_->saved_bytes();  // saved for backward, as fp8 codes + scales
+      m.fp8_activation_bytes = fp8_->saved_bytes();
+      m.scratch_bytes += fp8_->scratch_bytes();
+    }
     return m;
   }
 
@@ -346,6 +367,14 @@ class Gpt final : public Model {
   }
 
  private:
+  // Engine scratch slots as fp8 work memory (Fp8Linears::Work): slots no live value
+  // occupies during the call (at most three).
+  Fp8Linears::Work fp8_work(std::initializer_list<std::size_t> slots) {
+    std::size_t i = 0;
+    for (std::size_t s : slots) fp8_work_.at(i++) = engine_->scratch(s, slot_floats_);
+    return {fp8_work_.data(), slots.size()};
+  }
+
   // Commits an activation that only the next block Linear reads: without decoding it
   // back when that Linear multiplies the stored bf16 (not in the fp8 presets, whose
   // Linears quantize the fp32 values).
@@ -360,8 +389,12 @@ class Gpt final : public Model {
               std::size_t x_act, std::size_t w, std::span<const float> b, std::size_t N, std::size_t C,
               std::size_t OC) {
     Engine& e = *engine_;
-    if (fp8_) fp8_->forward(e.gemm(), fp8_ids_[layer].*which, out, x, e.w(w), b, N);
-    else linear_forward(e.gemm(), out, e.operand(x_act, x, N, C), e.weight_operand(w, OC, C), b, N, C, OC);
+    // Work memory: the one slot the forward leaves unused (enum ForwardSlot).
+    if (fp8_) {
+      fp8_->forward(e.gemm(), fp8_ids_[layer].*which, out, x, e.w(w), b, N, fp8_work({kAttnResidualGradSlot}));
+    } else {
+      linear_forward(e.gemm(), out, e.operand(x_act, x, N, C), e.weight_operand(w, OC, C), b, N, C, OC);
+    }
   }
 
   void init_weights() {
@@ -416,6 +449,10 @@ class Gpt final : public Model {
     const std::size_t C = config_.channels;
     std::vector<std::pair<std::size_t, std::size_t>> order{{enc_, N * C}};
     for (const LayerActs& s : acts_) {
+      if (fp8_) {  // the Linear inputs are not kept (their shared buffer holds the last one)
+        order.insert(order.end(), {{s.qkv, 3 * N * C}, {s.res2, N * C}, {s.fch, 4 * N * C}, {s.res3, N * C}});
+        continue;
+      }
       order.insert(order.end(), {{s.ln1, N * C}, {s.qkv, 3 * N * C}, {s.atty, N * C}, {s.res2, N * C},
                                  {s.ln2, N * C}, {s.fch, 4 * N * C}, {s.fchg, 4 * N * C}, {s.res3, N * C}});
     }
@@ -438,6 +475,8 @@ class Gpt final : public Model {
   std::size_t enc_ = 0, lnf_ = 0, lnf_mean_ = 0, lnf_rstd_ = 0, logits_ = 0, probs_ = 0, losses_ = 0;
   std::size_t tmp_ = 0, preatt_ = 0, dpreatt_ = 0, datt_ = 0, dlogits_ = 0, dbig_ = 0, dmid_ = 0, dres_ = 0;
   std::size_t saved_bytes_end_ = 0;
+  std::size_t slot_floats_ = 0;
+  std::array<std::span<float>, 3> fp8_work_{};
   std::size_t logits_label_ = 0, lnf_label_ = 0, last_res_label_ = 0;
   std::size_t rows_ = 0;
   std::vector<TokenId> tokens_, targets_;

@@ -179,7 +179,7 @@ class Mlp final : public Model {
       const std::size_t fan_in = i == 0 ? T * C : H;
       const std::size_t in_act = i == 0 ? x0_ : post_[i - 1];
       std::span<float> din = e.zeroed(kDownGradSlot, B * fan_in);
-      if (fp8_) fp8_->backward(e.gemm(), i, din, e.dw(w_[i]), e.dw(b_[i]), dpre);
+      if (fp8_) fp8_->backward(e.gemm(), i, din, e.dw(w_[i]), e.dw(b_[i]), dpre, e.w(w_[i]));
       else linear_backward(e.gemm(), din, e.dw(w_[i]), e.dw(b_[i]), dpre,
                            e.operand(dhid_, dpre, B, H), e.saved_operand(in_act, kSavedSlot, B, fan_in),
                            e.weight_operand(w_[i], H, fan_in), B, fan_in, H);
@@ -207,6 +207,10 @@ class Mlp final : public Model {
       (i < saved_end_ ? m.activation_bytes : m.gradient_bytes) += b;
     }
     m.scratch_bytes = engine_->scratch_bytes() + (fp8_ ? fp8_->scratch_bytes() : 0);
+    if (fp8_) {  // saved for backward, as fp8 codes + scales
+      m.fp8_activation_bytes = fp8_->saved_bytes();
+      m.activation_bytes += m.fp8_activation_bytes;
+    }
     return m;
   }
 

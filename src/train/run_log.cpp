@@ -387,6 +387,7 @@ std::string summary_json(const TrainSummary& s, std::string_view config_json) {
   m.field("activation_bytes", static_cast<std::uint64_t>(s.memory.activation_bytes));
   m.field("gradient_bytes", static_cast<std::uint64_t>(s.memory.gradient_bytes));
   m.field("scratch_bytes", static_cast<std::uint64_t>(s.memory.scratch_bytes));
+  m.field("fp8_activation_bytes", static_cast<std::uint64_t>(s.memory.fp8_activation_bytes));
   m.close();
 
   std::string out;

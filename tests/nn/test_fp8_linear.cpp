@@ -9,10 +9,12 @@
 #include <cstdint>
 #include <limits>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "mixprec/fp8/quantize.hpp"
 #include "mixprec/nn/gemm.hpp"
+#include "mixprec/nn/layers.hpp"
 #include "nn/fp8_linear.hpp"
 
 namespace mixprec::nn::detail {
@@ -216,7 +218,7 @@ void check_linear(Fp8Linears& f, const LinearCase& t, const std::vector<float>& 
   std::vector<float> y(kN * kOC), dx(kN * kC, 0.0f), dw(kOC * kC, 0.0f), db(kOC, 0.0f);
   f.forward(g, 0, y, t.x, t.w, t.b, kN);
   expect_close(y, naive_forward(xq, wq, t.b), "y");
-  f.backward(g, 0, dx, dw, db, t.dy);
+  f.backward(g, 0, dx, dw, db, t.dy, t.w);
   std::vector<double> rdx(kN * kC, 0.0), rdw(kOC * kC, 0.0), rdb(kOC, 0.0);
   for (std::size_t n = 0; n < kN; ++n)
     for (std::size_t o = 0; o < kOC; ++o) {
@@ -342,7 +344,7 @@ TEST(Fp8Linear, DelayedScalingScaleSequenceByHand) {
       x[0] = amaxes[step];  // exactly (scaling by a non-power of two rounds)
       f.reset_stats();
       f.forward(g, 0, y, x, t.w, t.b, kN);
-      f.backward(g, 0, dx, dw, db, t.dy);
+      f.backward(g, 0, dx, dw, db, t.dy, t.w);
       const Fp8TensorStats& s = f.stats()[0];
       EXPECT_EQ(s.scale, used[step]) << "margin " << margin << ", step " << step + 1;
       EXPECT_EQ(s.amax, amaxes[step]);
@@ -369,7 +371,170 @@ TEST(Fp8Linear, EvaluationForwardRecordsNothing) {
   f.step_done();
   EXPECT_EQ(f.delayed()->scale(0), 1.0f);  // amax 0 keeps the scale
   std::vector<float> dx(kN * kC), dw(kOC * kC), db(kOC);
-  EXPECT_THROW(f.backward(g, 0, dx, dw, db, t.dy), std::logic_error);  // not a full forward
+  EXPECT_THROW(f.backward(g, 0, dx, dw, db, t.dy, t.w), std::logic_error);  // not a full forward
+}
+
+// ---- the backward from saved codes against the backward from fp32 copies ----------------
+
+// The two halves give what fake_quantize gives, bit for bit, per-tensor and MX (rows not
+// a multiple of 32, inf and NaN blocks included).
+TEST(Fp8SavedCodes, QuantizeThenDequantizeIsFakeQuantize) {
+  std::vector<float> x = spread(33 * 70, 11, 3.0f);
+  x[5] = std::numeric_limits<float>::infinity();
+  x[40] = std::numeric_limits<float>::quiet_NaN();
+  x[33 * 69 + 2] = -std::numeric_limits<float>::infinity();
+  std::vector<std::uint8_t> codes(x.size()), scratch(x.size());
+  for (Dtype d : {Dtype::e4m3, Dtype::e5m2}) {
+    for (float scale : {1.0f, 0.37f, 1024.0f}) {
+      std::vector<float> want(x.size()), got(x.size());
+      const ConversionStats a = fake_quantize(x, want, d, scale, 1.0f / scale, scratch);
+      const ConversionStats b = quantize_codes(x, codes, d, scale);
+      dequantize_codes(codes, got, d, 1.0f / scale);
+      expect_same_bits(got, want, "per-tensor codes");
+      EXPECT_EQ(a.overflow, b.overflow);
+      EXPECT_EQ(a.underflow, b.underflow);
+    }
+    for (fp8::MxRounding r : {fp8::MxRounding::transformer_engine, fp8::MxRounding::ocp}) {
+      for (std::size_t row_len : {std::size_t{70}, std::size_t{33}, std::size_t{7}}) {
+        std::vector<float> want(x.size()), got(x.size());
+        std::vector<e8m0> scales(x.size() / row_len * fp8::mx_blocks(row_len));
+        const MxFakeQuantized a = fake_quantize_mx(x, want, row_len, d, r, scratch);
+        const MxFakeQuantized b = quantize_mx_codes(x, row_len, d, r, codes, scales);
+        dequantize_mx_codes(codes, scales, row_len, d, got);
+        expect_same_bits(got, want, "MX codes");
+        EXPECT_EQ(a.stats.overflow, b.stats.overflow);
+        EXPECT_EQ(a.min_factor, b.min_factor);
+      }
+    }
+  }
+}
+
+struct Shape {
+  std::size_t n, c, oc;
+};
+
+void expect_same_bits(std::span<const float> a, std::span<const float> b, const std::string& what) {
+  expect_same_bits(std::vector<float>(a.begin(), a.end()), std::vector<float>(b.begin(), b.end()), what.c_str());
+}
+
+// The fp32 copy mxfp8 made of x[rows, cols] quantized along its rows (columnwise): by
+// transposing, quantizing rows of `rows` values and transposing back.
+std::vector<float> columnwise(Dtype d, const std::vector<float>& x, std::size_t rows, std::size_t cols,
+                              fp8::MxRounding r) {
+  std::vector<float> t = transposed(x, rows, cols);
+  std::vector<std::uint8_t> codes(t.size());
+  (void)fake_quantize_mx(t, t, rows, d, r, codes);
+  return transposed(t, cols, rows);
+}
+
+// Per recipe and shape (N below one MX block, sizes not multiples of 32): Fp8Linears'
+// forward output and backward gradients against the GEMMs on fp32 copies of the
+// quantized operands, the way the backward computed them before it saved codes. Bit for
+// bit: same operand values, same GEMM calls. fp8-delayed runs a second step, so that its
+// scales are not 1; an evaluation forward of fewer rows comes before the training one.
+TEST(Fp8SavedCodes, BackwardFromCodesEqualsBackwardFromFp32Copies) {
+  const Shape shapes[] = {{64, 48, 40}, {20, 33, 70}, {37, 96, 5}, {1, 31, 3}};
+  const Fp8Recipe recipes[] = {Fp8Recipe::noscale, Fp8Recipe::delayed, Fp8Recipe::current, Fp8Recipe::mx};
+  for (const Shape& sh : shapes) {
+    const std::size_t N = sh.n, C = sh.c, OC = sh.oc;
+    for (Fp8Recipe recipe : recipes) {
+      for (int variant = 0; variant < 2; ++variant) {
+        Fp8Config cfg;
+        if (variant == 1) {
+          cfg.format = fp8::Format::e4m3;
+          cfg.power_of_2_scales = true;
+          cfg.mx_rounding = fp8::MxRounding::ocp;
+        }
+        const std::string what = "recipe " + std::to_string(static_cast<int>(recipe)) + ", variant " +
+                                 std::to_string(variant) + ", N " + std::to_string(N) + " C " + std::to_string(C) +
+                                 " OC " + std::to_string(OC);
+        Fp8Linears f(recipe, cfg);
+        f.add("l", N, C, OC);
+        f.finish();
+        Gemm g;
+        const std::vector<float> x = spread(N * C, 21, 0.01f), w = normal(OC * C, 22, 0.05f);
+        const std::vector<float> b = normal(OC, 23, 0.1f), dy = spread(N * OC, 24, 1e-6f);
+        std::vector<float> y(N * OC), dx(N * C), dw(OC * C), db(OC);
+        for (int step = 0; step < 2; ++step) {
+          if (N > 1) f.forward(g, 0, std::span<float>(y).first(OC), std::span<const float>(x).first(C), w, b, 1);
+          f.forward(g, 0, y, x, w, b, N);
+          // The operands as the forward quantized them (its scales are still in force).
+          const Dtype dx_t = f.stats()[0].dtype, dw_t = f.stats()[1].dtype, ddy = f.stats()[2].dtype;
+          std::vector<std::uint8_t> codes(std::max({N * C, OC * C, N * OC}));
+          auto per_tensor = [&](std::size_t t, Dtype d, const std::vector<float>& v) {
+            float scale = 1, inv = 1;
+            if (recipe == Fp8Recipe::delayed) {
+              scale = f.delayed()->scale(t);
+              inv = f.delayed()->scale_inv(t);
+            } else if (recipe == Fp8Recipe::current) {
+              scale = fp8::current_scale(fp8::amax(v), fp8::max_finite(d), cfg.power_of_2_scales, cfg.amax_epsilon);
+              inv = 1.0f / scale;
+            }
+            std::vector<float> q(v.size());
+            (void)fake_quantize(v, q, d, scale, inv, codes);
+            return q;
+          };
+          std::vector<float> ry(N * OC);
+          std::vector<float> rdx(N * C, 0.5f), rdw(OC * C, -0.25f), rdb(OC, 1.0f);
+          std::fill(dx.begin(), dx.end(), 0.5f);
+          std::fill(dw.begin(), dw.end(), -0.25f);
+          std::fill(db.begin(), db.end(), 1.0f);
+          if (recipe != Fp8Recipe::mx) {
+            const auto xq = per_tensor(0, dx_t, x), wq = per_tensor(1, dw_t, w), dyq = per_tensor(2, ddy, dy);
+            linear_forward(g, ry, xq, wq, b, N, C, OC);
+            linear_backward(g, rdx, rdw, {}, dyq, xq, wq, N, C, OC);
+          } else {
+            const fp8::MxRounding r = cfg.mx_rounding;
+            std::vector<float> xq(N * C), wq(OC * C), dyq(N * OC);
+            (void)fake_quantize_mx(x, xq, C, dx_t, r, codes);
+            (void)fake_quantize_mx(w, wq, C, dw_t, r, codes);
+            (void)fake_quantize_mx(dy, dyq, OC, ddy, r, codes);
+            const auto xq_col = columnwise(dx_t, x, N, C, r), wq_col = columnwise(dw_t, w, OC, C, r);
+            const auto dyq_col = columnwise(ddy, dy, N, OC, r);
+            linear_forward(g, ry, xq, wq, b, N, C, OC);
+            g.run(view(dyq.data(), N, OC), view(wq_col.data(), OC, C), output(rdx.data(), N, C),
+                  {.trans_a = Trans::no, .trans_b = Trans::no, .alpha = 1.0f, .beta = 1.0f});
+            g.run(view(dyq_col.data(), N, OC), view(xq_col.data(), N, C), output(rdw.data(), OC, C),
+                  {.trans_a = Trans::yes, .trans_b = Trans::no, .alpha = 1.0f, .beta = 1.0f});
+          }
+          for (std::size_t n = 0; n < N; ++n)
+            for (std::size_t o = 0; o < OC; ++o) rdb[o] += dy[n * OC + o];
+          f.backward(g, 0, dx, dw, db, dy, w);
+          expect_same_bits(y, ry, what + ": y");
+          expect_same_bits(dx, rdx, what + ": dx");
+          expect_same_bits(dw, rdw, what + ": dw");
+          expect_same_bits(db, rdb, what + ": db");
+          f.step_done();
+        }
+      }
+    }
+  }
+}
+
+// The saved codes are 1 byte per input element (mxfp8: plus one E8M0 scale per 32), and
+// the work memory a caller passes is used instead of the object's own.
+TEST(Fp8SavedCodes, SavedBytesAndCallerWork) {
+  Fp8Linears per_tensor(Fp8Recipe::current, {});
+  per_tensor.add("a", 20, 33, 70);
+  per_tensor.add("b", 20, 70, 33);
+  per_tensor.finish(false);
+  EXPECT_EQ(per_tensor.saved_bytes(), 20u * 33 + 20u * 70);
+  Fp8Linears mx(Fp8Recipe::mx, {});
+  mx.add("a", 20, 33, 70);
+  mx.finish(false);
+  EXPECT_EQ(mx.saved_bytes(), 20u * 33 + 33u * fp8::mx_blocks(20));
+  // Without own work memory, a call needs the caller's; too little is refused.
+  const std::vector<float> x = normal(20 * 33, 1, 1.0f), w = normal(70 * 33, 2, 0.1f), b(70, 0.0f);
+  std::vector<float> y(20 * 70), dx(20 * 33), dw(70 * 33), dy = normal(20 * 70, 3, 0.01f);
+  Gemm g;
+  EXPECT_THROW(per_tensor.forward(g, 0, y, x, w, b, 20), std::logic_error);
+  std::vector<float> small(20 * 33 - 1), big(20 * 70 + 20 * 33);
+  const std::span<float> too_small[] = {small};
+  EXPECT_THROW(per_tensor.forward(g, 0, y, x, w, b, 20, too_small), std::logic_error);
+  const std::span<float> enough[] = {small, big};
+  per_tensor.forward(g, 0, y, x, w, b, 20, enough);
+  per_tensor.backward(g, 0, dx, dw, {}, dy, w, enough);
+  EXPECT_GT(per_tensor.stats()[2].elements, 0u);
 }
 
 }  // namespace

@@ -427,9 +427,16 @@ void print_summary(Trainer& t, const TrainSummary& s, const TrainConfig& c, cons
              percent(s.lost_update_fraction));
   fmt::print("time: {:.1f} s training, {:.1f} ms/step mean, {:.1f} ms median, {:.0f} tokens/s\n", s.seconds,
              s.mean_step_ms, s.median_step_ms, s.seconds > 0 ? static_cast<double>(s.tokens) / s.seconds : 0.0);
+  // fp8 presets: the activations in the arena (bf16, fp32 statistics) and the Linear
+  // inputs saved as fp8 codes + scales, apart.
+  const std::string acts = s.memory.fp8_activation_bytes == 0
+                               ? mib(s.memory.activation_bytes)
+                               : fmt::format("{} ({} bf16/fp32 + {} fp8 codes and scales)",
+                                             mib(s.memory.activation_bytes),
+                                             mib(s.memory.activation_bytes - s.memory.fp8_activation_bytes),
+                                             mib(s.memory.fp8_activation_bytes));
   fmt::print("memory: parameters + optimizer state {}, activations {}, activation gradients {}, scratch {}\n",
-             mib(s.memory.parameter_bytes), mib(s.memory.activation_bytes), mib(s.memory.gradient_bytes),
-             mib(s.memory.scratch_bytes));
+             mib(s.memory.parameter_bytes), acts, mib(s.memory.gradient_bytes), mib(s.memory.scratch_bytes));
   if (!dir.empty()) {
     fmt::print("run folder: {}\n", dir.string());
     fmt::print("summary: {}\n", (dir / train::run_files::summary).string());

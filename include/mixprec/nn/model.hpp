@@ -132,8 +132,10 @@ struct ForwardResult {
 struct ModelMemory {
   std::size_t parameter_bytes = 0;   // ParamStore: master + model copy + grads + optimizer state
   std::size_t activation_bytes = 0;  // saved activations (in the activation format) + their fp32 statistics
+                                     // + fp8_activation_bytes
   std::size_t gradient_bytes = 0;    // activation-gradient buffers (activation format)
   std::size_t scratch_bytes = 0;     // fp32 working buffers + decoded weights + GEMM scratch
+  std::size_t fp8_activation_bytes = 0;  // of activation_bytes: the fp8 Linears' saved inputs (codes + scales)
 };
 
 class Model {
