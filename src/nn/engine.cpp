@@ -7,6 +7,7 @@
 
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <numbers>
@@ -21,49 +22,110 @@ constexpr std::size_t kAlign = 64;
 
 std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
-void decode(const std::byte* src, DType t, std::span<float> dst) {
-  switch (t) {
-    case DType::f32: std::memcpy(dst.data(), src, dst.size() * 4); return;
-    case DType::f16: convert(std::span<const f16>(reinterpret_cast<const f16*>(src), dst.size()), dst); return;
-    case DType::bf16: convert(std::span<const bf16>(reinterpret_cast<const bf16*>(src), dst.size()), dst); return;
+// The element-wise conversions below split a large tensor over the OpenMP threads: the
+// layers around them already run on every thread, and single-threaded conversions were
+// what kept the bf16 step from scaling to two threads (Amdahl). Chunks are whole
+// multiples of 64 elements; every element is converted alone, so the result does not
+// depend on the split, and counts are sums (amax a max) merged after the loop.
+constexpr int kMaxConvertThreads = 64;
+
+int convert_threads(std::size_t n) {
+  if (n < (std::size_t{1} << 16)) return 1;  // below ~64 Ki elements a parallel region costs more
+  return std::clamp(omp_get_max_threads(), 1, kMaxConvertThreads);
+}
+
+// f(begin, end, part) over [0, n) in `threads` contiguous chunks.
+template <class F>
+void for_chunks(std::size_t n, int threads, F&& f) {
+  if (threads <= 1) {
+    f(std::size_t{0}, n, 0);
+    return;
   }
+  const std::size_t per = round_up((n + static_cast<std::size_t>(threads) - 1) / static_cast<std::size_t>(threads), 64);
+  #pragma omp parallel for schedule(static) num_threads(threads)
+  for (int part = 0; part < threads; ++part) {
+    const std::size_t b = std::min(n, static_cast<std::size_t>(part) * per);
+    const std::size_t e = std::min(n, b + per);
+    if (b < e) f(b, e, part);
+  }
+}
+
+template <class T>
+T* as(std::byte* p) noexcept {
+  return reinterpret_cast<T*>(p);
+}
+template <class T>
+const T* as(const std::byte* p) noexcept {
+  return reinterpret_cast<const T*>(p);
+}
+
+void decode(const std::byte* src, DType t, std::span<float> dst) {
+  for_chunks(dst.size(), convert_threads(dst.size()), [&](std::size_t b, std::size_t e, int) {
+    const std::span<float> d = dst.subspan(b, e - b);
+    switch (t) {
+      case DType::f32: std::memcpy(d.data(), src + 4 * b, d.size() * 4); return;
+      case DType::f16: convert(std::span<const f16>(as<f16>(src) + b, d.size()), d); return;
+      case DType::bf16: convert(std::span<const bf16>(as<bf16>(src) + b, d.size()), d); return;
+    }
+  });
 }
 
 void encode(std::span<const float> src, std::byte* dst, DType t) {
-  switch (t) {
-    case DType::f32: std::memcpy(dst, src.data(), src.size() * 4); return;
-    case DType::f16: convert(src, std::span<f16>(reinterpret_cast<f16*>(dst), src.size())); return;
-    case DType::bf16: convert(src, std::span<bf16>(reinterpret_cast<bf16*>(dst), src.size())); return;
-  }
+  for_chunks(src.size(), convert_threads(src.size()), [&](std::size_t b, std::size_t e, int) {
+    const std::span<const float> s = src.subspan(b, e - b);
+    switch (t) {
+      case DType::f32: std::memcpy(dst + 4 * b, s.data(), s.size() * 4); return;
+      case DType::f16: convert(s, std::span<f16>(as<f16>(dst) + b, s.size())); return;
+      case DType::bf16: convert(s, std::span<bf16>(as<bf16>(dst) + b, s.size())); return;
+    }
+  });
 }
 
 ConversionStats encode_counted(std::span<const float> src, std::byte* dst, DType t) {
-  switch (t) {
-    case DType::f16: return convert_counted(src, std::span<f16>(reinterpret_cast<f16*>(dst), src.size()));
-    case DType::bf16: return convert_counted(src, std::span<bf16>(reinterpret_cast<bf16*>(dst), src.size()));
-    case DType::f32: break;
+  if (t == DType::f32) {
+    encode(src, dst, t);
+    return {};
   }
-  std::memcpy(dst, src.data(), src.size() * 4);
-  return {};
+  const int threads = convert_threads(src.size());
+  ConversionStats parts[kMaxConvertThreads];
+  for_chunks(src.size(), threads, [&](std::size_t b, std::size_t e, int part) {
+    const std::span<const float> s = src.subspan(b, e - b);
+    parts[part] = t == DType::f16 ? convert_counted(s, std::span<f16>(as<f16>(dst) + b, s.size()))
+                                  : convert_counted(s, std::span<bf16>(as<bf16>(dst) + b, s.size()));
+  });
+  ConversionStats total;
+  for (int i = 0; i < threads; ++i) total += parts[i];
+  return total;
 }
 
 // Stores v and leaves in v the values stored (what decode would give back), in one pass.
 void store_and_round(std::span<float> v, std::byte* dst, DType t) {
-  switch (t) {
-    case DType::f32: std::memcpy(dst, v.data(), v.size() * 4); return;
-    case DType::f16: encode_and_round(v, std::span<f16>(reinterpret_cast<f16*>(dst), v.size())); return;
-    case DType::bf16: encode_and_round(v, std::span<bf16>(reinterpret_cast<bf16*>(dst), v.size())); return;
-  }
+  for_chunks(v.size(), convert_threads(v.size()), [&](std::size_t b, std::size_t e, int) {
+    const std::span<float> s = v.subspan(b, e - b);
+    switch (t) {
+      case DType::f32: std::memcpy(dst + 4 * b, s.data(), s.size() * 4); return;
+      case DType::f16: encode_and_round(s, std::span<f16>(as<f16>(dst) + b, s.size())); return;
+      case DType::bf16: encode_and_round(s, std::span<bf16>(as<bf16>(dst) + b, s.size())); return;
+    }
+  });
 }
 
 // The same, counted, with the input's amax (inf when it holds a nonfinite element).
 RoundedStats store_and_round_counted(std::span<float> v, std::byte* dst, DType t) {
-  switch (t) {
-    case DType::f16: return encode_and_round_counted(v, std::span<f16>(reinterpret_cast<f16*>(dst), v.size()));
-    case DType::bf16: return encode_and_round_counted(v, std::span<bf16>(reinterpret_cast<bf16*>(dst), v.size()));
-    case DType::f32: break;
+  if (t == DType::f32) throw std::logic_error("store_and_round_counted: fp32 is stored as it is");
+  const int threads = convert_threads(v.size());
+  RoundedStats parts[kMaxConvertThreads];
+  for_chunks(v.size(), threads, [&](std::size_t b, std::size_t e, int part) {
+    const std::span<float> s = v.subspan(b, e - b);
+    parts[part] = t == DType::f16 ? encode_and_round_counted(s, std::span<f16>(as<f16>(dst) + b, s.size()))
+                                  : encode_and_round_counted(s, std::span<bf16>(as<bf16>(dst) + b, s.size()));
+  });
+  RoundedStats total;
+  for (int i = 0; i < threads; ++i) {
+    total.stats += parts[i].stats;
+    total.amax = std::max(total.amax, parts[i].amax);
   }
-  throw std::logic_error("store_and_round_counted: fp32 is stored as it is");
+  return total;
 }
 
 }  // namespace
