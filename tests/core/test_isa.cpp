@@ -52,7 +52,8 @@ TEST(Isa, EveryTableFollowsTheSameRule) {
     EXPECT_EQ(update != nullptr, available);
     if (update != nullptr) {
       EXPECT_EQ(update, isa == Isa::scalar ? &optim_detail::scalar_update_kernels()
-                                           : optim_detail::avx2_update_kernels());  // avx512: AVX2's
+                        : isa == Isa::avx2 ? optim_detail::avx2_update_kernels()
+                                           : optim_detail::avx512_update_kernels());
     }
     if (available) {
       EXPECT_NO_THROW(unscale_and_check(isa, {&t, 1}, 1.0f));
