@@ -108,7 +108,7 @@ void count_adam_lost(const std::byte* before, const std::byte* after, const floa
 // Of the parameters the optimizer meant to move, the fraction whose stored value did
 // not change (the update rounded away). Adam-family: meant to move when the first
 // moment is nonzero, or decoupled/L2 decay acts on a nonzero weight. SGD: when the
-// gradient is nonzero or decay acts.
+// gradient is nonzero or decay acts. Weights of record are 4 bytes (fp32) or 2 (f16/bf16).
 double lost_update_fraction(const ParamStore& s, std::span<const std::byte> before, OptimizerKind kind,
                             double weight_decay) {
   const std::span<const std::byte> after = weights_of_record(s);
@@ -120,23 +120,18 @@ double lost_update_fraction(const ParamStore& s, std::span<const std::byte> befo
   for (std::size_t t = 0; t < s.tensor_count(); ++t) {
     const std::size_t off = s.offset(t);
     const std::size_t end = off + s.numel(t);
-    if (adam_family && (w == 4 || w == 2)) {
+    if (adam_family) {
       if (w == 4) count_adam_lost<std::uint32_t>(before.data(), after.data(), first_moment, off, end, weight_decay > 0, meant, lost);
       else count_adam_lost<std::uint16_t>(before.data(), after.data(), first_moment, off, end, weight_decay > 0, meant, lost);
       continue;
     }
     for (std::size_t i = off; i < end; ++i) {
       const bool changed = differs(&before[i * w], &after[i * w], w);
-      bool moves = false;
-      if (adam_family) {
-        moves = first_moment[i] != 0.0f;
-      } else {
-        float g = 0;
-        if (s.grad_dtype() == DType::f32) g = static_cast<const float*>(s.grad_data())[i];
-        else g = s.grad_dtype() == DType::f16 ? decode(static_cast<const f16*>(s.grad_data())[i])
-                                              : decode(static_cast<const bf16*>(s.grad_data())[i]);
-        moves = g != 0.0f;
-      }
+      float g = 0;
+      if (s.grad_dtype() == DType::f32) g = static_cast<const float*>(s.grad_data())[i];
+      else g = s.grad_dtype() == DType::f16 ? decode(static_cast<const f16*>(s.grad_data())[i])
+                                            : decode(static_cast<const bf16*>(s.grad_data())[i]);
+      bool moves = g != 0.0f;
       if (!moves && weight_decay > 0) {  // decay moves any nonzero weight (sign bit ignored)
         const std::byte* b = &before[i * w];
         bool nonzero = (b[w - 1] & std::byte{0x7f}) != std::byte{0};
