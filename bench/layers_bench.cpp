@@ -92,9 +92,11 @@ void run_case(benchmark::State& state, Op op, const LayerKernels& k, Data& x) {
         }
         break;
       case Op::ln_bwd:
+        k.layernorm_backward_params(&x.d[0], &x.d[kC], x.b.data(), x.a.data(), x.mean.data(), x.rstd.data(), kRows,
+                                    kC, kC);
         for (std::size_t r = 0; r < kRows; ++r) {
-          k.layernorm_backward_row(&x.c[r * kC], &x.d[0], &x.d[kC], &x.b[r * kC], &x.a[r * kC], x.w.data(),
-                                   x.mean[r], x.rstd[r], kC, false);
+          k.layernorm_backward_dx_row(&x.c[r * kC], &x.b[r * kC], &x.a[r * kC], x.w.data(), x.mean[r], x.rstd[r], kC,
+                                      false);
         }
         break;
       case Op::softmax_96:

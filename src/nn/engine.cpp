@@ -173,8 +173,20 @@ std::span<float> Engine::scratch(std::size_t slot, std::size_t n) {
 
 std::span<float> Engine::zeroed(std::size_t slot, std::size_t n) {
   std::span<float> s = scratch(slot, n);
-  std::memset(s.data(), 0, n * sizeof(float));
+  for_chunks(n, convert_threads(n), [&](std::size_t b, std::size_t e, int) {
+    std::memset(s.data() + b, 0, (e - b) * sizeof(float));
+  });
   return s;
+}
+
+void Engine::copy(std::span<float> dst, std::span<const float> src) {
+  if (dst.size() != src.size()) {
+    throw std::logic_error("Engine::copy: expected equal sizes, found " + std::to_string(dst.size()) + " and " +
+                           std::to_string(src.size()));
+  }
+  for_chunks(dst.size(), convert_threads(dst.size()), [&](std::size_t b, std::size_t e, int) {
+    std::memcpy(dst.data() + b, src.data() + b, (e - b) * sizeof(float));
+  });
 }
 
 std::span<float> Engine::target(std::size_t a, std::size_t slot, std::size_t n) {

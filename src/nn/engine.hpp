@@ -68,7 +68,10 @@ class Engine {
 
   // Scratch slot `slot`, first n elements.
   std::span<float> scratch(std::size_t slot, std::size_t n);
+  // The same, set to zero (split over the OpenMP threads when large, as copy()).
   std::span<float> zeroed(std::size_t slot, std::size_t n);
+  // dst = src (equal sizes), split over the OpenMP threads when large.
+  static void copy(std::span<float> dst, std::span<const float> src);
 
   // Where an op writes activation `a` (first n elements): the buffer itself when it is
   // fp32, else scratch slot `slot`.

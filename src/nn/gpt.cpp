@@ -304,7 +304,7 @@ class Gpt final : public Model {
                            e.saved_operand(s.ln2, kSavedSlot, N, C), e.weight_operand(p.fcw, 4 * C, C), N, C, 4 * C);
       e.commit_grad(dmid_, dln2, stats_, lb.ln2_out);
       std::span<float> dres2 = e.scratch(kAttnResidualGradSlot, N * C);
-      std::memcpy(dres2.data(), dres.data(), N * C * sizeof(float));
+      Engine::copy(dres2, dres);
       layernorm_backward(dres2, e.dw(p.ln2w), e.dw(p.ln2b), dln2, e.load(s.res2, kSavedSlot, N * C), e.w(p.ln2w),
                          a.f32(s.ln2_mean, N), a.f32(s.ln2_rstd, N), N, C);
       e.commit_grad(dres_, dres2, stats_, lb.res2);
@@ -326,7 +326,7 @@ class Gpt final : public Model {
       else linear_backward(g, dln1, e.dw(p.qkvw), e.dw(p.qkvb), dqkv, e.operand(dbig_, dqkv, N, 3 * C),
                            e.saved_operand(s.ln1, kSavedSlot, N, C), e.weight_operand(p.qkvw, 3 * C, C), N, C, 3 * C);
       e.commit_grad(dmid_, dln1, stats_, lb.ln1_out);
-      std::memcpy(dres.data(), dres2.data(), N * C * sizeof(float));
+      Engine::copy(dres, dres2);
       const std::size_t res_in = l == 0 ? enc_ : acts_[l - 1].res3;
       layernorm_backward(dres, e.dw(p.ln1w), e.dw(p.ln1b), dln1, e.load(res_in, kSavedSlot, N * C), e.w(p.ln1w),
                          a.f32(s.ln1_mean, N), a.f32(s.ln1_rstd, N), N, C);

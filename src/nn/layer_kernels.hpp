@@ -38,9 +38,14 @@ struct LayerKernels {
   // One row of C: out, and the row's mean and rstd.
   void (*layernorm_forward_row)(float* out, float* mean, float* rstd, const float* x, const float* weight,
                                 const float* bias, std::size_t C, float eps) noexcept;
-  // One row: dx (+= or =), dweight +=, dbias +=.
-  void (*layernorm_backward_row)(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
-                                 const float* weight, float mean, float rstd, std::size_t C, bool accumulate) noexcept;
+  // One row of dx (+= or =). Rows are independent (split over threads by row).
+  void (*layernorm_backward_dx_row)(float* dx, const float* dy, const float* x, const float* weight, float mean,
+                                    float rstd, std::size_t C, bool accumulate) noexcept;
+  // dweight[i] += norm(r, i) * dy(r, i), dbias[i] += dy(r, i) for i < n, row after row
+  // (r < rows, rows ld apart; mean/rstd per row): each column sums its rows in order, so
+  // a split of the columns over threads does not change a result.
+  void (*layernorm_backward_params)(float* dweight, float* dbias, const float* dy, const float* x, const float* mean,
+                                    const float* rstd, std::size_t rows, std::size_t ld, std::size_t n) noexcept;
   // Softmax of one row in[0, valid) into out[0, valid); out[valid, n) = 0 (causal rows:
   // valid = t + 1). valid >= 1. out may alias in. Returns max and sum of exp(in - max).
   SoftmaxStats (*softmax_row)(float* out, const float* in, std::size_t n, std::size_t valid) noexcept;

@@ -154,9 +154,17 @@ void linear_backward(Gemm& gemm, std::span<float> dinp, std::span<float> dweight
   // dweight[OC,C] += dout^T[OC,N] * inp[N,C]
   gemm.run(dout_op, inp, output(dweight.data(), OC, C), accumulate_tn);
   if (!dbias.empty()) {
-    for (std::size_t n = 0; n < N; ++n) {
-      const float* row = dout.data() + n * OC;
-      for (std::size_t o = 0; o < OC; ++o) dbias[o] += row[o];
+    // Column blocks over the threads; each column still sums its rows in order, so the
+    // result does not depend on the split.
+    constexpr std::size_t kBlock = 64;
+    const std::size_t blocks = (OC + kBlock - 1) / kBlock;
+    #pragma omp parallel for schedule(static) if (parallel_worth_it(N * OC))
+    for (std::size_t blk = 0; blk < blocks; ++blk) {
+      const std::size_t o0 = blk * kBlock, o1 = std::min(OC, o0 + kBlock);
+      for (std::size_t n = 0; n < N; ++n) {
+        const float* row = dout.data() + n * OC;
+        for (std::size_t o = o0; o < o1; ++o) dbias[o] += row[o];
+      }
     }
   }
 }
@@ -250,9 +258,24 @@ void layernorm_backward_impl(std::span<float> dinp, std::span<float> dweight, st
   check_size(fn, "rstd", rstd.size(), N, "N");
 
   const LayerKernels& k = active_layer_kernels();
-  for (std::size_t n = 0; n < N; ++n) {
-    k.layernorm_backward_row(dinp.data() + n * C, dweight.data(), dbias.data(), dout.data() + n * C,
-                             inp.data() + n * C, weight.data(), mean[n], rstd[n], C, accumulate);
+  // dweight/dbias by column blocks (each column sums its rows in order), then dinp by rows:
+  // both split over the threads without changing a result. Parameters first, so that a
+  // dinp aliasing dout is written only after dout has been read for them.
+  constexpr std::size_t kBlock = 64;
+  const std::size_t blocks = (C + kBlock - 1) / kBlock;
+  #pragma omp parallel if (parallel_worth_it(N * C))
+  {
+    #pragma omp for schedule(static)
+    for (std::size_t blk = 0; blk < blocks; ++blk) {
+      const std::size_t c0 = blk * kBlock;
+      k.layernorm_backward_params(dweight.data() + c0, dbias.data() + c0, dout.data() + c0, inp.data() + c0,
+                                  mean.data(), rstd.data(), N, C, std::min(kBlock, C - c0));
+    }
+    #pragma omp for schedule(static)
+    for (std::size_t n = 0; n < N; ++n) {
+      k.layernorm_backward_dx_row(dinp.data() + n * C, dout.data() + n * C, inp.data() + n * C, weight.data(),
+                                  mean[n], rstd[n], C, accumulate);
+    }
   }
 }
 }  // namespace

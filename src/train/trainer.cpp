@@ -17,6 +17,11 @@
 namespace mixprec::train {
 namespace {
 
+// Below these sizes the step's own passes stay on the calling thread (waking the pool
+// costs more than it saves).
+constexpr std::size_t kParallelBytes = std::size_t{1} << 20;
+constexpr std::size_t kParallelElements = std::size_t{1} << 16;
+
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) {
@@ -110,21 +115,32 @@ void count_adam_lost(const std::byte* before, const std::byte* after, const floa
 // moment is nonzero, or decoupled/L2 decay acts on a nonzero weight. SGD: when the
 // gradient is nonzero or decay acts. Weights of record are 4 bytes (fp32) or 2 (f16/bf16).
 double lost_update_fraction(const ParamStore& s, std::span<const std::byte> before, OptimizerKind kind,
-                            double weight_decay) {
+                            double weight_decay, ThreadPool& pool) {
   const std::span<const std::byte> after = weights_of_record(s);
   const std::size_t w = after.size() / s.flat_size();
   std::uint64_t meant = 0, lost = 0;
   const bool adam_family = kind == OptimizerKind::adam || kind == OptimizerKind::adamw;
   // Looked up once, not per parameter (out-of-line, checked accessors).
   const float* first_moment = adam_family ? s.state_data(0) : nullptr;
+  if (adam_family) {
+    // The rule is the same for every tensor: one flat range, split over the pool's threads
+    // (integer counts: the sum does not depend on the split).
+    std::vector<std::uint64_t> counts(2 * pool.size(), 0);
+    pool.parallel_for(s.flat_size(), 64, kParallelElements, [&](std::size_t b, std::size_t e, unsigned k) {
+      if (w == 4) count_adam_lost<std::uint32_t>(before.data(), after.data(), first_moment, b, e, weight_decay > 0,
+                                                 counts[2 * k], counts[2 * k + 1]);
+      else count_adam_lost<std::uint16_t>(before.data(), after.data(), first_moment, b, e, weight_decay > 0,
+                                          counts[2 * k], counts[2 * k + 1]);
+    });
+    for (std::size_t k = 0; k < pool.size(); ++k) {
+      meant += counts[2 * k];
+      lost += counts[2 * k + 1];
+    }
+    return meant == 0 ? 0.0 : static_cast<double>(lost) / static_cast<double>(meant);
+  }
   for (std::size_t t = 0; t < s.tensor_count(); ++t) {
     const std::size_t off = s.offset(t);
     const std::size_t end = off + s.numel(t);
-    if (adam_family) {
-      if (w == 4) count_adam_lost<std::uint32_t>(before.data(), after.data(), first_moment, off, end, weight_decay > 0, meant, lost);
-      else count_adam_lost<std::uint16_t>(before.data(), after.data(), first_moment, off, end, weight_decay > 0, meant, lost);
-      continue;
-    }
     for (std::size_t i = off; i < end; ++i) {
       const bool changed = differs(&before[i * w], &after[i * w], w);
       float g = 0;
@@ -226,6 +242,7 @@ void Trainer::init(const TrainConfig& config, dist::Communicator* comm) {
   nn::Dataset data = load_data(config);
   impl_ = std::make_unique<Impl>(config, std::move(data));
   Impl& m = *impl_;
+  m.pool = std::make_unique<ThreadPool>(static_cast<unsigned>(std::max(1, omp_get_max_threads())));
   const OptimizerKind kind = *parse_optimizer(config.optimizer);
   if (config.zero == 1) {
     // ZeRO-1: the model keeps its model copy and gradients, full size; master weights
@@ -245,6 +262,16 @@ void Trainer::init(const TrainConfig& config, dist::Communicator* comm) {
   m.targets.assign(m.model->tokens_per_batch(), 0);
   m.snapshot.resize(weights_of_record(m.model->params()).size());
   m.scratch.assign(m.model->params().flat_size(), 0.0f);
+  m.amax.assign(m.model->params().tensor_count(), 0.0f);
+  {
+    const ParamStore& s = m.model->params();
+    const std::span<const std::byte> w = weights_of_record(s);
+    const std::size_t width = w.size() / s.flat_size();
+    const DType t = s.has_master() ? DType::f32 : s.model_dtype();
+    for (std::size_t i = 0; i < s.tensor_count(); ++i) {
+      m.weights.push_back({const_cast<std::byte*>(w.data()) + s.offset(i) * width, s.numel(i), t});
+    }
+  }
   m.step_ms.reserve(config.steps);
   m.comm = comm;
   m.own_comm = std::move(own);
@@ -310,7 +337,8 @@ StepRecord Trainer::train_step() {
     m.model->weights_updated();
     // Not measured under ZeRO (the optimizer state of the other slices is elsewhere).
     if (!m.zero)
-      r.lost_update_fraction = lost_update_fraction(store, m.snapshot, m.optimizer->kind(), m.config.weight_decay);
+      r.lost_update_fraction =
+          lost_update_fraction(store, m.snapshot, m.optimizer->kind(), m.config.weight_decay, *m.pool);
   }
   m.record_weight_telemetry(r);
   r.seconds = seconds_since(t0);
@@ -398,22 +426,37 @@ void Trainer::Impl::record_gradient_telemetry(StepRecord& r) {
   r.headroom_log2 = bs.amax > 0 ? std::log2(static_cast<double>(format_max(model->policy().activations)) /
                                             static_cast<double>(bs.amax))
                                 : std::numeric_limits<double>::infinity();
-  // Per-parameter gradient amax, unscaled (the scaled gradients are what the scaler checks).
+  // Per-parameter gradient amax, unscaled (the scaled gradients are what the scaler
+  // checks); +inf for a tensor with a non-finite unscaled value.
+  r.params.resize(store.tensor_count());
+  for (std::size_t i = 0; i < store.tensor_count(); ++i) r.params[i].name = store.spec(i).name;
+  const float inv_scale = 1.0f / r.scale;
+  const bool histograms = histogram_step(config, r.step);
+  if (!zero && !histograms && can_unscale(inv_scale)) {
+    // One read-only threaded pass over the stored gradients, no fp32 copy: the kernel's
+    // amax is max |fl(g * inv_scale)| (= fl(max |g| * inv_scale): rounding is monotonic),
+    // NaN or inf when a product is not finite.
+    UnscaleOptions o;
+    o.write = false;
+    o.amax = true;
+    unscale_and_check(store.grad_tensors(), inv_scale, o, amax, pool.get());
+    for (std::size_t i = 0; i < store.tensor_count(); ++i) {
+      r.params[i].grad_amax = std::isfinite(amax[i]) ? amax[i] : std::numeric_limits<float>::infinity();
+    }
+    return;
+  }
   std::span<float> flat(scratch);
   // Under ZeRO the reduced gradients exist only slice by slice: no per-tensor amax.
   if (zero) std::fill(flat.begin(), flat.end(), 0.0f);
   else to_f32(store.grad_data(), store.grad_dtype(), flat);
-  const float inv_scale = 1.0f / r.scale;
   for (float& x : flat) x *= inv_scale;
-  r.params.resize(store.tensor_count());
   for (std::size_t i = 0; i < store.tensor_count(); ++i) {
-    r.params[i].name = store.spec(i).name;
     bool finite = true;
     for (float x : flat.subspan(store.offset(i), store.numel(i))) finite = finite && std::isfinite(x);
     r.params[i].grad_amax = finite ? nn::amax_of(flat.subspan(store.offset(i), store.numel(i)))
                                    : std::numeric_limits<float>::infinity();
   }
-  if (histogram_step(config, r.step)) {
+  if (histograms) {
     r.histograms.emplace();
     r.histograms->activations = model->histograms().activations;
     r.histograms->activation_grads = model->histograms().activation_grads;
@@ -426,13 +469,15 @@ void Trainer::Impl::record_gradient_telemetry(StepRecord& r) {
 
 void Trainer::Impl::snapshot_weights() {
   const std::span<const std::byte> w = weights_of_record(model->params());
-  std::memcpy(snapshot.data(), w.data(), w.size());
+  pool->parallel_for(w.size(), 64, kParallelBytes,
+                     [&](std::size_t b, std::size_t e, unsigned) { std::memcpy(&snapshot[b], &w[b], e - b); });
 }
 
 StepOutcome Trainer::Impl::step_or_skip(StepRecord& r, bool found_inf_elsewhere, std::optional<double> global_norm) {
   StepOptions so;
   if (config.clip > 0) so.max_grad_norm = static_cast<float>(config.clip);
   so.lr = r.lr;
+  so.pool = pool.get();
   so.found_inf_elsewhere = found_inf_elsewhere;
   so.global_grad_norm = global_norm;
   const StepOutcome out = scaler->step(*optimizer, so);
@@ -451,6 +496,25 @@ void Trainer::Impl::update_loss_scale(StepRecord& r) {
 
 void Trainer::Impl::record_weight_telemetry(StepRecord& r) {
   const ParamStore& store = model->params();
+  if (!r.histograms) {
+    // One read-only threaded pass over the weights of record (max |w|: inv_scale 1), no
+    // fp32 copy. The kernel's amax is NaN for a tensor holding a NaN, where amax_of
+    // skips NaNs: that tensor is decoded and measured as before.
+    UnscaleOptions o;
+    o.write = false;
+    o.amax = true;
+    unscale_and_check(weights, 1.0f, o, amax, pool.get());
+    for (std::size_t i = 0; i < store.tensor_count(); ++i) {
+      if (!std::isnan(amax[i])) {
+        r.params[i].weight_amax = amax[i];
+        continue;
+      }
+      const std::span<float> w = std::span<float>(scratch).subspan(store.offset(i), store.numel(i));
+      to_f32(weights[i].data, weights[i].dtype, w);
+      r.params[i].weight_amax = nn::amax_of(w);
+    }
+    return;
+  }
   std::span<float> flat(scratch);
   const bool master = store.has_master();
   to_f32(master ? static_cast<const void*>(store.master_data()) : store.model_data(),

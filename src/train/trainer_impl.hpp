@@ -10,6 +10,8 @@
 
 #include "data_parallel.hpp"
 #include "mixprec/dist/communicator.hpp"
+#include "mixprec/core/parallel.hpp"
+#include "mixprec/kernels/unscale.hpp"
 #include "mixprec/nn/data.hpp"
 #include "mixprec/nn/model.hpp"
 #include "mixprec/optim/optimizer.hpp"
@@ -57,6 +59,12 @@ struct Trainer::Impl {
   std::vector<float> acc;           // distributed: this rank's gradient sum in fp32 (flat_size)
   std::vector<std::uint16_t> low;   // grad-reduce low with fp32 gradients: the f16/bf16 reduce buffer
   std::unique_ptr<ZeroShard> zero;  // --zero 1; the optimizer then steps zero->store
+  // --threads threads (OpenMP's team size) for the step's own passes: the check, the
+  // optimizer, the telemetry. Without it the optimizer ran on one thread whatever
+  // --threads said, and the check on every core even under --threads 1.
+  std::unique_ptr<ThreadPool> pool;
+  std::vector<float> amax;          // per-tensor amaxes (telemetry)
+  std::vector<GradTensor> weights;  // the weights of record, per tensor (telemetry)
 
   Impl(const TrainConfig& c, nn::Dataset d);
 

@@ -104,7 +104,8 @@ void bitwise(const Vec& fast, const Vec& want, const std::string& what) {
   ASSERT_EQ(fast.size(), want.size());
   for (std::size_t i = 0; i < fast.size(); ++i) {
     ASSERT_EQ(std::bit_cast<std::uint32_t>(fast[i]), std::bit_cast<std::uint32_t>(want[i]))
-        << what << " [" << i << "]: " << fast[i] << " vs " << want[i];
+        << what << " [" << i << "]: " << fast[i] << " vs " << want[i] << std::hex << " (0x"
+        << std::bit_cast<std::uint32_t>(fast[i]) << " vs 0x" << std::bit_cast<std::uint32_t>(want[i]) << ")";
   }
 }
 
@@ -266,6 +267,37 @@ TEST(LayerKernels, ElementwiseResultsDoNotDependOnPosition) {
   }
 }
 
+// layernorm_backward splits dweight/dbias over the threads by column blocks: each column
+// must get the same bits whichever columns a call covers (over many rows, so the row
+// order of the sums is exercised too).
+TEST(LayerKernels, LayerNormParamGradsDoNotDependOnTheColumnSplit) {
+  const std::size_t rows = 37, C = 203;
+  const Vec dy = random_vec(rows * C, 71, 1.0f), x = random_vec(rows * C, 72, 2.0f, 0.5f);
+  const Vec mean = random_vec(rows, 73, 0.5f), rstd = random_vec(rows, 74, 0.5f, 1.0f);
+  for (const LayerKernels* k : {&ref(), layer_kernels(Isa::avx2), layer_kernels(Isa::avx512)}) {
+    if (k == nullptr) continue;
+    Vec dw = random_vec(C, 75, 1.0f), db = random_vec(C, 76, 1.0f);
+    Vec dw_split = dw, db_split = db;
+    k->layernorm_backward_params(dw.data(), db.data(), dy.data(), x.data(), mean.data(), rstd.data(), rows, C, C);
+    for (std::size_t c0 = 0; c0 < C;) {  // pieces of 13, 64, 3, 64, ... columns
+      const std::size_t n = std::min<std::size_t>(c0 % 2 == 0 ? 13 : 64, C - c0);
+      k->layernorm_backward_params(dw_split.data() + c0, db_split.data() + c0, dy.data() + c0, x.data() + c0,
+                                   mean.data(), rstd.data(), rows, C, n);
+      c0 += n;
+    }
+    bitwise(dw, dw_split, std::string(isa_name(k->isa)) + " layernorm dweight split");
+    bitwise(db, db_split, std::string(isa_name(k->isa)) + " layernorm dbias split");
+    // The rows in order: the same as one row at a time.
+    Vec dw_rows = random_vec(C, 75, 1.0f), db_rows = random_vec(C, 76, 1.0f);
+    for (std::size_t r = 0; r < rows; ++r) {
+      k->layernorm_backward_params(dw_rows.data(), db_rows.data(), dy.data() + r * C, x.data() + r * C, &mean[r],
+                                   &rstd[r], 1, C, C);
+    }
+    bitwise(dw, dw_rows, std::string(isa_name(k->isa)) + " layernorm dweight row by row");
+    bitwise(db, db_rows, std::string(isa_name(k->isa)) + " layernorm dbias row by row");
+  }
+}
+
 TEST(LayerKernels, AddAndCrossEntropyBackwardEqualReferenceBitwise) {
   const auto tables = fast_tables();
   if (tables.empty()) GTEST_SKIP() << "no AVX2 back end on this CPU: only the reference runs here";
@@ -397,9 +429,10 @@ TEST(LayerKernels, LayerNormRowsWithinBoundOfReference) {
           Vec dwr = random_vec(C, seed + 5, 1.0f), dwg = dwr;
           Vec dbr = random_vec(C, seed + 6, 1.0f), dbg = dbr;
           const Vec dx0 = dxr;
-          ref().layernorm_backward_row(dxr.data(), dwr.data(), dbr.data(), dy.data(), x.data(), wt.data(), mr, sr, C,
-                                       acc);
-          k->layernorm_backward_row(dxg.data(), dwg.data(), dbg.data(), dy.data(), x.data(), wt.data(), mr, sr, C, acc);
+          ref().layernorm_backward_dx_row(dxr.data(), dy.data(), x.data(), wt.data(), mr, sr, C, acc);
+          ref().layernorm_backward_params(dwr.data(), dbr.data(), dy.data(), x.data(), &mr, &sr, 1, C, C);
+          k->layernorm_backward_dx_row(dxg.data(), dy.data(), x.data(), wt.data(), mr, sr, C, acc);
+          k->layernorm_backward_params(dwg.data(), dbg.data(), dy.data(), x.data(), &mr, &sr, 1, C, C);
           // Magnitudes of the terms: sum |dnorm| / C and sum |dnorm norm| / C.
           double s1 = 0, s2 = 0;
           for (std::size_t i = 0; i < C; ++i) {

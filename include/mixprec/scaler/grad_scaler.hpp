@@ -62,7 +62,9 @@ std::string_view stage_name(OptimizerStage s) noexcept;
 struct StepOptions {
   std::optional<float> max_grad_norm;  // clip the unscaled gradients to this global norm
   std::optional<double> lr;            // this step's learning rate (else the optimizer's)
-  ThreadPool* pool = nullptr;          // threads for the passes; nullptr: the global pool for large models
+  // Threads for the check and the optimizer step. nullptr: the check splits large models
+  // over ThreadPool::global(), and the optimizer step runs on the caller.
+  ThreadPool* pool = nullptr;
   // Data parallelism (docs/distributed.md): another rank found inf/NaN (found_inf
   // MAX-reduced over the ranks): skip, and back off in update(), as if this one had.
   bool found_inf_elsewhere = false;

@@ -167,8 +167,8 @@ void layernorm_forward_row(float* o, float* mean, float* rstd, const float* x, c
   *rstd = s;
 }
 
-void layernorm_backward_row(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
-                            const float* weight, float m, float s, std::size_t C, bool accumulate) noexcept {
+void layernorm_backward_dx_row(float* dx, const float* dy, const float* x, const float* weight, float m, float s,
+                               std::size_t C, bool accumulate) noexcept {
   const float inv_c = 1.0f / static_cast<float>(C);
   const std::size_t full = C / 8 * 8;
   const __m256i tm = tail_mask(C - full);
@@ -188,33 +188,44 @@ void layernorm_backward_row(float* dx, float* dweight, float* dbias, const float
   }
   const __m256 dmean = set1(hsum(a1) * inv_c);
   const __m256 dnmean = set1(hsum(a2) * inv_c);
-  auto step = [&](std::size_t i, __m256 xv, __m256 w, __m256 d, __m256 db, __m256 dw, __m256 dxo, __m256i mask,
-                  bool masked) {
+  auto grad = [&](__m256 xv, __m256 w, __m256 d) {
     const __m256 nrm = _mm256_mul_ps(_mm256_sub_ps(xv, vm), vs);
     const __m256 dn = _mm256_mul_ps(w, d);
-    const __m256 g = _mm256_mul_ps(_mm256_sub_ps(_mm256_sub_ps(dn, dmean), _mm256_mul_ps(nrm, dnmean)), vs);
-    const __m256 nb = _mm256_add_ps(db, d);
-    const __m256 nw = _mm256_fmadd_ps(nrm, d, dw);
-    const __m256 nx = accumulate ? _mm256_add_ps(dxo, g) : g;
-    if (masked) {
-      _mm256_maskstore_ps(dbias + i, mask, nb);
-      _mm256_maskstore_ps(dweight + i, mask, nw);
-      _mm256_maskstore_ps(dx + i, mask, nx);
-    } else {
-      _mm256_storeu_ps(dbias + i, nb);
-      _mm256_storeu_ps(dweight + i, nw);
-      _mm256_storeu_ps(dx + i, nx);
-    }
+    return _mm256_mul_ps(_mm256_sub_ps(_mm256_sub_ps(dn, dmean), _mm256_mul_ps(nrm, dnmean)), vs);
   };
   for (std::size_t i = 0; i < full; i += 8) {
-    step(i, _mm256_loadu_ps(x + i), _mm256_loadu_ps(weight + i), _mm256_loadu_ps(dy + i), _mm256_loadu_ps(dbias + i),
-         _mm256_loadu_ps(dweight + i), accumulate ? _mm256_loadu_ps(dx + i) : _mm256_setzero_ps(), tm, false);
+    const __m256 g = grad(_mm256_loadu_ps(x + i), _mm256_loadu_ps(weight + i), _mm256_loadu_ps(dy + i));
+    _mm256_storeu_ps(dx + i, accumulate ? _mm256_add_ps(_mm256_loadu_ps(dx + i), g) : g);
   }
   if (full < C) {
     const std::size_t i = full;
-    step(i, _mm256_maskload_ps(x + i, tm), _mm256_maskload_ps(weight + i, tm), _mm256_maskload_ps(dy + i, tm),
-         _mm256_maskload_ps(dbias + i, tm), _mm256_maskload_ps(dweight + i, tm),
-         accumulate ? _mm256_maskload_ps(dx + i, tm) : _mm256_setzero_ps(), tm, true);
+    const __m256 g = grad(_mm256_maskload_ps(x + i, tm), _mm256_maskload_ps(weight + i, tm),
+                          _mm256_maskload_ps(dy + i, tm));
+    _mm256_maskstore_ps(dx + i, tm, accumulate ? _mm256_add_ps(_mm256_maskload_ps(dx + i, tm), g) : g);
+  }
+}
+
+void layernorm_backward_params(float* dweight, float* dbias, const float* dy, const float* x, const float* mean,
+                               const float* rstd, std::size_t rows, std::size_t ld, std::size_t n) noexcept {
+  const std::size_t full = n / 8 * 8;
+  const __m256i tm = tail_mask(n - full);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const __m256 vm = set1(mean[r]), vs = set1(rstd[r]);
+    const float* yr = dy + r * ld;
+    const float* xr = x + r * ld;
+    for (std::size_t i = 0; i < full; i += 8) {
+      const __m256 d = _mm256_loadu_ps(yr + i);
+      const __m256 nrm = _mm256_mul_ps(_mm256_sub_ps(_mm256_loadu_ps(xr + i), vm), vs);
+      _mm256_storeu_ps(dbias + i, _mm256_add_ps(_mm256_loadu_ps(dbias + i), d));
+      _mm256_storeu_ps(dweight + i, _mm256_fmadd_ps(nrm, d, _mm256_loadu_ps(dweight + i)));
+    }
+    if (full < n) {
+      const std::size_t i = full;
+      const __m256 d = _mm256_maskload_ps(yr + i, tm);
+      const __m256 nrm = _mm256_mul_ps(_mm256_sub_ps(_mm256_maskload_ps(xr + i, tm), vm), vs);
+      _mm256_maskstore_ps(dbias + i, tm, _mm256_add_ps(_mm256_maskload_ps(dbias + i, tm), d));
+      _mm256_maskstore_ps(dweight + i, tm, _mm256_fmadd_ps(nrm, d, _mm256_maskload_ps(dweight + i, tm)));
+    }
   }
 }
 
@@ -298,7 +309,7 @@ void add_to_both(float* a, float* b, const float* d, std::size_t n) noexcept {
 
 const LayerKernels* avx2_layer_kernels() noexcept {
   static const LayerKernels k{Isa::avx2,           &gelu_forward, &gelu_backward, &layernorm_forward_row,
-                              &layernorm_backward_row, &softmax_row, &crossentropy_backward_row, &add,
+                              &layernorm_backward_dx_row, &layernorm_backward_params, &softmax_row, &crossentropy_backward_row, &add,
                               &add_to_both};
   return &k;
 }

@@ -55,8 +55,8 @@ void layernorm_forward_row(float* o, float* mean, float* rstd, const float* x, c
   *rstd = s;
 }
 
-void layernorm_backward_row(float* dx, float* dweight, float* dbias, const float* dy, const float* x,
-                            const float* weight, float m, float s, std::size_t C, bool accumulate) noexcept {
+void layernorm_backward_dx_row(float* dx, const float* dy, const float* x, const float* weight, float m, float s,
+                               std::size_t C, bool accumulate) noexcept {
   const float inv_c = 1.0f / static_cast<float>(C);
   // two reductions: mean of dnorm and mean of dnorm * norm
   float dnorm_mean = 0.0f;
@@ -72,11 +72,23 @@ void layernorm_backward_row(float* dx, float* dweight, float* dbias, const float
   for (std::size_t i = 0; i < C; ++i) {
     const float norm = (x[i] - m) * s;
     const float dnorm = weight[i] * dy[i];
-    dbias[i] += dy[i];
-    dweight[i] += norm * dy[i];
     const float g = (dnorm - dnorm_mean - norm * dnorm_norm_mean) * s;
     if (accumulate) dx[i] += g;
     else dx[i] = g;
+  }
+}
+
+void layernorm_backward_params(float* dweight, float* dbias, const float* dy, const float* x, const float* mean,
+                               const float* rstd, std::size_t rows, std::size_t ld, std::size_t n) noexcept {
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float m = mean[r], s = rstd[r];
+    const float* yr = dy + r * ld;
+    const float* xr = x + r * ld;
+    for (std::size_t i = 0; i < n; ++i) {
+      const float norm = (xr[i] - m) * s;
+      dbias[i] += yr[i];
+      dweight[i] += norm * yr[i];
+    }
   }
 }
 
@@ -120,7 +132,7 @@ void add_to_both(float* a, float* b, const float* d, std::size_t n) noexcept {
 
 const LayerKernels& scalar_layer_kernels() noexcept {
   static const LayerKernels k{Isa::scalar,          &gelu_forward, &gelu_backward, &layernorm_forward_row,
-                              &layernorm_backward_row, &softmax_row, &crossentropy_backward_row, &add,
+                              &layernorm_backward_dx_row, &layernorm_backward_params, &softmax_row, &crossentropy_backward_row, &add,
                               &add_to_both};
   return k;
 }
