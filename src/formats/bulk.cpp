@@ -35,7 +35,7 @@ const FormatKernels& active() {
 }  // namespace
 
 const KernelTable* kernel_table(Isa isa) noexcept {
-  return detail::select_kernels(isa, &detail::scalar_kernels, &detail::avx2_kernels);
+  return detail::select_kernels(isa, &detail::scalar_kernels, &detail::avx2_kernels, &detail::avx512_kernels);
 }
 
 template <LowPrecisionFormat T>

@@ -13,6 +13,8 @@ namespace mixprec::detail {
 
 const KernelTable& scalar_kernels() noexcept;
 const KernelTable* avx2_kernels() noexcept;  // nullptr when not compiled in
+// AVX-512: the 16-bit encodes (cpu/bulk_avx512.cpp), AVX2's other kernels; nullptr when not compiled in.
+const KernelTable* avx512_kernels() noexcept;
 
 inline EncodeMode mode_of(const ConvertOptions& o) noexcept { return {o.overflow, o.subnormals}; }
 

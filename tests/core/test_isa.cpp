@@ -46,7 +46,11 @@ TEST(Isa, EveryTableFollowsTheSameRule) {
     const KernelTable* formats = kernel_table(isa);
     EXPECT_EQ(formats != nullptr, available);
     if (formats != nullptr) {
-      EXPECT_EQ(formats->isa, isa == Isa::avx512 ? Isa::avx2 : isa);  // no AVX-512 format kernels
+      EXPECT_EQ(formats->isa, isa);  // AVX-512: its own 16-bit encodes, AVX2's other kernels
+      if (isa == Isa::avx512) {
+        EXPECT_NE(formats->bf16.encode_round, kernel_table(Isa::avx2)->bf16.encode_round);
+        EXPECT_EQ(formats->f8e4m3.encode, kernel_table(Isa::avx2)->f8e4m3.encode);
+      }
     }
     const optim_detail::UpdateKernels* update = optim_detail::update_kernels(isa);
     EXPECT_EQ(update != nullptr, available);
