@@ -263,15 +263,6 @@ void Trainer::init(const TrainConfig& config, dist::Communicator* comm) {
   m.snapshot.resize(weights_of_record(m.model->params()).size());
   m.scratch.assign(m.model->params().flat_size(), 0.0f);
   m.amax.assign(m.model->params().tensor_count(), 0.0f);
-  {
-    const ParamStore& s = m.model->params();
-    const std::span<const std::byte> w = weights_of_record(s);
-    const std::size_t width = w.size() / s.flat_size();
-    const DType t = s.has_master() ? DType::f32 : s.model_dtype();
-    for (std::size_t i = 0; i < s.tensor_count(); ++i) {
-      m.weights.push_back({const_cast<std::byte*>(w.data()) + s.offset(i) * width, s.numel(i), t});
-    }
-  }
   m.step_ms.reserve(config.steps);
   m.comm = comm;
   m.own_comm = std::move(own);
@@ -500,6 +491,14 @@ void Trainer::Impl::record_weight_telemetry(StepRecord& r) {
     // One read-only threaded pass over the weights of record (max |w|: inv_scale 1), no
     // fp32 copy. The kernel's amax is NaN for a tensor holding a NaN, where amax_of
     // skips NaNs: that tensor is decoded and measured as before.
+    // Views of the weights of record, taken now (the store's buffers are the truth).
+    const std::span<const std::byte> record = weights_of_record(store);
+    const std::size_t width = record.size() / store.flat_size();
+    const DType dtype = store.has_master() ? DType::f32 : store.model_dtype();
+    weights.clear();
+    for (std::size_t i = 0; i < store.tensor_count(); ++i) {
+      weights.push_back({const_cast<std::byte*>(record.data()) + store.offset(i) * width, store.numel(i), dtype});
+    }
     UnscaleOptions o;
     o.write = false;
     o.amax = true;

@@ -64,7 +64,7 @@ struct Trainer::Impl {
   // --threads said, and the check on every core even under --threads 1.
   std::unique_ptr<ThreadPool> pool;
   std::vector<float> amax;          // per-tensor amaxes (telemetry)
-  std::vector<GradTensor> weights;  // the weights of record, per tensor (telemetry)
+  std::vector<GradTensor> weights;  // views of the weights of record, per tensor (telemetry; rebuilt each step)
 
   Impl(const TrainConfig& c, nn::Dataset d);
 
