@@ -517,6 +517,62 @@ TEST(Unscale, SumOfSquaresFollowsTheDocumentedLanes) {
   }
 }
 
+// Each double lane adds its squares in index order: element i, then i + 16, i + 32, ..
+// The SIMD back ends hold lanes in vectors (the AVX-512 bf16 loop even keeps the even
+// and the odd lanes apart), so a slip in that order changes only roundings. Here one
+// lane at a time holds values (the other elements are 0) in one chunk, so the sum is
+// that lane's double sum itself, not rounded again with the others. The products have
+// full 24-bit significands (inv = 1/3, 5/7) and magnitudes within a few binades, so the
+// sum keeps rounding as it crosses binades, where the order of two terms shows. The
+// test first checks that it can fail: for most lanes the reference over the same codes
+// with elements i and i + 16 swapped in every block of 32 gives another sum (not for all:
+// a swap that crosses no binade boundary rounds the same). Every SIMD back end must give
+// the reference's bits for every lane.
+TEST(Unscale, SixteenBitLaneSumsKeepTheIndexOrder) {
+  int ran = 0;
+  const std::size_t n = C - 5;  // one chunk, with a tail
+  for (DType d : {DType::f16, DType::bf16}) {
+    for (float inv : {1.0f / 3.0f, 5.0f / 7.0f}) {
+      int order_shows = 0;
+      for (std::size_t lane = 0; lane < 16; ++lane) {
+        std::mt19937 rng(static_cast<std::uint32_t>(lane * 2 + (d == DType::f16)));
+        std::uniform_int_distribution<int> expo(-3, 3);
+        std::uniform_real_distribution<float> mant(1.0f, 2.0f);
+        Tensors t, swapped;
+        t.add(d, n);
+        swapped.add(d, n);
+        for (std::size_t i = lane; i < n; i += 16) {
+          t.set(0, i, std::ldexp(mant(rng), expo(rng)) * ((rng() & 1) ? -1.0f : 1.0f));
+        }
+        for (std::size_t i = 0; i < n; ++i) {
+          const std::size_t j = i % 32 < 16 ? i + 16 : i - 16;  // the partner in its block of 32
+          swapped.set(0, i, i < n - n % 32 ? t.get(0, j) : t.get(0, i));
+        }
+        const std::string what = std::string(dtype_name(d)) + " lane " + std::to_string(lane) + " inv " +
+                                 std::to_string(inv);
+        const UnscaleOptions check_only{false, true, true, 0};
+        const Outcome ref = run(Isa::scalar, t, inv, check_only);
+        order_shows += bits(ref.r.sum_squares) != bits(run(Isa::scalar, swapped, inv, check_only).r.sum_squares);
+        for (Isa isa : {Isa::avx2, Isa::avx512}) {
+          if (!isa_available(isa)) continue;
+          for (bool write : {false, true}) {
+            const UnscaleOptions o{write, true, true, 0};
+            expect_same(write ? run(Isa::scalar, t, inv, o) : ref, run(isa, t, inv, o),
+                        std::string(isa_name(isa)) + " " + what + (write ? " write" : " check"));
+            ++ran;
+          }
+        }
+      }
+      EXPECT_GE(order_shows, 8) << dtype_name(d) << " inv " << inv
+                                << ": in too few lanes do these codes tell the order of the squares apart";
+    }
+  }
+  for (Isa isa : {Isa::avx2, Isa::avx512}) {
+    if (!isa_available(isa)) std::printf("[  SKIP    ] %s: not available on this CPU\n", std::string(isa_name(isa)).c_str());
+  }
+  if (ran == 0) GTEST_SKIP() << "no SIMD back end on this CPU";
+}
+
 TEST(Unscale, EmptyListAndEmptyTensors) {
   const UnscaleResult r = unscale_and_check(std::span<const GradTensor>{}, 0.5f, {true, true, false});
   EXPECT_FALSE(r.found_inf);
