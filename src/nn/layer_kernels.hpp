@@ -23,9 +23,25 @@
 namespace mixprec::nn::detail {
 
 // What softmax_row reports: the row maximum and sum exp(x - max) over the valid part.
+// The sum runs in double in kSoftmaxSumLanes lanes (element i into lane i % 16, in index
+// order), the lanes are folded in halves (lane j += lane j + 8 for j < 8, then + 4, + 2,
+// + 1), and lane 0 is rounded once to float: every back end adds in that order, so they
+// differ only through exp, and the sum is nearly correctly rounded (a float running sum
+// carries up to valid - 1 roundings; it was also one dependent add per element, 12% of
+// the default model's step, where sixteen lanes leave one add per lane per 16 elements).
+inline constexpr std::size_t kSoftmaxSumLanes = 16;
+
+// The fold above, on the lanes in place; returns lane 0.
+inline double fold_softmax_lanes(double* lanes) noexcept {
+  for (std::size_t w = kSoftmaxSumLanes / 2; w > 0; w /= 2) {
+    for (std::size_t j = 0; j < w; ++j) lanes[j] += lanes[j + w];
+  }
+  return lanes[0];
+}
 struct SoftmaxStats {
   float max;
-  float sum;
+  float sum;          // lane_total rounded to float
+  double lane_total;  // the folded lanes, before that rounding (tests compare back ends on it)
 };
 
 struct LayerKernels {

@@ -145,17 +145,42 @@ TEST(LayerKernels, TablesAndDispatch) {
   if (isa_available(Isa::avx512)) {
     ASSERT_NE(layer_kernels(Isa::avx512), nullptr);
     EXPECT_EQ(layer_kernels(Isa::avx512)->isa, Isa::avx512);
-    // Its layer norm, softmax, adds and cross-entropy backward are AVX2's.
+    // Its layer norm, adds and cross-entropy backward are AVX2's; GELU and softmax its own.
     EXPECT_EQ(layer_kernels(Isa::avx512)->layernorm_forward_row, layer_kernels(Isa::avx2)->layernorm_forward_row);
-    EXPECT_EQ(layer_kernels(Isa::avx512)->softmax_row, layer_kernels(Isa::avx2)->softmax_row);
+    EXPECT_NE(layer_kernels(Isa::avx512)->softmax_row, layer_kernels(Isa::avx2)->softmax_row);
   } else {
     EXPECT_EQ(layer_kernels(Isa::avx512), nullptr);
     std::cout << "[ NOTE ] no AVX-512 (F, BW, DQ, VL) on this CPU: its layer kernels are not tested here\n";
   }
 }
 
-// The AVX-512 GELU does AVX2's operations lane for lane: equal bit for bit
-// (on top of the bounds against the reference, which every test above checks for both).
+// The documented softmax sum (layer_kernels.hpp) of std::exp(x - max) over a whole row,
+// written out: sixteen lanes by index, then (l0 + l8) + (l4 + l12) .. as the fold.
+double documented_lane_total(const Vec& in, std::size_t n) {
+  float mx = in[0];
+  for (std::size_t i = 1; i < n; ++i) mx = in[i] > mx ? in[i] : mx;
+  double lanes[kSoftmaxSumLanes] = {};
+  for (std::size_t i = 0; i < n; ++i) lanes[i % kSoftmaxSumLanes] += static_cast<double>(std::exp(in[i] - mx));
+  double total = 0.0;
+  for (std::size_t j = 0; j < 2; ++j) {
+    double q[4];
+    for (std::size_t k = 0; k < 4; ++k) q[k] = lanes[j + 2 * k] + lanes[j + 2 * k + 8];
+    total += (q[0] + q[2]) + (q[1] + q[3]);
+  }
+  return total;
+}
+
+double running_double_sum(const Vec& in, std::size_t n) {
+  float mx = in[0];
+  for (std::size_t i = 1; i < n; ++i) mx = in[i] > mx ? in[i] : mx;
+  double s = 0.0;
+  for (std::size_t i = 0; i < n; ++i) s += static_cast<double>(std::exp(in[i] - mx));
+  return s;
+}
+
+// The AVX-512 GELU and softmax row do AVX2's operations lane for lane (the softmax sum
+// in the same sixteen double lanes): equal bit for bit (on top of the bounds against the
+// reference, which every test above checks for both).
 TEST(LayerKernels, Avx512EqualsAvx2Bitwise) {
   if (!isa_available(Isa::avx512)) GTEST_SKIP() << "no AVX-512 (F, BW, DQ, VL) on this CPU: its back end is not tested here";
   const LayerKernels& a = *layer_kernels(Isa::avx2);
@@ -174,6 +199,61 @@ TEST(LayerKernels, Avx512EqualsAvx2Bitwise) {
       bitwise(gb, ga, "gelu_backward n=" + std::to_string(n));
     }
   }
+  // Logits over 60 nats: the exps span 2^-86 to 1, so the double lane sums round and
+  // lane_total shows the order in which each back end added them.
+  int order_shows = 0;
+  for (std::size_t n : lengths()) {
+    Vec in(n);
+    std::mt19937 gen(90 + static_cast<std::uint32_t>(n));
+    std::uniform_real_distribution<float> logit(-60.0f, 0.0f);
+    for (float& v : in) v = logit(gen);
+    order_shows += documented_lane_total(in, n) != running_double_sum(in, n);
+    if (n > 4) {
+      in[n / 3] = -kInf;
+      in[n - 2] = -95.0f;  // a subnormal probability
+    }
+    for (std::size_t valid : {std::size_t{1}, (n + 1) / 2, n}) {
+      Vec pa(n), pb(n);
+      const SoftmaxStats sa = a.softmax_row(pa.data(), in.data(), n, valid);
+      const SoftmaxStats sb = b.softmax_row(pb.data(), in.data(), n, valid);
+      const std::string what = "softmax_row n=" + std::to_string(n) + " valid=" + std::to_string(valid);
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(sb.max), std::bit_cast<std::uint32_t>(sa.max)) << what << " max";
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(sb.sum), std::bit_cast<std::uint32_t>(sa.sum)) << what << " sum";
+      EXPECT_EQ(std::bit_cast<std::uint64_t>(sb.lane_total), std::bit_cast<std::uint64_t>(sa.lane_total))
+          << what << " lane_total " << sa.lane_total << " vs " << sb.lane_total;
+      bitwise(pb, pa, what);
+    }
+  }
+  EXPECT_GT(order_shows, 10) << "too few rows whose double sum depends on the order of the terms";
+}
+
+// The reference's softmax sum is the documented one (layer_kernels.hpp): exp(x - max)
+// into sixteen double lanes by index, the lanes folded in halves, rounded once to float.
+// Logits over 60 nats, so that the double sums round and the order shows (checked: it
+// differs from a running double sum on some rows, and the float from a float running sum).
+TEST(LayerKernels, SoftmaxSumIsTheDocumentedLaneSum) {
+  int order_shows = 0, float_differs = 0;
+  for (std::size_t n : {std::size_t{9}, std::size_t{100}, std::size_t{1024}, std::size_t{4099}}) {
+    for (std::uint32_t seed = 0; seed < 8; ++seed) {
+      Vec in(n);
+      std::mt19937 gen(200 + seed + static_cast<std::uint32_t>(n));
+      std::uniform_real_distribution<float> logit(-60.0f, 0.0f);
+      for (float& v : in) v = logit(gen);
+      Vec p(n);
+      const SoftmaxStats st = ref().softmax_row(p.data(), in.data(), n, n);
+      const double want = documented_lane_total(in, n);
+      EXPECT_EQ(std::bit_cast<std::uint64_t>(st.lane_total), std::bit_cast<std::uint64_t>(want))
+          << "n=" << n << " seed " << seed << std::hex << ": lane_total 0x" << std::bit_cast<std::uint64_t>(st.lane_total)
+          << ", documented 0x" << std::bit_cast<std::uint64_t>(want);
+      EXPECT_EQ(std::bit_cast<std::uint32_t>(st.sum), std::bit_cast<std::uint32_t>(static_cast<float>(want)));
+      order_shows += want != running_double_sum(in, n);
+      float running = 0.0f;
+      for (std::size_t i = 0; i < n; ++i) running += std::exp(in[i] - st.max);
+      float_differs += running != st.sum;
+    }
+  }
+  EXPECT_GT(order_shows, 0) << "no row tells the lane order from a running double sum";
+  EXPECT_GT(float_differs, 0) << "no row tells the lane sum from a float running sum";
 }
 
 TEST(LayerKernels, GeluForwardWithinBoundOfReference) {

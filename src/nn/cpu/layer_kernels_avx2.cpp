@@ -240,21 +240,33 @@ SoftmaxStats softmax_row(float* out, const float* in, std::size_t n, std::size_t
   float maxval = hmax(mx);
   if (maxval == -__builtin_inff() || in[0] != in[0]) maxval = in[0];  // as the reference: starts from in[0]
   const __m256 vmax = set1(maxval);
-  for (std::size_t i = 0; i < full; i += 8) _mm256_storeu_ps(out + i, exp_ps(_mm256_sub_ps(_mm256_loadu_ps(in + i), vmax)));
-  if (full < valid) {
-    _mm256_maskstore_ps(out + full, tm, exp_ps(_mm256_sub_ps(_mm256_maskload_ps(in + full, tm), vmax)));
+  // The sum in the reference's sixteen lanes (layer_kernels.hpp), four to a vector:
+  // elements 0-7 of a block of 16 go to lanes[0] and lanes[1], 8-15 to lanes[2] and lanes[3].
+  __m256d lanes[4] = {_mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd(), _mm256_setzero_pd()};
+  const auto add_lanes = [&](__m256 e, int half) {
+    lanes[2 * half] = _mm256_add_pd(lanes[2 * half], _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    lanes[2 * half + 1] = _mm256_add_pd(lanes[2 * half + 1], _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+  };
+  for (std::size_t i = 0; i < full; i += 8) {
+    const __m256 e = exp_ps(_mm256_sub_ps(_mm256_loadu_ps(in + i), vmax));
+    _mm256_storeu_ps(out + i, e);
+    add_lanes(e, static_cast<int>((i / 8) & 1));
   }
-  // The sum in the reference's order (sequential): an eight-lane sum is no less
-  // accurate, but it changed which rounding noise reaches tiny gradients enough to move
-  // Trainer.AccumulationMatchesOneLargeBatch's worst weight from 0.78e-6 to 1.43e-6
-  // (bound 1e-6); in order, the fast path differs from the reference only through exp.
-  float sum = 0.0f;
-  for (std::size_t i = 0; i < valid; ++i) sum += out[i];
+  if (full < valid) {
+    // Inactive lanes add +0, which leaves a lane sum (>= +0) as it is.
+    const __m256 e = _mm256_and_ps(exp_ps(_mm256_sub_ps(_mm256_maskload_ps(in + full, tm), vmax)), _mm256_castsi256_ps(tm));
+    _mm256_maskstore_ps(out + full, tm, e);
+    add_lanes(e, static_cast<int>((full / 8) & 1));
+  }
+  alignas(32) double l[kSoftmaxSumLanes];
+  for (int v = 0; v < 4; ++v) _mm256_store_pd(l + 4 * v, lanes[v]);
+  const double total = fold_softmax_lanes(l);
+  const auto sum = static_cast<float>(total);
   const __m256 inv = set1(1.0f / sum);
   for (std::size_t i = 0; i < full; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(out + i), inv));
   if (full < valid) _mm256_maskstore_ps(out + full, tm, _mm256_mul_ps(_mm256_maskload_ps(out + full, tm), inv));
   for (std::size_t i = valid; i < n; ++i) out[i] = 0.0f;
-  return {maxval, sum};
+  return {maxval, sum, total};
 }
 
 void crossentropy_backward_row(float* d, const float* p, std::size_t n, std::size_t target, float dl,

@@ -1,9 +1,10 @@
 // AVX-512 back end of the layer kernels (src/nn/layer_kernels.hpp): GELU forward and
-// backward, sixteen floats a step, the same operations as the AVX2 back end
-// (src/nn/cpu/layer_kernels_avx2.cpp) lane for lane, so its results equal AVX2's bit
-// for bit (tested). The other kernels are AVX2's: an AVX-512 softmax row was measured
-// no faster on the model's short rows (96-token vocabulary, causal rows of 128), and
-// the adds and row kernels are memory-bound or short (docs/performance.md). Compiled for AVX-512 F/BW/DQ/VL per function (target pragma,
+// backward and the softmax row, sixteen floats a step, the same operations as the AVX2
+// back end (src/nn/cpu/layer_kernels_avx2.cpp) lane for lane, so its results equal
+// AVX2's bit for bit (tested). The other kernels are AVX2's: the adds and row kernels
+// are memory-bound or short (docs/performance.md). (An AVX-512 softmax row was once
+// measured no faster, on the 96-token vocabulary the model had then; on today's
+// 1024-token rows it pays.) Compiled for AVX-512 F/BW/DQ/VL per function (target pragma,
 // no -m flags), called only after isa_available(Isa::avx512).
 #include "nn/layer_kernels.hpp"
 
@@ -112,11 +113,52 @@ void gelu_backward(float* dinp, const float* inp, const float* dout, std::size_t
   }
 }
 
+// AVX2's softmax_row, sixteen lanes a step: the same exp lane for lane, and the sum in
+// the reference's sixteen double lanes (layer_kernels.hpp), so it equals AVX2's bit for bit. On the
+// default model's 1024-token vocabulary rows it is 1.3x AVX2's (docs/performance.md).
+SoftmaxStats softmax_row(float* out, const float* in, std::size_t n, std::size_t valid) noexcept {
+  const std::size_t full = valid / 16 * 16;
+  const __mmask16 tm = tail_mask(valid - full);
+  // max_ps(x, acc) returns acc when x is NaN: NaN skipped, as the reference's compare.
+  __m512 mx = set1(-__builtin_inff());
+  for (std::size_t i = 0; i < full; i += 16) mx = _mm512_max_ps(_mm512_loadu_ps(in + i), mx);
+  if (full < valid) mx = _mm512_mask_max_ps(mx, tm, _mm512_maskz_loadu_ps(tm, in + full), mx);
+  float maxval = _mm512_reduce_max_ps(mx);
+  if (maxval == -__builtin_inff() || in[0] != in[0]) maxval = in[0];  // as the reference: starts from in[0]
+  const __m512 vmax = set1(maxval);
+  __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd();  // lanes 0-7, 8-15
+  const auto add_lanes = [&](__m512 e) {
+    lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+    hi = _mm512_add_pd(hi, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+  };
+  for (std::size_t i = 0; i < full; i += 16) {
+    const __m512 e = exp_ps(_mm512_sub_ps(_mm512_loadu_ps(in + i), vmax));
+    _mm512_storeu_ps(out + i, e);
+    add_lanes(e);
+  }
+  if (full < valid) {  // inactive lanes add +0
+    const __m512 e = _mm512_maskz_mov_ps(tm, exp_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(tm, in + full), vmax)));
+    _mm512_mask_storeu_ps(out + full, tm, e);
+    add_lanes(e);
+  }
+  alignas(64) double l[kSoftmaxSumLanes];
+  _mm512_store_pd(l, lo);
+  _mm512_store_pd(l + 8, hi);
+  const double total = fold_softmax_lanes(l);
+  const auto sum = static_cast<float>(total);
+  const __m512 inv = set1(1.0f / sum);
+  for (std::size_t i = 0; i < full; i += 16) _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_loadu_ps(out + i), inv));
+  if (full < valid) _mm512_mask_storeu_ps(out + full, tm, _mm512_mul_ps(_mm512_maskz_loadu_ps(tm, out + full), inv));
+  for (std::size_t i = valid; i < n; ++i) out[i] = 0.0f;
+  return {maxval, sum, total};
+}
+
 LayerKernels make() {
   LayerKernels k = *avx2_layer_kernels();
   k.isa = Isa::avx512;
   k.gelu_forward = &gelu_forward;
   k.gelu_backward = &gelu_backward;
+  k.softmax_row = &softmax_row;
   return k;
 }
 

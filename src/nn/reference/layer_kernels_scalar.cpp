@@ -95,16 +95,18 @@ void layernorm_backward_params(float* dweight, float* dbias, const float* dy, co
 SoftmaxStats softmax_row(float* out, const float* in, std::size_t n, std::size_t valid) noexcept {
   float maxval = in[0];
   for (std::size_t i = 1; i < valid; ++i) maxval = in[i] > maxval ? in[i] : maxval;
-  float sum = 0.0f;
+  double lanes[kSoftmaxSumLanes] = {};
   for (std::size_t i = 0; i < valid; ++i) {
     const float e = std::exp(in[i] - maxval);
     out[i] = e;
-    sum += e;
+    lanes[i % kSoftmaxSumLanes] += static_cast<double>(e);
   }
+  const double total = fold_softmax_lanes(lanes);
+  const auto sum = static_cast<float>(total);
   const float inv = 1.0f / sum;  // sum >= 1 (the maximum contributes exp(0))
   for (std::size_t i = 0; i < valid; ++i) out[i] *= inv;
   for (std::size_t i = valid; i < n; ++i) out[i] = 0.0f;
-  return {maxval, sum};
+  return {maxval, sum, total};
 }
 
 void crossentropy_backward_row(float* d, const float* p, std::size_t n, std::size_t target, float dl,
