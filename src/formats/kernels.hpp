@@ -13,8 +13,12 @@ namespace mixprec::detail {
 
 const KernelTable& scalar_kernels() noexcept;
 const KernelTable* avx2_kernels() noexcept;  // nullptr when not compiled in
-// AVX-512: the 16-bit encodes (cpu/bulk_avx512.cpp), AVX2's other kernels; nullptr when not compiled in.
+// AVX-512: the 16-bit encodes (cpu/bulk_avx512.cpp), AVX2's other kernels; nullptr when not
+// compiled in. Its bf16 encodes use AVX512-BF16 where the CPU has it.
 const KernelTable* avx512_kernels() noexcept;
+// The AVX-512 table with or without the AVX512-BF16 bf16 encodes (the one above picks by the
+// CPU); tests reach both. Only call with true where cpu_has_avx512_bf16().
+const KernelTable* avx512_kernels(bool bf16_instructions) noexcept;
 
 inline EncodeMode mode_of(const ConvertOptions& o) noexcept { return {o.overflow, o.subnormals}; }
 

@@ -15,6 +15,7 @@
 
 #include "mixprec/mixprec.hpp"
 #include "mixprec/nn/model.hpp"
+#include "formats/backends.hpp"
 #include "support.hpp"
 
 namespace mixprec {
@@ -75,20 +76,15 @@ std::string describe(const ConvertOptions& o) {
          (o.subnormals == Subnormals::keep ? "keep" : "flush") + "/scale=" + hexf(o.scale);
 }
 
-// The SIMD back ends this CPU has (AVX-512: its 16-bit encodes; the rest of its table is
-// AVX2's). One without them is left out with a note, once.
-std::vector<Isa> simd_isas() {
-  std::vector<Isa> v;
-  if (isa_available(Isa::avx2)) v.push_back(Isa::avx2);
-  if (isa_available(Isa::avx512)) {
-    v.push_back(Isa::avx512);
-  } else {
-    static const bool noted = [] {
-      std::cout << "[ NOTE ] AVX-512 not available on this CPU: its conversions are not tested here\n";
-      return true;
-    }();
-    (void)noted;
-  }
+// The SIMD back ends this CPU has (backends.hpp); those it lacks are named once.
+std::vector<test::Backend> simd_isas() {
+  std::string missing;
+  std::vector<test::Backend> v = test::simd_backends(missing);
+  static const bool noted = [&] {
+    if (!missing.empty()) std::cout << "[ NOTE ] not available on this CPU, not tested here: " << missing << "\n";
+    return true;
+  }();
+  (void)noted;
   return v;
 }
 
@@ -112,15 +108,15 @@ TYPED_TEST(BulkTest, EncodeMatchesScalarInEveryMode) {
   using T = TypeParam;
   const FormatKernels& ref = kernel_table(Isa::scalar)->get<T>();
   if (simd_isas().empty()) GTEST_SKIP() << "no SIMD back end on this CPU";
-  for (Isa isa : simd_isas()) {
-    const FormatKernels& fast = kernel_table(isa)->get<T>();
+  for (const test::Backend& be : simd_isas()) {
+    const FormatKernels& fast = be.table->get<T>();
     for (const ConvertOptions& o : all_modes()) {
       for (std::size_t n : kLengths) {
         const auto in = make_input(n, static_cast<std::uint32_t>(n * 7 + 1));
         std::vector<T> want(n), got(n), counted(n);
         ref.encode(in.data(), want.data(), n, o);
         fast.encode(in.data(), got.data(), n, o);
-        const std::string what = std::string(isa_name(isa)) + " " + describe(o) + " n=" + std::to_string(n);
+        const std::string what = be.name + " " + describe(o) + " n=" + std::to_string(n);
         expect_same_codes(want, got, in, what + " encode");
 
         const ConversionStats s_ref = ref.encode_counted(in.data(), want.data(), n, o);
@@ -148,8 +144,8 @@ TYPED_TEST(BulkTest, DecodeMatchesScalarInEveryMode) {
   using S = typename T::storage_type;
   const FormatKernels& ref = kernel_table(Isa::scalar)->get<T>();
   if (simd_isas().empty()) GTEST_SKIP() << "no SIMD back end on this CPU";
-  for (Isa isa : simd_isas()) {
-    const FormatKernels& fast = kernel_table(isa)->get<T>();
+  for (const test::Backend& be : simd_isas()) {
+    const FormatKernels& fast = be.table->get<T>();
     for (const ConvertOptions& o : all_modes()) {
       for (std::size_t n : kLengths) {
         std::vector<T> in(n);
@@ -160,7 +156,7 @@ TYPED_TEST(BulkTest, DecodeMatchesScalarInEveryMode) {
         fast.decode(in.data(), got.data(), n, o);
         for (std::size_t i = 0; i < n; ++i) {
           ASSERT_EQ(std::bit_cast<std::uint32_t>(got[i]), std::bit_cast<std::uint32_t>(want[i]))
-              << isa_name(isa) << " " << describe(o) << " n=" << n << " code " << hex(in[i].bits(), 4)
+              << be.name << " " << describe(o) << " n=" << n << " code " << hex(in[i].bits(), 4)
               << " decoded to " << hexf(got[i]) << ", reference " << hexf(want[i]);
         }
       }
@@ -242,23 +238,23 @@ void check_encode_round(const FormatKernels& ref, const FormatKernels& k, const 
   EXPECT_EQ(amax, want_amax) << what << " amax bits " << hex(amax, 8) << ", want " << hex(want_amax, 8);
 }
 
-std::vector<Isa> all_isas() {
-  std::vector<Isa> v = {Isa::scalar};
-  for (Isa isa : simd_isas()) v.push_back(isa);
+std::vector<test::Backend> all_isas() {
+  std::vector<test::Backend> v = {{"scalar", kernel_table(Isa::scalar)}};
+  for (const test::Backend& be : simd_isas()) v.push_back(be);
   return v;
 }
 
 TYPED_TEST(BulkTest, EncodeAndRoundEqualsEncodeThenDecodeInEveryMode) {
   using T = TypeParam;
   const FormatKernels& ref = kernel_table(Isa::scalar)->get<T>();
-  for (Isa isa : all_isas()) {
-    const FormatKernels& k = kernel_table(isa)->get<T>();
+  for (const test::Backend& be : all_isas()) {
+    const FormatKernels& k = be.table->get<T>();
     for (const ConvertOptions& o : all_modes()) {
       for (std::size_t n : kLengths) {
         for (std::size_t offset : {0, 1, 5}) {
           const auto in = make_input(n + offset, static_cast<std::uint32_t>(n * 13 + offset + 5));
           check_encode_round<T>(ref, k, in, offset, n, o,
-                                std::string(isa_name(isa)) + " " + describe(o) + " n=" + std::to_string(n) +
+                                be.name + " " + describe(o) + " n=" + std::to_string(n) +
                                     " offset " + std::to_string(offset));
           if (::testing::Test::HasFatalFailure()) return;
         }

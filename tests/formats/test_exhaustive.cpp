@@ -22,6 +22,7 @@
 #endif
 
 #include "mixprec/mixprec.hpp"
+#include "formats/backends.hpp"
 #include "support.hpp"
 
 namespace mixprec {
@@ -48,26 +49,20 @@ __attribute__((target("f16c,avx"))) void f16c_convert(const float* x, std::uint1
 }
 #endif
 
-// The SIMD back ends to sweep for format T: AVX2, and AVX-512 for the 16-bit formats (its
-// table has its own f16/bf16 encodes; its fp8 kernels are AVX2's). All of them are checked
-// in the same pass, so the scalar reference runs once. Those this CPU lacks are named.
+// The SIMD back ends to sweep for format T (backends.hpp): AVX2, and AVX-512 for the
+// 16-bit formats (its table has its own f16/bf16 encodes; its fp8 kernels are AVX2's),
+// both of its bf16 encodes where the CPU has AVX512-BF16. All of them are checked in the
+// same pass, so the scalar reference runs once. Those this CPU lacks are named.
 template <class T>
-std::vector<Isa> sweep_isas(std::string& missing) {
-  std::vector<Isa> v;
-  const bool sixteen = std::is_same_v<T, f16> || std::is_same_v<T, bf16>;
-  for (Isa isa : {Isa::avx2, Isa::avx512}) {
-    if (isa == Isa::avx512 && !sixteen) continue;
-    if (kernel_table(isa) != nullptr) v.push_back(isa);
-    else missing += std::string(missing.empty() ? "" : ", ") + std::string(isa_name(isa));
-  }
-  return v;
+std::vector<test::Backend> sweep_isas(std::string& missing) {
+  return test::simd_backends(missing, std::is_same_v<T, f16> || std::is_same_v<T, bf16>);
 }
 
 template <class T>
 void sweep_back_end(const ConvertOptions& o, bool check_f16c = false) {
   using S = typename T::storage_type;
   std::string missing;
-  const std::vector<Isa> isas = sweep_isas<T>(missing);
+  const std::vector<test::Backend> isas = sweep_isas<T>(missing);
   if (!missing.empty()) std::cout << "[ NOTE ] not available on this CPU, not swept: " << missing << "\n";
   if (isas.empty()) GTEST_SKIP() << "no SIMD back end here";
   const FormatKernels& ref = kernel_table(Isa::scalar)->get<T>();
@@ -98,13 +93,13 @@ void sweep_back_end(const ConvertOptions& o, bool check_f16c = false) {
     }
 #endif
     for (std::size_t k = 0; k < isas.size(); ++k) {
-      const FormatKernels& fast = kernel_table(isas[k])->get<T>();
+      const FormatKernels& fast = isas[k].table->get<T>();
       b.fast_stats[k] += fast.encode_counted(b.x.data(), b.counted.data(), n, o);
       fast.encode(b.x.data(), b.got.data(), n, o);
       for (std::size_t i = 0; i < n; ++i) {
         if (b.got[i] != b.want[i] || b.counted[i] != b.want[i]) {
           failures.add("input " + hex(first + i, 8) + ": reference " + hex(b.want[i], 4) + ", " +
-                       std::string(isa_name(isas[k])) + " " + hex(b.got[i], 4) + " (counting pass " +
+                       isas[k].name + " " + hex(b.got[i], 4) + " (counting pass " +
                        hex(b.counted[i], 4) + ")");
         }
       }
@@ -116,7 +111,7 @@ void sweep_back_end(const ConvertOptions& o, bool check_f16c = false) {
   for (std::size_t k = 0; k < isas.size(); ++k) {
     ConversionStats fast_total;
     for (const Buffers& b : buf) fast_total += b.fast_stats[k];
-    EXPECT_EQ(ref_total, fast_total) << isa_name(isas[k]) << " counts differ: underflow " << ref_total.underflow
+    EXPECT_EQ(ref_total, fast_total) << isas[k].name << " counts differ: underflow " << ref_total.underflow
                                      << " vs " << fast_total.underflow << ", subnormal " << ref_total.subnormal
                                      << " vs " << fast_total.subnormal << ", overflow " << ref_total.overflow
                                      << " vs " << fast_total.overflow;
@@ -140,11 +135,11 @@ template <class T>
 void sweep_encode_round(const ConvertOptions& o) {
   using S = typename T::storage_type;
   std::string missing;
-  const std::vector<Isa> isas = sweep_isas<T>(missing);
+  const std::vector<test::Backend> isas = sweep_isas<T>(missing);
   if (!missing.empty()) std::cout << "[ NOTE ] not available on this CPU, not swept: " << missing << "\n";
   if (isas.empty()) GTEST_SKIP() << "no SIMD back end here";
   const FormatKernels& ref = kernel_table(Isa::scalar)->get<T>();
-  const FormatKernels& oracle = kernel_table(isas.front())->get<T>();
+  const FormatKernels& oracle = isas.front().table->get<T>();
   const ConvertOptions back{o.overflow, o.subnormals, 1.0f / o.scale};
   Failures failures;
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
@@ -182,8 +177,8 @@ void sweep_encode_round(const ConvertOptions& o) {
       }
     }
     for (std::size_t k = 0; k < isas.size(); ++k) {
-      const FormatKernels& fast = kernel_table(isas[k])->get<T>();
-      const std::string name(isa_name(isas[k]));
+      const FormatKernels& fast = isas[k].table->get<T>();
+      const std::string name(isas[k].name);
       b.fast_v = b.x;
       b.plain_v = b.x;
       std::uint32_t fast_amax = 0xdeadbeef;
@@ -218,7 +213,7 @@ void sweep_encode_round(const ConvertOptions& o) {
   for (std::size_t k = 0; k < isas.size(); ++k) {
     ConversionStats fast_total;
     for (const Buffers& b : buf) fast_total += b.fast_stats[k];
-    EXPECT_EQ(want_total, fast_total) << isa_name(isas[k]) << " counts differ: underflow " << want_total.underflow
+    EXPECT_EQ(want_total, fast_total) << isas[k].name << " counts differ: underflow " << want_total.underflow
                                       << " vs " << fast_total.underflow << ", subnormal " << want_total.subnormal
                                       << " vs " << fast_total.subnormal << ", overflow " << want_total.overflow
                                       << " vs " << fast_total.overflow;
