@@ -1,9 +1,8 @@
 // AVX-512 back end of the 16-bit encodes (f16 and bf16): encode, encode_counted,
 // encode_round and encode_round_counted, 32 elements an iteration in 32-bit lanes,
 // with mask registers for the NaN fix, saturation and flush, and vector lanes for the
-// counters. Every
-// other kernel (decodes, fp8, stochastic rounding, block scaling, amax) is the AVX2
-// back end's: they were measured memory-bound there already. Heads and tails go
+// counters. Every other kernel (decodes, fp8, stochastic rounding, block scaling, amax)
+// is the AVX2 back end's: they were measured memory-bound there already. Heads and tails go
 // through the scalar loops, so every element matches the reference bit for bit
 // (tests/formats: every input class, and all 2^32 inputs against the reference).
 //
