@@ -77,7 +77,7 @@ std::string describe(const ConvertOptions& o) {
 }
 
 // The SIMD back ends this CPU has (backends.hpp); those it lacks are named once.
-std::vector<test::Backend> simd_isas() {
+std::vector<test::Backend> simd_tables() {
   std::string missing;
   std::vector<test::Backend> v = test::simd_backends(missing);
   static const bool noted = [&] {
@@ -107,8 +107,8 @@ void expect_same_codes(const std::vector<T>& want, const std::vector<T>& got, co
 TYPED_TEST(BulkTest, EncodeMatchesScalarInEveryMode) {
   using T = TypeParam;
   const FormatKernels& ref = kernel_table(Isa::scalar)->get<T>();
-  if (simd_isas().empty()) GTEST_SKIP() << "no SIMD back end on this CPU";
-  for (const test::Backend& be : simd_isas()) {
+  if (simd_tables().empty()) GTEST_SKIP() << "no SIMD back end on this CPU";
+  for (const test::Backend& be : simd_tables()) {
     const FormatKernels& fast = be.table->get<T>();
     for (const ConvertOptions& o : all_modes()) {
       for (std::size_t n : kLengths) {
@@ -143,8 +143,8 @@ TYPED_TEST(BulkTest, DecodeMatchesScalarInEveryMode) {
   using T = TypeParam;
   using S = typename T::storage_type;
   const FormatKernels& ref = kernel_table(Isa::scalar)->get<T>();
-  if (simd_isas().empty()) GTEST_SKIP() << "no SIMD back end on this CPU";
-  for (const test::Backend& be : simd_isas()) {
+  if (simd_tables().empty()) GTEST_SKIP() << "no SIMD back end on this CPU";
+  for (const test::Backend& be : simd_tables()) {
     const FormatKernels& fast = be.table->get<T>();
     for (const ConvertOptions& o : all_modes()) {
       for (std::size_t n : kLengths) {
@@ -238,16 +238,16 @@ void check_encode_round(const FormatKernels& ref, const FormatKernels& k, const 
   EXPECT_EQ(amax, want_amax) << what << " amax bits " << hex(amax, 8) << ", want " << hex(want_amax, 8);
 }
 
-std::vector<test::Backend> all_isas() {
+std::vector<test::Backend> all_tables() {
   std::vector<test::Backend> v = {{"scalar", kernel_table(Isa::scalar)}};
-  for (const test::Backend& be : simd_isas()) v.push_back(be);
+  for (const test::Backend& be : simd_tables()) v.push_back(be);
   return v;
 }
 
 TYPED_TEST(BulkTest, EncodeAndRoundEqualsEncodeThenDecodeInEveryMode) {
   using T = TypeParam;
   const FormatKernels& ref = kernel_table(Isa::scalar)->get<T>();
-  for (const test::Backend& be : all_isas()) {
+  for (const test::Backend& be : all_tables()) {
     const FormatKernels& k = be.table->get<T>();
     for (const ConvertOptions& o : all_modes()) {
       for (std::size_t n : kLengths) {

@@ -54,7 +54,7 @@ __attribute__((target("f16c,avx"))) void f16c_convert(const float* x, std::uint1
 // both of its bf16 encodes where the CPU has AVX512-BF16. All of them are checked in the
 // same pass, so the scalar reference runs once. Those this CPU lacks are named.
 template <class T>
-std::vector<test::Backend> sweep_isas(std::string& missing) {
+std::vector<test::Backend> sweep_tables(std::string& missing) {
   return test::simd_backends(missing, std::is_same_v<T, f16> || std::is_same_v<T, bf16>);
 }
 
@@ -62,9 +62,9 @@ template <class T>
 void sweep_back_end(const ConvertOptions& o, bool check_f16c = false) {
   using S = typename T::storage_type;
   std::string missing;
-  const std::vector<test::Backend> isas = sweep_isas<T>(missing);
+  const std::vector<test::Backend> tables = sweep_tables<T>(missing);
   if (!missing.empty()) std::cout << "[ NOTE ] not available on this CPU, not swept: " << missing << "\n";
-  if (isas.empty()) GTEST_SKIP() << "no SIMD back end here";
+  if (tables.empty()) GTEST_SKIP() << "no SIMD back end here";
   const FormatKernels& ref = kernel_table(Isa::scalar)->get<T>();
   Failures failures;
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
@@ -76,7 +76,7 @@ void sweep_back_end(const ConvertOptions& o, bool check_f16c = false) {
     std::vector<ConversionStats> fast_stats;
   };
   std::vector<Buffers> buf(threads);
-  for (Buffers& b : buf) b.fast_stats.resize(isas.size());
+  for (Buffers& b : buf) b.fast_stats.resize(tables.size());
   test::sweep_patterns(0, kAll, kChunk, kStride, [&](std::uint32_t first, std::size_t n, unsigned t) {
     Buffers& b = buf[t];
     fill_patterns(b.x, first, n);
@@ -92,14 +92,14 @@ void sweep_back_end(const ConvertOptions& o, bool check_f16c = false) {
       }
     }
 #endif
-    for (std::size_t k = 0; k < isas.size(); ++k) {
-      const FormatKernels& fast = isas[k].table->get<T>();
+    for (std::size_t k = 0; k < tables.size(); ++k) {
+      const FormatKernels& fast = tables[k].table->get<T>();
       b.fast_stats[k] += fast.encode_counted(b.x.data(), b.counted.data(), n, o);
       fast.encode(b.x.data(), b.got.data(), n, o);
       for (std::size_t i = 0; i < n; ++i) {
         if (b.got[i] != b.want[i] || b.counted[i] != b.want[i]) {
           failures.add("input " + hex(first + i, 8) + ": reference " + hex(b.want[i], 4) + ", " +
-                       isas[k].name + " " + hex(b.got[i], 4) + " (counting pass " +
+                       tables[k].name + " " + hex(b.got[i], 4) + " (counting pass " +
                        hex(b.counted[i], 4) + ")");
         }
       }
@@ -108,10 +108,10 @@ void sweep_back_end(const ConvertOptions& o, bool check_f16c = false) {
   ConversionStats ref_total;
   for (const Buffers& b : buf) ref_total += b.ref_stats;
   EXPECT_EQ(failures.count(), 0u) << format_traits<T>::name << ": " << failures.report();
-  for (std::size_t k = 0; k < isas.size(); ++k) {
+  for (std::size_t k = 0; k < tables.size(); ++k) {
     ConversionStats fast_total;
     for (const Buffers& b : buf) fast_total += b.fast_stats[k];
-    EXPECT_EQ(ref_total, fast_total) << isas[k].name << " counts differ: underflow " << ref_total.underflow
+    EXPECT_EQ(ref_total, fast_total) << tables[k].name << " counts differ: underflow " << ref_total.underflow
                                      << " vs " << fast_total.underflow << ", subnormal " << ref_total.subnormal
                                      << " vs " << fast_total.subnormal << ", overflow " << ref_total.overflow
                                      << " vs " << fast_total.overflow;
@@ -128,18 +128,18 @@ constexpr ConvertOptions kDefault{};
 constexpr ConvertOptions kSatFlush{Overflow::saturate, Subnormals::flush, 1.0f};
 
 // Store and round (encode_round, encode_round_counted) over all 2^32 inputs, for the
-// scalar reference and every SIMD back end (sweep_isas). The oracle is the first SIMD
+// scalar reference and every SIMD back end (sweep_tables). The oracle is the first SIMD
 // back end's plain encode and decode, which the sweeps above prove equal to the
 // reference: one scalar pass a sweep instead of two.
 template <class T>
 void sweep_encode_round(const ConvertOptions& o) {
   using S = typename T::storage_type;
   std::string missing;
-  const std::vector<test::Backend> isas = sweep_isas<T>(missing);
+  const std::vector<test::Backend> tables = sweep_tables<T>(missing);
   if (!missing.empty()) std::cout << "[ NOTE ] not available on this CPU, not swept: " << missing << "\n";
-  if (isas.empty()) GTEST_SKIP() << "no SIMD back end here";
+  if (tables.empty()) GTEST_SKIP() << "no SIMD back end here";
   const FormatKernels& ref = kernel_table(Isa::scalar)->get<T>();
-  const FormatKernels& oracle = isas.front().table->get<T>();
+  const FormatKernels& oracle = tables.front().table->get<T>();
   const ConvertOptions back{o.overflow, o.subnormals, 1.0f / o.scale};
   Failures failures;
   const unsigned threads = std::max(1u, std::thread::hardware_concurrency());
@@ -150,7 +150,7 @@ void sweep_encode_round(const ConvertOptions& o) {
     std::vector<ConversionStats> fast_stats;
   };
   std::vector<Buffers> buf(threads);
-  for (Buffers& b : buf) b.fast_stats.resize(isas.size());
+  for (Buffers& b : buf) b.fast_stats.resize(tables.size());
   test::sweep_patterns(0, kAll, kChunk, kStride, [&](std::uint32_t first, std::size_t n, unsigned t) {
     Buffers& b = buf[t];
     fill_patterns(b.x, first, n);
@@ -176,9 +176,9 @@ void sweep_encode_round(const ConvertOptions& o) {
                      "; reference " + hex(b.ref_c[i], 4) + " " + hex(r, 8));
       }
     }
-    for (std::size_t k = 0; k < isas.size(); ++k) {
-      const FormatKernels& fast = isas[k].table->get<T>();
-      const std::string name(isas[k].name);
+    for (std::size_t k = 0; k < tables.size(); ++k) {
+      const FormatKernels& fast = tables[k].table->get<T>();
+      const std::string name(tables[k].name);
       b.fast_v = b.x;
       b.plain_v = b.x;
       std::uint32_t fast_amax = 0xdeadbeef;
@@ -210,10 +210,10 @@ void sweep_encode_round(const ConvertOptions& o) {
                                    << ref_total.underflow << ", subnormal " << want_total.subnormal << " vs "
                                    << ref_total.subnormal << ", overflow " << want_total.overflow << " vs "
                                    << ref_total.overflow;
-  for (std::size_t k = 0; k < isas.size(); ++k) {
+  for (std::size_t k = 0; k < tables.size(); ++k) {
     ConversionStats fast_total;
     for (const Buffers& b : buf) fast_total += b.fast_stats[k];
-    EXPECT_EQ(want_total, fast_total) << isas[k].name << " counts differ: underflow " << want_total.underflow
+    EXPECT_EQ(want_total, fast_total) << tables[k].name << " counts differ: underflow " << want_total.underflow
                                       << " vs " << fast_total.underflow << ", subnormal " << want_total.subnormal
                                       << " vs " << fast_total.subnormal << ", overflow " << want_total.overflow
                                       << " vs " << fast_total.overflow;
@@ -224,7 +224,7 @@ void sweep_encode_round(const ConvertOptions& o) {
   }
 }
 
-// SIMD: AVX2 for every format, and AVX-512 for f16 and bf16 (sweep_isas).
+// SIMD: AVX2 for every format, and AVX-512 for f16 and bf16 (sweep_tables).
 TEST(Exhaustive, F16ReferenceEqualsF16CAndSimd) {
 #if defined(__x86_64__)
   const bool has_f16c = __builtin_cpu_supports("f16c");
