@@ -802,38 +802,12 @@ footer{max-width:1240px;margin:0 auto;padding:0 20px 30px;color:var(--muted);fon
 
 }  // namespace
 
-void RunNumbersSum::add(const StepRecord& r) {
-  ++n_.steps;
-  if (r.skipped) {
-    ++n_.skipped;
-  } else if (std::isfinite(r.lost_update_fraction)) {
-    lost_ += r.lost_update_fraction;
-    ++applied_;
-  }
-  n_.tokens += r.tokens;
-  if (r.val_loss) n_.val_loss = r.val_loss;
-  act_grads_ += r.act_grads;
-  if (std::isfinite(r.seconds)) n_.seconds += r.seconds;
-  last_loss_finite_ = r.loss_finite;
-  last_loss_ = r.loss;
-  n_.final_scale = r.next_scale;
-}
-
-RunNumbers RunNumbersSum::numbers() const {
-  RunNumbers n = n_;
-  n.final_loss = n.steps > 0 && last_loss_finite_ ? last_loss_ : kNaN;
-  if (n.steps > 0) n.mean_step_ms = n.seconds * 1000 / static_cast<double>(n.steps);
-  const auto nz = static_cast<double>(act_grads_.nonzero);
-  n.underflow_fraction = act_grads_.nonzero == 0 ? 0 : static_cast<double>(act_grads_.underflow) / nz;
-  n.subnormal_fraction = act_grads_.nonzero == 0 ? 0 : static_cast<double>(act_grads_.subnormal) / nz;
-  n.lost_update_fraction = applied_ == 0 ? 0 : lost_ / static_cast<double>(applied_);
-  return n;
-}
-
 RunNumbers run_numbers(const std::vector<StepRecord>& records) {
-  RunNumbersSum sum;
-  for (const StepRecord& r : records) sum.add(r);
-  return sum.numbers();
+  train::RunTotals totals;
+  for (const StepRecord& r : records) totals.add(r);
+  RunNumbers n = totals.summary();
+  n.final_loss = totals.shown_final_loss();
+  return n;
 }
 
 std::string render_report(const std::vector<ReportRun>& runs, const ReportOptions& options) {

@@ -275,6 +275,8 @@ void Trainer::load_checkpoint(const std::string& path) {
   t.lost_update_sum = total_field(f, tj, "lost_update_sum");
   t.seconds = total_field(f, tj, "seconds");
   t.final_loss = total_field(f, tj, "final_loss");
+  t.final_loss_finite = std::isfinite(t.final_loss);
+  t.lost_update_steps = t.applied;  // the Trainer's fractions are always finite
   const auto ag = field<std::vector<std::uint64_t>>(f, tj, "mixprec.totals", "act_grads");
   if (ag.size() != 6) bad(src, "metadata 'mixprec.totals': field 'act_grads' must hold 6 counts");
   t.act_grads = {ag[0], ag[1], ag[2], ag[3], ag[4], ag[5]};
@@ -368,8 +370,7 @@ void Trainer::load_checkpoint(const std::string& path) {
   m.scaler = std::move(scaler);
   m.schedule.set_position(position);
   m.sampler.restore(sampler);
-  m.totals = t;
-  m.step_ms.clear();
+  m.totals = t;  // the step times (the median) restart: this process's steps
 }
 
 }  // namespace mixprec::train

@@ -44,28 +44,6 @@ double format_max(DType t) {
   return static_cast<double>(std::numeric_limits<float>::max());
 }
 
-// |max| of each view (0 for an empty one; inf when one holds inf or NaN): one check-only
-// pass of the core's multi-tensor kernel, nothing written.
-std::vector<float> amax_each(const std::vector<GradTensor>& views) {
-  std::vector<float> out(views.size(), 0.0f);
-  std::vector<GradTensor> present;
-  std::vector<std::size_t> where;
-  for (std::size_t i = 0; i < views.size(); ++i) {
-    if (views[i].size == 0 || views[i].data == nullptr) continue;
-    present.push_back(views[i]);
-    where.push_back(i);
-  }
-  if (present.empty()) return out;
-  UnscaleOptions o;
-  o.write = false;
-  o.amax = true;
-  std::vector<float> amax(present.size());
-  (void)unscale_and_check(present, 1.0f, o, amax);
-  for (std::size_t k = 0; k < where.size(); ++k)
-    out[where[k]] = std::isfinite(amax[k]) ? amax[k] : std::numeric_limits<float>::infinity();
-  return out;
-}
-
 }  // namespace
 
 TelemetryRecorder::TelemetryRecorder(std::string dir, const TelemetryOptions& options)
@@ -78,8 +56,7 @@ TelemetryRecorder::TelemetryRecorder(std::string dir, const TelemetryOptions& op
 }
 
 bool TelemetryRecorder::histogram_step() const noexcept {
-  const std::uint64_t next = step_ + 1;
-  return histogram_every_ != 0 && (next == 1 || next % histogram_every_ == 0);
+  return train::histogram_step(step_ + 1, histogram_every_);  // the last step is not known here
 }
 
 double TelemetryRecorder::seconds() {
@@ -114,7 +91,8 @@ void TelemetryRecorder::count_activation_grad(std::string_view name, const GradT
   const ConversionStats s = convert_counted(g, std::span<f16>(f16_scratch_.data(), n));
   // |max| from the tensor as stored, in one check-only pass of the multi-tensor kernel
   // (faster than a pass over the widened copy); inf when it holds inf/NaN.
-  float amax = amax_each({grad})[0];
+  float amax = 0;
+  measure_amax(std::span<const GradTensor>(&grad, 1), 1.0f, std::span<float>(&amax, 1));
   // Binades between this gradient's largest value and its format's largest finite.
   const double headroom = amax > 0 && std::isfinite(amax) ? std::log2(format_max(grad.dtype) / static_cast<double>(amax))
                                                           : std::numeric_limits<double>::infinity();
@@ -172,7 +150,9 @@ StepRecord TelemetryRecorder::record(const TelemetryStep& step, std::span<const 
     grads.push_back(p.grad.data ? p.grad : GradTensor{nullptr, 0, p.grad.dtype});
     weights.push_back(p.weight.data ? p.weight : GradTensor{nullptr, 0, p.weight.dtype});
   }
-  const std::vector<float> grad_amax = amax_each(grads), weight_amax = amax_each(weights);
+  std::vector<float> grad_amax(params.size()), weight_amax(params.size());
+  measure_amax(grads, 1.0f, grad_amax);
+  measure_amax(weights, 1.0f, weight_amax);
   for (std::size_t i = 0; i < params.size(); ++i) {
     StepRecord::ParamStats ps;
     ps.name = params[i].name;
@@ -210,33 +190,18 @@ StepRecord TelemetryRecorder::record(const TelemetryStep& step, std::span<const 
   }
   folder_.append_log(step_record_json(r));
   (void)alerts_.observe(r);
-  numbers_.add(r);
+  totals_.add(r);
   if (param_count_ == 0)
     for (const NamedParam& p : params) param_count_ += p.weight.size;
-  step_ms_.push_back(1000.0 * r.seconds);
   add_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
   return r;
 }
 
 std::vector<monitor::Alert> TelemetryRecorder::finish() {
-  const monitor::RunNumbers n = numbers_.numbers();
-  TrainSummary s;
-  s.steps = n.steps;
-  s.skipped = n.skipped;
-  s.applied = n.steps - n.skipped;
-  s.final_loss = n.final_loss;
-  s.final_scale = n.final_scale;
-  s.underflow_fraction = n.underflow_fraction;
-  s.subnormal_fraction = n.subnormal_fraction;
-  s.tokens = n.tokens;
-  s.seconds = n.seconds;
-  s.mean_step_ms = n.mean_step_ms;
+  TrainSummary s = totals_.summary();
+  s.final_loss = totals_.shown_final_loss();
+  s.val_loss.reset();  // the validation losses are in the log only (summary.json has said null so far)
   s.param_count = param_count_;
-  if (!step_ms_.empty()) {
-    std::vector<double> ms = step_ms_;
-    std::nth_element(ms.begin(), ms.begin() + static_cast<std::ptrdiff_t>(ms.size() / 2), ms.end());
-    s.median_step_ms = ms[ms.size() / 2];
-  }
   // The summary with the run's alerts, as mixprec train writes it.
   const std::vector<monitor::Alert> alerts = alerts_.all();
   folder_.write_summary(monitor::summary_with_alerts(summary_json(s, to_json(config_, kConfigKeys)), alerts));

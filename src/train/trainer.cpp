@@ -183,10 +183,6 @@ float format_max(DType t) {
   return std::numeric_limits<float>::max();
 }
 
-bool histogram_step(const TrainConfig& c, std::uint64_t step) {
-  return c.histogram_every > 0 && (step == 1 || step % c.histogram_every == 0 || step == c.steps);
-}
-
 }  // namespace
 
 void to_f32(const void* src, DType t, std::span<float> out) {
@@ -263,7 +259,7 @@ void Trainer::init(const TrainConfig& config, dist::Communicator* comm) {
   m.snapshot.resize(weights_of_record(m.model->params()).size());
   m.scratch.assign(m.model->params().flat_size(), 0.0f);
   m.amax.assign(m.model->params().tensor_count(), 0.0f);
-  m.step_ms.reserve(config.steps);
+  m.totals.step_ms.reserve(config.steps);
   m.comm = comm;
   m.own_comm = std::move(own);
   if (config.distributed) {
@@ -333,7 +329,7 @@ StepRecord Trainer::train_step() {
   }
   m.record_weight_telemetry(r);
   r.seconds = seconds_since(t0);
-  m.add_to_totals(r, out.applied);
+  m.totals.add(r);
   if ((m.config.eval_every > 0 && r.step % m.config.eval_every == 0) || done()) r.val_loss = evaluate();
   return r;
 }
@@ -345,7 +341,7 @@ StepRecord Trainer::Impl::begin_step() {
   r.scale = scaler->get_scale();
   model->reset_stats();
   model->params().zero_grads();
-  model->set_histograms(histogram_step(config, r.step));
+  model->set_histograms(histogram_step(r.step, config.histogram_every, config.steps));
   comm->set_step(r.step);
   return r;
 }
@@ -422,18 +418,13 @@ void Trainer::Impl::record_gradient_telemetry(StepRecord& r) {
   r.params.resize(store.tensor_count());
   for (std::size_t i = 0; i < store.tensor_count(); ++i) r.params[i].name = store.spec(i).name;
   const float inv_scale = 1.0f / r.scale;
-  const bool histograms = histogram_step(config, r.step);
+  const bool histograms = histogram_step(r.step, config.histogram_every, config.steps);
   if (!zero && !histograms && can_unscale(inv_scale)) {
     // One read-only threaded pass over the stored gradients, no fp32 copy: the kernel's
     // amax is max |fl(g * inv_scale)| (= fl(max |g| * inv_scale): rounding is monotonic),
     // NaN or inf when a product is not finite.
-    UnscaleOptions o;
-    o.write = false;
-    o.amax = true;
-    unscale_and_check(store.grad_tensors(), inv_scale, o, amax, pool.get());
-    for (std::size_t i = 0; i < store.tensor_count(); ++i) {
-      r.params[i].grad_amax = std::isfinite(amax[i]) ? amax[i] : std::numeric_limits<float>::infinity();
-    }
+    measure_amax(store.grad_tensors(), inv_scale, amax, pool.get());
+    for (std::size_t i = 0; i < store.tensor_count(); ++i) r.params[i].grad_amax = amax[i];
     return;
   }
   std::span<float> flat(scratch);
@@ -488,9 +479,9 @@ void Trainer::Impl::update_loss_scale(StepRecord& r) {
 void Trainer::Impl::record_weight_telemetry(StepRecord& r) {
   const ParamStore& store = model->params();
   if (!r.histograms) {
-    // One read-only threaded pass over the weights of record (max |w|: inv_scale 1), no
-    // fp32 copy. The kernel's amax is NaN for a tensor holding a NaN, where amax_of
-    // skips NaNs: that tensor is decoded and measured as before.
+    // One read-only threaded pass over the weights of record (max |w|: scale 1), no
+    // fp32 copy. measure_amax says inf for a tensor holding inf or NaN, where amax_of
+    // skips NaNs: that tensor is decoded and measured as on histogram steps.
     // Views of the weights of record, taken now (the store's buffers are the truth).
     const std::span<const std::byte> record = weights_of_record(store);
     const std::size_t width = record.size() / store.flat_size();
@@ -499,12 +490,9 @@ void Trainer::Impl::record_weight_telemetry(StepRecord& r) {
     for (std::size_t i = 0; i < store.tensor_count(); ++i) {
       weights.push_back({const_cast<std::byte*>(record.data()) + store.offset(i) * width, store.numel(i), dtype});
     }
-    UnscaleOptions o;
-    o.write = false;
-    o.amax = true;
-    unscale_and_check(weights, 1.0f, o, amax, pool.get());
+    measure_amax(weights, 1.0f, amax, pool.get());
     for (std::size_t i = 0; i < store.tensor_count(); ++i) {
-      if (!std::isnan(amax[i])) {
+      if (std::isfinite(amax[i])) {
         r.params[i].weight_amax = amax[i];
         continue;
       }
@@ -524,24 +512,6 @@ void Trainer::Impl::record_weight_telemetry(StepRecord& r) {
   for (std::size_t i = 0; r.histograms && i < store.tensor_count(); ++i) {
     r.histograms->weights.add(flat.subspan(store.offset(i), store.numel(i)));
   }
-}
-
-void Trainer::Impl::add_to_totals(const StepRecord& r, bool applied) {
-  RunTotals& t = totals;
-  ++t.steps;
-  (applied ? t.applied : t.skipped) += 1;
-  t.tokens += r.tokens;
-  t.act_grads += r.act_grads;
-  for (const nn::Fp8TensorStats& f : r.fp8) {
-    const int role = f.role == fp8::Role::forward ? 0 : 1;
-    t.fp8_nonzero[role] += f.nonzero;
-    t.fp8_saturated[role] += f.saturated;
-    t.fp8_flushed[role] += f.flushed;
-  }
-  if (applied) t.lost_update_sum += r.lost_update_fraction;
-  t.seconds += r.seconds;
-  t.final_loss = r.loss;
-  step_ms.push_back(r.seconds * 1e3);
 }
 
 double Trainer::evaluate() {
@@ -568,33 +538,8 @@ double Trainer::evaluate() {
 
 TrainSummary Trainer::summary() const {
   const Impl& m = *impl_;
-  const RunTotals& t = m.totals;
-  TrainSummary s;
-  s.steps = t.steps;
-  s.applied = t.applied;
-  s.skipped = t.skipped;
-  s.final_loss = t.final_loss;
-  s.val_loss = t.val_loss;
-  s.final_scale = m.scaler->get_scale();
-  const double nz = static_cast<double>(t.act_grads.nonzero);
-  s.underflow_fraction = nz > 0 ? static_cast<double>(t.act_grads.underflow) / nz : 0.0;
-  s.subnormal_fraction = nz > 0 ? static_cast<double>(t.act_grads.subnormal) / nz : 0.0;
-  s.lost_update_fraction = t.applied > 0 ? t.lost_update_sum / static_cast<double>(t.applied) : 0.0;
-  auto fraction = [](std::uint64_t part, std::uint64_t whole) {
-    return whole > 0 ? static_cast<double>(part) / static_cast<double>(whole) : 0.0;
-  };
-  s.fp8_forward_saturated_fraction = fraction(t.fp8_saturated[0], t.fp8_nonzero[0]);
-  s.fp8_forward_flushed_fraction = fraction(t.fp8_flushed[0], t.fp8_nonzero[0]);
-  s.fp8_backward_saturated_fraction = fraction(t.fp8_saturated[1], t.fp8_nonzero[1]);
-  s.fp8_backward_flushed_fraction = fraction(t.fp8_flushed[1], t.fp8_nonzero[1]);
-  s.seconds = t.seconds;
-  s.tokens = t.tokens;
-  s.mean_step_ms = t.steps > 0 ? t.seconds * 1e3 / static_cast<double>(t.steps) : 0.0;
-  if (!m.step_ms.empty()) {
-    std::vector<double> v = m.step_ms;
-    std::nth_element(v.begin(), v.begin() + static_cast<std::ptrdiff_t>(v.size() / 2), v.end());
-    s.median_step_ms = v[v.size() / 2];
-  }
+  TrainSummary s = m.totals.summary();
+  s.final_scale = m.scaler->get_scale();  // also before the first step, and after a resume
   s.memory = m.model->memory();
   if (m.zero) s.memory.parameter_bytes += m.zero->store->bytes();  // this rank's slice
   s.param_count = m.model->params().param_count();

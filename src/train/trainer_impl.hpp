@@ -21,19 +21,6 @@
 
 namespace mixprec::train {
 
-// Counters behind TrainSummary; saved in checkpoints so a resumed run reports the
-// whole run.
-struct RunTotals {
-  std::uint64_t steps = 0, applied = 0, skipped = 0, tokens = 0;
-  ConversionStats act_grads;
-  // fp8 tensors, per role (0 forward, 1 backward): nonzero, saturated, flushed values.
-  std::uint64_t fp8_nonzero[2] = {0, 0}, fp8_saturated[2] = {0, 0}, fp8_flushed[2] = {0, 0};
-  double lost_update_sum = 0;  // over applied steps
-  double seconds = 0;
-  double final_loss = 0;
-  std::optional<double> val_loss;
-};
-
 // One step's training loss before averaging.
 struct StepLoss {
   double sum = 0;         // of the per-token losses computed (this rank's until summed over the ranks)
@@ -52,8 +39,7 @@ struct Trainer::Impl {
   std::vector<nn::TokenId> inputs, targets;
   std::vector<std::byte> snapshot;  // weights of record before a step (lost-update count)
   std::vector<float> scratch;       // flat fp32 values for telemetry (unscaled grads, decoded weights)
-  std::vector<double> step_ms;      // this process's steps (median)
-  RunTotals totals;
+  RunTotals totals;                 // the summary's counters (saved in checkpoints)
   dist::Communicator* comm = nullptr;
   std::unique_ptr<dist::SingleProcess> own_comm;  // when constructed without one
   std::vector<float> acc;           // distributed: this rank's gradient sum in fp32 (flat_size)
@@ -86,7 +72,6 @@ struct Trainer::Impl {
   StepOutcome step_or_skip(StepRecord& r, bool found_inf_elsewhere, std::optional<double> global_norm);
   void update_loss_scale(StepRecord& r);
   void record_weight_telemetry(StepRecord& r);  // amaxes and histograms after the step
-  void add_to_totals(const StepRecord& r, bool applied);
 };
 
 // Flat fp32 values of a store region of dtype t (out.size() elements) into out.

@@ -29,7 +29,7 @@
 #include <vector>
 
 #include "mixprec/train/config.hpp"
-#include "mixprec/train/trainer.hpp"
+#include "mixprec/train/step_record.hpp"
 
 namespace mixprec::monitor {
 

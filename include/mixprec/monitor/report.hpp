@@ -18,7 +18,7 @@
 #include <utility>
 #include <vector>
 
-#include "mixprec/train/trainer.hpp"
+#include "mixprec/train/step_record.hpp"
 
 namespace mixprec::monitor {
 
@@ -46,36 +46,11 @@ struct ReportRun {
   std::optional<std::vector<ReportAlert>> alerts;
 };
 
-// Figures a run's numbers are computed from its records (so an interrupted run without
-// summary.json has them too).
-struct RunNumbers {
-  std::uint64_t steps = 0, skipped = 0, tokens = 0;
-  double final_loss = 0;             // NaN when there are no steps
-  std::optional<double> val_loss;    // last evaluation
-  float final_scale = 1;             // the last step's next_scale
-  double underflow_fraction = 0;     // activation-gradient underflow / nonzero, whole run
-  double subnormal_fraction = 0;
-  double lost_update_fraction = 0;   // mean over applied steps
-  double seconds = 0;                // sum of step times
-  double mean_step_ms = 0;
-};
+// A run's figures, computed from its records (so an interrupted run without
+// summary.json has them too): train::RunTotals over the log, final_loss NaN when the
+// last step's loss was not finite or there is no step (RunTotals::shown_final_loss).
+using RunNumbers = train::TrainSummary;
 RunNumbers run_numbers(const std::vector<train::StepRecord>& records);
-
-// The same numbers, step by step, for a writer that does not keep its records
-// (mixprec::torch::Telemetry): run_numbers is this over a log.
-class RunNumbersSum {
- public:
-  void add(const train::StepRecord& r);
-  RunNumbers numbers() const;
-
- private:
-  RunNumbers n_;
-  ConversionStats act_grads_;
-  double lost_ = 0;
-  std::uint64_t applied_ = 0;
-  bool last_loss_finite_ = false;
-  double last_loss_ = 0;
-};
 
 struct ReportOptions {
   std::string title = "mixprec report";

@@ -35,7 +35,7 @@
 
 #include "mixprec/nn/precision.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
-#include "mixprec/train/trainer.hpp"
+#include "mixprec/train/step_record.hpp"
 
 namespace mixprec::monitor {
 

@@ -32,10 +32,9 @@
 #include "mixprec/formats/bulk.hpp"
 #include "mixprec/kernels/unscale.hpp"
 #include "mixprec/monitor/alerts.hpp"
-#include "mixprec/monitor/report.hpp"
 #include "mixprec/train/config.hpp"
 #include "mixprec/train/run_folder.hpp"
-#include "mixprec/train/trainer.hpp"
+#include "mixprec/train/step_record.hpp"
 
 namespace mixprec::train {
 
@@ -111,8 +110,7 @@ class TelemetryRecorder {
   std::size_t histogram_every_;
   RunFolder folder_;
   monitor::AlertMonitor alerts_;
-  monitor::RunNumbersSum numbers_;  // the summary's figures, as the report computes them
-  std::vector<double> step_ms_;     // the median step time
+  RunTotals totals_;                // the summary's figures, as the Trainer and the report add them
   std::size_t param_count_ = 0;
   std::uint64_t step_ = 0;
 

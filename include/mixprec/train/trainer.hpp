@@ -17,80 +17,14 @@
 #include <vector>
 
 #include "mixprec/dist/communicator.hpp"
-#include "mixprec/formats/bulk.hpp"
 #include "mixprec/nn/data.hpp"
 #include "mixprec/nn/model.hpp"
 #include "mixprec/optim/optimizer.hpp"
 #include "mixprec/scaler/grad_scaler.hpp"
 #include "mixprec/train/config.hpp"
+#include "mixprec/train/step_record.hpp"
 
 namespace mixprec::train {
-
-// What one optimizer step did (one JSONL line of the run log).
-struct StepRecord {
-  std::uint64_t step = 0;        // 1-based
-  double lr = 0;                 // learning rate of this step
-  double loss = 0;               // mean training loss over the step's tokens (unscaled)
-  bool loss_finite = true;       // false: the forward pass produced inf/NaN (loss scaling cannot repair this)
-  std::string forward_nonfinite; // first activation that went non-finite, when !loss_finite
-  float scale = 1;               // loss scale the gradients carried
-  float next_scale = 1;          // loss scale after the update
-  bool found_inf = false;        // inf/NaN among the gradients
-  bool skipped = false;          // no optimizer update this step
-  bool injected = false;         // --inject-overflow-at hit this step
-  double grad_norm = 0;          // global norm of the unscaled gradients (NaN when skipped)
-  float clip_coef = 1;
-  std::string overflow_param;    // first parameter gradient holding inf/NaN
-  std::string overflow_activation;  // first activation gradient whose fp16/bf16 store overflowed
-  ConversionStats act_grads;     // what rounding did to activation gradients this step
-  double lost_update_fraction = 0;  // of parameters the optimizer meant to change, those whose stored weights did not
-  std::uint64_t tokens = 0;      // tokens processed this step
-  double seconds = 0;            // wall time of the whole step
-  double scaler_seconds = 0;     // of which check + unscale + clip + optimizer step + scale update
-  std::optional<double> val_loss;  // when this step evaluated
-
-  // Telemetry (docs/telemetry.md).
-  float act_grad_amax = 0;       // largest |activation gradient| before rounding, scaled domain (inf if non-finite)
-  double headroom_log2 = 0;      // log2(activation format max / act_grad_amax): binades left before overflow
-  std::vector<nn::TensorGradStats> act_grad_tensors;  // per activation-gradient tensor
-  struct ParamStats {
-    std::string name;
-    float grad_amax = 0;    // unscaled |gradient| max (inf/NaN -> inf)
-    float weight_amax = 0;  // |weight| max of the weights of record after the step
-  };
-  std::vector<ParamStats> params;
-  // At histogram steps (config histogram-every): log2-magnitude histograms.
-  struct Histograms {
-    nn::Log2Histogram activations, activation_grads;  // before rounding; activation grads in the scaled domain
-    nn::Log2Histogram weight_grads;                   // unscaled
-    nn::Log2Histogram weights;                        // weights of record
-  };
-  std::optional<Histograms> histograms;
-  // fp8 presets: per fp8 tensor of the Linear layers, this step's quantization (docs/telemetry.md).
-  std::vector<nn::Fp8TensorStats> fp8;
-};
-
-struct TrainSummary {
-  std::uint64_t steps = 0, applied = 0, skipped = 0;
-  double final_loss = 0;             // last step's training loss
-  std::optional<double> val_loss;    // last evaluation
-  float final_scale = 1;
-  double underflow_fraction = 0;     // activation-gradient elements flushed to zero / all nonzero ones, whole run
-  double subnormal_fraction = 0;     // ... left subnormal
-  double lost_update_fraction = 0;   // mean over applied steps
-  // fp8 presets, whole run: of the nonzero values quantized to fp8, the fraction clipped by
-  // the saturating cast / flushed to zero; forward tensors (inputs, weights) and backward
-  // tensors (output gradients) apart. 0 for other presets.
-  double fp8_forward_saturated_fraction = 0, fp8_forward_flushed_fraction = 0;
-  double fp8_backward_saturated_fraction = 0, fp8_backward_flushed_fraction = 0;
-  double seconds = 0;                // training time (steps), excluding evaluation
-  double mean_step_ms = 0;           // median would hide the tail: both are in the log
-  double median_step_ms = 0;
-  std::uint64_t tokens = 0;
-  nn::ModelMemory memory;
-  std::size_t param_count = 0;
-  int ranks = 1;                     // data-parallel ranks of this process's run
-};
 
 class Trainer {
  public:
