@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Union
 
@@ -34,11 +35,12 @@ def _value_text(key: str, value: Any) -> str:
     """An override as the text the core's set() parses; the core checks the range."""
     if value is None:
         return "none"
-    if isinstance(value, bool):
+    if isinstance(value, (bool, np.bool_)):
         return "true" if value else "false"
-    if isinstance(value, int):
-        return str(value)
-    if isinstance(value, float):
+    if isinstance(value, numbers.Integral):  # int, numpy integers
+        return str(int(value))
+    if isinstance(value, numbers.Real):  # float, numpy floats (whose repr is "np.float64(...)")
+        value = float(value)
         if math.isinf(value) and value > 0:
             return "inf"
         return repr(value)

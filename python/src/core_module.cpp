@@ -29,7 +29,9 @@
 #include "mixprec/kernels/unscale.hpp"
 #include "mixprec/monitor/report.hpp"
 #include "mixprec/nn/data.hpp"
+#include "mixprec/scaler/check_gradients.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
+#include "mixprec/scaler/protocol.hpp"
 #include "mixprec/train/run_log.hpp"
 #include "mixprec/train/telemetry_recorder.hpp"
 
@@ -310,20 +312,8 @@ auto dispatch(std::string_view format, F&& f) {
 // One loss-scale policy (mixprec::LossScale) made from a preset and `--set`-style overrides.
 class PyLossScale {
  public:
-  PyLossScale(std::string_view preset, const std::vector<std::pair<std::string, std::string>>& overrides) {
-    mixprec::LossScaleConfig config = mixprec::loss_scale_preset(preset);
-    // In the order of the core's key table (rule first, so that growth_factor then sets
-    // the backoff of a one-factor rule), whatever order the caller wrote them in.
-    for (const std::string& key : mixprec::loss_scale_config_keys())
-      for (const auto& [k, v] : overrides)
-        if (k == key) mixprec::set(config, k, v);
-    for (const auto& [k, v] : overrides) {
-      const auto& keys = mixprec::loss_scale_config_keys();
-      if (std::find(keys.begin(), keys.end(), k) == keys.end()) mixprec::set(config, k, v);  // throws, listing keys
-    }
-    mixprec::validate(config);
-    scale_ = mixprec::make_loss_scale(config);
-  }
+  PyLossScale(std::string_view preset, const std::vector<std::pair<std::string, std::string>>& overrides)
+      : scale_(mixprec::make_loss_scale(mixprec::make_loss_scale_config(preset, overrides))) {}
 
   float scale() const { return scale_->scale(); }
   double exact_scale() const { return scale_->state().scale; }
@@ -411,6 +401,78 @@ std::tuple<bool, std::int64_t, double> unscale_tensors(nb::list tensors, float i
   }
   return {r.found_inf, r.first_nonfinite, r.sum_squares};
 }
+
+// ---- the GradScaler protocol (mixprec.torch.GradScaler is an adapter over it) -------------
+
+// mixprec::ScalerProtocol, torch dialect: the Python drop-in keeps only torch's API shape,
+// the device routing of gradients and the torch.distributed callback.
+class PyScalerProtocol {
+ public:
+  PyScalerProtocol(std::string preset, const std::vector<std::pair<std::string, std::string>>& overrides,
+                   bool enabled)
+      : p_(mixprec::make_loss_scale_config(preset, overrides), enabled, mixprec::Dialect::torch, preset) {}
+
+  mixprec::ScalerProtocol& get() { return p_; }
+
+  // found_inf, checked -> (found_inf, checked) over every rank; None: this rank alone.
+  void set_rank_agreement(nb::object fn) {
+    if (fn.is_none()) {
+      p_.set_rank_agreement({});
+      return;
+    }
+    p_.set_rank_agreement([fn](mixprec::RankFlags local) {
+      nb::gil_scoped_acquire held;
+      nb::tuple r = nb::cast<nb::tuple>(fn(local.found_inf, local.checked));
+      return mixprec::RankFlags{nb::cast<bool>(r[0]), nb::cast<bool>(r[1])};
+    });
+  }
+
+  // (applied?, found_inf, scale, first_overflow or -1, grad_norm)
+  nb::tuple decide(std::uint64_t id) {
+    const mixprec::StepDecision d = p_.decide(id);
+    return nb::make_tuple(d.apply, d.found_inf, d.scale, d.first_overflow, d.grad_norm);
+  }
+
+  void record(std::uint64_t id, nb::tuple check) {
+    mixprec::GradientCheck c;
+    c.checked = nb::cast<bool>(check[0]);
+    c.found_inf = nb::cast<bool>(check[1]);
+    c.first_overflow = nb::cast<std::int64_t>(check[2]);
+    c.sum_squares = nb::cast<double>(check[3]);
+    c.carried_inv_scale = nb::cast<float>(check[4]);
+    p_.record(id, c);
+  }
+
+ private:
+  mixprec::ScalerProtocol p_;
+};
+
+// mixprec::check_gradients over CPU arrays (torch tensors through DLPack, one block of memory
+// each: mixprec.torch passes a dense tensor of any layout as its flat storage view), in
+// place. Returns (checked, found_inf, first_overflow or -1, sum_squares, carried_inv_scale).
+nb::tuple check_gradient_arrays(nb::list tensors, float scale, bool write) {
+  std::vector<MutArray> keep;  // holds every DLPack export alive during the pass
+  std::vector<mixprec::GradTensor> views;
+  keep.reserve(tensors.size());
+  views.reserve(tensors.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const std::string what = "tensors[" + std::to_string(i) + "]";
+    MutArray a = as_array<MutArray>(tensors[i], what.c_str(), "float32, float16 or bfloat16");
+    const mixprec::DType t = gradient_dtype(a, what, " (gradients are unscaled in place, never copied or cast)");
+    require_c_contiguous(a, what.c_str());
+    views.push_back({a.size() ? a.data() : nullptr, a.size(), t});
+    keep.push_back(std::move(a));
+  }
+  mixprec::GradientCheck c;
+  {
+    nb::gil_scoped_release unlocked;
+    c = mixprec::check_gradients(views, scale, write);
+  }
+  return nb::make_tuple(c.checked, c.found_inf, c.first_overflow, c.sum_squares, c.carried_inv_scale);
+}
+
+PyObject* g_misuse_runtime = nullptr;    // mixprec._core.ScalerMisuseError(RuntimeError)
+PyObject* g_misuse_assertion = nullptr;  // mixprec._core.ScalerMisuseAssertion(AssertionError)
 
 // ---- telemetry: the core's TelemetryRecorder over tensors handed in by mixprec.torch ------
 
@@ -539,6 +601,28 @@ NB_MODULE(_core, m) {
   m.doc() = "mixprec's C++ core (nanobind); use the `mixprec` package, not this module";
 
   nb::exception<mixprec::ScaleCollapseError>(m, "ScaleCollapseError", PyExc_RuntimeError);
+  // Protocol misuse: torch's exception class (RuntimeError or AssertionError, the protocol's
+  // table says which), with .kind naming the misuse (mixprec::misuse_name).
+  g_misuse_runtime = PyErr_NewException("mixprec._core.ScalerMisuseError", PyExc_RuntimeError, nullptr);
+  g_misuse_assertion = PyErr_NewException("mixprec._core.ScalerMisuseAssertion", PyExc_AssertionError, nullptr);
+  m.attr("ScalerMisuseError") = nb::handle(g_misuse_runtime);
+  m.attr("ScalerMisuseAssertion") = nb::handle(g_misuse_assertion);
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const mixprec::ScalerMisuse& e) {
+      PyObject* cls = mixprec::python_error(e.kind()) == mixprec::PythonError::assertion_error ? g_misuse_assertion
+                                                                                              : g_misuse_runtime;
+      PyObject* err = PyObject_CallFunction(cls, "s", e.what());
+      if (err == nullptr) return;  // the call set its own error
+      const std::string kind(mixprec::misuse_name(e.kind()));
+      PyObject* k = PyUnicode_FromString(kind.c_str());
+      PyObject_SetAttrString(err, "kind", k);
+      Py_XDECREF(k);
+      PyErr_SetObject(cls, err);
+      Py_DECREF(err);
+    }
+  });
 
   nb::class_<ConversionStats>(m, "ConversionStats",
                               "What a conversion destroyed, counted by the core (mixprec::ConversionStats)")
@@ -610,6 +694,48 @@ NB_MODULE(_core, m) {
       .def("to_json", &PyLossScale::to_json)
       .def("load_json", &PyLossScale::load_json, nb::arg("json"))
       .def("describe", &PyLossScale::describe);
+
+  m.def("check_gradients", &check_gradient_arrays, nb::arg("tensors"), nb::arg("scale"), nb::arg("write"),
+        "mixprec::check_gradients in place over CPU arrays; returns (checked, found_inf, first_overflow, "
+        "sum_squares, carried_inv_scale)");
+
+  using P = PyScalerProtocol;
+  nb::class_<PyScalerProtocol>(m, "ScalerProtocol")
+      .def(nb::init<std::string, const std::vector<std::pair<std::string, std::string>>&, bool>(), nb::arg("preset"),
+           nb::arg("overrides"), nb::arg("enabled"))
+      .def_prop_ro("enabled", [](P& p) { return p.get().enabled(); })
+      .def_prop_ro("scale", [](P& p) { return p.get().scale(); })
+      .def_prop_ro("preset", [](P& p) { return p.get().preset(); })
+      .def("set_rank_agreement", &P::set_rank_agreement, nb::arg("fn").none())
+      .def("begin_unscale", [](P& p, std::uint64_t id) { p.get().begin_unscale(id); }, nb::arg("id"))
+      .def("begin_step",
+           [](P& p, std::uint64_t id) {
+             switch (p.get().begin_step(id)) {
+               case mixprec::StepPlan::pass_through: return "pass_through";
+               case mixprec::StepPlan::check: return "check";
+               case mixprec::StepPlan::step_only: return "step_only";
+             }
+             return "?";
+           },
+           nb::arg("id"))
+      .def("record", &P::record, nb::arg("id"), nb::arg("check"))
+      .def("decide", &P::decide, nb::arg("id"))
+      .def("step_done", [](P& p, std::uint64_t id) { p.get().step_done(id); }, nb::arg("id"))
+      .def("stage", [](P& p, std::uint64_t id) { return std::string(mixprec::stage_name(p.get().stage(id))); },
+           nb::arg("id"))
+      .def("between_steps", [](P& p) { return p.get().between_steps(); })
+      .def("update", [](P& p) { p.get().update(); })
+      .def("update_to", [](P& p, double s) { p.get().update_to(s); }, nb::arg("new_scale"))
+      .def("next_scale", [](P& p) { return p.get().next_scale(); })
+      .def("set_accumulation_steps", [](P& p, int k) { p.get().set_accumulation_steps(k); }, nb::arg("k"))
+      .def_prop_ro("accumulation_steps", [](P& p) { return p.get().accumulation_steps(); })
+      .def("backward_done", [](P& p) { p.get().backward_done(); })
+      .def_prop_ro("backward_passes", [](P& p) { return p.get().backward_passes(); })
+      .def("reconfigure", [](P& p, std::string_view k, std::string_view v) { p.get().reconfigure(k, v); },
+           nb::arg("key"), nb::arg("value"))
+      .def("loss_scale_json", [](P& p) { return p.get().loss_scale().to_json(); })
+      .def("state_json", [](P& p) { return p.get().state_json(); })
+      .def("load_state_json", [](P& p, std::string_view s) { p.get().load_state_json(s); }, nb::arg("json"));
 
   nb::class_<PyTelemetryRecorder>(m, "TelemetryRecorder")
       .def(nb::init<std::string, std::string, std::string, std::size_t>(), nb::arg("dir"), nb::arg("precision"),

@@ -62,8 +62,13 @@ void ThreadPool::worker_loop(unsigned index) {
 
 void ThreadPool::run_erased(Task task, void* ctx) {
   {
-    const std::lock_guard lock(mu_);
-    if (running_) throw std::logic_error("ThreadPool::run called while the pool is already running a task");
+    std::unique_lock lock(mu_);
+    if (running_) {
+      // Busy: the whole task on this thread, part by part (the same split, the same results).
+      lock.unlock();
+      for (unsigned w = 0; w < size(); ++w) task(ctx, w);
+      return;
+    }
     running_ = true;
     task_ = task;
     ctx_ = ctx;

@@ -1,50 +1,119 @@
+// mixprec::torch::GradScaler: ScalerProtocol over libtorch tensors and optimizers. What this
+// file decides is only where a gradient is read: the core's check on its memory, or ATen.
 #include "mixprec/torch/grad_scaler.hpp"
 
 #include <ATen/ATen.h>
 
 #include <cmath>
 #include <limits>
-#include <sstream>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "mixprec/kernels/unscale.hpp"
-#include "mixprec/optim/clip.hpp"
+#include "mixprec/scaler/check_gradients.hpp"
 #include "dtype.hpp"
 
 namespace mixprec::torch {
 namespace {
 
-// One parameter with a gradient, in optimizer order (groups, then params).
+using detail::mixprec_dtype;
+
+// One gradient to check: its index over the optimizer's parameters and the tensor read
+// (a sparse gradient's values).
 struct Entry {
   std::int64_t index;
   at::Tensor grad;
 };
 
-std::string shape_text(at::IntArrayRef a) {
-  std::ostringstream s;
-  s << a;
-  return s.str();
+// Read by the core: CPU fp32/fp16/bf16 over one block of memory (any dense layout).
+bool core_readable(const at::Tensor& g) {
+  return g.device().is_cpu() && mixprec_dtype(g.scalar_type()) && g.is_non_overlapping_and_dense();
 }
 
-using detail::mixprec_dtype;
+// Which element of `grads` first holds inf/NaN; -1 when none.
+std::int64_t first_nonfinite(const std::vector<at::Tensor>& grads) {
+  for (std::size_t k = 0; k < grads.size(); ++k)
+    if (!at::isfinite(grads[k]).all().item<bool>()) return static_cast<std::int64_t>(k);
+  return -1;
+}
+
+// check_gradients' contract (scaler/check_gradients.hpp) through ATen's own unscale kernel,
+// for what the core does not read: float64, strided or overlapping views, device tensors.
+GradientCheck check_gradients_aten(const std::vector<at::Tensor>& grads, float scale, bool write) {
+  GradientCheck c;
+  c.checked = !grads.empty();
+  if (grads.empty()) {
+    c.sum_squares = 0;
+    c.carried_inv_scale = 1.0f;
+    return c;
+  }
+  const float inv = inv_scale_of(scale);
+  if (!can_unscale(inv)) {
+    c.found_inf = true;
+    c.first_overflow = first_nonfinite(grads);
+    return c;
+  }
+  // At a scale below 1 (or when nothing may be written) the kernel runs on copies first.
+  const bool in_place = write && inv <= 1.0f;
+  std::vector<at::Tensor> work;
+  work.reserve(grads.size());
+  for (const auto& g : grads) work.push_back(in_place ? g : g.clone());
+  const auto device = grads.front().device();
+  const auto fopts = at::TensorOptions().dtype(at::kFloat).device(device);
+  at::Tensor found = at::zeros({}, fopts);
+  at::_amp_foreach_non_finite_check_and_unscale_(work, found, at::full({}, inv, fopts));
+  std::vector<at::Tensor> squares;
+  squares.reserve(work.size());
+  for (const auto& w : work) {
+    const auto acc = w.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+    squares.push_back(at::linalg_vector_norm(w, 2, {}, false, acc).to(at::kDouble).square());
+  }
+  const at::Tensor host = at::stack({found.to(at::kDouble), at::stack(squares).sum()}).to(at::kCPU);
+  const double* h = host.data_ptr<double>();
+  c.found_inf = h[0] != 0.0;
+  c.sum_squares = h[1];
+  if (inv > 1.0f) {
+    // Products that overflowed their dtype are inf in the copies, as inf/NaN inputs are.
+    c.first_overflow = first_nonfinite(work);
+    c.found_inf = c.found_inf || c.first_overflow >= 0;
+  } else if (c.found_inf) {
+    c.first_overflow = first_nonfinite(grads);
+  }
+  if (c.found_inf) {
+    c.sum_squares = std::numeric_limits<double>::infinity();
+    return c;
+  }
+  if (write && !in_place)
+    for (std::size_t k = 0; k < grads.size(); ++k) grads[k].copy_(work[k]);
+  c.carried_inv_scale = write ? 1.0f : inv;
+  return c;
+}
+
+GradientCheck merge(const GradientCheck& a, const std::vector<std::int64_t>& a_index, const GradientCheck& b,
+                    const std::vector<std::int64_t>& b_index) {
+  GradientCheck m;
+  m.checked = a.checked || b.checked;
+  m.found_inf = a.found_inf || b.found_inf;
+  const std::int64_t ia = a.first_overflow >= 0 ? a_index[static_cast<std::size_t>(a.first_overflow)] : -1;
+  const std::int64_t ib = b.first_overflow >= 0 ? b_index[static_cast<std::size_t>(b.first_overflow)] : -1;
+  m.first_overflow = ia < 0 ? ib : (ib < 0 ? ia : std::min(ia, ib));
+  m.sum_squares = (a.checked ? a.sum_squares : 0.0) + (b.checked ? b.sum_squares : 0.0);
+  m.carried_inv_scale = 1.0f;
+  return m;
+}
 
 }  // namespace
 
-GradScaler::GradScaler(const LossScaleConfig& config, bool enabled) : GradScaler(make_loss_scale(config), enabled) {}
+GradScaler::GradScaler(const LossScaleConfig& config, bool enabled) : protocol_(config, enabled) {}
 
-GradScaler::GradScaler(std::unique_ptr<LossScale> scale, bool enabled) : scale_(std::move(scale)), enabled_(enabled) {
-  if (!scale_) throw std::invalid_argument("mixprec::torch::GradScaler: the loss scale is null");
-}
-
-float GradScaler::get_scale() const noexcept { return enabled_ ? scale_->scale() : 1.0f; }
+GradScaler::GradScaler(std::unique_ptr<LossScale> scale, bool enabled) : protocol_(std::move(scale), enabled) {}
 
 at::Tensor GradScaler::scale(const at::Tensor& loss) const {
   if (!loss.defined()) throw std::invalid_argument("GradScaler::scale: the loss tensor is undefined");
-  if (!enabled_) return loss;
-  return loss * at::scalar_tensor(scale_->scale(), at::TensorOptions().dtype(at::kFloat).device(loss.device()));
+  if (!enabled()) return loss;
+  return loss * at::scalar_tensor(get_scale(), at::TensorOptions().dtype(at::kFloat).device(loss.device()));
 }
 
 void GradScaler::set_names(const ::torch::OrderedDict<std::string, at::Tensor>& named_parameters) {
@@ -66,238 +135,135 @@ std::string GradScaler::name_of(const ::torch::optim::Optimizer& opt, std::int64
   return "param[" + std::to_string(index) + "]";
 }
 
-OptimizerStage GradScaler::stage(const ::torch::optim::Optimizer& opt) const noexcept {
-  const auto it = records_.find(&opt);
-  return it == records_.end() ? OptimizerStage::ready : it->second.stage;
-}
-
-
-// Validates every gradient of `opt` (nothing is touched before all are checked), then
-// checks and unscales them in place (write_scaled: multiply by 1/scale) and records
-// found_inf, the first overflowing parameter and the norm.
-void GradScaler::check_unscale(::torch::optim::Optimizer& opt, Record& r, bool write_scaled) {
+// Validates every gradient of `opt` (nothing is touched before all are checked), then checks
+// and unscales them in place: libtorch's optimizers read the gradients as they are.
+GradientCheck GradScaler::check(::torch::optim::Optimizer& opt) {
   std::vector<Entry> entries;
   std::int64_t index = 0;
-  std::optional<at::Device> device;
-  std::int64_t device_index = -1;
-  for (const auto& group : opt.param_groups()) {
-    for (const auto& p : group.params()) {
+  std::optional<std::pair<at::Device, std::int64_t>> first_device;
+  std::vector<std::pair<at::Tensor*, std::int64_t>> to_coalesce;  // fp16 sparse gradients
+  for (auto& group : opt.param_groups()) {
+    for (auto& p : group.params()) {
       const std::int64_t i = index++;
       const at::Tensor& g = p.grad();
       if (!g.defined()) continue;  // took no part in the loss: skipped, as PyTorch does
       auto who = [&] { return "the gradient of " + name_of(opt, i); };
-      if (g.is_sparse() || g.layout() != at::kStrided) {
-        throw std::invalid_argument(who() + " is sparse (layout " + c10::str(g.layout()) +
-                                    "); mixprec::torch::GradScaler needs dense gradients");
+      if (g.is_meta()) {
+        throw std::invalid_argument(who() + " is a meta tensor (no values to check); mixprec::torch::GradScaler "
+                                    "checks gradients on CPU, CUDA or another device with memory");
       }
-      if (!mixprec_dtype(g.scalar_type())) {
+      if (g.layout() != at::kStrided && g.layout() != at::kSparse) {
+        throw std::invalid_argument(who() + " has layout " + c10::str(g.layout()) +
+                                    "; mixprec::torch::GradScaler takes strided and sparse COO gradients, as "
+                                    "torch.amp.GradScaler does");
+      }
+      if (!at::isFloatingType(g.scalar_type())) {
         throw std::invalid_argument(who() + " has dtype " + std::string(c10::toString(g.scalar_type())) +
-                                    "; mixprec::torch::GradScaler accepts fp32 (Float), fp16 (Half) and bf16 "
-                                    "(BFloat16) gradients");
+                                    "; gradients must be floating point");
       }
-      if (!g.is_contiguous()) {
-        throw std::invalid_argument(who() + " is not contiguous (sizes " + shape_text(g.sizes()) + ", strides " +
-                                    shape_text(g.strides()) +
-                                    "); mixprec::torch::GradScaler reads gradients in place and needs them "
-                                    "contiguous (.contiguous() them before step)");
+      if (!first_device) {
+        first_device = std::make_pair(g.device(), i);
+      } else if (first_device->first != g.device()) {
+        throw std::invalid_argument("gradients on more than one device: " + name_of(opt, first_device->second) +
+                                    " on " + first_device->first.str() + ", " + name_of(opt, i) + " on " +
+                                    g.device().str() + "; use one GradScaler step per device's optimizer");
       }
-      if (!device) {
-        device = g.device();
-        device_index = i;
-      } else if (*device != g.device()) {
-        throw std::invalid_argument("gradients on more than one device: " + name_of(opt, device_index) + " on " +
-                                    device->str() + ", " + name_of(opt, i) + " on " + g.device().str() +
-                                    "; use one GradScaler step per device's optimizer");
-      }
-      if (g.device().type() != at::kCPU && g.device().type() != at::kCUDA) {
-        throw std::invalid_argument(who() + " is on device " + g.device().str() +
-                                    "; mixprec::torch::GradScaler handles CPU and CUDA gradients");
-      }
+      if (g.is_sparse() && g.scalar_type() == at::kHalf) to_coalesce.emplace_back(&p.mutable_grad(), i);
       entries.push_back({i, g});
     }
   }
-  if (index == 0) {
-    throw std::invalid_argument("mixprec::torch::GradScaler: the optimizer has no parameters");
-  }
-  const float inv_scale = (enabled_ && write_scaled) ? inv_scale_of(scale_->scale()) : 1.0f;
-  if (!can_unscale(inv_scale)) {
-    // The scale is inf, 0 or below about 2^-128 (the keras preset, like Keras 3, has no floor
-    // and no finite guard): nothing can be unscaled. As the core GradScaler: an overflow step,
-    // nothing written, the first tensor holding inf/NaN named, the norm unknown.
-    r.found_inf = true;
-    r.grad_norm = std::numeric_limits<double>::quiet_NaN();
-    r.first_overflow = -1;
-    for (const Entry& e : entries) {
-      if (!at::isfinite(e.grad).all().item<bool>()) {
-        r.first_overflow = e.index;
-        break;
-      }
+  // Everything validated: torch's sparse rule (fp16 duplicates summed before the check, where
+  // they may overflow), then each sparse gradient read through its values.
+  for (auto& [grad, i] : to_coalesce) *grad = grad->coalesce();
+  std::vector<GradTensor> views;
+  std::vector<std::int64_t> view_index, aten_index;
+  std::vector<at::Tensor> aten;
+  for (Entry& e : entries) {
+    at::Tensor g = e.grad;
+    if (g.is_sparse()) {
+      for (const auto& [grad, i] : to_coalesce)
+        if (i == e.index) g = *grad;
+      g = g._values();
     }
-    return;
-  }
-
-  if (!device || device->is_cpu()) {
-    // The fused pass over the tensors' own storage: GradTensor views, no copy.
-    std::vector<GradTensor> views;
-    views.reserve(entries.size());
-    for (const Entry& e : entries) {
-      views.push_back({e.grad.data_ptr(), static_cast<std::size_t>(e.grad.numel()), *mixprec_dtype(e.grad.scalar_type())});
-    }
-    UnscaleOptions o;
-    o.write = true;  // libtorch's optimizers read the gradients: unscale in place (nothing written at 1)
-    o.sum_squares = true;
-    const UnscaleResult res = unscale_and_check(views, inv_scale, o);
-    r.first_overflow = res.first_nonfinite >= 0 ? entries[static_cast<std::size_t>(res.first_nonfinite)].index : -1;
-    r.grad_norm = std::sqrt(res.sum_squares);
-    r.found_inf = res.found_inf || !std::isfinite(r.grad_norm);
-    return;
-  }
-
-  // CUDA (untested on this machine): ATen's own fused check-and-unscale kernel, the norm
-  // on the device, then one device-to-host copy of [found_inf, norm].
-  std::vector<at::Tensor> grads;
-  grads.reserve(entries.size());
-  for (const Entry& e : entries) grads.push_back(e.grad);
-  const auto fopts = at::TensorOptions().dtype(at::kFloat).device(*device);
-  at::Tensor found = at::zeros({}, fopts);
-  at::_amp_foreach_non_finite_check_and_unscale_(grads, found, at::full({}, inv_scale, fopts));
-  std::vector<at::Tensor> norms;
-  norms.reserve(grads.size());
-  for (const auto& g : grads) norms.push_back(at::linalg_vector_norm(g, 2, {}, false, at::kFloat));
-  const at::Tensor total = at::linalg_vector_norm(at::stack(norms), 2);
-  const at::Tensor host = at::stack({found, total}).to(at::kCPU);
-  const float* h = host.data_ptr<float>();
-  r.grad_norm = static_cast<double>(h[1]);
-  r.found_inf = h[0] != 0.0f || !std::isfinite(r.grad_norm);
-  r.first_overflow = -1;
-  if (h[0] != 0.0f) {  // only on overflow steps: which tensor (one more read per tensor)
-    for (std::size_t k = 0; k < grads.size(); ++k) {
-      if (!at::isfinite(grads[k]).all().item<bool>()) {
-        r.first_overflow = entries[k].index;
-        break;
-      }
+    if (core_readable(g)) {
+      views.push_back({g.numel() ? g.data_ptr() : nullptr, static_cast<std::size_t>(g.numel()),
+                       *mixprec_dtype(g.scalar_type())});
+      view_index.push_back(e.index);
+    } else {
+      aten.push_back(g);
+      aten_index.push_back(e.index);
     }
   }
+  const float scale = get_scale();
+  if (aten.empty()) {
+    GradientCheck c = check_gradients(views, scale, true);
+    if (c.first_overflow >= 0) c.first_overflow = view_index[static_cast<std::size_t>(c.first_overflow)];
+    return c;
+  }
+  if (views.empty()) {
+    GradientCheck c = check_gradients_aten(aten, scale, true);
+    if (c.first_overflow >= 0) c.first_overflow = aten_index[static_cast<std::size_t>(c.first_overflow)];
+    return c;
+  }
+  // Both kinds: at a scale below 1 nothing is written until both have been read.
+  const bool read_first = inv_scale_of(scale) > 1.0f;
+  GradientCheck c = merge(check_gradients(views, scale, !read_first), view_index,
+                          check_gradients_aten(aten, scale, !read_first), aten_index);
+  if (read_first && !c.found_inf) {
+    (void)check_gradients(views, scale, true);
+    (void)check_gradients_aten(aten, scale, true);
+  }
+  return c;
 }
 
 void GradScaler::unscale(::torch::optim::Optimizer& opt) {
-  if (!enabled_) return;
-  Record& r = records_[&opt];
-  if (r.stage == OptimizerStage::unscaled) {
-    throw std::logic_error("unscale() has already been called on this optimizer since the last update()");
-  }
-  if (r.stage == OptimizerStage::stepped) throw std::logic_error("unscale() is being called after step()");
-  window_.require_complete("unscale()");
-  check_unscale(opt, r, true);
-  r.stage = OptimizerStage::unscaled;
+  if (!enabled()) return;
+  protocol_.begin_unscale(id_of(opt));
+  protocol_.record(id_of(opt), check(opt));
 }
 
 StepOutcome GradScaler::step(::torch::optim::Optimizer& opt, const StepOptions& options) {
-  if (options.max_grad_norm && !(std::isfinite(*options.max_grad_norm) && *options.max_grad_norm > 0.0f)) {
-    throw std::invalid_argument("GradScaler::step: max_grad_norm " + std::to_string(*options.max_grad_norm) +
-                                " is not allowed; it must be finite and > 0");
-  }
-  Record& r = records_[&opt];
-  if (r.stage == OptimizerStage::stepped) {
-    throw std::logic_error("step() has already been called since the last update()");
-  }
-  if (enabled_) window_.require_complete("step()");
-  if (r.stage == OptimizerStage::ready) check_unscale(opt, r, true);
+  mixprec::DecideOptions d;
+  d.max_grad_norm = options.max_grad_norm;
+  ScalerProtocol::validate_options(d);  // before anything is read or written
+  const OptimizerId id = id_of(opt);
+  if (protocol_.begin_step(id) == StepPlan::check) protocol_.record(id, check(opt));
+  const StepDecision decision = protocol_.decide(id, d);
 
   StepOutcome out;
-  out.scale = get_scale();
-  out.found_inf = r.found_inf;
-  out.first_overflow = r.first_overflow;
-  if (r.first_overflow >= 0) out.first_overflow_name = name_of(opt, r.first_overflow);
-  out.grad_norm = r.grad_norm;
-  if (!r.found_inf && options.max_grad_norm && options.clip_norm == ClipNorm::torch) {
-    // clip_grad_norm_'s expressions, unchanged, so that the coefficient is its float.
-    ::torch::NoGradGuard no_grad;
-    std::vector<at::Tensor> grads, norms;
-    for (const auto& group : opt.param_groups()) {
-      for (const auto& p : group.params()) {
-        if (p.grad().defined()) grads.push_back(p.grad());
-      }
-    }
-    for (const auto& g : grads) norms.push_back(g.norm(2));
-    const at::Tensor total = norms.size() == 1 ? norms[0] : at::stack(norms).norm(2);
-    const at::Tensor coef = static_cast<double>(*options.max_grad_norm) / (total + 1e-6);
-    const at::Tensor clamped = at::clamp(coef, std::nullopt, 1.0);
-    for (auto& g : grads) g.mul_(clamped);
-    out.grad_norm = total.item<double>();
-    out.clip_coef = clamped.item<float>();
-    opt.step();
-    out.applied = true;
-  } else if (!r.found_inf) {
-    out.clip_coef = options.max_grad_norm ? clip_coefficient(r.grad_norm, *options.max_grad_norm) : 1.0f;
-    if (out.clip_coef < 1.0f) {
+  out.scale = decision.scale;
+  out.found_inf = decision.found_inf;
+  out.first_overflow = decision.first_overflow;
+  if (out.first_overflow >= 0) out.first_overflow_name = name_of(opt, out.first_overflow);
+  out.grad_norm = decision.grad_norm;
+  out.clip_coef = decision.clip_coef;
+  if (decision.apply) {
+    if (decision.clip_pending) {
       ::torch::NoGradGuard no_grad;
-      for (const auto& group : opt.param_groups()) {
-        for (const auto& p : group.params()) {
-          if (p.grad().defined()) p.grad().mul_(out.clip_coef);
-        }
+      std::vector<at::Tensor> grads;
+      for (const auto& group : opt.param_groups())
+        for (const auto& p : group.params())
+          if (p.grad().defined()) grads.push_back(p.grad());
+      if (options.clip_norm == ClipNorm::torch) {
+        // clip_grad_norm_'s expressions, unchanged, so that the coefficient is its float.
+        std::vector<at::Tensor> norms;
+        for (const auto& g : grads) norms.push_back(g.norm(2));
+        const at::Tensor total = norms.size() == 1 ? norms[0] : at::stack(norms).norm(2);
+        const at::Tensor coef = static_cast<double>(*options.max_grad_norm) / (total + 1e-6);
+        const at::Tensor clamped = at::clamp(coef, std::nullopt, 1.0);
+        for (auto& g : grads) g.mul_(clamped);
+        out.grad_norm = total.item<double>();
+        out.clip_coef = clamped.item<float>();
+      } else if (out.clip_coef < 1.0f) {
+        for (auto& g : grads) g.mul_(out.clip_coef);
       }
+      protocol_.clip_applied(id, out.clip_coef, out.grad_norm);
     }
-    opt.step();
+    opt.step();  // if it throws, the gradients stay unscaled (and clipped) once: a retry only steps
     out.applied = true;
   }
-  if (enabled_) {
-    r.stage = OptimizerStage::stepped;
-  } else {
-    records_.erase(&opt);  // a disabled scaler keeps no records: update() has nothing to do
-  }
+  protocol_.step_done(id);
   return out;
-}
-
-void GradScaler::update() {
-  if (!enabled_) return;
-  window_.require_complete("update()");
-  bool any_recorded = false, found_inf = false;
-  for (auto& [opt, r] : records_) {
-    if (r.stage == OptimizerStage::ready) continue;
-    any_recorded = true;
-    found_inf = found_inf || r.found_inf;
-  }
-  if (!any_recorded) throw std::logic_error("No inf checks were recorded prior to update()");
-  records_.clear();  // as the core scaler: the step is over even if the update throws
-  window_.end();
-  scale_->update(found_inf);  // may throw ScaleCollapseError (the scale stays as it was)
-}
-
-void GradScaler::set_accumulation_steps(int k) { window_.set_steps(k); }
-
-void GradScaler::backward_done() {
-  if (!enabled_) return;
-  bool started = false;
-  for (const auto& [opt, r] : records_) started = started || r.stage != OptimizerStage::ready;
-  window_.backward_done(started);
-}
-
-// The state format is the core GradScaler's: a core scaler holding a copy of the scale
-// writes it, and parses and validates it on load (same fields, same messages).
-std::string GradScaler::state_json() const {
-  auto copy = make_loss_scale(scale_->config());
-  copy->load(scale_->state());
-  mixprec::GradScaler core(std::move(copy), enabled_);
-  core.set_accumulation_steps(window_.steps());
-  return core.state_json();
-}
-
-void GradScaler::load_state_json(std::string_view json) {
-  for (const auto& [opt, r] : records_) {
-    if (r.stage != OptimizerStage::ready) {
-      throw std::logic_error("load_state_json() in the middle of a step: an optimizer is " +
-                             std::string(stage_name(r.stage)) + "; load before the step or after update()");
-    }
-  }
-  window_.require_between("load_state_json()");
-  mixprec::GradScaler core;
-  core.load_state_json(json);  // validates everything, throws std::invalid_argument naming the field
-  auto fresh = make_loss_scale(core.loss_scale().config());
-  fresh->load(core.loss_scale().state());
-  scale_ = std::move(fresh);
-  enabled_ = core.enabled();
-  window_.set_steps(core.accumulation_steps());
 }
 
 }  // namespace mixprec::torch

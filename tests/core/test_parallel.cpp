@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "mixprec/core/parallel.hpp"
@@ -38,17 +39,32 @@ TEST(ThreadPool, SmallRangesRunInline) {
   EXPECT_EQ(worker, 0u);
 }
 
-TEST(ThreadPool, NestedRunIsRefused) {
-  ThreadPool pool(1);
-  bool threw = false;
-  pool.run([&](unsigned) {
-    try {
-      pool.run([](unsigned) {});
-    } catch (const std::logic_error&) {
-      threw = true;
-    }
+TEST(ThreadPool, NestedRunRunsInlineOnTheCaller) {
+  ThreadPool pool(3);
+  std::vector<std::vector<unsigned>> inner(3);  // per outer worker: the inner parts it ran
+  pool.run([&](unsigned w) {
+    pool.run([&](unsigned part) { inner[w].push_back(part); });
   });
-  EXPECT_TRUE(threw);
+  // The pool was busy for every nested call: each ran all three parts itself, in order.
+  for (const auto& parts : inner) EXPECT_EQ(parts, (std::vector<unsigned>{0, 1, 2}));
+}
+
+TEST(ThreadPool, IndependentCallersShareTheGlobalPool) {
+  // Two threads using one pool at once: one of them gets the workers, the other runs inline;
+  // both get every part done (the race that raised "already running a task" before).
+  ThreadPool pool(2);
+  std::atomic<int> done{0};
+  auto caller = [&] {
+    for (int i = 0; i < 2000; ++i) {
+      std::atomic<int> parts{0};
+      pool.run([&](unsigned) { parts.fetch_add(1); });
+      if (parts.load() == 2) done.fetch_add(1);
+    }
+  };
+  std::thread a(caller), b(caller);
+  a.join();
+  b.join();
+  EXPECT_EQ(done.load(), 4000);
 }
 
 }  // namespace

@@ -2,8 +2,10 @@
 // together and the caller waits for all of them. Kernels never start threads;
 // the host-side code that calls them splits work with this pool.
 //
-// Not reentrant: one run() at a time per pool (run() from inside a task is a
-// programming error and throws std::logic_error).
+// One task at a time per pool: a run() that finds the pool busy (another thread's
+// run(), e.g. two independent GradScalers on two threads, or a run() from inside a task)
+// runs every part of its task inline on its caller, in worker order. Callers' results do
+// not depend on the thread count, so they are the same either way.
 #pragma once
 
 #include <condition_variable>

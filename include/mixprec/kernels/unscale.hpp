@@ -50,8 +50,8 @@
 // at least options.min_parallel_elements, the concatenated element range is
 // split into one contiguous range per thread of `pool` (ThreadPool::global()
 // when nullptr), cut at chunk boundaries, and the per-thread results are merged
-// in order. Results do not depend on the thread count. ThreadPool::run is not
-// reentrant: do not call this from inside a task of the same pool.
+// in order. Results do not depend on the thread count (a busy pool runs the split
+// inline on the caller: concurrent calls from independent threads are safe).
 //
 // Back end: chosen once through active_isa() (AVX2 + F16C when the CPU has it,
 // else the scalar reference; MIXPREC_ISA overrides). The overload taking an

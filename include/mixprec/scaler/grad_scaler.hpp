@@ -17,31 +17,28 @@
 // it goes. After an explicit unscale() the gradients are already unscaled and
 // step() only clips and updates. Both paths give the same weights.
 //
-// Per optimizer: READY -> UNSCALED (unscale) -> STEPPED (step); update() puts
-// every optimizer back to READY. Misuse throws std::logic_error naming it:
-// unscale twice, unscale after step, step twice, update with nothing recorded.
-// Each optimizer skips on its own found_inf (as PyTorch does); update() backs
-// off when any optimizer overflowed.
+// The protocol (stages, misuse messages, accumulation windows, found_inf aggregation, the
+// skip decision, the state format) is ScalerProtocol's (scaler/protocol.hpp), in its mixprec
+// dialect; this class only finds the gradients (ParamStore views), checks them with
+// check_gradients() and runs the optimizer. Misuse throws ScalerMisuse (a std::logic_error).
+// Each optimizer skips on its own found_inf (as PyTorch does); update() backs off when any
+// optimizer overflowed.
 //
-// Gradient accumulation: with set_accumulation_steps(k), call backward_done()
-// after each of the k backward passes of a window; the scale is fixed for the
-// window, and unscale/step/update before the k-th backward pass are errors.
+// Gradient accumulation: with set_accumulation_steps(k), call backward_done() after each of
+// the k backward passes of a window; the scale is fixed for the window.
 //
-// A scale whose inverse float32 cannot hold (inf, 0, or below about 2^-128, all
-// reachable by the keras preset, which follows Keras 3: no floor, no finite guard)
-// cannot unscale anything: every such step is an overflow (found_inf, nothing
-// written, the first tensor holding inf/NaN named, grad_norm NaN), as in Keras 3,
-// where a loss scaled by inf gives non-finite gradients and the step is skipped.
+// Scales that cannot be inverted (inf, 0, below about 2^-128) and scales below 1 whose
+// unscaled fp16/bf16/f32 values overflow make the step an overflow: found_inf, nothing
+// written (check_gradients()).
 //
-// enabled = false: a pass-through for the scale: scale() returns the loss
-// unchanged, update() does nothing, unscale() does nothing. step() still reads
-// the gradients once (norm for clipping, and the check): it refuses to write
-// inf/NaN into the weights and reports found_inf, where PyTorch would step.
+// enabled = false: a pass-through for the scale: scale() returns the loss unchanged,
+// update() does nothing, unscale() does nothing. step() still reads the gradients once
+// (norm for clipping, and the check): it refuses to write inf/NaN into the weights and
+// reports found_inf, where PyTorch would step (the protocol's dialect table).
 #pragma once
 
 #include <cstdint>
 #include <limits>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -51,13 +48,11 @@
 #include "mixprec/kernels/unscale.hpp"
 #include "mixprec/optim/optimizer.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
+#include "mixprec/scaler/protocol.hpp"
 
 namespace mixprec {
 
 class ThreadPool;
-
-enum class OptimizerStage : std::uint8_t { ready, unscaled, stepped };
-std::string_view stage_name(OptimizerStage s) noexcept;
 
 struct StepOptions {
   std::optional<float> max_grad_norm;  // clip the unscaled gradients to this global norm
@@ -85,78 +80,41 @@ struct StepOutcome {
   float clip_coef = 1.0f;               // applied clip coefficient (1: none)
 };
 
-// The accumulation window of a GradScaler (this one and mixprec::torch's): k backward
-// passes share one scale; unscale, step and update come once, at the window's end. The
-// errors name the misuse.
-class AccumulationWindow {
- public:
-  int steps() const noexcept { return steps_; }
-  int passes() const noexcept { return passes_; }
-  // k >= 1 (std::invalid_argument), between windows only (std::logic_error).
-  void set_steps(int k);
-  // One more backward pass. `step_started`: some optimizer was unscaled or stepped since
-  // the last update() (std::logic_error, as is a pass beyond k).
-  void backward_done(bool step_started);
-  // std::logic_error for `call` (unscale(), step()) before the k-th pass when k > 1.
-  void require_complete(const char* call) const;
-  // std::logic_error for `call` (load_state_json()) inside a window.
-  void require_between(const char* call) const;
-  void end() noexcept { passes_ = 0; }  // update()
-
- private:
-  int steps_ = 1;
-  int passes_ = 0;
-};
-
 class GradScaler {
  public:
   explicit GradScaler(const LossScaleConfig& config = {}, bool enabled = true);
   explicit GradScaler(std::unique_ptr<LossScale> scale, bool enabled = true);
 
-  bool enabled() const noexcept { return enabled_; }
-  float get_scale() const noexcept;                 // 1 when disabled
-  float scale(float loss) const noexcept;           // loss * get_scale()
-  const LossScale& loss_scale() const noexcept { return *scale_; }
+  bool enabled() const noexcept { return protocol_.enabled(); }
+  float get_scale() const noexcept { return protocol_.scale(); }  // 1 when disabled
+  float scale(float loss) const noexcept { return loss * get_scale(); }
+  const LossScale& loss_scale() const noexcept { return protocol_.loss_scale(); }
+  const ScalerProtocol& protocol() const noexcept { return protocol_; }
 
   void unscale(Optimizer& opt, ThreadPool* pool = nullptr);
   StepOutcome step(Optimizer& opt, const StepOptions& options = {});
-  void update();  // may throw ScaleCollapseError (preset "mixprec": the scale collapsed)
+  void update() { protocol_.update(); }  // may throw ScaleCollapseError (preset "mixprec")
+  float next_scale() const { return protocol_.next_scale(); }  // what update() will leave
 
   // Accumulation windows (k >= 1; 1 = no accumulation). Changing k mid-window is an error.
-  void set_accumulation_steps(int k) { window_.set_steps(k); }
-  int accumulation_steps() const noexcept { return window_.steps(); }
-  void backward_done();
-  int backward_passes() const noexcept { return window_.passes(); }
+  void set_accumulation_steps(int k) { protocol_.set_accumulation_steps(k); }
+  int accumulation_steps() const noexcept { return protocol_.accumulation_steps(); }
+  void backward_done() { protocol_.backward_done(); }
+  int backward_passes() const noexcept { return protocol_.backward_passes(); }
 
-  OptimizerStage stage(const Optimizer& opt) const noexcept;
+  OptimizerStage stage(const Optimizer& opt) const noexcept { return protocol_.stage(id_of(opt)); }
 
-  // The whole state as JSON: enabled, accumulation window, the loss scale's state.
-  // load_state_json validates everything first and changes nothing on error; it
-  // also refuses to load in the middle of a step or an accumulation window.
-  std::string state_json() const;
-  void load_state_json(std::string_view json);
+  // The protocol's state format (scaler/protocol.hpp); load_state_json validates everything
+  // first, changes nothing on error, and refuses to load inside a step or a window.
+  std::string state_json() const { return protocol_.state_json(); }
+  void load_state_json(std::string_view json) { protocol_.load_state_json(json); }
+  // One loss-scale config key changed in place (torch's set_growth_factor & co.): the
+  // config in force now, the scale and counters kept (ScalerProtocol::reconfigure).
+  void reconfigure(std::string_view key, std::string_view value) { protocol_.reconfigure(key, value); }
 
  private:
-  struct Record {
-    OptimizerStage stage = OptimizerStage::ready;
-    bool found_inf = false;
-    std::int64_t first_overflow = -1;
-    double grad_norm = std::numeric_limits<double>::quiet_NaN();
-    void reset() {
-      stage = OptimizerStage::ready;
-      found_inf = false;
-      first_overflow = -1;
-      grad_norm = std::numeric_limits<double>::quiet_NaN();
-    }
-  };
-  Record& record(Optimizer& opt);
-  static void record_check(Record& r, const UnscaleResult& res);
-  static void record_unscalable(Record& r, Optimizer& opt, ThreadPool* pool);
-
-  std::unique_ptr<LossScale> scale_;
-  bool enabled_;
-  AccumulationWindow window_;
-  std::map<const Optimizer*, Record> records_;
+  static OptimizerId id_of(const Optimizer& opt) noexcept { return reinterpret_cast<std::uintptr_t>(&opt); }
+  ScalerProtocol protocol_;
 };
 
 }  // namespace mixprec

@@ -10,22 +10,25 @@
 //     scaler.update();
 //     opt.zero_grad();
 //
-// The scale policy is a core mixprec::LossScale (every preset of loss_scale_preset()).
-// Per optimizer: READY -> UNSCALED (unscale) -> STEPPED (step); update() puts every
-// optimizer back to READY. Misuse throws std::logic_error naming it (unscale twice,
-// unscale after step, step twice, update with nothing recorded, unscale/step/update
-// before the end of an accumulation window). Bad gradients throw std::invalid_argument
-// naming the parameter: sparse, non-contiguous, fp64 (or any dtype but fp32/fp16/bf16),
-// gradients on more than one device or on a device other than CPU and CUDA; an
-// optimizer without parameters too. Undefined gradients (a parameter that took no part
-// in the loss) are skipped, as PyTorch does.
+// The protocol (stages, misuse messages, windows, found_inf over tensors, optimizers and ranks,
+// the skip decision, the clip coefficient, the state format) is mixprec::ScalerProtocol's
+// (scaler/protocol.hpp), mixprec dialect; this adapter finds the gradients, checks them and
+// runs opt.step(). Misuse throws ScalerMisuse (a std::logic_error). Undefined gradients (a
+// parameter that took no part in the loss) are skipped, as PyTorch does; an optimizer none
+// of whose parameters has a gradient cannot step ("No inf checks were recorded").
 //
-// CPU gradients: one pass of mixprec::unscale_and_check directly on the tensors'
-// storage (no copy): check for inf/NaN, multiply by inv_scale = float(1/double(scale))
-// in fp32 (fp16/bf16 rounded back to nearest even), and the sum of squares of the
-// unscaled values for the norm. CUDA gradients: ATen's
-// _amp_foreach_non_finite_check_and_unscale_ and the norm on the device, then ONE
-// device-to-host copy (found_inf and the norm together) per step; untested here.
+// Gradients as torch takes them (checked before anything is touched):
+//   - CPU fp32/fp16/bf16, any dense non-overlapping layout (contiguous, channels_last, any
+//     permutation): mixprec::check_gradients directly on the tensor's memory (its numel
+//     elements from data_ptr; the check is elementwise, so the layout does not matter);
+//   - everything else torch's GradScaler unscales (float64, strided or overlapping views,
+//     CUDA): ATen's _amp_foreach_non_finite_check_and_unscale_, the kernel torch runs, with
+//     the same result as torch (an overlapping view: ATen's own error); the norm through
+//     linalg_vector_norm; one device-to-host copy per step for device tensors;
+//   - sparse COO: its values (coalesced first when fp16, as torch does);
+//   - refused: meta tensors, other sparse layouts, gradients on more than one device.
+// A scale below 1 whose unscaled values overflow their dtype, or a scale that cannot be
+// inverted, is an overflow step: found_inf, nothing written (check_gradients).
 //
 // Inside the namespace mixprec::torch the name `torch` means this namespace: write
 // ::torch::... there.
@@ -33,7 +36,6 @@
 
 #include <cstdint>
 #include <limits>
-#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -48,6 +50,7 @@
 
 #include "mixprec/scaler/grad_scaler.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
+#include "mixprec/scaler/protocol.hpp"
 
 namespace mixprec::torch {
 
@@ -85,9 +88,10 @@ class GradScaler {
   explicit GradScaler(const LossScaleConfig& config = {}, bool enabled = true);
   explicit GradScaler(std::unique_ptr<LossScale> scale, bool enabled = true);
 
-  bool enabled() const noexcept { return enabled_; }
-  float get_scale() const noexcept;  // 1 when disabled
-  const LossScale& loss_scale() const noexcept { return *scale_; }
+  bool enabled() const noexcept { return protocol_.enabled(); }
+  float get_scale() const noexcept { return protocol_.scale(); }  // 1 when disabled
+  const LossScale& loss_scale() const noexcept { return protocol_.loss_scale(); }
+  const ScalerProtocol& protocol() const noexcept { return protocol_; }
 
   // loss * scale, as torch.amp.GradScaler.scale: multiplied by a 0-dim fp32 tensor on
   // the loss's device (an fp16 loss stays fp16). Disabled: the loss itself.
@@ -97,35 +101,37 @@ class GradScaler {
   void set_names(const ::torch::OrderedDict<std::string, at::Tensor>& named_parameters);
   void set_names(const ::torch::nn::Module& module);
 
+  // Data parallelism: found_inf (and whether any rank had gradients) MAX-reduced over the
+  // ranks by the caller's collective (c10d all_reduce, MPI), once per check.
+  void set_rank_agreement(RankAgreement agree) { protocol_.set_rank_agreement(std::move(agree)); }
+
   void unscale(::torch::optim::Optimizer& opt);
   StepOutcome step(::torch::optim::Optimizer& opt, const StepOptions& options = {});
-  void update();  // may throw ScaleCollapseError (preset "mixprec")
+  void update() { protocol_.update(); }  // may throw ScaleCollapseError (preset "mixprec")
+  float next_scale() const { return protocol_.next_scale(); }  // what update() will leave
 
-  void set_accumulation_steps(int k);
-  int accumulation_steps() const noexcept { return window_.steps(); }
-  void backward_done();
-  int backward_passes() const noexcept { return window_.passes(); }
+  void set_accumulation_steps(int k) { protocol_.set_accumulation_steps(k); }
+  int accumulation_steps() const noexcept { return protocol_.accumulation_steps(); }
+  void backward_done() { protocol_.backward_done(); }
+  int backward_passes() const noexcept { return protocol_.backward_passes(); }
 
-  OptimizerStage stage(const ::torch::optim::Optimizer& opt) const noexcept;
+  OptimizerStage stage(const ::torch::optim::Optimizer& opt) const noexcept { return protocol_.stage(id_of(opt)); }
 
-  // The same JSON as mixprec::GradScaler::state_json ("mixprec.grad_scaler").
-  std::string state_json() const;
-  void load_state_json(std::string_view json);
+  // The protocol's state format, the same for every door (it carries torch.amp's keys too).
+  std::string state_json() const { return protocol_.state_json(); }
+  void load_state_json(std::string_view json) { protocol_.load_state_json(json); }
+  // One loss-scale config key changed in place (torch's set_growth_factor & co.): the
+  // config in force now, the scale and counters kept (ScalerProtocol::reconfigure).
+  void reconfigure(std::string_view key, std::string_view value) { protocol_.reconfigure(key, value); }
 
  private:
-  struct Record {
-    OptimizerStage stage = OptimizerStage::ready;
-    bool found_inf = false;
-    std::int64_t first_overflow = -1;
-    double grad_norm = std::numeric_limits<double>::quiet_NaN();
-  };
-  void check_unscale(::torch::optim::Optimizer& opt, Record& r, bool write_scaled);
+  static OptimizerId id_of(const ::torch::optim::Optimizer& opt) noexcept {
+    return reinterpret_cast<std::uintptr_t>(&opt);
+  }
+  GradientCheck check(::torch::optim::Optimizer& opt);
   std::string name_of(const ::torch::optim::Optimizer& opt, std::int64_t index) const;
 
-  std::unique_ptr<LossScale> scale_;
-  bool enabled_;
-  AccumulationWindow window_;
-  std::map<const ::torch::optim::Optimizer*, Record> records_;
+  ScalerProtocol protocol_;
   std::unordered_map<const void*, std::string> names_;  // TensorImpl* -> name
 };
 

@@ -13,16 +13,25 @@
         scheduler.step()
 
 What runs where (docs/python.md):
-- the scale policy: the core mixprec::LossScale (mixprec.LossScale), every preset;
-- CPU float32/float16/bfloat16 gradients: the core's fused unscale_and_check in place on the
-  tensors' own memory (DLPack, no copy): check, unscale and the exact sum of squares in one
-  pass, element for element what ATen's _amp_foreach_non_finite_check_and_unscale_ computes;
-- gradients on other devices: ATen's own _amp_foreach_non_finite_check_and_unscale_.
+- the protocol (stages, misuse messages with torch's words, windows, found_inf over tensors,
+  optimizers and ranks, the skip decision, the next scale, the state format) and the scale
+  policy: the core's mixprec::ScalerProtocol, torch dialect (mixprec._core.ScalerProtocol);
+- this file: torch's API shape, the routing of each gradient, the torch.distributed callback;
+- CPU float32/float16/bfloat16 gradients in any dense layout (contiguous, channels_last, other
+  permutations): the core's check_gradients in place on the tensors' own memory (DLPack, no
+  copy): check, unscale and the exact sum of squares in one pass, element for element what
+  ATen's _amp_foreach_non_finite_check_and_unscale_ computes;
+- sparse COO gradients: their values (coalesced first when float16, as torch does);
+- float64, strided or overlapping views and gradients on other devices: ATen's own
+  _amp_foreach_non_finite_check_and_unscale_, the kernel torch runs;
+- refused before anything is touched: meta tensors, other layouts, mixed devices.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import numbers
 import warnings
 import weakref
 from collections import abc
@@ -33,14 +42,10 @@ import numpy as np
 import torch
 
 from .. import _core
-from ..loss_scale import LossScale, preset_names
+from ..loss_scale import LossScale, _value_text, preset_names
 
 _CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-
-# torch.amp.GradScaler's constructor arguments and the core's config keys of the same meaning.
-_TORCH_ARGS = ("init_scale", "growth_factor", "backoff_factor", "growth_interval")
-
-_READY, _UNSCALED, _STEPPED = "ready", "unscaled", "stepped"
+_FLOAT_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass(frozen=True)
@@ -61,18 +66,6 @@ class StepOutcome:
 
     def __bool__(self) -> bool:
         return self.applied
-
-
-class _Record:
-    __slots__ = ("stage", "checked", "found_inf", "first_index", "grad_norm", "scale")
-
-    def __init__(self) -> None:
-        self.stage = _READY
-        self.checked = False    # an inf check was recorded (some parameter had a gradient)
-        self.found_inf = False
-        self.first_index: Optional[int] = None
-        self.grad_norm = math.nan
-        self.scale = math.nan
 
 
 class GradScaler:
@@ -105,27 +98,27 @@ class GradScaler:
         # initialized (sharded optimizers see different gradients on each rank).
         self._reduce = reduce_found_inf
         self._group = process_group
-        self._enabled = bool(enabled)
-        if self._enabled and device == "cuda" and not torch.cuda.is_available():
+        enabled = bool(enabled)
+        if enabled and device == "cuda" and not torch.cuda.is_available():
             # torch.amp.GradScaler does the same (and so silently runs unscaled); say it too.
             warnings.warn("torch.cuda.amp.GradScaler is enabled, but CUDA is not available.  Disabling.",
                           stacklevel=2)
-            self._enabled = False
-        self._preset = "torch" if preset is None else preset
-        if not isinstance(self._preset, str):
+            enabled = False
+        preset = "torch" if preset is None else preset
+        if not isinstance(preset, str):
             raise TypeError(f"preset: expected a str (one of {', '.join(preset_names())}), "
-                            f"found {type(self._preset).__name__}")
+                            f"found {type(preset).__name__}")
         given = dict(init_scale=init_scale, growth_factor=growth_factor, backoff_factor=backoff_factor,
                      growth_interval=growth_interval)
-        self._overrides: Dict[str, Any] = {k: v for k, v in given.items() if v is not None}
+        chosen: Dict[str, Any] = {k: v for k, v in given.items() if v is not None}
         for k, v in overrides.items():
-            if k in self._overrides:
+            if k in chosen:
                 raise TypeError(f"GradScaler: {k} given twice")
-            self._overrides[k] = v
-        self._ls = LossScale(self._preset, **self._overrides)  # validates (the core's messages)
-        self._records: Dict[int, _Record] = {}
-        self._acc_steps = 1   # the accumulation window (set_accumulation_steps), as the core scaler's
-        self._acc_passes = 0
+            chosen[k] = v
+        pairs = [(k, _value_text(k, v)) for k, v in chosen.items()]
+        self._p = _core.ScalerProtocol(preset, pairs, enabled)  # validates (the core's messages)
+        self._p.set_rank_agreement(self._agree_across_ranks)
+        self._last_device: Optional[torch.device] = None  # of the last check (for the all-reduce)
         self._names: Dict[int, Tuple[Any, str]] = {}  # id(param) -> (weakref to it, name)
 
     # ---- names -------------------------------------------------------------------------
@@ -170,9 +163,9 @@ class GradScaler:
         """outputs * scale, with the scale as a 0-dim float32 tensor on each output's device
         (torch's own type promotion); tensors in nested lists/tuples (other iterables: a map
         object) as torch does. Disabled: outputs unchanged."""
-        if not self._enabled:
+        if not self._p.enabled:
             return outputs
-        s = self._ls.scale
+        s = self._p.scale
 
         def apply(val):
             if isinstance(val, torch.Tensor):
@@ -188,265 +181,164 @@ class GradScaler:
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
         """Check and unscale the optimizer's gradients in place (once per update())."""
-        if not self._enabled:
+        if not self._p.enabled:
             return
-        r = self._records.setdefault(id(optimizer), _Record())
-        if r.stage == _UNSCALED:
-            raise RuntimeError("unscale_() has already been called on this optimizer since the last update().")
-        if r.stage == _STEPPED:
-            raise RuntimeError("unscale_() is being called after step().")
-        self._require_complete("unscale_()")
-        self._check_unscale(optimizer, r)
-        r.stage = _UNSCALED
+        self._p.begin_unscale(id(optimizer))
+        self._p.record(id(optimizer), self._check(optimizer))
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> StepOutcome:
         """unscale_ (unless done), then optimizer.step(*args, **kwargs) unless a gradient held
         inf/NaN. Returns a StepOutcome (torch returns the optimizer's return value: here
         outcome.result)."""
-        if not self._enabled:
+        key = id(optimizer)
+        plan = self._p.begin_step(key)
+        if plan == "pass_through":
             return StepOutcome(True, False, None, None, math.nan, 1.0, optimizer.step(*args, **kwargs))
         if "closure" in kwargs:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
-        r = self._records.setdefault(id(optimizer), _Record())
-        if r.stage == _STEPPED:
-            raise RuntimeError("step() has already been called since the last update().")
-        self._require_complete("step()")
-        if r.stage == _READY:
-            self.unscale_(optimizer)
-        if not r.checked:
-            raise AssertionError("No inf checks were recorded for this optimizer.")
-        result = None
-        if not r.found_inf:
-            result = optimizer.step(*args, **kwargs)
-        r.stage = _STEPPED
-        name = None if r.first_index is None else self._name_at(optimizer, r.first_index)
-        return StepOutcome(not r.found_inf, r.found_inf, name, r.first_index, r.grad_norm, r.scale, result)
+        if plan == "check":
+            self._p.record(key, self._check(optimizer))
+        apply, found_inf, scale, first, grad_norm = self._p.decide(key)
+        # If the optimizer raises, the stage stays "unscaled": a retry steps without unscaling again.
+        result = optimizer.step(*args, **kwargs) if apply else None
+        self._p.step_done(key)
+        index = None if first < 0 else first
+        name = None if index is None else self._name_at(optimizer, index)
+        return StepOutcome(apply, found_inf, name, index, grad_norm, scale, result)
 
     def update(self, new_scale: Union[float, torch.Tensor, None] = None) -> None:
-        """The core LossScale's update(any optimizer found inf); or set the scale to new_scale.
+        """The core's update (any optimizer found inf); or set the scale to new_scale.
 
         The mixprec preset raises mixprec.ScaleCollapseError when its scale collapsed (the
         step is over all the same; the scale stays as it was)."""
-        if not self._enabled:
+        if not self._p.enabled:
             return
-        if new_scale is not None:
-            if isinstance(new_scale, torch.Tensor):
-                reason = ("new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
-                          "torch.FloatTensor with requires_grad=False.")
-                if new_scale.numel() != 1 or new_scale.requires_grad:
-                    raise AssertionError(reason)
-                value = float(new_scale.detach().float().cpu().item())
-            else:
-                value = float(new_scale)
-            self._set_scale(value)
-            self._records = {}
-            self._acc_passes = 0
+        if new_scale is None:
+            self._p.update()
             return
-        self._require_complete("update()")
-        checked = [r for r in self._records.values() if r.stage != _READY and r.checked]
-        if not checked:
-            raise AssertionError("No inf checks were recorded prior to update.")
-        found_inf = any(r.found_inf for r in checked)
-        self._records = {}  # the step is over even if the update raises (as the core scaler)
-        self._acc_passes = 0
-        self._ls.update(found_inf)
+        if isinstance(new_scale, torch.Tensor):
+            reason = ("new_scale should be a float or a 1-element torch.cuda.FloatTensor or "
+                      "torch.FloatTensor with requires_grad=False.")
+            if new_scale.numel() != 1 or new_scale.requires_grad:
+                raise AssertionError(reason)
+            value = float(new_scale.detach().float().cpu().item())
+        else:
+            value = _number("new_scale", new_scale)
+        self._p.update_to(value)
 
-    # ---- accumulation windows (the core scaler's rule; optional) ---------------------------
+    # ---- accumulation windows (the protocol's rule; optional) ------------------------------
 
     def set_accumulation_steps(self, k: int) -> None:
         """k backward passes share one scale: call backward_done() after each; unscale_, step
         and update before the k-th raise. k = 1 (the default): no window, torch's behaviour."""
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
             raise ValueError(f"accumulation steps {k!r} is not allowed; it must be an int >= 1")
-        if self._acc_passes != 0:
-            raise RuntimeError(f"set_accumulation_steps() in the middle of an accumulation window "
-                               f"({self._acc_passes} backward passes done)")
-        self._acc_steps = k
+        self._p.set_accumulation_steps(int(k))
 
     def get_accumulation_steps(self) -> int:
-        return self._acc_steps
+        return self._p.accumulation_steps
 
     def backward_done(self) -> None:
         """One backward pass of the window is done."""
-        if not self._enabled:
-            return
-        if any(r.stage != _READY for r in self._records.values()):
-            raise RuntimeError("backward_done() after unscale_() or step() and before update(): a new window "
-                               "starts after update()")
-        if self._acc_passes == self._acc_steps:
-            raise RuntimeError(f"backward_done() called {self._acc_passes + 1} times in an accumulation window "
-                               f"of {self._acc_steps}; call step() and update() at the window's end")
-        self._acc_passes += 1
-
-    def _require_complete(self, call: str) -> None:
-        if self._acc_steps > 1 and self._acc_passes != self._acc_steps:
-            raise RuntimeError(f"{call} after {self._acc_passes} of {self._acc_steps} backward passes of the "
-                               "accumulation window: one scale holds for the whole window; unscale_, step and "
-                               "update once, at its end")
+        self._p.backward_done()
 
     def get_scale(self) -> float:
         """The scale (float32 value) as a Python float; 1.0 when disabled."""
-        return self._ls.scale if self._enabled else 1.0
+        return self._p.scale
 
     def is_enabled(self) -> bool:
-        return self._enabled
+        return self._p.enabled
 
     @property
     def preset(self) -> str:
-        return self._preset
+        return self._p.preset
 
     @property
     def loss_scale(self) -> LossScale:
-        """The core LossScale behind the scaler (read it; change it through the scaler)."""
-        return self._ls
+        """A copy of the core LossScale behind the scaler (read it; change it through the scaler)."""
+        copy = LossScale(self._p.preset if self._p.preset in preset_names() else "torch")
+        copy.load_state_dict(self._p.loss_scale_json())
+        return copy
+
+    def _config(self) -> Dict[str, Any]:
+        return json.loads(self._p.loss_scale_json())["config"]
 
     def get_growth_factor(self) -> float:
-        return float(self._ls.config["growth_factor"])
+        return float(self._config()["growth_factor"])
 
     def set_growth_factor(self, new_factor: float) -> None:
-        self._reconfigure(growth_factor=new_factor)
+        self._p.reconfigure("growth_factor", _value_text("growth_factor", new_factor))
 
     def get_backoff_factor(self) -> float:
-        return float(self._ls.config["backoff_factor"])
+        return float(self._config()["backoff_factor"])
 
     def set_backoff_factor(self, new_factor: float) -> None:
-        self._reconfigure(backoff_factor=new_factor)
+        self._p.reconfigure("backoff_factor", _value_text("backoff_factor", new_factor))
 
     def get_growth_interval(self) -> int:
-        return int(self._ls.config["growth_interval"])
+        return int(self._config()["growth_interval"])
 
     def set_growth_interval(self, new_interval: int) -> None:
-        self._reconfigure(growth_interval=new_interval)
+        self._p.reconfigure("growth_interval", _value_text("growth_interval", new_interval))
 
     def _get_growth_tracker(self) -> int:
-        return int(self._ls.counters["growth_tracker"]) if self._enabled else 0
+        if not self._p.enabled:
+            return 0
+        return int(json.loads(self._p.loss_scale_json())["counters"]["growth_tracker"])
 
     def state_dict(self) -> Dict[str, Any]:
-        """torch's keys (scale, growth_factor, backoff_factor, growth_interval, _growth_tracker:
-        torch.amp.GradScaler.load_state_dict takes this dict) plus "preset" and "mixprec",
-        the core LossScale's full state. {} when disabled, as torch."""
-        if not self._enabled:
+        """The protocol's one state format as a dict: torch's keys (scale, growth_factor,
+        backoff_factor, growth_interval, _growth_tracker: torch.amp.GradScaler.load_state_dict
+        takes this dict) and mixprec's (format, version, enabled, preset, accumulation_steps,
+        loss_scale: the exact scale, the config, every counter). {} when disabled, as torch."""
+        if not self._p.enabled:
             return {}
-        return {
-            "scale": self.get_scale(),
-            "growth_factor": self.get_growth_factor(),
-            "backoff_factor": self.get_backoff_factor(),
-            "growth_interval": self.get_growth_interval(),
-            "_growth_tracker": self._get_growth_tracker(),
-            "preset": self._preset,
-            "accumulation_steps": self._acc_steps,
-            "mixprec": self._ls.state_dict(),
-        }
+        state = json.loads(self._p.state_json())
+        if state["scale"] == "inf":
+            state["scale"] = math.inf
+        return state
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
-        """A state_dict() of this class (same preset; the core validates all of it first), or
-        one of torch.amp.GradScaler (preset torch only: its rule and numbers)."""
-        if not self._enabled:
+        """A state_dict() of any mixprec door (Python, libtorch, the engine), or one of
+        torch.amp.GradScaler (into a scaler whose rule is torch's). The core validates all of it
+        first; on error nothing changes."""
+        if not self._p.enabled:
             return
-        if len(state_dict) == 0:
-            raise RuntimeError("The source state dict is empty, possibly because it was saved "
-                               "from a disabled instance of GradScaler.")
-        self._require_between("load_state_dict()")
-        if self._acc_passes != 0:
-            raise RuntimeError("load_state_dict() in the middle of an accumulation window")
-        if "mixprec" in state_dict:
-            saved = state_dict.get("preset")
-            if saved != self._preset:
-                raise ValueError(f"load_state_dict: the state was saved by a GradScaler with preset {saved!r}; "
-                                 f"this one has preset {self._preset!r} (build GradScaler(preset={saved!r}) to load it)")
-            steps = state_dict.get("accumulation_steps", self._acc_steps)
-            if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-                raise ValueError(f"load_state_dict: accumulation_steps {steps!r} is not allowed; it must be an int >= 1")
-            fresh = LossScale(self._preset, **self._overrides)
-            fresh.load_state_dict(state_dict["mixprec"])
-            self._ls = fresh
-            self._acc_steps = steps
-            return
-        missing = [k for k in ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
-                   if k not in state_dict]
-        if missing:
-            raise KeyError(f"load_state_dict: not a GradScaler state (torch.amp's or mixprec's): "
-                           f"missing {', '.join(missing)}")
-        if self._preset != "torch":
-            raise ValueError(f"load_state_dict: a torch.amp.GradScaler state follows torch's rule; this "
-                             f"GradScaler has preset {self._preset!r} (load it into GradScaler(preset='torch'))")
-        overrides = dict(self._overrides)
-        overrides.update(growth_factor=float(state_dict["growth_factor"]),
-                         backoff_factor=float(state_dict["backoff_factor"]),
-                         growth_interval=int(state_dict["growth_interval"]))
-        fresh = LossScale("torch", **overrides)
-        state = fresh.state_dict()
-        state["scale"] = float(state_dict["scale"])
-        state["counters"]["growth_tracker"] = int(state_dict["_growth_tracker"])
-        fresh.load_state_dict(state)
-        self._overrides = overrides
-        self._ls = fresh
+        if not isinstance(state_dict, dict):
+            raise TypeError(f"load_state_dict: expected a dict, found {type(state_dict).__name__}")
+        state = dict(state_dict)
+        scale = state.get("scale")
+        if isinstance(scale, numbers.Real) and math.isinf(float(scale)) and float(scale) > 0:
+            state["scale"] = "inf"  # JSON has no inf; the core reads "inf" (keras' rule reaches it)
+        self._p.load_state_json(json.dumps(state, default=_json_number))
 
     def __getstate__(self) -> Dict[str, Any]:
-        if self._records:
+        if not self._p.between_steps():
             raise AssertionError("A GradScaler instance may only be pickled at the beginning "
                                  "of an iteration, or at the end after scaler.update().")
         state = self.__dict__.copy()
-        state["_ls"] = self._ls.state_dict()
+        state["_p"] = (self._p.preset, self._p.enabled, self._p.state_json())
         state["_names"] = {}
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        saved = state["_ls"]
+        preset, enabled, saved = state["_p"]
         self.__dict__.update(state)
-        self._ls = LossScale(self._preset, **self._overrides)
-        self._ls.load_state_dict(saved)
+        self._p = _core.ScalerProtocol(preset, [], enabled)
+        if enabled:
+            self._p.load_state_json(saved)
+        self._p.set_rank_agreement(self._agree_across_ranks)
 
     def __repr__(self) -> str:
-        return (f"GradScaler(preset={self._preset!r}, scale={self.get_scale()!r}, "
-                f"enabled={self._enabled})")
+        return (f"GradScaler(preset={self.preset!r}, scale={self.get_scale()!r}, "
+                f"enabled={self.is_enabled()})")
 
-    # ---- internals ---------------------------------------------------------------------
+    # ---- internals: the next scale, the all-reduce, the routing of gradients -------------
 
-    def _require_between(self, what: str) -> None:
-        for r in self._records.values():
-            if r.stage != _READY:
-                raise RuntimeError(f"{what} in the middle of a step: an optimizer is {r.stage}; "
-                                   "call it before scale()/step() or after update()")
-
-    def _reconfigure(self, **changes: Any) -> None:
-        """A new core LossScale with the changed config and the old scale and counters."""
-        overrides = dict(self._overrides)
-        overrides.update(changes)
-        fresh = LossScale(self._preset, **overrides)  # validates the new value
-        state = fresh.state_dict()
-        old = self._ls.state_dict()
-        for k in old:
-            if k != "config":
-                state[k] = old[k]
-        interval = state["config"].get("growth_interval")
-        tracker = state["counters"].get("growth_tracker", 0)
-        if isinstance(interval, int) and interval > 0 and tracker >= interval:
-            # The core refuses a tracker past the interval (torch would never grow again).
-            state["counters"]["growth_tracker"] = interval - 1
-        fresh.load_state_dict(state)
-        self._overrides = overrides
-        self._ls = fresh
-
-    def _scale_after_update(self, found_inf: bool) -> float:
-        """The scale update() leaves (or left: when it has run since step()), without changing
-        anything: what mixprec.torch.Telemetry records as the step's next scale."""
-        if not self._enabled:
-            return 1.0
-        if not self._records:
-            return self._ls.scale  # update() has run: its result is the scale now
-        copy = LossScale(self._preset, **self._overrides)
-        copy.load_state_dict(self._ls.state_dict())
-        try:
-            copy.update(bool(found_inf))
-        except _core.ScaleCollapseError:
-            pass  # update() will raise it; the scale stays
-        return copy.scale
-
-    def _set_scale(self, value: float) -> None:
-        state = self._ls.state_dict()
-        state["scale"] = value
-        self._ls.load_state_dict(state)
+    def _next_scale(self) -> float:
+        """The scale update() leaves (or left, when it has run since step()), changing nothing:
+        what mixprec.torch.Telemetry records as the step's next scale."""
+        return self._p.next_scale()
 
     def _distributed(self) -> bool:
         if self._reduce is False:
@@ -458,32 +350,33 @@ class GradScaler:
                                "(call torch.distributed.init_process_group first)")
         return ready
 
-    def _check_unscale(self, optimizer: torch.optim.Optimizer, r: _Record) -> None:
-        """The local check and unscale, then (under torch.distributed) found_inf MAX-reduced
-        over the process group: every rank skips the same steps."""
-        device = self._local_check_unscale(optimizer, r)
-        if self._distributed():
-            dist = torch.distributed
-            # gloo reduces CPU tensors; other backends (nccl) those on the gradients' device.
-            if dist.get_backend(self._group) == "gloo":
-                dev = torch.device("cpu")
-            elif device is not None and device.type != "cpu":
-                dev = device
-            elif torch.cuda.is_available():
-                dev = torch.device("cuda", torch.cuda.current_device())
-            else:
-                dev = torch.device("cpu")
-            flags = torch.tensor([1.0 if r.found_inf else 0.0, 1.0 if r.checked else 0.0],
-                                 dtype=torch.float32, device=dev)
-            dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._group)
-            found, checked = flags.tolist()
-            r.found_inf = r.found_inf or found != 0.0
-            r.checked = r.checked or checked != 0.0
+    def _agree_across_ranks(self, found_inf: bool, checked: bool) -> Tuple[bool, bool]:
+        """The protocol's rank hook: (found_inf, checked) MAX-reduced over the process group, so
+        that every rank skips the same steps; this rank's own flags when not distributed."""
+        if not self._distributed():
+            return found_inf, checked
+        dist = torch.distributed
+        # gloo reduces CPU tensors; other backends (nccl) those on the gradients' device.
+        device = self._last_device
+        if dist.get_backend(self._group) == "gloo":
+            dev = torch.device("cpu")
+        elif device is not None and device.type != "cpu":
+            dev = device
+        elif torch.cuda.is_available():
+            dev = torch.device("cuda", torch.cuda.current_device())
+        else:
+            dev = torch.device("cpu")
+        flags = torch.tensor([1.0 if found_inf else 0.0, 1.0 if checked else 0.0], dtype=torch.float32, device=dev)
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX, group=self._group)
+        found, any_checked = flags.tolist()
+        return found != 0.0, any_checked != 0.0
 
-    def _local_check_unscale(self, optimizer: torch.optim.Optimizer, r: _Record) -> Optional[torch.device]:
+    def _check(self, optimizer: torch.optim.Optimizer) -> Tuple[bool, bool, int, float, float]:
         """Validate every gradient (nothing is touched before all are checked), then check and
-        unscale them in place; record found_inf, the first overflowing index and the norm."""
+        unscale them in place: the core reads dense CPU float32/float16/bfloat16 memory, ATen
+        the rest. Returns the protocol's GradientCheck as a tuple."""
         entries: List[Tuple[int, torch.Tensor]] = []
+        coalesce: List[Tuple[Dict[str, Any], int]] = []
         index = 0
         first_device: Optional[Tuple[torch.device, int, Any, int]] = None
         for group in optimizer.param_groups:
@@ -497,16 +390,14 @@ class GradScaler:
                 def who(p=p, group=group, k=k, i=i) -> str:
                     return "the gradient of " + self._name(p, group, k, i)
 
-                if g.is_sparse or g.layout != torch.strided:
-                    raise ValueError(f"{who()} is sparse (layout {g.layout}); mixprec.torch.GradScaler "
-                                     "needs dense gradients")
-                if g.dtype not in _CPU_DTYPES:
-                    raise TypeError(f"{who()} has dtype {g.dtype}; mixprec.torch.GradScaler accepts "
-                                    "torch.float32, torch.float16 and torch.bfloat16 gradients")
-                if not g.is_contiguous():
-                    raise ValueError(f"{who()} is not contiguous (sizes {list(g.shape)}, strides "
-                                     f"{list(g.stride())}); mixprec.torch.GradScaler unscales gradients in "
-                                     "place and needs them contiguous (.contiguous() them before step)")
+                if g.is_meta:
+                    raise ValueError(f"{who()} is a meta tensor (no values to check); mixprec.torch.GradScaler "
+                                     "checks gradients on the CPU or a device with memory")
+                if g.layout not in (torch.strided, torch.sparse_coo):
+                    raise ValueError(f"{who()} has layout {g.layout}; mixprec.torch.GradScaler takes strided and "
+                                     "sparse COO gradients, as torch.amp.GradScaler does")
+                if not g.dtype.is_floating_point:
+                    raise TypeError(f"{who()} has dtype {g.dtype}; gradients must be floating point")
                 if first_device is None:
                     first_device = (g.device, i, group, k)
                 elif g.device != first_device[0]:
@@ -515,42 +406,117 @@ class GradScaler:
                     raise ValueError(f"gradients on more than one device: {self._name(p0, g0, k0, i0)} on {d}, "
                                      f"{self._name(p, group, k, i)} on {g.device}; use one GradScaler step "
                                      "per device's optimizer")
-                entries.append((i, g))
-        r.scale = self._ls.scale
-        r.checked = bool(entries)
-        r.found_inf, r.first_index, r.grad_norm = False, None, 0.0
-        if not entries:
-            return None
-        inv_scale = float(np.float32(1.0 / float(r.scale))) if r.scale != 0 else math.inf
-        grads = [g.detach() for _, g in entries]
-        if not (0.0 < inv_scale <= float(np.finfo(np.float32).max)):
-            # The scale is inf, 0 or below about 2^-128 (presets without floor or finite guard):
-            # nothing can be unscaled. As the core scaler: an overflow step, nothing written.
-            r.found_inf, r.grad_norm = True, math.nan
-            for (i, _), g in zip(entries, grads):
-                if not bool(torch.isfinite(g).all()):
-                    r.first_index = i
-                    break
-            return first_device[0]
-        device = first_device[0]
-        if device.type == "cpu":
-            # The core's fused pass over the tensors' own memory (DLPack views, no copy).
-            found, first, sum_squares = _core.unscale_and_check(grads, inv_scale, True, True)
-            r.grad_norm = math.sqrt(sum_squares) if sum_squares == sum_squares else math.nan
-            r.found_inf = bool(found) or not math.isfinite(r.grad_norm)
-            r.first_index = entries[first][0] if first >= 0 else None
-            return device
-        # Other devices: ATen's own kernel, the norm on the device, one copy of two floats.
-        found_inf = torch.zeros((), dtype=torch.float32, device=device)
-        torch._amp_foreach_non_finite_check_and_unscale_(
-            grads, found_inf, torch.full((), inv_scale, dtype=torch.float32, device=device))
-        norms = torch.stack([torch.linalg.vector_norm(g, 2, dtype=torch.float32) for g in grads])
-        host = torch.stack([found_inf, torch.linalg.vector_norm(norms, 2)]).cpu()
-        r.grad_norm = float(host[1])
-        r.found_inf = bool(host[0] != 0) or not math.isfinite(r.grad_norm)
-        if bool(host[0] != 0):
-            for (i, _), g in zip(entries, grads):
-                if not bool(torch.isfinite(g).all()):
-                    r.first_index = i
-                    break
-        return device
+                if g.is_sparse and g.dtype == torch.float16:
+                    coalesce.append((group, k))
+                entries.append((i, p))
+        self._last_device = None if first_device is None else first_device[0]
+        # Everything validated: torch's sparse rule (float16 duplicates summed before the check),
+        # then each sparse gradient read through its values.
+        for group, k in coalesce:
+            p = group["params"][k]
+            p.grad = p.grad.coalesce()
+        core: List[torch.Tensor] = []
+        core_index: List[int] = []
+        aten: List[torch.Tensor] = []
+        aten_index: List[int] = []
+        for i, p in entries:
+            g = p.grad.detach()
+            if g.is_sparse:
+                g = g._values()
+            if g.device.type == "cpu" and g.dtype in _CPU_DTYPES and _dense(g):
+                core.append(g if g.is_contiguous() else g.as_strided((g.numel(),), (1,)))
+                core_index.append(i)
+            else:
+                aten.append(g)
+                aten_index.append(i)
+        scale = self._p.scale
+        if not aten:
+            return _reindex(_core.check_gradients(core, scale, True), core_index)
+        if not core:
+            return _reindex(_check_gradients_aten(aten, scale, True), aten_index)
+        # Both kinds: at a scale below 1 nothing is written until both have been read.
+        read_first = _inv_scale(scale) > 1.0
+        a = _reindex(_core.check_gradients(core, scale, not read_first), core_index)
+        b = _reindex(_check_gradients_aten(aten, scale, not read_first), aten_index)
+        firsts = [f for f in (a[2], b[2]) if f >= 0]
+        merged = (a[0] or b[0], a[1] or b[1], min(firsts) if firsts else -1, a[3] + b[3], 1.0)
+        if read_first and not merged[1]:
+            _core.check_gradients(core, scale, True)
+            _check_gradients_aten(aten, scale, True)
+        return merged
+
+
+def _number(what: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, numbers.Real):
+        raise TypeError(f"{what}: expected a number, found {type(v).__name__}")
+    return float(v)
+
+
+def _json_number(v: Any) -> Any:
+    """json.dumps' fallback: numpy and other numbers as Python's."""
+    if isinstance(v, numbers.Integral):
+        return int(v)
+    if isinstance(v, numbers.Real):
+        return float(v)
+    if isinstance(v, torch.Tensor) and v.numel() == 1:
+        return v.item()
+    raise TypeError(f"load_state_dict: a value of type {type(v).__name__} is not part of a GradScaler state")
+
+
+def _inv_scale(scale: float) -> float:
+    """float(1 / double(scale)) as float32, torch's inverse; inf for scale 0."""
+    return float(np.float32(1.0 / scale)) if scale != 0 else math.inf
+
+
+def _dense(g: torch.Tensor) -> bool:
+    """One block of numel elements from data_ptr (any permutation of a contiguous tensor)."""
+    if g.is_contiguous():
+        return True
+    expected = 1
+    for size, stride in sorted(((n, st) for n, st in zip(g.shape, g.stride()) if n != 1), key=lambda t: t[1]):
+        if stride != expected:
+            return False
+        expected *= size
+    return True
+
+
+def _reindex(check: Tuple[bool, bool, int, float, float], index: List[int]) -> Tuple[bool, bool, int, float, float]:
+    checked, found, first, sum_squares, carried = check
+    return checked, found, (index[first] if first >= 0 else -1), sum_squares, carried
+
+
+def _first_nonfinite(grads: List[torch.Tensor]) -> int:
+    for k, g in enumerate(grads):
+        if not bool(torch.isfinite(g).all()):
+            return k
+    return -1
+
+
+def _check_gradients_aten(grads: List[torch.Tensor], scale: float,
+                          write: bool) -> Tuple[bool, bool, int, float, float]:
+    """The core check_gradients' contract (scaler/check_gradients.hpp) through ATen's own
+    unscale kernel: float64, strided or overlapping views, device tensors."""
+    inv = _inv_scale(scale)
+    if not (0.0 < inv <= _FLOAT_MAX):
+        return True, True, _first_nonfinite(grads), math.nan, 1.0
+    in_place = write and inv <= 1.0
+    work = grads if in_place else [g.clone() for g in grads]
+    device = grads[0].device
+    found = torch.zeros((), dtype=torch.float32, device=device)
+    torch._amp_foreach_non_finite_check_and_unscale_(work, found, torch.full((), inv, dtype=torch.float32,
+                                                                             device=device))
+    squares = [torch.linalg.vector_norm(w, 2, dtype=torch.float64 if w.dtype == torch.float64 else torch.float32)
+               .double().square() for w in work]
+    host = torch.stack([found.double(), torch.stack(squares).sum()]).cpu().tolist()
+    found_inf, sum_squares, first = host[0] != 0.0, host[1], -1
+    if inv > 1.0:
+        first = _first_nonfinite(work)  # products that overflowed their dtype are inf, as inf inputs are
+        found_inf = found_inf or first >= 0
+    elif found_inf:
+        first = _first_nonfinite(grads)
+    if found_inf:
+        return True, True, first, math.inf, 1.0
+    if write and not in_place:
+        for g, w in zip(grads, work):
+            g.copy_(w)
+    return True, False, -1, sum_squares, 1.0 if write else inv

@@ -218,7 +218,7 @@ class Telemetry:
             found_inf, applied = outcome.found_inf, outcome.applied
             grad_norm = outcome.grad_norm
             first = outcome.first_overflow or ""
-            next_scale = self._scaler._scale_after_update(found_inf) if self._scaler is not None else scale
+            next_scale = self._scaler._next_scale() if self._scaler is not None else scale
         params = [(n, None if p.grad is None else _as_view(p.grad), _as_view(p)) for n, p in self._params]
         line = self._rec.record(float(loss), float(lr), int(tokens), float(seconds),
                                 None if val_loss is None else float(val_loss), float(scale), float(next_scale),

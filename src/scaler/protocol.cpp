@@ -1,0 +1,477 @@
+// The loss-scaling protocol (scaler/protocol.hpp): stages, windows, found_inf aggregation,
+// the skip decision, the next scale, the state format and every misuse message.
+#include "mixprec/scaler/protocol.hpp"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+#include "mixprec/core/json_depth.hpp"
+#include "mixprec/core/text.hpp"
+#include "mixprec/optim/clip.hpp"
+
+namespace mixprec {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr std::string_view kStateFormat = "mixprec.grad_scaler";
+constexpr int kStateVersion = 2;
+constexpr std::int64_t kMaxWindow = std::int64_t{1} << 30;
+
+// The doors that differ on purpose: this table and kMisuseTable's two text columns.
+constexpr DialectRules kDialects[] = {
+    {Dialect::mixprec, "unscale()", true},
+    {Dialect::torch, "unscale_()", false},
+};
+
+// Every misuse message, in both wordings. {call}, {done} and {k} are filled in; torch's
+// column is torch.amp.GradScaler's own text where torch has the misuse, mixprec's where it
+// has not (accumulation windows are mixprec's).
+struct MisuseText {
+  Misuse kind;
+  std::string_view name;
+  PythonError python;
+  std::string_view mixprec_text;
+  std::string_view torch_text;
+};
+constexpr MisuseText kMisuseTable[] = {
+    {Misuse::unscale_twice, "unscale_twice", PythonError::runtime_error,
+     "unscale() has already been called on this optimizer since the last update()",
+     "unscale_() has already been called on this optimizer since the last update()."},
+    {Misuse::unscale_after_step, "unscale_after_step", PythonError::runtime_error,
+     "unscale() is being called after step()", "unscale_() is being called after step()."},
+    {Misuse::step_twice, "step_twice", PythonError::runtime_error,
+     "step() has already been called since the last update()",
+     "step() has already been called since the last update()."},
+    {Misuse::step_without_checks, "step_without_checks", PythonError::assertion_error,
+     "No inf checks were recorded for this optimizer: none of its parameters has a gradient",
+     "No inf checks were recorded for this optimizer."},
+    {Misuse::update_without_checks, "update_without_checks", PythonError::assertion_error,
+     "No inf checks were recorded prior to update()", "No inf checks were recorded prior to update."},
+    {Misuse::window_incomplete, "window_incomplete", PythonError::runtime_error,
+     "{call} after {done} of {k} backward passes of the accumulation window: one scale holds for the whole "
+     "window; unscale, step and update once, at its end",
+     "{call} after {done} of {k} backward passes of the accumulation window: one scale holds for the whole "
+     "window; unscale_, step and update once, at its end"},
+    {Misuse::window_overrun, "window_overrun", PythonError::runtime_error,
+     "backward_done() called {done} times in an accumulation window of {k}; call step() and update() at the "
+     "window's end",
+     "backward_done() called {done} times in an accumulation window of {k}; call step() and update() at the "
+     "window's end"},
+    {Misuse::backward_after_step, "backward_after_step", PythonError::runtime_error,
+     "backward_done() after unscale() or step() and before update(): a new window starts after update()",
+     "backward_done() after unscale_() or step() and before update(): a new window starts after update()"},
+    {Misuse::window_resized, "window_resized", PythonError::runtime_error,
+     "set_accumulation_steps() in the middle of an accumulation window ({done} backward passes done)",
+     "set_accumulation_steps() in the middle of an accumulation window ({done} backward passes done)"},
+    {Misuse::load_mid_step, "load_mid_step", PythonError::runtime_error,
+     "{call} in the middle of a step: an optimizer is {stage}; load before the step or after update()",
+     "{call} in the middle of a step: an optimizer is {stage}; call it before scale()/step() or after update()"},
+    {Misuse::load_mid_window, "load_mid_window", PythonError::runtime_error,
+     "{call} in the middle of an accumulation window", "{call} in the middle of an accumulation window"},
+    {Misuse::load_empty_state, "load_empty_state", PythonError::runtime_error,
+     "the scaler state is empty, possibly because it was saved from a disabled GradScaler",
+     "The source state dict is empty, possibly because it was saved from a disabled instance of GradScaler."},
+};
+
+const MisuseText& misuse_text(Misuse m) {
+  for (const MisuseText& t : kMisuseTable)
+    if (t.kind == m) return t;
+  throw std::logic_error("misuse_text: unknown misuse");
+}
+
+std::string fill(std::string_view pattern, std::string_view key, const std::string& value) {
+  std::string s(pattern);
+  std::string mark(1, '{');
+  mark.append(key).push_back('}');
+  for (auto at = s.find(mark); at != std::string::npos; at = s.find(mark, at + value.size())) s.replace(at, mark.size(), value);
+  return s;
+}
+
+[[noreturn]] void bad_state(const std::string& what) { throw std::invalid_argument("GradScaler state: " + what); }
+
+const char* const kTorchKeys[] = {"scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker"};
+
+bool has_torch_keys(const json& j) {
+  return std::all_of(std::begin(kTorchKeys), std::end(kTorchKeys), [&](const char* k) { return j.contains(k); });
+}
+
+double number_field(const json& j, const char* key) {
+  const json& v = j.at(key);
+  if (v.is_boolean() || !v.is_number()) bad_state(std::string("field '") + key + "' must be a number");
+  return v.get<double>();
+}
+
+std::int64_t integer_field(const json& j, const char* key, std::int64_t lo, std::int64_t hi) {
+  const json& v = j.at(key);
+  // torch keeps growth_interval and _growth_tracker as Python ints; a float holding an integer is taken.
+  if (v.is_boolean() || !v.is_number() || (v.is_number_float() && std::floor(v.get<double>()) != v.get<double>()))
+    bad_state(std::string("field '") + key + "' must be an integer");
+  const double d = v.get<double>();
+  if (!(d >= static_cast<double>(lo) && d <= static_cast<double>(hi)))
+    bad_state(std::string("field '") + key + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+              "], found " + v.dump());
+  return v.is_number_float() ? static_cast<std::int64_t>(d) : v.get<std::int64_t>();
+}
+
+// The number a state writes for a scale: JSON has no inf (the Keras rule reaches it).
+json scale_value(double s) { return std::isinf(s) ? json("inf") : json(s); }
+
+}  // namespace
+
+std::string_view stage_name(OptimizerStage s) noexcept {
+  switch (s) {
+    case OptimizerStage::ready: return "ready";
+    case OptimizerStage::unscaled: return "unscaled";
+    case OptimizerStage::stepped: return "stepped";
+  }
+  return "?";
+}
+
+std::string_view dialect_name(Dialect d) noexcept { return d == Dialect::torch ? "torch" : "mixprec"; }
+
+const DialectRules& dialect_rules(Dialect d) noexcept { return d == Dialect::torch ? kDialects[1] : kDialects[0]; }
+
+std::string_view misuse_name(Misuse m) noexcept {
+  for (const MisuseText& t : kMisuseTable)
+    if (t.kind == m) return t.name;
+  return "?";
+}
+
+PythonError python_error(Misuse m) noexcept {
+  for (const MisuseText& t : kMisuseTable)
+    if (t.kind == m) return t.python;
+  return PythonError::runtime_error;
+}
+
+LossScaleConfig make_loss_scale_config(std::string_view preset,
+                                       const std::vector<std::pair<std::string, std::string>>& overrides) {
+  LossScaleConfig config = loss_scale_preset(preset);
+  const auto& keys = loss_scale_config_keys();
+  for (const auto& [k, v] : overrides) {
+    if (std::find(keys.begin(), keys.end(), k) == keys.end()) set(config, k, v);  // throws, listing the keys
+  }
+  for (const std::string& key : keys)
+    for (const auto& [k, v] : overrides)
+      if (k == key) set(config, k, v);
+  try {
+    validate(config);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string(e.what()) + " (preset " + std::string(preset) + " with the overrides)");
+  }
+  return config;
+}
+
+ScalerProtocol::ScalerProtocol(const LossScaleConfig& config, bool enabled, Dialect dialect, std::string preset)
+    : ScalerProtocol(make_loss_scale(config), enabled, dialect, std::move(preset)) {}
+
+ScalerProtocol::ScalerProtocol(std::unique_ptr<LossScale> scale, bool enabled, Dialect dialect, std::string preset)
+    : scale_(std::move(scale)), enabled_(enabled), dialect_(dialect), preset_(std::move(preset)) {
+  if (!scale_) throw std::invalid_argument("GradScaler: the loss scale is null");
+}
+
+float ScalerProtocol::scale() const noexcept { return enabled_ ? scale_->scale() : 1.0f; }
+
+void ScalerProtocol::misuse(Misuse m, const std::string& detail) const {
+  const MisuseText& t = misuse_text(m);
+  std::string text(dialect_ == Dialect::torch ? t.torch_text : t.mixprec_text);
+  if (!detail.empty()) text = detail;
+  throw ScalerMisuse(m, text);
+}
+
+std::string ScalerProtocol::call_name(std::string_view call) const {
+  return call == "unscale" ? std::string(dialect_rules(dialect_).unscale_call) : std::string(call);
+}
+
+void ScalerProtocol::require_window_complete(std::string_view call) const {
+  if (window_steps_ > 1 && window_passes_ != window_steps_) {
+    const MisuseText& t = misuse_text(Misuse::window_incomplete);
+    std::string s = fill(dialect_ == Dialect::torch ? t.torch_text : t.mixprec_text, "call", call_name(call));
+    s = fill(s, "done", std::to_string(window_passes_));
+    misuse(Misuse::window_incomplete, fill(s, "k", std::to_string(window_steps_)));
+  }
+}
+
+OptimizerStage ScalerProtocol::stage(OptimizerId id) const noexcept {
+  const auto it = records_.find(id);
+  return it == records_.end() ? OptimizerStage::ready : it->second.stage;
+}
+
+bool ScalerProtocol::between_steps() const noexcept {
+  for (const auto& [id, r] : records_)
+    if (r.stage != OptimizerStage::ready) return false;
+  return window_passes_ == 0;
+}
+
+void ScalerProtocol::begin_unscale(OptimizerId id) const {
+  if (!enabled_) return;  // nothing to unscale: the door does nothing
+  const OptimizerStage s = stage(id);
+  if (s == OptimizerStage::unscaled) misuse(Misuse::unscale_twice);
+  if (s == OptimizerStage::stepped) misuse(Misuse::unscale_after_step);
+  require_window_complete("unscale");
+}
+
+StepPlan ScalerProtocol::begin_step(OptimizerId id) const {
+  if (!enabled_ && !dialect_rules(dialect_).disabled_checks_gradients) return StepPlan::pass_through;
+  const OptimizerStage s = stage(id);
+  if (s == OptimizerStage::stepped) misuse(Misuse::step_twice);
+  if (enabled_) require_window_complete("step()");
+  return s == OptimizerStage::ready ? StepPlan::check : StepPlan::step_only;
+}
+
+void ScalerProtocol::record(OptimizerId id, const GradientCheck& check) {
+  GradientCheck c = check;
+  if (agree_) {
+    const RankFlags all = agree_({c.found_inf, c.checked});
+    c.found_inf = c.found_inf || all.found_inf;
+    c.checked = c.checked || all.checked;
+  }
+  Record& r = records_[id];
+  r.check = c;
+  r.stage = OptimizerStage::unscaled;
+}
+
+void ScalerProtocol::validate_options(const DecideOptions& options) {
+  if (options.max_grad_norm && !(std::isfinite(*options.max_grad_norm) && *options.max_grad_norm > 0.0f)) {
+    throw std::invalid_argument("GradScaler::step: max_grad_norm " + text::num(*options.max_grad_norm) +
+                                " is not allowed; it must be finite and > 0");
+  }
+}
+
+StepDecision ScalerProtocol::decide(OptimizerId id, const DecideOptions& options) const {
+  validate_options(options);
+  const auto it = records_.find(id);
+  if (it == records_.end() || it->second.stage != OptimizerStage::unscaled)
+    throw std::logic_error("GradScaler protocol: decide() before the optimizer's gradients were checked");
+  const GradientCheck& c = it->second.check;
+  if (!c.checked) misuse(Misuse::step_without_checks);
+  StepDecision d;
+  d.scale = scale();
+  d.first_overflow = c.first_overflow;
+  d.carried_inv_scale = c.carried_inv_scale;
+  d.grad_norm = std::sqrt(c.sum_squares);
+  d.found_inf = c.found_inf || options.found_inf_elsewhere;
+  if (options.global_grad_norm) d.grad_norm = *options.global_grad_norm;
+  // A finite check whose norm is not: stepping would write inf into the weights.
+  d.found_inf = d.found_inf || !std::isfinite(d.grad_norm);
+  if (!d.found_inf && options.max_grad_norm) {
+    d.clip_coef = clip_coefficient(d.grad_norm, *options.max_grad_norm);
+    d.clip_pending = true;
+  }
+  if (it->second.clipped) {
+    d.clip_coef = it->second.clipped->first;
+    d.grad_norm = it->second.clipped->second;
+    d.clip_pending = false;
+  }
+  d.apply = !d.found_inf;
+  return d;
+}
+
+void ScalerProtocol::clip_applied(OptimizerId id, float clip_coef, double grad_norm) {
+  const auto it = records_.find(id);
+  if (it == records_.end() || it->second.stage != OptimizerStage::unscaled)
+    throw std::logic_error("GradScaler protocol: clip_applied() before the optimizer's gradients were checked");
+  it->second.clipped = std::make_pair(clip_coef, grad_norm);
+}
+
+void ScalerProtocol::step_done(OptimizerId id) {
+  if (enabled_) {
+    records_[id].stage = OptimizerStage::stepped;
+  } else {
+    records_.erase(id);  // a disabled scaler keeps no records: update() has nothing to do
+  }
+}
+
+void ScalerProtocol::update() {
+  if (!enabled_) return;
+  require_window_complete("update()");
+  bool any_checked = false, found_inf = false;
+  for (const auto& [id, r] : records_) {
+    if (r.stage == OptimizerStage::ready || !r.check.checked) continue;
+    any_checked = true;
+    found_inf = found_inf || r.check.found_inf;
+  }
+  if (!any_checked) misuse(Misuse::update_without_checks);
+  records_.clear();  // the step is over even if the scale throws
+  window_passes_ = 0;
+  scale_->update(found_inf);  // may throw ScaleCollapseError (the scale stays as it was)
+}
+
+void ScalerProtocol::update_to(double new_scale) {
+  if (!enabled_) return;
+  LossScaleState s = scale_->state();
+  s.scale = s.config.rule == LossScaleRule::deepspeed || s.config.rule == LossScaleRule::apex
+                ? new_scale
+                : static_cast<double>(static_cast<float>(new_scale));
+  if (s.config.rule == LossScaleRule::static_scale) s.config.init_scale = s.scale;
+  scale_->load(s);  // validates: std::invalid_argument naming the scale, nothing changed
+  records_.clear();
+  window_passes_ = 0;
+}
+
+float ScalerProtocol::next_scale() const {
+  if (!enabled_) return 1.0f;
+  bool any = false, found_inf = false;
+  for (const auto& [id, r] : records_) {
+    if (r.stage == OptimizerStage::ready || !r.check.checked) continue;
+    any = true;
+    found_inf = found_inf || r.check.found_inf;
+  }
+  if (!any) return scale_->scale();
+  auto copy = make_loss_scale(scale_->config());
+  copy->load(scale_->state());
+  try {
+    copy->update(found_inf);
+  } catch (const ScaleCollapseError&) {
+    // update() will throw it; the scale stays.
+  }
+  return copy->scale();
+}
+
+void ScalerProtocol::set_accumulation_steps(int k) {
+  if (k < 1) throw std::invalid_argument("accumulation steps " + std::to_string(k) + " is not allowed; it must be >= 1");
+  if (window_passes_ != 0) {
+    const MisuseText& t = misuse_text(Misuse::window_resized);
+    misuse(Misuse::window_resized,
+           fill(dialect_ == Dialect::torch ? t.torch_text : t.mixprec_text, "done", std::to_string(window_passes_)));
+  }
+  window_steps_ = k;
+}
+
+void ScalerProtocol::backward_done() {
+  if (!enabled_) return;  // a disabled scaler keeps no window (update() does nothing either)
+  for (const auto& [id, r] : records_)
+    if (r.stage != OptimizerStage::ready) misuse(Misuse::backward_after_step);
+  if (window_passes_ == window_steps_) {
+    const MisuseText& t = misuse_text(Misuse::window_overrun);
+    const std::string s =
+        fill(dialect_ == Dialect::torch ? t.torch_text : t.mixprec_text, "done", std::to_string(window_passes_ + 1));
+    misuse(Misuse::window_overrun, fill(s, "k", std::to_string(window_steps_)));
+  }
+  ++window_passes_;
+}
+
+void ScalerProtocol::require_between_steps() const {
+  const std::string call = dialect_ == Dialect::torch ? "load_state_dict()" : "load_state_json()";
+  for (const auto& [id, r] : records_) {
+    if (r.stage != OptimizerStage::ready) {
+      const MisuseText& t = misuse_text(Misuse::load_mid_step);
+      const std::string s = fill(dialect_ == Dialect::torch ? t.torch_text : t.mixprec_text, "call", call);
+      misuse(Misuse::load_mid_step, fill(s, "stage", std::string(stage_name(r.stage))));
+    }
+  }
+  if (window_passes_ != 0) {
+    const MisuseText& t = misuse_text(Misuse::load_mid_window);
+    misuse(Misuse::load_mid_window, fill(dialect_ == Dialect::torch ? t.torch_text : t.mixprec_text, "call", call));
+  }
+}
+
+void ScalerProtocol::reconfigure(std::string_view key, std::string_view value) {
+  LossScaleState s = scale_->state();
+  set(s.config, key, value);  // the config in force now, not the one the scaler was built with
+  validate(s.config);
+  if (s.counters.growth_tracker >= s.config.growth_interval) s.counters.growth_tracker = s.config.growth_interval - 1;
+  auto fresh = make_loss_scale(s.config);
+  fresh->load(s);
+  scale_ = std::move(fresh);
+}
+
+std::string ScalerProtocol::state_json() const {
+  const LossScaleState s = scale_->state();
+  json j = json::object();
+  // torch.amp.GradScaler's keys first: its load_state_dict reads exactly these.
+  j["scale"] = scale_value(static_cast<double>(scale_->scale()));
+  j["growth_factor"] = s.config.growth_factor;
+  j["backoff_factor"] = s.config.backoff_factor;
+  j["growth_interval"] = s.config.growth_interval;
+  j["_growth_tracker"] = s.counters.growth_tracker;
+  j["format"] = kStateFormat;
+  j["version"] = kStateVersion;
+  j["enabled"] = enabled_;
+  j["preset"] = preset_;
+  j["accumulation_steps"] = window_steps_;
+  j["loss_scale"] = json::parse(s.to_json());
+  return j.dump();
+}
+
+void ScalerProtocol::load_state_json(std::string_view text) {
+  require_between_steps();
+  if (const std::string deep = json_depth_problem(text); !deep.empty()) bad_state(deep);
+  json j;
+  try {
+    j = json::parse(text);
+  } catch (const json::parse_error& e) {
+    bad_state("not valid JSON: " + std::string(text::json_error_detail(e.what())));
+  }
+  if (!j.is_object()) bad_state("expected a JSON object");
+  if (j.empty()) misuse(Misuse::load_empty_state);
+
+  bool enabled = enabled_;
+  int window = window_steps_;
+  std::string preset = preset_;
+  LossScaleState state;
+  if (j.contains("format")) {  // mixprec's own, version 1 or 2
+    if (j["format"] != kStateFormat) bad_state("field 'format' must be \"" + std::string(kStateFormat) + "\"");
+    if (!j.contains("version") || !j["version"].is_number_integer() || (j["version"] != 1 && j["version"] != 2))
+      bad_state("field 'version' must be 1 or 2");
+    if (!j.contains("enabled") || !j["enabled"].is_boolean()) bad_state("field 'enabled' must be true or false");
+    if (!j.contains("accumulation_steps")) bad_state("field 'accumulation_steps' is missing");
+    window = static_cast<int>(integer_field(j, "accumulation_steps", 1, kMaxWindow));
+    if (!j.contains("loss_scale") || !j["loss_scale"].is_object()) bad_state("field 'loss_scale' must be an object");
+    if (j["version"] == 2) {
+      if (!j.contains("preset") || !j["preset"].is_string()) bad_state("field 'preset' must be a string");
+      preset = j["preset"].get<std::string>();
+    }
+    enabled = j["enabled"].get<bool>();
+    state = LossScaleState::from_json(j["loss_scale"].dump());  // validates, names the field
+  } else if (j.contains("mixprec")) {  // the Python adapter's first format
+    if (!j["mixprec"].is_object()) bad_state("field 'mixprec' must be an object (a loss-scale state)");
+    if (j.contains("accumulation_steps")) window = static_cast<int>(integer_field(j, "accumulation_steps", 1, kMaxWindow));
+    if (j.contains("preset")) {
+      if (!j["preset"].is_string()) bad_state("field 'preset' must be a string");
+      preset = j["preset"].get<std::string>();
+    }
+    state = LossScaleState::from_json(j["mixprec"].dump());
+  } else if (has_torch_keys(j)) {  // torch.amp.GradScaler's state_dict()
+    const LossScaleConfig& mine = scale_->config();
+    if (mine.rule != LossScaleRule::torch) {
+      bad_state("a torch.amp.GradScaler state follows torch's rule; this scaler's rule is " +
+                std::string(rule_name(mine.rule)) + " (load it into a scaler of preset torch or mixprec)");
+    }
+    state.config = mine;
+    state.config.growth_factor = number_field(j, "growth_factor");
+    state.config.backoff_factor = number_field(j, "backoff_factor");
+    state.config.growth_interval = integer_field(j, "growth_interval", 1, 2147483647);
+    double scale = 0;
+    if (j["scale"].is_string() && (j["scale"] == "inf")) scale = std::numeric_limits<double>::infinity();
+    else scale = number_field(j, "scale");
+    state.scale = static_cast<double>(static_cast<float>(scale));  // torch holds a float32
+    state.counters = initial_loss_scale_state(mine).counters;
+    state.counters.growth_tracker = integer_field(j, "_growth_tracker", 0, 2147483647);
+    try {
+      validate(state.config);
+      validate(state);
+    } catch (const std::invalid_argument& e) {
+      bad_state(std::string("torch.amp state: ") + e.what());
+    }
+  } else {
+    std::string missing;
+    for (const char* k : kTorchKeys)
+      if (!j.contains(k)) missing += (missing.empty() ? "" : ", ") + std::string(k);
+    bad_state("not a GradScaler state (mixprec's has 'format', torch.amp's the keys scale, growth_factor, "
+              "backoff_factor, growth_interval, _growth_tracker): missing " + missing);
+  }
+  std::unique_ptr<LossScale> fresh = make_loss_scale(state.config);
+  fresh->load(state);
+  // Everything checked: commit.
+  scale_ = std::move(fresh);
+  enabled_ = enabled;
+  window_steps_ = window;
+  preset_ = preset;
+}
+
+}  // namespace mixprec
