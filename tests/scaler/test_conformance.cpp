@@ -2,6 +2,8 @@
 // ParamStore views and mixprec::SGD.
 #include <gtest/gtest.h>
 
+#include <fstream>
+#include <sstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -108,6 +110,53 @@ INSTANTIATE_TEST_SUITE_P(Cases, Conformance, ::testing::ValuesIn(case_names("cor
 TEST(Conformance, TheListHasAtLeastFortyCasesAndThisDoorRunsMostOfThem) {
   EXPECT_GE(load_cases()["cases"].size(), 40u);
   EXPECT_GE(case_names("core").size(), 40u);
+}
+
+}  // namespace
+}  // namespace mixprec::conformance
+
+namespace mixprec::conformance {
+namespace {
+
+// The state files every door reads (tests/python/test_conformance.py loads the same ones):
+// grad_scaler_state_v2.json is what this door writes now, grad_scaler_state_v1.json what it
+// wrote before the torch keys joined the format.
+std::string fixture(const std::string& name) {
+  std::ifstream f(std::string(MIXPREC_SCALER_FIXTURES) + "/" + name);
+  std::ostringstream text;
+  text << f.rdbuf();
+  return text.str();
+}
+
+GradScaler fixture_scaler() {
+  LossScaleConfig c = loss_scale_preset("torch");
+  c.init_scale = 2048;
+  c.growth_interval = 7;
+  GradScaler scaler(c);
+  ParamStore store({{"w", {4}}}, StoreOptions{DType::f32, DType::f32, true, 0});
+  SGD opt(store, {});
+  for (int step = 0; step < 3; ++step) {
+    (void)scaler.step(opt);
+    scaler.update();
+  }
+  return scaler;
+}
+
+TEST(ConformanceState, TheV2FixtureIsWhatTheCoreWrites) {
+  const json want = json::parse(fixture("grad_scaler_state_v2.json"));
+  EXPECT_EQ(json::parse(fixture_scaler().state_json()), want);
+  EXPECT_EQ(want["_growth_tracker"], 3);
+  EXPECT_EQ(want["scale"], 2048.0);
+}
+
+TEST(ConformanceState, V1AndV2FixturesLoad) {
+  for (const char* name : {"grad_scaler_state_v1.json", "grad_scaler_state_v2.json"}) {
+    GradScaler scaler;
+    scaler.load_state_json(fixture(name));
+    EXPECT_EQ(scaler.get_scale(), 2048.0f) << name;
+    EXPECT_EQ(scaler.loss_scale().counters().growth_tracker, 3) << name;
+    EXPECT_EQ(scaler.loss_scale().config().growth_interval, 7) << name;
+  }
 }
 
 }  // namespace

@@ -117,7 +117,7 @@ class GradScaler:
             chosen[k] = v
         pairs = [(k, _value_text(k, v)) for k, v in chosen.items()]
         self._p = _core.ScalerProtocol(preset, pairs, enabled)  # validates (the core's messages)
-        self._p.set_rank_agreement(self._agree_across_ranks)
+        self._p.set_rank_agreement(_rank_hook(self))
         self._last_device: Optional[torch.device] = None  # of the last check (for the all-reduce)
         self._names: Dict[int, Tuple[Any, str]] = {}  # id(param) -> (weakref to it, name)
 
@@ -327,7 +327,7 @@ class GradScaler:
         self._p = _core.ScalerProtocol(preset, [], enabled)
         if enabled:
             self._p.load_state_json(saved)
-        self._p.set_rank_agreement(self._agree_across_ranks)
+        self._p.set_rank_agreement(_rank_hook(self))
 
     def __repr__(self) -> str:
         return (f"GradScaler(preset={self.preset!r}, scale={self.get_scale()!r}, "
@@ -444,6 +444,18 @@ class GradScaler:
             _core.check_gradients(core, scale, True)
             _check_gradients_aten(aten, scale, True)
         return merged
+
+
+def _rank_hook(scaler: "GradScaler"):
+    """The protocol's rank callback, holding the scaler weakly: the C++ protocol owns the
+    callback, and a strong reference back would be a cycle Python's collector cannot see."""
+    ref = weakref.ref(scaler)
+
+    def agree(found_inf: bool, checked: bool) -> Tuple[bool, bool]:
+        s = ref()
+        return (found_inf, checked) if s is None else s._agree_across_ranks(found_inf, checked)
+
+    return agree
 
 
 def _number(what: str, v: Any) -> float:
