@@ -706,6 +706,7 @@ NB_MODULE(_core, m) {
       .def_prop_ro("enabled", [](P& p) { return p.get().enabled(); })
       .def_prop_ro("scale", [](P& p) { return p.get().scale(); })
       .def_prop_ro("preset", [](P& p) { return p.get().preset(); })
+      .def_prop_ro("run_spec", [](P& p) { return p.get().run_spec(); })
       .def("set_rank_agreement", &P::set_rank_agreement, nb::arg("fn").none())
       .def("begin_unscale", [](P& p, std::uint64_t id) { p.get().begin_unscale(id); }, nb::arg("id"))
       .def("begin_step",

@@ -174,6 +174,12 @@ ScalerProtocol::ScalerProtocol(std::unique_ptr<LossScale> scale, bool enabled, D
   if (!scale_) throw std::invalid_argument("GradScaler: the loss scale is null");
 }
 
+std::string ScalerProtocol::run_spec() const {
+  if (!enabled_) return "none";
+  if (scale_->config().rule == LossScaleRule::static_scale) return "static:" + text::num(scale_->scale());
+  return preset_.empty() ? "dynamic" : preset_;
+}
+
 float ScalerProtocol::scale() const noexcept { return enabled_ ? scale_->scale() : 1.0f; }
 
 void ScalerProtocol::misuse(Misuse m, const std::string& detail) const {

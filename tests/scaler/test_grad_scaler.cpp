@@ -9,6 +9,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "mixprec/mixprec.hpp"
@@ -436,6 +437,40 @@ TEST(GradScaler, RejectsBadStepOptions) {
     EXPECT_THROW(scaler.step(opt, clip_to(bad)), std::invalid_argument) << bad;
     EXPECT_EQ(scaler.stage(opt), OptimizerStage::ready);
   }
+}
+
+}  // namespace
+}  // namespace mixprec
+
+namespace mixprec {
+namespace {
+
+// Independent scalers on independent threads share ThreadPool::global(): a busy pool runs
+// the other caller's split inline (it used to throw "already running a task").
+TEST(GradScaler, IndependentScalersOnFourThreads) {
+  constexpr int kSteps = 200;
+  std::vector<float> finals(4, 0.0f);
+  std::vector<int> wrong(4, 0);
+  auto worker = [&](int t) {
+    ParamStore s({{"w", {std::size_t{1} << 20}}}, StoreOptions{DType::f32, DType::f32, true, 0});
+    SGD opt(s, {});
+    LossScaleConfig c = small_torch(1024.0, 50);
+    GradScaler scaler(c);
+    for (int step = 0; step < kSteps; ++step) {
+      for (float& g : s.grads<float>(0)) g = 1024.0f;
+      if (step % 37 == 0) s.grads<float>(0)[7] = NAN;
+      const StepOutcome out = scaler.step(opt);
+      if (out.applied != (step % 37 != 0)) ++wrong[static_cast<std::size_t>(t)];
+      scaler.update();
+    }
+    finals[static_cast<std::size_t>(t)] = scaler.get_scale();
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) threads.emplace_back(worker, t);
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong, std::vector<int>(4, 0));
+  for (float f : finals) EXPECT_EQ(f, finals[0]);
+  EXPECT_GT(finals[0], 0.0f);
 }
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "mixprec/torch/grad_scaler.hpp"
@@ -338,6 +339,36 @@ TEST(TorchGradScaler, StateJsonRoundTripsAndIsTheCoreFormat) {
   set_grads(m, 1.0f);
   b.unscale(opt);
   expect_error<std::logic_error>([&] { b.load_state_json(json); }, "load_state_json() in the middle of a step");
+}
+
+}  // namespace
+
+namespace {
+
+TEST(TorchGradScaler, IndependentScalersOnFourThreads) {
+  std::vector<float> finals(4, 0.0f);
+  std::vector<int> wrong(4, 0);
+  auto worker = [&](int t) {
+    at::Tensor w = ::torch::zeros({1 << 20}, ::torch::requires_grad());
+    ::torch::optim::SGD opt(std::vector<at::Tensor>{w}, ::torch::optim::SGDOptions(1e-3));
+    mixprec::LossScaleConfig c = mixprec::loss_scale_preset("torch");
+    c.init_scale = 1024;
+    c.growth_interval = 50;
+    GradScaler scaler(c);
+    for (int step = 0; step < 200; ++step) {
+      w.mutable_grad() = ::torch::full({1 << 20}, 1024.0f);
+      if (step % 37 == 0) w.mutable_grad()[7] = NAN;
+      const auto out = scaler.step(opt);
+      if (out.applied != (step % 37 != 0)) ++wrong[static_cast<std::size_t>(t)];
+      scaler.update();
+    }
+    finals[static_cast<std::size_t>(t)] = scaler.get_scale();
+  };
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) threads.emplace_back(worker, t);
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(wrong, std::vector<int>(4, 0));
+  for (float f : finals) EXPECT_EQ(f, finals[0]);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "mixprec/core/text.hpp"
 #include "mixprec/monitor/simulate.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
+#include "mixprec/scaler/protocol.hpp"
 #include "mixprec/train/config.hpp"
 #include "mixprec/train/run_folder.hpp"
 #include "mixprec/train/run_log.hpp"
@@ -122,29 +123,25 @@ struct SimulateInputs {
   bool steps = false;
 };
 
-// The policy of --preset with the --set values, validated (CLI errors: exit 2).
+// The policy of --preset with the --set values, built and validated by the one function every
+// door uses (make_loss_scale_config: overrides in the key table's order). CLI errors: exit 2.
 LossScaleConfig policy_from(const std::string& preset, const std::vector<std::string>& sets) {
-  LossScaleConfig c;
   try {
-    c = loss_scale_preset(preset);
+    (void)loss_scale_preset(preset);
   } catch (const std::invalid_argument& e) {
     throw CLI::ValidationError("--preset", e.what());
   }
+  std::vector<std::pair<std::string, std::string>> overrides;
   for (const std::string& kv : sets) {
     const auto eq = kv.find('=');
     if (eq == std::string::npos || eq == 0) throw CLI::ValidationError("--set", "expected key=value, found '" + kv + "'");
-    try {
-      set(c, kv.substr(0, eq), kv.substr(eq + 1));
-    } catch (const std::invalid_argument& e) {
-      throw CLI::ValidationError("--set", e.what());
-    }
+    overrides.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
   }
   try {
-    validate(c);
+    return make_loss_scale_config(preset, overrides);
   } catch (const std::invalid_argument& e) {
-    throw CLI::ValidationError("--set", std::string(e.what()) + " (preset " + preset + " with the --set values)");
+    throw CLI::ValidationError("--set", e.what());
   }
-  return c;
 }
 
 std::string step_text(std::uint64_t step) { return step == 0 ? std::string("none") : fmt::format("step {}", step); }
@@ -265,26 +262,7 @@ void add_scaler_command(CLI::App& app, std::function<int()>& action) {
     Replay r;
     r.preset = *preset;
     r.json = *json;
-    try {
-      r.config = loss_scale_preset(*preset);
-    } catch (const std::invalid_argument& e) {
-      throw CLI::ValidationError("--preset", e.what());
-    }
-    for (const std::string& kv : *sets) {
-      const auto eq = kv.find('=');
-      if (eq == std::string::npos || eq == 0)
-        throw CLI::ValidationError("--set", "expected key=value, found '" + kv + "'");
-      try {
-        set(r.config, kv.substr(0, eq), kv.substr(eq + 1));
-      } catch (const std::invalid_argument& e) {
-        throw CLI::ValidationError("--set", e.what());
-      }
-    }
-    try {
-      validate(r.config);
-    } catch (const std::invalid_argument& e) {
-      throw CLI::ValidationError("--set", std::string(e.what()) + " (preset " + *preset + " with the --set values)");
-    }
+    r.config = policy_from(*preset, *sets);
     if (overflows->empty())
       throw CLI::ValidationError("--overflows", "expected at least one step (0 = clean, 1 = overflow), found none");
     for (std::size_t i = 0; i < overflows->size(); ++i) {

@@ -142,6 +142,9 @@ class ScalerProtocol {
   bool enabled() const noexcept { return enabled_; }
   Dialect dialect() const noexcept { return dialect_; }
   const std::string& preset() const noexcept { return preset_; }
+  // How a run folder's config names this scaler (TrainConfig::loss_scale): "none" when
+  // disabled, "static:S" for the static rule, else the preset ("dynamic" when unnamed).
+  std::string run_spec() const;
   float scale() const noexcept;  // 1 when disabled
   const LossScale& loss_scale() const noexcept { return *scale_; }
 

@@ -105,7 +105,7 @@ class Telemetry:
             raise TypeError("scaler: expected a mixprec.torch.GradScaler (torch.amp.GradScaler does not say "
                             f"what its update will do), found {type(scaler).__name__}")
         if loss_scale is None:
-            loss_scale = scaler.preset if scaler is not None and scaler.is_enabled() else "none"
+            loss_scale = scaler._p.run_spec if scaler is not None else "none"  # every preset, static too
         if not isinstance(out, str) or not out:
             raise TypeError(f"out: expected a folder name, found {out!r}")
         watched = self._select(model, modules)  # before the folder exists: a bad name leaves nothing
