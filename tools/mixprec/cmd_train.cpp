@@ -2,9 +2,10 @@
 // (config.json, log.jsonl, checkpoints, summary.json), resume, progress and a summary.
 // `mixprec compare`: the same run under each precision / loss-scale arrangement, and a
 // table of what each one did.
-// This file is the command line: flags, plans, progress, signals and printing. The run's
+// This file is the command line: flags, progress, signals and printing. The run's
 // lifecycle is the library's: the key table (train/config.hpp), the run folder
-// (train/run_folder.hpp), the loop and the resume configuration (train/run.hpp).
+// (train/run_folder.hpp), and the plan, resume, communicator, loop and summary
+// (train/run.hpp).
 //
 // Exit codes: 0 done, 1 runtime failure (data, files, training; a run folder in use by
 // another process; a run that diverged, once all its files are written), 2 bad command
@@ -107,48 +108,18 @@ const Flag* find_flag(const std::vector<Flag>& flags, std::string_view key) {
   return nullptr;
 }
 
-// Only flags actually given override (a config file, or a resumed run's config).
-TrainConfig apply_flags(TrainConfig c, const std::vector<Flag>& flags, const std::vector<std::string>& skip = {}) {
-  for (const Flag& f : flags) {
-    if (f.option->count() == 0) continue;
-    if (std::find(skip.begin(), skip.end(), f.spec->name) != skip.end()) continue;
-    train::set_config_key(c, f.spec->name, f.spec->kind == KeyKind::flag ? std::string("true") : *f.value);
-  }
-  return c;
-}
-
-// The default warmup is at most `steps` (so `--steps 3` just works); a warmup that
-// was asked for (flag or config file) is validated as given.
-void fit_default_warmup(TrainConfig& c, const std::vector<Flag>& flags, const std::string& config_text,
-                        bool config_given) {
-  if (const Flag* f = find_flag(flags, "warmup"); f != nullptr && f->option->count() > 0) return;
-  if (config_given && ojson::parse(config_text).contains("warmup")) return;
-  c.warmup = std::min(c.warmup, c.steps);
-}
-
-// fp8 presets default to no loss scaling (per-tensor scaling replaces it; the scaler
-// still refuses non-finite gradients) unless a loss scale was asked for.
-void fit_default_loss_scale(TrainConfig& c, const std::vector<Flag>& flags, const std::string& config_text,
-                            bool config_given) {
-  if (!nn::is_fp8(c.precision)) return;
-  if (const Flag* f = find_flag(flags, "loss-scale"); f != nullptr && f->option->count() > 0) return;
-  if (config_given && ojson::parse(config_text).contains("loss-scale")) return;
-  c.loss_scale = "none";
-}
-
-// An fp8 option given on the command line for a precision that does not use it is an
-// error, even at its default value (validate catches the other values and config files).
-void check_fp8_flags(const TrainConfig& c, const std::vector<Flag>& flags) {
-  for (const std::string& key : train::fp8_keys()) {
-    const Flag* f = find_flag(flags, key);
-    if (f == nullptr || f->option->count() == 0 || train::fp8_key_applies(key, c.precision)) continue;
-    std::string names;
-    for (const std::string& p : nn::precision_names())
-      if (const auto pp = nn::parse_precision(p); pp && train::fp8_key_applies(key, *pp))
-        names += (names.empty() ? "" : ", ") + p;
-    throw UsageError(key + ": applies to --precision " + names + " only, found --precision " +
-                     std::string(nn::precision_name(c.precision)));
-  }
+// The flags actually given, as the library's run request takes them (in key-table
+// order); a config file's text comes with them.
+train::RunRequest run_request(const std::vector<Flag>& flags, const std::string& config_text, bool config_given,
+                              const std::string& config_source) {
+  train::RunRequest r;
+  r.config_text = config_text;
+  r.config_given = config_given;
+  r.config_source = config_source;
+  for (const Flag& f : flags)
+    if (f.option->count() > 0)
+      r.keys.emplace_back(f.spec->name, f.spec->kind == KeyKind::flag ? std::string("true") : *f.value);
+  return r;
 }
 
 // ---- files ------------------------------------------------------------------------------
@@ -167,6 +138,15 @@ void check_parent_exists(const std::string& path, const std::string& key) {
   std::error_code ec;
   if (!parent.empty() && !fs::is_directory(parent, ec))
     throw UsageError(key + ": folder " + squote(parent.string()) + " does not exist");
+}
+
+// --json FILE: the file, checked before anything runs ("" when not given).
+std::string json_output(const CLI::Option* option, const std::string& file) {
+  if (option->count() == 0) return {};
+  if (file.empty()) throw UsageError("json: expected a file name, found ''");
+  check_parent_exists(file, "json");
+  if (const std::string problem = output_file_problem(file); !problem.empty()) throw UsageError("json: " + problem);
+  return file;
 }
 
 // ---- signals ------------------------------------------------------------------------------
@@ -339,13 +319,7 @@ void print_alert(const monitor::Alert& a, const std::string& label) {
 RunResult run_loop(Trainer& t, train::RunFolder* folder, Progress& progress, std::uint64_t checkpointed,
                    monitor::AlertMonitor* alerts = nullptr, const std::string& label = "") {
   // Distributed: the ranks agree on stopping (a signal may reach only some of them).
-  auto stop_requested = [&t] {
-    dist::Communicator& comm = t.communicator();
-    if (comm.size() == 1) return g_signal != 0;
-    float stop = g_signal != 0 ? 1.0f : 0.0f;
-    comm.allreduce_max(std::span<float>(&stop, 1));
-    return stop != 0.0f;
-  };
+  auto stop_requested = [&t] { return train::ranks_stop(t.communicator(), g_signal != 0); };
   const train::RunSteps steps = train::run_steps(t, folder, checkpointed, stop_requested, [&](const StepRecord& r) {
     progress.step(r);
     if (alerts != nullptr)
@@ -384,15 +358,6 @@ std::string precision_text(nn::Precision p) {
                      pol.master ? ", fp32 master weights" : "",
                      nn::is_fp8(p) ? "; fp8 GEMM operands in the block Linears" : "");
 }
-
-// config.json: the run's configuration, without the resume key (a resume rewrites it
-// with the steps it was given).
-std::string config_file_json(TrainConfig c) {
-  c.resume.clear();
-  return train::to_json(c, 2) + "\n";
-}
-
-using monitor::summary_with_alerts;
 
 void print_alerts_summary(const std::vector<monitor::Alert>& alerts) {
   if (alerts.empty()) {
@@ -475,176 +440,37 @@ struct TrainInputs {
   CLI::Option* json_opt = nullptr;
 };
 
-struct TrainPlan {
-  TrainConfig config;  // what the Trainer runs
-  fs::path dir;        // run folder ("" = none)
-  bool resume = false;
-  fs::path checkpoint;  // resume: the newest checkpoint
-  std::uint64_t checkpoint_step = 0;
+// What the Trainer runs and where (train::plan_run), and the --json file.
+struct TrainPlan : train::RunPlan {
   std::string json_path;
 };
 
-std::string json_value_text(const ojson& v) { return v.is_string() ? v.get<std::string>() : v.dump(); }
-
-// A data file name that is not UTF-8 is refused: the run's JSON files could not hold it
-// (it would be stored with U+FFFD and never found again).
-void check_data_name(const std::string& data) {
-  if (data.empty()) return;
-  try {
-    nn::check_text(data, "data: the file name");
-  } catch (const std::runtime_error& e) {
-    throw UsageError(std::string(e.what()) + "; the run folder's JSON files hold UTF-8 names only: rename the file, "
-                     "or give a link to it with a UTF-8 name");
-  }
-}
-
-// The data file as the run folder stores it: its absolute path, so that a resume from
-// any working directory finds it (the checkpoint's data fingerprint, a hash of the
-// file's tokens, identifies its content).
-std::string data_path(const std::string& data) {
-  if (data.empty()) return data;
-  check_data_name(data);
-  std::error_code ec;
-  const fs::path abs = fs::absolute(data, ec);
-  return ec ? data : abs.lexically_normal().string();
-}
-
 TrainPlan plan_train(const TrainInputs& in) {
   TrainPlan p;
-  const Flag* resume_flag = find_flag(in.flags, "resume");
-  const bool resume = resume_flag->option->count() > 0;
   std::string config_text;
   if (in.config_opt->count() > 0) config_text = read_text(*in.config_file, "config");
   const std::string config_source = "config file " + squote(*in.config_file);
-  if (in.json_opt->count() > 0) {
-    if (in.json_file->empty()) throw UsageError("json: expected a file name, found ''");
-    check_parent_exists(*in.json_file, "json");
-    if (const std::string problem = output_file_problem(*in.json_file); !problem.empty())
-      throw UsageError("json: " + problem);
-    p.json_path = *in.json_file;
-  }
-
-  if (!resume) {
-    TrainConfig c;
-    if (in.config_opt->count() > 0) c = train::apply_json(c, config_text, config_source);
-    if (!c.resume.empty())
-      throw UsageError(config_source + ": resume: give --resume DIR on the command line to continue a run");
-    c = apply_flags(c, in.flags);
-    fit_default_warmup(c, in.flags, config_text, in.config_opt->count() > 0);
-    fit_default_loss_scale(c, in.flags, config_text, in.config_opt->count() > 0);
-    check_fp8_flags(c, in.flags);
-    train::validate(c);
-    const bool out_given = find_flag(in.flags, "out")->option->count() > 0 ||
-                           (in.config_opt->count() > 0 && ojson::parse(config_text).contains("out"));
-    if (out_given && c.out.empty())
-      throw UsageError("out: expected a folder, found '' (omit --out to write no run folder)");
-    check_data_name(c.data);
-    if (c.out.empty() && c.checkpoint_every > 0)
-      throw UsageError("checkpoint-every: checkpoints go to the run folder; give --out DIR");
-    if (!c.out.empty() && train::run_folder_has_files(c.out, "out"))
-      throw UsageError("out: " + squote(c.out) + " exists and is not empty; choose a new folder, or continue that run "
-                       "with --resume " + c.out);
-    p.config = c;
-    p.dir = c.out;
-    return p;
-  }
-
-  // Resume: the run's own configuration; flags may only repeat it (--steps may extend).
-  const std::string dir = *resume_flag->value;
-  if (dir.empty()) throw UsageError("resume: expected a run folder, found ''");
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) throw UsageError("resume: " + squote(dir) + " is not a folder");
-  const train::ResumeConfig run = train::read_resume_config(dir);
-  if (!run.from_checkpoint.empty())
-    fmt::print(stderr, "mixprec train: {} has no config.json; using the configuration in {}\n", dir,
-               run.from_checkpoint.string());
-  const TrainConfig& base = run.config;
-  TrainConfig requested = base;
-  if (in.config_opt->count() > 0) requested = train::apply_json(requested, config_text, config_source);
-  requested = apply_flags(requested, in.flags, {"resume"});
-  // The data file may be given by any path (or moved): the checkpoint's data
-  // fingerprint decides whether it is the run's data.
-  if (requested.data != base.data) requested.data = data_path(requested.data);
-  const ojson was = ojson::parse(train::to_json(base));
-  const ojson now = ojson::parse(train::to_json(requested));
-  for (const auto& [key, value] : was.items()) {
-    if (train::find_config_key(key)->resume_may_change) continue;
-    if (now.at(key) != value)
-      throw UsageError("--" + key + ": this run was started with " +
-                       (json_value_text(value).empty() ? "''" : json_value_text(value)) +
-                       "; a resumed run keeps its configuration");
-  }
-  if (const Flag* out = find_flag(in.flags, "out"); out->option->count() > 0) {
-    if (!fs::exists(*out->value, ec) || !fs::equivalent(*out->value, dir, ec))
-      throw UsageError("out: a resumed run continues in its own folder " + squote(dir) + ", found " +
-                       squote(*out->value));
-  }
-  // No checkpoint: the run stopped before its first one and starts again from step 0.
-  p.checkpoint_step = run.checkpoint_step;
-  p.checkpoint = run.checkpoint;
-  TrainConfig c = requested;
-  c.out = dir;
-  c.resume = dir;
-  // Before validate: fewer steps than done is the problem, not the warmup that follows.
-  if (c.steps < p.checkpoint_step)
-    throw UsageError("steps: the run in " + squote(dir) + " is at step " + std::to_string(p.checkpoint_step) +
-                     "; expected at least " + std::to_string(p.checkpoint_step) + ", found " +
-                     std::to_string(c.steps));
-  train::validate(c);
-  p.config = c;
-  p.dir = dir;
-  p.resume = true;
+  p.json_path = json_output(in.json_opt, *in.json_file);
+  const train::RunRequest request = run_request(in.flags, config_text, in.config_opt->count() > 0, config_source);
+  static_cast<train::RunPlan&>(p) = train::plan_run(request, [](const std::string& note) {
+    fmt::print(stderr, "mixprec train: {}\n", note);
+  });
   return p;
 }
 
-// The communicator of a run: MPI under mpirun with --distributed, else one process.
-std::unique_ptr<dist::Communicator> make_communicator(const TrainConfig& c) {
-  const char* world = std::getenv("OMPI_COMM_WORLD_SIZE");
-  if (world == nullptr) world = std::getenv("PMI_SIZE");
-  const bool many = world != nullptr && std::string_view(world) != "1";
-  if (!c.distributed) {
-    if (many)
-      throw UsageError(std::string("distributed: launched by mpirun with ").append(world) +
-                       " ranks; give --distributed (otherwise every rank would train the whole run on its own)");
-    return std::make_unique<dist::SingleProcess>();
-  }
+// MPI, when this build has it (train::make_communicator decides whether to use it).
+train::MpiConnect mpi_connect() {
 #ifdef MIXPREC_WITH_MPI
-  if (dist::MpiCommunicator::launched_by_mpi()) return std::make_unique<dist::MpiCommunicator>(c.dist_timeout);
-  return std::make_unique<dist::SingleProcess>();  // not under mpirun: one rank
+  return [](double timeout) -> std::unique_ptr<dist::Communicator> {
+    if (!dist::MpiCommunicator::launched_by_mpi()) return nullptr;
+    return std::make_unique<dist::MpiCommunicator>(timeout);
+  };
 #else
-  throw UsageError("distributed: this mixprec was built without MPI (CMake found no MPI; install libopenmpi-dev, "
-                   "e.g. scripts/deps.sh, and rebuild); run without --distributed");
+  return nullptr;
 #endif
 }
 
-// What the communicator moved per step, rank 0's view, and all ranks' bytes together
-// (summary.json "distributed"; docs/distributed.md).
-ojson comm_json(dist::Communicator& comm, const TrainConfig& c, std::uint64_t steps, std::uint64_t total_bytes) {
-  ojson d = ojson::object();
-  d["ranks"] = comm.size();
-  d["grad_reduce"] = c.grad_reduce;
-  d["steps_measured"] = steps;
-  const double per = steps > 0 ? 1.0 / static_cast<double>(steps) : 0.0;
-  std::uint64_t bytes = 0;
-  double seconds = 0;
-  ojson kinds = ojson::object();
-  for (std::size_t k = 0; k < dist::kCollectiveKinds; ++k) {
-    const dist::CollectiveStats& st = comm.stats()[k];
-    if (st.calls == 0) continue;
-    bytes += st.bytes_sent;
-    seconds += st.seconds;
-    kinds[std::string(dist::collective_name(static_cast<dist::Collective>(k)))] =
-        ojson{{"calls_per_step", static_cast<double>(st.calls) * per},
-              {"bytes_per_step", static_cast<double>(st.bytes_sent) * per},
-              {"seconds_per_step", st.seconds * per}};
-  }
-  d["bytes_per_step"] = static_cast<double>(bytes) * per;  // sent by rank 0
-  d["all_ranks_bytes_per_step"] = static_cast<double>(total_bytes) * per;
-  d["seconds_per_step"] = seconds * per;                     // rank 0 inside collectives
-  d["collectives"] = kinds;
-  return d;
-}
-
+// summary.json's "distributed" object (train::communication_json), one line per collective.
 void print_comm(const ojson& d) {
   fmt::print("distributed: {} ranks, grad-reduce {}: {:.0f} bytes/step sent by rank 0 ({:.0f} by all ranks), "
              "{:.3f} ms/step in collectives\n",
@@ -663,16 +489,14 @@ int run_train(const TrainInputs& in) {
   std::unique_ptr<train::RunFolder> folder;  // rank 0 with --out; holds the folder's lock until the run ends
   try {
     p = plan_train(in);
-    comm = make_communicator(p.config);
-    if (comm->size() > 1 && p.config.inject_overflow_rank >= comm->size())
-      throw UsageError("inject-overflow-rank: expected -1 (every rank) or a rank in [0, " +
-                       std::to_string(comm->size()) + "), found " + std::to_string(p.config.inject_overflow_rank));
+    comm = train::make_communicator(p.config, mpi_connect());
+    train::check_ranks(p.config, *comm);
     if (p.config.distributed && comm->size() == 1)
       fmt::print(stderr, "mixprec train: --distributed on 1 rank (not launched by mpirun -np N)\n");
     t = make_trainer(p.config, comm.get());
     // The run folder stores the data file by its absolute path (messages about the
     // file, from make_trainer, name it as it was given).
-    p.config.data = data_path(p.config.data);
+    p.config.data = train::stored_data_path(p.config.data);
     if (comm->rank() == 0 && !p.dir.empty())
       folder = std::make_unique<train::RunFolder>(p.dir, p.resume ? train::RunFolder::Mode::resume
                                                                   : train::RunFolder::Mode::create);
@@ -692,23 +516,14 @@ int run_train(const TrainInputs& in) {
   }
 
   try {
-    if (p.resume && !root) {
-      if (!p.checkpoint.empty()) t->load_checkpoint(p.checkpoint.string());
-    } else if (p.resume) {
-      for (const fs::path& stale : folder->remove_stale_temporaries())
-        fmt::print(stderr, "mixprec train: removed {}, left by an interrupted write\n", stale.string());
-      if (!p.checkpoint.empty()) t->load_checkpoint(p.checkpoint.string());
-      folder->truncate_log(t->steps_done());
-      folder->write_config(config_file_json(p.config));  // with the (possibly extended) steps
+    train::start_run(*t, folder.get(), p, [](const fs::path& stale) {
+      fmt::print(stderr, "mixprec train: removed {}, left by an interrupted write\n", stale.string());
+    });
+    if (p.resume && root)
       fmt::print(stderr, "mixprec train: resuming {} at step {} of {}\n", p.dir.string(), t->steps_done(),
                  p.config.steps);
-    } else if (folder != nullptr) {
-      folder->write_config(config_file_json(p.config));
-    }
     // Alerts (docs/alerts.md): a resumed run replays its logged steps first, silently.
-    monitor::AlertMonitor alerts({}, monitor::RunContext::of(p.config));
-    if (p.resume && root)
-      for (const StepRecord& r : train::read_run_log((p.dir / "log.jsonl").string())) alerts.observe(r);
+    monitor::AlertMonitor alerts = train::run_alerts(p, folder.get());
 
     const StopSignals signals;
     Progress progress("", p.config.steps, t->summary().skipped, true);
@@ -717,13 +532,7 @@ int run_train(const TrainInputs& in) {
     const std::uint64_t steps_before = t->steps_done();
     const RunResult res = run_loop(*t, folder.get(), progress, p.resume ? t->steps_done() : 0,
                                    root ? &alerts : nullptr);
-    std::uint64_t total_bytes = 0;
-    for (const dist::CollectiveStats& st : comm->stats()) total_bytes += st.bytes_sent;
-    const ojson comm_doc = comm_json(*comm, p.config, t->steps_done() - steps_before, total_bytes);
-    if (comm->size() > 1) comm->allreduce_sum(std::span<std::uint64_t>(&total_bytes, 1));
-    ojson dist_doc = comm_doc;
-    dist_doc["all_ranks_bytes_per_step"] =
-        t->steps_done() > steps_before ? static_cast<double>(total_bytes) / static_cast<double>(t->steps_done() - steps_before) : 0.0;
+    const std::string dist_doc = train::communication_json(*comm, p.config, t->steps_done() - steps_before);
     if (!root) return res.interrupted ? 128 + res.signal : 0;
     if (res.interrupted) {
       const char* name = res.signal == SIGTERM ? "SIGTERM" : "SIGINT";
@@ -734,16 +543,12 @@ int run_train(const TrainInputs& in) {
       return 128 + res.signal;
     }
     const TrainSummary s = t->summary();
-    std::string summary = summary_with_alerts(train::summary_json(s, p.config), alerts.all());
-    if (p.config.distributed) {
-      ojson doc = ojson::parse(summary);
-      doc["distributed"] = dist_doc;
-      summary = doc.dump(2, ' ', false, ojson::error_handler_t::replace) + "\n";
-    }
+    const std::string summary =
+        train::run_summary_json(s, p.config, alerts.all(), p.config.distributed ? dist_doc : std::string());
     if (folder != nullptr) folder->write_summary(summary);
     if (!p.json_path.empty()) io::write_file_atomic(p.json_path, summary);
     print_summary(*t, s, p.config, p.dir, p.json_path, alerts.all());
-    if (p.config.distributed) print_comm(dist_doc);
+    if (p.config.distributed) print_comm(ojson::parse(dist_doc));
     errno = 0;
     if (std::fflush(stdout) != 0 || std::ferror(stdout) != 0)
       return fail_runtime(cmd, std::string("cannot write the summary to stdout: ") +
@@ -827,7 +632,8 @@ ComparePlan plan_compare(const CompareInputs& in) {
     config_text = read_text(*in.config_file, "config");
     c = train::apply_json(c, config_text, "config file " + squote(*in.config_file));
   }
-  c = apply_flags(c, in.flags);
+  const train::RunRequest request = run_request(in.flags, config_text, in.config_opt->count() > 0, "");
+  c = train::apply_keys(c, request);
   c.out.clear();
   c.resume.clear();
   c.checkpoint_every = 0;
@@ -836,7 +642,7 @@ ComparePlan plan_compare(const CompareInputs& in) {
     c.steps = std::min<std::size_t>(c.steps, std::max<std::size_t>(20, c.steps / 3));
     c.warmup = std::min(c.warmup, c.steps);
   }
-  fit_default_warmup(c, in.flags, config_text, in.config_opt->count() > 0);
+  train::fit_default_warmup(c, request);
   // fp8 options go to the fp8 rows only (each row keeps those its recipe uses).
   for (const std::string& key : train::fp8_keys()) {
     const Flag* f = find_flag(in.flags, key);
@@ -890,13 +696,7 @@ ComparePlan plan_compare(const CompareInputs& in) {
                        "it");
     p.rows.push_back(std::move(row));
   }
-  if (in.json_opt->count() > 0) {
-    if (in.json_file->empty()) throw UsageError("json: expected a file name, found ''");
-    check_parent_exists(*in.json_file, "json");
-    if (const std::string problem = output_file_problem(*in.json_file); !problem.empty())
-      throw UsageError("json: " + problem);
-    p.json_path = *in.json_file;
-  }
+  p.json_path = json_output(in.json_opt, *in.json_file);
   return p;
 }
 
@@ -1003,7 +803,7 @@ int run_compare(const CompareInputs& in) {
         return fail_usage(cmd, row.name + ": " + e.what());
       }
       train::RunFolder folder(row.config.out, train::RunFolder::Mode::create);
-      folder.write_config(config_file_json(row.config));
+      folder.write_config(train::run_config_json(row.config));
       Progress progress(row.name, row.config.steps, 0, false);
       const auto t0 = Clock::now();
       monitor::AlertMonitor alerts({}, monitor::RunContext::of(row.config));
@@ -1015,7 +815,7 @@ int run_compare(const CompareInputs& in) {
           row.error = fmt::format("interrupted after step {}", t->steps_done());
         } else {
           row.summary = t->summary();
-          folder.write_summary(summary_with_alerts(train::summary_json(*row.summary, row.config), row.alerts));
+          folder.write_summary(train::run_summary_json(*row.summary, row.config, row.alerts));
         }
       } catch (const std::exception& e) {
         progress.finish();
