@@ -375,9 +375,9 @@ mixprec::DType gradient_dtype(const A& a, const std::string& what, const char* w
 // Returns (found_inf, index of the first tensor holding inf/NaN or -1, sum of squares of the
 // unscaled values; NaN when not asked). mixprec.torch validates first and names parameters;
 // these messages (tensors[i]) are the backstop.
-std::tuple<bool, std::int64_t, double> unscale_tensors(nb::list tensors, float inv_scale, bool write,
-                                                       bool sum_squares) {
-  std::vector<MutArray> keep;  // holds every DLPack export alive during the pass
+// Writable views of `tensors` (C-contiguous CPU float32/float16/bfloat16 arrays: torch tensors
+// through DLPack); `keep` holds every export alive while the views are used.
+std::vector<mixprec::GradTensor> gradient_views(nb::list tensors, std::vector<MutArray>& keep) {
   std::vector<mixprec::GradTensor> views;
   keep.reserve(tensors.size());
   views.reserve(tensors.size());
@@ -389,6 +389,13 @@ std::tuple<bool, std::int64_t, double> unscale_tensors(nb::list tensors, float i
     views.push_back({a.size() ? a.data() : nullptr, a.size(), t});
     keep.push_back(std::move(a));
   }
+  return views;
+}
+
+std::tuple<bool, std::int64_t, double> unscale_tensors(nb::list tensors, float inv_scale, bool write,
+                                                       bool sum_squares) {
+  std::vector<MutArray> keep;
+  const std::vector<mixprec::GradTensor> views = gradient_views(tensors, keep);
   if (!(std::isfinite(inv_scale) && inv_scale > 0.0f))
     throw nb::value_error(("inv_scale: expected a finite value > 0, found " + std::to_string(inv_scale)).c_str());
   mixprec::UnscaleOptions o;
@@ -451,18 +458,8 @@ class PyScalerProtocol {
 // each: mixprec.torch passes a dense tensor of any layout as its flat storage view), in
 // place. Returns (checked, found_inf, first_overflow or -1, sum_squares, carried_inv_scale).
 nb::tuple check_gradient_arrays(nb::list tensors, float scale, bool write) {
-  std::vector<MutArray> keep;  // holds every DLPack export alive during the pass
-  std::vector<mixprec::GradTensor> views;
-  keep.reserve(tensors.size());
-  views.reserve(tensors.size());
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const std::string what = "tensors[" + std::to_string(i) + "]";
-    MutArray a = as_array<MutArray>(tensors[i], what.c_str(), "float32, float16 or bfloat16");
-    const mixprec::DType t = gradient_dtype(a, what, " (gradients are unscaled in place, never copied or cast)");
-    require_c_contiguous(a, what.c_str());
-    views.push_back({a.size() ? a.data() : nullptr, a.size(), t});
-    keep.push_back(std::move(a));
-  }
+  std::vector<MutArray> keep;
+  const std::vector<mixprec::GradTensor> views = gradient_views(tensors, keep);
   mixprec::GradientCheck c;
   {
     nb::gil_scoped_release unlocked;

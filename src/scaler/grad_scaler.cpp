@@ -5,9 +5,10 @@
 
 namespace mixprec {
 
-GradScaler::GradScaler(const LossScaleConfig& config, bool enabled) : protocol_(config, enabled) {}
+GradScaler::GradScaler(const LossScaleConfig& config, bool enabled) : ScalerDoor(ScalerProtocol(config, enabled)) {}
 
-GradScaler::GradScaler(std::unique_ptr<LossScale> scale, bool enabled) : protocol_(std::move(scale), enabled) {}
+GradScaler::GradScaler(std::unique_ptr<LossScale> scale, bool enabled)
+    : ScalerDoor(ScalerProtocol(std::move(scale), enabled)) {}
 
 void GradScaler::unscale(Optimizer& opt, ThreadPool* pool) {
   if (!enabled()) return;

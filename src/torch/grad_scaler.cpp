@@ -106,9 +106,10 @@ GradientCheck merge(const GradientCheck& a, const std::vector<std::int64_t>& a_i
 
 }  // namespace
 
-GradScaler::GradScaler(const LossScaleConfig& config, bool enabled) : protocol_(config, enabled) {}
+GradScaler::GradScaler(const LossScaleConfig& config, bool enabled) : ScalerDoor(ScalerProtocol(config, enabled)) {}
 
-GradScaler::GradScaler(std::unique_ptr<LossScale> scale, bool enabled) : protocol_(std::move(scale), enabled) {}
+GradScaler::GradScaler(std::unique_ptr<LossScale> scale, bool enabled)
+    : ScalerDoor(ScalerProtocol(std::move(scale), enabled)) {}
 
 at::Tensor GradScaler::scale(const at::Tensor& loss) const {
   if (!loss.defined()) throw std::invalid_argument("GradScaler::scale: the loss tensor is undefined");

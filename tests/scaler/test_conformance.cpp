@@ -16,9 +16,9 @@
 namespace mixprec::conformance {
 namespace {
 
-class CoreDoor final : public Door {
+class CoreDoor final : public ScalerDoorCalls<GradScaler> {
  public:
-  explicit CoreDoor(const CaseSetup& s) : scaler_(std::make_unique<GradScaler>(s.config, s.enabled)) {
+  explicit CoreDoor(const CaseSetup& s) : ScalerDoorCalls(s.config, s.enabled) {
     for (const auto& dtypes : s.optimizers) {
       for (DType d : dtypes) {
         if (d != dtypes.front()) throw std::invalid_argument("a ParamStore holds one gradient dtype");
@@ -79,21 +79,9 @@ class CoreDoor final : public Door {
     const StepOutcome o = scaler_->step(*opts_.at(opt));
     return {o.applied, o.found_inf, o.first_overflow};
   }
-  void update() override { scaler_->update(); }
-  double scale() override { return scaler_->get_scale(); }
-  double next_scale() override { return scaler_->next_scale(); }
-  void backward_done() override { scaler_->backward_done(); }
-  void set_accumulation_steps(int k) override { scaler_->set_accumulation_steps(k); }
-  std::string state_json() override { return scaler_->state_json(); }
-  void load_state_json(const std::string& text) override { scaler_->load_state_json(text); }
-  void reconfigure(const std::string& key, const std::string& value) override { scaler_->reconfigure(key, value); }
-  void fresh_scaler(const LossScaleConfig& config, bool enabled) override {
-    scaler_ = std::make_unique<GradScaler>(config, enabled);
-  }
   void throw_next_step(std::size_t) override { throw std::logic_error("mixprec's optimizers do not throw"); }
 
  private:
-  std::unique_ptr<GradScaler> scaler_;
   std::vector<std::unique_ptr<ParamStore>> stores_;
   std::vector<std::unique_ptr<Optimizer>> opts_;
 };

@@ -36,9 +36,9 @@ class ThrowingSGD final : public ::torch::optim::SGD {
   }
 };
 
-class TorchDoor final : public Door {
+class TorchDoor final : public ScalerDoorCalls<torch::GradScaler> {
  public:
-  explicit TorchDoor(const CaseSetup& s) : scaler_(std::make_unique<torch::GradScaler>(s.config, s.enabled)) {
+  explicit TorchDoor(const CaseSetup& s) : ScalerDoorCalls(s.config, s.enabled) {
     for (const auto& dtypes : s.optimizers) {
       std::vector<at::Tensor> ps;
       for (std::size_t j = 0; j < dtypes.size(); ++j) {
@@ -88,21 +88,9 @@ class TorchDoor final : public Door {
     const torch::StepOutcome o = scaler_->step(*opts_.at(opt));
     return {o.applied, o.found_inf, o.first_overflow};
   }
-  void update() override { scaler_->update(); }
-  double scale() override { return scaler_->get_scale(); }
-  double next_scale() override { return scaler_->next_scale(); }
-  void backward_done() override { scaler_->backward_done(); }
-  void set_accumulation_steps(int k) override { scaler_->set_accumulation_steps(k); }
-  std::string state_json() override { return scaler_->state_json(); }
-  void load_state_json(const std::string& text) override { scaler_->load_state_json(text); }
-  void reconfigure(const std::string& key, const std::string& value) override { scaler_->reconfigure(key, value); }
-  void fresh_scaler(const LossScaleConfig& config, bool enabled) override {
-    scaler_ = std::make_unique<torch::GradScaler>(config, enabled);
-  }
   void throw_next_step(std::size_t opt) override { opts_.at(opt)->throw_once = true; }
 
  private:
-  std::unique_ptr<torch::GradScaler> scaler_;
   std::vector<std::vector<at::Tensor>> params_;
   std::vector<std::unique_ptr<ThrowingSGD>> opts_;
 };

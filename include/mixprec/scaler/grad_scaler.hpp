@@ -80,41 +80,14 @@ struct StepOutcome {
   float clip_coef = 1.0f;               // applied clip coefficient (1: none)
 };
 
-class GradScaler {
+class GradScaler : public ScalerDoor {
  public:
   explicit GradScaler(const LossScaleConfig& config = {}, bool enabled = true);
   explicit GradScaler(std::unique_ptr<LossScale> scale, bool enabled = true);
 
-  bool enabled() const noexcept { return protocol_.enabled(); }
-  float get_scale() const noexcept { return protocol_.scale(); }  // 1 when disabled
   float scale(float loss) const noexcept { return loss * get_scale(); }
-  const LossScale& loss_scale() const noexcept { return protocol_.loss_scale(); }
-  const ScalerProtocol& protocol() const noexcept { return protocol_; }
-
   void unscale(Optimizer& opt, ThreadPool* pool = nullptr);
   StepOutcome step(Optimizer& opt, const StepOptions& options = {});
-  void update() { protocol_.update(); }  // may throw ScaleCollapseError (preset "mixprec")
-  float next_scale() const { return protocol_.next_scale(); }  // what update() will leave
-
-  // Accumulation windows (k >= 1; 1 = no accumulation). Changing k mid-window is an error.
-  void set_accumulation_steps(int k) { protocol_.set_accumulation_steps(k); }
-  int accumulation_steps() const noexcept { return protocol_.accumulation_steps(); }
-  void backward_done() { protocol_.backward_done(); }
-  int backward_passes() const noexcept { return protocol_.backward_passes(); }
-
-  OptimizerStage stage(const Optimizer& opt) const noexcept { return protocol_.stage(id_of(opt)); }
-
-  // The protocol's state format (scaler/protocol.hpp); load_state_json validates everything
-  // first, changes nothing on error, and refuses to load inside a step or a window.
-  std::string state_json() const { return protocol_.state_json(); }
-  void load_state_json(std::string_view json) { protocol_.load_state_json(json); }
-  // One loss-scale config key changed in place (torch's set_growth_factor & co.): the
-  // config in force now, the scale and counters kept (ScalerProtocol::reconfigure).
-  void reconfigure(std::string_view key, std::string_view value) { protocol_.reconfigure(key, value); }
-
- private:
-  static OptimizerId id_of(const Optimizer& opt) noexcept { return reinterpret_cast<std::uintptr_t>(&opt); }
-  ScalerProtocol protocol_;
 };
 
 }  // namespace mixprec

@@ -218,6 +218,49 @@ class ScalerProtocol {
   RankAgreement agree_;
 };
 
+// What every C++ GradScaler door (mixprec::GradScaler over ParamStore views,
+// mixprec::torch::GradScaler over libtorch tensors) hands to its protocol unchanged: each door
+// derives from it and adds only how it reads gradients and runs its optimizer.
+class ScalerDoor {
+ public:
+  bool enabled() const noexcept { return protocol_.enabled(); }
+  float get_scale() const noexcept { return protocol_.scale(); }  // 1 when disabled
+  const LossScale& loss_scale() const noexcept { return protocol_.loss_scale(); }
+  const ScalerProtocol& protocol() const noexcept { return protocol_; }
+
+  // Data parallelism: {found_inf, checked} MAX-reduced over the ranks by the caller's
+  // collective (c10d all_reduce, MPI), once per check.
+  void set_rank_agreement(RankAgreement agree) { protocol_.set_rank_agreement(std::move(agree)); }
+
+  void update() { protocol_.update(); }  // may throw ScaleCollapseError (preset "mixprec")
+  float next_scale() const { return protocol_.next_scale(); }  // what update() will leave
+
+  // Accumulation windows (k >= 1; 1 = no accumulation). Changing k mid-window is an error.
+  void set_accumulation_steps(int k) { protocol_.set_accumulation_steps(k); }
+  int accumulation_steps() const noexcept { return protocol_.accumulation_steps(); }
+  void backward_done() { protocol_.backward_done(); }
+  int backward_passes() const noexcept { return protocol_.backward_passes(); }
+
+  template <class Optimizer>
+  OptimizerStage stage(const Optimizer& opt) const noexcept {
+    return protocol_.stage(id_of(opt));
+  }
+
+  // The one state format (the same for every door; it carries torch.amp's keys too).
+  std::string state_json() const { return protocol_.state_json(); }
+  void load_state_json(std::string_view json) { protocol_.load_state_json(json); }
+  // One loss-scale config key changed in place (torch's set_growth_factor & co.).
+  void reconfigure(std::string_view key, std::string_view value) { protocol_.reconfigure(key, value); }
+
+ protected:
+  explicit ScalerDoor(ScalerProtocol protocol) : protocol_(std::move(protocol)) {}
+  template <class Optimizer>
+  static OptimizerId id_of(const Optimizer& opt) noexcept {
+    return reinterpret_cast<std::uintptr_t>(&opt);
+  }
+  ScalerProtocol protocol_;
+};
+
 // A preset with `--set key=value` overrides, applied in the order of the core's key table
 // (rule first, so that growth_factor then sets a one-factor rule's backoff) whatever order
 // they come in, then validated: the one way every door builds a loss-scale config.

@@ -55,6 +55,7 @@
 namespace mixprec::torch {
 
 using mixprec::OptimizerStage;
+using mixprec::ScalerDoor;
 
 // How step() computes the norm and the coefficient it clips with.
 enum class ClipNorm : std::uint8_t {
@@ -83,15 +84,10 @@ struct StepOutcome {
   float clip_coef = 1.0f;            // applied clip coefficient (1: none)
 };
 
-class GradScaler {
+class GradScaler : public ScalerDoor {
  public:
   explicit GradScaler(const LossScaleConfig& config = {}, bool enabled = true);
   explicit GradScaler(std::unique_ptr<LossScale> scale, bool enabled = true);
-
-  bool enabled() const noexcept { return protocol_.enabled(); }
-  float get_scale() const noexcept { return protocol_.scale(); }  // 1 when disabled
-  const LossScale& loss_scale() const noexcept { return protocol_.loss_scale(); }
-  const ScalerProtocol& protocol() const noexcept { return protocol_; }
 
   // loss * scale, as torch.amp.GradScaler.scale: multiplied by a 0-dim fp32 tensor on
   // the loss's device (an fp16 loss stays fp16). Disabled: the loss itself.
@@ -101,37 +97,13 @@ class GradScaler {
   void set_names(const ::torch::OrderedDict<std::string, at::Tensor>& named_parameters);
   void set_names(const ::torch::nn::Module& module);
 
-  // Data parallelism: found_inf (and whether any rank had gradients) MAX-reduced over the
-  // ranks by the caller's collective (c10d all_reduce, MPI), once per check.
-  void set_rank_agreement(RankAgreement agree) { protocol_.set_rank_agreement(std::move(agree)); }
-
   void unscale(::torch::optim::Optimizer& opt);
   StepOutcome step(::torch::optim::Optimizer& opt, const StepOptions& options = {});
-  void update() { protocol_.update(); }  // may throw ScaleCollapseError (preset "mixprec")
-  float next_scale() const { return protocol_.next_scale(); }  // what update() will leave
-
-  void set_accumulation_steps(int k) { protocol_.set_accumulation_steps(k); }
-  int accumulation_steps() const noexcept { return protocol_.accumulation_steps(); }
-  void backward_done() { protocol_.backward_done(); }
-  int backward_passes() const noexcept { return protocol_.backward_passes(); }
-
-  OptimizerStage stage(const ::torch::optim::Optimizer& opt) const noexcept { return protocol_.stage(id_of(opt)); }
-
-  // The protocol's state format, the same for every door (it carries torch.amp's keys too).
-  std::string state_json() const { return protocol_.state_json(); }
-  void load_state_json(std::string_view json) { protocol_.load_state_json(json); }
-  // One loss-scale config key changed in place (torch's set_growth_factor & co.): the
-  // config in force now, the scale and counters kept (ScalerProtocol::reconfigure).
-  void reconfigure(std::string_view key, std::string_view value) { protocol_.reconfigure(key, value); }
 
  private:
-  static OptimizerId id_of(const ::torch::optim::Optimizer& opt) noexcept {
-    return reinterpret_cast<std::uintptr_t>(&opt);
-  }
   GradientCheck check(::torch::optim::Optimizer& opt);
   std::string name_of(const ::torch::optim::Optimizer& opt, std::int64_t index) const;
 
-  ScalerProtocol protocol_;
   std::unordered_map<const void*, std::string> names_;  // TensorImpl* -> name
 };
 

@@ -73,6 +73,28 @@ class Door {
 
 using DoorFactory = std::function<std::unique_ptr<Door>(const CaseSetup&)>;
 
+// The calls both C++ doors take as they are (their ScalerDoor base): a door derives from this
+// and adds its parameters, gradients and optimizer.
+template <class Scaler>
+class ScalerDoorCalls : public Door {
+ public:
+  ScalerDoorCalls(const LossScaleConfig& config, bool enabled) : scaler_(std::make_unique<Scaler>(config, enabled)) {}
+  void update() override { scaler_->update(); }
+  double scale() override { return scaler_->get_scale(); }
+  double next_scale() override { return scaler_->next_scale(); }
+  void backward_done() override { scaler_->backward_done(); }
+  void set_accumulation_steps(int k) override { scaler_->set_accumulation_steps(k); }
+  std::string state_json() override { return scaler_->state_json(); }
+  void load_state_json(const std::string& text) override { scaler_->load_state_json(text); }
+  void reconfigure(const std::string& key, const std::string& value) override { scaler_->reconfigure(key, value); }
+  void fresh_scaler(const LossScaleConfig& config, bool enabled) override {
+    scaler_ = std::make_unique<Scaler>(config, enabled);
+  }
+
+ protected:
+  std::unique_ptr<Scaler> scaler_;
+};
+
 inline double value_of(const json& v) {
   if (v.is_string()) {
     const std::string s = v.get<std::string>();
