@@ -101,82 +101,80 @@ std::string_view floor_policy_name(FloorPolicy p) noexcept {
 
 // ---- presets -----------------------------------------------------------------
 
-const std::vector<std::string>& loss_scale_preset_names() {
-  static const std::vector<std::string> names = {"mixprec", "torch",    "deepspeed", "megatron", "apex",
-                                                 "keras",   "tf-keras", "jmp",       "static"};
-  return names;
-}
+namespace {
 
-LossScaleConfig loss_scale_preset(std::string_view name) {
-  LossScaleConfig c;  // the mixprec preset
-  if (name == "mixprec") return c;
-  // Common to the anchors: no error at the floor unless the anchor raises.
+// The anchors' common ground: no error at the floor unless the anchor raises, no hysteresis,
+// factors 2 and 1/2, no cap.
+LossScaleConfig anchor(LossScaleRule rule, double init_scale, std::int64_t growth_interval, double min_scale,
+                       bool refuse_nonfinite_growth) {
+  LossScaleConfig c;
+  c.rule = rule;
+  c.init_scale = init_scale;
+  c.growth_interval = growth_interval;
+  c.min_scale = min_scale;
+  c.refuse_nonfinite_growth = refuse_nonfinite_growth;
   c.floor_policy = FloorPolicy::keep_going;
   c.hysteresis = 1;
   c.consecutive_hysteresis = false;
   c.growth_factor = 2.0;
   c.backoff_factor = 0.5;
   c.max_scale = kInf;
-  if (name == "torch") {
-    c.rule = LossScaleRule::torch;
-    c.init_scale = 65536.0;
-    c.growth_interval = 2000;
-    c.min_scale = 0.0;
-    c.refuse_nonfinite_growth = true;
-  } else if (name == "deepspeed") {
-    c.rule = LossScaleRule::deepspeed;
-    c.init_scale = 65536.0;  // initial_scale_power 16
-    c.growth_interval = 1000;
-    c.min_scale = 1.0;
-    c.hysteresis = 2;
-    c.refuse_nonfinite_growth = false;
-    c.floor_policy = FloorPolicy::error;  // raise_error_at_min_scale
-    c.max_floor_overflows = 1;
-  } else if (name == "megatron") {
-    c.rule = LossScaleRule::megatron;
-    c.init_scale = 4294967296.0;
-    c.growth_interval = 1000;
-    c.min_scale = 1.0;
-    c.hysteresis = 2;
-    c.refuse_nonfinite_growth = false;
-  } else if (name == "apex") {
-    c.rule = LossScaleRule::apex;
-    c.init_scale = 65536.0;
-    c.growth_interval = 2000;
-    c.min_scale = 0.0;
-    c.max_scale = 16777216.0;
-    c.refuse_nonfinite_growth = false;
-  } else if (name == "keras") {
-    // Keras 3 LossScaleOptimizer: initial_scale 2^15, dynamic_growth_steps 2000, no floor, no
-    // finite guard (the scale can go below 1, to 0, or grow to inf).
-    c.rule = LossScaleRule::keras;
-    c.init_scale = 32768.0;
-    c.growth_interval = 2000;
-    c.min_scale = 0.0;
-    c.refuse_nonfinite_growth = false;
-  } else if (name == "tf-keras") {
-    // tf.keras / Keras 2 LossScaleOptimizer (dynamic): floor at 1, growth only into a finite value.
-    c.rule = LossScaleRule::tf_keras;
-    c.init_scale = 32768.0;
-    c.growth_interval = 2000;
-    c.min_scale = 1.0;
-    c.refuse_nonfinite_growth = true;
-  } else if (name == "jmp") {
-    c.rule = LossScaleRule::jmp;
-    c.init_scale = 32768.0;
-    c.growth_interval = 2000;
-    c.min_scale = 1.0;
-    c.refuse_nonfinite_growth = true;
-  } else if (name == "static") {
-    c.rule = LossScaleRule::static_scale;
-    c.init_scale = 1.0;  // DeepSpeed's and Apex's static LossScaler default; set init_scale
-    c.growth_interval = 2000;
-    c.min_scale = 0.0;
-    c.refuse_nonfinite_growth = true;
-  } else {
-    fail("unknown loss-scale preset '" + std::string(name) + "'; presets: " + join(loss_scale_preset_names()));
-  }
   return c;
+}
+
+template <class F>
+LossScaleConfig with(LossScaleConfig c, F&& change) {
+  change(c);
+  return c;
+}
+
+struct Preset {
+  std::string name;
+  LossScaleConfig config;
+};
+
+// Every preset, one row each, in the order loss_scale_preset_names() lists them.
+const std::vector<Preset>& preset_table() {
+  using R = LossScaleRule;
+  static const std::vector<Preset> table = {
+      {"mixprec", LossScaleConfig{}},
+      {"torch", anchor(R::torch, 65536.0, 2000, 0.0, true)},
+      // initial_scale_power 16, hysteresis 2, raise_error_at_min_scale
+      {"deepspeed", with(anchor(R::deepspeed, 65536.0, 1000, 1.0, false),
+                         [](LossScaleConfig& c) {
+                           c.hysteresis = 2;
+                           c.floor_policy = FloorPolicy::error;
+                           c.max_floor_overflows = 1;
+                         })},
+      {"megatron", with(anchor(R::megatron, 4294967296.0, 1000, 1.0, false), [](LossScaleConfig& c) { c.hysteresis = 2; })},
+      {"apex", with(anchor(R::apex, 65536.0, 2000, 0.0, false), [](LossScaleConfig& c) { c.max_scale = 16777216.0; })},
+      // Keras 3 LossScaleOptimizer: initial_scale 2^15, dynamic_growth_steps 2000, no floor, no
+      // finite guard (the scale can go below 1, to 0, or grow to inf).
+      {"keras", anchor(R::keras, 32768.0, 2000, 0.0, false)},
+      // tf.keras / Keras 2 LossScaleOptimizer (dynamic): floor at 1, growth only into a finite value.
+      {"tf-keras", anchor(R::tf_keras, 32768.0, 2000, 1.0, true)},
+      {"jmp", anchor(R::jmp, 32768.0, 2000, 1.0, true)},
+      // DeepSpeed's and Apex's static LossScaler default; set init_scale
+      {"static", anchor(R::static_scale, 1.0, 2000, 0.0, true)},
+  };
+  return table;
+}
+
+}  // namespace
+
+const std::vector<std::string>& loss_scale_preset_names() {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const Preset& p : preset_table()) n.push_back(p.name);
+    return n;
+  }();
+  return names;
+}
+
+LossScaleConfig loss_scale_preset(std::string_view name) {
+  for (const Preset& p : preset_table())
+    if (p.name == name) return p.config;
+  fail("unknown loss-scale preset '" + std::string(name) + "'; presets: " + join(loss_scale_preset_names()));
 }
 
 // ---- validation --------------------------------------------------------------
