@@ -337,3 +337,15 @@ def test_example_trains_skips_names_and_reports(tmp_path):
     if render.returncode == 77:
         pytest.skip("chromium is not installed (scripts/deps.sh test installs it)")
     assert render.returncode == 0, render.stdout + render.stderr
+
+
+@pytest.mark.parametrize("preset,spec", [("static", "static:128"), ("deepspeed", "deepspeed"), ("torch", "torch")])
+def test_telemetry_takes_every_presets_scaler(tmp_path, preset, spec):
+    """The run folder names the scaler as the protocol describes itself (the static preset
+    with its scale, which `mixprec train --loss-scale` needs); it used to refuse preset static."""
+    model = Net()
+    scaler = GradScaler(preset=preset, init_scale=128.0)
+    tel = Telemetry(model, str(tmp_path / "run"), precision="fp16", scaler=scaler)
+    tel.close()
+    config = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert config["loss-scale"] == spec
