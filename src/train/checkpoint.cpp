@@ -224,7 +224,7 @@ void Trainer::load_checkpoint(const std::string& path) {
     weights.push_back(f.expect(spec.name, ckpt_dtype(wt), shape));
     for (const std::string& slot : slots) states.push_back(f.expect(slot + spec.name, ckpt::DType::f32, shape));
   }
-  std::unique_ptr<GradScaler> scaler = make_scaler(m.config.loss_scale);
+  std::unique_ptr<GradScaler> scaler = make_scaler(m.config.loss_scale, m.config.distributed ? m.comm : nullptr);
   try {
     scaler->load_state_json(f.require_metadata("mixprec.scaler"));
   } catch (const std::exception& e) {

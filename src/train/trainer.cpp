@@ -193,9 +193,17 @@ void to_f32(const void* src, DType t, std::span<float> out) {
   }
 }
 
-std::unique_ptr<GradScaler> make_scaler(const std::string& spec) {
+std::unique_ptr<GradScaler> make_scaler(const std::string& spec, dist::Communicator* comm) {
   const std::optional<LossScaleConfig> c = loss_scale_config(spec);
-  return c ? std::make_unique<GradScaler>(*c) : std::make_unique<GradScaler>(LossScaleConfig{}, false);
+  auto scaler = c ? std::make_unique<GradScaler>(*c) : std::make_unique<GradScaler>(LossScaleConfig{}, false);
+  if (comm != nullptr && comm->size() > 1) {
+    scaler->set_rank_agreement([comm](RankFlags f) {
+      float flags[2] = {f.found_inf ? 1.0f : 0.0f, f.checked ? 1.0f : 0.0f};
+      comm->allreduce_max(flags);
+      return RankFlags{flags[0] != 0.0f, flags[1] != 0.0f};
+    });
+  }
+  return scaler;
 }
 
 Trainer::Impl::Impl(const TrainConfig& c, nn::Dataset d)
@@ -234,7 +242,7 @@ void Trainer::init(const TrainConfig& config, dist::Communicator* comm) {
     }
   }
   if (threads > 0) omp_set_num_threads(static_cast<int>(threads));
-  std::unique_ptr<GradScaler> scaler = make_scaler(config.loss_scale);
+  std::unique_ptr<GradScaler> scaler = make_scaler(config.loss_scale, config.distributed ? comm : nullptr);
   nn::Dataset data = load_data(config);
   impl_ = std::make_unique<Impl>(config, std::move(data));
   Impl& m = *impl_;

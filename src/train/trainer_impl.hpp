@@ -78,6 +78,9 @@ struct Trainer::Impl {
 void to_f32(const void* src, DType t, std::span<float> out);
 
 // "none" -> disabled scaler; "dynamic" -> the mixprec preset; "static:S"; a preset name.
-std::unique_ptr<GradScaler> make_scaler(const std::string& spec);
+// With a communicator (data parallel), the protocol's rank hook MAX-reduces found_inf over
+// the ranks at every check: a ZeRO shard whose unscaled values overflow their dtype (a check
+// no norm sees) makes every rank skip.
+std::unique_ptr<GradScaler> make_scaler(const std::string& spec, dist::Communicator* comm);
 
 }  // namespace mixprec::train
