@@ -475,3 +475,29 @@ TEST(GradScaler, IndependentScalersOnFourThreads) {
 
 }  // namespace
 }  // namespace mixprec
+
+namespace mixprec {
+namespace {
+
+TEST(GradScaler, RankAgreementSkipsWhenAnotherRankOverflowed) {
+  ParamStore s = make_store(DType::f32);
+  SGD opt(s, {});
+  GradScaler scaler(small_torch(64.0, 100));
+  int calls = 0;
+  scaler.set_rank_agreement([&](RankFlags local) {
+    ++calls;
+    return RankFlags{true, local.checked};
+  });
+  write_grads(s, scaler.get_scale(), 0);
+  const auto before = master_bits(s);
+  const StepOutcome out = scaler.step(opt);
+  EXPECT_FALSE(out.applied);
+  EXPECT_TRUE(out.found_inf);
+  EXPECT_EQ(master_bits(s), before);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 32.0f);
+  EXPECT_EQ(calls, 1);
+}
+
+}  // namespace
+}  // namespace mixprec

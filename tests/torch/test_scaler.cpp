@@ -372,3 +372,36 @@ TEST(TorchGradScaler, IndependentScalersOnFourThreads) {
 }
 
 }  // namespace
+
+namespace {
+
+// The rank hook: another rank's overflow skips this rank's clean step, and the scale backs
+// off on every rank (a c10d all_reduce or MPI in real use; here a stand-in that says so).
+TEST(TorchGradScaler, RankAgreementSkipsWhenAnotherRankOverflowed) {
+  Tiny m;
+  ::torch::optim::SGD opt(m->parameters(), ::torch::optim::SGDOptions(1.0));
+  mixprec::LossScaleConfig c = mixprec::loss_scale_preset("torch");
+  c.init_scale = 64;
+  GradScaler scaler(c);
+  int calls = 0;
+  bool other_rank_overflows = true;
+  scaler.set_rank_agreement([&](mixprec::RankFlags local) {
+    ++calls;
+    return mixprec::RankFlags{local.found_inf || other_rank_overflows, true};
+  });
+  set_grads(m, 64.0f);
+  const auto skipped = scaler.step(opt);
+  EXPECT_FALSE(skipped.applied);
+  EXPECT_TRUE(skipped.found_inf);
+  EXPECT_EQ(skipped.first_overflow, -1) << "this rank's own gradients were finite";
+  EXPECT_TRUE(::torch::equal(m->w, ::torch::ones({4, 3})));
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), 32.0f);
+  other_rank_overflows = false;
+  set_grads(m, 32.0f);
+  EXPECT_TRUE(scaler.step(opt).applied);
+  scaler.update();
+  EXPECT_EQ(calls, 2);
+}
+
+}  // namespace
