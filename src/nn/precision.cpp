@@ -3,59 +3,66 @@
 
 namespace mixprec::nn {
 
+namespace {
+
+struct PrecisionRow {
+  Precision precision;
+  std::string_view name;
+  PrecisionPolicy policy;  // activations, weights, weight gradients, master
+  Fp8Recipe fp8;
+};
+
+// Every precision preset, one row each, in the order precision_names() lists them. Mixed
+// presets are PyTorch AMP's arrangement: fp32 parameters (our master weights) and fp32 .grad,
+// low-precision weight copies and activations; the fp8 presets are the bf16 arrangement with
+// only the Linear GEMM operands in fp8 (fp8_linear.hpp).
+constexpr PrecisionRow kPrecisions[] = {
+    {Precision::fp32, "fp32", {DType::f32, DType::f32, DType::f32, false}, Fp8Recipe::none},
+    {Precision::fp16, "fp16", {DType::f16, DType::f16, DType::f32, true}, Fp8Recipe::none},
+    {Precision::bf16, "bf16", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::none},
+    {Precision::fp16_pure, "fp16-pure", {DType::f16, DType::f16, DType::f16, false}, Fp8Recipe::none},
+    {Precision::fp8_noscale, "fp8-noscale", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::noscale},
+    {Precision::fp8_delayed, "fp8-delayed", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::delayed},
+    {Precision::fp8_current, "fp8-current", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::current},
+    {Precision::mxfp8, "mxfp8", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::mx},
+};
+
+const PrecisionRow* row_of(Precision p) noexcept {
+  for (const PrecisionRow& r : kPrecisions)
+    if (r.precision == p) return &r;
+  return nullptr;
+}
+
+}  // namespace
+
 std::string_view precision_name(Precision p) noexcept {
-  switch (p) {
-    case Precision::fp32: return "fp32";
-    case Precision::fp16: return "fp16";
-    case Precision::bf16: return "bf16";
-    case Precision::fp16_pure: return "fp16-pure";
-    case Precision::fp8_noscale: return "fp8-noscale";
-    case Precision::fp8_delayed: return "fp8-delayed";
-    case Precision::fp8_current: return "fp8-current";
-    case Precision::mxfp8: return "mxfp8";
-  }
-  return "?";
+  const PrecisionRow* r = row_of(p);
+  return r ? r->name : "?";
 }
 
 const std::vector<std::string>& precision_names() {
-  static const std::vector<std::string> names{"fp32", "fp16", "bf16", "fp16-pure", "fp8-noscale",
-                                                "fp8-delayed", "fp8-current", "mxfp8"};
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const PrecisionRow& r : kPrecisions) n.emplace_back(r.name);
+    return n;
+  }();
   return names;
 }
 
 std::optional<Precision> parse_precision(std::string_view s) noexcept {
-  for (Precision p : {Precision::fp32, Precision::fp16, Precision::bf16, Precision::fp16_pure, Precision::fp8_noscale,
-                      Precision::fp8_delayed, Precision::fp8_current, Precision::mxfp8}) {
-    if (precision_name(p) == s) return p;
-  }
+  for (const PrecisionRow& r : kPrecisions)
+    if (r.name == s) return r.precision;
   return std::nullopt;
 }
 
 PrecisionPolicy policy_of(Precision p) noexcept {
-  switch (p) {
-    case Precision::fp32: return {DType::f32, DType::f32, DType::f32, false};
-    // Mixed presets are PyTorch AMP's arrangement: fp32 parameters (our master weights)
-    // and fp32 .grad, low-precision weight copies and activations.
-    case Precision::fp16: return {DType::f16, DType::f16, DType::f32, true};
-    case Precision::bf16: return {DType::bf16, DType::bf16, DType::f32, true};
-    case Precision::fp16_pure: return {DType::f16, DType::f16, DType::f16, false};
-    // fp8 presets: the bf16 arrangement; only the Linear GEMM operands are fp8 (fp8_linear.hpp).
-    case Precision::fp8_noscale:
-    case Precision::fp8_delayed:
-    case Precision::fp8_current:
-    case Precision::mxfp8: return {DType::bf16, DType::bf16, DType::f32, true};
-  }
-  return {};
+  const PrecisionRow* r = row_of(p);
+  return r ? r->policy : PrecisionPolicy{};
 }
 
 Fp8Recipe fp8_recipe_of(Precision p) noexcept {
-  switch (p) {
-    case Precision::fp8_noscale: return Fp8Recipe::noscale;
-    case Precision::fp8_delayed: return Fp8Recipe::delayed;
-    case Precision::fp8_current: return Fp8Recipe::current;
-    case Precision::mxfp8: return Fp8Recipe::mx;
-    default: return Fp8Recipe::none;
-  }
+  const PrecisionRow* r = row_of(p);
+  return r ? r->fp8 : Fp8Recipe::none;
 }
 
 bool is_fp8(Precision p) noexcept { return fp8_recipe_of(p) != Fp8Recipe::none; }
