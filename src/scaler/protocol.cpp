@@ -182,11 +182,13 @@ std::string ScalerProtocol::run_spec() const {
 
 float ScalerProtocol::scale() const noexcept { return enabled_ ? scale_->scale() : 1.0f; }
 
-void ScalerProtocol::misuse(Misuse m, const std::string& detail) const {
+std::string_view ScalerProtocol::text_of(Misuse m) const {
   const MisuseText& t = misuse_text(m);
-  std::string text(dialect_ == Dialect::torch ? t.torch_text : t.mixprec_text);
-  if (!detail.empty()) text = detail;
-  throw ScalerMisuse(m, text);
+  return dialect_ == Dialect::torch ? t.torch_text : t.mixprec_text;
+}
+
+void ScalerProtocol::misuse(Misuse m, const std::string& detail) const {
+  throw ScalerMisuse(m, detail.empty() ? std::string(text_of(m)) : detail);
 }
 
 std::string ScalerProtocol::call_name(std::string_view call) const {
@@ -195,8 +197,7 @@ std::string ScalerProtocol::call_name(std::string_view call) const {
 
 void ScalerProtocol::require_window_complete(std::string_view call) const {
   if (window_steps_ > 1 && window_passes_ != window_steps_) {
-    const MisuseText& t = misuse_text(Misuse::window_incomplete);
-    std::string s = fill(dialect_ == Dialect::torch ? t.torch_text : t.mixprec_text, "call", call_name(call));
+    std::string s = fill(text_of(Misuse::window_incomplete), "call", call_name(call));
     s = fill(s, "done", std::to_string(window_passes_));
     misuse(Misuse::window_incomplete, fill(s, "k", std::to_string(window_steps_)));
   }
@@ -341,9 +342,7 @@ float ScalerProtocol::next_scale() const {
 void ScalerProtocol::set_accumulation_steps(int k) {
   if (k < 1) throw std::invalid_argument("accumulation steps " + std::to_string(k) + " is not allowed; it must be >= 1");
   if (window_passes_ != 0) {
-    const MisuseText& t = misuse_text(Misuse::window_resized);
-    misuse(Misuse::window_resized,
-           fill(dialect_ == Dialect::torch ? t.torch_text : t.mixprec_text, "done", std::to_string(window_passes_)));
+    misuse(Misuse::window_resized, fill(text_of(Misuse::window_resized), "done", std::to_string(window_passes_)));
   }
   window_steps_ = k;
 }
@@ -353,9 +352,7 @@ void ScalerProtocol::backward_done() {
   for (const auto& [id, r] : records_)
     if (r.stage != OptimizerStage::ready) misuse(Misuse::backward_after_step);
   if (window_passes_ == window_steps_) {
-    const MisuseText& t = misuse_text(Misuse::window_overrun);
-    const std::string s =
-        fill(dialect_ == Dialect::torch ? t.torch_text : t.mixprec_text, "done", std::to_string(window_passes_ + 1));
+    const std::string s = fill(text_of(Misuse::window_overrun), "done", std::to_string(window_passes_ + 1));
     misuse(Misuse::window_overrun, fill(s, "k", std::to_string(window_steps_)));
   }
   ++window_passes_;
@@ -365,14 +362,12 @@ void ScalerProtocol::require_between_steps() const {
   const std::string call = dialect_ == Dialect::torch ? "load_state_dict()" : "load_state_json()";
   for (const auto& [id, r] : records_) {
     if (r.stage != OptimizerStage::ready) {
-      const MisuseText& t = misuse_text(Misuse::load_mid_step);
-      const std::string s = fill(dialect_ == Dialect::torch ? t.torch_text : t.mixprec_text, "call", call);
+      const std::string s = fill(text_of(Misuse::load_mid_step), "call", call);
       misuse(Misuse::load_mid_step, fill(s, "stage", std::string(stage_name(r.stage))));
     }
   }
   if (window_passes_ != 0) {
-    const MisuseText& t = misuse_text(Misuse::load_mid_window);
-    misuse(Misuse::load_mid_window, fill(dialect_ == Dialect::torch ? t.torch_text : t.mixprec_text, "call", call));
+    misuse(Misuse::load_mid_window, fill(text_of(Misuse::load_mid_window), "call", call));
   }
 }
 

@@ -203,6 +203,7 @@ class ScalerProtocol {
     GradientCheck check;
     std::optional<std::pair<float, double>> clipped;  // (coefficient, norm) applied in place
   };
+  std::string_view text_of(Misuse m) const;  // the misuse's text in this dialect (kMisuseTable)
   [[noreturn]] void misuse(Misuse m, const std::string& detail = {}) const;
   void require_window_complete(std::string_view call) const;
   void require_between_steps() const;

@@ -226,14 +226,14 @@ class GradScaler:
             value = _number("new_scale", new_scale)
         self._p.update_to(value)
 
-    # ---- accumulation windows (the protocol's rule; optional) ------------------------------
+    # ---- accumulation windows (optional) ---------------------------------------------------
 
     def set_accumulation_steps(self, k: int) -> None:
         """k backward passes share one scale: call backward_done() after each; unscale_, step
         and update before the k-th raise. k = 1 (the default): no window, torch's behaviour."""
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or k < 1:
-            raise ValueError(f"accumulation steps {k!r} is not allowed; it must be an int >= 1")
-        self._p.set_accumulation_steps(int(k))
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral):
+            raise TypeError(f"accumulation steps: expected an int, found {type(k).__name__}")
+        self._p.set_accumulation_steps(int(k))  # the protocol checks the range
 
     def get_accumulation_steps(self) -> int:
         return self._p.accumulation_steps
