@@ -25,7 +25,10 @@
 #                            DS_BUILD_OPS=0, --no-build-isolation against the venv's torch,
 #                            --no-deps with its Python dependencies named below; about 650 MB,
 #                            under a minute). Pinned versions, under a constraint that keeps
-#                            the venv's torch and numpy. Nothing if the venv already has them.
+#                            the venv's torch and numpy; then, under the same constraint, what
+#                            the integration, low-precision and property tests use: torchvision,
+#                            torchao, transformers, accelerate, lightning, tensorboard, hypothesis
+#                            (EXTRA_PACKAGES). Nothing if the venv already has them.
 set -euo pipefail
 
 TORCH_VERSION=2.15.0
@@ -34,6 +37,12 @@ want_python=0
 PY_PACKAGES=("scikit-build-core>=0.10" "nanobind>=2.0" numpy pytest ml_dtypes)
 # The peers of tests/python/test_peer_replays.py (pinned there too, and in docs/python.md).
 PEER_PACKAGES=(jax==0.10.2 jaxlib==0.10.2 jmp==0.0.4 keras==3.15.1 megatron-core==0.16.1)
+# What the integrations, the low-precision recipes and the property tests are tested against
+# (docs/python.md): torchvision (ResNet-18), torchao (its MX/NVFP4 emulation), Hugging Face
+# transformers and accelerate, Lightning, TensorBoard (its event reader) and Hypothesis.
+# Pinned; installed under the same constraint that keeps the venv's torch and numpy.
+EXTRA_PACKAGES=(torchvision==0.29.2 torchao==0.18.0 transformers==5.24.0 accelerate==1.15.0
+  lightning==2.6.6 tensorboard==2.21.0 hypothesis==6.170.17)
 DEEPSPEED_PACKAGES=(deepspeed==0.19.8  # sdist; with --no-deps, so its dependencies follow
   hjson==3.1.0 msgpack==1.2.4 psutil==7.2.2 py-cpuinfo==9.0.0 pydantic==2.14.4 pydantic_core==2.50.5
   annotated-types==0.8.0 typing-inspection==0.4.5 tqdm==4.70.1 einops==0.8.2)
@@ -110,7 +119,7 @@ if [ "$want_python" = 1 ]; then
   fi
   # The peers' own loss-scale code (tests/python/test_peer_replays.py), pinned. Present means
   # importlib.metadata finds each pinned version (nothing is imported: quick when present).
-  missing_peers=$("$venv/bin/python" - "${PEER_PACKAGES[@]}" "${DEEPSPEED_PACKAGES[@]}" <<'PY'
+  missing_peers=$("$venv/bin/python" - "${PEER_PACKAGES[@]}" "${DEEPSPEED_PACKAGES[@]}" "${EXTRA_PACKAGES[@]}" <<'PY'
 import importlib.metadata as m, sys
 for spec in sys.argv[1:]:
     name, version = spec.split("==")
@@ -123,18 +132,19 @@ for spec in sys.argv[1:]:
 PY
 )
   if [ -z "$missing_peers" ]; then
-    echo "deps: loss-scale peers present in $venv (jax, jmp, keras, megatron-core, deepspeed)"
+    echo "deps: loss-scale peers and integration packages present in $venv"
   else
-    echo "deps: installing the loss-scale peers into the venv $venv:" $missing_peers
+    echo "deps: installing the loss-scale peers and integration packages into the venv $venv:" $missing_peers
     t0=$(date +%s)
     # Keep the venv's torch and numpy whatever a peer asks for (pip fails rather than change them).
     constraints=$(mktemp)
     "$venv/bin/python" -c 'import importlib.metadata as m; print("torch==" + m.version("torch")); print("numpy==" + m.version("numpy"))' > "$constraints"
     "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c "$constraints" "${PEER_PACKAGES[@]}"
+    "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c "$constraints" "${EXTRA_PACKAGES[@]}"
     # DeepSpeed's setup.py imports torch: build against the venv's (no isolation), no ops compiled.
     DS_BUILD_OPS=0 "$venv/bin/python" -m pip install --quiet --disable-pip-version-check -c "$constraints" \
       --no-build-isolation --no-deps "${DEEPSPEED_PACKAGES[@]}"
     rm -f "$constraints"
-    echo "deps: loss-scale peers installed in $(( $(date +%s) - t0 )) s"
+    echo "deps: loss-scale peers and integration packages installed in $(( $(date +%s) - t0 )) s"
   fi
 fi
