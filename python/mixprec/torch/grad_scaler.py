@@ -201,6 +201,12 @@ class GradScaler:
         apply, found_inf, scale, first, grad_norm = self._p.decide(key)
         # If the optimizer raises, the stage stays "unscaled": a retry steps without unscaling again.
         result = optimizer.step(*args, **kwargs) if apply else None
+        if getattr(optimizer, "_step_supports_amp_scaling", False):
+            # A grad_scale (found_inf) the user set on a fused optimizer is its kernel's for this
+            # step only: torch.amp deletes both after the step, so the next step is not divided again.
+            for attr in ("grad_scale", "found_inf"):
+                if hasattr(optimizer, attr):
+                    delattr(optimizer, attr)
         self._p.step_done(key)
         index = None if first < 0 else first
         name = None if index is None else self._name_at(optimizer, index)
