@@ -227,6 +227,18 @@ def unscale_and_found_inf(kind: str, scaler, opt, inv_scale: torch.Tensor, allow
     return float(scaler.step(opt).found_inf)
 
 
+def assert_scaler(kind, scaler, *, scale, growth_factor, backoff_factor, growth_interval, growth_tracker):
+    """The scaler's state through its getters (and torch.amp's _init_growth_tracker, which
+    upstream reads: the tracker before the first scale())."""
+    assert scaler.get_scale() == scale
+    assert scaler.get_growth_factor() == growth_factor
+    assert scaler.get_backoff_factor() == backoff_factor
+    assert scaler.get_growth_interval() == growth_interval
+    assert scaler._get_growth_tracker() == growth_tracker
+    if kind == "torch.amp":
+        assert scaler._init_growth_tracker == growth_tracker
+
+
 class ParamsOnly(torch.optim.SGD):
     """The optimizer of upstream's unscale tests, SGD(params, lr=1.0), which upstream never steps
     (it only groups the gradients for _unscale_grads_): its step() is a no-op, so that the
@@ -255,13 +267,8 @@ def test_pickle_gradscaler(kind):
                 assert a._scale.device.type == DEVICE
         b = pickle.loads(pickle.dumps(a))
         assert b.is_enabled() == a.is_enabled()
-        assert b.get_scale() == 3.0
-        assert b.get_growth_factor() == 4.0
-        assert b.get_backoff_factor() == 0.5
-        assert b.get_growth_interval() == 2
-        assert b._get_growth_tracker() == 0
+        assert_scaler(kind, b, scale=3.0, growth_factor=4.0, backoff_factor=0.5, growth_interval=2, growth_tracker=0)
         if kind == "torch.amp":
-            assert b._init_growth_tracker == 0
             assert b._per_optimizer_states["fdsa"] == torch.amp.grad_scaler._refresh_per_optimizer_state()
         if lazy_init_scale:
             assert_equal(b.scale(torch.tensor([4.0], dtype=torch.float32, device=DEVICE)), 12.0)
@@ -449,13 +456,28 @@ def test_grad_scaling_state_dict(kind):
             if kind == "torch.amp":
                 assert isinstance(s1._scale, torch.FloatTensor)
         s1.load_state_dict(s0.state_dict())
-        assert s1.get_scale() == 3.0
-        assert s1.get_growth_factor() == 4.0
-        assert s1.get_backoff_factor() == 0.5
-        assert s1.get_growth_interval() == 2
-        assert s1._get_growth_tracker() == 0
-        if kind == "torch.amp":
-            assert s1._init_growth_tracker == 0
+        assert_scaler(kind, s1, scale=3.0, growth_factor=4.0, backoff_factor=0.5, growth_interval=2, growth_tracker=0)
+
+
+def half_autocast_backward(model, input, target, loss_fn, scaler):
+    """The forward under float16 autocast, then backward of the scaled loss; returns the loss."""
+    with torch.autocast(device_type=DEVICE, dtype=torch.half):
+        output = model(input)
+        loss = loss_fn(output, target)
+    scaler.scale(loss).backward()
+    return loss
+
+
+def inject_inf(model, scaler, i, skip_iter):
+    """The scaled run's overflow: an inf in the second layer's weight gradient at skip_iter."""
+    if i == skip_iter and scaler.is_enabled():
+        model[1].weight.grad.data.fill_(float("inf"))
+
+
+def control_step(optimizer, scaler, i, skip_iter):
+    """The unscaled control steps wherever the scaled run does (not at skip_iter when enabled)."""
+    if (not scaler.is_enabled()) or (i != skip_iter):
+        optimizer.step()
 
 
 def run_scaling_case(kind, run, unskipped, skipped, atol=1e-7, optimizer_ctor=torch.optim.SGD, optimizer_kwargs=None):
@@ -498,17 +520,14 @@ def test_grad_scaling_autocast(kind, optim, foreach, fused):
                 loss = loss_fn(output, target)
             if try_scaling_api:
                 scaler.scale(loss).backward()
-                if i == skip_iter and scaler.is_enabled():
-                    with torch.no_grad():
-                        model[1].weight.grad.fill_(float("inf"))
+                inject_inf(model, scaler, i, skip_iter)
                 scaler.step(optimizer)
                 scaler.update()
                 if try_pickle:
                     scaler = pickle.loads(pickle.dumps(scaler))
             else:
                 loss.backward()
-                if (not scaler.is_enabled()) or (i != skip_iter):
-                    optimizer.step()
+                control_step(optimizer, scaler, i, skip_iter)
         return scaler
 
     optimizer_ctor = wheel.optims[optim].optim_cls
@@ -539,10 +558,7 @@ def test_params_invalidated_with_grads_invalidated_between_unscale_and_step(kind
         scaler = make_scaler(kind, init_scale=128.0)
         for input, target in data:
             optimizer.zero_grad()
-            with torch.autocast(device_type=DEVICE, dtype=torch.half):
-                output = model(input)
-                loss = loss_fn(output, target)
-            scaler.scale(loss).backward()
+            half_autocast_backward(model, input, target, loss_fn, scaler)
             scaler.unscale_(optimizer)
             for j, param in enumerate(model.parameters()):
                 param.grad.copy_(torch.inf if j % 2 else torch.nan)
@@ -580,15 +596,13 @@ def test_grad_scaling_clipping(kind):
             if try_scaling_api:
                 scaler.scale(loss).backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm * scaler.get_scale())
-                if i == skip_iter and scaler.is_enabled():
-                    model[1].weight.grad.data.fill_(float("inf"))
+                inject_inf(model, scaler, i, skip_iter)
                 scaler.step(optimizer)
                 scaler.update()
             else:
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-                if (not scaler.is_enabled()) or (i != skip_iter):
-                    optimizer.step()
+                control_step(optimizer, scaler, i, skip_iter)
 
     run_scaling_case(kind, run, unskipped=3, skipped=1, atol=1e-5)
 
@@ -603,8 +617,7 @@ def test_grad_scaling_clipping_separate_unscale(kind):
             loss = loss_fn(output, target)
             if try_scaling_api:
                 scaler.scale(loss).backward()
-                if i == skip_iter and scaler.is_enabled():
-                    model[1].weight.grad.data.fill_(float("inf"))
+                inject_inf(model, scaler, i, skip_iter)
                 scaler.unscale_(optimizer)
                 torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm, error_if_nonfinite=False)
                 scaler.step(optimizer)
@@ -612,8 +625,7 @@ def test_grad_scaling_clipping_separate_unscale(kind):
             else:
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-                if (not scaler.is_enabled()) or (i != skip_iter):
-                    optimizer.step()
+                control_step(optimizer, scaler, i, skip_iter)
 
     run_scaling_case(kind, run, unskipped=3, skipped=1)
 
@@ -638,14 +650,12 @@ def test_grad_scaling_penalty(kind):
             loss = loss + grad_norm
             if try_scaling_api:
                 scaler.scale(loss).backward()
-                if i == skip_iter and scaler.is_enabled():
-                    model[1].weight.grad.data.fill_(float("inf"))
+                inject_inf(model, scaler, i, skip_iter)
                 scaler.step(optimizer)
                 scaler.update()
             else:
                 loss.backward()
-                if (not scaler.is_enabled()) or (i != skip_iter):
-                    optimizer.step()
+                control_step(optimizer, scaler, i, skip_iter)
 
     run_scaling_case(kind, run, unskipped=3, skipped=1)
 
@@ -833,18 +843,12 @@ def test_grad_scaling_autocast_fused_optimizers(kind, optim):
                 assert_eq_kwargs = {"atol": 2e-5, "rtol": 2e-5}
             for input, target in data:
                 opt_control.zero_grad()
-                with torch.autocast(device_type=DEVICE, dtype=torch.half):
-                    output_control = mod_control(input)
-                    loss_control = loss_fn(output_control, target)
-                scaler_control.scale(loss_control).backward()
+                loss_control = half_autocast_backward(mod_control, input, target, loss_fn, scaler_control)
                 scaler_control.step(opt_control)
                 scaler_control.update()
 
                 opt_scaling.zero_grad()
-                with torch.autocast(device_type=DEVICE, dtype=torch.half):
-                    output_scaling = mod_scaling(input)
-                    loss_scaling = loss_fn(output_scaling, target)
-                scaler_scaling.scale(loss_scaling).backward()
+                loss_scaling = half_autocast_backward(mod_scaling, input, target, loss_fn, scaler_scaling)
                 if separate_unscale:
                     scaler_scaling.unscale_(opt_scaling)
                 scaler_scaling.step(opt_scaling)
