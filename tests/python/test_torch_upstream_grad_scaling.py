@@ -39,7 +39,9 @@ Upstream test -> test here (all on the CPU):
     _multiple                                    -> the tests of the same names
   T test_grad_scaler_pass_itself                 -> test_grad_scaler_pass_itself (different on purpose, below)
   C test_grad_scaling_autocast_fused_optimizers  -> test_grad_scaling_autocast_fused_optimizers
-      (Adagrad, Adam, AdamW, SGD: the optimizers whose fused kernel runs on the CPU)
+      (Adagrad, Adam, AdamW, SGD: the optimizers whose fused kernel runs on the CPU); plus
+      test_fused_optimizers_bitwise_equal_to_torch_amp (added here: the same runs compared bit
+      for bit across the two scalers)
   C test_grad_scaler_with_preset_grad_scale (onlyCUDA) -> test_grad_scaler_with_preset_grad_scale,
       on the CPU's fused kernels; plus test_preset_grad_scale_is_used_by_one_step_only (added here:
       torch.amp deletes optimizer.grad_scale after the step it was used in)
@@ -871,6 +873,57 @@ def test_grad_scaling_autocast_fused_optimizers(kind, optim):
                         tracker.pop_check_set(actual, Case(),
                                               assert_eq_kwargs if k in ("exp_avg_sq", "max_exp_avg_sq") else {})
             assert tracker.all_popped()
+
+
+@pytest.mark.parametrize("optim", FUSED_ON_CPU)
+def test_fused_optimizers_bitwise_equal_to_torch_amp(optim):
+    # Added here, from the case above: torch.amp hands a fused optimizer the scale (its kernel
+    # divides), the drop-in unscales first and steps plainly. With power-of-two scales (torch's
+    # rule from a power-of-two init_scale) the two are equal bit for bit: the scaled model after
+    # every step (weights, gradients, optimizer state), for every CPU input of the optimizer, with
+    # and without a separate unscale_, through an injected inf (skip and back-off) and growth.
+    # One difference, on the skipped step only: the gradients left behind are unscaled by the
+    # drop-in's check (as torch.amp's own check leaves them for any other optimizer), still
+    # scaled by torch's fused kernel, which skips on found_inf without unscaling.
+    optim_info = wheel.optims[optim]
+    bits = {4: torch.int32, 8: torch.int64}
+
+    def same(a, b):
+        a, b = torch.as_tensor(a), torch.as_tensor(b)
+        return a.dtype == b.dtype and torch.equal(a.view(bits[a.element_size()]), b.view(bits[b.element_size()]))
+
+    for optim_input in optim_info.optim_inputs_func(device=DEVICE):
+        for separate_unscale in (False, True):
+            runs = {}
+            for kind in KINDS:
+                torch.manual_seed(20)
+                kwargs = dict(optim_input.kwargs, fused=True)
+                _, model, _, opt, data, loss_fn, skip_iter = wheel._create_scaling_case(
+                    device=DEVICE, optimizer_ctor=optim_info.optim_cls, optimizer_kwargs=kwargs)
+                scaler = make_scaler(kind, init_scale=128.0, growth_interval=1)
+                trace = []
+                for i, (input, target) in enumerate(data):
+                    opt.zero_grad()
+                    half_autocast_backward(model, input, target, loss_fn, scaler)
+                    inject_inf(model, scaler, i, skip_iter)
+                    if separate_unscale:
+                        scaler.unscale_(opt)
+                    scale = scaler.get_scale()
+                    scaler.step(opt)
+                    scaler.update()
+                    trace.append((scale, scaler.get_scale(), [(p.detach().clone(), p.grad.clone(), dict(opt.state[p]))
+                                                              for p in model.parameters()]))
+                runs[kind] = trace
+            for step, (run_t, run_m) in enumerate(zip(runs["torch.amp"], runs["mixprec"])):
+                where = f"{optim_input.desc}, separate_unscale={separate_unscale}, step {step}"
+                (scale, next_t, params_t), (_, next_m, params_m) = run_t, run_m
+                assert next_t == next_m, where
+                for (w_t, g_t, st_t), (w_m, g_m, st_m) in zip(params_t, params_m):
+                    left_scaled_by_torch = step == skip_iter and not separate_unscale
+                    assert same(w_t, w_m), where
+                    assert same(g_t * (1.0 / scale) if left_scaled_by_torch else g_t, g_m), where
+                    assert st_t.keys() == st_m.keys() and all(same(st_t[k], st_m[k]) for k in st_t), where
+            assert [next_scale for _, next_scale, _ in runs["mixprec"]] == [256.0, 512.0, 256.0, 512.0]
 
 
 FUSED_ON_CUDA = [name for name, info in wheel.optims.items() if "cuda" in info.supports_fused_on]
