@@ -7,7 +7,7 @@ therefore the drop-in's.
 Sources. The tests were read with the project's search tools; their facts (what is asserted,
 with which values) are carried over, the code here is this project's. The stored snapshots of
 pytorch/pytorch predate the device-generic versions of these tests, so they were read in
-ROCm/pytorch, the ROCm fork that tracks pytorch/pytorch main (late 2025; installed torch: 2.15.0):
+ROCm/pytorch, the ROCm fork that tracks pytorch/pytorch main (the installed torch is 2.15.0):
   T = test/test_torch.py, class TestTorchDeviceType   (ROCm/pytorch 0e0637806e6d815b8995d62361803a922f27b013)
   C = test/test_cuda.py, class TestCudaOptims         (ROCm/pytorch 05ddebfcb8688846792d6d71fab12dd889a84537)
   M = test/test_cuda_multigpu.py, class TestCudaMultiGPU (ROCm/pytorch 10b22ea5c6a60ffa85520eb2d293affc48cea8ee)
@@ -72,6 +72,8 @@ drop-in's documented behaviour:
     itself as grad_scaler= (FutureWarning) or sets optimizer.grad_scale/found_inf; the drop-in
     hands them unscaled gradients and calls a plain step(): no grad_scaler argument, no
     attributes set, no warning.
+  - no upstream scenario reaches a scale below 1, where the drop-in writes nothing on an
+    overflow step (torch.amp writes inf); that rule is tested in test_torch_grad_scaler_gradients.py.
 How the private attributes upstream reads map to public ones (the torch.amp run asserts both):
   _scale / _growth_tracker / _init_growth_tracker -> get_scale() / _get_growth_tracker();
   the found_inf of one optimizer (_found_inf_per_device, _unscale_grads_'s dict) -> the
