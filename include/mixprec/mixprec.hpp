@@ -10,6 +10,7 @@
 #include "mixprec/formats/types.hpp"
 #include "mixprec/fp8/quantize.hpp"
 #include "mixprec/fp8/recipes.hpp"
+#include "mixprec/lowp/quantize.hpp"
 #include "mixprec/kernels/unscale.hpp"
 #include "mixprec/nn/data.hpp"
 #include "mixprec/nn/gemm.hpp"

@@ -5,17 +5,20 @@
     mixprec.decode(codes, "f16")
     ls = mixprec.LossScale("mixprec"); ls.update(found_inf=False)
     mixprec.report("runs/x")                      # `mixprec report`: runs/x/report.html
+    q = mixprec.quantize(x, "nvfp4"); mixprec.dequantize(q)   # TE's low-precision recipes
 """
 
 from ._core import ConversionStats, ScaleCollapseError
 from .formats import FORMATS, decode, encode, stats_dict
 from .loss_scale import LossScale, ScaleUpdate, config_keys, preset_names
+from .quantize import RECIPES, QuantizedTensor, dequantize, quantize, recipe_table
 from .report import report
 from . import data
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "FORMATS", "ConversionStats", "LossScale", "ScaleCollapseError", "ScaleUpdate",
-    "config_keys", "data", "decode", "encode", "preset_names", "report", "stats_dict",
+    "FORMATS", "RECIPES", "ConversionStats", "LossScale", "QuantizedTensor", "ScaleCollapseError", "ScaleUpdate",
+    "config_keys", "data", "decode", "dequantize", "encode", "preset_names", "quantize", "recipe_table", "report",
+    "stats_dict",
 ]

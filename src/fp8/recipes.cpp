@@ -328,11 +328,11 @@ void validate(const CurrentScalingConfig& c) {
     fail("amax_epsilon: expected a finite number >= 0");
 }
 
-float current_scale(float amax, float fp8_max, bool power_of_2_scales, float epsilon) noexcept {
+float current_scale(float amax, float fp8_max, bool power_of_2_scales, float epsilon, float value_for_inf) noexcept {
   if (amax < epsilon) amax = epsilon;  // NaN compares false and stays NaN
   if (std::isinf(amax) || amax == 0.0f) return 1.0f;
   float scale = fp8_max / amax;
-  if (std::isinf(scale)) scale = kFltMax;
+  if (std::isinf(scale)) scale = value_for_inf;
   if (std::isnan(scale)) scale = 1.0f;
   if (power_of_2_scales) scale = std::bit_cast<float>(std::bit_cast<std::uint32_t>(scale) & 0xFF800000u);
   return scale;
@@ -341,9 +341,13 @@ float current_scale(float amax, float fp8_max, bool power_of_2_scales, float eps
 // ---- MX -------------------------------------------------------------------------
 
 e8m0 mx_scale(float amax, Dtype dtype, MxRounding rounding) noexcept {
+  return mx_scale(amax, max_finite(dtype), dtype == Dtype::e4m3 ? 8 : 15, rounding);
+}
+
+e8m0 mx_scale(float amax, float elem_max, int emax_elem, MxRounding rounding) noexcept {
   if (rounding == MxRounding::transformer_engine) {
     // Quantized_Limits<T>::max_norm_rcp = 1.0 / max_norm, computed in double, stored as float.
-    const float rcp = static_cast<float>(1.0 / static_cast<double>(max_finite(dtype)));
+    const float rcp = static_cast<float>(1.0 / static_cast<double>(elem_max));
     const float v = amax * rcp;
     if (std::isnan(v)) return e8m0::from_bits(0xFF);
     if (std::isinf(v)) return e8m0::from_bits(0xFE);
@@ -357,7 +361,6 @@ e8m0 mx_scale(float amax, Dtype dtype, MxRounding rounding) noexcept {
   // OCP MX emulation (microxcaling _shared_exponents, method "max").
   if (!std::isfinite(amax)) return e8m0::from_bits(0xFF);
   const float a = amax == 0.0f ? 0x1p-126f : amax;
-  const int emax_elem = dtype == Dtype::e4m3 ? 8 : 15;
   const int e = std::ilogb(a) - emax_elem;  // floor(log2(a)), exact for normal and subnormal a
   return e8m0::from_exponent(std::max(e, -127));  // > 127 cannot happen for a finite amax
 }

@@ -136,7 +136,10 @@ void validate(const CurrentScalingConfig& config);
 // TE's compute_scale_from_amax: amax < epsilon -> epsilon; amax inf or 0 -> 1;
 // scale = fp8_max / amax (fp32); inf -> FLT_MAX; NaN -> 1; power of two: the fp32
 // exponent bits only (mantissa cleared, i.e. rounded down to a power of two).
-float current_scale(float amax, float fp8_max, bool power_of_2_scales, float epsilon) noexcept;
+// value_for_inf replaces an infinite fp8_max / amax (TE's newer signature: the input
+// dtype's largest finite; FLT_MAX by default, as TE's current scaling).
+float current_scale(float amax, float fp8_max, bool power_of_2_scales, float epsilon,
+                    float value_for_inf = 0x1.fffffep127f) noexcept;
 
 // ---- MX block scaling -----------------------------------------------------------
 
@@ -155,6 +158,10 @@ std::string_view mx_rounding_name(MxRounding r) noexcept;  // "te", "ocp"
 //   OCP: amax is NaN when the block holds a NaN; NaN or inf -> 0xFF (NaN scale); 0 reads as
 //        2^-126; e = floor(log2(amax)) - emax_elem (8 for E4M3, 15 for E5M2), at least -127.
 e8m0 mx_scale(float amax, Dtype dtype, MxRounding rounding) noexcept;
+// The same rules for any element format given its largest finite (TE: max_norm_rcp =
+// float(1 / elem_max)) and the exponent of its largest power of two (OCP: emax_elem);
+// MXFP4 (E2M1) uses 6 and 2.
+e8m0 mx_scale(float amax, float elem_max, int emax_elem, MxRounding rounding) noexcept;
 
 // The factor elements are multiplied by before the saturating cast:
 //   TE:  its exp2f_rcp: 1 for code 0x00 (sic), else the bits (254 - code) << 23

@@ -1,0 +1,202 @@
+// mixprec._core's low-precision recipes (mixprec.quantize / mixprec.dequantize, python/mixprec/
+// quantize.py): the core's lowp::quantize over a float32 array read in place (NumPy, or a CPU
+// torch tensor through DLPack), and the Quantized result, whose codes and scales are NumPy
+// views of the core's buffers (each view keeps the result alive). Registered from
+// core_module.cpp with register_quantize(m).
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/string_view.h>
+
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+
+#include "mixprec/lowp/quantize.hpp"
+
+namespace nb = nanobind;
+
+namespace {
+
+namespace lowp = mixprec::lowp;
+
+using AnyArray = nb::ndarray<nb::ro>;
+using MutArray = nb::ndarray<>;
+
+[[noreturn]] void value_error(const std::string& s) { throw nb::value_error(s.c_str()); }
+[[noreturn]] void type_error(const std::string& s) { throw nb::type_error(s.c_str()); }
+
+// A CPU, C-contiguous array of `dtype`, as the caller passed it (never copied).
+template <class A>
+A array_arg(nb::handle h, const char* what, nb::dlpack::dtype dtype, const char* dtype_text) {
+  A a;
+  if (!nb::try_cast(h, a, /*convert=*/false)) {
+    if constexpr (std::is_same_v<A, MutArray>) {
+      AnyArray ro;
+      if (nb::try_cast(h, ro, false)) value_error(std::string(what) + ": expected a writable array, found a read-only one");
+    }
+    type_error(std::string(what) + ": expected a NumPy array (or a CPU tensor) of " + dtype_text + ", found " +
+               nb::type_name(h.type()).c_str());
+  }
+  if (a.device_type() != nb::device::cpu::value) value_error(std::string(what) + ": expected an array in CPU memory");
+  if (a.dtype() != dtype) type_error(std::string(what) + ": expected dtype " + dtype_text + " (mixprec reads it in place)");
+  std::int64_t expected = 1;
+  for (std::size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) != 1 && a.size() != 0 && a.stride(i) != expected)
+      value_error(std::string(what) +
+                  ": expected a C-contiguous array, found a strided view (pass numpy.ascontiguousarray(...) or "
+                  ".contiguous() to copy it once yourself)");
+    expected *= static_cast<std::int64_t>(a.shape(i));
+  }
+  return a;
+}
+
+template <class E>
+E parse(std::optional<E> v, const char* what, std::string_view found, const char* allowed) {
+  if (!v) value_error(std::string(what) + ": expected " + allowed + ", found '" + std::string(found) + "'");
+  return *v;
+}
+
+std::string_view scale_format_name(lowp::ScaleFormat f) {
+  switch (f) {
+    case lowp::ScaleFormat::f32: return "float32";
+    case lowp::ScaleFormat::e8m0: return "e8m0";
+    case lowp::ScaleFormat::e4m3: return "e4m3";
+  }
+  return "?";
+}
+
+template <class T>
+nb::object view(nb::handle owner, T* data, std::size_t rows, std::size_t cols) {
+  const std::size_t shape[2] = {rows, cols};
+  return nb::cast(nb::ndarray<nb::numpy, T>(data, 2, shape, owner));
+}
+
+lowp::Quantized quantize(nb::handle x_obj, std::string_view recipe, std::optional<std::string_view> element,
+                         std::string_view layout, bool tile_2d, std::string_view scale_rounding,
+                         std::optional<bool> power_of_2_scales, double amax_epsilon, double value_for_inf, double scale,
+                         bool rht, nb::handle random_obj, std::string_view flavour) {
+  const AnyArray x = array_arg<AnyArray>(x_obj, "x", nb::dtype<float>(), "float32");
+  if (x.ndim() == 0) value_error("x: expected an array of at least one dimension (rows = the product of all but the last)");
+  lowp::QuantizeConfig c;
+  c.recipe = parse(lowp::parse_recipe(recipe), "recipe", recipe, ("one of " + lowp::recipe_names()).c_str());
+  c.element = element ? parse(lowp::parse_element(*element), "element", *element, "e4m3, e5m2 or e2m1")
+                      : lowp::recipe_info(c.recipe).element;
+  if (layout == "rowwise") c.layout = lowp::Layout::rowwise;
+  else if (layout == "columnwise") c.layout = lowp::Layout::columnwise;
+  else value_error("layout: expected 'rowwise' or 'columnwise', found '" + std::string(layout) + "'");
+  c.tile_2d = tile_2d;
+  c.scale_rounding = parse(lowp::parse_scale_rounding(scale_rounding), "scale_rounding", scale_rounding, "'rceil' or 'floor'");
+  c.power_of_2_scales = power_of_2_scales;
+  c.flavour = parse(lowp::parse_flavour(flavour), "flavour", flavour, "'te' or 'torchao'");
+  // Doubles that are not fp32 values would be rounded silently: refuse them.
+  auto to_float = [](double v, const char* what) {
+    const auto f = static_cast<float>(v);
+    if (std::isfinite(v) && static_cast<double>(f) != v)
+      value_error(std::string(what) + ": expected a float32 value, found " + std::to_string(v) + " (not exact in float32)");
+    return f;
+  };
+  c.amax_epsilon = to_float(amax_epsilon, "amax_epsilon");
+  c.value_for_inf = to_float(value_for_inf, "value_for_inf");
+  c.scale = to_float(scale, "scale");
+  c.rht = rht;
+  std::span<const std::uint32_t> random;
+  AnyArray r;
+  if (!random_obj.is_none()) {
+    r = array_arg<AnyArray>(random_obj, "random", nb::dtype<std::uint32_t>(), "uint32");
+    random = {static_cast<const std::uint32_t*>(r.data()), r.size()};
+    c.stochastic_rounding = true;
+  }
+  const std::size_t cols = x.shape(x.ndim() - 1);
+  std::size_t rows = 1;  // the product of all but the last dimension
+  for (std::size_t i = 0; i + 1 < x.ndim(); ++i) rows *= x.shape(i);
+  const std::span<const float> src(static_cast<const float*>(x.data()), x.size());
+  lowp::validate(c);
+  nb::gil_scoped_release release;
+  return lowp::quantize(src, rows, cols, c, random);
+}
+
+nb::dict counts_dict(const lowp::Counts& k) {
+  nb::dict d;
+  d["elements"] = k.elements;
+  d["saturated"] = k.saturated;
+  d["flushed"] = k.flushed;
+  d["nonfinite"] = k.nonfinite;
+  d["amax"] = k.amax;
+  return d;
+}
+
+}  // namespace
+
+void register_quantize(nb::module_& m) {
+  nb::class_<lowp::Quantized>(m, "Quantized", "A tensor quantized by a low-precision recipe (mixprec::lowp::Quantized)")
+      .def_prop_ro("recipe", [](const lowp::Quantized& q) { return std::string(lowp::recipe_name(q.config.recipe)); })
+      .def_prop_ro("element", [](const lowp::Quantized& q) { return std::string(lowp::element_name(q.config.element)); })
+      .def_prop_ro("layout", [](const lowp::Quantized& q) { return std::string(lowp::layout_name(q.config.layout)); })
+      .def_prop_ro("flavour", [](const lowp::Quantized& q) { return std::string(lowp::flavour_name(q.config.flavour)); })
+      .def_prop_ro("tile_2d", [](const lowp::Quantized& q) { return q.config.tile_2d; })
+      .def_prop_ro("rht", [](const lowp::Quantized& q) { return q.config.rht; })
+      .def_prop_ro("scale_rounding", [](const lowp::Quantized& q) { return std::string(lowp::scale_rounding_name(q.config.scale_rounding)); })
+      .def_prop_ro("rows", [](const lowp::Quantized& q) { return q.rows; })
+      .def_prop_ro("cols", [](const lowp::Quantized& q) { return q.cols; })
+      .def_prop_ro("code_shape", [](const lowp::Quantized& q) { return nb::make_tuple(q.code_rows, q.code_cols); })
+      .def_prop_ro("codes", [](nb::handle self) {
+        auto& q = nb::cast<lowp::Quantized&>(self);
+        return view(self, q.codes.data(), q.code_rows, q.row_bytes);
+      }, "uint8 [code_rows, row_bytes]: one byte per element (fp8), two per byte low nibble first (fp4)")
+      .def_prop_ro("scale_format", [](const lowp::Quantized& q) { return std::string(scale_format_name(q.scale_format)); })
+      .def_prop_ro("scales", [](nb::handle self) -> nb::object {
+        auto& q = nb::cast<lowp::Quantized&>(self);
+        if (q.scale_format == lowp::ScaleFormat::f32) return view(self, q.scale_inv.data(), q.scale_rows, q.scale_cols);
+        return view(self, q.scale_codes.data(), q.scale_rows, q.scale_cols);
+      }, "float32 scale_inv (fp8 per tensor, fp8-block) or uint8 E8M0 / E4M3 codes, [scale_rows, scale_cols]")
+      .def_prop_ro("tensor_scale", [](const lowp::Quantized& q) { return q.tensor_scale; })
+      .def_prop_ro("tensor_amax", [](const lowp::Quantized& q) { return q.tensor_amax; })
+      .def_prop_ro("counts", [](const lowp::Quantized& q) { return counts_dict(q.counts); });
+
+  m.def("quantize", &quantize, nb::arg("x"), nb::arg("recipe"), nb::arg("element").none(), nb::arg("layout"),
+        nb::arg("tile_2d"), nb::arg("scale_rounding"), nb::arg("power_of_2_scales").none(), nb::arg("amax_epsilon"),
+        nb::arg("value_for_inf"), nb::arg("scale"), nb::arg("rht"), nb::arg("random").none(), nb::arg("flavour"));
+  m.def("dequantize", [](const lowp::Quantized& q, nb::handle out_obj) -> nb::object {
+    nb::object result;
+    MutArray out;
+    if (out_obj.is_none()) {
+      auto* data = new float[q.rows * q.cols == 0 ? 1 : q.rows * q.cols];
+      nb::capsule owner(data, [](void* p) noexcept { delete[] static_cast<float*>(p); });
+      const std::size_t shape[2] = {q.rows, q.cols};
+      result = nb::cast(nb::ndarray<nb::numpy, float>(data, 2, shape, owner));
+      out = nb::cast<MutArray>(result, false);
+    } else {
+      out = array_arg<MutArray>(out_obj, "out", nb::dtype<float>(), "float32");
+      if (out.size() != q.rows * q.cols)
+        value_error("out: expected " + std::to_string(q.rows * q.cols) + " elements, found " + std::to_string(out.size()));
+      result = nb::borrow(out_obj);
+    }
+    const std::span<float> dst(static_cast<float*>(out.data()), out.size());
+    {
+      nb::gil_scoped_release release;
+      lowp::dequantize(q, dst);
+    }
+    return result;
+  }, nb::arg("q"), nb::arg("out").none());
+  m.def("recipe_table", [] {
+    nb::list l;
+    for (const lowp::RecipeInfo& r : lowp::recipe_table()) {
+      nb::dict d;
+      d["name"] = std::string(r.name);
+      d["te_recipe"] = std::string(r.te_recipe);
+      d["element"] = std::string(lowp::element_name(r.element));
+      d["block"] = r.block;
+      d["tile_rows"] = r.tile_rows;
+      d["scale_format"] = std::string(scale_format_name(r.scale_format));
+      d["tensor_scale"] = r.tensor_scale;
+      d["summary"] = std::string(r.summary);
+      l.append(d);
+    }
+    return l;
+  });
+}

@@ -1,0 +1,258 @@
+// AVX-512 back end of lowp's kernel table: 16 elements per register.
+//
+// The element encode is the library's scalar encode_full (formats/scalar.hpp) in vector
+// form: the fp32 significand shifted right by a per-lane distance (vpsrlvd) after adding
+// the round-to-nearest-even increment or the caller's random bits, then the format's
+// exponent base, saturated with an unsigned min. It is one code path for E4M3, E5M2 and
+// E2M1, for round-to-nearest and stochastic rounding, and equals the scalar rule bit for
+// bit (tests/lowp). Counts are lane masks (popcount). The RHT is four in-register
+// butterflies. Heads and tails go through the scalar rules of lowp/kernels.hpp.
+//
+// Compiled for AVX-512 F/BW/DQ/VL per function (target pragma, no -m flags), called only
+// after isa_available(Isa::avx512).
+#include "lowp/kernels.hpp"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#include <bit>
+#include <cstdint>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,popcnt"))), \
+                             apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,popcnt")
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() (see formats/cpu/bulk_avx512.cpp).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace mixprec::lowp::detail {
+namespace {
+
+using mixprec::detail::MiniFloatSpec;
+
+inline __m512i set1(std::uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
+inline unsigned popcount16(__mmask16 m) { return static_cast<unsigned>(std::popcount(static_cast<unsigned>(m))); }
+
+// encode_full<S>(y, saturate, keep, sr, random) for 16 lanes (formats/scalar.hpp's steps).
+template <const MiniFloatSpec& S, bool kStochastic>
+inline __m512i encode16(__m512 y, __m512i random) {
+  constexpr int M = S.man_bits;
+  constexpr int kMinNormal = 128 - S.bias;
+  const __m512i zero = _mm512_setzero_si512(), one = set1(1);
+  const __m512i u = _mm512_castps_si512(y);
+  const __m512i a = _mm512_and_si512(u, set1(0x7fffffffu));
+  __m512i e32 = _mm512_srli_epi32(a, 23);
+  __m512i sig = _mm512_and_si512(a, set1(0x7fffffu));
+  sig = _mm512_mask_or_epi32(sig, _mm512_test_epi32_mask(e32, e32), sig, set1(0x800000u));
+  e32 = _mm512_max_epi32(e32, one);
+  __m512i shift = _mm512_add_epi32(set1(23 - M), _mm512_max_epi32(_mm512_sub_epi32(set1(kMinNormal), e32), zero));
+  const __m512i base = _mm512_slli_epi32(_mm512_max_epi32(_mm512_sub_epi32(e32, set1(kMinNormal)), zero), M);
+  const __m512i pre = _mm512_min_epi32(_mm512_max_epi32(_mm512_sub_epi32(shift, set1(31)), zero), set1(31));
+  sig = _mm512_srlv_epi32(sig, pre);
+  shift = _mm512_min_epi32(shift, set1(31));
+  __m512i add;
+  if constexpr (kStochastic) {
+    add = _mm512_srlv_epi32(random, _mm512_sub_epi32(set1(32), shift));
+  } else {
+    add = _mm512_add_epi32(_mm512_sub_epi32(_mm512_sllv_epi32(one, _mm512_sub_epi32(shift, one)), one),
+                           _mm512_and_si512(_mm512_srlv_epi32(sig, shift), one));
+  }
+  __m512i code = _mm512_add_epi32(base, _mm512_srlv_epi32(_mm512_add_epi32(sig, add), shift));
+  code = _mm512_min_epu32(code, set1(S.max_code));
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(a, set1(0x7f800000u));
+  const __m512i sign = _mm512_slli_epi32(_mm512_srli_epi32(u, 31), S.bits - 1);
+  if constexpr (S.bits == 4) {
+    return _mm512_maskz_or_epi32(static_cast<__mmask16>(~nan), code, sign);  // E2M1: NaN -> 0
+  } else if constexpr (S.has_inf) {
+    const __m512i nan_code = _mm512_or_si512(set1(S.overflow_code | (1u << (M - 1))),
+                                             _mm512_srli_epi32(_mm512_and_si512(a, set1(0x7fffffu)), 23 - M));
+    return _mm512_or_si512(_mm512_mask_mov_epi32(code, nan, nan_code), sign);
+  } else {
+    return _mm512_or_si512(_mm512_mask_mov_epi32(code, nan, set1(S.nan_code)), sign);
+  }
+}
+
+struct LaneCounts {
+  std::uint64_t saturated = 0, flushed = 0, nonfinite = 0;
+};
+
+template <const MiniFloatSpec& S>
+inline void count16(__m512 x, __m512 y, __m512i code, float max_value, LaneCounts& c) {
+  constexpr std::uint32_t kMag = (1u << (S.bits - 1)) - 1;
+  const __m512i ax = _mm512_and_si512(_mm512_castps_si512(x), set1(0x7fffffffu));
+  const __mmask16 nonfinite = _mm512_cmpge_epu32_mask(ax, set1(0x7f800000u));
+  const __mmask16 finite = static_cast<__mmask16>(~nonfinite);
+  const __m512 ay = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(y), set1(0x7fffffffu)));
+  const __mmask16 sat = _mm512_mask_cmp_ps_mask(finite, ay, _mm512_set1_ps(max_value), _CMP_GT_OQ);
+  const __mmask16 nonzero = _mm512_mask_test_epi32_mask(finite, ax, ax);
+  const __mmask16 flushed = _mm512_mask_testn_epi32_mask(nonzero, code, set1(kMag));
+  c.nonfinite += popcount16(nonfinite);
+  c.saturated += popcount16(sat);
+  c.flushed += popcount16(flushed);
+}
+
+template <const MiniFloatSpec& S, bool kStochastic>
+void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, const float* factors, std::uint8_t* dst,
+                        const std::uint32_t* random, float max_value, EncodeCounts* counts) {
+  LaneCounts lc;
+  std::size_t i = 0;
+  // A vector of 16 never straddles two blocks: blocks are multiples of 16, or the whole run.
+  const bool vectors_in_blocks = block % 16 == 0 || block >= n;
+  for (; vectors_in_blocks && i + 16 <= n; i += 16) {
+    const __m512 x = _mm512_loadu_ps(src + i);
+    const __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(factors[i / block]));
+    const __m512i r = kStochastic ? _mm512_loadu_si512(random + i) : _mm512_setzero_si512();
+    const __m512i code = encode16<S, kStochastic>(y, r);
+    count16<S>(x, y, code, max_value, lc);
+    if constexpr (S.bits == 4) {
+      const __m512i pairs = _mm512_or_si512(code, _mm512_srli_epi64(code, 28));
+      _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + i / 2), _mm512_cvtepi64_epi8(pairs));
+    } else {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm512_cvtepi32_epi8(code));
+    }
+  }
+  EncodeCounts c{lc.saturated, lc.flushed, lc.nonfinite};
+  for (; i < n; ++i) {
+    const std::uint32_t code = encode_element<S>(src[i], factors[i / block], kStochastic, kStochastic ? random[i] : 0u,
+                                                 max_value, c);
+    if constexpr (S.bits == 4) {
+      if (i % 2 == 0) dst[i / 2] = static_cast<std::uint8_t>(code);
+      else dst[i / 2] = static_cast<std::uint8_t>(dst[i / 2] | (code << 4));
+    } else {
+      dst[i] = static_cast<std::uint8_t>(code);
+    }
+  }
+  counts->saturated += c.saturated;
+  counts->flushed += c.flushed;
+  counts->nonfinite += c.nonfinite;
+}
+
+template <const MiniFloatSpec& S>
+void encode_scaled_sr(const float* src, std::size_t n, std::size_t block, const float* factors, std::uint8_t* dst,
+                      const std::uint32_t* random, float max_value, EncodeCounts* counts) {
+  if (random != nullptr) encode_scaled_spec<S, true>(src, n, block, factors, dst, random, max_value, counts);
+  else encode_scaled_spec<S, false>(src, n, block, factors, dst, random, max_value, counts);
+}
+
+void encode_scaled_avx512(Element e, const float* src, std::size_t n, std::size_t block, const float* factors,
+                          std::uint8_t* dst, const std::uint32_t* random, EncodeCounts* counts) {
+  switch (e) {
+    case Element::e4m3:
+      return encode_scaled_sr<mixprec::detail::kE4M3Spec>(src, n, block, factors, dst, random, 448.0f, counts);
+    case Element::e5m2:
+      return encode_scaled_sr<mixprec::detail::kE5M2Spec>(src, n, block, factors, dst, random, 57344.0f, counts);
+    case Element::e2m1:
+      return encode_scaled_sr<kE2M1Spec>(src, n, block, factors, dst, random, 6.0f, counts);
+  }
+}
+
+// Block maxima: 16 lanes of |x| bits (unsigned max: NaN wins) and of |x| as floats
+// (vmaxps(x, m) returns m when x is NaN: TE's fmaxf from 0).
+void block_amax_avx512(const float* src, std::size_t n, std::size_t block, float* fmax, std::uint32_t* bits) {
+  const __m512i mag = set1(0x7fffffffu);
+  for (std::size_t b = 0; b * block < n; ++b) {
+    const float* p = src + b * block;
+    const std::size_t len = n - b * block < block ? n - b * block : block;
+    __m512i mb = _mm512_setzero_si512();
+    __m512 mf = _mm512_setzero_ps();
+    std::size_t i = 0;
+    for (; i + 16 <= len; i += 16) {
+      const __m512i a = _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(p + i)), mag);
+      mb = _mm512_max_epu32(mb, a);
+      mf = _mm512_max_ps(_mm512_castsi512_ps(a), mf);
+    }
+    if (i < len) {
+      const __mmask16 m = static_cast<__mmask16>((1u << (len - i)) - 1u);
+      const __m512i a = _mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, p + i)), mag);
+      mb = _mm512_max_epu32(mb, a);
+      mf = _mm512_max_ps(_mm512_castsi512_ps(a), mf);
+    }
+    bits[b] = static_cast<std::uint32_t>(_mm512_reduce_max_epu32(mb));
+    fmax[b] = _mm512_reduce_max_ps(mf);
+  }
+}
+
+// Exact decode of 16 E4M3 codes (NaN code 0x7F -> the quiet NaN).
+inline __m512 decode_e4m3_16(__m512i c) {
+  const __m512i e = _mm512_srli_epi32(c, 3), m = _mm512_and_si512(c, set1(7));
+  const __m512 normal =
+      _mm512_castsi512_ps(_mm512_or_si512(_mm512_slli_epi32(_mm512_add_epi32(e, set1(120)), 23), _mm512_slli_epi32(m, 20)));
+  const __m512 sub = _mm512_mul_ps(_mm512_cvtepi32_ps(m), _mm512_set1_ps(0x1p-9f));
+  __m512 v = _mm512_mask_mov_ps(sub, _mm512_test_epi32_mask(e, e), normal);
+  return _mm512_mask_mov_ps(v, _mm512_cmpeq_epi32_mask(c, set1(0x7f)), _mm512_castsi512_ps(set1(0x7fc00000u)));
+}
+
+void nvfp4_scales_avx512(const float* amax, std::size_t nb, float s_enc_div6, float s_dec, std::uint8_t* codes,
+                         float* factors) {
+  std::size_t b = 0;
+  const __m512 flt_max = _mm512_set1_ps(kFltMax);
+  for (; b + 16 <= nb; b += 16) {
+    // vminps(FLT_MAX, v) returns v when v is NaN: min_flt_max's rule.
+    const __m512 v = _mm512_min_ps(flt_max, _mm512_mul_ps(_mm512_loadu_ps(amax + b), _mm512_set1_ps(s_enc_div6)));
+    const __m512i code = encode16<mixprec::detail::kE4M3Spec, false>(v, _mm512_setzero_si512());
+    const __m512 dec = decode_e4m3_16(code);
+    const __m512 f = _mm512_min_ps(flt_max, _mm512_div_ps(_mm512_set1_ps(1.0f), _mm512_mul_ps(dec, _mm512_set1_ps(s_dec))));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + b), _mm512_cvtepi32_epi8(code));
+    _mm512_storeu_ps(factors + b, f);
+  }
+  for (; b < nb; ++b) nvfp4_scale_one(amax[b], s_enc_div6, s_dec, codes[b], factors[b]);
+}
+
+// One butterfly stage at distance h: lanes whose bit h is clear get a + b, the others
+// a - b, as p + v with v's sign flipped in the second lanes (a - b == a + (-b) exactly).
+template <int kImm, bool kCrossLane>
+inline __m512 butterfly(__m512 v, __m512i sub_lanes) {
+  __m512 p;
+  if constexpr (kCrossLane) p = _mm512_shuffle_f32x4(v, v, kImm);
+  else p = _mm512_permute_ps(v, kImm);
+  return _mm512_add_ps(p, _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), sub_lanes)));
+}
+
+// Sign bits in the lanes whose index has bit h set (the second element of each pair).
+inline __m512i lanes_with_bit(int h) {
+  alignas(64) std::int32_t m[16];
+  for (int j = 0; j < 16; ++j) m[j] = (j & h) != 0 ? INT32_MIN : 0;
+  return _mm512_load_si512(m);
+}
+
+void rht16_avx512(float* v, std::size_t n) {
+  const __m512i signs = _mm512_setr_epi32(0, 0, 0, INT32_MIN, 0, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN,
+                                          INT32_MIN, 0, INT32_MIN, 0, INT32_MIN, INT32_MIN);
+  const __m512i s1 = lanes_with_bit(1), s2 = lanes_with_bit(2), s4 = lanes_with_bit(4), s8 = lanes_with_bit(8);
+  for (std::size_t i = 0; i + 16 <= n; i += 16) {
+    __m512 x = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_loadu_ps(v + i)), signs));
+    x = butterfly<_MM_SHUFFLE(2, 3, 0, 1), false>(x, s1);
+    x = butterfly<_MM_SHUFFLE(1, 0, 3, 2), false>(x, s2);
+    x = butterfly<_MM_SHUFFLE(2, 3, 0, 1), true>(x, s4);
+    x = butterfly<_MM_SHUFFLE(1, 0, 3, 2), true>(x, s8);
+    _mm512_storeu_ps(v + i, _mm512_mul_ps(x, _mm512_set1_ps(0.25f)));
+  }
+}
+
+}  // namespace
+}  // namespace mixprec::lowp::detail
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+
+namespace mixprec::lowp::detail {
+namespace {
+const LowpKernels kAvx512{Isa::avx512, &block_amax_avx512, &encode_scaled_avx512, &nvfp4_scales_avx512, &rht16_avx512};
+}  // namespace
+const LowpKernels* avx512_kernels() noexcept { return &kAvx512; }
+}  // namespace mixprec::lowp::detail
+
+#else
+namespace mixprec::lowp::detail {
+const LowpKernels* avx512_kernels() noexcept { return nullptr; }
+}  // namespace mixprec::lowp::detail
+#endif

@@ -1,0 +1,172 @@
+// Private: the kernel table behind lowp::quantize (scalar reference back end, AVX2,
+// AVX-512), and the scalar element rules that the reference, the scalar back end and
+// the SIMD tails share.
+#pragma once
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "mixprec/core/isa.hpp"
+#include "mixprec/formats/scalar.hpp"
+#include "mixprec/lowp/quantize.hpp"
+
+namespace mixprec::lowp::detail {
+
+// E2M1 as a small float: 1 sign, 2 exponent (bias 1), 1 mantissa bit; no inf, no NaN;
+// codes 0..7 are 0, 0.5, 1, 1.5, 2, 3, 4, 6. Its nan_code 0x8 lies outside the 3 magnitude
+// bits, so decode never reads a NaN; encoders map NaN to 0 before encode_full.
+inline constexpr mixprec::detail::MiniFloatSpec kE2M1Spec{4, 1, 1, false, 0x7, 0x7, 0x8};
+
+// Counters the encode kernels add to (see lowp::Counts).
+struct EncodeCounts {
+  std::uint64_t saturated = 0;
+  std::uint64_t flushed = 0;
+  std::uint64_t nonfinite = 0;
+};
+
+struct ElementSpec {
+  const mixprec::detail::MiniFloatSpec* spec;
+  float max_value;          // largest finite: 448, 57344, 6
+  std::uint32_t mag_mask;   // magnitude bits of a code
+};
+ElementSpec element_spec(Element e) noexcept;
+
+// One element: y = x * factor (fp32 product) encoded with round to nearest even (or
+// stochastically from `random`), saturating (Overflow::saturate), subnormals kept; E2M1
+// maps NaN to code 0 (TE's reference cast). Counts are taken against the unscaled x.
+template <const mixprec::detail::MiniFloatSpec& S>
+inline std::uint32_t encode_element(float x, float factor, bool stochastic, std::uint32_t random, float max_value,
+                                    EncodeCounts& c) noexcept {
+  const float y = x * factor;
+  const std::uint32_t ax = std::bit_cast<std::uint32_t>(x) & 0x7fffffffu;
+  const std::uint32_t ay = std::bit_cast<std::uint32_t>(y) & 0x7fffffffu;
+  std::uint32_t code;
+  if (S.bits == 4 && ay > 0x7f800000u) {
+    code = 0;
+  } else {
+    code = mixprec::detail::encode_full<S>(y, {Overflow::saturate, Subnormals::keep}, stochastic, random).code;
+  }
+  constexpr std::uint32_t kMag = (1u << (S.bits - 1)) - 1;
+  if (ax >= 0x7f800000u) {
+    ++c.nonfinite;
+  } else {
+    if (ay <= 0x7f800000u && std::bit_cast<float>(ay) > max_value) ++c.saturated;
+    if (ax != 0 && (code & kMag) == 0) ++c.flushed;
+  }
+  return code;
+}
+
+// TE's block amax (fmaxf over |x| from 0: NaN elements ignored) and the magnitude-bits max
+// (a NaN, whose bits lie above inf's, wins) of one block.
+inline void block_amax_one(const float* p, std::size_t n, float& max_ignoring_nan, std::uint32_t& max_bits) noexcept {
+  float m = 0.0f;
+  std::uint32_t b = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::uint32_t a = std::bit_cast<std::uint32_t>(p[i]) & 0x7fffffffu;
+    b = a > b ? a : b;
+    const float f = std::bit_cast<float>(a);
+    m = f > m ? f : m;  // false for NaN
+  }
+  max_ignoring_nan = m;
+  max_bits = b;
+}
+
+// min(v, FLT_MAX) keeping NaN (torch.min's rule, which TE's reference quantizer uses).
+inline float min_flt_max(float v) noexcept { return v > kFltMax ? kFltMax : v; }
+
+// The NVFP4 block scale (TE core_nvfp4.cuh, quantization_ref_nvfp4.py) from the block's
+// amax (NaN-propagating), s_enc_div6 = S_enc * (1 / 6) and s_dec = 1 / S_enc:
+//   code = e4m3(min(amax * s_enc_div6, FLT_MAX)) saturating (NaN -> 0x7F)
+//   factor = min(1 / (float(code) * s_dec), FLT_MAX)
+inline void nvfp4_scale_one(float amax, float s_enc_div6, float s_dec, std::uint8_t& code, float& factor) noexcept {
+  const float v = min_flt_max(amax * s_enc_div6);
+  code = static_cast<std::uint8_t>(
+      mixprec::detail::encode_full<mixprec::detail::kE4M3Spec>(v, {Overflow::saturate, Subnormals::keep}, false, 0)
+          .code);
+  const float dec = mixprec::detail::decode<mixprec::detail::kE4M3Spec>(code, Subnormals::keep);
+  factor = min_flt_max(1.0f / (dec * s_dec));
+}
+
+// The 16-point transform on one group: y = s * x (TE's sign vector), four butterfly
+// stages (a, b) -> (a + b, a - b) at distances 1, 2, 4, 8, then y * 0.25.
+inline constexpr float kRhtSigns[16] = {1, 1, 1, -1, 1, -1, -1, -1, -1, -1, -1, 1, -1, 1, -1, -1};
+inline void rht16_one(float* v) noexcept {
+  for (int i = 0; i < 16; ++i) v[i] = kRhtSigns[i] < 0 ? -v[i] : v[i];
+  for (int h = 1; h < 16; h *= 2) {
+    for (int i = 0; i < 16; i += 2 * h) {
+      for (int j = i; j < i + h; ++j) {
+        const float a = v[j], b = v[j + h];
+        v[j] = a + b;
+        v[j + h] = a - b;
+      }
+    }
+  }
+  for (int i = 0; i < 16; ++i) v[i] *= 0.25f;
+}
+
+// Kernels: pure loops over raw pointers; they never allocate, log or check arguments.
+struct LowpKernels {
+  Isa isa;
+  // Per block of `block` elements (the last may be shorter): both maxima of block_amax_one.
+  void (*block_amax)(const float* src, std::size_t n, std::size_t block, float* max_ignoring_nan,
+                     std::uint32_t* max_bits);
+  // Element i is encode_element(src[i], factors[i / block]) into format e: one byte per
+  // element (fp8) or two per byte (e2m1: element i in byte i / 2, the even one in the low
+  // nibble; an odd n leaves the last high nibble 0). random: nullptr, or n words.
+  void (*encode_scaled)(Element e, const float* src, std::size_t n, std::size_t block, const float* factors,
+                        std::uint8_t* dst, const std::uint32_t* random, EncodeCounts* counts);
+  // nvfp4_scale_one for nblocks amaxes.
+  void (*nvfp4_scales)(const float* amax, std::size_t nblocks, float s_enc_div6, float s_dec, std::uint8_t* codes,
+                       float* factors);
+  // rht16_one on consecutive groups of 16, in place (n % 16 == 0).
+  void (*rht16)(float* v, std::size_t n);
+};
+
+const LowpKernels& scalar_kernels() noexcept;
+const LowpKernels* avx2_kernels() noexcept;    // nullptr when not compiled in
+const LowpKernels* avx512_kernels() noexcept;  // nullptr when not compiled in
+// The table of `isa` when available on this CPU, else nullptr (core/select_kernels.hpp).
+const LowpKernels* lowp_kernels(Isa isa) noexcept;
+
+// ---- shared by the driver (quantize.cpp), the reference and the torchao flavour ----
+
+// Validates the call and sizes every field of the result (codes zero, scales 1 / 0).
+Quantized make_result(std::size_t src_size, std::size_t rows, std::size_t cols, const QuantizeConfig& config,
+                      std::size_t random_size);
+// The quantized grid's input: src copied, or transposed for a columnwise layout.
+std::vector<float> grid_input(std::span<const float> src, const Quantized& q);
+// Magnitude bits to the amax float: NaN patterns become the quiet NaN 0x7fc00000.
+float canonical_amax(std::uint32_t bits) noexcept;
+
+// The scale of one block from its amaxes (TE's NaN-ignoring max, the NaN-propagating bits).
+struct BlockScale {
+  float factor;       // what the elements are multiplied by before the cast (NaN: a NaN-scale block)
+  float scale_inv;    // f32 scale formats
+  std::uint8_t code;  // e8m0 scale formats
+};
+BlockScale fp8_block_scale(const QuantizeConfig& c, float max_ignoring_nan) noexcept;
+BlockScale mx_block_scale(const QuantizeConfig& c, float max_ignoring_nan, std::uint32_t max_bits) noexcept;
+// The canonical codes of a NaN-scale MX block: E4M3 0x7F, E5M2 0x7E, E2M1 0.
+std::uint8_t nan_block_code(Element e) noexcept;
+
+// The torchao flavour's scales (torchao 0.18 mx_tensor.py to_mx, nvfp4_tensor.py
+// nvfp4_quantize; docs/low_precision.md lists each difference from TE's):
+//   MX rceil: d = amax / elem_max; NaN -> 0xFF (factor NaN), inf -> 0xFE (factor 2^-127),
+//             else code = clamp(ceil(log2 d), -127, 127) + 127 with log2 exact, factor 1 for
+//             code 0, else 2^(127 - code);
+//   MX floor: code = clamp(exponent field of amax - 127 - emax_elem, -127, 128) + 127 (NaN amax:
+//             0xFF); factor = 1 / max(float(code << 23), 2^-126) (0 for the code 0xFF);
+//   NVFP4:    tensor_scale = amax_tensor / 2688; s = clamp((amax_b / 6) / tensor_scale, 2^-6, 448)
+//             (NaN stays NaN); code = e4m3(s); factor = (1 / tensor_scale) / float(code).
+BlockScale torchao_mx_scale(const QuantizeConfig& c, float amax) noexcept;
+void torchao_nvfp4_scale(float amax, float tensor_scale, std::uint8_t& code, float& factor) noexcept;
+float torchao_nvfp4_dequantize_one(float element, std::uint8_t scale_code, float tensor_scale) noexcept;
+
+// lowp::quantize with a given table (tests run every back end through the whole driver).
+Quantized quantize_with(const LowpKernels& k, std::span<const float> src, std::size_t rows, std::size_t cols,
+                        const QuantizeConfig& config, std::span<const std::uint32_t> random);
+
+}  // namespace mixprec::lowp::detail

@@ -1,0 +1,518 @@
+// lowp::quantize (include/mixprec/lowp/quantize.hpp): the recipe table, validation, the
+// driver that runs the dispatched kernels block by block, and dequantize.
+#include "mixprec/lowp/quantize.hpp"
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "core/select_kernels.hpp"
+#include "lowp/kernels.hpp"
+#include "mixprec/fp8/recipes.hpp"
+
+namespace mixprec::lowp {
+
+namespace {
+
+constexpr std::array<RecipeInfo, 6> kRecipes{{
+    {Recipe::fp8_delayed, "fp8-delayed", "DelayedScaling", Element::e4m3, 0, 1, ScaleFormat::f32, false,
+     "FP8 per tensor, scale from the amax history of earlier steps"},
+    {Recipe::fp8_current, "fp8-current", "Float8CurrentScaling", Element::e4m3, 0, 1, ScaleFormat::f32, false,
+     "FP8 per tensor, scale from this tensor's amax"},
+    {Recipe::mxfp8, "mxfp8", "MXFP8BlockScaling", Element::e4m3, 32, 1, ScaleFormat::e8m0, false,
+     "FP8 in blocks of 32 with an E8M0 scale"},
+    {Recipe::fp8_block, "fp8-block", "Float8BlockScaling", Element::e4m3, 128, 128, ScaleFormat::f32, false,
+     "FP8 in 1x128 blocks (128x128 tiles for weights) with fp32 scales"},
+    {Recipe::nvfp4, "nvfp4", "NVFP4BlockScaling", Element::e2m1, 16, 16, ScaleFormat::e4m3, true,
+     "FP4 E2M1 in blocks of 16 (16x16 tiles for weights) with E4M3 scales and an fp32 tensor scale"},
+    {Recipe::mxfp4, "mxfp4", "(OCP MX; TE reference quantizer)", Element::e2m1, 32, 1, ScaleFormat::e8m0, false,
+     "FP4 E2M1 in blocks of 32 with an E8M0 scale"},
+}};
+
+[[noreturn]] void fail(const std::string& message) { throw std::invalid_argument(message); }
+
+bool is_fp8_recipe(Recipe r) {
+  return r == Recipe::fp8_delayed || r == Recipe::fp8_current || r == Recipe::mxfp8 || r == Recipe::fp8_block;
+}
+
+}  // namespace
+
+std::span<const RecipeInfo> recipe_table() noexcept { return kRecipes; }
+
+const RecipeInfo& recipe_info(Recipe recipe) noexcept {
+  for (const RecipeInfo& r : kRecipes) {
+    if (r.recipe == recipe) return r;
+  }
+  return kRecipes[0];
+}
+
+std::string_view recipe_name(Recipe recipe) noexcept { return recipe_info(recipe).name; }
+
+std::optional<Recipe> parse_recipe(std::string_view name) noexcept {
+  for (const RecipeInfo& r : kRecipes) {
+    if (r.name == name) return r.recipe;
+  }
+  return std::nullopt;
+}
+
+std::string recipe_names() {
+  std::string s;
+  for (const RecipeInfo& r : kRecipes) s.append(s.empty() ? "" : ", ").append(r.name);
+  return s;
+}
+
+std::string_view element_name(Element e) noexcept {
+  switch (e) {
+    case Element::e4m3: return "e4m3";
+    case Element::e5m2: return "e5m2";
+    case Element::e2m1: return "e2m1";
+  }
+  return "?";
+}
+
+std::optional<Element> parse_element(std::string_view name) noexcept {
+  for (Element e : {Element::e4m3, Element::e5m2, Element::e2m1}) {
+    if (element_name(e) == name) return e;
+  }
+  return std::nullopt;
+}
+
+std::string_view scale_rounding_name(ScaleRounding r) noexcept { return r == ScaleRounding::rceil ? "rceil" : "floor"; }
+
+std::optional<ScaleRounding> parse_scale_rounding(std::string_view name) noexcept {
+  if (name == "rceil") return ScaleRounding::rceil;
+  if (name == "floor") return ScaleRounding::floor;
+  return std::nullopt;
+}
+
+std::string_view flavour_name(Flavour f) noexcept { return f == Flavour::te ? "te" : "torchao"; }
+
+std::optional<Flavour> parse_flavour(std::string_view name) noexcept {
+  if (name == "te") return Flavour::te;
+  if (name == "torchao") return Flavour::torchao;
+  return std::nullopt;
+}
+
+std::string_view layout_name(Layout l) noexcept { return l == Layout::rowwise ? "rowwise" : "columnwise"; }
+
+float max_finite(Element e) noexcept {
+  switch (e) {
+    case Element::e4m3: return 448.0f;
+    case Element::e5m2: return 57344.0f;
+    case Element::e2m1: return 6.0f;
+  }
+  return 0.0f;
+}
+
+bool effective_power_of_2_scales(const QuantizeConfig& c) noexcept {
+  return c.power_of_2_scales.value_or(c.recipe == Recipe::fp8_block);
+}
+
+void validate(const QuantizeConfig& c) {
+  const auto known = parse_recipe(recipe_name(c.recipe));
+  if (!known || *known != c.recipe) fail("recipe: unknown; expected one of " + recipe_names());
+  const std::string r = "recipe " + std::string(recipe_name(c.recipe)) + ": ";
+  if (c.element != Element::e4m3 && c.element != Element::e5m2 && c.element != Element::e2m1)
+    fail(r + "element: unknown; expected e4m3, e5m2 or e2m1");
+  if (c.layout != Layout::rowwise && c.layout != Layout::columnwise)
+    fail(r + "layout: unknown; expected rowwise or columnwise");
+  if (c.scale_rounding != ScaleRounding::rceil && c.scale_rounding != ScaleRounding::floor)
+    fail(r + "scale_rounding: unknown; expected rceil or floor");
+  if (c.flavour != Flavour::te && c.flavour != Flavour::torchao) fail(r + "flavour: unknown; expected te or torchao");
+  const bool fp8 = is_fp8_recipe(c.recipe);
+  if (fp8 && c.element == Element::e2m1)
+    fail(r + "element: expected e4m3 or e5m2, found e2m1 (FP4 is the nvfp4 and mxfp4 recipes)");
+  if (!fp8 && c.element != Element::e2m1)
+    fail(r + "element: expected e2m1, found " + std::string(element_name(c.element)));
+  if (c.tile_2d && c.recipe != Recipe::fp8_block && c.recipe != Recipe::nvfp4)
+    fail(r + "tile_2d: only fp8-block (128x128) and nvfp4 (16x16) have 2-D tiles");
+  if (c.scale_rounding != ScaleRounding::rceil && c.recipe != Recipe::mxfp8 && c.recipe != Recipe::mxfp4)
+    fail(r + "scale_rounding: only mxfp8 and mxfp4 have it");
+  if (c.power_of_2_scales.has_value() && c.recipe != Recipe::fp8_current && c.recipe != Recipe::fp8_block)
+    fail(r + "power_of_2_scales: only fp8-current and fp8-block have it");
+  if (!(std::isfinite(c.amax_epsilon) && c.amax_epsilon >= 0.0f))
+    fail(r + "amax_epsilon: expected a finite number >= 0, found " + std::to_string(c.amax_epsilon));
+  if (c.amax_epsilon != 0.0f && c.recipe != Recipe::fp8_current && c.recipe != Recipe::fp8_block)
+    fail(r + "amax_epsilon: only fp8-current and fp8-block have it");
+  if (!(std::isfinite(c.value_for_inf) && c.value_for_inf > 0.0f))
+    fail(r + "value_for_inf: expected a finite number > 0, found " + std::to_string(c.value_for_inf));
+  if (!(std::isfinite(c.scale) && c.scale > 0.0f))
+    fail(r + "scale: expected a finite number > 0, found " + std::to_string(c.scale));
+  if (c.scale != 1.0f && c.recipe != Recipe::fp8_delayed) fail(r + "scale: only fp8-delayed takes a given scale");
+  if (c.rht && c.recipe != Recipe::nvfp4) fail(r + "rht: only nvfp4 has the random Hadamard transform");
+  if (c.rht && c.tile_2d) fail(r + "rht: TE applies it to 1x16 blocks only (not to 16x16 weight tiles)");
+  if (c.stochastic_rounding && c.recipe != Recipe::nvfp4 && c.recipe != Recipe::mxfp4)
+    fail(r + "stochastic_rounding: only nvfp4 and mxfp4 have it");
+  if (c.flavour == Flavour::torchao && c.recipe != Recipe::mxfp8 && c.recipe != Recipe::mxfp4 &&
+      c.recipe != Recipe::nvfp4)
+    fail(r + "flavour: torchao has no such recipe (only mxfp8, mxfp4 and nvfp4)");
+  if (c.flavour == Flavour::torchao && (c.rht || c.stochastic_rounding || c.tile_2d))
+    fail(r + "flavour torchao: rht, stochastic_rounding and tile_2d are TE's (use flavour te)");
+}
+
+float scale_from_amax(float amax, float fp8_max, bool power_of_2, float epsilon, float value_for_inf) noexcept {
+  return fp8::current_scale(amax, fp8_max, power_of_2, epsilon, value_for_inf);
+}
+
+float nvfp4_tensor_scale(float amax) noexcept {
+  const float s = detail::min_flt_max(448.0f * 6.0f / amax);
+  return (amax == 0.0f || s == 0.0f) ? 1.0f : s;
+}
+
+std::uint8_t e2m1_encode(float x, bool stochastic, std::uint32_t random) noexcept {
+  detail::EncodeCounts ignored;
+  return static_cast<std::uint8_t>(
+      detail::encode_element<detail::kE2M1Spec>(x, 1.0f, stochastic, random, 6.0f, ignored));
+}
+
+float e2m1_decode(std::uint8_t code) noexcept {
+  return mixprec::detail::decode<detail::kE2M1Spec>(code & 0xFu, Subnormals::keep);
+}
+
+namespace detail {
+
+ElementSpec element_spec(Element e) noexcept {
+  switch (e) {
+    case Element::e4m3: return {&mixprec::detail::kE4M3Spec, 448.0f, 0x7f};
+    case Element::e5m2: return {&mixprec::detail::kE5M2Spec, 57344.0f, 0x7f};
+    case Element::e2m1: return {&kE2M1Spec, 6.0f, 0x7};
+  }
+  return {&mixprec::detail::kE4M3Spec, 448.0f, 0x7f};
+}
+
+const LowpKernels* lowp_kernels(Isa isa) noexcept {
+  return mixprec::detail::select_kernels(isa, &scalar_kernels, &avx2_kernels, &avx512_kernels);
+}
+
+Quantized make_result(std::size_t src_size, std::size_t rows, std::size_t cols, const QuantizeConfig& c,
+                      std::size_t random_size) {
+  validate(c);
+  const std::string shape = "quantize: shape [" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
+  if (rows != 0 && cols > std::numeric_limits<std::size_t>::max() / rows) fail(shape + " has too many elements");
+  if (rows * cols != src_size)
+    fail(shape + " needs " + std::to_string(rows * cols) + " elements, found " + std::to_string(src_size));
+  const RecipeInfo& info = recipe_info(c.recipe);
+  Quantized q;
+  q.config = c;
+  q.rows = rows;
+  q.cols = cols;
+  const bool col = c.layout == Layout::columnwise;
+  q.code_rows = col ? cols : rows;
+  q.code_cols = col ? rows : cols;
+  if (c.rht && q.code_cols % 16 != 0)
+    fail("quantize: rht needs the quantized rows' length (" + std::to_string(q.code_cols) +
+         ") to be a multiple of 16, as TE's transform");
+  const std::size_t n = q.code_rows * q.code_cols;
+  if (c.stochastic_rounding && random_size != n)
+    fail("quantize: stochastic_rounding needs one random word per element (" + std::to_string(n) + "), found " +
+         std::to_string(random_size));
+  if (!c.stochastic_rounding && random_size != 0)
+    fail("quantize: random words given but stochastic_rounding is off");
+  q.row_bytes = c.element == Element::e2m1 ? (q.code_cols + 1) / 2 : q.code_cols;
+  q.codes.assign(q.code_rows * q.row_bytes, 0);
+  q.scale_format = info.scale_format;
+  if (info.block == 0) {
+    q.scale_rows = 1;
+    q.scale_cols = 1;
+  } else {
+    const std::size_t tr = c.tile_2d ? info.tile_rows : 1;
+    q.scale_rows = (q.code_rows + tr - 1) / tr;
+    q.scale_cols = (q.code_cols + info.block - 1) / info.block;
+  }
+  if (q.scale_format == ScaleFormat::f32) q.scale_inv.assign(q.scale_rows * q.scale_cols, 1.0f);
+  else q.scale_codes.assign(q.scale_rows * q.scale_cols, 0);
+  q.counts.elements = n;
+  return q;
+}
+
+std::vector<float> grid_input(std::span<const float> src, const Quantized& q) {
+  std::vector<float> g(src.size());
+  if (q.config.layout == Layout::rowwise) {
+    std::copy(src.begin(), src.end(), g.begin());
+    return g;
+  }
+  // Transposed in tiles of 32 x 32, so that both sides stay in cache.
+  constexpr std::size_t kT = 32;
+  const std::size_t R = q.rows, C = q.cols;
+  for (std::size_t r0 = 0; r0 < R; r0 += kT) {
+    for (std::size_t c0 = 0; c0 < C; c0 += kT) {
+      const std::size_t r1 = std::min(R, r0 + kT), c1 = std::min(C, c0 + kT);
+      for (std::size_t r = r0; r < r1; ++r) {
+        for (std::size_t cc = c0; cc < c1; ++cc) g[cc * R + r] = src[r * C + cc];
+      }
+    }
+  }
+  return g;
+}
+
+float canonical_amax(std::uint32_t bits) noexcept {
+  return std::bit_cast<float>(bits > 0x7f800000u ? 0x7fc00000u : bits);
+}
+
+BlockScale fp8_block_scale(const QuantizeConfig& c, float max_ignoring_nan) noexcept {
+  const float s = scale_from_amax(max_ignoring_nan, max_finite(c.element), effective_power_of_2_scales(c),
+                                  c.amax_epsilon, c.value_for_inf);
+  return {s, 1.0f / s, 0};
+}
+
+BlockScale mx_block_scale(const QuantizeConfig& c, float max_ignoring_nan, std::uint32_t max_bits) noexcept {
+  if (c.flavour == Flavour::torchao) return torchao_mx_scale(c, canonical_amax(max_bits));
+  const fp8::MxRounding rounding =
+      c.scale_rounding == ScaleRounding::rceil ? fp8::MxRounding::transformer_engine : fp8::MxRounding::ocp;
+  const float amax = rounding == fp8::MxRounding::transformer_engine ? max_ignoring_nan : canonical_amax(max_bits);
+  const int emax = c.element == Element::e4m3 ? 8 : c.element == Element::e5m2 ? 15 : 2;
+  const e8m0 scale = fp8::mx_scale(amax, max_finite(c.element), emax, rounding);
+  // A NaN factor makes the counts those of the canonical NaN-block codes written after the cast.
+  if (scale.bits() == 0xFF) return {std::numeric_limits<float>::quiet_NaN(), 1.0f, 0xFF};
+  return {fp8::mx_quantize_factor(scale, rounding), 1.0f, scale.bits()};
+}
+
+std::uint8_t nan_block_code(Element e) noexcept {
+  return e == Element::e4m3 ? 0x7F : e == Element::e5m2 ? 0x7E : 0x00;
+}
+
+}  // namespace detail
+
+namespace {
+
+using detail::EncodeCounts;
+using detail::LowpKernels;
+
+constexpr std::size_t kChunkBlocks = 64;
+
+// Codes of row r start at byte r * row_bytes; element offsets within a row are even for
+// e2m1 (blocks of 16, 32 or 128 start at even columns).
+std::uint8_t* code_ptr(Quantized& q, std::size_t row, std::size_t col) {
+  return q.codes.data() + row * q.row_bytes + (q.config.element == Element::e2m1 ? col / 2 : col);
+}
+
+void set_nan_block(Quantized& q, std::size_t row, std::size_t c0, std::size_t len) {
+  const std::uint8_t code = detail::nan_block_code(q.config.element);
+  if (q.config.element == Element::e2m1) std::fill_n(code_ptr(q, row, c0), (len + 1) / 2, code);
+  else std::fill_n(code_ptr(q, row, c0), len, code);
+}
+
+// The 1-D block recipes (mxfp8, mxfp4, fp8-block 1x128, nvfp4 1x16) over one run of
+// `len` elements of the grid starting at (row, c0), which covers whole blocks of `block`
+// (the last may be shorter) and whose scales start at scale index s0.
+struct Run {
+  const float* src;
+  std::size_t len;
+  std::size_t row, c0;   // codes
+  std::size_t s0;        // first scale
+  const std::uint32_t* random;
+};
+
+void quantize_run_1d(const LowpKernels& k, Quantized& q, const Run& run, float s_enc_div6, float s_dec,
+                     EncodeCounts& counts, std::uint32_t& amax_bits) {
+  const QuantizeConfig& c = q.config;
+  const std::size_t block = recipe_info(c.recipe).block;
+  float fmax[kChunkBlocks], factors[kChunkBlocks];
+  std::uint32_t bits[kChunkBlocks];
+  for (std::size_t begin = 0; begin < run.len; begin += kChunkBlocks * block) {
+    const std::size_t len = std::min(run.len - begin, kChunkBlocks * block);
+    const std::size_t nb = (len + block - 1) / block;
+    const std::size_t sb = run.s0 + begin / block;
+    k.block_amax(run.src + begin, len, block, fmax, bits);
+    bool any_nan_block = false;
+    for (std::size_t b = 0; b < nb; ++b) amax_bits = std::max(amax_bits, bits[b]);
+    if (c.recipe == Recipe::nvfp4) {
+      float amax[kChunkBlocks];
+      for (std::size_t b = 0; b < nb; ++b) amax[b] = detail::canonical_amax(bits[b]);
+      if (c.flavour == Flavour::torchao) {
+        for (std::size_t b = 0; b < nb; ++b) detail::torchao_nvfp4_scale(amax[b], q.tensor_scale, q.scale_codes[sb + b], factors[b]);
+      } else {
+        k.nvfp4_scales(amax, nb, s_enc_div6, s_dec, q.scale_codes.data() + sb, factors);
+      }
+    } else {
+      for (std::size_t b = 0; b < nb; ++b) {
+        const detail::BlockScale s =
+            c.recipe == Recipe::fp8_block ? detail::fp8_block_scale(c, fmax[b]) : detail::mx_block_scale(c, fmax[b], bits[b]);
+        factors[b] = s.factor;
+        if (q.scale_format == ScaleFormat::f32) q.scale_inv[sb + b] = s.scale_inv;
+        else q.scale_codes[sb + b] = s.code;
+        any_nan_block = any_nan_block || std::isnan(s.factor);
+      }
+    }
+    // Element offsets: e2m1 blocks start at even columns, so the byte offset is exact.
+    std::uint8_t* dst = c.element == Element::e2m1 ? q.codes.data() + run.row * q.row_bytes + (run.c0 + begin) / 2
+                                                   : q.codes.data() + run.row * q.row_bytes + run.c0 + begin;
+    k.encode_scaled(c.element, run.src + begin, len, block, factors, dst,
+                    run.random != nullptr ? run.random + begin : nullptr, &counts);
+    if (!any_nan_block) continue;
+    for (std::size_t b = 0; b < nb; ++b) {
+      if (q.scale_codes[sb + b] != 0xFF) continue;
+      const std::size_t e0 = b * block, e1 = std::min(len, e0 + block);
+      // The run's columns continue across rows only when the row length is a multiple of
+      // the block; set_nan_block takes row-relative columns, so map the flat offset back.
+      const std::size_t flat = run.c0 + begin + e0;
+      set_nan_block(q, run.row + flat / q.code_cols, flat % q.code_cols, e1 - e0);
+    }
+  }
+}
+
+// 2-D tiles (fp8-block 128x128, nvfp4 16x16): per band of tile_rows rows, the tile amaxes
+// from every row's block amaxes, then each row's encode with its band's factors.
+void quantize_2d(const LowpKernels& k, Quantized& q, const float* g, float s_enc_div6, float s_dec,
+                 EncodeCounts& counts, std::uint32_t& amax_bits) {
+  const QuantizeConfig& c = q.config;
+  const RecipeInfo& info = recipe_info(c.recipe);
+  const std::size_t block = info.block, tr = info.tile_rows, C = q.code_cols;
+  const std::size_t nb = q.scale_cols;
+  std::vector<float> fmax(nb), row_fmax(nb), factors(nb), amax(nb);
+  std::vector<std::uint32_t> bits(nb), row_bits(nb);
+  for (std::size_t band = 0; band < q.scale_rows; ++band) {
+    const std::size_t r0 = band * tr, r1 = std::min(q.code_rows, r0 + tr);
+    std::fill(fmax.begin(), fmax.end(), 0.0f);
+    std::fill(bits.begin(), bits.end(), 0u);
+    for (std::size_t r = r0; r < r1; ++r) {
+      k.block_amax(g + r * C, C, block, row_fmax.data(), row_bits.data());
+      for (std::size_t b = 0; b < nb; ++b) {
+        fmax[b] = row_fmax[b] > fmax[b] ? row_fmax[b] : fmax[b];
+        bits[b] = std::max(bits[b], row_bits[b]);
+      }
+    }
+    for (std::size_t b = 0; b < nb; ++b) amax_bits = std::max(amax_bits, bits[b]);
+    if (c.recipe == Recipe::nvfp4) {
+      for (std::size_t b = 0; b < nb; ++b) amax[b] = detail::canonical_amax(bits[b]);
+      k.nvfp4_scales(amax.data(), nb, s_enc_div6, s_dec, q.scale_codes.data() + band * nb, factors.data());
+    } else {
+      for (std::size_t b = 0; b < nb; ++b) {
+        const detail::BlockScale s = detail::fp8_block_scale(c, fmax[b]);
+        factors[b] = s.factor;
+        q.scale_inv[band * nb + b] = s.scale_inv;
+      }
+    }
+    for (std::size_t r = r0; r < r1; ++r) k.encode_scaled(c.element, g + r * C, C, block, factors.data(), code_ptr(q, r, 0), nullptr, &counts);
+  }
+}
+
+}  // namespace
+
+namespace detail {
+
+Quantized quantize_with(const LowpKernels& k, std::span<const float> src, std::size_t rows, std::size_t cols,
+                        const QuantizeConfig& c, std::span<const std::uint32_t> random) {
+  Quantized q = make_result(src.size(), rows, cols, c, random.size());
+  const std::size_t n = src.size();
+  if (n == 0) return q;
+  std::vector<float> scratch;
+  const float* g = src.data();
+  if (c.layout == Layout::columnwise || c.rht) {
+    scratch = grid_input(src, q);
+    if (c.rht) k.rht16(scratch.data(), n);
+    g = scratch.data();
+  }
+  EncodeCounts counts;
+  std::uint32_t amax_bits = 0;
+  const RecipeInfo& info = recipe_info(c.recipe);
+  float s_enc_div6 = 1.0f, s_dec = 1.0f;
+  if (c.recipe == Recipe::nvfp4) {
+    float f;
+    std::uint32_t b;
+    k.block_amax(g, n, n, &f, &b);
+    q.tensor_amax = canonical_amax(b);
+    q.tensor_scale = c.flavour == Flavour::torchao ? q.tensor_amax / 2688.0f : nvfp4_tensor_scale(q.tensor_amax);
+    s_enc_div6 = q.tensor_scale * (1.0f / 6.0f);
+    s_dec = 1.0f / q.tensor_scale;
+  }
+  if (info.block == 0) {
+    float f;
+    k.block_amax(g, n, n, &f, &amax_bits);
+    const float scale = c.recipe == Recipe::fp8_delayed
+                            ? c.scale
+                            : scale_from_amax(canonical_amax(amax_bits), max_finite(c.element),
+                                              effective_power_of_2_scales(c), c.amax_epsilon, c.value_for_inf);
+    q.tensor_scale = scale;
+    q.scale_inv[0] = 1.0f / scale;
+    k.encode_scaled(c.element, g, n, n, &scale, q.codes.data(), nullptr, &counts);
+  } else if (c.tile_2d) {
+    quantize_2d(k, q, g, s_enc_div6, s_dec, counts, amax_bits);
+  } else if (q.code_cols % info.block == 0) {
+    // Whole blocks per row: the grid is one run, blocks never straddle rows.
+    quantize_run_1d(k, q, Run{g, n, 0, 0, 0, c.stochastic_rounding ? random.data() : nullptr}, s_enc_div6, s_dec,
+                    counts, amax_bits);
+  } else {
+    for (std::size_t r = 0; r < q.code_rows; ++r) {
+      const Run run{g + r * q.code_cols, q.code_cols, r, 0, r * q.scale_cols,
+                    c.stochastic_rounding ? random.data() + r * q.code_cols : nullptr};
+      quantize_run_1d(k, q, run, s_enc_div6, s_dec, counts, amax_bits);
+    }
+  }
+  q.counts.saturated = counts.saturated;
+  q.counts.flushed = counts.flushed;
+  q.counts.nonfinite = counts.nonfinite;
+  if (c.rht) {
+    float f;
+    k.block_amax(src.data(), n, n, &f, &amax_bits);
+  }
+  q.counts.amax = canonical_amax(amax_bits);
+  return q;
+}
+
+}  // namespace detail
+
+Quantized quantize(std::span<const float> src, std::size_t rows, std::size_t cols, const QuantizeConfig& config,
+                   std::span<const std::uint32_t> random) {
+  static const detail::LowpKernels* table = detail::lowp_kernels(active_isa());
+  return detail::quantize_with(*table, src, rows, cols, config, random);
+}
+
+// ---- dequantize ---------------------------------------------------------------------
+
+namespace {
+
+float decode_code(Element e, std::uint8_t code) noexcept {
+  switch (e) {
+    case Element::e4m3: return mixprec::detail::decode<mixprec::detail::kE4M3Spec>(code, Subnormals::keep);
+    case Element::e5m2: return mixprec::detail::decode<mixprec::detail::kE5M2Spec>(code, Subnormals::keep);
+    case Element::e2m1: return e2m1_decode(code);
+  }
+  return 0.0f;
+}
+
+}  // namespace
+
+void dequantize(const Quantized& q, std::span<float> dst) {
+  if (dst.size() != q.rows * q.cols)
+    fail("dequantize: destination has " + std::to_string(dst.size()) + " elements, the tensor " +
+         std::to_string(q.rows * q.cols));
+  const QuantizeConfig& c = q.config;
+  const RecipeInfo& info = recipe_info(c.recipe);
+  const bool col = c.layout == Layout::columnwise;
+  const std::size_t tr = c.tile_2d ? info.tile_rows : 1;
+  // nvfp4 (TE dequantize_nvfp4.cuh): float(scale) * amax * float(1 / (6 * 448)).
+  constexpr float kNvfp4FactorInv = static_cast<float>(1.0 / (6.0 * 448.0));
+  for (std::size_t r = 0; r < q.code_rows; ++r) {
+    for (std::size_t i = 0; i < q.code_cols; ++i) {
+      std::uint8_t code = c.element == Element::e2m1 ? q.codes[r * q.row_bytes + i / 2] : q.codes[r * q.row_bytes + i];
+      if (c.element == Element::e2m1) code = (i % 2 == 0) ? code & 0xF : code >> 4;
+      const float v = decode_code(c.element, code);
+      const std::size_t s = info.block == 0 ? 0 : (r / tr) * q.scale_cols + i / info.block;
+      float out;
+      if (q.scale_format == ScaleFormat::f32) {
+        out = v * q.scale_inv[s];
+      } else if (q.scale_format == ScaleFormat::e8m0) {
+        out = v * static_cast<float>(e8m0::from_bits(q.scale_codes[s]));
+      } else if (c.flavour == Flavour::torchao) {
+        out = detail::torchao_nvfp4_dequantize_one(v, q.scale_codes[s], q.tensor_scale);
+      } else {
+        const float sb = mixprec::detail::decode<mixprec::detail::kE4M3Spec>(q.scale_codes[s], Subnormals::keep);
+        out = v * (sb * q.tensor_amax * kNvfp4FactorInv);
+      }
+      dst[col ? i * q.cols + r : r * q.cols + i] = out;
+    }
+  }
+}
+
+std::vector<float> dequantize(const Quantized& q) {
+  std::vector<float> v(q.rows * q.cols);
+  dequantize(q, v);
+  return v;
+}
+
+}  // namespace mixprec::lowp
