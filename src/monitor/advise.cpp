@@ -293,12 +293,10 @@ void choose(LayerAdvice& L, const Advice& a) {
         errs.append(errs.empty() ? "" : ", ")
             .append(kRoleNames[r])
             .append(" ")
-            .append(fmt_g(L.measurements[idx(c)][r].rel_rms_error));
+            .append(fmt_g(L.measurements[idx(c)][r].rel_rms_error))
+            .append(" <= ")
+            .append(fmt_g(b.max_rel_rms_error[r]));
     L.reason = std::string(candidate_name(c)) + ": the cheapest candidate within the budget (error " + errs +
-               "; bound " + fmt_g(b.max_rel_rms_error[0]) + (b.max_rel_rms_error[0] == b.max_rel_rms_error[1] &&
-                                                                     b.max_rel_rms_error[1] == b.max_rel_rms_error[2]
-                                                                 ? ""
-                                                                 : " (x)") +
                "), modeled cost " + fmt_g(bf16_cost > 0 ? L.cost[idx(c)] / bf16_cost : 1.0) + "x bf16's" +
                (L.rejected.empty() ? "" : "; " + std::to_string(L.rejected.size()) + " cheaper rejected");
     return;

@@ -116,11 +116,18 @@ struct SampleView {
   std::span<const float> values;
 };
 
-// The bound a candidate must stay within for every chosen role.
+// The bound a candidate must stay within for every chosen role. The defaults are calibrated
+// so that Gaussian tensors pass in NVFP4 as Transformer Engine runs it and not in MXFP4 (the
+// field's finding: NVFP4 trains most layers, MXFP4 worse; docs/advisor.md, "Budget"): on
+// Gaussian data NVFP4's error is 0.095 for x and dy and 0.112 for a weight in 16x16 tiles,
+// MXFP4's 0.116; NVFP4's E4M3 block scales round down and clamp about 3% of such values by
+// less than one E2M1 step, and E2M1 flushes 6.8% (MXFP4 10.8%): the fraction bounds sit well
+// above a format's normal rounding and catch a range that does not fit (flushing, a stale
+// fp8 scale).
 struct Budget {
-  std::array<double, kRoles> max_rel_rms_error = {0.1, 0.1, 0.1, 0.1};
-  double max_saturated = 0.0;    // no finite value may be clamped
-  double max_flushed = 0.01;     // at most 1% of the nonzero values may become zero
+  std::array<double, kRoles> max_rel_rms_error = {0.1, 0.125, 0.1, 0.1};  // x, w, dy, dW
+  double max_saturated = 0.1;
+  double max_flushed = 0.25;
   std::array<bool, kRoles> roles = {true, true, true, false};  // dW is measured, not required
   friend bool operator==(const Budget&, const Budget&) = default;
 };
