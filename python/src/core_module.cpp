@@ -595,10 +595,12 @@ nb::tuple dataset(std::optional<std::string> text, std::uint64_t seed, std::size
 }  // namespace
 
 void register_quantize(nb::module_& m);  // quantize_module.cpp
+void register_advise(nb::module_& m);    // advise_module.cpp
 
 NB_MODULE(_core, m) {
   m.doc() = "mixprec's C++ core (nanobind); use the `mixprec` package, not this module";
   register_quantize(m);
+  register_advise(m);
 
   nb::exception<mixprec::ScaleCollapseError>(m, "ScaleCollapseError", PyExc_RuntimeError);
   // Protocol misuse: torch's exception class (RuntimeError or AssertionError, the protocol's

@@ -15,7 +15,8 @@ except ImportError as e:  # pragma: no cover - exercised by a test in a subproce
         "install torch in this environment, or use mixprec.LossScale without torch"
     ) from e
 
+from .advise import Advice, advise, advise_run
 from .grad_scaler import GradScaler, StepOutcome
 from .telemetry import Telemetry
 
-__all__ = ["GradScaler", "StepOutcome", "Telemetry"]
+__all__ = ["Advice", "GradScaler", "StepOutcome", "Telemetry", "advise", "advise_run"]

@@ -40,6 +40,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Unio
 import torch
 
 from .. import _core
+from .advise import Sampler as _AdvisorSampler, write_samples as _write_advisor_samples
 from .grad_scaler import GradScaler, StepOutcome
 
 _CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -88,17 +89,22 @@ class Telemetry:
                     at every step)
     histogram_every log2 histograms at step 1 and every N steps (0 = never)
     check_forward   check the watched modules' outputs for inf/NaN at sampled steps
+    advisor_every   0 (default) or N: at steps 1, 1 + N, ..., copy x, w, dy and dW of every
+                    nn.Linear into the run folder's samples/ for `mixprec advise RUN_DIR`
+                    (docs/advisor.md)
     """
 
     def __init__(self, model: torch.nn.Module, out: str, *, precision: str = "fp16",
                  loss_scale: Optional[str] = None, scaler: Optional[GradScaler] = None,
                  modules: Union[None, Iterable[str], Callable[[str, torch.nn.Module], bool]] = None,
-                 sample_every: int = 4, histogram_every: int = 50, check_forward: bool = True) -> None:
+                 sample_every: int = 4, histogram_every: int = 50, check_forward: bool = True,
+                 advisor_every: int = 0) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module, found {type(model).__name__}")
         if precision not in _PRECISIONS:
             raise ValueError(f"precision: expected one of {', '.join(_PRECISIONS)}, found {precision!r}")
-        for what, v, low in (("sample_every", sample_every, 1), ("histogram_every", histogram_every, 0)):
+        for what, v, low in (("sample_every", sample_every, 1), ("histogram_every", histogram_every, 0),
+                             ("advisor_every", advisor_every, 0)):
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ValueError(f"{what}: expected an int >= {low}, found {v!r}")
         if scaler is not None and not isinstance(scaler, GradScaler):
@@ -109,6 +115,9 @@ class Telemetry:
         if not isinstance(out, str) or not out:
             raise TypeError(f"out: expected a folder name, found {out!r}")
         watched = self._select(model, modules)  # before the folder exists: a bad name leaves nothing
+        # The advisor's sampler (mixprec.torch.advise): active on every advisor_every-th step.
+        self._advisor = _AdvisorSampler(model) if advisor_every else None
+        self._advisor_every = advisor_every
         self._model = model
         self._scaler = scaler
         self._precision = precision
@@ -124,6 +133,8 @@ class Telemetry:
         self._handles = []
         for name, module in watched:
             self._handles.append(module.register_forward_hook(self._forward_hook(name)))
+        if self._advisor is not None:
+            self._advisor.active = True  # steps 1, 1 + N, 1 + 2N, ...
 
     # ---- which modules ---------------------------------------------------------------------
 
@@ -224,6 +235,10 @@ class Telemetry:
                                 None if val_loss is None else float(val_loss), float(scale), float(next_scale),
                                 bool(found_inf), bool(applied), float(grad_norm), float(clip_coef), first, params)
         result = json.loads(line)
+        if self._advisor is not None:
+            if self._advisor.active:  # this step's tensors, unscaled by the scale its backward used
+                _write_advisor_samples(self._dir, result["step"], float(scale), self._advisor.take(result["step"], float(scale)))
+            self._advisor.active = self._rec.steps % self._advisor_every == 0
         self._seconds += time.perf_counter() - now
         return result
 
@@ -244,6 +259,8 @@ class Telemetry:
         for h in self._handles:
             h.remove()
         self._handles = []
+        if self._advisor is not None:
+            self._advisor.remove()
         self._rec = None  # the core's recorder goes: its lock on the folder with it
         return alerts
 
