@@ -19,6 +19,7 @@
 #include "mixprec/formats/types.hpp"
 #include "mixprec/lowp/quantize.hpp"
 #include "mixprec/monitor/advise.hpp"
+#include "mixprec/monitor/report.hpp"
 #include "temp_dir.hpp"
 
 namespace mixprec::monitor::advisor {
@@ -463,6 +464,48 @@ TEST(Advise, RecipeFileAdviceJsonAndRunFolderSamplesRoundTrip) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("step-00000030/index.json: tensors[0].role: expected x, w, dy or dw"), std::string::npos)
         << e.what();
+  }
+}
+
+std::size_t count(const std::string& s, const std::string& what) {
+  std::size_t n = 0;
+  for (std::size_t p = s.find(what); p != std::string::npos; p = s.find(what, p + 1)) ++n;
+  return n;
+}
+
+TEST(Advise, TheReportShowsTheChoiceTheReasonsAndTheHeatMap) {
+  test::TempDir dir("advise_report");
+  const Advice a = advise(views(synthetic_layers(2), 1.0f), compute_bound());
+  // A run folder with its log and the evidence `mixprec advise` writes.
+  { std::ofstream(dir.path() / "log.jsonl").flush(); }
+  std::filesystem::create_directories(dir.path() / "advice");
+  { std::ofstream(dir.path() / "advice" / "advice.json") << advice_json(a); }
+  const ReportRun run = load_run(dir.path().string(), "run");
+  ASSERT_TRUE(run.advice.has_value());
+  EXPECT_EQ(advice_json(*run.advice), advice_json(a));
+  const std::string html = render_report({run});
+  EXPECT_NE(html.find("<section id=\"advisor\"><h2>Precision advisor</h2>"), std::string::npos);
+  for (const LayerAdvice& l : a.layers) {
+    EXPECT_NE(html.find("<code>" + l.layer + "</code>"), std::string::npos) << l.layer;
+    // The reason is shown (escaped: "<=" becomes "&lt;=", "'" "&#39;").
+    std::string reason;
+    for (char c : l.reason) reason += c == '<' ? std::string("&lt;") : c == '\'' ? std::string("&#39;") : std::string(1, c);
+    EXPECT_NE(html.find(reason), std::string::npos) << reason;
+  }
+  EXPECT_NE(html.find("mxfp4: "), std::string::npos);  // a rejection, with its measurement
+  // One chosen cell per sampled role of every layer (3 layers x 4 roles), every candidate's
+  // group in the header, red cells where a candidate is beyond the bound.
+  EXPECT_EQ(count(html, "class=\"cell chosen"), 12u);
+  EXPECT_EQ(count(html, "<th class=\"grp\" colspan=\"4\">"), kCandidates);
+  EXPECT_GT(count(html, "#fca5a5"), 10u);
+  // A run without advice has no section; a broken advice.json is an error naming the file.
+  EXPECT_EQ(render_report({ReportRun{}}).find("Precision advisor"), std::string::npos);
+  { std::ofstream(dir.path() / "advice" / "advice.json") << "{\"format\": \"mixprec.advice\", \"version\": 2}"; }
+  try {
+    load_run(dir.path().string());
+    ADD_FAILURE() << "accepted a broken advice.json";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("advice/advice.json: version: expected 1, found 2"), std::string::npos) << e.what();
   }
 }
 
