@@ -16,6 +16,11 @@ except ImportError as e:  # pragma: no cover - exercised by a test in a subproce
     ) from e
 
 from .grad_scaler import GradScaler, StepOutcome
+from .low_precision import (LowPrecisionLinear, RecipeOptions, load_assignment, low_precision,
+                            low_precision_modules, quantization_stats, sample_quantization_error,
+                            save_assignment)
 from .telemetry import Telemetry
 
-__all__ = ["GradScaler", "StepOutcome", "Telemetry"]
+__all__ = ["GradScaler", "LowPrecisionLinear", "RecipeOptions", "StepOutcome", "Telemetry", "load_assignment",
+           "low_precision", "low_precision_modules", "quantization_stats", "sample_quantization_error",
+           "save_assignment"]
