@@ -171,10 +171,12 @@ def test_recipe_file_and_evidence_are_written(tmp_path):
     assert recipe["format"] == "mixprec.low_precision" and recipe["version"] == 1 and recipe["default"] == "bf16"
     assert recipe["modules"] == {"needs_bf16": "bf16", "fp8_safe": "fp8-delayed", "nvfp4_safe": "nvfp4"}
     assert json.loads((tmp_path / "advice.json").read_text()) == a.data
-    if hasattr(mt, "low_precision"):  # the reader of the recipe file (issue 28) takes it as written
-        m = Three()
-        mt.low_precision(m, str(tmp_path / "recipe.json"))
-        assert type(m.nvfp4_safe).__name__ != "Linear" and type(m.needs_bf16).__name__ == "Linear"
+    # The reader of the recipe file takes it as written: one format, checked by its own loader.
+    assert mt.load_assignment(tmp_path / "recipe.json") == recipe
+    m = mt.low_precision(Three(), recipe=str(tmp_path / "recipe.json"))
+    swapped = {n: l.options.recipe for n, l in mt.low_precision_modules(m).items()}
+    assert swapped == {"fp8_safe": "fp8-delayed", "nvfp4_safe": "nvfp4"}
+    assert type(m.needs_bf16) is torch.nn.Linear
 
 
 def test_run_folder_samples_and_the_cli_agree(tmp_path):
