@@ -594,11 +594,13 @@ nb::tuple dataset(std::optional<std::string> text, std::uint64_t seed, std::size
 
 }  // namespace
 
-void register_quantize(nb::module_& m);  // quantize_module.cpp
+void register_quantize(nb::module_& m);      // quantize_module.cpp
+void register_integrations(nb::module_& m);  // integrations_module.cpp
 
 NB_MODULE(_core, m) {
   m.doc() = "mixprec's C++ core (nanobind); use the `mixprec` package, not this module";
   register_quantize(m);
+  register_integrations(m);
 
   nb::exception<mixprec::ScaleCollapseError>(m, "ScaleCollapseError", PyExc_RuntimeError);
   // Protocol misuse: torch's exception class (RuntimeError or AssertionError, the protocol's

@@ -41,6 +41,7 @@ import torch
 
 from .. import _core
 from .grad_scaler import GradScaler, StepOutcome
+from .tensorboard import TensorBoardWriter, require_tensorboard
 
 _CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _PRECISIONS = ("fp32", "fp16", "bf16")
@@ -88,12 +89,15 @@ class Telemetry:
                     at every step)
     histogram_every log2 histograms at step 1 and every N steps (0 = never)
     check_forward   check the watched modules' outputs for inf/NaN at sampled steps
+    tensorboard     a folder: each step's scalars also as TensorBoard event files (needs the
+                    tensorboard package; the tags of `mixprec export tensorboard`)
     """
 
     def __init__(self, model: torch.nn.Module, out: str, *, precision: str = "fp16",
                  loss_scale: Optional[str] = None, scaler: Optional[GradScaler] = None,
                  modules: Union[None, Iterable[str], Callable[[str, torch.nn.Module], bool]] = None,
-                 sample_every: int = 4, histogram_every: int = 50, check_forward: bool = True) -> None:
+                 sample_every: int = 4, histogram_every: int = 50, check_forward: bool = True,
+                 tensorboard: Optional[str] = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module, found {type(model).__name__}")
         if precision not in _PRECISIONS:
@@ -109,6 +113,8 @@ class Telemetry:
         if not isinstance(out, str) or not out:
             raise TypeError(f"out: expected a folder name, found {out!r}")
         watched = self._select(model, modules)  # before the folder exists: a bad name leaves nothing
+        if tensorboard is not None:
+            require_tensorboard(tensorboard)  # likewise: a missing package leaves nothing
         self._model = model
         self._scaler = scaler
         self._precision = precision
@@ -118,6 +124,7 @@ class Telemetry:
         # (ValueError / RuntimeError with its message) before anything else happens here.
         self._rec = _core.TelemetryRecorder(out, precision, loss_scale, histogram_every)
         self._dir = out
+        self._tb = None if tensorboard is None else TensorBoardWriter(tensorboard)
         self._seconds = 0.0  # time in the hooks and in record(), the core's counting included
         self._last_record = time.perf_counter()
         self._params = [(n, p) for n, p in model.named_parameters()]
@@ -224,6 +231,8 @@ class Telemetry:
                                 None if val_loss is None else float(val_loss), float(scale), float(next_scale),
                                 bool(found_inf), bool(applied), float(grad_norm), float(clip_coef), first, params)
         result = json.loads(line)
+        if self._tb is not None:
+            self._tb.write(line, result["step"])
         self._seconds += time.perf_counter() - now
         return result
 
@@ -241,6 +250,9 @@ class Telemetry:
         if self._rec is None:
             return []
         alerts = self.finish()
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
         for h in self._handles:
             h.remove()
         self._handles = []
