@@ -22,6 +22,8 @@ What runs where (docs/python.md):
   copy): check, unscale and the exact sum of squares in one pass, element for element what
   ATen's _amp_foreach_non_finite_check_and_unscale_ computes;
 - sparse COO gradients: their values (coalesced first when float16, as torch does);
+- DTensor gradients (FSDP2, tensor parallelism): this rank's shard (the ranks agree on found_inf
+  through the torch.distributed callback);
 - float64, strided or overlapping views and gradients on other devices: ATen's own
   _amp_foreach_non_finite_check_and_unscale_, the kernel torch runs;
 - refused before anything is touched: meta tensors, other layouts, mixed devices.
@@ -120,6 +122,8 @@ class GradScaler:
         self._p.set_rank_agreement(_rank_hook(self))
         self._last_device: Optional[torch.device] = None  # of the last check (for the all-reduce)
         self._names: Dict[int, Tuple[Any, str]] = {}  # id(param) -> (weakref to it, name)
+        # What the last step() returned: Accelerate and Lightning call step() and drop it.
+        self.last_outcome: Optional[StepOutcome] = None
 
     # ---- names -------------------------------------------------------------------------
 
@@ -189,11 +193,12 @@ class GradScaler:
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> StepOutcome:
         """unscale_ (unless done), then optimizer.step(*args, **kwargs) unless a gradient held
         inf/NaN. Returns a StepOutcome (torch returns the optimizer's return value: here
-        outcome.result)."""
+        outcome.result), also kept as `last_outcome` for code that calls step() for you."""
         key = id(optimizer)
         plan = self._p.begin_step(key)
         if plan == "pass_through":
-            return StepOutcome(True, False, None, None, math.nan, 1.0, optimizer.step(*args, **kwargs))
+            self.last_outcome = StepOutcome(True, False, None, None, math.nan, 1.0, optimizer.step(*args, **kwargs))
+            return self.last_outcome
         if "closure" in kwargs:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
         if plan == "check":
@@ -210,7 +215,8 @@ class GradScaler:
         self._p.step_done(key)
         index = None if first < 0 else first
         name = None if index is None else self._name_at(optimizer, index)
-        return StepOutcome(apply, found_inf, name, index, grad_norm, scale, result)
+        self.last_outcome = StepOutcome(apply, found_inf, name, index, grad_norm, scale, result)
+        return self.last_outcome
 
     def update(self, new_scale: Union[float, torch.Tensor, None] = None) -> None:
         """The core's update (any optimizer found inf); or set the scale to new_scale.
@@ -426,7 +432,7 @@ class GradScaler:
         aten: List[torch.Tensor] = []
         aten_index: List[int] = []
         for i, p in entries:
-            g = p.grad.detach()
+            g = _local(p.grad.detach())
             if g.is_sparse:
                 g = g._values()
             if g.device.type == "cpu" and g.dtype in _CPU_DTYPES and _dense(g):
@@ -462,6 +468,19 @@ def _rank_hook(scaler: "GradScaler"):
         return (found_inf, checked) if s is None else s._agree_across_ranks(found_inf, checked)
 
     return agree
+
+
+def _local(g: torch.Tensor) -> torch.Tensor:
+    """A DTensor gradient (FSDP2's fully_shard, tensor parallelism): this rank's shard, where its
+    values live (checked and unscaled in place there). The ranks agree on found_inf through the
+    rank hook; grad_norm is this rank's shards'."""
+    if type(g) is torch.Tensor:
+        return g
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch without torch.distributed has no DTensor
+        return g
+    return g.to_local() if isinstance(g, DTensor) else g
 
 
 def _number(what: str, v: Any) -> float:
