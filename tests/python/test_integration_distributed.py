@@ -9,7 +9,8 @@ the step and the weights are bit for bit those of the same run on torch.amp.Grad
 FSDP2's state goes through torch.distributed.checkpoint as Lightning's and Accelerate's FSDP2
 paths save it (model and optimizer with get_*_state_dict, the scaler's state_dict beside them):
 saved after step 4, loaded into a fresh model, optimizer and scaler, steps 5-8 again: the same
-weights and scale as the run that never stopped. One pair of processes runs every case."""
+weights and scale as the run that never stopped. Rank 0's Telemetry of the FSDP2 run reads the
+DTensor gradients and weights through its shards. One pair of processes runs every case."""
 
 from __future__ import annotations
 
@@ -54,7 +55,7 @@ def scaler_of(which):
     return mixprec.torch.GradScaler(growth_interval=3) if which == "mixprec" else \
         torch.amp.GradScaler("cpu", growth_interval=3)
 
-def train(kind, net, model, opt, scaler, steps):
+def train(kind, net, model, opt, scaler, steps, tel=None):
     log = []
     for step in steps:
         g = torch.Generator().manual_seed(100 * step + rank)
@@ -69,7 +70,9 @@ def train(kind, net, model, opt, scaler, steps):
         scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         before = scaler.get_scale()
-        scaler.step(opt)
+        outcome = scaler.step(opt)
+        if tel is not None:
+            tel.record(outcome, loss=loss.item())
         scaler.update()
         opt.zero_grad()
         log.append([step, scaler.get_scale() < before, scaler.get_scale()])
@@ -88,11 +91,17 @@ for kind in ("ddp", "fsdp2"):
         net, model, opt = build(kind)
         scaler = scaler_of(which)
         if kind == "fsdp2" and which == "mixprec":
-            log = train(kind, net, model, opt, scaler, range(1, 5))
+            scaler.set_names(net)
+            # Telemetry on rank 0 (as the integrations write it): DTensor gradients and weights are
+            # read through this rank's shards
+            tel = mixprec.torch.Telemetry(net, out=ckpt + "-telemetry", scaler=scaler) if rank == 0 else None
+            log = train(kind, net, model, opt, scaler, range(1, 5), tel)
             state = {"model": get_model_state_dict(model), "optim": get_optimizer_state_dict(model, opt),
                      "scaler": scaler.state_dict()}
             dcp.save(state, checkpoint_id=ckpt)
-            log += train(kind, net, model, opt, scaler, range(5, 9))
+            log += train(kind, net, model, opt, scaler, range(5, 9), tel)
+            if tel is not None:
+                tel.close()
         else:
             log = train(kind, net, model, opt, scaler, range(1, 9))
         runs[which] = (log, weights(kind, net), scaler)
@@ -138,3 +147,8 @@ def test_ddp_and_fsdp2_skip_together_and_equal_torch_amp(tmp_path):
         assert r["resumed"]["log"] == r["fsdp2"]["mixprec"][4:]
         assert r["resumed"]["equal"] and r["resumed"]["scaler_state_equal"]
     assert r0["ddp"]["mixprec"] == r1["ddp"]["mixprec"] and r0["fsdp2"]["mixprec"] == r1["fsdp2"]["mixprec"]
+    # rank 0's Telemetry of the FSDP2 run: both skips, its own shard named at step 5
+    lines = [json.loads(line) for line in (tmp_path / "ckpt-telemetry" / "log.jsonl").read_text().splitlines()]
+    assert [line["skipped"] for line in lines] == [s in (2, 5) for s in range(1, 9)]
+    assert lines[4]["overflow_param"] == "2.weight"
+    assert all(len(line["params"]) == 6 for line in lines)

@@ -56,10 +56,23 @@ def fit(tmp_path, scaler, callbacks):
     return trainer, module
 
 
-def test_lightning_fit_equals_torch_amp_bit_for_bit(tmp_path, caplog):
+class Messages(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def test_lightning_fit_equals_torch_amp_bit_for_bit(tmp_path):
+    messages = Messages()
+    logging.getLogger("mixprec").addHandler(messages)
     callback = MixprecCallback(out=str(tmp_path / "run"))                               # added
-    with caplog.at_level(logging.WARNING, logger="mixprec"):
+    try:
         trainer, module = fit(tmp_path, mixprec.torch.GradScaler(growth_interval=2), [callback])  # scaler= changed
+    finally:
+        logging.getLogger("mixprec").removeHandler(messages)
     _, reference = fit(tmp_path / "torch", torch.amp.GradScaler("cpu", growth_interval=2), [])
     assert_bitwise_equal(module, reference)
 
@@ -69,7 +82,8 @@ def test_lightning_fit_equals_torch_amp_bit_for_bit(tmp_path, caplog):
     assert [float(r["mixprec/skipped"]) for r in rows] == [float(s == INJECT_STEP) for s in range(1, STEPS + 1)]
     assert float(rows[-1]["mixprec/skipped_steps_total"]) == 1.0
     assert trainer.logged_metrics["mixprec/skipped_steps_total"] == 1.0
-    assert f"step {INJECT_STEP} skipped: inf/NaN in the gradient of model.{INJECT_PARAM}" in caplog.text
+    assert messages.lines == [f"mixprec: step {INJECT_STEP} skipped: inf/NaN in the gradient of model.{INJECT_PARAM}; "
+                              "scale 131072 -> 65536"]
 
     log = read_log(tmp_path / "run")
     assert [r["skipped"] for r in log] == [s == INJECT_STEP for s in range(1, STEPS + 1)]

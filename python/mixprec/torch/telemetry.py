@@ -40,7 +40,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Unio
 import torch
 
 from .. import _core
-from .grad_scaler import GradScaler, StepOutcome
+from .grad_scaler import GradScaler, StepOutcome, _local
 from .tensorboard import TensorBoardWriter, require_tensorboard
 
 _CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -49,8 +49,9 @@ _PRECISIONS = ("fp32", "fp16", "bf16")
 
 def _as_view(t: torch.Tensor) -> torch.Tensor:
     """t as the core reads it: detached, CPU, contiguous, float32/float16/bfloat16. Anything else
-    is copied once (to float32 when its dtype is another)."""
-    t = t.detach()
+    is copied once (to float32 when its dtype is another). A DTensor (FSDP2) is read through this
+    rank's shard."""
+    t = _local(t.detach())
     if t.device.type != "cpu":
         t = t.to("cpu")
     if t.dtype not in _CPU_DTYPES:
