@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Dict, List, Tuple
+from typing import List, Tuple
 
-import pytest
 import torch
 
 from integration_support import skip_without_integrations

@@ -10,8 +10,6 @@ import tomllib
 from importlib import metadata
 from pathlib import Path
 
-import pytest
-
 from integration_support import skip_without_integrations
 
 skip_without_integrations()

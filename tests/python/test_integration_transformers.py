@@ -100,6 +100,8 @@ def test_trainer_with_mixprec_callback_equals_torch_amp_bit_for_bit(tmp_path):
     assert (tmp_path / "run" / "summary.json").exists()
     assert (tmp_path / "run" / "report.html").exists()
     assert_cli_report(tmp_path / "run")
+    with pytest.raises(RuntimeError, match="was closed when the previous train\\(\\) ended"):
+        trainer.train()                                          # a second run is not appended to the first
 
 
 def test_trainer_alone_trains_fp16_on_cpu_in_fp32(tmp_path):

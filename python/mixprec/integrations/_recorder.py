@@ -5,9 +5,8 @@ scaler's real outcome, the figures shown in the library's logs, and the end of t
 from __future__ import annotations
 
 import importlib
-import math
 import sys
-from typing import Any, Callable, Dict, Iterable, List, Optional, Union
+from typing import Any, Dict, List, Optional
 
 import torch
 

@@ -28,8 +28,6 @@ import types
 import warnings
 from typing import Any, Dict, Optional
 
-import torch
-
 from ._recorder import StepRecorder, check_telemetry_options, make_scaler, precision_of, require
 
 _accelerate = require("accelerate", "accelerate", "mixprec.integrations.accelerate")

@@ -23,9 +23,7 @@ report's path printed). bf16 and fp32 runs are recorded without a scaler.
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Optional
-
-import torch
+from typing import Any, Optional
 
 from ..torch import GradScaler
 from ._recorder import StepRecorder, check_telemetry_options, precision_of, require
@@ -58,6 +56,7 @@ class MixprecCallback(Callback):
         self.scaler: Optional[GradScaler] = None
         self.recorder: Optional[StepRecorder] = None
         self._last_step = 0
+        self._skipped = 0
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         if stage != "fit" or self.recorder is not None:
@@ -90,24 +89,20 @@ class MixprecCallback(Callback):
         if trainer.global_step == self._last_step:
             return  # accumulating: no optimizer step this batch
         self._last_step = trainer.global_step
-        line: Optional[Dict[str, Any]] = None
+        outcome = self.scaler.last_outcome if self.scaler is not None else None
         if self.recorder is not None:
-            optimizer = trainer.optimizers[0]
-            outcome = self.scaler.last_outcome if self.scaler is not None else None
-            line = self.recorder.record(optimizer.param_groups[0]["lr"], outcome)
+            line = self.recorder.record(trainer.optimizers[0].param_groups[0]["lr"], outcome)
             if line.get("skipped"):
                 _log.warning("mixprec: step %d skipped: inf/NaN in the gradient of %s; scale %s -> %s", line["step"],
                              line.get("overflow_param") or "(another rank)", line.get("scale"), line.get("next_scale"))
+        skipped = outcome is not None and not outcome.applied
+        self._skipped += skipped
         if self._log_metrics:
-            skipped = float(bool(self.scaler is not None and self.scaler.last_outcome is not None
-                                 and not self.scaler.last_outcome.applied))
-            metrics = {"mixprec/skipped": skipped}
-            if self.recorder is not None:
-                metrics["mixprec/skipped_steps_total"] = float(self.recorder.skipped)
+            metrics = {"mixprec/skipped": float(skipped), "mixprec/skipped_steps_total": float(self._skipped)}
             if self.scaler is not None:
                 metrics["mixprec/loss_scale"] = float(self.scaler.get_scale())
-            # Every rank logs (the scaler's skips agree across ranks); no reduction needed.
-            pl_module.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False, rank_zero_only=True)
+            # The same on every rank (the scaler's skips agree across ranks): no reduction.
+            pl_module.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False)
 
     def on_fit_end(self, trainer: Any, pl_module: Any) -> None:
         if self.recorder is not None:

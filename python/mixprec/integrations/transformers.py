@@ -92,6 +92,10 @@ class MixprecCallback(TrainerCallback):
         if self.mixprec is None:
             raise RuntimeError("MixprecCallback: it must be given to Trainer(callbacks=[...]): added later "
                                "(trainer.add_callback), it comes after the Trainer built its Accelerator")
+        rec = self.mixprec.recorder
+        if rec is not None and rec.report_path is not None:
+            raise RuntimeError(f"MixprecCallback: the run folder {rec.out} was closed when the previous train() "
+                               "ended; record another run with a new Trainer and MixprecCallback")
 
     def on_log(self, args: Any, state: Any, control: Any, logs: Optional[dict] = None, **kwargs: Any) -> None:
         if self.mixprec is None or logs is None or "loss" not in logs:
