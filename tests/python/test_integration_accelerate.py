@@ -117,3 +117,26 @@ def test_refusals(tmp_path):
     with pytest.raises(ValueError, match="sample_evry: GradScaler options, but the run is bf16"):
         MixprecAccelerate(acc, out=str(tmp_path / "x"), sample_evry=3)
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("how", ["accelerate", "script"])
+def test_a_compiled_model_is_watched_under_its_own_names(tmp_path, how):
+    # Compiled by Accelerator(dynamo_backend=...) or by the script before prepare(): Telemetry
+    # watches the module inside torch.compile's wrapper, so names carry no "_orig_mod." and the
+    # hooks still count every step.
+    accelerator = Accelerator(cpu=True, mixed_precision="fp16", dynamo_backend="aot_eager" if how == "accelerate" else "no")
+    mp = MixprecAccelerate(accelerator, out=str(tmp_path / "run"), report=False, sample_every=1)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.Linear(8, 2))
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
+    model, optimizer = accelerator.prepare(net if how == "accelerate" else torch.compile(net, backend="aot_eager"),
+                                           optimizer)
+    assert type(model).__name__ == "OptimizedModule"
+    for _ in range(2):
+        accelerator.backward(model(torch.randn(4, 4)).float().pow(2).mean())
+        optimizer.step()
+        optimizer.zero_grad()
+    mp.close()
+    for line in read_log(tmp_path / "run"):
+        assert [p["name"] for p in line["params"]] == ["0.weight", "0.bias", "2.weight", "2.bias"]
+        assert [t["name"] for t in line["act_grad_tensors"]] == ["2", "1", "0"]

@@ -5,6 +5,7 @@ scaler's real outcome, the figures shown in the library's logs, and the end of t
 from __future__ import annotations
 
 import importlib
+import inspect
 import sys
 from typing import Any, Dict, List, Optional
 
@@ -12,8 +13,10 @@ import torch
 
 from ..torch import GradScaler, StepOutcome, Telemetry
 
-# The Telemetry options every integration takes, with Telemetry's defaults.
-TELEMETRY_DEFAULTS: Dict[str, Any] = dict(sample_every=4, histogram_every=50, modules=None, tensorboard=None)
+# The Telemetry options an integration passes on (Telemetry's keywords but what the
+# integration itself decides: the model, the folder, the precision, the scaler).
+TELEMETRY_OPTIONS = tuple(n for n in inspect.signature(Telemetry).parameters
+                          if n not in ("model", "out", "precision", "loss_scale", "scaler"))
 
 
 def require(module: str, extra: str, what: str):
@@ -32,10 +35,15 @@ def make_scaler(preset: Optional[str], overrides: Dict[str, Any]) -> GradScaler:
 
 
 def check_telemetry_options(options: Dict[str, Any]) -> Dict[str, Any]:
-    unknown = sorted(set(options) - set(TELEMETRY_DEFAULTS))
+    unknown = sorted(set(options) - set(TELEMETRY_OPTIONS))
     if unknown:
-        raise TypeError(f"unknown Telemetry option {unknown[0]!r}; expected {', '.join(TELEMETRY_DEFAULTS)}")
-    return {**TELEMETRY_DEFAULTS, **options}
+        raise TypeError(f"unknown Telemetry option {unknown[0]!r}; expected {', '.join(TELEMETRY_OPTIONS)}")
+    return dict(options)
+
+
+def split_options(kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """Takes Telemetry's options out of kwargs (the rest are GradScaler's)."""
+    return {k: kwargs.pop(k) for k in list(kwargs) if k in TELEMETRY_OPTIONS}
 
 
 class StepRecorder:
@@ -71,10 +79,7 @@ class StepRecorder:
             return
         if self.scaler is not None:
             self.scaler.set_names(model)
-        o = self.options
-        self.telemetry = Telemetry(model, out=self.out, precision=self.precision, scaler=self.scaler,
-                                   modules=o["modules"], sample_every=o["sample_every"],
-                                   histogram_every=o["histogram_every"], tensorboard=o["tensorboard"])
+        self.telemetry = Telemetry(model, out=self.out, precision=self.precision, scaler=self.scaler, **self.options)
         # Tokens: the input ids of each training forward (any integer tensor given first or as input_ids).
         self._hooks.append(model.register_forward_pre_hook(self._count_tokens, with_kwargs=True))
 

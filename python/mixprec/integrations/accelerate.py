@@ -28,7 +28,7 @@ import types
 import warnings
 from typing import Any, Dict, Optional
 
-from ._recorder import StepRecorder, check_telemetry_options, make_scaler, precision_of, require
+from ._recorder import StepRecorder, make_scaler, precision_of, require, split_options
 
 _accelerate = require("accelerate", "accelerate", "mixprec.integrations.accelerate")
 from accelerate.optimizer import AcceleratedOptimizer  # noqa: E402
@@ -72,22 +72,20 @@ def _fp16_off_message(device: Any) -> str:
 class MixprecAccelerate:
     """mixprec.torch.GradScaler and Telemetry in an Accelerate loop.
 
-    MixprecAccelerate(accelerator, out, preset=None, *, sample_every=4, histogram_every=50,
-                      modules=None, tensorboard=None, report=True, **overrides)
+    MixprecAccelerate(accelerator, out, preset=None, *, modules=None, sample_every=4, histogram_every=50,
+                      check_forward=True, tensorboard=None, report=True, **overrides)
 
     accelerator  an accelerate.Accelerator, before prepare()
     out          the run folder (Telemetry's rules: new or empty); written by the main process
     preset       the scaler's policy (mixprec.preset_names()); None = torch.amp.GradScaler's rule
     overrides    GradScaler keywords (init_scale, growth_interval, the core's config keys)
-    sample_every, histogram_every, modules, tensorboard: Telemetry's
+    modules, sample_every, histogram_every, check_forward, tensorboard: Telemetry's
     report       render the report (report.html) when closing
     """
 
     def __init__(self, accelerator: Any, out: str, preset: Optional[str] = None, *, report: bool = True,
                  **kwargs: Any) -> None:
-        telemetry = {k: kwargs.pop(k) for k in list(kwargs) if k in ("sample_every", "histogram_every", "modules",
-                                                                        "tensorboard")}
-        options = check_telemetry_options(telemetry)
+        options = split_options(kwargs)
         precision = precision_of(accelerator.mixed_precision, "MixprecAccelerate")
         self.accelerator = accelerator
         self.scaler = None
@@ -140,7 +138,8 @@ class MixprecAccelerate:
         self._started = True
         self._hook(optimizers[0])
         if self.recorder is not None:
-            self.recorder.start(acc.unwrap_model(models[0]))
+            # The module itself (not DDP's or torch.compile's wrapper): Telemetry's names are its own.
+            self.recorder.start(acc.unwrap_model(models[0], keep_torch_compile=False))
 
     def _hook(self, opt: AcceleratedOptimizer) -> None:
         if self.scaler is not None and opt.scaler is not self.scaler:

@@ -39,8 +39,8 @@ _log = logging.getLogger("mixprec")
 class MixprecCallback(Callback):
     """Telemetry and the scaler's outcomes in a Lightning fit.
 
-    MixprecCallback(out, *, sample_every=4, histogram_every=50, modules=None, tensorboard=None,
-                    report=True, log_metrics=True)
+    MixprecCallback(out, *, modules=None, sample_every=4, histogram_every=50, check_forward=True,
+                    tensorboard=None, report=True, log_metrics=True)
 
     out          the run folder (new or empty), written by global rank 0
     log_metrics  log mixprec/skipped, mixprec/skipped_steps_total, mixprec/loss_scale each step

@@ -53,14 +53,14 @@ def _calling_trainer() -> Optional[Trainer]:
 class MixprecCallback(TrainerCallback):
     """mixprec.torch.GradScaler and Telemetry in a transformers.Trainer run.
 
-    MixprecCallback(out, preset=None, *, sample_every=4, histogram_every=50, modules=None,
-                    tensorboard=None, report=True, **overrides)
+    MixprecCallback(out, preset=None, *, modules=None, sample_every=4, histogram_every=50,
+                    check_forward=True, tensorboard=None, report=True, **overrides)
 
     out        the run folder (new or empty), written by the main process
     preset     the scaler's policy (mixprec.preset_names()); None = torch.amp.GradScaler's rule,
                so the run equals one on torch.amp.GradScaler bit for bit
     overrides  GradScaler keywords (init_scale, growth_interval, ..., the core's config keys)
-    sample_every, histogram_every, modules, tensorboard: Telemetry's
+    modules, sample_every, histogram_every, check_forward, tensorboard: Telemetry's
     report     render report.html when training ends
     """
 
