@@ -1,7 +1,7 @@
 // mixprec._core's bindings for the integrations (docs/python.md, "Where PyTorch users train"):
 // the TensorBoard scalars of a step record (the tags `mixprec export tensorboard` writes, so
 // Telemetry(tensorboard=DIR) shows the same charts) and what `python -m mixprec doctor`
-// reports about this build and CPU. Registered by core_module.cpp.
+// reports about this build and CPU. Registered from core_module.cpp with register_integrations(m).
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
