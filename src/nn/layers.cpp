@@ -109,12 +109,16 @@ void linear_forward(Gemm& gemm, std::span<float> out, const MatrixView& inp, con
   if (!bias.empty()) check_size(fn, "bias", bias.size(), OC, "OC, or empty for no bias");
 
   gemm.run(inp, weight, output(out.data(), N, OC), {.trans_a = Trans::no, .trans_b = Trans::yes});
-  if (!bias.empty()) {
-    #pragma omp parallel for schedule(static) if (parallel_worth_it(N * OC))
-    for (std::size_t n = 0; n < N; ++n) {
-      float* row = out.data() + n * OC;
-      for (std::size_t o = 0; o < OC; ++o) row[o] += bias[o];
-    }
+  if (!bias.empty()) detail::add_bias_rows(out, bias, N, OC);
+}
+
+void detail::add_bias_rows(std::span<float> out, std::span<const float> bias, std::size_t N, std::size_t OC) {
+  check_size("add_bias_rows", "out", out.size(), N * OC, "N*OC");
+  check_size("add_bias_rows", "bias", bias.size(), OC, "OC");
+  #pragma omp parallel for schedule(static) if (parallel_worth_it(N * OC))
+  for (std::size_t n = 0; n < N; ++n) {
+    float* row = out.data() + n * OC;
+    for (std::size_t o = 0; o < OC; ++o) row[o] += bias[o];
   }
 }
 
@@ -257,28 +261,53 @@ void layernorm_backward_impl(std::span<float> dinp, std::span<float> dweight, st
   check_size(fn, "mean", mean.size(), N, "N");
   check_size(fn, "rstd", rstd.size(), N, "N");
 
-  const LayerKernels& k = active_layer_kernels();
-  // dweight/dbias by column blocks (each column sums its rows in order), then dinp by rows:
-  // both split over the threads without changing a result. Parameters first, so that a
-  // dinp aliasing dout is written only after dout has been read for them.
-  constexpr std::size_t kBlock = 64;
-  const std::size_t blocks = (C + kBlock - 1) / kBlock;
-  #pragma omp parallel if (parallel_worth_it(N * C))
-  {
-    #pragma omp for schedule(static)
-    for (std::size_t blk = 0; blk < blocks; ++blk) {
-      const std::size_t c0 = blk * kBlock;
-      k.layernorm_backward_params(dweight.data() + c0, dbias.data() + c0, dout.data() + c0, inp.data() + c0,
-                                  mean.data(), rstd.data(), N, C, std::min(kBlock, C - c0));
-    }
-    #pragma omp for schedule(static)
-    for (std::size_t n = 0; n < N; ++n) {
-      k.layernorm_backward_dx_row(dinp.data() + n * C, dout.data() + n * C, inp.data() + n * C, weight.data(),
-                                  mean[n], rstd[n], C, accumulate);
-    }
-  }
+  // Parameters first, so that a dinp aliasing dout is written only after dout has been
+  // read for them.
+  detail::layernorm_backward_params(dweight, dbias, dout, inp, mean, rstd, N, C);
+  detail::layernorm_backward_dx(dinp, dout, inp, weight, mean, rstd, N, C, accumulate);
 }
 }  // namespace
+
+// dweight/dbias by column blocks (each column sums its rows in order), dinp by rows: both
+// split over the threads without changing a result.
+void detail::layernorm_backward_params(std::span<float> dweight, std::span<float> dbias, std::span<const float> dout,
+                                       std::span<const float> inp, std::span<const float> mean,
+                                       std::span<const float> rstd, std::size_t N, std::size_t C) {
+  constexpr const char* fn = "layernorm_backward_params";
+  check_size(fn, "dweight", dweight.size(), C, "C");
+  check_size(fn, "dbias", dbias.size(), C, "C");
+  check_size(fn, "dout", dout.size(), N * C, "N*C");
+  check_size(fn, "inp", inp.size(), N * C, "N*C");
+  check_size(fn, "mean", mean.size(), N, "N");
+  check_size(fn, "rstd", rstd.size(), N, "N");
+  const LayerKernels& k = active_layer_kernels();
+  constexpr std::size_t kBlock = 64;
+  const std::size_t blocks = (C + kBlock - 1) / kBlock;
+  #pragma omp parallel for schedule(static) if (parallel_worth_it(N * C))
+  for (std::size_t blk = 0; blk < blocks; ++blk) {
+    const std::size_t c0 = blk * kBlock;
+    k.layernorm_backward_params(dweight.data() + c0, dbias.data() + c0, dout.data() + c0, inp.data() + c0,
+                                mean.data(), rstd.data(), N, C, std::min(kBlock, C - c0));
+  }
+}
+
+void detail::layernorm_backward_dx(std::span<float> dinp, std::span<const float> dout, std::span<const float> inp,
+                                   std::span<const float> weight, std::span<const float> mean,
+                                   std::span<const float> rstd, std::size_t N, std::size_t C, bool accumulate) {
+  constexpr const char* fn = "layernorm_backward_dx";
+  check_size(fn, "dinp", dinp.size(), N * C, "N*C");
+  check_size(fn, "dout", dout.size(), N * C, "N*C");
+  check_size(fn, "inp", inp.size(), N * C, "N*C");
+  check_size(fn, "weight", weight.size(), C, "C");
+  check_size(fn, "mean", mean.size(), N, "N");
+  check_size(fn, "rstd", rstd.size(), N, "N");
+  const LayerKernels& k = active_layer_kernels();
+  #pragma omp parallel for schedule(static) if (parallel_worth_it(N * C))
+  for (std::size_t n = 0; n < N; ++n) {
+    k.layernorm_backward_dx_row(dinp.data() + n * C, dout.data() + n * C, inp.data() + n * C, weight.data(), mean[n],
+                                rstd[n], C, accumulate);
+  }
+}
 
 void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
                         std::span<const float> dout, std::span<const float> inp, std::span<const float> weight,
