@@ -207,11 +207,13 @@ class Gpt final : public Model {
     std::span<float> res = e.target(enc_, kResidualSlot, N * C);
     embedding_forward(res, tok, e.w(wte_), e.w(wpe_), rows, T, C, V);
     e.commit(enc_, res);
+    // Each layer norm reads the residual stream where the add before it (or the embedding)
+    // left it: the blocks' norms run in the stages of that add (linear_residual).
+    layernorm_stage(ln1_of(0, N), res, N);
     for (std::size_t l = 0; l < config_.layers; ++l) {
       const LayerParams& p = params_[l];
       const LayerActs& s = acts_[l];
-      std::span<float> ln = e.target(s.ln1, kNarrowSlot, N * C);
-      layernorm_stage(ln, s.ln1, s.ln1_mean, s.ln1_rstd, res, p.ln1w, p.ln1b, N, linear_input());
+      const std::span<float> ln = e.target(s.ln1, kNarrowSlot, N * C);
       std::span<float> qkv = e.target(s.qkv, kWideSlot, N * 3 * C);
       linear(l, &LayerFp8::qkv, qkv, ln, s.ln1, p.qkvw, p.qkvb, N, C, 3 * C, s.qkv);
       std::span<float> y = e.target(s.atty, kNarrowSlot, N * C);
@@ -222,10 +224,10 @@ class Gpt final : public Model {
       commit_linear_input(s.atty, y);
       std::span<float> proj = e.target(tmp_, kProjectionSlot, N * C);
       std::span<float> res2 = e.target(s.res2, kResidualSlot, N * C);
-      linear_residual(l, &LayerFp8::proj, proj, y, s.atty, p.projw, p.projb, N, C, res2, s.res2, res);
+      const Norm n2{e.target(s.ln2, kNarrowSlot, N * C), s.ln2, s.ln2_mean, s.ln2_rstd, p.ln2w, p.ln2b, linear_input()};
+      linear_residual(l, &LayerFp8::proj, proj, y, s.atty, p.projw, p.projb, N, C, res2, s.res2, res, n2);
       res = res2;
-      std::span<float> ln2 = e.target(s.ln2, kNarrowSlot, N * C);
-      layernorm_stage(ln2, s.ln2, s.ln2_mean, s.ln2_rstd, res, p.ln2w, p.ln2b, N, linear_input());
+      const std::span<float> ln2 = n2.out;
       std::span<float> h = e.target(s.fch, kWideSlot, N * 4 * C);
       std::span<float> hg = e.target(s.fchg, kGeluSlot, N * 4 * C);
       if (fp8_) {
@@ -244,11 +246,12 @@ class Gpt final : public Model {
       }
       std::span<float> fp = e.target(tmp_, kProjectionSlot, N * C);
       std::span<float> res3 = e.target(s.res3, kResidualSlot, N * C);
-      linear_residual(l, &LayerFp8::fcproj, fp, hg, s.fchg, p.fcprojw, p.fcprojb, N, 4 * C, res3, s.res3, res);
+      const bool last = l + 1 == config_.layers;
+      linear_residual(l, &LayerFp8::fcproj, fp, hg, s.fchg, p.fcprojw, p.fcprojb, N, 4 * C, res3, s.res3, res,
+                      last ? lnf_of(N) : ln1_of(l + 1, N));
       res = res3;
     }
-    std::span<float> lf = e.target(lnf_, kNarrowSlot, N * C);
-    layernorm_stage(lf, lnf_, lnf_mean_, lnf_rstd_, res, lnfw_, lnfb_, N, Engine::Commit::operand);  // LM head only
+    const std::span<float> lf = e.target(lnf_, kNarrowSlot, N * C);
     std::span<float> logits = e.target(logits_, kWideSlot, N * V);
     linear_forward(g, logits, e.operand(lnf_, lf, N, C), e.weight_operand(wte_, V, C), {}, N, C, V);
     // Per block: the logits' commit, then the softmax and loss of those rows.
@@ -406,19 +409,39 @@ class Gpt final : public Model {
     return v.subspan(r0 * cols, (r1 - r0) * cols);
   }
 
-  // out = layernorm(x) over N rows of C, committed as `kind` to act, block by block.
-  void layernorm_stage(std::span<float> out, std::size_t act, std::size_t mean, std::size_t rstd,
-                       std::span<const float> x, std::size_t w, std::size_t b, std::size_t N, Engine::Commit kind) {
+  // A layer norm of the residual stream: its output (target), the activation it is
+  // committed to and how, its statistics and parameters.
+  struct Norm {
+    std::span<float> out;
+    std::size_t act, mean, rstd, w, b;
+    Engine::Commit kind;
+  };
+  Norm ln1_of(std::size_t l, std::size_t N) {
+    const LayerActs& s = acts_[l];
+    return {engine_->target(s.ln1, kNarrowSlot, N * config_.channels), s.ln1, s.ln1_mean, s.ln1_rstd, params_[l].ln1w,
+            params_[l].ln1b, linear_input()};
+  }
+  Norm lnf_of(std::size_t N) {  // read by the LM head's GEMM only
+    return {engine_->target(lnf_, kNarrowSlot, N * config_.channels), lnf_, lnf_mean_, lnf_rstd_, lnfw_, lnfb_,
+            Engine::Commit::operand};
+  }
+
+  // The stage computing n.out = layernorm(x) over rows [r0, r1); f must outlive its use.
+  auto norm_rows(const Norm& n, std::span<const float> x, std::size_t N) {
     Engine& e = *engine_;
     const std::size_t C = config_.channels;
-    const std::span<float> mn = e.acts().f32(mean, N), rs = e.acts().f32(rstd, N);
-    const std::span<const float> wt = e.w(w), bs = e.w(b);
-    auto norm = [&](std::size_t r0, std::size_t r1) {
-      layernorm_forward(rows_of(out, C, r0, r1), mn.subspan(r0, r1 - r0), rs.subspan(r0, r1 - r0), rows_of(x, C, r0, r1),
-                        wt, bs, r1 - r0, C);
+    return [&e, n, x, C, mn = e.acts().f32(n.mean, N), rs = e.acts().f32(n.rstd, N), wt = e.w(n.w),
+            bs = e.w(n.b)](std::size_t r0, std::size_t r1) {
+      layernorm_forward(rows_of(n.out, C, r0, r1), mn.subspan(r0, r1 - r0), rs.subspan(r0, r1 - r0),
+                        rows_of(x, C, r0, r1), wt, bs, r1 - r0, C);
     };
-    const Engine::Stage st[] = {Engine::stage(norm, act, out, C, kind)};
-    e.run_stages(N, st, nullptr);
+  }
+
+  // n.out = layernorm(x) over N rows, committed block by block.
+  void layernorm_stage(const Norm& n, std::span<const float> x, std::size_t N) {
+    auto norm = norm_rows(n, x, N);
+    const Engine::Stage st[] = {Engine::stage(norm, n.act, n.out, config_.channels, n.kind)};
+    engine_->run_stages(N, st, nullptr);
   }
 
   // The residual stream's gradient through a layer norm: dx = base + layernorm'(dout) (base
@@ -464,17 +487,18 @@ class Gpt final : public Model {
   }
 
   // A block Linear whose output joins the residual stream: out = x W^T + b committed to
-  // tmp_ (rounded as the Linear's output), then sum = res + out committed to sum_act;
-  // per block on the non-fp8 path. sum may alias res.
+  // tmp_ (rounded as the Linear's output), then sum = res + out committed to sum_act, then
+  // the next layer norm of sum (`next`); per block on the non-fp8 path. sum may alias res.
   void linear_residual(std::size_t layer, std::size_t LayerFp8::*which, std::span<float> out, std::span<const float> x,
                        std::size_t x_act, std::size_t w, std::size_t b, std::size_t N, std::size_t C,
-                       std::span<float> sum, std::size_t sum_act, std::span<const float> res) {
+                       std::span<float> sum, std::size_t sum_act, std::span<const float> res, const Norm& next) {
     Engine& e = *engine_;
     const std::size_t OC = config_.channels;
     if (fp8_) {
       linear(layer, which, out, x, x_act, w, b, N, C, OC, tmp_);
       residual_forward(sum, res, out);
       e.commit(sum_act, sum);
+      layernorm_stage(next, sum, N);
       return;
     }
     linear_forward(e.gemm(), out, e.operand(x_act, x, N, C), e.weight_operand(w, OC, C), {}, N, C, OC);
@@ -483,7 +507,9 @@ class Gpt final : public Model {
     auto residual = [&](std::size_t r0, std::size_t r1) {
       residual_forward(rows_of(sum, OC, r0, r1), rows_of(res, OC, r0, r1), rows_of(out, OC, r0, r1));
     };
-    const Engine::Stage st[] = {Engine::stage(add, tmp_, out, OC), Engine::stage(residual, sum_act, sum, OC)};
+    auto norm = norm_rows(next, sum, N);
+    const Engine::Stage st[] = {Engine::stage(add, tmp_, out, OC), Engine::stage(residual, sum_act, sum, OC),
+                                Engine::stage(norm, next.act, next.out, OC, next.kind)};
     e.run_stages(N, st, nullptr);
   }
 
