@@ -271,9 +271,9 @@ void Engine::record_grad(BackwardStats& stats, std::size_t label, const Conversi
 
 namespace {
 std::atomic<bool> g_fused_passes{true};
-// Elements of the widest stage output per block: a block of every stage stays in the
-// core's L2 between its producer and its commit.
-constexpr std::size_t kFusedBlockFloats = 4096;
+// Elements of the widest stage output per block (64 KiB of fp32): a block of every stage
+// stays in the core's L2 (512 KiB and up) between its producer and its commit.
+constexpr std::size_t kFusedBlockFloats = 16384;
 constexpr std::size_t kMaxStages = 4;
 }  // namespace
 
