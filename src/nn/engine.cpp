@@ -71,31 +71,8 @@ void decode(const std::byte* src, DType t, std::span<float> dst) {
   });
 }
 
-void encode_part(std::span<const float> s, std::byte* dst, std::size_t b, DType t);
-ConversionStats encode_counted_part(std::span<const float> s, std::byte* dst, std::size_t b, DType t);
-
-void encode(std::span<const float> src, std::byte* dst, DType t) {
-  for_chunks(src.size(), convert_threads(src.size()), [&](std::size_t b, std::size_t e, int) {
-    encode_part(src.subspan(b, e - b), dst, b, t);
-  });
-}
-
-ConversionStats encode_counted(std::span<const float> src, std::byte* dst, DType t) {
-  if (t == DType::f32) {
-    encode(src, dst, t);
-    return {};
-  }
-  const int threads = convert_threads(src.size());
-  ConversionStats parts[kMaxConvertThreads];
-  for_chunks(src.size(), threads, [&](std::size_t b, std::size_t e, int part) {
-    parts[part] = encode_counted_part(src.subspan(b, e - b), dst, b, t);
-  });
-  ConversionStats total;
-  for (int i = 0; i < threads; ++i) total += parts[i];
-  return total;
-}
-
-// One thread's part of the conversions below: elements [b, b + s.size()) of a tensor at dst.
+// One thread's part of the conversions below and of a fused block (Engine::commit_block):
+// elements [b, b + s.size()) of the tensor at dst.
 void encode_part(std::span<const float> s, std::byte* dst, std::size_t b, DType t) {
   switch (t) {
     case DType::f32: std::memcpy(dst + 4 * b, s.data(), s.size() * 4); return;
@@ -117,6 +94,27 @@ void store_and_round_part(std::span<float> s, std::byte* dst, std::size_t b, DTy
 RoundedStats store_and_round_counted_part(std::span<float> s, std::byte* dst, std::size_t b, DType t) {
   return t == DType::f16 ? encode_and_round_counted(s, std::span<f16>(as<f16>(dst) + b, s.size()))
                          : encode_and_round_counted(s, std::span<bf16>(as<bf16>(dst) + b, s.size()));
+}
+
+void encode(std::span<const float> src, std::byte* dst, DType t) {
+  for_chunks(src.size(), convert_threads(src.size()), [&](std::size_t b, std::size_t e, int) {
+    encode_part(src.subspan(b, e - b), dst, b, t);
+  });
+}
+
+ConversionStats encode_counted(std::span<const float> src, std::byte* dst, DType t) {
+  if (t == DType::f32) {
+    encode(src, dst, t);
+    return {};
+  }
+  const int threads = convert_threads(src.size());
+  ConversionStats parts[kMaxConvertThreads];
+  for_chunks(src.size(), threads, [&](std::size_t b, std::size_t e, int part) {
+    parts[part] = encode_counted_part(src.subspan(b, e - b), dst, b, t);
+  });
+  ConversionStats total;
+  for (int i = 0; i < threads; ++i) total += parts[i];
+  return total;
 }
 
 // Stores v and leaves in v the values stored (what decode would give back), in one pass.
@@ -359,14 +357,18 @@ void Engine::run_stages(std::size_t rows, std::span<const Stage> stages, Backwar
   Part parts[kMaxConvertThreads];
   // Every element is rounded alone and counts merge as sums (amax as a max), so neither
   // the blocks nor the thread split change a result.
-  #pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-  for (std::size_t blk = 0; blk < blocks; ++blk) {
+  auto block = [&](std::size_t blk, Part& p) {
     const std::size_t r0 = blk * per_block, r1 = std::min(rows, r0 + per_block);
-    Part& p = parts[omp_get_thread_num()];
     for (std::size_t i = 0; i < stages.size(); ++i) {
       stages[i].produce(stages[i].ctx, r0, r1);
       commit_block(stages[i], r0, r1, p.counts[i], p.amax[i]);
     }
+  };
+  if (threads <= 1) {
+    for (std::size_t blk = 0; blk < blocks; ++blk) block(blk, parts[0]);
+  } else {
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (std::size_t blk = 0; blk < blocks; ++blk) block(blk, parts[omp_get_thread_num()]);
   }
   for (std::size_t i = 0; i < stages.size(); ++i) {
     const Stage& st = stages[i];
