@@ -33,21 +33,36 @@ std::string join(const std::vector<std::string>& names) {
   return s;
 }
 
-constexpr LossScaleRule kRules[] = {LossScaleRule::static_scale, LossScaleRule::torch, LossScaleRule::deepspeed,
-                                    LossScaleRule::megatron,     LossScaleRule::apex,  LossScaleRule::keras,
-                                    LossScaleRule::tf_keras,     LossScaleRule::jmp};
+// Every rule, one row each, in the order messages list them: its name, and what its anchor
+// does that validation and the update depend on.
+struct RuleRow {
+  LossScaleRule rule;
+  std::string_view name;
+  bool holds_f32;       // the anchor holds (or computes) the scale in float32
+  bool single_factor;   // one factor: growth multiplies by it, backoff divides by it
+  bool has_hysteresis;  // overflows tolerated before a backoff (deepspeed, megatron)
+};
 
-// Rules whose anchor holds (or computes) the scale in float32.
-bool holds_f32(LossScaleRule r) {
-  return r == LossScaleRule::static_scale || r == LossScaleRule::torch || r == LossScaleRule::megatron ||
-         r == LossScaleRule::keras || r == LossScaleRule::tf_keras || r == LossScaleRule::jmp;
+constexpr RuleRow kRules[] = {
+    {LossScaleRule::static_scale, "static", true, false, false},
+    {LossScaleRule::torch, "torch", true, false, false},
+    {LossScaleRule::deepspeed, "deepspeed", false, true, true},
+    {LossScaleRule::megatron, "megatron", true, false, true},
+    {LossScaleRule::apex, "apex", false, true, false},
+    {LossScaleRule::keras, "keras", true, true, false},
+    {LossScaleRule::tf_keras, "tf-keras", true, true, false},
+    {LossScaleRule::jmp, "jmp", true, true, false},
+};
+
+const RuleRow* rule_row(LossScaleRule r) noexcept {
+  for (const RuleRow& row : kRules)
+    if (row.rule == r) return &row;
+  return nullptr;
 }
-// Rules whose anchor has a single factor: growth multiplies by it, backoff divides by it.
-bool single_factor(LossScaleRule r) {
-  return r == LossScaleRule::deepspeed || r == LossScaleRule::apex || r == LossScaleRule::keras ||
-         r == LossScaleRule::tf_keras || r == LossScaleRule::jmp;
-}
-bool has_hysteresis(LossScaleRule r) { return r == LossScaleRule::deepspeed || r == LossScaleRule::megatron; }
+
+bool holds_f32(LossScaleRule r) { return rule_row(r) != nullptr && rule_row(r)->holds_f32; }
+bool single_factor(LossScaleRule r) { return rule_row(r) != nullptr && rule_row(r)->single_factor; }
+bool has_hysteresis(LossScaleRule r) { return rule_row(r) != nullptr && rule_row(r)->has_hysteresis; }
 
 // A bound (min or max scale) as the rule compares with it.
 double in_rule_precision(LossScaleRule r, double v) {
@@ -70,17 +85,8 @@ std::string collapse_message(const LossScaleConfig& c, double scale, std::int64_
 }  // namespace
 
 std::string_view rule_name(LossScaleRule r) noexcept {
-  switch (r) {
-    case LossScaleRule::static_scale: return "static";
-    case LossScaleRule::torch: return "torch";
-    case LossScaleRule::deepspeed: return "deepspeed";
-    case LossScaleRule::megatron: return "megatron";
-    case LossScaleRule::apex: return "apex";
-    case LossScaleRule::keras: return "keras";
-    case LossScaleRule::tf_keras: return "tf-keras";
-    case LossScaleRule::jmp: return "jmp";
-  }
-  return "?";
+  const RuleRow* row = rule_row(r);
+  return row != nullptr ? row->name : "?";
 }
 
 std::string_view floor_policy_name(FloorPolicy p) noexcept {
@@ -174,8 +180,8 @@ LossScaleConfig loss_scale_preset(std::string_view name) {
 namespace {
 
 std::optional<LossScaleRule> parse_rule(std::string_view s) {
-  for (LossScaleRule r : kRules)
-    if (rule_name(r) == s) return r;
+  for (const RuleRow& r : kRules)
+    if (r.name == s) return r.rule;
   return std::nullopt;
 }
 
@@ -187,7 +193,7 @@ std::optional<FloorPolicy> parse_floor_policy(std::string_view s) {
 
 std::vector<std::string> names_of_rules() {
   std::vector<std::string> n;
-  for (LossScaleRule r : kRules) n.emplace_back(rule_name(r));
+  for (const RuleRow& r : kRules) n.emplace_back(r.name);
   return n;
 }
 
@@ -205,7 +211,7 @@ const keys::KeyTable<LossScaleConfig>& config_table() {
     std::vector<keys::Key<C>> k;
     k.push_back(keys::enum_key<C>(
         Spec{.name = "rule",
-             .doc = "The update rule: static, or an anchor's (torch, deepspeed, megatron, apex, keras, tf-keras, jmp)",
+             .doc = "The update rule: static, or the anchor's whose update it reproduces",
              .type = "NAME",
              .choices = names_of_rules()},
         [](auto& c) -> auto& { return c.rule; }, parse_rule));
@@ -221,7 +227,7 @@ const keys::KeyTable<LossScaleConfig>& config_table() {
         [](auto& c) -> auto& { return c.growth_factor; }));
     k.push_back(keys::number_key<C>(
         Spec{.name = "backoff_factor",
-             .doc = "An overflow multiplies the scale by it; 1/growth_factor for deepspeed, apex, keras, tf-keras, jmp",
+             .doc = "An overflow multiplies the scale by it; 1/growth_factor for the one-factor rules",
              .type = "X",
              .lo = 0,
              .hi = 1,

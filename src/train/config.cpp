@@ -1,6 +1,6 @@
 // TrainConfig: its key table, validation, JSON config files and the JSON echo of a config.
 //
-// One table (keys()) lists every key in flag order: its description (kind, range or
+// One table (table()) lists every key in flag order: its description (kind, range or
 // allowed values, doc line, the CLI's placeholder) and its member, through the key-table
 // mechanism every config shares (src/core/key_table.hpp). Reading a key from text or JSON
 // checks its range; validate() runs every key's check, then the checks across keys.
@@ -145,18 +145,53 @@ Spec choice(std::string name, std::string doc, std::vector<std::string> choices)
           .choices = std::move(choices)};
 }
 
-std::uint32_t fp8_only(std::initializer_list<nn::Precision> ps) { return precision_bits(ps); }
+// ConfigKey::only_for of an fp8 option: the precisions whose fp8 recipe is one of `recipes`
+// (every fp8 precision when empty), read from the precision table.
+std::uint32_t fp8_only(std::initializer_list<nn::Fp8Recipe> recipes) {
+  std::uint32_t bits = 0;
+  for (const nn::Precision p : nn::all_precisions()) {
+    const nn::Fp8Recipe r = nn::fp8_recipe_of(p);
+    if (r != nn::Fp8Recipe::none && (recipes.size() == 0 || std::find(recipes.begin(), recipes.end(), r) != recipes.end()))
+      bits |= precision_bits({p});
+  }
+  return bits;
+}
+
+// The key-table binders for a TrainConfig row: (spec, member, own rule, TrainExtra).
+template <class Ref>
+Key int_row(Spec s, Ref ref, Check check = {}, TrainExtra x = {}) {
+  return keys::integer_key<TrainConfig, TrainExtra>(std::move(s), ref, std::move(check), x);
+}
+template <class Ref>
+Key num_row(Spec s, Ref ref, Check check = {}, TrainExtra x = {}) {
+  return keys::number_key<TrainConfig, TrainExtra>(std::move(s), ref, std::move(check), x);
+}
+template <class Ref>
+Key bool_row(Spec s, Ref ref, Check check = {}, TrainExtra x = {}) {
+  return keys::bool_key<TrainConfig, TrainExtra>(std::move(s), ref, std::move(check), x);
+}
+template <class Ref>
+Key text_row(Spec s, Ref ref, Check check = {}, TrainExtra x = {}) {  // free text, or spec.choices
+  return keys::string_key<TrainConfig, TrainExtra>(std::move(s), ref, std::move(check), x);
+}
+template <class Ref>
+Key list_row(Spec s, Ref ref, Check check = {}, TrainExtra x = {}) {
+  return keys::list_key<TrainConfig, TrainExtra>(std::move(s), ref, std::move(check), x);
+}
+template <class Ref, class Parse>
+Key enum_row(Spec s, Ref ref, Parse parse, Check check = {}, TrainExtra x = {}) {
+  return keys::enum_key<TrainConfig, TrainExtra>(std::move(s), ref, parse, std::move(check), x);
+}
 
 const Table& table() {
-  using nn::Precision;
   static const Table t([] {
     std::vector<Key> k;
     // model
-    k.push_back(keys::enum_key<TrainConfig, TrainExtra>(
+    k.push_back(enum_row(
         choice("model", "Model: gpt (decoder-only transformer) or mlp (deep MLP next-token classifier)",
                {std::string(nn::model_kind_name(nn::ModelKind::gpt)), std::string(nn::model_kind_name(nn::ModelKind::mlp))}),
         [](auto& c) -> auto& { return c.model.kind; }, [](std::string_view s) { return nn::parse_model_kind(s); }));
-    k.push_back(keys::enum_key<TrainConfig, TrainExtra>(
+    k.push_back(enum_row(
         choice("precision", "Precision preset (docs/training.md): " + join(nn::precision_names(), ", "),
                nn::precision_names()),
         [](auto& c) -> auto& { return c.precision; }, [](std::string_view s) { return nn::parse_precision(s); }, {},
@@ -166,36 +201,35 @@ const Table& table() {
                          "Loss scaling: none, dynamic, static:S or a preset (" + join(dynamic_presets(), ", ") +
                              "); fp8 presets default to none");
       s.expected = loss_scale_allowed();
-      k.push_back(keys::string_key<TrainConfig, TrainExtra>(
+      k.push_back(text_row(
           s, [](auto& c) -> auto& { return c.loss_scale; }, [](const TrainConfig& c) { check_loss_scale(c.loss_scale); },
           kRun));
     }
     // fp8 recipe options
-    const std::uint32_t all_fp8 =
-        fp8_only({Precision::fp8_noscale, Precision::fp8_delayed, Precision::fp8_current, Precision::mxfp8});
-    k.push_back(keys::string_key<TrainConfig, TrainExtra>(
+    const std::uint32_t all_fp8 = fp8_only({});
+    k.push_back(text_row(
         choice("fp8-format", "fp8 presets: hybrid (E4M3 forward, E5M2 gradients) or e4m3", {"hybrid", "e4m3"}),
         [](auto& c) -> auto& { return c.fp8_format; }, {}, {.only_for = all_fp8}));
-    k.push_back(keys::integer_key<TrainConfig, TrainExtra>(
+    k.push_back(int_row(
         integer("fp8-amax-history", "N", "fp8-delayed: amax history length", 1, kMaxAmaxHistory),
-        [](auto& c) -> auto& { return c.fp8_amax_history; }, {}, {.only_for = fp8_only({Precision::fp8_delayed})}));
-    k.push_back(keys::string_key<TrainConfig, TrainExtra>(
+        [](auto& c) -> auto& { return c.fp8_amax_history; }, {}, {.only_for = fp8_only({nn::Fp8Recipe::delayed})}));
+    k.push_back(text_row(
         choice("fp8-amax-algo", "fp8-delayed: max or most_recent", {"max", "most_recent"}),
-        [](auto& c) -> auto& { return c.fp8_amax_algo; }, {}, {.only_for = fp8_only({Precision::fp8_delayed})}));
+        [](auto& c) -> auto& { return c.fp8_amax_algo; }, {}, {.only_for = fp8_only({nn::Fp8Recipe::delayed})}));
     {
       Spec s = integer("fp8-margin", "M", "fp8-delayed: scale = fp8_max * 2^-M / amax, M in [-64, 64]");
       s.int_min = -64;
       s.int_max = 64;
-      k.push_back(keys::integer_key<TrainConfig, TrainExtra>(
-          s, [](auto& c) -> auto& { return c.fp8_margin; }, {}, {.only_for = fp8_only({Precision::fp8_delayed})}));
+      k.push_back(int_row(
+          s, [](auto& c) -> auto& { return c.fp8_margin; }, {}, {.only_for = fp8_only({nn::Fp8Recipe::delayed})}));
     }
     {
       Spec s = text_spec("fp8-power2-scales", "[BOOL]", "fp8-current: scales rounded down to powers of two");
-      k.push_back(keys::bool_key<TrainConfig, TrainExtra>(
+      k.push_back(bool_row(
           s, [](auto& c) -> auto& { return c.fp8_power2_scales; }, {},
-          {.only_for = fp8_only({Precision::fp8_current})}));
+          {.only_for = fp8_only({nn::Fp8Recipe::current})}));
     }
-    k.push_back(keys::number_key<TrainConfig, TrainExtra>(
+    k.push_back(num_row(
         number("fp8-amax-epsilon", "fp8-current: amax floor", 0, false), [](auto& c) -> auto& { return c.fp8_amax_epsilon; },
         [](const TrainConfig& c) {
           // float32 must hold it: neither past its max nor so small that it would round to 0
@@ -203,101 +237,101 @@ const Table& table() {
           if (c.fp8_amax_epsilon > kFloatMax || (c.fp8_amax_epsilon > 0 && static_cast<float>(c.fp8_amax_epsilon) == 0.0f))
             fail("fp8-amax-epsilon", "0, or a finite number float32 holds (1.4e-45 to 3.4e38)", num(c.fp8_amax_epsilon));
         },
-        {.only_for = fp8_only({Precision::fp8_current})}));
-    k.push_back(keys::string_key<TrainConfig, TrainExtra>(
+        {.only_for = fp8_only({nn::Fp8Recipe::current})}));
+    k.push_back(text_row(
         choice("mx-rounding", "mxfp8: E8M0 block-scale rounding, te (round up) or ocp (floor)", {"te", "ocp"}),
-        [](auto& c) -> auto& { return c.mx_rounding; }, {}, {.only_for = fp8_only({Precision::mxfp8})}));
+        [](auto& c) -> auto& { return c.mx_rounding; }, {}, {.only_for = fp8_only({nn::Fp8Recipe::mx})}));
     // the model's shape
-    k.push_back(keys::integer_key<TrainConfig, TrainExtra>(integer("layers", "N", "gpt: transformer blocks", 1, kMaxLayers),
+    k.push_back(int_row(integer("layers", "N", "gpt: transformer blocks", 1, kMaxLayers),
                                                           [](auto& c) -> auto& { return c.model.layers; }));
-    k.push_back(keys::integer_key<TrainConfig, TrainExtra>(
+    k.push_back(int_row(
         integer("heads", "N", "gpt: attention heads (must divide --channels)", 1, kMaxHeads),
         [](auto& c) -> auto& { return c.model.heads; }));
-    k.push_back(keys::integer_key<TrainConfig, TrainExtra>(
+    k.push_back(int_row(
         integer("channels", "N", "gpt: width (also the mlp's embedding width per context token)", 1, kMaxChannels),
         [](auto& c) -> auto& { return c.model.channels; }));
-    k.push_back(keys::integer_key<TrainConfig, TrainExtra>(integer("context", "N", "Tokens per sequence", 2, kMaxContext),
+    k.push_back(int_row(integer("context", "N", "Tokens per sequence", 2, kMaxContext),
                                                           [](auto& c) -> auto& { return c.model.context; }));
-    k.push_back(keys::integer_key<TrainConfig, TrainExtra>(integer("batch", "N", "Sequences per micro-batch", 1, kMaxBatch),
+    k.push_back(int_row(integer("batch", "N", "Sequences per micro-batch", 1, kMaxBatch),
                                                           [](auto& c) -> auto& { return c.model.batch; }));
-    k.push_back(keys::integer_key<TrainConfig, TrainExtra>(integer("depth", "N", "mlp: hidden layers", 1, kMaxDepth),
+    k.push_back(int_row(integer("depth", "N", "mlp: hidden layers", 1, kMaxDepth),
                                                           [](auto& c) -> auto& { return c.model.depth; }));
-    k.push_back(keys::integer_key<TrainConfig, TrainExtra>(integer("hidden", "N", "mlp: hidden width", 1, kMaxHidden),
+    k.push_back(int_row(integer("hidden", "N", "mlp: hidden width", 1, kMaxHidden),
                                                           [](auto& c) -> auto& { return c.model.hidden; }));
     // data
-    k.push_back(keys::string_key<TrainConfig, TrainExtra>(
+    k.push_back(text_row(
         text_spec("data", "FILE", "UTF-8 training text (default: the embedded corpus)"),
         [](auto& c) -> auto& { return c.data; }, {}, kMoves));
     {
       Spec s = text_spec("vocab", "SPEC", "Tokeniser: char or word:N");
       s.expected = vocab_allowed();
-      k.push_back(keys::string_key<TrainConfig, TrainExtra>(s, [](auto& c) -> auto& { return c.vocab; },
+      k.push_back(text_row(s, [](auto& c) -> auto& { return c.vocab; },
                                                            [](const TrainConfig& c) { check_vocab(c.vocab); }));
     }
-    k.push_back(keys::integer_key<TrainConfig, TrainExtra>(
+    k.push_back(int_row(
         integer("corpus-tokens", "N", "Size of the embedded corpus in word tokens", 1, nn::CorpusOptions::kMaxTokens),
         [](auto& c) -> auto& { return c.corpus_tokens; }));
-    k.push_back(keys::number_key<TrainConfig, TrainExtra>(
+    k.push_back(num_row(
         number("val-fraction", "Held-out tail of the token stream, in (0, 0.5]", 0, true, 0.5, false),
         [](auto& c) -> auto& { return c.val_fraction; }));
     // optimisation
-    k.push_back(keys::string_key<TrainConfig, TrainExtra>(choice("optimizer", "adamw, adam or sgd", {"adamw", "adam", "sgd"}),
+    k.push_back(text_row(choice("optimizer", "adamw, adam or sgd", {"adamw", "adam", "sgd"}),
                                                          [](auto& c) -> auto& { return c.optimizer; }));
-    k.push_back(keys::number_key<TrainConfig, TrainExtra>(number("lr", "Peak learning rate", 0, true),
+    k.push_back(num_row(number("lr", "Peak learning rate", 0, true),
                                                          [](auto& c) -> auto& { return c.lr; }));
-    k.push_back(keys::number_key<TrainConfig, TrainExtra>(number("min-lr", "Floor of the cosine schedule", 0, false),
+    k.push_back(num_row(number("min-lr", "Floor of the cosine schedule", 0, false),
                                                          [](auto& c) -> auto& { return c.min_lr; }));
-    k.push_back(keys::integer_key<TrainConfig, TrainExtra>(
+    k.push_back(int_row(
         integer("warmup", "N", "Linear warmup steps; the default is at most --steps"),
         [](auto& c) -> auto& { return c.warmup; }));
-    k.push_back(keys::number_key<TrainConfig, TrainExtra>(number("weight-decay", "Weight decay", 0, false),
+    k.push_back(num_row(number("weight-decay", "Weight decay", 0, false),
                                                          [](auto& c) -> auto& { return c.weight_decay; }));
-    k.push_back(keys::number_key<TrainConfig, TrainExtra>(number("beta1", "Adam beta1", 0, false, 1, true),
+    k.push_back(num_row(number("beta1", "Adam beta1", 0, false, 1, true),
                                                          [](auto& c) -> auto& { return c.beta1; }));
-    k.push_back(keys::number_key<TrainConfig, TrainExtra>(number("beta2", "Adam beta2", 0, false, 1, true),
+    k.push_back(num_row(number("beta2", "Adam beta2", 0, false, 1, true),
                                                          [](auto& c) -> auto& { return c.beta2; }));
-    k.push_back(keys::number_key<TrainConfig, TrainExtra>(number("eps", "Adam epsilon", 0, true),
+    k.push_back(num_row(number("eps", "Adam epsilon", 0, true),
                                                          [](auto& c) -> auto& { return c.eps; }));
-    k.push_back(keys::number_key<TrainConfig, TrainExtra>(
+    k.push_back(num_row(
         number("clip", "Max global gradient norm; 0 = no clipping", 0, false), [](auto& c) -> auto& { return c.clip; }));
-    k.push_back(keys::integer_key<TrainConfig, TrainExtra>(
+    k.push_back(int_row(
         integer("steps", "N", "Optimizer steps, applied or skipped", 1, kMaxSteps), [](auto& c) -> auto& { return c.steps; },
         {}, kMoves));
-    k.push_back(keys::integer_key<TrainConfig, TrainExtra>(
+    k.push_back(int_row(
         integer("accum", "N", "Micro-batches per step (gradient accumulation)", 1, kMaxAccum),
         [](auto& c) -> auto& { return c.accum; }));
-    k.push_back(keys::integer_key<TrainConfig, TrainExtra>(
+    k.push_back(int_row(
         integer("seed", "N", "Seed of the weights, the batch order and the corpus"), [](auto& c) -> auto& { return c.seed; }));
     // evaluation
-    k.push_back(keys::integer_key<TrainConfig, TrainExtra>(
+    k.push_back(int_row(
         integer("eval-every", "N", "Validation loss every N steps and at the end; 0 = only at the end"),
         [](auto& c) -> auto& { return c.eval_every; }));
-    k.push_back(keys::integer_key<TrainConfig, TrainExtra>(
+    k.push_back(int_row(
         integer("eval-windows", "N", "Validation windows per evaluation; 0 = the whole split"),
         [](auto& c) -> auto& { return c.eval_windows; }));
-    k.push_back(keys::integer_key<TrainConfig, TrainExtra>(
+    k.push_back(int_row(
         integer("histogram-every", "N", "Log2-magnitude histograms at step 1, every N steps and the last; 0 = never"),
         [](auto& c) -> auto& { return c.histogram_every; }));
     // outputs
-    k.push_back(keys::string_key<TrainConfig, TrainExtra>(
+    k.push_back(text_row(
         text_spec("out", "DIR", "Run folder: config.json, log.jsonl, checkpoints, summary.json (default: none)"),
         [](auto& c) -> auto& { return c.out; }, {}, kDistributed));
-    k.push_back(keys::integer_key<TrainConfig, TrainExtra>(
+    k.push_back(int_row(
         integer("checkpoint-every", "N", "Checkpoint every N steps (needs --out); 0 = only at the end"),
         [](auto& c) -> auto& { return c.checkpoint_every; }, {}, kRun));
-    k.push_back(keys::integer_key<TrainConfig, TrainExtra>(
+    k.push_back(int_row(
         integer("keep-checkpoints", "N", "Newest checkpoints kept in the run folder", 1),
         [](auto& c) -> auto& { return c.keep_checkpoints; }, {}, kRun));
-    k.push_back(keys::string_key<TrainConfig, TrainExtra>(
+    k.push_back(text_row(
         text_spec("resume", "DIR", "Continue the run in DIR from its newest checkpoint; --steps may extend it"),
         [](auto& c) -> auto& { return c.resume; }, {}, kDistributed));
     // data parallelism
-    k.push_back(keys::bool_key<TrainConfig, TrainExtra>(
+    k.push_back(bool_row(
         text_spec("distributed", "",
                   "Data-parallel over the ranks of mpirun -np N: each runs --accum micro-batches of the step"),
         [](auto& c) -> auto& { return c.distributed; }, {},
         {.flag = true, .resume_may_change = true, .compare_sets = true}));
-    k.push_back(keys::integer_key<TrainConfig, TrainExtra>(
+    k.push_back(int_row(
         integer("zero", "N", "Distributed: 1 = ZeRO stage 1 (master weights and optimizer state sharded); 0 = off", 0, 1),
         [](auto& c) -> auto& { return c.zero; }, {}, kDistributed));
     {
@@ -306,7 +340,7 @@ const Table& table() {
                       "half the bytes)",
                       {"fp32", "low"});
       s.type = "MODE";
-      k.push_back(keys::string_key<TrainConfig, TrainExtra>(s, [](auto& c) -> auto& { return c.grad_reduce; }, {},
+      k.push_back(text_row(s, [](auto& c) -> auto& { return c.grad_reduce; }, {},
                                                            kDistributed));
     }
     {
@@ -314,7 +348,7 @@ const Table& table() {
                       86400, false);
       s.type = "S";
       s.expected = "a number of seconds in (0, 86400]";
-      k.push_back(keys::number_key<TrainConfig, TrainExtra>(s, [](auto& c) -> auto& { return c.dist_timeout; }, {},
+      k.push_back(num_row(s, [](auto& c) -> auto& { return c.dist_timeout; }, {},
                                                            kDistributed));
     }
     {
@@ -322,14 +356,14 @@ const Table& table() {
       s.int_min = -1;
       s.int_max = kMaxRanks - 1;
       s.expected = "-1 (every rank) or a rank in [0, " + std::to_string(kMaxRanks) + ")";
-      k.push_back(keys::integer_key<TrainConfig, TrainExtra>(s, [](auto& c) -> auto& { return c.inject_overflow_rank; },
+      k.push_back(int_row(s, [](auto& c) -> auto& { return c.inject_overflow_rank; },
                                                             {}, kDistributed));
     }
     {
       Spec s = integer("inject-overflow-at", "LIST", "Testing: +inf into a gradient at these steps (1-based), e.g. 5,17", 1);
-      k.push_back(keys::list_key<TrainConfig, TrainExtra>(s, [](auto& c) -> auto& { return c.inject_overflow_at; }));
+      k.push_back(list_row(s, [](auto& c) -> auto& { return c.inject_overflow_at; }));
     }
-    k.push_back(keys::integer_key<TrainConfig, TrainExtra>(
+    k.push_back(int_row(
         integer("threads", "N", "Threads; 0 = all cores (MIXPREC_THREADS / OMP_NUM_THREADS respected)", 0, kMaxThreads),
         [](auto& c) -> auto& { return c.threads; }));
     return k;
