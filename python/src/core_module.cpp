@@ -158,17 +158,13 @@ nb::object new_numpy(const std::vector<std::size_t>& shape, std::size_t n, MutAr
 
 // ---- formats ---------------------------------------------------------------------------
 
-enum class Fmt { f16, bf16, f8e4m3, f8e5m2 };
-
-constexpr const char* kFormatList = "f16, bf16, f8e4m3, f8e5m2";
-
-Fmt parse_format(std::string_view name) {
-  if (name == mixprec::format_traits<mixprec::f16>::name) return Fmt::f16;
-  if (name == mixprec::format_traits<mixprec::bf16>::name) return Fmt::bf16;
-  if (name == mixprec::format_traits<mixprec::f8e4m3>::name) return Fmt::f8e4m3;
-  if (name == mixprec::format_traits<mixprec::f8e5m2>::name) return Fmt::f8e5m2;
-  throw nb::value_error(
-      ("format: expected one of " + std::string(kFormatList) + ", found '" + std::string(name) + "'").c_str());
+// A format with conversion kernels, by its name in the format table (f16, bf16, f8e4m3, f8e5m2).
+mixprec::FormatId parse_format(std::string_view name) {
+  for (const mixprec::FormatId f : mixprec::convertible_formats())
+    if (mixprec::format_row(f).name == name) return f;
+  throw nb::value_error(("format: expected one of " + mixprec::format_names(mixprec::convertible_formats()) +
+                         ", found '" + std::string(name) + "'")
+                            .c_str());
 }
 
 mixprec::Overflow parse_overflow(std::string_view s) {
@@ -298,13 +294,7 @@ ConvertOptions make_options(std::string_view overflow, std::string_view subnorma
 
 template <class F>
 auto dispatch(std::string_view format, F&& f) {
-  switch (parse_format(format)) {
-    case Fmt::f16: return f(mixprec::f16{});
-    case Fmt::bf16: return f(mixprec::bf16{});
-    case Fmt::f8e4m3: return f(mixprec::f8e4m3{});
-    case Fmt::f8e5m2: return f(mixprec::f8e5m2{});
-  }
-  throw std::logic_error("unreachable");
+  return mixprec::visit_format(parse_format(format), std::forward<F>(f));
 }
 
 // ---- loss scale --------------------------------------------------------------------------
@@ -642,7 +632,11 @@ NB_MODULE(_core, m) {
                ", overflow=" + std::to_string(s.overflow) + ")";
       });
 
-  m.attr("FORMATS") = nb::make_tuple("f16", "bf16", "f8e4m3", "f8e5m2");
+  {
+    nb::list names;
+    for (const mixprec::FormatId f : mixprec::convertible_formats()) names.append(mixprec::format_row(f).name);
+    m.attr("FORMATS") = nb::steal<nb::tuple>(PySequence_Tuple(names.ptr()));
+  }
 
   m.def(
       "encode",

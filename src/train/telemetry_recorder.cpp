@@ -35,14 +35,7 @@ TrainConfig run_config(const TelemetryOptions& o) {
   return c;
 }
 
-double format_max(DType t) {
-  switch (t) {
-    case DType::f16: return 65504.0;
-    case DType::bf16: return 3.3895313892515355e38;
-    case DType::f32: break;
-  }
-  return static_cast<double>(std::numeric_limits<float>::max());
-}
+double format_max(DType t) { return static_cast<double>(format_row(format_of(t)).max_finite); }
 
 }  // namespace
 
