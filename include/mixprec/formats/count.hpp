@@ -29,6 +29,7 @@
 #include <cstdint>
 #include <span>
 
+#include "mixprec/core/dtype.hpp"
 #include "mixprec/core/isa.hpp"
 #include "mixprec/formats/bulk.hpp"
 #include "mixprec/formats/types.hpp"
@@ -44,6 +45,14 @@ struct CountedTensor {
 CountedTensor count_f16_as_stored(std::span<const f16> src);
 CountedTensor count_bf16_to_f16(std::span<const bf16> src);
 CountedTensor count_f32_to_f16(std::span<const float> src);
+
+// The same numbers from a profile measured elsewhere (a GPU, with its own operations):
+// `above[k]` = how many of the `elements` magnitudes (the source's words with the sign bit
+// cleared) lie above count_bounds(source)[k], `max_bits` the largest magnitude. One
+// definition of the counts, wherever the tensor lies.
+std::span<const std::uint32_t, 5> count_bounds(DType source) noexcept;
+CountedTensor counted_from_profile(DType source, std::uint64_t elements, std::span<const std::uint64_t, 5> above,
+                                   std::uint32_t max_bits);
 
 CountedTensor count_f16_as_stored(Isa isa, std::span<const f16> src);
 CountedTensor count_bf16_to_f16(Isa isa, std::span<const bf16> src);
