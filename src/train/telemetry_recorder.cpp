@@ -188,7 +188,8 @@ StepRecord TelemetryRecorder::record(const TelemetryStep& step, std::span<const 
   auto present = [](const GradTensor& t) { return t.size > 0 && t.data != nullptr; };
   for (std::size_t i = 0; i < n; ++i) {
     const NamedParam& p = params[i];
-    if (p.grad_amax) grad_amax[i] = *p.grad_amax;
+    if (p.unclipped_grad_amax) grad_amax[i] = *p.unclipped_grad_amax;
+    else if (p.grad_amax) grad_amax[i] = *p.grad_amax;
     else if (present(p.grad)) measured.push_back(p.grad), into.push_back(&grad_amax[i]);
     if (p.weight_amax) weight_amax[i] = *p.weight_amax;
     else if (present(p.weight)) measured.push_back(p.weight), into.push_back(&weight_amax[i]);
@@ -203,9 +204,9 @@ StepRecord TelemetryRecorder::record(const TelemetryStep& step, std::span<const 
     const NamedParam& p = params[i];
     StepRecord::ParamStats ps;
     ps.name = p.name;
-    if (p.grad_amax) {
-      ps.grad_amax = grad_amax[i];  // unclipped already
-    } else if (present(p.grad)) {
+    if (p.unclipped_grad_amax) {
+      ps.grad_amax = grad_amax[i];
+    } else if (p.grad_amax || present(p.grad)) {
       // step() left the gradients unscaled and clipped: undo the coefficient.
       float a = grad_amax[i];
       if (std::isfinite(a) && step.applied && step.clip_coef < 1.0f) a /= step.clip_coef;

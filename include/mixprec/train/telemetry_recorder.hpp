@@ -71,16 +71,21 @@ struct TelemetryStep {
 
 // A parameter as the step left it: its gradient (data == nullptr or size 0: none) as
 // step() left it (unscaled; divided back by clip_coef when the step clipped) and its weight.
-// A |max| measured elsewhere replaces the recorder's own pass over that tensor: grad_amax
-// is the unscaled, unclipped |max| (the scaler's unscale pass, or a device's; not divided
-// by clip_coef), weight_amax the weight's. A view given with it is then read only for the
-// histograms (histogram steps); its data may be null (a tensor the recorder cannot read),
-// weight.size still counting the parameter's elements (the summary's param_count).
+// A |max| measured elsewhere replaces the recorder's own pass over that tensor:
+//   grad_amax            of the gradient as step() left it (a device's measurement): the
+//                        recorder undoes clip_coef as it does for its own;
+//   unclipped_grad_amax  from the scaler's unscale pass, before any clipping (check_gradients'
+//                        amax_out): taken as it is;
+//   weight_amax          of the weight.
+// A view given with one of them is then read only for the histograms (histogram steps); its
+// data may be null (a tensor the recorder cannot read), weight.size still counting the
+// parameter's elements (the summary's param_count).
 struct NamedParam {
   std::string name;
   GradTensor grad;
   GradTensor weight;
   std::optional<float> grad_amax = std::nullopt;
+  std::optional<float> unclipped_grad_amax = std::nullopt;
   std::optional<float> weight_amax = std::nullopt;
 };
 
