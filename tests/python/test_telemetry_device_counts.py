@@ -185,7 +185,10 @@ def run_lines(tmp: pathlib.Path, counting: str, dtype, fused: bool = True, steps
         tel.record(outcome, loss=loss.item(), seconds=0.5, clip_coef=coef if coef > 0 else 1.0)
         scaler.update()
         opt.zero_grad()
+    reads = tel._host_reads
     tel.close()
+    # The device path reads its results once per step; the core path never copies.
+    assert reads == (steps if counting == "torch" else 0)
     return [json.loads(line) for line in (tmp / f"{counting}-{fused}-{clip}" / "log.jsonl").read_text().splitlines()]
 
 
@@ -233,7 +236,11 @@ def grads_like(dtype, scale_exp: int):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
 @pytest.mark.parametrize("scale", [2.0 ** 16, 1.0, 0.25, 2.0 ** -140])
 @pytest.mark.parametrize("poison", [None, "inf", "nan"])
-def test_the_aten_path_forced_on_cpu_equals_the_fused_kernel_bitwise(dtype, scale, poison):
+def test_the_aten_path_forced_on_cpu_equals_the_fused_kernel_bitwise(dtype, scale, poison, monkeypatch):
+    from mixprec.torch import grad_scaler
+    calls = []
+    aten_check = grad_scaler._check_gradients_aten
+    monkeypatch.setattr(grad_scaler, "_check_gradients_aten", lambda *a: calls.append(1) or aten_check(*a))
     results = []
     for aten in (False, True):
         params = [torch.nn.Parameter(torch.zeros_like(g, dtype=torch.float32).to(dtype)) for g in grads_like(dtype, 0)]
@@ -245,6 +252,7 @@ def test_the_aten_path_forced_on_cpu_equals_the_fused_kernel_bitwise(dtype, scal
         scaler = GradScaler("cpu", preset="torch", init_scale=scale)
         scaler._aten_only = aten
         outcome = scaler.step(opt)
+        assert bool(calls) == aten  # the forced run took ATen's path, the other the core's
         results.append((outcome, [p.grad.clone() for p in params]))
     (a, ga), (b, gb) = results
     assert (a.applied, a.found_inf, a.first_overflow_index) == (b.applied, b.found_inf, b.first_overflow_index)

@@ -154,13 +154,13 @@ class Telemetry:
         self._torch_counting = counting == "torch"
         # Device results waiting for record()'s one host read: (kind, label, dtype, numel, tensor).
         self._pending: List[Tuple[str, Any, str, int, torch.Tensor]] = []
+        self._host_reads = 0  # copies of device results to the host: one per record() and device
         named = list(model.named_parameters())
         self._params = [p for _, p in named]
         self._param_ids = [id(p) for p in self._params]
         self._rec.set_params([n for n, _ in named])
         self._weight_ptrs: List[int] = []  # each weight's data_ptr() when it was handed to the core
         self._on_torch: List[int] = []    # parameters counted by torch operations (other devices)
-        self._core_grads = False         # some parameter's gradient is read by the core
         if scaler is not None:
             scaler._telemetry_amax = True  # its unscale pass measures the gradient |max| for record()
         self._handles = []
@@ -295,6 +295,7 @@ class Telemetry:
             by_device.setdefault(t.device, []).append(t.reshape(-1))
         for device, ts in by_device.items():
             host[device] = torch.cat(ts).tolist()
+            self._host_reads += 1
         at = {device: 0 for device in by_device}
         for kind, label, dtype, numel, t in pending:
             n = t.numel()
@@ -394,6 +395,8 @@ class Telemetry:
         for h in self._handles:
             h.remove()
         self._handles = []
+        if self._scaler is not None:
+            self._scaler._telemetry_amax = False
         self._rec = None  # the core's recorder goes: its lock on the folder with it
         return alerts
 
