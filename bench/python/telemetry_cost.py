@@ -12,10 +12,11 @@ no Telemetry, Telemetry at the default sampling (every 4th step), at every step,
 `--device-path`) at every step through the torch-operations path a GPU runs. A variant's step
 time is its median over the steps of a round; its cost is the median over rounds of its ratio
 to the no-Telemetry time of the same round (paired), printed with the lowest and highest round
-ratio, as the machine's noise is of the size of the effect; "own ms" is the time Telemetry itself
-measured in its hooks and record() per step (tel.seconds()), and "own/none" 1 + that over the
-no-Telemetry step: the cost without the machine's noise (what it leaves out: allocator and cache
-effects on the step around it). A benchmark, not a test.
+ratio, as the machine's noise is of the size of the effect. Wall time and the process's CPU time
+are both taken: on a machine whose cores other processes share, CPU time leaves out the time the
+process waited for a core (it keeps their effect on the caches). "own ms" is the wall time
+Telemetry itself measured in its hooks and record() per step (tel.seconds()). A benchmark, not a
+test.
 
     build/py-venv/bin/python bench/python/telemetry_cost.py [--rounds 9] [--steps 12] [--threads 1]
         [--model gpt2|example] [--dtype bf16|fp16] [--scaler none|torch] [--device cpu|cuda]
@@ -80,11 +81,11 @@ def run(kw, data, args, tmp):
     tel = None
     if kw is not None:
         tel = mixprec.torch.Telemetry(model, tempfile.mkdtemp(dir=tmp), precision=args.dtype, scaler=scaler, **kw)
-    times, spent = [], 0.0
+    times, cpu, spent = [], [], 0.0
     for step in range(args.steps + 1):
         if args.device == "cuda":
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss_sum = 0.0
         for _ in range(2):
             x, y = (torch.from_numpy(v.astype(np.int64)).to(args.device)
@@ -110,12 +111,13 @@ def run(kw, data, args, tmp):
             torch.cuda.synchronize()
         if step:  # the first step warms up
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
         elif tel is not None:
             spent = -tel.seconds()
     if tel is not None:
         spent += tel.seconds()
         tel.close()
-    return statistics.median(times), spent / args.steps
+    return statistics.median(times), statistics.median(cpu), spent / args.steps
 
 
 def main() -> int:
@@ -146,24 +148,27 @@ def main() -> int:
     table = variants(args.device_path)
     names = list(table)
     per = {n: [] for n in names}
+    per_cpu = {n: [] for n in names}  # the process's CPU time per step (what other processes' load leaves alone)
     own = {n: [] for n in names}  # tel.seconds() per step: the hooks' and record()'s own time
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             for n in order:
-                step_s, tel_s = run(table[n], data, args, tmp)
+                step_s, cpu_s, tel_s = run(table[n], data, args, tmp)
                 per[n].append(step_s)
+                per_cpu[n].append(cpu_s)
                 own[n].append(tel_s)
     print(f"model: {args.model}, {args.layers} layers, {args.channels} channels, context {args.context}, batch "
           f"{args.batch} x 2 micro-batches, {args.dtype} autocast on {args.device}, scaler {args.scaler}, "
           f"{args.threads} thread(s); {args.rounds} interleaved rounds of {args.steps} steps")
-    print(f"{'variant':30s} {'median ms':>10s} {'paired':>8s} {'min':>7s} {'max':>7s} {'own ms':>7s} {'own/none':>8s}")
-    base = statistics.median(per["none"])
+    print(f"{'variant':30s} {'wall ms':>8s} {'paired':>7s} {'min':>6s} {'max':>6s} {'cpu ms':>8s} {'paired':>7s} "
+          f"{'min':>6s} {'max':>6s} {'own ms':>7s}")
     for n in names:
-        ratios = [a / b for a, b in zip(per[n], per["none"])]
-        mine = statistics.median(own[n])
-        print(f"{n:30s} {1000 * statistics.median(per[n]):10.2f} {statistics.median(ratios):8.3f} "
-              f"{min(ratios):7.3f} {max(ratios):7.3f} {1000 * mine:7.3f} {1 + mine / base:8.4f}")
+        wall = [a / b for a, b in zip(per[n], per["none"])]
+        cpu = [a / b for a, b in zip(per_cpu[n], per_cpu["none"])]
+        print(f"{n:30s} {1000 * statistics.median(per[n]):8.2f} {statistics.median(wall):7.3f} {min(wall):6.3f} "
+              f"{max(wall):6.3f} {1000 * statistics.median(per_cpu[n]):8.2f} {statistics.median(cpu):7.3f} "
+              f"{min(cpu):6.3f} {max(cpu):6.3f} {1000 * statistics.median(own[n]):7.3f}")
     return 0
 
 
