@@ -32,8 +32,8 @@
 #include "mixprec/scaler/check_gradients.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
 #include "mixprec/scaler/protocol.hpp"
+#include "binding.hpp"
 #include "mixprec/train/run_log.hpp"
-#include "mixprec/train/telemetry_recorder.hpp"
 
 namespace nb = nanobind;
 
@@ -446,108 +446,24 @@ class PyScalerProtocol {
 
 // mixprec::check_gradients over CPU arrays (torch tensors through DLPack, one block of memory
 // each: mixprec.torch passes a dense tensor of any layout as its flat storage view), in
-// place. Returns (checked, found_inf, first_overflow or -1, sum_squares, carried_inv_scale).
-nb::tuple check_gradient_arrays(nb::list tensors, float scale, bool write) {
+// place. Returns (checked, found_inf, first_overflow or -1, sum_squares, carried_inv_scale),
+// and with amax=True a sixth item: each tensor's unscaled |max| as stored (amax_out).
+nb::tuple check_gradient_arrays(nb::list tensors, float scale, bool write, bool amax) {
   std::vector<MutArray> keep;
   const std::vector<mixprec::GradTensor> views = gradient_views(tensors, keep);
+  std::vector<float> amax_out(amax ? views.size() : 0);
   mixprec::GradientCheck c;
   {
     nb::gil_scoped_release unlocked;
-    c = mixprec::check_gradients(views, scale, write);
+    c = mixprec::check_gradients(views, scale, write, nullptr, amax_out);
   }
+  if (amax)
+    return nb::make_tuple(c.checked, c.found_inf, c.first_overflow, c.sum_squares, c.carried_inv_scale, amax_out);
   return nb::make_tuple(c.checked, c.found_inf, c.first_overflow, c.sum_squares, c.carried_inv_scale);
 }
 
 PyObject* g_misuse_runtime = nullptr;    // mixprec._core.ScalerMisuseError(RuntimeError)
 PyObject* g_misuse_assertion = nullptr;  // mixprec._core.ScalerMisuseAssertion(AssertionError)
-
-// ---- telemetry: the core's TelemetryRecorder over tensors handed in by mixprec.torch ------
-
-// A read-only view of a CPU float32/float16/bfloat16 array (a torch tensor through DLPack):
-// `what` names it in messages. Strided arrays are refused (mixprec.torch passes contiguous
-// ones, copying a strided one itself).
-mixprec::GradTensor tensor_view(nb::handle h, const std::string& what, std::vector<AnyArray>& keep) {
-  AnyArray a = as_array<AnyArray>(h, what.c_str(), "float32, float16 or bfloat16");
-  const mixprec::DType t = gradient_dtype(a, what, "");
-  require_c_contiguous(a, what.c_str());
-  mixprec::GradTensor v{a.size() ? const_cast<void*>(a.data()) : nullptr, a.size(), t};
-  keep.push_back(std::move(a));
-  return v;
-}
-
-class PyTelemetryRecorder {
- public:
-  PyTelemetryRecorder(std::string dir, std::string precision, std::string loss_scale, std::size_t histogram_every)
-      : rec_(std::move(dir), {.precision = std::move(precision),
-                              .loss_scale = std::move(loss_scale),
-                              .histogram_every = histogram_every}) {}
-
-  bool histogram_step() const { return rec_.histogram_step(); }
-
-  void count_activation_grad(const std::string& name, nb::handle grad) {
-    std::vector<AnyArray> keep;
-    const mixprec::GradTensor v = tensor_view(grad, "gradient of '" + name + "'", keep);
-    nb::gil_scoped_release unlocked;
-    rec_.count_activation_grad(name, v);
-  }
-
-  bool check_activation(const std::string& name, nb::handle output) {
-    std::vector<AnyArray> keep;
-    const mixprec::GradTensor v = tensor_view(output, "output of '" + name + "'", keep);
-    nb::gil_scoped_release unlocked;
-    return rec_.check_activation(name, v);
-  }
-
-  // params: a list of (name, gradient or None, weight). Returns the log line written.
-  std::string record(double loss, double lr, std::uint64_t tokens, double seconds, std::optional<double> val_loss,
-                     float scale, float next_scale, bool found_inf, bool applied, double grad_norm, float clip_coef,
-                     std::string overflow_param, nb::list params) {
-    std::vector<AnyArray> keep;
-    std::vector<mixprec::train::NamedParam> views;
-    views.reserve(params.size());
-    for (nb::handle item : params) {
-      const auto [name, grad, weight] = nb::cast<std::tuple<std::string, nb::object, nb::object>>(item);
-      mixprec::train::NamedParam p{name, {}, {}};
-      if (!grad.is_none()) p.grad = tensor_view(grad, "gradient of '" + name + "'", keep);
-      p.weight = tensor_view(weight, "parameter '" + name + "'", keep);
-      views.push_back(std::move(p));
-    }
-    mixprec::train::TelemetryStep s;
-    s.loss = loss;
-    s.lr = lr;
-    s.tokens = tokens;
-    s.seconds = seconds;
-    s.val_loss = val_loss;
-    s.scale = scale;
-    s.next_scale = next_scale;
-    s.found_inf = found_inf;
-    s.applied = applied;
-    s.grad_norm = grad_norm;
-    s.clip_coef = clip_coef;
-    s.overflow_param = std::move(overflow_param);
-    mixprec::train::StepRecord r;
-    {
-      nb::gil_scoped_release unlocked;
-      r = rec_.record(s, views);
-    }
-    return mixprec::train::step_record_json(r);
-  }
-
-  // The alerts raised: (id, step, message, advice) each.
-  std::vector<std::tuple<std::string, std::uint64_t, std::string, std::string>> finish() {
-    std::vector<std::tuple<std::string, std::uint64_t, std::string, std::string>> out;
-    for (const auto& a : rec_.finish()) out.emplace_back(a.id, a.step, a.message, a.advice);
-    return out;
-  }
-
-  double seconds() { return rec_.seconds(); }
-  void add_seconds(double s) { rec_.add_seconds(s); }
-  std::uint64_t steps() const { return rec_.steps(); }
-  const std::string& dir() const { return rec_.dir(); }
-
- private:
-  mixprec::train::TelemetryRecorder rec_;
-};
 
 // `mixprec report`'s function: one HTML file of the run folders; returns the steps shown.
 std::size_t write_report(const std::vector<std::string>& dirs, const std::string& out, const std::string& title) {
@@ -586,6 +502,15 @@ nb::tuple dataset(std::optional<std::string> text, std::uint64_t seed, std::size
 
 void register_quantize(nb::module_& m);      // quantize_module.cpp
 void register_integrations(nb::module_& m);  // integrations_module.cpp
+// binding.hpp: the one view of a tensor handed in for reading.
+mixprec::GradTensor mixprec_python::tensor_view(nb::handle h, const std::string& what, std::vector<AnyArray>& keep) {
+  AnyArray a = as_array<AnyArray>(h, what.c_str(), "float32, float16 or bfloat16");
+  const mixprec::DType t = gradient_dtype(a, what, "");
+  require_c_contiguous(a, what.c_str());
+  mixprec::GradTensor v{a.size() ? const_cast<void*>(a.data()) : nullptr, a.size(), t};
+  keep.push_back(std::move(a));
+  return v;
+}
 
 NB_MODULE(_core, m) {
   m.doc() = "mixprec's C++ core (nanobind); use the `mixprec` package, not this module";
@@ -692,8 +617,9 @@ NB_MODULE(_core, m) {
       .def("describe", &PyLossScale::describe);
 
   m.def("check_gradients", &check_gradient_arrays, nb::arg("tensors"), nb::arg("scale"), nb::arg("write"),
+        nb::arg("amax") = false,
         "mixprec::check_gradients in place over CPU arrays; returns (checked, found_inf, first_overflow, "
-        "sum_squares, carried_inv_scale)");
+        "sum_squares, carried_inv_scale[, amax per tensor])");
 
   using P = PyScalerProtocol;
   nb::class_<PyScalerProtocol>(m, "ScalerProtocol")
@@ -734,21 +660,7 @@ NB_MODULE(_core, m) {
       .def("state_json", [](P& p) { return p.get().state_json(); })
       .def("load_state_json", [](P& p, std::string_view s) { p.get().load_state_json(s); }, nb::arg("json"));
 
-  nb::class_<PyTelemetryRecorder>(m, "TelemetryRecorder")
-      .def(nb::init<std::string, std::string, std::string, std::size_t>(), nb::arg("dir"), nb::arg("precision"),
-           nb::arg("loss_scale"), nb::arg("histogram_every"))
-      .def("histogram_step", &PyTelemetryRecorder::histogram_step)
-      .def("count_activation_grad", &PyTelemetryRecorder::count_activation_grad, nb::arg("name"), nb::arg("grad"))
-      .def("check_activation", &PyTelemetryRecorder::check_activation, nb::arg("name"), nb::arg("output"))
-      .def("record", &PyTelemetryRecorder::record, nb::arg("loss"), nb::arg("lr"), nb::arg("tokens"),
-           nb::arg("seconds"), nb::arg("val_loss").none(), nb::arg("scale"), nb::arg("next_scale"),
-           nb::arg("found_inf"), nb::arg("applied"), nb::arg("grad_norm"), nb::arg("clip_coef"),
-           nb::arg("overflow_param"), nb::arg("params"))
-      .def("finish", &PyTelemetryRecorder::finish)
-      .def("seconds", &PyTelemetryRecorder::seconds)
-      .def("add_seconds", &PyTelemetryRecorder::add_seconds, nb::arg("seconds"))
-      .def_prop_ro("steps", &PyTelemetryRecorder::steps)
-      .def_prop_ro("dir", &PyTelemetryRecorder::dir);
+  mixprec_python::register_telemetry(m);
 
   m.def("write_report", &write_report, nb::arg("dirs"), nb::arg("out"), nb::arg("title"));
   m.def("dataset", &dataset, nb::arg("text").none(), nb::arg("seed"), nb::arg("tokens"), nb::arg("vocab"),
