@@ -60,9 +60,18 @@ const RuleRow* rule_row(LossScaleRule r) noexcept {
   return nullptr;
 }
 
-bool holds_f32(LossScaleRule r) { return rule_row(r) != nullptr && rule_row(r)->holds_f32; }
-bool single_factor(LossScaleRule r) { return rule_row(r) != nullptr && rule_row(r)->single_factor; }
-bool has_hysteresis(LossScaleRule r) { return rule_row(r) != nullptr && rule_row(r)->has_hysteresis; }
+bool holds_f32(LossScaleRule r) {
+  const RuleRow* row = rule_row(r);
+  return row != nullptr && row->holds_f32;
+}
+bool single_factor(LossScaleRule r) {
+  const RuleRow* row = rule_row(r);
+  return row != nullptr && row->single_factor;
+}
+bool has_hysteresis(LossScaleRule r) {
+  const RuleRow* row = rule_row(r);
+  return row != nullptr && row->has_hysteresis;
+}
 
 // A bound (min or max scale) as the rule compares with it.
 double in_rule_precision(LossScaleRule r, double v) {
