@@ -142,7 +142,9 @@ clean:
 # ---- ThreadSanitizer (docs/reliability.md): the tests of the ThreadPool-threaded kernels --
 # (unscale/check, grad stats, fused optimizer steps, the GradScaler, inspect, the pool
 # itself; bulk conversions too). OpenMP (libgomp) and oneDNN are not TSan-instrumented,
-# so the tests that run them (nn/*, train/*) are left out. MIXPREC_THREADS=4: the global
+# so this build runs the ThreadPool on its own std::threads (MIXPREC_TSAN implies
+# MIXPREC_POOL_STD_THREADS: the same splits, seen by TSan), and the tests that run
+# OpenMP regions (nn/*, train/*) are left out. MIXPREC_THREADS=4: the global
 # pool gets more threads than the two cores. Not part of `make test`.
 .PHONY: tsan test-tsan
 TSAN       := build/tsan

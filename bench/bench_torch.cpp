@@ -16,7 +16,8 @@
 // read p, g, m, v and write p, m, v, 28 bytes a parameter) against at::_fused_adamw_,
 // what torch.optim.AdamW(fused=True) runs, on the same arrays' twins; and mixprec's
 // mixed-precision step (f16 gradients, fp32 master and moments, f16 model copy: also
-// 28 bytes a parameter).
+// 28 bytes a parameter), on 1 thread and on all. `bench_torch --adam-only` prints only
+// that table (docs/performance.md).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
@@ -162,6 +163,7 @@ std::array<double, 3> paired_ratios(Grads& g, ThreadPool& pool, int threads) {
 // ---- the fused AdamW step ---------------------------------------------------------------
 
 constexpr std::int64_t kAdamParams = std::int64_t{16} << 20;
+constexpr int kAdamRounds = 21;
 constexpr double kAdamBytesPerParam = 28;
 
 struct AdamSet {
@@ -219,7 +221,6 @@ AdamResult paired_adam(AdamSet& s, ThreadPool& pool, int threads) {
   at::set_num_threads(threads);
   constexpr AdamOp ops[] = {AdamOp::mixprec_plain, AdamOp::torch_fused, AdamOp::mixprec_mixed};
   for (AdamOp op : ops) run_adam(op, s, pool), run_adam(op, s, pool);  // warm
-  constexpr int kAdamRounds = 15;
   std::vector<double> r0, r1, t[3];
   for (int round = 0; round < kAdamRounds; ++round) {
     double dt[3] = {};
@@ -248,13 +249,50 @@ std::string case_name(Op op, at::ScalarType dt, int t) {
   return std::string(op_name(op)) + "/" + (dt == at::kFloat ? "f32" : "bf16") + "/t" + std::to_string(t);
 }
 
+// The AdamW table: paired rounds at each thread count, with the pool of that size.
+template <class PoolFor>
+void print_adam_table(const std::vector<int>& thread_counts, PoolFor&& pool_for) {
+  auto adam = std::make_unique<AdamSet>();
+  std::printf("\nFused AdamW step, %lld Mi parameters, 28 bytes each; %d paired rounds, medians; ThreadPool on %s\n",
+              static_cast<long long>(kAdamParams >> 20), kAdamRounds, ThreadPool::runtime());
+  std::printf("  mixprec fp32: AdamW::step, fp32 weights/grads/moments; torch: at::_fused_adamw_ (AdamW(fused=True))\n");
+  std::printf("  mixprec mixed: f16 grads, fp32 master + moments, f16 model copy\n");
+  std::printf("%7s %14s %14s %14s %18s %18s\n", "threads", "mixprec GB/s", "torch GB/s", "mixed GB/s",
+              "fp32: torch/ours", "mixed: torch/ours");
+  for (int t : thread_counts) {
+    const AdamResult r = paired_adam(*adam, pool_for(t), t);
+    std::printf("%7d %14.1f %14.1f %14.1f %18.2f %18.2f\n", t, r.gbs[0], r.gbs[1], r.gbs[2], r.plain_vs_torch,
+                r.mixed_vs_torch);
+  }
+  std::printf("Target (issue 31): fused AdamW >= PyTorch's fused AdamW on 1 and 2 threads (fp32: torch/ours >= 1).\n");
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  // --adam-only: only the AdamW table (the gradient-pass suite before it takes minutes).
+  bool adam_only = false;
+  std::vector<char*> args;
+  for (int i = 0; i < argc; ++i) {
+    if (i > 0 && std::strcmp(argv[i], "--adam-only") == 0) adam_only = true;
+    else args.push_back(argv[i]);
+  }
+  argc = static_cast<int>(args.size());
+  argv = args.data();
   if (!initialize(argc, argv, "bench_torch", default_flags())) return 1;
   const int all = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   std::vector<int> thread_counts{1};
   if (all > 1) thread_counts.push_back(all);
+  auto pools = std::make_unique<std::vector<std::unique_ptr<ThreadPool>>>();
+  for (int t : thread_counts) pools->push_back(std::make_unique<ThreadPool>(t));
+  auto pool_for = [&](int threads) -> ThreadPool& {
+    const auto it = std::find(thread_counts.begin(), thread_counts.end(), threads);
+    return *(*pools)[static_cast<std::size_t>(it - thread_counts.begin())];
+  };
+  if (adam_only) {
+    print_adam_table(thread_counts, pool_for);
+    return 0;
+  }
 
   std::vector<Case> cases;
   for (auto dt : {at::kFloat, at::kBFloat16}) {
@@ -263,13 +301,6 @@ int main(int argc, char** argv) {
     }
   }
   Grads f32 = make_set(at::kFloat), bf16 = make_set(at::kBFloat16);
-  auto pools = std::make_unique<std::vector<std::unique_ptr<ThreadPool>>>();
-  for (int t : thread_counts) pools->push_back(std::make_unique<ThreadPool>(t));
-  auto pool_for = [&](int threads) -> ThreadPool& {
-    const auto it = std::find(thread_counts.begin(), thread_counts.end(), threads);
-    return *(*pools)[static_cast<std::size_t>(it - thread_counts.begin())];
-  };
-
   for (const Case& c : cases) {
     auto* b = benchmark::RegisterBenchmark(c.name.c_str(), [&c, &f32, &bf16, &pool_for](benchmark::State& s) {
       Grads& g = c.dtype == at::kFloat ? f32 : bf16;
@@ -309,19 +340,7 @@ int main(int argc, char** argv) {
                     p[1], ratio(rate(Op::unscale), rate(Op::mul)), p[2]);
       }
     }
-    auto adam = std::make_unique<AdamSet>();
-    std::printf("\nFused AdamW step, %lld Mi parameters, 28 bytes each; paired rounds, medians\n",
-                static_cast<long long>(kAdamParams >> 20));
-    std::printf("  mixprec fp32: AdamW::step, fp32 weights/grads/moments; torch: at::_fused_adamw_ (AdamW(fused=True))\n");
-    std::printf("  mixprec mixed: f16 grads, fp32 master + moments, f16 model copy\n");
-    std::printf("%7s %14s %14s %14s %18s %18s\n", "threads", "mixprec GB/s", "torch GB/s", "mixed GB/s",
-                "fp32: torch/ours", "mixed: torch/ours");
-    for (int t : thread_counts) {
-      const AdamResult r = paired_adam(*adam, pool_for(t), t);
-      std::printf("%7d %14.1f %14.1f %14.1f %18.2f %18.2f\n", t, r.gbs[0], r.gbs[1], r.gbs[2], r.plain_vs_torch,
-                  r.mixed_vs_torch);
-    }
-    std::printf("Targets (issue 17): fused Adam >= PyTorch's fused AdamW on 1 thread (torch/ours >= 1) and >= 1.5x on 2.\n");
+    print_adam_table(thread_counts, pool_for);
   });
   return 0;
 }

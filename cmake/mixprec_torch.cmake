@@ -15,6 +15,10 @@
 set(MIXPREC_TORCH "AUTO" CACHE STRING "Build mixprec::torch (the libtorch adapter): AUTO, ON or OFF")
 set_property(CACHE MIXPREC_TORCH PROPERTY STRINGS AUTO ON OFF)
 set(MIXPREC_TORCH_ROOT "" CACHE PATH "The torch wheel's folder (include/, lib/) or a venv holding it")
+# ON (scripts/device-check.sh, on a machine with an NVIDIA GPU): also link the wheel's
+# libtorch_cuda and libc10_cuda, loaded at start (--no-as-needed: they register ATen's CUDA
+# kernels from static initialisers), so that the adapter's CUDA path runs in its tests.
+option(MIXPREC_TORCH_CUDA "Link libtorch's CUDA libraries into mixprec::torch (a CUDA wheel)" OFF)
 set(MIXPREC_TORCH_FOUND OFF)
 
 function(_mixprec_torch_candidates out)
@@ -70,6 +74,13 @@ if(NOT _mixprec_torch_mode STREQUAL "OFF")
       INTERFACE_INCLUDE_DIRECTORIES "${_incs}"
       INTERFACE_COMPILE_DEFINITIONS "_GLIBCXX_USE_CXX11_ABI=${_abi}"
       INTERFACE_LINK_LIBRARIES "-L${_torch_lib_dir};-ltorch_cpu;-lc10;-Wl,-rpath,${_torch_lib_dir}")
+    if(MIXPREC_TORCH_CUDA)
+      if(NOT EXISTS ${_torch_lib_dir}/libtorch_cuda.so)
+        message(FATAL_ERROR "MIXPREC_TORCH_CUDA=ON but ${_torch_lib_dir} has no libtorch_cuda.so (a CPU wheel?)")
+      endif()
+      set_property(TARGET mixprec_libtorch_cpu APPEND PROPERTY INTERFACE_LINK_LIBRARIES
+                   "-Wl,--no-as-needed;-ltorch_cuda;-lc10_cuda;-Wl,--as-needed")
+    endif()
     set(MIXPREC_TORCH_FOUND ON)
     set(MIXPREC_TORCH_DIR ${_torch_dir})
     message(STATUS "mixprec::torch: libtorch ${_ver} from ${_torch_dir} (C++11 ABI ${_abi})")

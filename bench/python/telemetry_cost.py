@@ -1,13 +1,25 @@
-"""What mixprec.torch.Telemetry costs a PyTorch step (docs/python.md, "Telemetry: cost").
+"""What mixprec.torch.Telemetry costs a PyTorch step (docs/performance.md, "Telemetry's cost").
 
-The model and loop of examples/pytorch/train_gpt.py (fp16 autocast on the CPU, mixprec's
-GradScaler, clipping, AdamW, 2 micro-batches), run in rounds; each round runs every variant for
-`--steps` steps in a rotated order: no Telemetry, Telemetry at the default sampling (every 4th
-step), every 8th step, at every step, and every step without the forward checks. Each variant's step time is the
-median over its rounds; the cost is its ratio to the no-Telemetry median (paired per round too:
-the median of the per-round ratios). A benchmark, not a test.
+The model (default: the transformers GPT-2 configuration of issue 31, 2 layers, 128 channels,
+4 heads, the embedded corpus' 1024-word vocabulary, context 64; `--model example` is
+examples/pytorch/train_gpt.py's GPT) trained by a plain loop: autocast (bf16 by default, or
+fp16), 2 micro-batches, clipping at 1.0, AdamW; with `--scaler torch` mixprec's GradScaler
+(preset torch) scales, unscales and steps (the default for fp16), with `--scaler none` the
+optimizer steps directly (the default for bf16, as bf16 is usually trained).
 
-    build/py-venv/bin/python bench/python/telemetry_cost.py [--rounds 7] [--steps 12] [--threads 1]
+Each round runs every variant for `--steps` steps (after one warm-up step) in a rotated order:
+no Telemetry, Telemetry at the default sampling (every 4th step), at every step, and (with
+`--device-path`) at every step through the torch-operations path a GPU runs. A variant's step
+time is its median over the steps of a round; its cost is the median over rounds of its ratio
+to the no-Telemetry time of the same round (paired), printed with the lowest and highest round
+ratio, as the machine's noise is of the size of the effect. Wall time and the process's CPU time
+are both taken: on a machine whose cores other processes share, CPU time leaves out the time the
+process waited for a core (it keeps their effect on the caches). "own ms" is the wall time
+Telemetry itself measured in its hooks and record() per step (tel.seconds()). A benchmark, not a
+test.
+
+    build/py-venv/bin/python bench/python/telemetry_cost.py [--rounds 9] [--steps 12] [--threads 1]
+        [--model gpt2|example] [--dtype bf16|fp16] [--scaler none|torch] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -28,78 +40,135 @@ import mixprec
 import mixprec.torch
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-spec = importlib.util.spec_from_file_location("train_gpt", REPO / "examples" / "pytorch" / "train_gpt.py")
-example = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(example)
-
-VARIANTS = {
-    "none": None,
-    "default (sample every 4)": dict(),
-    "every 8th step": dict(sample_every=8),
-    "every step": dict(sample_every=1),
-    "every step, no forward check": dict(sample_every=1, check_forward=False),
-}
 
 
-def run(variant, kw, data, steps, args, tmp):
+def example_model(vocab: int, args):
+    spec = importlib.util.spec_from_file_location("train_gpt", REPO / "examples" / "pytorch" / "train_gpt.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    model = example.Gpt(vocab, args.context, args.layers, args.channels, 4)
+    return model, lambda x, y: F.cross_entropy(model(x).float().flatten(0, 1), y.flatten())
+
+
+def gpt2_model(vocab: int, args):
+    from transformers import GPT2Config, GPT2LMHeadModel
+    config = GPT2Config(vocab_size=vocab, n_positions=args.context, n_embd=args.channels, n_layer=args.layers,
+                        n_head=4, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = GPT2LMHeadModel(config)
+    # Next-token loss on the batch's targets (the model's own shift would drop a position).
+    return model, lambda x, y: F.cross_entropy(model(input_ids=x).logits.float().flatten(0, 1), y.flatten())
+
+
+def variants(device_path: bool):
+    v = {"none": None, "default (sample every 4)": dict(), "every step": dict(sample_every=1)}
+    if device_path:
+        v["every step, torch ops path"] = dict(sample_every=1, counting="torch")
+    return v
+
+
+def run(kw, data, args, tmp):
     torch.manual_seed(0)
     rng = np.random.default_rng(0)
-    model = example.Gpt(data.vocab_size, args.context, args.layers, args.channels, 4)
+    build = gpt2_model if args.model == "gpt2" else example_model
+    model, loss_of = build(data.vocab_size, args)
+    model.to(args.device)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    scaler = mixprec.torch.GradScaler("cpu", preset="torch")
-    scaler.set_names(model)
-    tel = None if kw is None else mixprec.torch.Telemetry(model, tempfile.mkdtemp(dir=tmp), scaler=scaler, **kw)
-    times = []
-    for step in range(steps + 1):
-        t0 = time.perf_counter()
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+    scaler = None
+    if args.scaler == "torch":
+        scaler = mixprec.torch.GradScaler(args.device, preset="torch")
+        scaler.set_names(model)
+    tel = None
+    if kw is not None:
+        tel = mixprec.torch.Telemetry(model, tempfile.mkdtemp(dir=tmp), precision=args.dtype, scaler=scaler, **kw)
+    times, cpu, spent = [], [], 0.0
+    for step in range(args.steps + 1):
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        t0, c0 = time.perf_counter(), time.process_time()
         loss_sum = 0.0
         for _ in range(2):
-            x, y = (torch.from_numpy(v) for v in mixprec.data.batch(data.train, args.batch, args.context, rng))
-            with torch.autocast("cpu", dtype=torch.float16):
-                loss = F.cross_entropy(model(x).float().flatten(0, 1), y.flatten()) / 2
-            scaler.scale(loss).backward()
+            x, y = (torch.from_numpy(v.astype(np.int64)).to(args.device)
+                    for v in mixprec.data.batch(data.train, args.batch, args.context, rng))
+            with torch.autocast(args.device, dtype=dtype, enabled=args.dtype != "fp32"):
+                loss = loss_of(x, y) / 2
+            (loss if scaler is None else scaler.scale(loss)).backward()
             loss_sum += loss.item()
-        scaler.unscale_(opt)
+        if scaler is not None:
+            scaler.unscale_(opt)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        out = scaler.step(opt)
+        if scaler is not None:
+            out = scaler.step(opt)
+        else:
+            opt.step()
+            out = None
         if tel is not None:
             tel.record(out, loss=loss_sum)
-        scaler.update()
+        if scaler is not None:
+            scaler.update()
         opt.zero_grad(set_to_none=True)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
         if step:  # the first step warms up
             times.append(time.perf_counter() - t0)
+            cpu.append(time.process_time() - c0)
+        elif tel is not None:
+            spent = -tel.seconds()
     if tel is not None:
+        spent += tel.seconds()
         tel.close()
-    return statistics.median(times)
+    return statistics.median(times), statistics.median(cpu), spent / args.steps
 
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--rounds", type=int, default=9)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--model", choices=("gpt2", "example"), default="gpt2")
+    p.add_argument("--dtype", choices=("bf16", "fp16", "fp32"), default="bf16",
+                   help="the autocast dtype (fp32: no autocast); a CPU without AVX512-BF16 runs bf16 GEMMs "
+                        "emulated, 100x slower: there fp32 is the step of the same length")
+    p.add_argument("--scaler", choices=("none", "torch"), default=None,
+                   help="default: none for bf16, torch (mixprec.torch.GradScaler) for fp16")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--device-path", action="store_true", help="also time counting='torch' (the GPU's path)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
-    p.add_argument("--channels", type=int, default=64)
+    p.add_argument("--channels", type=int, default=128)
     args = p.parse_args()
+    if args.scaler is None:
+        args.scaler = "torch" if args.dtype == "fp16" else "none"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("telemetry_cost: --device cuda, but torch.cuda.is_available() is false", file=sys.stderr)
+        return 2
     torch.set_num_threads(args.threads)
     data = mixprec.data.corpus(tokens=200_000, context=args.context)
-    names = list(VARIANTS)
+    table = variants(args.device_path)
+    names = list(table)
     per = {n: [] for n in names}
+    per_cpu = {n: [] for n in names}  # the process's CPU time per step (what other processes' load leaves alone)
+    own = {n: [] for n in names}  # tel.seconds() per step: the hooks' and record()'s own time
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             order = names[r % len(names):] + names[:r % len(names)]
             for n in order:
-                per[n].append(run(n, VARIANTS[n], data, args.steps, args, tmp))
-    base = statistics.median(per["none"])
-    print(f"model: {args.layers} layers, {args.channels} channels, context {args.context}, batch {args.batch} x 2 "
-          f"micro-batches, fp16 autocast, {args.threads} thread(s); {args.rounds} rounds of {args.steps} steps")
-    print(f"{'variant':32s} {'median ms':>10s} {'vs none':>8s} {'paired':>8s}")
+                step_s, cpu_s, tel_s = run(table[n], data, args, tmp)
+                per[n].append(step_s)
+                per_cpu[n].append(cpu_s)
+                own[n].append(tel_s)
+    print(f"model: {args.model}, {args.layers} layers, {args.channels} channels, context {args.context}, batch "
+          f"{args.batch} x 2 micro-batches, {args.dtype} autocast on {args.device}, scaler {args.scaler}, "
+          f"{args.threads} thread(s); {args.rounds} interleaved rounds of {args.steps} steps")
+    print(f"{'variant':30s} {'wall ms':>8s} {'paired':>7s} {'min':>6s} {'max':>6s} {'cpu ms':>8s} {'paired':>7s} "
+          f"{'min':>6s} {'max':>6s} {'own ms':>7s}")
     for n in names:
-        med = statistics.median(per[n])
-        paired = statistics.median(a / b for a, b in zip(per[n], per["none"]))
-        print(f"{n:32s} {1000 * med:10.2f} {med / base:8.3f} {paired:8.3f}")
+        wall = [a / b for a, b in zip(per[n], per["none"])]
+        cpu = [a / b for a, b in zip(per_cpu[n], per_cpu["none"])]
+        print(f"{n:30s} {1000 * statistics.median(per[n]):8.2f} {statistics.median(wall):7.3f} {min(wall):6.3f} "
+              f"{max(wall):6.3f} {1000 * statistics.median(per_cpu[n]):8.2f} {statistics.median(cpu):7.3f} "
+              f"{min(cpu):6.3f} {max(cpu):6.3f} {1000 * statistics.median(own[n]):7.3f}")
     return 0
 
 

@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "mixprec/core/keys.hpp"
 #include "mixprec/core/text.hpp"
 #include "mixprec/nn/data.hpp"
 #include "mixprec/torch/autocast.hpp"
@@ -120,16 +121,21 @@ Options parse_options(int argc, char** argv) {
     if (!known) throw std::invalid_argument("unknown option '" + flag + "'");
     if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
     const std::string value = argv[++i];
-    if (flag == "--steps") o.steps = mixprec::text::parse_uint(flag, value);
-    else if (flag == "--log-every") o.log_every = mixprec::text::parse_uint(flag, value);
-    else if (flag == "--eval-every") o.eval_every = mixprec::text::parse_uint(flag, value);
+    // A count in the number grammar of every mixprec key (digits, 2e3, 20.0).
+    const auto count = [&](std::string_view text) {
+      const mixprec::keys::Spec spec{.name = flag, .kind = mixprec::keys::Kind::integer, .int_min = 0};
+      return std::get<mixprec::keys::Integer>(mixprec::keys::parse_text(spec, text)).magnitude;
+    };
+    if (flag == "--steps") o.steps = count(value);
+    else if (flag == "--log-every") o.log_every = count(value);
+    else if (flag == "--eval-every") o.eval_every = count(value);
     else if (flag == "--preset") o.preset = value;
     else if (flag == "--telemetry") o.telemetry_dir = value;
     else {
       std::size_t pos = 0;
       while (pos <= value.size()) {
         const std::size_t comma = std::min(value.find(',', pos), value.size());
-        o.inject.push_back(mixprec::text::parse_uint(flag, value.substr(pos, comma - pos)));
+        o.inject.push_back(count(std::string_view(value).substr(pos, comma - pos)));
         pos = comma + 1;
       }
     }

@@ -32,8 +32,8 @@
 #include "mixprec/scaler/check_gradients.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
 #include "mixprec/scaler/protocol.hpp"
+#include "binding.hpp"
 #include "mixprec/train/run_log.hpp"
-#include "mixprec/train/telemetry_recorder.hpp"
 
 namespace nb = nanobind;
 
@@ -158,17 +158,13 @@ nb::object new_numpy(const std::vector<std::size_t>& shape, std::size_t n, MutAr
 
 // ---- formats ---------------------------------------------------------------------------
 
-enum class Fmt { f16, bf16, f8e4m3, f8e5m2 };
-
-constexpr const char* kFormatList = "f16, bf16, f8e4m3, f8e5m2";
-
-Fmt parse_format(std::string_view name) {
-  if (name == mixprec::format_traits<mixprec::f16>::name) return Fmt::f16;
-  if (name == mixprec::format_traits<mixprec::bf16>::name) return Fmt::bf16;
-  if (name == mixprec::format_traits<mixprec::f8e4m3>::name) return Fmt::f8e4m3;
-  if (name == mixprec::format_traits<mixprec::f8e5m2>::name) return Fmt::f8e5m2;
-  throw nb::value_error(
-      ("format: expected one of " + std::string(kFormatList) + ", found '" + std::string(name) + "'").c_str());
+// A format with conversion kernels, by its name in the format table (f16, bf16, f8e4m3, f8e5m2).
+mixprec::FormatId parse_format(std::string_view name) {
+  for (const mixprec::FormatId f : mixprec::convertible_formats())
+    if (mixprec::format_row(f).name == name) return f;
+  throw nb::value_error(("format: expected one of " + mixprec::format_names(mixprec::convertible_formats()) +
+                         ", found '" + std::string(name) + "'")
+                            .c_str());
 }
 
 mixprec::Overflow parse_overflow(std::string_view s) {
@@ -298,13 +294,7 @@ ConvertOptions make_options(std::string_view overflow, std::string_view subnorma
 
 template <class F>
 auto dispatch(std::string_view format, F&& f) {
-  switch (parse_format(format)) {
-    case Fmt::f16: return f(mixprec::f16{});
-    case Fmt::bf16: return f(mixprec::bf16{});
-    case Fmt::f8e4m3: return f(mixprec::f8e4m3{});
-    case Fmt::f8e5m2: return f(mixprec::f8e5m2{});
-  }
-  throw std::logic_error("unreachable");
+  return mixprec::visit_format(parse_format(format), std::forward<F>(f));
 }
 
 // ---- loss scale --------------------------------------------------------------------------
@@ -456,108 +446,24 @@ class PyScalerProtocol {
 
 // mixprec::check_gradients over CPU arrays (torch tensors through DLPack, one block of memory
 // each: mixprec.torch passes a dense tensor of any layout as its flat storage view), in
-// place. Returns (checked, found_inf, first_overflow or -1, sum_squares, carried_inv_scale).
-nb::tuple check_gradient_arrays(nb::list tensors, float scale, bool write) {
+// place. Returns (checked, found_inf, first_overflow or -1, sum_squares, carried_inv_scale),
+// and with amax=True a sixth item: each tensor's unscaled |max| as stored (amax_out).
+nb::tuple check_gradient_arrays(nb::list tensors, float scale, bool write, bool amax) {
   std::vector<MutArray> keep;
   const std::vector<mixprec::GradTensor> views = gradient_views(tensors, keep);
+  std::vector<float> amax_out(amax ? views.size() : 0);
   mixprec::GradientCheck c;
   {
     nb::gil_scoped_release unlocked;
-    c = mixprec::check_gradients(views, scale, write);
+    c = mixprec::check_gradients(views, scale, write, nullptr, amax_out);
   }
+  if (amax)
+    return nb::make_tuple(c.checked, c.found_inf, c.first_overflow, c.sum_squares, c.carried_inv_scale, amax_out);
   return nb::make_tuple(c.checked, c.found_inf, c.first_overflow, c.sum_squares, c.carried_inv_scale);
 }
 
 PyObject* g_misuse_runtime = nullptr;    // mixprec._core.ScalerMisuseError(RuntimeError)
 PyObject* g_misuse_assertion = nullptr;  // mixprec._core.ScalerMisuseAssertion(AssertionError)
-
-// ---- telemetry: the core's TelemetryRecorder over tensors handed in by mixprec.torch ------
-
-// A read-only view of a CPU float32/float16/bfloat16 array (a torch tensor through DLPack):
-// `what` names it in messages. Strided arrays are refused (mixprec.torch passes contiguous
-// ones, copying a strided one itself).
-mixprec::GradTensor tensor_view(nb::handle h, const std::string& what, std::vector<AnyArray>& keep) {
-  AnyArray a = as_array<AnyArray>(h, what.c_str(), "float32, float16 or bfloat16");
-  const mixprec::DType t = gradient_dtype(a, what, "");
-  require_c_contiguous(a, what.c_str());
-  mixprec::GradTensor v{a.size() ? const_cast<void*>(a.data()) : nullptr, a.size(), t};
-  keep.push_back(std::move(a));
-  return v;
-}
-
-class PyTelemetryRecorder {
- public:
-  PyTelemetryRecorder(std::string dir, std::string precision, std::string loss_scale, std::size_t histogram_every)
-      : rec_(std::move(dir), {.precision = std::move(precision),
-                              .loss_scale = std::move(loss_scale),
-                              .histogram_every = histogram_every}) {}
-
-  bool histogram_step() const { return rec_.histogram_step(); }
-
-  void count_activation_grad(const std::string& name, nb::handle grad) {
-    std::vector<AnyArray> keep;
-    const mixprec::GradTensor v = tensor_view(grad, "gradient of '" + name + "'", keep);
-    nb::gil_scoped_release unlocked;
-    rec_.count_activation_grad(name, v);
-  }
-
-  bool check_activation(const std::string& name, nb::handle output) {
-    std::vector<AnyArray> keep;
-    const mixprec::GradTensor v = tensor_view(output, "output of '" + name + "'", keep);
-    nb::gil_scoped_release unlocked;
-    return rec_.check_activation(name, v);
-  }
-
-  // params: a list of (name, gradient or None, weight). Returns the log line written.
-  std::string record(double loss, double lr, std::uint64_t tokens, double seconds, std::optional<double> val_loss,
-                     float scale, float next_scale, bool found_inf, bool applied, double grad_norm, float clip_coef,
-                     std::string overflow_param, nb::list params) {
-    std::vector<AnyArray> keep;
-    std::vector<mixprec::train::NamedParam> views;
-    views.reserve(params.size());
-    for (nb::handle item : params) {
-      const auto [name, grad, weight] = nb::cast<std::tuple<std::string, nb::object, nb::object>>(item);
-      mixprec::train::NamedParam p{name, {}, {}};
-      if (!grad.is_none()) p.grad = tensor_view(grad, "gradient of '" + name + "'", keep);
-      p.weight = tensor_view(weight, "parameter '" + name + "'", keep);
-      views.push_back(std::move(p));
-    }
-    mixprec::train::TelemetryStep s;
-    s.loss = loss;
-    s.lr = lr;
-    s.tokens = tokens;
-    s.seconds = seconds;
-    s.val_loss = val_loss;
-    s.scale = scale;
-    s.next_scale = next_scale;
-    s.found_inf = found_inf;
-    s.applied = applied;
-    s.grad_norm = grad_norm;
-    s.clip_coef = clip_coef;
-    s.overflow_param = std::move(overflow_param);
-    mixprec::train::StepRecord r;
-    {
-      nb::gil_scoped_release unlocked;
-      r = rec_.record(s, views);
-    }
-    return mixprec::train::step_record_json(r);
-  }
-
-  // The alerts raised: (id, step, message, advice) each.
-  std::vector<std::tuple<std::string, std::uint64_t, std::string, std::string>> finish() {
-    std::vector<std::tuple<std::string, std::uint64_t, std::string, std::string>> out;
-    for (const auto& a : rec_.finish()) out.emplace_back(a.id, a.step, a.message, a.advice);
-    return out;
-  }
-
-  double seconds() { return rec_.seconds(); }
-  void add_seconds(double s) { rec_.add_seconds(s); }
-  std::uint64_t steps() const { return rec_.steps(); }
-  const std::string& dir() const { return rec_.dir(); }
-
- private:
-  mixprec::train::TelemetryRecorder rec_;
-};
 
 // `mixprec report`'s function: one HTML file of the run folders; returns the steps shown.
 std::size_t write_report(const std::vector<std::string>& dirs, const std::string& out, const std::string& title) {
@@ -594,12 +500,23 @@ nb::tuple dataset(std::optional<std::string> text, std::uint64_t seed, std::size
 
 }  // namespace
 
-void register_quantize(nb::module_& m);  // quantize_module.cpp
-void register_advise(nb::module_& m);    // advise_module.cpp
+void register_quantize(nb::module_& m);      // quantize_module.cpp
+void register_integrations(nb::module_& m);  // integrations_module.cpp
+void register_advise(nb::module_& m);        // advise_module.cpp
+// binding.hpp: the one view of a tensor handed in for reading.
+mixprec::GradTensor mixprec_python::tensor_view(nb::handle h, const std::string& what, std::vector<AnyArray>& keep) {
+  AnyArray a = as_array<AnyArray>(h, what.c_str(), "float32, float16 or bfloat16");
+  const mixprec::DType t = gradient_dtype(a, what, "");
+  require_c_contiguous(a, what.c_str());
+  mixprec::GradTensor v{a.size() ? const_cast<void*>(a.data()) : nullptr, a.size(), t};
+  keep.push_back(std::move(a));
+  return v;
+}
 
 NB_MODULE(_core, m) {
   m.doc() = "mixprec's C++ core (nanobind); use the `mixprec` package, not this module";
   register_quantize(m);
+  register_integrations(m);
   register_advise(m);
 
   nb::exception<mixprec::ScaleCollapseError>(m, "ScaleCollapseError", PyExc_RuntimeError);
@@ -642,7 +559,11 @@ NB_MODULE(_core, m) {
                ", overflow=" + std::to_string(s.overflow) + ")";
       });
 
-  m.attr("FORMATS") = nb::make_tuple("f16", "bf16", "f8e4m3", "f8e5m2");
+  {
+    nb::list names;
+    for (const mixprec::FormatId f : mixprec::convertible_formats()) names.append(mixprec::format_row(f).name);
+    m.attr("FORMATS") = nb::steal<nb::tuple>(PySequence_Tuple(names.ptr()));
+  }
 
   m.def(
       "encode",
@@ -698,8 +619,9 @@ NB_MODULE(_core, m) {
       .def("describe", &PyLossScale::describe);
 
   m.def("check_gradients", &check_gradient_arrays, nb::arg("tensors"), nb::arg("scale"), nb::arg("write"),
+        nb::arg("amax") = false,
         "mixprec::check_gradients in place over CPU arrays; returns (checked, found_inf, first_overflow, "
-        "sum_squares, carried_inv_scale)");
+        "sum_squares, carried_inv_scale[, amax per tensor])");
 
   using P = PyScalerProtocol;
   nb::class_<PyScalerProtocol>(m, "ScalerProtocol")
@@ -740,21 +662,7 @@ NB_MODULE(_core, m) {
       .def("state_json", [](P& p) { return p.get().state_json(); })
       .def("load_state_json", [](P& p, std::string_view s) { p.get().load_state_json(s); }, nb::arg("json"));
 
-  nb::class_<PyTelemetryRecorder>(m, "TelemetryRecorder")
-      .def(nb::init<std::string, std::string, std::string, std::size_t>(), nb::arg("dir"), nb::arg("precision"),
-           nb::arg("loss_scale"), nb::arg("histogram_every"))
-      .def("histogram_step", &PyTelemetryRecorder::histogram_step)
-      .def("count_activation_grad", &PyTelemetryRecorder::count_activation_grad, nb::arg("name"), nb::arg("grad"))
-      .def("check_activation", &PyTelemetryRecorder::check_activation, nb::arg("name"), nb::arg("output"))
-      .def("record", &PyTelemetryRecorder::record, nb::arg("loss"), nb::arg("lr"), nb::arg("tokens"),
-           nb::arg("seconds"), nb::arg("val_loss").none(), nb::arg("scale"), nb::arg("next_scale"),
-           nb::arg("found_inf"), nb::arg("applied"), nb::arg("grad_norm"), nb::arg("clip_coef"),
-           nb::arg("overflow_param"), nb::arg("params"))
-      .def("finish", &PyTelemetryRecorder::finish)
-      .def("seconds", &PyTelemetryRecorder::seconds)
-      .def("add_seconds", &PyTelemetryRecorder::add_seconds, nb::arg("seconds"))
-      .def_prop_ro("steps", &PyTelemetryRecorder::steps)
-      .def_prop_ro("dir", &PyTelemetryRecorder::dir);
+  mixprec_python::register_telemetry(m);
 
   m.def("write_report", &write_report, nb::arg("dirs"), nb::arg("out"), nb::arg("title"));
   m.def("dataset", &dataset, nb::arg("text").none(), nb::arg("seed"), nb::arg("tokens"), nb::arg("vocab"),

@@ -1,8 +1,18 @@
 #include "mixprec/core/parallel.hpp"
 
+#include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <thread>
+
+#if defined(MIXPREC_POOL_STD_THREADS)
+#include <condition_variable>
+#include <mutex>
+#include <vector>
+#else
+#include <omp.h>
+#endif
 
 namespace mixprec {
 
@@ -24,67 +34,114 @@ static unsigned default_threads() {
   return hw == 0 ? 1 : hw;
 }
 
-ThreadPool::ThreadPool(unsigned threads) {
-  const unsigned n = threads == 0 ? default_threads() : threads;
-  workers_.reserve(n - 1);
-  for (unsigned i = 1; i < n; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
-}
-
-ThreadPool::~ThreadPool() {
-  {
-    const std::lock_guard lock(mu_);
-    stop_ = true;
-  }
-  wake_.notify_all();
-  for (auto& t : workers_) t.join();
-}
-
-void ThreadPool::worker_loop(unsigned index) {
-  std::uint64_t seen = 0;
-  for (;;) {
-    Task task;
-    void* ctx;
-    {
-      std::unique_lock lock(mu_);
-      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
-      if (stop_) return;
-      seen = generation_;
-      task = task_;
-      ctx = ctx_;
-    }
-    task(ctx, index);
-    {
-      const std::lock_guard lock(mu_);
-      if (--pending_ == 0) done_.notify_one();
-    }
-  }
-}
-
-void ThreadPool::run_erased(Task task, void* ctx) {
-  {
-    std::unique_lock lock(mu_);
-    if (running_) {
-      // Busy: the whole task on this thread, part by part (the same split, the same results).
-      lock.unlock();
-      for (unsigned w = 0; w < size(); ++w) task(ctx, w);
-      return;
-    }
-    running_ = true;
-    task_ = task;
-    ctx_ = ctx;
-    pending_ = static_cast<unsigned>(workers_.size());
-    ++generation_;
-  }
-  wake_.notify_all();
-  task(ctx, 0);  // exceptions from tasks are not supported: tasks run kernels, which do not throw
-  std::unique_lock lock(mu_);
-  done_.wait(lock, [&] { return pending_ == 0; });
-  running_ = false;
-}
-
 ThreadPool& ThreadPool::global() {
   static ThreadPool pool;
   return pool;
 }
+
+#if !defined(MIXPREC_POOL_STD_THREADS)
+
+// OpenMP: the team of the calling thread, as the layers and oneDNN use it.
+struct ThreadPool::Workers {};
+
+const char* ThreadPool::runtime() noexcept { return "openmp"; }
+
+ThreadPool::ThreadPool(unsigned threads) : size_(threads == 0 ? default_threads() : threads) {}
+ThreadPool::~ThreadPool() = default;
+
+void ThreadPool::run_erased(Task task, void* ctx) {
+  const unsigned n = size_;
+  bool idle = false;
+  if (n == 1 || !busy_.compare_exchange_strong(idle, true, std::memory_order_acquire)) {
+    // Busy (or one thread): the whole task on this thread, part by part.
+    for (unsigned w = 0; w < n; ++w) task(ctx, w);
+    return;
+  }
+  // The runtime may give fewer threads than asked (inside another parallel region, under
+  // OMP_THREAD_LIMIT): every part still runs, some threads taking several in turn.
+  #pragma omp parallel num_threads(static_cast<int>(n))
+  {
+    const auto team = static_cast<unsigned>(omp_get_num_threads());
+    for (auto w = static_cast<unsigned>(omp_get_thread_num()); w < n; w += team) task(ctx, w);
+  }
+  busy_.store(false, std::memory_order_release);
+}
+
+#else
+
+// The pool's own threads: the caller plus size() - 1 workers woken per task.
+struct ThreadPool::Workers {
+  std::vector<std::thread> threads;
+  std::mutex mu;
+  std::condition_variable wake, done;
+  Task task = nullptr;
+  void* ctx = nullptr;
+  std::uint64_t generation = 0;
+  unsigned pending = 0;
+  bool stop = false;
+
+  void loop(unsigned index) {
+    std::uint64_t seen = 0;
+    for (;;) {
+      Task t;
+      void* c;
+      {
+        std::unique_lock lock(mu);
+        wake.wait(lock, [&] { return stop || generation != seen; });
+        if (stop) return;
+        seen = generation;
+        t = task;
+        c = ctx;
+      }
+      t(c, index);
+      {
+        const std::lock_guard lock(mu);
+        if (--pending == 0) done.notify_one();
+      }
+    }
+  }
+};
+
+const char* ThreadPool::runtime() noexcept { return "std::thread"; }
+
+ThreadPool::ThreadPool(unsigned threads)
+    : size_(threads == 0 ? default_threads() : threads), workers_(std::make_unique<Workers>()) {
+  workers_->threads.reserve(size_ - 1);
+  for (unsigned i = 1; i < size_; ++i) workers_->threads.emplace_back([this, i] { workers_->loop(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    const std::lock_guard lock(workers_->mu);
+    workers_->stop = true;
+  }
+  workers_->wake.notify_all();
+  for (auto& t : workers_->threads) t.join();
+}
+
+void ThreadPool::run_erased(Task task, void* ctx) {
+  bool idle = false;
+  if (size_ == 1 || !busy_.compare_exchange_strong(idle, true, std::memory_order_acquire)) {
+    for (unsigned w = 0; w < size_; ++w) task(ctx, w);
+    return;
+  }
+  Workers& k = *workers_;
+  {
+    const std::lock_guard lock(k.mu);
+    k.task = task;
+    k.ctx = ctx;
+    k.pending = size_ - 1;
+    ++k.generation;
+  }
+  k.wake.notify_all();
+  task(ctx, 0);  // exceptions from tasks are not supported: tasks run kernels, which do not throw
+  {
+    std::unique_lock lock(k.mu);
+    k.done.wait(lock, [&] { return k.pending == 0; });
+  }
+  busy_.store(false, std::memory_order_release);
+}
+
+#endif
 
 }  // namespace mixprec

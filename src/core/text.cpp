@@ -71,29 +71,4 @@ std::string_view json_error_detail(std::string_view what) {
 
 std::string malformed_json(std::string_view what) { return std::string("malformed JSON: ").append(json_error_detail(what)); }
 
-std::uint64_t parse_uint(std::string_view key, std::string_view text) {
-  std::uint64_t v = 0;
-  const char* end = text.data() + text.size();
-  auto [ptr, ec] = std::from_chars(text.data(), end, v);
-  if (!text.empty() && ec == std::errc() && ptr == end) return v;
-  // 2e6 and the like: a whole number in scientific notation.
-  double d = 0;
-  auto [dptr, dec] = std::from_chars(text.data(), end, d, std::chars_format::general);
-  if (!text.empty() && dec == std::errc() && dptr == end && d >= 0 && d <= 9007199254740992.0 /* 2^53 */ && d == std::floor(d))
-    return static_cast<std::uint64_t>(d);
-  throw std::invalid_argument(std::string(key) + ": expected a non-negative integer, found " + squote(text) +
-                              " (integers are written in decimal: digits, or a whole number in scientific notation such as 2e6)");
-}
-
-double parse_number(std::string_view key, std::string_view text) {
-  double v = 0;
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, v, std::chars_format::general);
-  if (text.empty() || ptr != end || (ec != std::errc() && ec != std::errc::result_out_of_range))
-    throw std::invalid_argument(std::string(key) + ": expected a number, found " + squote(text));
-  if (ec == std::errc::result_out_of_range)
-    throw std::invalid_argument(std::string(key) + ": expected a number a double holds, found " + squote(text));
-  return v;
-}
-
 }  // namespace mixprec::text

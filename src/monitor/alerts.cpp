@@ -1,5 +1,6 @@
 // Alert rules over a run's step log (see alerts.hpp and docs/alerts.md).
 #include "mixprec/monitor/alerts.hpp"
+#include "mixprec/core/keys.hpp"
 #include "mixprec/core/text.hpp"
 
 #include <nlohmann/json.hpp>
@@ -171,12 +172,8 @@ AlertMonitor::AlertMonitor(AlertThresholds thresholds, RunContext context)
     : t_(std::move(thresholds)), ctx_(std::move(context)) {
   validate(t_);
   const auto p = nn::parse_precision(ctx_.precision);
-  if (!p) bad("precision", "fp32, fp16, bf16, fp16-pure, fp8-noscale, fp8-delayed, fp8-current or mxfp8", squote(ctx_.precision));
-  switch (nn::policy_of(*p).activations) {
-    case DType::f32: format_max_ = static_cast<double>(format_traits<float>::max_finite); break;
-    case DType::f16: format_max_ = static_cast<double>(format_traits<f16>::max_finite); break;
-    case DType::bf16: format_max_ = static_cast<double>(format_traits<bf16>::max_finite); break;
-  }
+  if (!p) bad("precision", keys::join(nn::precision_names()), squote(ctx_.precision));
+  format_max_ = static_cast<double>(format_row(format_of(nn::policy_of(*p).activations)).max_finite);
   const std::string& s = ctx_.loss_scale;
   if (s == "none") {
     scaled_ = false;

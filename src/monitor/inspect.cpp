@@ -44,18 +44,9 @@ FormatThresholds thresholds_of() {
   return {smallest_with<T>(Outcome::subnormal), smallest_with<T>(Outcome::normal), smallest_with<T>(Outcome::overflow)};
 }
 
-float max_finite_of(FormatId f) {
-  switch (f) {
-    case FormatId::f16: return format_traits<f16>::max_finite;
-    case FormatId::bf16: return format_traits<bf16>::max_finite;
-    case FormatId::f8e4m3: return format_traits<f8e4m3>::max_finite;
-    default: return format_traits<f8e5m2>::max_finite;
-  }
-}
+float max_finite_of(FormatId f) { return format_row(f).max_finite; }
 
-bool supported(FormatId f) {
-  return f == FormatId::f16 || f == FormatId::bf16 || f == FormatId::f8e4m3 || f == FormatId::f8e5m2;
-}
+bool supported(FormatId f) { return static_cast<std::size_t>(f) < std::size(kFormatTable) && format_row(f).converts; }
 
 // floor(log2 |x|) for finite nonzero x.
 int exponent_of(float x) {
@@ -75,23 +66,20 @@ struct Partial {
 }  // namespace
 
 std::string_view inspect_format_name(FormatId format) noexcept {
-  switch (format) {
-    case FormatId::f16: return "fp16";
-    case FormatId::bf16: return "bf16";
-    case FormatId::f8e4m3: return "e4m3";
-    case FormatId::f8e5m2: return "e5m2";
-    default: return "?";
-  }
+  return supported(format) ? format_row(format).label : "?";
 }
 
 FormatThresholds format_thresholds(FormatId format) {
-  switch (format) {
-    case FormatId::f16: { static const FormatThresholds t = thresholds_of<f16>(); return t; }
-    case FormatId::bf16: { static const FormatThresholds t = thresholds_of<bf16>(); return t; }
-    case FormatId::f8e4m3: { static const FormatThresholds t = thresholds_of<f8e4m3>(); return t; }
-    case FormatId::f8e5m2: { static const FormatThresholds t = thresholds_of<f8e5m2>(); return t; }
-    default: throw std::invalid_argument("format_thresholds: expected f16, bf16, f8e4m3 or f8e5m2");
-  }
+  if (!supported(format))
+    throw std::invalid_argument("format_thresholds: expected " + format_names(convertible_formats()));
+  // Each format's thresholds, found once (a binary search over fp32 per threshold).
+  static const std::vector<FormatThresholds> all = [] {
+    std::vector<FormatThresholds> t(std::size(kFormatTable));
+    for (const FormatId f : convertible_formats())
+      t[static_cast<std::size_t>(f)] = visit_format(f, []<class T>(T) { return thresholds_of<T>(); });
+    return t;
+  }();
+  return all[static_cast<std::size_t>(format)];
 }
 
 InspectReport inspect(std::span<const float> values, const InspectOptions& options) {
@@ -99,7 +87,7 @@ InspectReport inspect(std::span<const float> values, const InspectOptions& optio
     throw std::invalid_argument(std::string("inspect: max_scale_log2 must be in [0, 127], found ")
                                     .append(std::to_string(options.max_scale_log2)));
   for (const FormatId f : options.formats)
-    if (!supported(f)) throw std::invalid_argument("inspect: formats must be f16, bf16, f8e4m3 or f8e5m2");
+    if (!supported(f)) throw std::invalid_argument("inspect: formats must be " + format_names(convertible_formats()));
   const int kmax = options.max_scale_log2;
   const std::size_t nscales = static_cast<std::size_t>(kmax) + 1;
 

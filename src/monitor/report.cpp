@@ -24,6 +24,7 @@
 
 #include "mixprec/core/io.hpp"
 #include "mixprec/core/json_depth.hpp"
+#include "mixprec/core/keys.hpp"
 #include "mixprec/core/text.hpp"
 #include "mixprec/nn/precision.hpp"
 #include "mixprec/train/run_folder.hpp"
@@ -91,13 +92,11 @@ std::optional<nn::PrecisionPolicy> policy(const ReportRun& r) {
   return nn::policy_of(*prec);
 }
 
-// Index of a storage format in svg::standard_ranges(), -1 for fp32.
+// Index of a storage format in svg::standard_ranges(), -1 for one it has no band for (fp32).
 int range_index(DType t) {
-  switch (t) {
-    case DType::f16: return 0;
-    case DType::bf16: return 1;
-    case DType::f32: return -1;
-  }
+  const auto& ranges = svg::standard_ranges();
+  for (std::size_t i = 0; i < ranges.size(); ++i)
+    if (ranges[i].name == format_row(format_of(t)).display) return static_cast<int>(i);
   return -1;
 }
 
@@ -539,11 +538,13 @@ std::string histograms_section(const std::vector<ReportRun>& runs) {
   lo = std::max(nn::Log2Histogram::kMinExp, lo - 1);
   hi = std::min(nn::Log2Histogram::kMaxExp + 1, hi + 1);
   std::string out = "<section id=\"histograms\"><h2>Magnitudes against the format ranges</h2>";
-  out +=
-      "<p class=\"lead\">log<sub>2</sub>|x| of every value at the run's last histogram step. Rows under each chart: "
-      "the normal (dark) and subnormal (light) ranges of fp16, bf16, E4M3 and E5M2; the shaded band is the format "
-      "these values are stored in. Bars left of a format's light band would become 0 in it; bars right of its dark "
-      "band would overflow.</p>";
+  std::vector<std::string> band_names;
+  for (const svg::FormatRange& f : svg::standard_ranges()) band_names.push_back(f.name);
+  out += "<p class=\"lead\">log<sub>2</sub>|x| of every value at the run's last histogram step. Rows under each chart: "
+         "the normal (dark) and subnormal (light) ranges of " +
+         keys::join(band_names, " and ") +
+         "; the shaded band is the format these values are stored in. Bars left of a format's light band would "
+         "become 0 in it; bars right of its dark band would overflow.</p>";
   if (!any) {
     out += card("", "<p class=\"muted\">No histograms in " +
                         std::string(runs.size() == 1 ? "this log" : "these logs") +

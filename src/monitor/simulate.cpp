@@ -106,11 +106,8 @@ std::string_view overflow_model_name(OverflowModel m) noexcept {
 }
 
 double overflow_limit(nn::Precision precision) noexcept {
-  switch (nn::policy_of(precision).activations) {
-    case DType::f16: return static_cast<double>(format_thresholds(FormatId::f16).overflow);
-    case DType::bf16: return static_cast<double>(format_thresholds(FormatId::bf16).overflow);
-    case DType::f32: break;
-  }
+  const DType activations = nn::policy_of(precision).activations;
+  if (activations != DType::f32) return static_cast<double>(format_thresholds(format_of(activations)).overflow);
   return 0x1.ffffffp127;  // halfway between FLT_MAX and 2^128: rounds to inf (ties to even)
 }
 

@@ -1,6 +1,8 @@
 // SVG line charts and log2 histograms for the report (see svg_chart.hpp).
 #include "monitor/svg_chart.hpp"
 
+#include "mixprec/formats/format_table.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -523,16 +525,48 @@ std::string render(const Histogram& h) {
   return out;
 }
 
+namespace {
+
+// 2 and an exponent in superscript digits: "2⁻¹⁴".
+std::string pow2_superscript(int e) {
+  static const char* const digits[] = {"\u2070", "\u00b9", "\u00b2", "\u00b3", "\u2074",
+                                       "\u2075", "\u2076", "\u2077", "\u2078", "\u2079"};
+  std::string out = "2";
+  if (e < 0) out += "\u207b";
+  for (const char ch : std::to_string(e < 0 ? -e : e)) out += digits[ch - '0'];
+  return out;
+}
+
+// 65504, 448; 3.4e38 past a million.
+std::string max_text(double v) {
+  char buf[32];
+  if (v < 1e6) {
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+  } else {
+    const int e = static_cast<int>(std::floor(std::log10(v)));
+    std::snprintf(buf, sizeof buf, "%.1fe%d", v / std::pow(10.0, e), e);
+  }
+  return buf;
+}
+
+}  // namespace
+
 const std::vector<FormatRange>& standard_ranges() {
-  static const std::vector<FormatRange> ranges = {
-      {"fp16", -24, -14, std::log2(65504.0), "#0284c7",
-       "2\u207b\u00b9\u2074 \u2026 65504, subnormal to 2\u207b\u00b2\u2074"},
-      {"bf16", -133, -126, std::log2(3.3895313892515355e38), "#0d9488",
-       "2\u207b\u00b9\u00b2\u2076 \u2026 3.4e38, subnormal to 2\u207b\u00b9\u00b3\u00b3"},
-      {"E4M3", -9, -6, std::log2(448.0), "#ea580c", "2\u207b\u2076 \u2026 448, subnormal to 2\u207b\u2079"},
-      {"E5M2", -16, -14, std::log2(57344.0), "#db2777",
-       "2\u207b\u00b9\u2074 \u2026 57344, subnormal to 2\u207b\u00b9\u2076"},
-  };
+  // A band per format with conversion kernels, from its row of the format table.
+  static const std::vector<FormatRange> ranges = [] {
+    static const char* const colors[] = {"#0284c7", "#0d9488", "#ea580c", "#db2777", "#7c3aed", "#65a30d"};
+    std::vector<FormatRange> out;
+    for (const FormatId f : convertible_formats()) {
+      const FormatRow& r = format_row(f);
+      const int sub = static_cast<int>(std::log2(r.min_subnormal));
+      const int normal = static_cast<int>(std::log2(r.min_normal));
+      out.push_back({std::string(r.display), static_cast<double>(sub), static_cast<double>(normal),
+                     std::log2(static_cast<double>(r.max_finite)), colors[out.size() % std::size(colors)],
+                     pow2_superscript(normal) + " \u2026 " + max_text(r.max_finite) + ", subnormal to " +
+                         pow2_superscript(sub)});
+    }
+    return out;
+  }();
   return ranges;
 }
 

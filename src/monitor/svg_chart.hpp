@@ -78,7 +78,8 @@ struct Histogram {
 
 std::string render(const Histogram& h);
 
-// The four formats of the report's histograms: fp16, bf16, E4M3, E5M2.
+// The formats of the report's histograms (those with conversion kernels: fp16, bf16, E4M3,
+// E5M2), each from its row of the format table.
 const std::vector<FormatRange>& standard_ranges();
 
 }  // namespace mixprec::monitor::svg

@@ -8,6 +8,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <numbers>
@@ -70,14 +71,34 @@ void decode(const std::byte* src, DType t, std::span<float> dst) {
   });
 }
 
+// One thread's part of the conversions below and of a fused block (Engine::commit_block):
+// elements [b, b + s.size()) of the tensor at dst.
+void encode_part(std::span<const float> s, std::byte* dst, std::size_t b, DType t) {
+  switch (t) {
+    case DType::f32: std::memcpy(dst + 4 * b, s.data(), s.size() * 4); return;
+    case DType::f16: convert(s, std::span<f16>(as<f16>(dst) + b, s.size())); return;
+    case DType::bf16: convert(s, std::span<bf16>(as<bf16>(dst) + b, s.size())); return;
+  }
+}
+ConversionStats encode_counted_part(std::span<const float> s, std::byte* dst, std::size_t b, DType t) {
+  return t == DType::f16 ? convert_counted(s, std::span<f16>(as<f16>(dst) + b, s.size()))
+                         : convert_counted(s, std::span<bf16>(as<bf16>(dst) + b, s.size()));
+}
+void store_and_round_part(std::span<float> s, std::byte* dst, std::size_t b, DType t) {
+  switch (t) {
+    case DType::f32: std::memcpy(dst + 4 * b, s.data(), s.size() * 4); return;
+    case DType::f16: encode_and_round(s, std::span<f16>(as<f16>(dst) + b, s.size())); return;
+    case DType::bf16: encode_and_round(s, std::span<bf16>(as<bf16>(dst) + b, s.size())); return;
+  }
+}
+RoundedStats store_and_round_counted_part(std::span<float> s, std::byte* dst, std::size_t b, DType t) {
+  return t == DType::f16 ? encode_and_round_counted(s, std::span<f16>(as<f16>(dst) + b, s.size()))
+                         : encode_and_round_counted(s, std::span<bf16>(as<bf16>(dst) + b, s.size()));
+}
+
 void encode(std::span<const float> src, std::byte* dst, DType t) {
   for_chunks(src.size(), convert_threads(src.size()), [&](std::size_t b, std::size_t e, int) {
-    const std::span<const float> s = src.subspan(b, e - b);
-    switch (t) {
-      case DType::f32: std::memcpy(dst + 4 * b, s.data(), s.size() * 4); return;
-      case DType::f16: convert(s, std::span<f16>(as<f16>(dst) + b, s.size())); return;
-      case DType::bf16: convert(s, std::span<bf16>(as<bf16>(dst) + b, s.size())); return;
-    }
+    encode_part(src.subspan(b, e - b), dst, b, t);
   });
 }
 
@@ -89,9 +110,7 @@ ConversionStats encode_counted(std::span<const float> src, std::byte* dst, DType
   const int threads = convert_threads(src.size());
   ConversionStats parts[kMaxConvertThreads];
   for_chunks(src.size(), threads, [&](std::size_t b, std::size_t e, int part) {
-    const std::span<const float> s = src.subspan(b, e - b);
-    parts[part] = t == DType::f16 ? convert_counted(s, std::span<f16>(as<f16>(dst) + b, s.size()))
-                                  : convert_counted(s, std::span<bf16>(as<bf16>(dst) + b, s.size()));
+    parts[part] = encode_counted_part(src.subspan(b, e - b), dst, b, t);
   });
   ConversionStats total;
   for (int i = 0; i < threads; ++i) total += parts[i];
@@ -101,12 +120,7 @@ ConversionStats encode_counted(std::span<const float> src, std::byte* dst, DType
 // Stores v and leaves in v the values stored (what decode would give back), in one pass.
 void store_and_round(std::span<float> v, std::byte* dst, DType t) {
   for_chunks(v.size(), convert_threads(v.size()), [&](std::size_t b, std::size_t e, int) {
-    const std::span<float> s = v.subspan(b, e - b);
-    switch (t) {
-      case DType::f32: std::memcpy(dst + 4 * b, s.data(), s.size() * 4); return;
-      case DType::f16: encode_and_round(s, std::span<f16>(as<f16>(dst) + b, s.size())); return;
-      case DType::bf16: encode_and_round(s, std::span<bf16>(as<bf16>(dst) + b, s.size())); return;
-    }
+    store_and_round_part(v.subspan(b, e - b), dst, b, t);
   });
 }
 
@@ -116,9 +130,7 @@ RoundedStats store_and_round_counted(std::span<float> v, std::byte* dst, DType t
   const int threads = convert_threads(v.size());
   RoundedStats parts[kMaxConvertThreads];
   for_chunks(v.size(), threads, [&](std::size_t b, std::size_t e, int part) {
-    const std::span<float> s = v.subspan(b, e - b);
-    parts[part] = t == DType::f16 ? encode_and_round_counted(s, std::span<f16>(as<f16>(dst) + b, s.size()))
-                                  : encode_and_round_counted(s, std::span<bf16>(as<bf16>(dst) + b, s.size()));
+    parts[part] = store_and_round_counted_part(v.subspan(b, e - b), dst, b, t);
   });
   RoundedStats total;
   for (int i = 0; i < threads; ++i) {
@@ -222,33 +234,153 @@ void Engine::commit_grad(std::size_t a, std::span<float> v, BackwardStats& stats
 void Engine::commit_grad_impl(std::size_t a, std::span<float> v, BackwardStats& stats, std::size_t label,
                               bool decode_back) {
   const Act& act = acts_.act(a);
-  TensorGradStats& t = stats.tensors[label];
-  ++stats.stores;
   if (hist_ != nullptr) hist_->activation_grads.add(v, kHistogramStride);
   float m = 0;
+  ConversionStats s;
   if (act.dtype == DType::f32) {
     // An fp32 gradient is stored as it is, so v is its stored value: every reader gets v
     // (operand() views it; nothing loads a gradient back from the arena), and copying
     // it into the arena would only cost a pass.
     m = amax_of(v);
+  } else if (decode_back) {
+    // One pass: codes, stats, amax (inf when a nonfinite is present) and v rounded.
+    const RoundedStats r = store_and_round_counted(v, acts_.data(a), act.dtype);
+    s = r.stats;
+    m = r.amax;
   } else {
-    ConversionStats s;
-    if (decode_back) {
-      // One pass: codes, stats, amax (inf when a nonfinite is present) and v rounded.
-      const RoundedStats r = store_and_round_counted(v, acts_.data(a), act.dtype);
-      s = r.stats;
-      m = r.amax;
-    } else {
-      m = amax_of(v);
-      s = encode_counted(v, acts_.data(a), act.dtype);
-      if (s.nonfinite_input > 0) m = std::numeric_limits<float>::infinity();
-    }
-    stats.activation_grads += s;
-    t.stats += s;
-    if ((s.overflow > 0 || s.nonfinite_input > 0) && stats.first_overflow.empty()) stats.first_overflow = t.name;
+    m = amax_of(v);
+    s = encode_counted(v, acts_.data(a), act.dtype);
+    if (s.nonfinite_input > 0) m = std::numeric_limits<float>::infinity();
   }
+  record_grad(stats, label, s, m);
+}
+
+void Engine::record_grad(BackwardStats& stats, std::size_t label, const ConversionStats& s, float m) const {
+  TensorGradStats& t = stats.tensors[label];
+  ++stats.stores;
+  stats.activation_grads += s;
+  t.stats += s;
+  if ((s.overflow > 0 || s.nonfinite_input > 0) && stats.first_overflow.empty()) stats.first_overflow = t.name;
   t.amax = std::max(t.amax, m);
   stats.amax = std::max(stats.amax, m);
+}
+
+// ---- fused passes ------------------------------------------------------------------
+
+namespace {
+std::atomic<bool> g_fused_passes{true};
+// Elements of the widest stage output per block (64 KiB of fp32): a block of every stage
+// stays in the core's L2 (512 KiB and up) between its producer and its commit.
+constexpr std::size_t kFusedBlockFloats = 16384;
+constexpr std::size_t kMaxStages = 4;
+}  // namespace
+
+void set_fused_passes(bool on) noexcept { g_fused_passes.store(on, std::memory_order_relaxed); }
+bool fused_passes() noexcept { return g_fused_passes.load(std::memory_order_relaxed); }
+
+void Engine::run_stages_unfused(std::size_t rows, std::span<const Stage> stages, BackwardStats* stats) {
+  for (const Stage& st : stages) {
+    st.produce(st.ctx, 0, rows);
+    const std::span<float> v = st.v.first(rows * st.cols);
+    switch (st.kind) {
+      case Commit::value: commit(st.act, v); break;
+      case Commit::operand: commit_operand(st.act, v); break;
+      case Commit::grad: commit_grad(st.act, v, *stats, st.label); break;
+      case Commit::grad_operand: commit_grad_operand(st.act, v, *stats, st.label); break;
+      case Commit::none: break;
+    }
+  }
+}
+
+// Rows [r0, r1) of a stage's output, committed as the unfused commit would commit them;
+// a gradient's counts and amax go to counts / amax.
+void Engine::commit_block(const Stage& st, std::size_t r0, std::size_t r1, ConversionStats& counts, float& amax) {
+  if (st.kind == Commit::none) return;
+  const Act& act = acts_.act(st.act);
+  const std::size_t b = r0 * st.cols;
+  const std::span<float> v = st.v.subspan(b, (r1 - r0) * st.cols);
+  std::byte* dst = acts_.data(st.act);
+  const bool native = native_ && act.dtype == DType::bf16;
+  switch (st.kind) {
+    case Commit::value:
+    case Commit::operand:
+      if (act.dtype == DType::f32) {
+        if (st.v.data() != reinterpret_cast<float*>(dst)) std::memcpy(dst + 4 * b, v.data(), v.size() * 4);
+      } else if (st.kind == Commit::operand && native) {
+        encode_part(v, dst, b, act.dtype);
+      } else {
+        store_and_round_part(v, dst, b, act.dtype);
+      }
+      return;
+    case Commit::grad:
+    case Commit::grad_operand: {
+      float m = 0;
+      if (act.dtype == DType::f32) {
+        m = amax_of(v);
+      } else if (st.kind == Commit::grad_operand && native) {
+        m = amax_of(v);
+        const ConversionStats s = encode_counted_part(v, dst, b, act.dtype);
+        if (s.nonfinite_input > 0) m = std::numeric_limits<float>::infinity();
+        counts += s;
+      } else {
+        const RoundedStats r = store_and_round_counted_part(v, dst, b, act.dtype);
+        counts += r.stats;
+        m = r.amax;
+      }
+      amax = std::max(amax, m);
+      return;
+    }
+    case Commit::none: return;
+  }
+}
+
+void Engine::run_stages(std::size_t rows, std::span<const Stage> stages, BackwardStats* stats) {
+  if (stages.size() > kMaxStages) throw std::logic_error("Engine::run_stages: more stages than planned");
+  for (const Stage& st : stages) {
+    const bool grad = st.kind == Commit::grad || st.kind == Commit::grad_operand;
+    if (grad && stats == nullptr) throw std::logic_error("Engine::run_stages: a gradient stage needs stats");
+    if (st.v.size() < rows * st.cols) throw std::logic_error("Engine::run_stages: an output shorter than rows x cols");
+  }
+  if (hist_ != nullptr || !fused_passes()) return run_stages_unfused(rows, stages, stats);
+  std::size_t widest = 1, total = 0;
+  for (const Stage& st : stages) {
+    widest = std::max(widest, st.cols);
+    total += rows * st.cols;
+  }
+  const std::size_t per_block = std::max<std::size_t>(1, kFusedBlockFloats / widest);
+  const std::size_t blocks = (rows + per_block - 1) / per_block;
+  const int threads = static_cast<int>(std::min<std::size_t>(static_cast<std::size_t>(convert_threads(total)), blocks));
+  struct Part {
+    ConversionStats counts[kMaxStages];
+    float amax[kMaxStages] = {};
+  };
+  Part parts[kMaxConvertThreads];
+  // Every element is rounded alone and counts merge as sums (amax as a max), so neither
+  // the blocks nor the thread split change a result.
+  auto block = [&](std::size_t blk, Part& p) {
+    const std::size_t r0 = blk * per_block, r1 = std::min(rows, r0 + per_block);
+    for (std::size_t i = 0; i < stages.size(); ++i) {
+      stages[i].produce(stages[i].ctx, r0, r1);
+      commit_block(stages[i], r0, r1, p.counts[i], p.amax[i]);
+    }
+  };
+  if (threads <= 1) {
+    for (std::size_t blk = 0; blk < blocks; ++blk) block(blk, parts[0]);
+  } else {
+    #pragma omp parallel for schedule(static) num_threads(threads)
+    for (std::size_t blk = 0; blk < blocks; ++blk) block(blk, parts[omp_get_thread_num()]);
+  }
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    const Stage& st = stages[i];
+    if (st.kind != Commit::grad && st.kind != Commit::grad_operand) continue;
+    ConversionStats s;
+    float m = 0;
+    for (int t = 0; t < threads; ++t) {
+      s += parts[t].counts[i];
+      m = std::max(m, parts[t].amax[i]);
+    }
+    record_grad(*stats, st.label, s, m);
+  }
 }
 
 }  // namespace mixprec::nn::detail
@@ -286,6 +418,17 @@ std::span<const float> Engine::load(std::size_t a, std::size_t slot, std::size_t
   if (act.dtype == DType::f32) return acts_.f32(a, n);
   std::span<float> s = scratch(slot, n);
   decode(acts_.data(a), act.dtype, s);
+  return s;
+}
+
+std::span<const float> Engine::load_part(std::size_t a, std::size_t slot, std::size_t begin, std::size_t n) {
+  const Act& act = acts_.act(a);
+  if (begin + n > act.numel) throw std::logic_error("Engine::load_part: beyond '" + act.name + "'");
+  if (act.dtype == DType::f32) return acts_.f32(a, begin + n).subspan(begin);
+  const std::span<float> s = scratch(slot, begin + n).subspan(begin);
+  const std::byte* src = acts_.data(a);
+  if (act.dtype == DType::f16) convert(std::span<const f16>(as<f16>(src) + begin, n), s);
+  else convert(std::span<const bf16>(as<bf16>(src) + begin, n), s);
   return s;
 }
 

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <span>
 #include <string>
@@ -91,12 +92,52 @@ class Engine {
   void commit_grad(std::size_t a, std::span<float> v, BackwardStats& stats, std::size_t label);
   // commit_grad for a gradient that only native GEMMs read (see commit_operand).
   void commit_grad_operand(std::size_t a, std::span<float> v, BackwardStats& stats, std::size_t label);
+  // ---- fused passes -------------------------------------------------------------
+  // A model's op and the commit of its output, run block by block: each block of rows
+  // is produced and then committed while it is still in cache, instead of a pass that
+  // produces the whole output and another that rounds it. The rounding points and the
+  // stored codes, rounded values and counts are exactly those of the unfused sequence
+  // (produce every stage in full, commit it, then the next stage), which run_stages
+  // runs instead while histograms are on or fusion is switched off
+  // (set_fused_passes(false), for the tests that compare the two).
+  //
+  // How a stage's output is committed: as commit(), commit_operand(), commit_grad() or
+  // commit_grad_operand() would; none: not committed (an fp32 result the stage writes
+  // in place, e.g. the probabilities).
+  enum class Commit : std::uint8_t { value, operand, grad, grad_operand, none };
+  struct Stage {
+    // produce(ctx, r0, r1) writes rows [r0, r1) of v (and whatever else the stage owns);
+    // it may read rows [r0, r1) of earlier stages' outputs, as committed, and anything
+    // no stage of the call writes.
+    void (*produce)(void* ctx, std::size_t r0, std::size_t r1);
+    void* ctx;
+    std::size_t act;   // the stored activation or gradient (unused for Commit::none)
+    std::span<float> v;  // its fp32 values: rows x cols, from target() or a scratch slot
+    std::size_t cols;
+    Commit kind = Commit::value;
+    std::size_t label = 0;  // gradient kinds: the stats label (as commit_grad)
+  };
+  // Runs the stages over `rows` rows, the blocks split over the OpenMP threads; stats
+  // receives the gradient stages' counts (nullptr when there is none).
+  void run_stages(std::size_t rows, std::span<const Stage> stages, BackwardStats* stats);
+  // A Stage from a callable f(r0, r1) (which must outlive the run_stages call).
+  template <class F>
+  static Stage stage(F& f, std::size_t act, std::span<float> v, std::size_t cols, Commit kind = Commit::value,
+                     std::size_t label = 0) {
+    return {[](void* c, std::size_t r0, std::size_t r1) { (*static_cast<F*>(c))(r0, r1); }, &f, act, v, cols, kind,
+            label};
+  }
+
   // Histograms to add every committed activation / activation gradient to (before
   // rounding); nullptr: none.
   void set_histograms(ModelHistograms* h) noexcept { hist_ = h; }
   // fp32 values of activation a (first n elements): the buffer itself when fp32, else
   // decoded into scratch slot `slot`.
   std::span<const float> load(std::size_t a, std::size_t slot, std::size_t n);
+  // Elements [begin, begin + n) of what load(a, slot, ...) gives, decoded on this thread
+  // into the same place of the slot: for a stage that reads a saved activation block by
+  // block (Engine::run_stages).
+  std::span<const float> load_part(std::size_t a, std::size_t slot, std::size_t begin, std::size_t n);
   // GEMM operands (docs/gemm.md, "Which GEMM takes which path"). When the policy stores
   // activations and weights in bf16 and the Gemm multiplies bf16 natively (oneDNN's bf16
   // matmul on AVX-512), the operands are the stored bf16 tensors themselves; otherwise
@@ -131,6 +172,10 @@ class Engine {
  private:
   void commit_grad_impl(std::size_t a, std::span<float> v, BackwardStats& stats, std::size_t label,
                         bool decode_back);
+  // The tail of commit_grad_impl: a gradient's counts and amax into stats.
+  void record_grad(BackwardStats& stats, std::size_t label, const ConversionStats& s, float amax) const;
+  void run_stages_unfused(std::size_t rows, std::span<const Stage> stages, BackwardStats* stats);
+  void commit_block(const Stage& st, std::size_t r0, std::size_t r1, ConversionStats& counts, float& amax);
 
   PrecisionPolicy policy_;
   ParamStore* store_;
@@ -144,6 +189,11 @@ class Engine {
   bool native_ = false;
 };
 
+
+// Whether Engine::run_stages fuses its passes (true, the default) or runs the unfused
+// sequence it is defined by; process-wide, for the tests that compare the two.
+void set_fused_passes(bool on) noexcept;
+bool fused_passes() noexcept;
 
 // Checks a forward call's token spans: rows in [1, batch], both spans at least rows*T
 // long, every id < V. std::invalid_argument naming `fn` otherwise.

@@ -207,15 +207,15 @@ class Gpt final : public Model {
     std::span<float> res = e.target(enc_, kResidualSlot, N * C);
     embedding_forward(res, tok, e.w(wte_), e.w(wpe_), rows, T, C, V);
     e.commit(enc_, res);
+    // Each layer norm reads the residual stream where the add before it (or the embedding)
+    // left it: the blocks' norms run in the stages of that add (linear_residual).
+    layernorm_stage(ln1_of(0, N), res, N);
     for (std::size_t l = 0; l < config_.layers; ++l) {
       const LayerParams& p = params_[l];
       const LayerActs& s = acts_[l];
-      std::span<float> ln = e.target(s.ln1, kNarrowSlot, N * C);
-      layernorm_forward(ln, a.f32(s.ln1_mean, N), a.f32(s.ln1_rstd, N), res, e.w(p.ln1w), e.w(p.ln1b), N, C);
-      commit_linear_input(s.ln1, ln);
+      const std::span<float> ln = e.target(s.ln1, kNarrowSlot, N * C);
       std::span<float> qkv = e.target(s.qkv, kWideSlot, N * 3 * C);
-      linear(l, &LayerFp8::qkv, qkv, ln, s.ln1, p.qkvw, e.w(p.qkvb), N, C, 3 * C);
-      e.commit(s.qkv, qkv);
+      linear(l, &LayerFp8::qkv, qkv, ln, s.ln1, p.qkvw, p.qkvb, N, C, 3 * C, s.qkv);
       std::span<float> y = e.target(s.atty, kNarrowSlot, N * C);
       // fp32 values of qkv: oneDNN 2.6 has no fast bf16 kernel for the per-head strided
       // views (Gemm widens them), and qkv's fp32 values are at hand (docs/gemm.md).
@@ -223,37 +223,48 @@ class Gpt final : public Model {
                         view(qkv.data(), N, 3 * C), rows, T, C, NH);
       commit_linear_input(s.atty, y);
       std::span<float> proj = e.target(tmp_, kProjectionSlot, N * C);
-      linear(l, &LayerFp8::proj, proj, y, s.atty, p.projw, e.w(p.projb), N, C, C);
-      e.commit(tmp_, proj);
       std::span<float> res2 = e.target(s.res2, kResidualSlot, N * C);
-      residual_forward(res2, res, proj);
-      e.commit(s.res2, res2);
+      const Norm n2{e.target(s.ln2, kNarrowSlot, N * C), s.ln2, s.ln2_mean, s.ln2_rstd, p.ln2w, p.ln2b, linear_input()};
+      linear_residual(l, &LayerFp8::proj, proj, y, s.atty, p.projw, p.projb, N, C, res2, s.res2, res, n2);
       res = res2;
-      std::span<float> ln2 = e.target(s.ln2, kNarrowSlot, N * C);
-      layernorm_forward(ln2, a.f32(s.ln2_mean, N), a.f32(s.ln2_rstd, N), res, e.w(p.ln2w), e.w(p.ln2b), N, C);
-      commit_linear_input(s.ln2, ln2);
+      const std::span<float> ln2 = n2.out;
       std::span<float> h = e.target(s.fch, kWideSlot, N * 4 * C);
-      linear(l, &LayerFp8::fc, h, ln2, s.ln2, p.fcw, e.w(p.fcb), N, C, 4 * C);
-      e.commit(s.fch, h);
       std::span<float> hg = e.target(s.fchg, kGeluSlot, N * 4 * C);
-      gelu_forward(hg, h);
-      commit_linear_input(s.fchg, hg);
+      if (fp8_) {
+        linear(l, &LayerFp8::fc, h, ln2, s.ln2, p.fcw, p.fcb, N, C, 4 * C, s.fch);
+        gelu_forward(hg, h);
+        commit_linear_input(s.fchg, hg);
+      } else {
+        // fc's GEMM, then per block: its bias and commit, GELU and its commit.
+        linear_forward(e.gemm(), h, e.operand(s.ln2, ln2, N, C), e.weight_operand(p.fcw, 4 * C, C), {}, N, C, 4 * C);
+        const std::span<const float> fcb = e.w(p.fcb);
+        auto bias = [&](std::size_t r0, std::size_t r1) { add_bias_rows(rows_of(h, 4 * C, r0, r1), fcb, r1 - r0, 4 * C); };
+        auto gelu = [&](std::size_t r0, std::size_t r1) { gelu_forward(rows_of(hg, 4 * C, r0, r1), rows_of(h, 4 * C, r0, r1)); };
+        const Engine::Stage st[] = {Engine::stage(bias, s.fch, h, 4 * C),
+                                    Engine::stage(gelu, s.fchg, hg, 4 * C, Engine::Commit::operand)};
+        e.run_stages(N, st, nullptr);
+      }
       std::span<float> fp = e.target(tmp_, kProjectionSlot, N * C);
-      linear(l, &LayerFp8::fcproj, fp, hg, s.fchg, p.fcprojw, e.w(p.fcprojb), N, 4 * C, C);
-      e.commit(tmp_, fp);
       std::span<float> res3 = e.target(s.res3, kResidualSlot, N * C);
-      residual_forward(res3, res, fp);
-      e.commit(s.res3, res3);
+      const bool last = l + 1 == config_.layers;
+      linear_residual(l, &LayerFp8::fcproj, fp, hg, s.fchg, p.fcprojw, p.fcprojb, N, 4 * C, res3, s.res3, res,
+                      last ? lnf_of(N) : ln1_of(l + 1, N));
       res = res3;
     }
-    std::span<float> lf = e.target(lnf_, kNarrowSlot, N * C);
-    layernorm_forward(lf, a.f32(lnf_mean_, N), a.f32(lnf_rstd_, N), res, e.w(lnfw_), e.w(lnfb_), N, C);
-    e.commit_operand(lnf_, lf);  // read by the LM head's GEMM only
+    const std::span<float> lf = e.target(lnf_, kNarrowSlot, N * C);
     std::span<float> logits = e.target(logits_, kWideSlot, N * V);
     linear_forward(g, logits, e.operand(lnf_, lf, N, C), e.weight_operand(wte_, V, C), {}, N, C, V);
-    e.commit(logits_, logits);
+    // Per block: the logits' commit, then the softmax and loss of those rows.
     const std::span<float> losses = a.f32(losses_, N);
-    softmax_crossentropy_forward(losses, a.f32(probs_, N * V), logits, tgt, rows, T, V);
+    const std::span<float> probs = a.f32(probs_, N * V);
+    auto none = [](std::size_t, std::size_t) {};
+    auto softmax = [&](std::size_t r0, std::size_t r1) {
+      softmax_crossentropy_forward(losses.subspan(r0, r1 - r0), rows_of(probs, V, r0, r1), rows_of(logits, V, r0, r1),
+                                   tgt.subspan(r0, r1 - r0), r1 - r0, 1, V);
+    };
+    const Engine::Stage st[] = {Engine::stage(none, logits_, logits, V),
+                                Engine::stage(softmax, 0, probs, V, Engine::Commit::none)};
+    e.run_stages(N, st, nullptr);
     return finish_forward(losses, N);
   }
 
@@ -270,17 +281,23 @@ class Gpt final : public Model {
 
     // Ops that overwrite their whole output get an unzeroed slot and the storing variant.
     std::span<float> dlogits = e.scratch(kWideGradSlot, N * V);
-    crossentropy_softmax_backward_store(dlogits, dlosses_, a.f32(probs_, N * V), tgt, B, T, V);
-    e.commit_grad_operand(dlogits_, dlogits, stats_, logits_label_);  // read by GEMMs only (no bias)
+    {
+      const std::span<const float> probs = a.f32(probs_, N * V);
+      auto ce = [&](std::size_t r0, std::size_t r1) {
+        crossentropy_softmax_backward_store(rows_of(dlogits, V, r0, r1), std::span<const float>(dlosses_).subspan(r0, r1 - r0),
+                                            rows_of(probs, V, r0, r1), tgt.subspan(r0, r1 - r0), r1 - r0, 1, V);
+      };
+      // Read by GEMMs only (no bias).
+      const Engine::Stage st[] = {Engine::stage(ce, dlogits_, dlogits, V, Engine::Commit::grad_operand, logits_label_)};
+      e.run_stages(N, st, &stats_);
+    }
     std::span<float> dlf = e.zeroed(kNarrowGradSlot, N * C);
     linear_backward(g, dlf, e.dw(wte_), {}, dlogits, e.operand(dlogits_, dlogits, N, V),
                     e.saved_operand(lnf_, kSavedSlot, N, C), e.weight_operand(wte_, V, C), N, C, V);
     e.commit_grad(dmid_, dlf, stats_, lnf_label_);
     std::span<float> dres = e.scratch(kResidualGradSlot, N * C);
     const std::size_t last = config_.layers - 1;
-    layernorm_backward_store(dres, e.dw(lnfw_), e.dw(lnfb_), dlf, e.load(acts_[last].res3, kSavedSlot, N * C), e.w(lnfw_),
-                       a.f32(lnf_mean_, N), a.f32(lnf_rstd_, N), N, C);
-    e.commit_grad(dres_, dres, stats_, last_res_label_);
+    layernorm_backward_stage(dres, {}, lnfw_, lnfb_, dlf, acts_[last].res3, lnf_mean_, lnf_rstd_, last_res_label_);
 
     for (std::size_t l = config_.layers; l-- > 0;) {
       const LayerParams& p = params_[l];
@@ -293,10 +310,19 @@ class Gpt final : public Model {
       else linear_backward(g, dhg, e.dw(p.fcprojw), e.dw(p.fcprojb), dres, e.operand(dres_, dres, N, C),
                            e.saved_operand(s.fchg, kSavedSlot, N, 4 * C), e.weight_operand(p.fcprojw, C, 4 * C), N,
                            4 * C, C);
-      e.commit_grad(dbig_, dhg, stats_, lb.fcproj_in);
       std::span<float> dh = e.scratch(kFcGradSlot, N * 4 * C);
-      gelu_backward_store(dh, e.load(s.fch, kSavedSlot, N * 4 * C), dhg);
-      e.commit_grad(dbig_, dh, stats_, lb.fc_out);
+      {
+        // Per block: dhg's commit, then GELU backward on those rows (fch decoded there) and
+        // dh's commit (dh's codes replace dhg's in dbig_: nothing reads dhg's).
+        auto none = [](std::size_t, std::size_t) {};
+        auto gelu = [&](std::size_t r0, std::size_t r1) {
+          const std::span<const float> x = e.load_part(s.fch, kSavedSlot, r0 * 4 * C, (r1 - r0) * 4 * C);
+          gelu_backward_store(rows_of(dh, 4 * C, r0, r1), x, rows_of(dhg, 4 * C, r0, r1));
+        };
+        const Engine::Stage st[] = {Engine::stage(none, dbig_, dhg, 4 * C, Engine::Commit::grad, lb.fcproj_in),
+                                    Engine::stage(gelu, dbig_, dh, 4 * C, Engine::Commit::grad, lb.fc_out)};
+        e.run_stages(N, st, &stats_);
+      }
       std::span<float> dln2 = e.zeroed(kNarrowGradSlot, N * C);
       if (fp8_) fp8_->backward(g, fp8_ids_[l].fc, dln2, e.dw(p.fcw), e.dw(p.fcb), dh, e.w(p.fcw),
                                fp8_work({kSavedSlot, kAttnResidualGradSlot, kWideGradSlot}));  // dhg: consumed
@@ -304,10 +330,7 @@ class Gpt final : public Model {
                            e.saved_operand(s.ln2, kSavedSlot, N, C), e.weight_operand(p.fcw, 4 * C, C), N, C, 4 * C);
       e.commit_grad(dmid_, dln2, stats_, lb.ln2_out);
       std::span<float> dres2 = e.scratch(kAttnResidualGradSlot, N * C);
-      Engine::copy(dres2, dres);
-      layernorm_backward(dres2, e.dw(p.ln2w), e.dw(p.ln2b), dln2, e.load(s.res2, kSavedSlot, N * C), e.w(p.ln2w),
-                         a.f32(s.ln2_mean, N), a.f32(s.ln2_rstd, N), N, C);
-      e.commit_grad(dres_, dres2, stats_, lb.res2);
+      layernorm_backward_stage(dres2, dres, p.ln2w, p.ln2b, dln2, s.res2, s.ln2_mean, s.ln2_rstd, lb.res2);
       // res2 = res + proj(attention(qkv(ln1(res)))).
       std::span<float> dy = e.zeroed(kNarrowGradSlot, N * C);
       if (fp8_) fp8_->backward(g, fp8_ids_[l].proj, dy, e.dw(p.projw), e.dw(p.projb), dres2, e.w(p.projw),
@@ -326,11 +349,8 @@ class Gpt final : public Model {
       else linear_backward(g, dln1, e.dw(p.qkvw), e.dw(p.qkvb), dqkv, e.operand(dbig_, dqkv, N, 3 * C),
                            e.saved_operand(s.ln1, kSavedSlot, N, C), e.weight_operand(p.qkvw, 3 * C, C), N, C, 3 * C);
       e.commit_grad(dmid_, dln1, stats_, lb.ln1_out);
-      Engine::copy(dres, dres2);
       const std::size_t res_in = l == 0 ? enc_ : acts_[l - 1].res3;
-      layernorm_backward(dres, e.dw(p.ln1w), e.dw(p.ln1b), dln1, e.load(res_in, kSavedSlot, N * C), e.w(p.ln1w),
-                         a.f32(s.ln1_mean, N), a.f32(s.ln1_rstd, N), N, C);
-      e.commit_grad(dres_, dres, stats_, lb.res_in);
+      layernorm_backward_stage(dres, dres2, p.ln1w, p.ln1b, dln1, res_in, s.ln1_mean, s.ln1_rstd, lb.res_in);
     }
     embedding_backward(e.dw(wte_), e.dw(wpe_), dres, tok, B, T, C, V);
     e.finish_backward();
@@ -375,26 +395,122 @@ class Gpt final : public Model {
     return {fp8_work_.data(), slots.size()};
   }
 
-  // Commits an activation that only the next block Linear reads: without decoding it
-  // back when that Linear multiplies the stored bf16 (not in the fp8 presets, whose
-  // Linears quantize the fp32 values).
+  // How an activation that only the next block Linear reads is committed: without
+  // decoding it back when that Linear multiplies the stored bf16 (Engine::commit_operand);
+  // not in the fp8 presets, whose Linears quantize the fp32 values.
+  Engine::Commit linear_input() const noexcept { return fp8_ ? Engine::Commit::value : Engine::Commit::operand; }
   void commit_linear_input(std::size_t act, std::span<float> v) {
     if (fp8_) engine_->commit(act, v);
     else engine_->commit_operand(act, v);
   }
 
-  // A block's Linear: fp8 (fp8 presets) or the layer on the engine's GEMM operands
-  // (bf16 storage on the native path). x holds the values of activation x_act.
-  void linear(std::size_t layer, std::size_t LayerFp8::*which, std::span<float> out, std::span<const float> x,
-              std::size_t x_act, std::size_t w, std::span<const float> b, std::size_t N, std::size_t C,
-              std::size_t OC) {
+  template <class T>
+  static std::span<T> rows_of(std::span<T> v, std::size_t cols, std::size_t r0, std::size_t r1) {
+    return v.subspan(r0 * cols, (r1 - r0) * cols);
+  }
+
+  // A layer norm of the residual stream: its output (target), the activation it is
+  // committed to and how, its statistics and parameters.
+  struct Norm {
+    std::span<float> out;
+    std::size_t act, mean, rstd, w, b;
+    Engine::Commit kind;
+  };
+  Norm ln1_of(std::size_t l, std::size_t N) {
+    const LayerActs& s = acts_[l];
+    return {engine_->target(s.ln1, kNarrowSlot, N * config_.channels), s.ln1, s.ln1_mean, s.ln1_rstd, params_[l].ln1w,
+            params_[l].ln1b, linear_input()};
+  }
+  Norm lnf_of(std::size_t N) {  // read by the LM head's GEMM only
+    return {engine_->target(lnf_, kNarrowSlot, N * config_.channels), lnf_, lnf_mean_, lnf_rstd_, lnfw_, lnfb_,
+            Engine::Commit::operand};
+  }
+
+  // The stage computing n.out = layernorm(x) over rows [r0, r1); f must outlive its use.
+  auto norm_rows(const Norm& n, std::span<const float> x, std::size_t N) {
     Engine& e = *engine_;
-    // Work memory: the one slot the forward leaves unused (enum ForwardSlot).
+    const std::size_t C = config_.channels;
+    return [&e, n, x, C, mn = e.acts().f32(n.mean, N), rs = e.acts().f32(n.rstd, N), wt = e.w(n.w),
+            bs = e.w(n.b)](std::size_t r0, std::size_t r1) {
+      layernorm_forward(rows_of(n.out, C, r0, r1), mn.subspan(r0, r1 - r0), rs.subspan(r0, r1 - r0),
+                        rows_of(x, C, r0, r1), wt, bs, r1 - r0, C);
+    };
+  }
+
+  // n.out = layernorm(x) over N rows, committed block by block.
+  void layernorm_stage(const Norm& n, std::span<const float> x, std::size_t N) {
+    auto norm = norm_rows(n, x, N);
+    const Engine::Stage st[] = {Engine::stage(norm, n.act, n.out, config_.channels, n.kind)};
+    engine_->run_stages(N, st, nullptr);
+  }
+
+  // The residual stream's gradient through a layer norm: dx = base + layernorm'(dout) (base
+  // empty: dx = layernorm'(dout)), the norm's parameter gradients accumulated, dx committed
+  // to dres_ under `label`. The parameter gradients need every row of dout and x first;
+  // then per block: base copied, dx added, committed.
+  void layernorm_backward_stage(std::span<float> dx, std::span<const float> base, std::size_t w, std::size_t b,
+                                std::span<const float> dout, std::size_t x_act, std::size_t mean, std::size_t rstd,
+                                std::size_t label) {
+    Engine& e = *engine_;
+    const std::size_t N = config_.batch * config_.context, C = config_.channels;
+    const std::span<const float> x = e.load(x_act, kSavedSlot, N * C);
+    const std::span<const float> mn = e.acts().f32(mean, N), rs = e.acts().f32(rstd, N), wt = e.w(w);
+    layernorm_backward_params(e.dw(w), e.dw(b), dout, x, mn, rs, N, C);
+    auto grad = [&](std::size_t r0, std::size_t r1) {
+      const std::span<float> d = rows_of(dx, C, r0, r1);
+      if (!base.empty()) std::memcpy(d.data(), base.data() + r0 * C, d.size() * sizeof(float));
+      layernorm_backward_dx(d, rows_of(dout, C, r0, r1), rows_of(x, C, r0, r1), wt, mn.subspan(r0, r1 - r0),
+                            rs.subspan(r0, r1 - r0), r1 - r0, C, !base.empty());
+    };
+    const Engine::Stage st[] = {Engine::stage(grad, dres_, dx, C, Engine::Commit::grad, label)};
+    e.run_stages(N, st, &stats_);
+  }
+
+  // A block Linear, out = x W^T + b, committed to out_act: fp8 (fp8 presets) or the GEMM
+  // on the engine's operands (bf16 storage on the native path), then per block the bias
+  // and the commit. x holds the values of activation x_act.
+  void linear(std::size_t layer, std::size_t LayerFp8::*which, std::span<float> out, std::span<const float> x,
+              std::size_t x_act, std::size_t w, std::size_t b, std::size_t N, std::size_t C, std::size_t OC,
+              std::size_t out_act) {
+    Engine& e = *engine_;
     if (fp8_) {
-      fp8_->forward(e.gemm(), fp8_ids_[layer].*which, out, x, e.w(w), b, N, fp8_work({kAttnResidualGradSlot}));
-    } else {
-      linear_forward(e.gemm(), out, e.operand(x_act, x, N, C), e.weight_operand(w, OC, C), b, N, C, OC);
+      // Work memory: the one slot the forward leaves unused (enum ForwardSlot).
+      fp8_->forward(e.gemm(), fp8_ids_[layer].*which, out, x, e.w(w), e.w(b), N, fp8_work({kAttnResidualGradSlot}));
+      e.commit(out_act, out);
+      return;
     }
+    linear_forward(e.gemm(), out, e.operand(x_act, x, N, C), e.weight_operand(w, OC, C), {}, N, C, OC);
+    const std::span<const float> bias = e.w(b);
+    auto add = [&](std::size_t r0, std::size_t r1) { add_bias_rows(rows_of(out, OC, r0, r1), bias, r1 - r0, OC); };
+    const Engine::Stage st[] = {Engine::stage(add, out_act, out, OC)};
+    e.run_stages(N, st, nullptr);
+  }
+
+  // A block Linear whose output joins the residual stream: out = x W^T + b committed to
+  // tmp_ (rounded as the Linear's output), then sum = res + out committed to sum_act, then
+  // the next layer norm of sum (`next`); per block on the non-fp8 path. sum may alias res.
+  void linear_residual(std::size_t layer, std::size_t LayerFp8::*which, std::span<float> out, std::span<const float> x,
+                       std::size_t x_act, std::size_t w, std::size_t b, std::size_t N, std::size_t C,
+                       std::span<float> sum, std::size_t sum_act, std::span<const float> res, const Norm& next) {
+    Engine& e = *engine_;
+    const std::size_t OC = config_.channels;
+    if (fp8_) {
+      linear(layer, which, out, x, x_act, w, b, N, C, OC, tmp_);
+      residual_forward(sum, res, out);
+      e.commit(sum_act, sum);
+      layernorm_stage(next, sum, N);
+      return;
+    }
+    linear_forward(e.gemm(), out, e.operand(x_act, x, N, C), e.weight_operand(w, OC, C), {}, N, C, OC);
+    const std::span<const float> bias = e.w(b);
+    auto add = [&](std::size_t r0, std::size_t r1) { add_bias_rows(rows_of(out, OC, r0, r1), bias, r1 - r0, OC); };
+    auto residual = [&](std::size_t r0, std::size_t r1) {
+      residual_forward(rows_of(sum, OC, r0, r1), rows_of(res, OC, r0, r1), rows_of(out, OC, r0, r1));
+    };
+    auto norm = norm_rows(next, sum, N);
+    const Engine::Stage st[] = {Engine::stage(add, tmp_, out, OC), Engine::stage(residual, sum_act, sum, OC),
+                                Engine::stage(norm, next.act, next.out, OC, next.kind)};
+    e.run_stages(N, st, nullptr);
   }
 
   void init_weights() {

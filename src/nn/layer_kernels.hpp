@@ -92,6 +92,18 @@ void gelu_backward_store(std::span<float> dinp, std::span<const float> inp, std:
 void layernorm_backward_store(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
                               std::span<const float> dout, std::span<const float> inp, std::span<const float> weight,
                               std::span<const float> mean, std::span<const float> rstd, std::size_t N, std::size_t C);
+// out[n, o] += bias[o] over N rows of OC: linear_forward's bias, for a model that adds it
+// in the same pass as its commit (Engine::run_stages).
+void add_bias_rows(std::span<float> out, std::span<const float> bias, std::size_t N, std::size_t OC);
+// layernorm_backward's two halves (same kernels, same split), for a model that commits
+// dinp block by block: the parameter gradients over all N rows, then dinp (+= when
+// accumulate, else =) over N rows. Sizes as layernorm_backward's (std::invalid_argument).
+void layernorm_backward_params(std::span<float> dweight, std::span<float> dbias, std::span<const float> dout,
+                               std::span<const float> inp, std::span<const float> mean, std::span<const float> rstd,
+                               std::size_t N, std::size_t C);
+void layernorm_backward_dx(std::span<float> dinp, std::span<const float> dout, std::span<const float> inp,
+                           std::span<const float> weight, std::span<const float> mean, std::span<const float> rstd,
+                           std::size_t N, std::size_t C, bool accumulate);
 void crossentropy_softmax_backward_store(std::span<float> dlogits, std::span<const float> dlosses,
                                          std::span<const float> probs, std::span<const TokenId> targets,
                                          std::size_t B, std::size_t T, std::size_t V);

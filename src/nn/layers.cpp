@@ -70,15 +70,28 @@ void check_wpe(const char* fn, const char* name, std::size_t found, std::size_t 
 // problems (tests, evaluation tails, tiny models) stay on the calling thread.
 inline bool parallel_worth_it(std::size_t elements) { return elements >= (std::size_t{1} << 16); }
 
+// Calls f(i) for i in [0, n), split over the OpenMP team when `elements` (the values the
+// loop touches) is worth a parallel region, else in a plain loop: a region whose if-clause
+// is false still makes (and allocates) a one-thread team, which the engine's block-sized
+// calls (Engine::run_stages) would pay for every block.
+template <class F>
+void for_range(std::size_t n, std::size_t elements, F&& f) {
+  if (!parallel_worth_it(elements)) {
+    for (std::size_t i = 0; i < n; ++i) f(i);
+    return;
+  }
+  #pragma omp parallel for schedule(static)
+  for (std::size_t i = 0; i < n; ++i) f(i);
+}
+
 // Runs f(begin, count) over [0, n) in chunks of kChunk, in parallel when worth it.
 template <class F>
 void chunked(std::size_t n, F&& f) {
   const std::size_t chunks = (n + kChunk - 1) / kChunk;
-  #pragma omp parallel for schedule(static) if (parallel_worth_it(n))
-  for (std::size_t c = 0; c < chunks; ++c) {
+  for_range(chunks, n, [&](std::size_t c) {
     const std::size_t b = c * kChunk;
     f(b, std::min(kChunk, n - b));
-  }
+  });
 }
 
 }  // namespace
@@ -109,13 +122,16 @@ void linear_forward(Gemm& gemm, std::span<float> out, const MatrixView& inp, con
   if (!bias.empty()) check_size(fn, "bias", bias.size(), OC, "OC, or empty for no bias");
 
   gemm.run(inp, weight, output(out.data(), N, OC), {.trans_a = Trans::no, .trans_b = Trans::yes});
-  if (!bias.empty()) {
-    #pragma omp parallel for schedule(static) if (parallel_worth_it(N * OC))
-    for (std::size_t n = 0; n < N; ++n) {
-      float* row = out.data() + n * OC;
-      for (std::size_t o = 0; o < OC; ++o) row[o] += bias[o];
-    }
-  }
+  if (!bias.empty()) detail::add_bias_rows(out, bias, N, OC);
+}
+
+void detail::add_bias_rows(std::span<float> out, std::span<const float> bias, std::size_t N, std::size_t OC) {
+  check_size("add_bias_rows", "out", out.size(), N * OC, "N*OC");
+  check_size("add_bias_rows", "bias", bias.size(), OC, "OC");
+  for_range(N, N * OC, [&](std::size_t n) {
+    float* row = out.data() + n * OC;
+    for (std::size_t o = 0; o < OC; ++o) row[o] += bias[o];
+  });
 }
 
 void linear_backward(Gemm& gemm, std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
@@ -233,11 +249,10 @@ void layernorm_forward(std::span<float> out, std::span<float> mean, std::span<fl
   if (!(eps > 0.0f)) fail(fn, "eps: expected > 0, found " + std::to_string(eps));
 
   const LayerKernels& k = active_layer_kernels();
-  #pragma omp parallel for schedule(static) if (parallel_worth_it(N * C))
-  for (std::size_t n = 0; n < N; ++n) {
+  for_range(N, N * C, [&](std::size_t n) {
     k.layernorm_forward_row(out.data() + n * C, &mean[n], &rstd[n], inp.data() + n * C, weight.data(), bias.data(), C,
                             eps);
-  }
+  });
 }
 
 namespace {
@@ -257,28 +272,52 @@ void layernorm_backward_impl(std::span<float> dinp, std::span<float> dweight, st
   check_size(fn, "mean", mean.size(), N, "N");
   check_size(fn, "rstd", rstd.size(), N, "N");
 
-  const LayerKernels& k = active_layer_kernels();
-  // dweight/dbias by column blocks (each column sums its rows in order), then dinp by rows:
-  // both split over the threads without changing a result. Parameters first, so that a
-  // dinp aliasing dout is written only after dout has been read for them.
-  constexpr std::size_t kBlock = 64;
-  const std::size_t blocks = (C + kBlock - 1) / kBlock;
-  #pragma omp parallel if (parallel_worth_it(N * C))
-  {
-    #pragma omp for schedule(static)
-    for (std::size_t blk = 0; blk < blocks; ++blk) {
-      const std::size_t c0 = blk * kBlock;
-      k.layernorm_backward_params(dweight.data() + c0, dbias.data() + c0, dout.data() + c0, inp.data() + c0,
-                                  mean.data(), rstd.data(), N, C, std::min(kBlock, C - c0));
-    }
-    #pragma omp for schedule(static)
-    for (std::size_t n = 0; n < N; ++n) {
-      k.layernorm_backward_dx_row(dinp.data() + n * C, dout.data() + n * C, inp.data() + n * C, weight.data(),
-                                  mean[n], rstd[n], C, accumulate);
-    }
-  }
+  // Parameters first, so that a dinp aliasing dout is written only after dout has been
+  // read for them.
+  detail::layernorm_backward_params(dweight, dbias, dout, inp, mean, rstd, N, C);
+  detail::layernorm_backward_dx(dinp, dout, inp, weight, mean, rstd, N, C, accumulate);
 }
 }  // namespace
+
+// dweight/dbias by column blocks (each column sums its rows in order), dinp by rows: both
+// split over the threads without changing a result.
+void detail::layernorm_backward_params(std::span<float> dweight, std::span<float> dbias, std::span<const float> dout,
+                                       std::span<const float> inp, std::span<const float> mean,
+                                       std::span<const float> rstd, std::size_t N, std::size_t C) {
+  constexpr const char* fn = "layernorm_backward_params";
+  check_size(fn, "dweight", dweight.size(), C, "C");
+  check_size(fn, "dbias", dbias.size(), C, "C");
+  check_size(fn, "dout", dout.size(), N * C, "N*C");
+  check_size(fn, "inp", inp.size(), N * C, "N*C");
+  check_size(fn, "mean", mean.size(), N, "N");
+  check_size(fn, "rstd", rstd.size(), N, "N");
+  const LayerKernels& k = active_layer_kernels();
+  constexpr std::size_t kBlock = 64;
+  const std::size_t blocks = (C + kBlock - 1) / kBlock;
+  #pragma omp parallel for schedule(static) if (parallel_worth_it(N * C))
+  for (std::size_t blk = 0; blk < blocks; ++blk) {
+    const std::size_t c0 = blk * kBlock;
+    k.layernorm_backward_params(dweight.data() + c0, dbias.data() + c0, dout.data() + c0, inp.data() + c0,
+                                mean.data(), rstd.data(), N, C, std::min(kBlock, C - c0));
+  }
+}
+
+void detail::layernorm_backward_dx(std::span<float> dinp, std::span<const float> dout, std::span<const float> inp,
+                                   std::span<const float> weight, std::span<const float> mean,
+                                   std::span<const float> rstd, std::size_t N, std::size_t C, bool accumulate) {
+  constexpr const char* fn = "layernorm_backward_dx";
+  check_size(fn, "dinp", dinp.size(), N * C, "N*C");
+  check_size(fn, "dout", dout.size(), N * C, "N*C");
+  check_size(fn, "inp", inp.size(), N * C, "N*C");
+  check_size(fn, "weight", weight.size(), C, "C");
+  check_size(fn, "mean", mean.size(), N, "N");
+  check_size(fn, "rstd", rstd.size(), N, "N");
+  const LayerKernels& k = active_layer_kernels();
+  for_range(N, N * C, [&](std::size_t n) {
+    k.layernorm_backward_dx_row(dinp.data() + n * C, dout.data() + n * C, inp.data() + n * C, weight.data(), mean[n],
+                                rstd[n], C, accumulate);
+  });
+}
 
 void layernorm_backward(std::span<float> dinp, std::span<float> dweight, std::span<float> dbias,
                         std::span<const float> dout, std::span<const float> inp, std::span<const float> weight,
@@ -679,12 +718,11 @@ void softmax_crossentropy_forward(std::span<float> losses, std::span<float> prob
   check_tokens(fn, "targets", targets, V);
 
   const LayerKernels& k = active_layer_kernels();
-  #pragma omp parallel for schedule(static) if (parallel_worth_it(B * T * V))
-  for (std::size_t n = 0; n < B * T; ++n) {
+  for_range(B * T, B * T * V, [&](std::size_t n) {
     const float* l = logits.data() + n * V;
     const detail::SoftmaxStats st = k.softmax_row(probs.data() + n * V, l, V, V);
     losses[n] = std::log(st.sum) - (l[targets[n]] - st.max);  // st.sum >= 1
-  }
+  });
 }
 
 namespace {
@@ -700,10 +738,9 @@ void crossentropy_backward_impl(std::span<float> dlogits, std::span<const float>
   check_tokens(fn, "targets", targets, V);
 
   const LayerKernels& k = active_layer_kernels();
-  #pragma omp parallel for schedule(static) if (parallel_worth_it(B * T * V))
-  for (std::size_t n = 0; n < B * T; ++n) {
+  for_range(B * T, B * T * V, [&](std::size_t n) {
     k.crossentropy_backward_row(dlogits.data() + n * V, probs.data() + n * V, V, targets[n], dlosses[n], accumulate);
-  }
+  });
 }
 }  // namespace
 

@@ -10,21 +10,33 @@ struct PrecisionRow {
   std::string_view name;
   PrecisionPolicy policy;  // activations, weights, weight gradients, master
   Fp8Recipe fp8;
+  std::string_view doc;
 };
 
-// Every precision preset, one row each, in the order precision_names() lists them. Mixed
-// presets are PyTorch AMP's arrangement: fp32 parameters (our master weights) and fp32 .grad,
-// low-precision weight copies and activations; the fp8 presets are the bf16 arrangement with
-// only the Linear GEMM operands in fp8 (fp8_linear.hpp).
+// Every precision preset, one row each, in the order precision_names() lists them: the
+// engine, the memory planner (memory_plan reads the policy) and every list of names read
+// these rows. Mixed presets are PyTorch AMP's arrangement: fp32 parameters (our master
+// weights) and fp32 .grad, low-precision weight copies and activations; the pure presets
+// keep nothing in fp32; the fp8 presets are the bf16 arrangement with only the Linear GEMM
+// operands in fp8 (fp8_linear.hpp).
 constexpr PrecisionRow kPrecisions[] = {
-    {Precision::fp32, "fp32", {DType::f32, DType::f32, DType::f32, false}, Fp8Recipe::none},
-    {Precision::fp16, "fp16", {DType::f16, DType::f16, DType::f32, true}, Fp8Recipe::none},
-    {Precision::bf16, "bf16", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::none},
-    {Precision::fp16_pure, "fp16-pure", {DType::f16, DType::f16, DType::f16, false}, Fp8Recipe::none},
-    {Precision::fp8_noscale, "fp8-noscale", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::noscale},
-    {Precision::fp8_delayed, "fp8-delayed", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::delayed},
-    {Precision::fp8_current, "fp8-current", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::current},
-    {Precision::mxfp8, "mxfp8", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::mx},
+    {Precision::fp32, "fp32", {DType::f32, DType::f32, DType::f32, false}, Fp8Recipe::none, "everything fp32"},
+    {Precision::fp16, "fp16", {DType::f16, DType::f16, DType::f32, true}, Fp8Recipe::none,
+     "mixed: fp16 activations and weight copy, fp32 master weights and weight gradients"},
+    {Precision::bf16, "bf16", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::none,
+     "mixed: bf16 activations and weight copy, fp32 master weights and weight gradients"},
+    {Precision::fp16_pure, "fp16-pure", {DType::f16, DType::f16, DType::f16, false}, Fp8Recipe::none,
+     "fp16 weights (no master copy), weight gradients and activations"},
+    {Precision::bf16_pure, "bf16-pure", {DType::bf16, DType::bf16, DType::bf16, false}, Fp8Recipe::none,
+     "bf16 weights (no master copy), weight gradients and activations"},
+    {Precision::fp8_noscale, "fp8-noscale", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::noscale,
+     "bf16 mixed, block Linears in fp8 with every scale 1"},
+    {Precision::fp8_delayed, "fp8-delayed", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::delayed,
+     "bf16 mixed, block Linears in fp8 with per-tensor delayed scaling"},
+    {Precision::fp8_current, "fp8-current", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::current,
+     "bf16 mixed, block Linears in fp8 with per-tensor current scaling"},
+    {Precision::mxfp8, "mxfp8", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::mx,
+     "bf16 mixed, block Linears in fp8 MX blocks of 32 with E8M0 scales"},
 };
 
 const PrecisionRow* row_of(Precision p) noexcept {
@@ -47,6 +59,20 @@ const std::vector<std::string>& precision_names() {
     return n;
   }();
   return names;
+}
+
+const std::vector<Precision>& all_precisions() {
+  static const std::vector<Precision> all = [] {
+    std::vector<Precision> p;
+    for (const PrecisionRow& r : kPrecisions) p.push_back(r.precision);
+    return p;
+  }();
+  return all;
+}
+
+std::string_view precision_doc(Precision p) noexcept {
+  const PrecisionRow* r = row_of(p);
+  return r ? r->doc : "?";
 }
 
 std::optional<Precision> parse_precision(std::string_view s) noexcept {

@@ -6,33 +6,15 @@
 
 namespace mixprec {
 
-std::string_view precision_name(PrecisionPreset p) noexcept {
-  switch (p) {
-    case PrecisionPreset::fp32: return "fp32";
-    case PrecisionPreset::fp16: return "fp16";
-    case PrecisionPreset::bf16: return "bf16";
-    case PrecisionPreset::fp16_pure: return "fp16-pure";
-    case PrecisionPreset::bf16_pure: return "bf16-pure";
-  }
-  return "?";
+MemoryPlan memory_plan(std::uint64_t param_count, OptimizerKind optimizer, nn::Precision precision) {
+  return memory_plan(param_count, optimizer, nn::policy_of(precision));
 }
 
-std::optional<PrecisionPreset> parse_precision(std::string_view s) noexcept {
-  for (PrecisionPreset p : {PrecisionPreset::fp32, PrecisionPreset::fp16, PrecisionPreset::bf16,
-                            PrecisionPreset::fp16_pure, PrecisionPreset::bf16_pure})
-    if (s == precision_name(p)) return p;
-  return std::nullopt;
-}
-
-MemoryPlan memory_plan(std::uint64_t param_count, OptimizerKind optimizer, PrecisionPreset precision) {
-  std::uint64_t master = 0, grads = 0, model = 0;
-  switch (precision) {
-    case PrecisionPreset::fp32: master = 4; grads = 4; model = 0; break;
-    case PrecisionPreset::fp16:
-    case PrecisionPreset::bf16: master = 4; grads = 4; model = 2; break;
-    case PrecisionPreset::fp16_pure:
-    case PrecisionPreset::bf16_pure: master = 0; grads = 2; model = 2; break;
-  }
+MemoryPlan memory_plan(std::uint64_t param_count, OptimizerKind optimizer, const nn::PrecisionPolicy& policy) {
+  const bool fp32_weights = !policy.master && policy.weights == DType::f32;  // updated in place, as master
+  const std::uint64_t master = policy.master || fp32_weights ? 4 : 0;
+  const std::uint64_t model = fp32_weights ? 0 : dtype_size(policy.weights);
+  const std::uint64_t grads = dtype_size(policy.weight_grads);
   const std::uint64_t moments = 4ull * optimizer_state_slots(optimizer);
   const std::uint64_t per_param = master + grads + model + moments;
   if (param_count > std::numeric_limits<std::uint64_t>::max() / per_param)

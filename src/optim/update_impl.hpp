@@ -13,7 +13,10 @@ namespace MIXPREC_OPTIM_NS {
 using mixprec::optim_detail::AdamScalars;
 using mixprec::optim_detail::SgdScalars;
 
-template <bool L2, bool Decoupled, bool LerpLow>
+// Bc2One: bc2_sqrt == 1 (sqrt(1 - beta2^t) rounds to 1 once beta2^t < 2^-24: beta2 = 0.999
+// after about 16,600 steps, 0.95 after about 325), where sqrt(v) / bc2_sqrt is sqrt(v)
+// exactly: one of the three divider operations per element is skipped, with the same bits.
+template <bool L2, bool Decoupled, bool LerpLow, bool Bc2One>
 inline void adam_block(float* __restrict p, float* __restrict m, float* __restrict v, const float* __restrict g,
                        std::size_t n, float pre, float clip, const AdamScalars& s) noexcept {
   const float wd = s.weight_decay, decay = s.decay_mul, w = s.weight, omw = s.one_minus_weight;
@@ -28,7 +31,7 @@ inline void adam_block(float* __restrict p, float* __restrict m, float* __restri
     else mi = gi - (gi - mi) * omw;
     float vi = v[i] * b2;
     vi = vi + (omb2 * gi) * gi;
-    const float denom = std::sqrt(vi) / bc2 + eps;
+    const float denom = (Bc2One ? std::sqrt(vi) : std::sqrt(vi) / bc2) + eps;
     pi = pi + nss * (mi / denom);
     m[i] = mi;
     v[i] = vi;
@@ -40,7 +43,7 @@ inline void adam_block(float* __restrict p, float* __restrict m, float* __restri
 // bound by memory, and one core alone keeps too few misses in flight (with the AVX-512
 // loops, 14 -> 17.5 GB/s of the 28 bytes a parameter on one thread; docs/performance.md).
 // The prefetches change no value: every back end still gives the reference's bits.
-template <bool L2, bool Decoupled, bool LerpLow>
+template <bool L2, bool Decoupled, bool LerpLow, bool Bc2One>
 void adam_loop(float* p, float* m, float* v, const float* g, std::size_t n, float pre, float clip,
                const AdamScalars& s) noexcept {
   constexpr std::size_t kBlock = 16, kAhead = 1024;  // elements: one line, 4 KiB
@@ -50,24 +53,31 @@ void adam_loop(float* p, float* m, float* v, const float* g, std::size_t n, floa
     __builtin_prefetch(m + i + kAhead, 1);
     __builtin_prefetch(v + i + kAhead, 1);
     __builtin_prefetch(g + i + kAhead, 0);
-    adam_block<L2, Decoupled, LerpLow>(p + i, m + i, v + i, g + i, kBlock, pre, clip, s);
+    adam_block<L2, Decoupled, LerpLow, Bc2One>(p + i, m + i, v + i, g + i, kBlock, pre, clip, s);
   }
-  adam_block<L2, Decoupled, LerpLow>(p + i, m + i, v + i, g + i, n - i, pre, clip, s);
+  adam_block<L2, Decoupled, LerpLow, Bc2One>(p + i, m + i, v + i, g + i, n - i, pre, clip, s);
+}
+
+template <bool Bc2One>
+void adam_variant(float* p, float* m, float* v, const float* g, std::size_t n, float pre, float clip,
+                  const AdamScalars& s) noexcept {
+  const int k = (s.l2 ? 4 : 0) | (s.decoupled ? 2 : 0) | (s.lerp_low ? 1 : 0);
+  switch (k) {
+    case 0: return adam_loop<false, false, false, Bc2One>(p, m, v, g, n, pre, clip, s);
+    case 1: return adam_loop<false, false, true, Bc2One>(p, m, v, g, n, pre, clip, s);
+    case 2: return adam_loop<false, true, false, Bc2One>(p, m, v, g, n, pre, clip, s);
+    case 3: return adam_loop<false, true, true, Bc2One>(p, m, v, g, n, pre, clip, s);
+    case 4: return adam_loop<true, false, false, Bc2One>(p, m, v, g, n, pre, clip, s);
+    case 5: return adam_loop<true, false, true, Bc2One>(p, m, v, g, n, pre, clip, s);
+    case 6: return adam_loop<true, true, false, Bc2One>(p, m, v, g, n, pre, clip, s);
+    default: return adam_loop<true, true, true, Bc2One>(p, m, v, g, n, pre, clip, s);
+  }
 }
 
 void adam(float* p, float* m, float* v, const float* g, std::size_t n, float pre, float clip,
           const AdamScalars& s) noexcept {
-  const int k = (s.l2 ? 4 : 0) | (s.decoupled ? 2 : 0) | (s.lerp_low ? 1 : 0);
-  switch (k) {
-    case 0: return adam_loop<false, false, false>(p, m, v, g, n, pre, clip, s);
-    case 1: return adam_loop<false, false, true>(p, m, v, g, n, pre, clip, s);
-    case 2: return adam_loop<false, true, false>(p, m, v, g, n, pre, clip, s);
-    case 3: return adam_loop<false, true, true>(p, m, v, g, n, pre, clip, s);
-    case 4: return adam_loop<true, false, false>(p, m, v, g, n, pre, clip, s);
-    case 5: return adam_loop<true, false, true>(p, m, v, g, n, pre, clip, s);
-    case 6: return adam_loop<true, true, false>(p, m, v, g, n, pre, clip, s);
-    default: return adam_loop<true, true, true>(p, m, v, g, n, pre, clip, s);
-  }
+  if (s.bc2_sqrt == 1.0f) adam_variant<true>(p, m, v, g, n, pre, clip, s);
+  else adam_variant<false>(p, m, v, g, n, pre, clip, s);
 }
 
 // Mom: 0 none, 1 first step (buf = d_p), 2 later steps (buf = buf * mu + (1 - dampening) * d_p).

@@ -2,8 +2,10 @@
 // docs/loss_scaling.md writes it out; the branches of DynamicLossScale::update() can be read
 // side by side with that page.
 #include "mixprec/scaler/loss_scale.hpp"
-#include "mixprec/core/text.hpp"
+
+#include "../core/key_table.hpp"
 #include "mixprec/core/json_depth.hpp"
+#include "mixprec/core/text.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -31,31 +33,45 @@ std::string join(const std::vector<std::string>& names) {
   return s;
 }
 
-constexpr LossScaleRule kRules[] = {LossScaleRule::static_scale, LossScaleRule::torch, LossScaleRule::deepspeed,
-                                    LossScaleRule::megatron,     LossScaleRule::apex,  LossScaleRule::keras,
-                                    LossScaleRule::tf_keras,     LossScaleRule::jmp};
+// Every rule, one row each, in the order messages list them: its name, and what its anchor
+// does that validation and the update depend on.
+struct RuleRow {
+  LossScaleRule rule;
+  std::string_view name;
+  bool holds_f32;       // the anchor holds (or computes) the scale in float32
+  bool single_factor;   // one factor: growth multiplies by it, backoff divides by it
+  bool has_hysteresis;  // overflows tolerated before a backoff (deepspeed, megatron)
+};
 
-bool known_rule(LossScaleRule r) {
-  return std::find(std::begin(kRules), std::end(kRules), r) != std::end(kRules);
+constexpr RuleRow kRules[] = {
+    {LossScaleRule::static_scale, "static", true, false, false},
+    {LossScaleRule::torch, "torch", true, false, false},
+    {LossScaleRule::deepspeed, "deepspeed", false, true, true},
+    {LossScaleRule::megatron, "megatron", true, false, true},
+    {LossScaleRule::apex, "apex", false, true, false},
+    {LossScaleRule::keras, "keras", true, true, false},
+    {LossScaleRule::tf_keras, "tf-keras", true, true, false},
+    {LossScaleRule::jmp, "jmp", true, true, false},
+};
+
+const RuleRow* rule_row(LossScaleRule r) noexcept {
+  for (const RuleRow& row : kRules)
+    if (row.rule == r) return &row;
+  return nullptr;
 }
 
-std::string rule_names() {
-  std::string s;
-  for (LossScaleRule r : kRules) s += (s.empty() ? "" : ", ") + std::string(rule_name(r));
-  return s;
-}
-
-// Rules whose anchor holds (or computes) the scale in float32.
 bool holds_f32(LossScaleRule r) {
-  return r == LossScaleRule::static_scale || r == LossScaleRule::torch || r == LossScaleRule::megatron ||
-         r == LossScaleRule::keras || r == LossScaleRule::tf_keras || r == LossScaleRule::jmp;
+  const RuleRow* row = rule_row(r);
+  return row != nullptr && row->holds_f32;
 }
-// Rules whose anchor has a single factor: growth multiplies by it, backoff divides by it.
 bool single_factor(LossScaleRule r) {
-  return r == LossScaleRule::deepspeed || r == LossScaleRule::apex || r == LossScaleRule::keras ||
-         r == LossScaleRule::tf_keras || r == LossScaleRule::jmp;
+  const RuleRow* row = rule_row(r);
+  return row != nullptr && row->single_factor;
 }
-bool has_hysteresis(LossScaleRule r) { return r == LossScaleRule::deepspeed || r == LossScaleRule::megatron; }
+bool has_hysteresis(LossScaleRule r) {
+  const RuleRow* row = rule_row(r);
+  return row != nullptr && row->has_hysteresis;
+}
 
 // A bound (min or max scale) as the rule compares with it.
 double in_rule_precision(LossScaleRule r, double v) {
@@ -78,17 +94,8 @@ std::string collapse_message(const LossScaleConfig& c, double scale, std::int64_
 }  // namespace
 
 std::string_view rule_name(LossScaleRule r) noexcept {
-  switch (r) {
-    case LossScaleRule::static_scale: return "static";
-    case LossScaleRule::torch: return "torch";
-    case LossScaleRule::deepspeed: return "deepspeed";
-    case LossScaleRule::megatron: return "megatron";
-    case LossScaleRule::apex: return "apex";
-    case LossScaleRule::keras: return "keras";
-    case LossScaleRule::tf_keras: return "tf-keras";
-    case LossScaleRule::jmp: return "jmp";
-  }
-  return "?";
+  const RuleRow* row = rule_row(r);
+  return row != nullptr ? row->name : "?";
 }
 
 std::string_view floor_policy_name(FloorPolicy p) noexcept {
@@ -177,43 +184,124 @@ LossScaleConfig loss_scale_preset(std::string_view name) {
   fail("unknown loss-scale preset '" + std::string(name) + "'; presets: " + join(loss_scale_preset_names()));
 }
 
+// ---- the key table ---------------------------------------------------------------
+
+namespace {
+
+std::optional<LossScaleRule> parse_rule(std::string_view s) {
+  for (const RuleRow& r : kRules)
+    if (r.name == s) return r.rule;
+  return std::nullopt;
+}
+
+std::optional<FloorPolicy> parse_floor_policy(std::string_view s) {
+  for (FloorPolicy p : {FloorPolicy::keep_going, FloorPolicy::error})
+    if (floor_policy_name(p) == s) return p;
+  return std::nullopt;
+}
+
+std::vector<std::string> names_of_rules() {
+  std::vector<std::string> n;
+  for (const RuleRow& r : kRules) n.emplace_back(r.name);
+  return n;
+}
+
+// Every LossScaleConfig field, one row each, in the order set(), describe() and
+// loss_scale_config_keys() list them: its text (--set, Python keywords, describe), its JSON
+// (the saved state's "config"), its range and doc line, through the key-table mechanism
+// every config shares (src/core/key_table.hpp). Rules across fields are validate()'s.
+const keys::KeyTable<LossScaleConfig>& config_table() {
+  using keys::Spec;
+  using C = LossScaleConfig;
+  static const keys::KeyTable<C> table([] {
+    const auto count = [](std::string name, std::string doc) {
+      return Spec{.name = std::move(name), .doc = std::move(doc), .type = "N", .int_min = 1, .int_max = kMaxCount};
+    };
+    std::vector<keys::Key<C>> k;
+    k.push_back(keys::enum_key<C>(
+        Spec{.name = "rule",
+             .doc = "The update rule: static, or the anchor's whose update it reproduces",
+             .type = "NAME",
+             .choices = names_of_rules()},
+        [](auto& c) -> auto& { return c.rule; }, parse_rule));
+    k.push_back(keys::number_key<C>(
+        Spec{.name = "init_scale", .doc = "The scale at the first step", .type = "X", .lo = 0, .lo_open = true},
+        [](auto& c) -> auto& { return c.init_scale; }));
+    k.push_back(keys::number_key<C>(
+        Spec{.name = "growth_factor",
+             .doc = "A growth multiplies the scale by it (the one-factor rules also back off by dividing by it)",
+             .type = "X",
+             .lo = 1,
+             .lo_open = true},
+        [](auto& c) -> auto& { return c.growth_factor; }));
+    k.push_back(keys::number_key<C>(
+        Spec{.name = "backoff_factor",
+             .doc = "An overflow multiplies the scale by it; 1/growth_factor for the one-factor rules",
+             .type = "X",
+             .lo = 0,
+             .hi = 1,
+             .lo_open = true,
+             .hi_open = true},
+        [](auto& c) -> auto& { return c.backoff_factor; }));
+    k.push_back(keys::integer_key<C>(
+        count("growth_interval", "Clean steps in a row before the scale grows (DeepSpeed's scale_window)"),
+        [](auto& c) -> auto& { return c.growth_interval; }));
+    k.push_back(keys::number_key<C>(
+        Spec{.name = "min_scale", .doc = "The floor; none (0) = no floor", .type = "X", .lo = 0, .none = 0.0},
+        [](auto& c) -> auto& { return c.min_scale; }));
+    k.push_back(keys::number_key<C>(Spec{.name = "max_scale",
+                                         .doc = "The cap; none (inf) = no cap",
+                                         .type = "X",
+                                         .lo = 0,
+                                         .lo_open = true,
+                                         .allow_inf = true,
+                                         .none = std::numeric_limits<double>::infinity()},
+                                    [](auto& c) -> auto& { return c.max_scale; }));
+    k.push_back(keys::integer_key<C>(
+        count("hysteresis", "Overflows tolerated before a backoff, plus one (deepspeed, megatron; 1 = none)"),
+        [](auto& c) -> auto& { return c.hysteresis; }));
+    k.push_back(keys::bool_key<C>(
+        Spec{.name = "consecutive_hysteresis",
+             .doc = "deepspeed: refill the hysteresis on every clean step, not only on a growth",
+             .type = "BOOL"},
+        [](auto& c) -> auto& { return c.consecutive_hysteresis; }));
+    k.push_back(keys::bool_key<C>(
+        Spec{.name = "refuse_nonfinite_growth", .doc = "Keep the scale when growing would make it inf", .type = "BOOL"},
+        [](auto& c) -> auto& { return c.refuse_nonfinite_growth; }));
+    k.push_back(keys::enum_key<C>(
+        Spec{.name = "floor_policy",
+             .doc = "At the floor: continue (keep skipping steps) or error (ScaleCollapseError after "
+                    "max_floor_overflows overflows in a row)",
+             .type = "NAME",
+             .choices = {std::string(floor_policy_name(FloorPolicy::keep_going)),
+                         std::string(floor_policy_name(FloorPolicy::error))}},
+        [](auto& c) -> auto& { return c.floor_policy; }, parse_floor_policy));
+    k.push_back(keys::integer_key<C>(
+        count("max_floor_overflows", "floor_policy error: the overflows in a row at the floor that raise"),
+        [](auto& c) -> auto& { return c.max_floor_overflows; }));
+    return k;
+  }());
+  return table;
+}
+
+}  // namespace
+
 // ---- validation --------------------------------------------------------------
 
 void validate(const LossScaleConfig& c) {
-  if (!known_rule(c.rule)) fail("rule: expected one of " + rule_names() + ", found enum value " +
-                                std::to_string(static_cast<int>(c.rule)));
+  config_table().check(c);  // every field's range
   const std::string rule(rule_name(c.rule));
-  if (!(std::isfinite(c.init_scale) && c.init_scale > 0))
-    fail("init_scale: expected a finite number > 0, found " + num(c.init_scale));
   if (holds_f32(c.rule)) {
     if (c.init_scale > kFloatMax || static_cast<float>(c.init_scale) == 0.0f)
       fail("init_scale: the " + rule + " rule holds the scale in float32; expected a value in (0, " + num(kFloatMax) +
            "] that does not round to 0, found " + num(c.init_scale));
   }
-  if (!(std::isfinite(c.growth_factor) && c.growth_factor > 1))
-    fail("growth_factor: expected a finite number > 1, found " + num(c.growth_factor));
-  if (!(c.backoff_factor > 0 && c.backoff_factor < 1))
-    fail("backoff_factor: expected a number in (0, 1), found " + num(c.backoff_factor));
-  if (c.growth_interval < 1 || c.growth_interval > kMaxCount)
-    fail("growth_interval: expected an integer in [1, " + std::to_string(kMaxCount) + "], found " +
-         std::to_string(c.growth_interval));
-  if (!(std::isfinite(c.min_scale) && c.min_scale >= 0))
-    fail("min_scale: expected a finite number >= 0 (0 = no floor), found " + num(c.min_scale));
-  if (!(c.max_scale > 0)) fail("max_scale: expected a number > 0 (inf = no cap), found " + num(c.max_scale));
   if (c.min_scale > c.init_scale)
     fail("min_scale: expected min_scale <= init_scale, found min_scale " + num(c.min_scale) + " > init_scale " +
          num(c.init_scale));
   if (c.init_scale > c.max_scale)
     fail("max_scale: expected init_scale <= max_scale, found init_scale " + num(c.init_scale) + " > max_scale " +
          num(c.max_scale));
-  if (c.hysteresis < 1 || c.hysteresis > kMaxCount)
-    fail("hysteresis: expected an integer in [1, " + std::to_string(kMaxCount) + "], found " +
-         std::to_string(c.hysteresis));
-  if (c.max_floor_overflows < 1 || c.max_floor_overflows > kMaxCount)
-    fail("max_floor_overflows: expected an integer in [1, " + std::to_string(kMaxCount) + "], found " +
-         std::to_string(c.max_floor_overflows));
-  if (c.floor_policy != FloorPolicy::keep_going && c.floor_policy != FloorPolicy::error)
-    fail("floor_policy: expected continue or error, found enum value " + std::to_string(static_cast<int>(c.floor_policy)));
   if (c.rule == LossScaleRule::static_scale) return;  // the static rule uses init_scale only
   if (c.floor_policy == FloorPolicy::error && c.min_scale == 0)
     fail("floor_policy: 'error' needs a floor, but min_scale is 0 (none); set min_scale > 0 or floor_policy=continue");
@@ -287,58 +375,6 @@ LossScaleState initial_loss_scale_state(const LossScaleConfig& config) {
   s.counters.hysteresis_left = config.hysteresis;
   return s;
 }
-
-// ---- text forms of the fields (the CLI's --set key=value) ----------------------------
-
-namespace {
-
-// Decimal, scientific, inf, or hex (0x1p-24), with an optional sign.
-std::optional<double> parse_double(std::string_view s) {
-  bool negative = false;
-  if (!s.empty() && (s.front() == '+' || s.front() == '-')) {
-    negative = s.front() == '-';
-    s.remove_prefix(1);
-  }
-  auto format = std::chars_format::general;
-  if (s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
-    s.remove_prefix(2);
-    format = std::chars_format::hex;
-  }
-  if (s.empty() || s.front() == '+' || s.front() == '-') return std::nullopt;
-  double v = 0;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, format);
-  if (ec != std::errc{} || end != s.data() + s.size()) return std::nullopt;
-  return negative ? -v : v;
-}
-
-std::optional<std::int64_t> parse_int(std::string_view s) {
-  if (!s.empty() && s.front() == '+') s.remove_prefix(1);
-  if (s.empty()) return std::nullopt;
-  std::int64_t v = 0;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v);
-  if (ec != std::errc{} || end != s.data() + s.size()) return std::nullopt;
-  return v;
-}
-
-std::optional<bool> parse_bool(std::string_view s) {
-  if (s == "true" || s == "1") return true;
-  if (s == "false" || s == "0") return false;
-  return std::nullopt;
-}
-
-std::optional<LossScaleRule> parse_rule(std::string_view s) {
-  for (LossScaleRule r : kRules)
-    if (rule_name(r) == s) return r;
-  return std::nullopt;
-}
-
-std::optional<FloorPolicy> parse_floor_policy(std::string_view s) {
-  if (s == "continue") return FloorPolicy::keep_going;
-  if (s == "error") return FloorPolicy::error;
-  return std::nullopt;
-}
-
-}  // namespace
 
 // ---- the scales --------------------------------------------------------------
 
@@ -617,26 +653,14 @@ class Fields {
     seen_.push_back(key);
     return *it;
   }
-  double real(const std::string& key) {
-    const json& v = get(key);
-    if (!v.is_number()) fail(where(key) + "expected a number, found " + std::string(v.type_name()));
-    return v.get<double>();
-  }
+  // An integer in the grammar of every key (2, 2.0, 2e3; keys::json_integer).
   std::int64_t integer(const std::string& key) {
     const json& v = get(key);
-    if (v.is_number_unsigned()) {
-      const auto u = v.get<std::uint64_t>();
-      if (u > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-        fail(where(key) + "expected a 64-bit integer, found " + v.dump());
-      return static_cast<std::int64_t>(u);
-    }
-    if (!v.is_number_integer()) fail(where(key) + "expected an integer, found " + v.dump());
-    return v.get<std::int64_t>();
-  }
-  bool boolean(const std::string& key) {
-    const json& v = get(key);
-    if (!v.is_boolean()) fail(where(key) + "expected true or false, found " + v.dump());
-    return v.get<bool>();
+    const auto i = keys::json_integer(v);
+    if (!i) fail(where(key) + "expected an integer, found " + keys::describe(v));
+    constexpr auto kMax = static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max());
+    if (i->magnitude > kMax + (i->negative ? 1 : 0)) fail(where(key) + "expected a 64-bit integer, found " + v.dump());
+    return i->negative ? -static_cast<std::int64_t>(i->magnitude - 1) - 1 : static_cast<std::int64_t>(i->magnitude);
   }
   std::string text(const std::string& key) {
     const json& v = get(key);
@@ -661,170 +685,22 @@ class Fields {
 };
 
 
-// ---- the key table: each LossScaleConfig field's text form (set, describe), its
-// JSON form (the saved state's "config") and how each is read ----------------------------
-
-[[noreturn]] void bad_value(std::string_view key, std::string_view value, const std::string& expected) {
-  fail(std::string(key) + ": expected " + expected + ", found '" + std::string(value) + "'");
-}
-
-template <class Ok>
-double real_text(std::string_view key, std::string_view value, const std::string& expected, Ok ok) {
-  const auto v = parse_double(value);
-  if (!v || !ok(*v)) bad_value(key, value, expected);
-  return *v;
-}
-
-std::int64_t count_text(std::string_view key, std::string_view value) {
-  const auto v = parse_int(value);
-  if (!v || *v < 1 || *v > kMaxCount) bad_value(key, value, "an integer in [1, " + std::to_string(kMaxCount) + "]");
-  return *v;
-}
-
-bool bool_text(std::string_view key, std::string_view value) {
-  const auto v = parse_bool(value);
-  if (!v) bad_value(key, value, "true or false");
-  return *v;
-}
-
-std::string bool_name(bool b) { return b ? "true" : "false"; }
-
-// A number field with JSON null for "none" (0 or +inf in the config).
-double number_or_none(Fields& f, const std::string& key, double none) {
-  const json& v = f.get(key);
-  if (!v.is_null() && !v.is_number()) fail(f.where(key) + "expected a number or null (none), found " + v.dump());
-  return v.is_null() ? none : v.get<double>();
-}
-
-struct ConfigKey {
-  const char* name;
-  void (*set)(LossScaleConfig&, std::string_view value);  // checks the field's own range
-  std::string (*text)(const LossScaleConfig&);             // as set() accepts it
-  json (*write)(const LossScaleConfig&);
-  void (*read)(LossScaleConfig&, Fields&);
-};
-
-// Each row: name, set from text, text, JSON value, read from JSON.
-const ConfigKey kConfigKeys[] = {
-    {"rule",
-     [](LossScaleConfig& c, std::string_view v) {
-       const auto r = parse_rule(v);
-       if (!r) bad_value("rule", v, "one of " + rule_names());
-       c.rule = *r;
-     },
-     [](const LossScaleConfig& c) { return std::string(rule_name(c.rule)); },
-     [](const LossScaleConfig& c) { return json(std::string(rule_name(c.rule))); },
-     [](LossScaleConfig& c, Fields& f) {
-       const std::string rule = f.text("rule");
-       const auto r = parse_rule(rule);
-       if (!r) fail(f.where("rule") + "expected one of " + rule_names() + ", found \"" + rule + "\"");
-       c.rule = *r;
-     }},
-    {"init_scale",
-     [](LossScaleConfig& c, std::string_view v) {
-       c.init_scale = real_text("init_scale", v, "a finite number > 0", [](double x) { return std::isfinite(x) && x > 0; });
-     },
-     [](const LossScaleConfig& c) { return num(c.init_scale); },
-     [](const LossScaleConfig& c) { return json(c.init_scale); },
-     [](LossScaleConfig& c, Fields& f) { c.init_scale = f.real("init_scale"); }},
-    {"growth_factor",
-     [](LossScaleConfig& c, std::string_view v) {
-       c.growth_factor =
-           real_text("growth_factor", v, "a finite number > 1", [](double x) { return std::isfinite(x) && x > 1; });
-       if (single_factor(c.rule)) c.backoff_factor = 1.0 / c.growth_factor;
-     },
-     [](const LossScaleConfig& c) { return num(c.growth_factor); },
-     [](const LossScaleConfig& c) { return json(c.growth_factor); },
-     [](LossScaleConfig& c, Fields& f) { c.growth_factor = f.real("growth_factor"); }},
-    {"backoff_factor",
-     [](LossScaleConfig& c, std::string_view v) {
-       c.backoff_factor = real_text("backoff_factor", v, "a number in (0, 1)", [](double x) { return x > 0 && x < 1; });
-     },
-     [](const LossScaleConfig& c) { return num(c.backoff_factor); },
-     [](const LossScaleConfig& c) { return json(c.backoff_factor); },
-     [](LossScaleConfig& c, Fields& f) { c.backoff_factor = f.real("backoff_factor"); }},
-    {"growth_interval", [](LossScaleConfig& c, std::string_view v) { c.growth_interval = count_text("growth_interval", v); },
-     [](const LossScaleConfig& c) { return std::to_string(c.growth_interval); },
-     [](const LossScaleConfig& c) { return json(c.growth_interval); },
-     [](LossScaleConfig& c, Fields& f) { c.growth_interval = f.integer("growth_interval"); }},
-    {"min_scale",
-     [](LossScaleConfig& c, std::string_view v) {
-       c.min_scale = v == "none" ? 0.0
-                                 : real_text("min_scale", v, "a finite number >= 0 or none",
-                                             [](double x) { return std::isfinite(x) && x >= 0; });
-     },
-     [](const LossScaleConfig& c) { return c.min_scale == 0 ? std::string("none") : num(c.min_scale); },
-     [](const LossScaleConfig& c) { return c.min_scale == 0 ? json(nullptr) : json(c.min_scale); },
-     [](LossScaleConfig& c, Fields& f) { c.min_scale = number_or_none(f, "min_scale", 0.0); }},
-    {"max_scale",
-     [](LossScaleConfig& c, std::string_view v) {
-       c.max_scale =
-           v == "none" ? kInf : real_text("max_scale", v, "a number > 0, inf or none", [](double x) { return x > 0; });
-     },
-     [](const LossScaleConfig& c) { return std::isinf(c.max_scale) ? std::string("none") : num(c.max_scale); },
-     [](const LossScaleConfig& c) { return std::isinf(c.max_scale) ? json(nullptr) : json(c.max_scale); },
-     [](LossScaleConfig& c, Fields& f) { c.max_scale = number_or_none(f, "max_scale", kInf); }},
-    {"hysteresis", [](LossScaleConfig& c, std::string_view v) { c.hysteresis = count_text("hysteresis", v); },
-     [](const LossScaleConfig& c) { return std::to_string(c.hysteresis); },
-     [](const LossScaleConfig& c) { return json(c.hysteresis); },
-     [](LossScaleConfig& c, Fields& f) { c.hysteresis = f.integer("hysteresis"); }},
-    {"consecutive_hysteresis",
-     [](LossScaleConfig& c, std::string_view v) { c.consecutive_hysteresis = bool_text("consecutive_hysteresis", v); },
-     [](const LossScaleConfig& c) { return bool_name(c.consecutive_hysteresis); },
-     [](const LossScaleConfig& c) { return json(c.consecutive_hysteresis); },
-     [](LossScaleConfig& c, Fields& f) { c.consecutive_hysteresis = f.boolean("consecutive_hysteresis"); }},
-    {"refuse_nonfinite_growth",
-     [](LossScaleConfig& c, std::string_view v) { c.refuse_nonfinite_growth = bool_text("refuse_nonfinite_growth", v); },
-     [](const LossScaleConfig& c) { return bool_name(c.refuse_nonfinite_growth); },
-     [](const LossScaleConfig& c) { return json(c.refuse_nonfinite_growth); },
-     [](LossScaleConfig& c, Fields& f) { c.refuse_nonfinite_growth = f.boolean("refuse_nonfinite_growth"); }},
-    {"floor_policy",
-     [](LossScaleConfig& c, std::string_view v) {
-       const auto p = parse_floor_policy(v);
-       if (!p) bad_value("floor_policy", v, "continue or error");
-       c.floor_policy = *p;
-     },
-     [](const LossScaleConfig& c) { return std::string(floor_policy_name(c.floor_policy)); },
-     [](const LossScaleConfig& c) { return json(std::string(floor_policy_name(c.floor_policy))); },
-     [](LossScaleConfig& c, Fields& f) {
-       const std::string policy = f.text("floor_policy");
-       const auto p = parse_floor_policy(policy);
-       if (!p) fail(f.where("floor_policy") + "expected \"continue\" or \"error\", found \"" + policy + "\"");
-       c.floor_policy = *p;
-     }},
-    {"max_floor_overflows",
-     [](LossScaleConfig& c, std::string_view v) { c.max_floor_overflows = count_text("max_floor_overflows", v); },
-     [](const LossScaleConfig& c) { return std::to_string(c.max_floor_overflows); },
-     [](const LossScaleConfig& c) { return json(c.max_floor_overflows); },
-     [](LossScaleConfig& c, Fields& f) { c.max_floor_overflows = f.integer("max_floor_overflows"); }},
-};
-
-json config_json(const LossScaleConfig& c) {
-  json j = json::object();
-  for (const ConfigKey& k : kConfigKeys) j[k.name] = k.write(c);
-  return j;
-}
-
 }  // namespace
 
 const std::vector<std::string>& loss_scale_config_keys() {
-  static const std::vector<std::string> keys = [] {
-    std::vector<std::string> k;
-    for (const ConfigKey& key : kConfigKeys) k.emplace_back(key.name);
-    return k;
-  }();
-  return keys;
+  static const std::vector<std::string> names = config_table().names();
+  return names;
 }
 
 void set(LossScaleConfig& c, std::string_view key, std::string_view value) {
-  for (const ConfigKey& k : kConfigKeys)
-    if (key == k.name) return k.set(c, value);
-  fail("unknown key '" + std::string(key) + "'; keys: " + join(loss_scale_config_keys()));
+  config_table().set_text(c, key, value);
+  // The one-factor rules keep backoff = 1/growth (a text override of the factor means both).
+  if (key == "growth_factor" && single_factor(c.rule)) c.backoff_factor = 1.0 / c.growth_factor;
 }
 
 std::string describe(const LossScaleConfig& c) {
   std::string s;
-  for (const ConfigKey& k : kConfigKeys) s.append(k.name).append(" = ").append(k.text(c)).append("\n");
+  for (const auto& k : config_table().keys()) s.append(k.spec.name).append(" = ").append(keys::text_of(k.spec, k.get(c))).append("\n");
   return s;
 }
 
@@ -832,7 +708,7 @@ std::string LossScaleState::to_json() const {
   json j = json::object();
   j["format"] = "mixprec.loss_scale";
   j["version"] = 1;
-  j["config"] = config_json(config);
+  j["config"] = config_table().to_json<json>(config);
   j["scale"] = std::isinf(scale) ? json("inf") : json(scale);
   json k = json::object();
   k["steps"] = counters.steps;
@@ -865,7 +741,14 @@ LossScaleState LossScaleState::from_json(std::string_view text) {
 
   LossScaleState s;
   Fields cf(top.get("config"), "config.");
-  for (const ConfigKey& k : kConfigKeys) k.read(s.config, cf);
+  for (const auto& k : config_table().keys()) {
+    const json& v = cf.get(k.spec.name);
+    try {
+      config_table().set_json(s.config, k, v);
+    } catch (const std::invalid_argument& e) {
+      fail("loss-scale state: config." + std::string(e.what()));
+    }
+  }
   cf.no_others();
 
   const json& sc = top.get("scale");

@@ -186,7 +186,7 @@ GradientCheck GradScaler::check(::torch::optim::Optimizer& opt) {
         if (i == e.index) g = *grad;
       g = g._values();
     }
-    if (core_readable(g)) {
+    if (path_ == GradientPath::automatic && core_readable(g)) {
       views.push_back({g.numel() ? g.data_ptr() : nullptr, static_cast<std::size_t>(g.numel()),
                        *mixprec_dtype(g.scalar_type())});
       view_index.push_back(e.index);

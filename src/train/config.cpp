@@ -1,10 +1,9 @@
-// TrainConfig: validation, JSON config files and the JSON echo of a config.
+// TrainConfig: its key table, validation, JSON config files and the JSON echo of a config.
 //
-// One table lists every key in flag order with how it is read from JSON, written to
-// JSON and checked on its own; validate() runs every single-key check, then the checks
-// across keys. apply_json() runs the single-key check of each key it sets.
-#include "mixprec/core/json_depth.hpp"
-#include "mixprec/core/text.hpp"
+// One table (table()) lists every key in flag order: its description (kind, range or
+// allowed values, doc line, the CLI's placeholder) and its member, through the key-table
+// mechanism every config shares (src/core/key_table.hpp). Reading a key from text or JSON
+// checks its range; validate() runs every key's check, then the checks across keys.
 #include "mixprec/train/config.hpp"
 
 #include <nlohmann/json.hpp>
@@ -12,17 +11,16 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
-#include <functional>
 #include <limits>
 #include <set>
 #include <stdexcept>
 #include <string>
 #include <system_error>
-#include <type_traits>
 #include <vector>
 
+#include "../core/key_table.hpp"
+#include "mixprec/core/json_depth.hpp"
+#include "mixprec/core/text.hpp"
 #include "mixprec/nn/data.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
 
@@ -31,6 +29,11 @@ namespace {
 
 using json = nlohmann::json;
 using ordered_json = nlohmann::ordered_json;
+using keys::fail;
+using keys::join;
+using keys::Spec;
+using text::num;
+using text::squote;
 
 // Upper bounds that keep a typo from allocating terabytes.
 constexpr std::uint64_t kMaxLayers = 64;
@@ -45,680 +48,339 @@ constexpr std::uint64_t kMaxAccum = 1'000'000;
 constexpr std::uint64_t kMaxSteps = 1'000'000'000;
 constexpr std::uint64_t kMaxThreads = 1024;
 constexpr std::uint64_t kMaxAmaxHistory = 1u << 20;
-constexpr std::uint64_t kMaxRanks = 1u << 20;
-constexpr double kMaxExactInteger = 9007199254740992.0;  // 2^53
+constexpr std::int64_t kMaxRanks = 1 << 20;
 constexpr double kFloatMax = static_cast<double>(std::numeric_limits<float>::max());
 
-[[noreturn]] void fail(std::string_view key, std::string_view expected, std::string_view found) {
-  throw std::invalid_argument(std::string(key) + ": expected " + std::string(expected) + ", found " +
-                              std::string(found));
-}
+// ---- the rules of single keys that a range does not say ----------------------------------
 
-using text::num;
-using text::squote;
-
-// A JSON value for messages: its type, then its text (cut short), e.g. string "abc".
-std::string describe(const json& v) {
-  std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
-  if (text.size() > 60) text = text.substr(0, 57) + "...";
-  if (v.is_number() || v.is_null()) return text;
-  return std::string(v.type_name()) + " " + text;
-}
-
-std::string join(const std::vector<std::string>& names, std::string_view last_sep = " or ") {
-  std::string out;
-  for (std::size_t i = 0; i < names.size(); ++i) {
-    if (i != 0) out += i + 1 == names.size() ? std::string(last_sep) : std::string(", ");
-    out += names[i];
-  }
-  return out;
-}
-
-const std::vector<std::string>& model_names() {
-  static const std::vector<std::string> names = {std::string(nn::model_kind_name(nn::ModelKind::gpt)),
-                                                 std::string(nn::model_kind_name(nn::ModelKind::mlp))};
-  return names;
-}
-
-const std::vector<std::string>& optimizer_names() {
-  static const std::vector<std::string> names = {"adamw", "adam", "sgd"};
-  return names;
-}
-
-// ---- single-key checks -------------------------------------------------------------
-
-void check_range(std::string_view key, std::uint64_t v, std::uint64_t lo, std::uint64_t hi) {
-  if (v < lo || v > hi)
-    fail(key, "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]", std::to_string(v));
-}
-
-void check_at_least(std::string_view key, std::uint64_t v, std::uint64_t lo) {
-  if (v < lo) fail(key, "an integer >= " + std::to_string(lo), std::to_string(v));
-}
-
-void check_positive(std::string_view key, double v) {
-  if (!(std::isfinite(v) && v > 0)) fail(key, "a finite number > 0", num(v));
-}
-
-void check_non_negative(std::string_view key, double v) {
-  if (!(std::isfinite(v) && v >= 0)) fail(key, "a finite number >= 0", num(v));
-}
-
-void check_beta(std::string_view key, double v) {
-  if (!(v >= 0 && v < 1)) fail(key, "a number in [0, 1)", num(v));
-}
-
-// The S of "static:S": a number float32 holds, as it holds 1/S (the unscale factor).
+// The S of "static:S": a number float32 holds, as it holds 1/S (the unscale factor), in the
+// number grammar of every key (keys::parse_number).
 double static_loss_scale(const std::string& s) {
   constexpr std::string_view key = "loss-scale";
   const std::string static_form =
       "static:S with S a number > 0 that float32 holds, as it holds 1/S (the unscale factor): S in "
       "(2.9387359e-39, 3.4028235e+38]";
   if (s == "static") fail(key, static_form + " (the static preset needs its scale)", squote(s));
-  const char* first = s.data() + 7;
-  const char* last = s.data() + s.size();
-  double v = 0;
-  const auto [ptr, ec] = std::from_chars(first, last, v, std::chars_format::general);
-  if (!s.starts_with("static:") || first == last || ec != std::errc() || ptr != last || !std::isfinite(v) ||
-      !(v > 0) || v > kFloatMax || static_cast<float>(v) == 0.0f || !std::isfinite(1.0f / static_cast<float>(v)))
+  const auto v = s.starts_with("static:") ? keys::parse_number(std::string_view(s).substr(7)) : std::nullopt;
+  if (!v || !std::isfinite(*v) || !(*v > 0) || *v > kFloatMax || static_cast<float>(*v) == 0.0f ||
+      !std::isfinite(1.0f / static_cast<float>(*v)))
     fail(key, static_form, squote(s));
-  return v;
+  return *v;
+}
+
+std::vector<std::string> dynamic_presets() {
+  std::vector<std::string> presets;
+  for (const std::string& p : loss_scale_preset_names())
+    if (p != "static") presets.push_back(p);
+  return presets;
+}
+
+const std::string& loss_scale_allowed() {
+  static const std::string text =
+      "none, dynamic, static:S (S a finite number > 0) or a preset (" + join(dynamic_presets(), ", ") + ")";
+  return text;
 }
 
 void check_loss_scale(const std::string& s) {
-  constexpr std::string_view key = "loss-scale";
   if (s == "none" || s == "dynamic") return;
   if (s == "static" || s.starts_with("static:")) {
     (void)static_loss_scale(s);
     return;
   }
-  for (const std::string& p : loss_scale_preset_names())
-    if (p != "static" && s == p) return;
-  std::vector<std::string> presets;
-  for (const std::string& p : loss_scale_preset_names())
-    if (p != "static") presets.push_back(p);
-  fail(key, "none, dynamic, static:S (S a finite number > 0) or a preset (" + join(presets, ", ") + ")", squote(s));
+  for (const std::string& p : dynamic_presets())
+    if (s == p) return;
+  fail("loss-scale", loss_scale_allowed(), squote(s));
+}
+
+const std::string& vocab_allowed() {
+  static const std::string text = "char or word:N with N in [" + std::to_string(nn::VocabSpec::kMinWords) + ", " +
+                                  std::to_string(nn::VocabSpec::kMaxWords) + "]";
+  return text;
 }
 
 void check_vocab(const std::string& s) {
   try {
     (void)nn::parse_vocab_spec(s);
   } catch (const std::invalid_argument&) {
-    fail("vocab", "char or word:N with N in [" + std::to_string(nn::VocabSpec::kMinWords) + ", " +
-                      std::to_string(nn::VocabSpec::kMaxWords) + "]",
-         squote(s));
+    fail("vocab", vocab_allowed(), squote(s));
   }
 }
 
-// ---- JSON readers ------------------------------------------------------------------
+// ---- the key table ----------------------------------------------------------------------
 
-std::uint64_t json_uint(const json& v, std::string_view key, std::uint64_t max) {
-  std::uint64_t out = 0;
-  if (v.is_number_unsigned()) {
-    out = v.get<std::uint64_t>();
-  } else if (v.is_number_float()) {
-    const double d = v.get<double>();
-    if (!(d >= 0 && d <= kMaxExactInteger && d == std::floor(d))) fail(key, "a non-negative integer", describe(v));
-    out = static_cast<std::uint64_t>(d);
-  } else {
-    fail(key, "a non-negative integer", describe(v));
+// What TrainConfig adds to a key: how the CLI and resume treat it.
+struct TrainExtra {
+  bool flag = false;               // a boolean the CLI gives as --KEY alone (no value)
+  bool resume_may_change = false;  // ConfigKey::resume_may_change
+  bool compare_sets = false;       // ConfigKey::compare_sets
+  std::uint32_t only_for = 0;      // ConfigKey::only_for
+};
+
+using Key = keys::Key<TrainConfig, TrainExtra>;
+using Table = keys::KeyTable<TrainConfig, TrainExtra>;
+using Check = std::function<void(const TrainConfig&)>;
+
+// Which keys `mixprec compare` sets per row, a resume may change, or both.
+constexpr TrainExtra kRun{.compare_sets = true};
+constexpr TrainExtra kMoves{.resume_may_change = true};
+constexpr TrainExtra kDistributed{.resume_may_change = true, .compare_sets = true};
+
+Spec integer(std::string name, std::string type, std::string doc, std::uint64_t lo = 0,
+             std::uint64_t hi = std::numeric_limits<std::uint64_t>::max()) {
+  return {.name = std::move(name), .doc = std::move(doc), .type = std::move(type),
+          .int_min = static_cast<std::int64_t>(lo), .int_max = hi};
+}
+
+Spec number(std::string name, std::string doc, double lo, bool lo_open, double hi = HUGE_VAL, bool hi_open = false) {
+  return {.name = std::move(name), .doc = std::move(doc), .type = "X", .lo = lo, .hi = hi, .lo_open = lo_open,
+          .hi_open = hi_open};
+}
+
+Spec text_spec(std::string name, std::string type, std::string doc) {
+  return {.name = std::move(name), .doc = std::move(doc), .type = std::move(type)};
+}
+
+Spec choice(std::string name, std::string doc, std::vector<std::string> choices) {
+  return {.name = std::move(name), .kind = keys::Kind::choice, .doc = std::move(doc), .type = "NAME",
+          .choices = std::move(choices)};
+}
+
+// ConfigKey::only_for of an fp8 option: the precisions whose fp8 recipe is one of `recipes`
+// (every fp8 precision when empty), read from the precision table.
+std::uint32_t fp8_only(std::initializer_list<nn::Fp8Recipe> recipes) {
+  std::uint32_t bits = 0;
+  for (const nn::Precision p : nn::all_precisions()) {
+    const nn::Fp8Recipe r = nn::fp8_recipe_of(p);
+    if (r != nn::Fp8Recipe::none && (recipes.size() == 0 || std::find(recipes.begin(), recipes.end(), r) != recipes.end()))
+      bits |= precision_bits({p});
   }
-  if (out > max) fail(key, "an integer in [0, " + std::to_string(max) + "]", std::to_string(out));
-  return out;
+  return bits;
 }
 
-double json_double(const json& v, std::string_view key) {
-  if (!v.is_number()) fail(key, "a number", describe(v));
-  return v.get<double>();
+// The key-table binders for a TrainConfig row: (spec, member, own rule, TrainExtra).
+template <class Ref>
+Key int_row(Spec s, Ref ref, Check check = {}, TrainExtra x = {}) {
+  return keys::integer_key<TrainConfig, TrainExtra>(std::move(s), ref, std::move(check), x);
+}
+template <class Ref>
+Key num_row(Spec s, Ref ref, Check check = {}, TrainExtra x = {}) {
+  return keys::number_key<TrainConfig, TrainExtra>(std::move(s), ref, std::move(check), x);
+}
+template <class Ref>
+Key bool_row(Spec s, Ref ref, Check check = {}, TrainExtra x = {}) {
+  return keys::bool_key<TrainConfig, TrainExtra>(std::move(s), ref, std::move(check), x);
+}
+template <class Ref>
+Key text_row(Spec s, Ref ref, Check check = {}, TrainExtra x = {}) {  // free text, or spec.choices
+  return keys::string_key<TrainConfig, TrainExtra>(std::move(s), ref, std::move(check), x);
+}
+template <class Ref>
+Key list_row(Spec s, Ref ref, Check check = {}, TrainExtra x = {}) {
+  return keys::list_key<TrainConfig, TrainExtra>(std::move(s), ref, std::move(check), x);
+}
+template <class Ref, class Parse>
+Key enum_row(Spec s, Ref ref, Parse parse, Check check = {}, TrainExtra x = {}) {
+  return keys::enum_key<TrainConfig, TrainExtra>(std::move(s), ref, parse, std::move(check), x);
 }
 
-std::string json_string(const json& v, std::string_view key) {
-  if (!v.is_string()) fail(key, "a string", describe(v));
-  return v.get<std::string>();
-}
-
-// ---- the table of keys ----------------------------------------------------------------
-
-// How a key is read from JSON, written to it and checked on its own.
-struct FieldIo {
-  std::string key;
-  std::function<void(TrainConfig&, const json&)> read;
-  std::function<ordered_json(const TrainConfig&)> write;
-  std::function<void(const TrainConfig&)> check;
-};
-
-// A key's command-line text as the JSON value its reader takes.
-using FromText = std::function<json(std::string_view)>;
-
-struct Field : FieldIo {
-  ConfigKey info;     // its command-line description
-  FromText from_text;  // empty: by info.kind (text_value)
-};
-
-// Appends a key: its description and its JSON handling, the one place both are written;
-// `from_text` for a key whose command-line text its kind does not say how to read.
-void add(std::vector<Field>& table, const ConfigKey& info, FieldIo io, FromText from_text = {}) {
-  if (info.name != io.key)
-    throw std::logic_error(std::string("config key table: '").append(io.key).append("' described as '").append(info.name).append("'"));
-  table.push_back(Field{std::move(io), info, std::move(from_text)});
-}
-
-// A signed integer's command-line text; `expected` names its range in the message.
-json signed_text(std::string_view key, std::string_view text, std::string_view expected) {
-  std::int64_t v = 0;
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, v);
-  if (text.empty() || ec != std::errc() || ptr != end) fail(key, expected, squote(text));
-  return v;
-}
-
-// ---- command-line text -------------------------------------------------------------------
-
-using text::parse_number;
-using text::parse_uint;
-
-// A key's command-line text as the JSON value its reader takes (the reader then
-// checks the range of its member, as for a config file).
-json text_value(const Field& f, std::string_view text) {
-  if (f.from_text) return f.from_text(text);
-  const std::string_view key = f.info.name;
-  switch (f.info.kind) {
-    case KeyKind::integer:
-      return parse_uint(key, text);
-    case KeyKind::number:
-      return parse_number(key, text);
-    case KeyKind::text:
-      return std::string(text);
-    case KeyKind::boolean:
-      if (text.empty() || text == "true") return true;
-      if (text == "false") return false;
-      fail(key, "no value, true or false", squote(text));
-    case KeyKind::flag:
-      if (text != "true" && text != "false") fail(key, "true or false", squote(text));
-      return text == "true";
-    case KeyKind::list: {
-      json steps = json::array();
-      for (std::size_t start = 0; start <= text.size() && !text.empty();) {
-        const std::size_t comma = std::min(text.find(',', start), text.size());
-        try {
-          steps.push_back(parse_uint(key, text.substr(start, comma - start)));
-        } catch (const std::invalid_argument&) {
-          fail(key, "step numbers separated by commas (e.g. 5,17)", squote(text));
-        }
-        start = comma + 1;
-      }
-      return steps;
+const Table& table() {
+  static const Table t([] {
+    std::vector<Key> k;
+    // model
+    k.push_back(enum_row(
+        choice("model", "Model: gpt (decoder-only transformer) or mlp (deep MLP next-token classifier)",
+               {std::string(nn::model_kind_name(nn::ModelKind::gpt)), std::string(nn::model_kind_name(nn::ModelKind::mlp))}),
+        [](auto& c) -> auto& { return c.model.kind; }, [](std::string_view s) { return nn::parse_model_kind(s); }));
+    k.push_back(enum_row(
+        choice("precision", "Precision preset (docs/training.md): " + join(nn::precision_names(), ", "),
+               nn::precision_names()),
+        [](auto& c) -> auto& { return c.precision; }, [](std::string_view s) { return nn::parse_precision(s); }, {},
+        kRun));
+    {
+      Spec s = text_spec("loss-scale", "SPEC",
+                         "Loss scaling: none, dynamic, static:S or a preset (" + join(dynamic_presets(), ", ") +
+                             "); fp8 presets default to none");
+      s.expected = loss_scale_allowed();
+      k.push_back(text_row(
+          s, [](auto& c) -> auto& { return c.loss_scale; }, [](const TrainConfig& c) { check_loss_scale(c.loss_scale); },
+          kRun));
     }
+    // fp8 recipe options
+    const std::uint32_t all_fp8 = fp8_only({});
+    k.push_back(text_row(
+        choice("fp8-format", "fp8 presets: hybrid (E4M3 forward, E5M2 gradients) or e4m3", {"hybrid", "e4m3"}),
+        [](auto& c) -> auto& { return c.fp8_format; }, {}, {.only_for = all_fp8}));
+    k.push_back(int_row(
+        integer("fp8-amax-history", "N", "fp8-delayed: amax history length", 1, kMaxAmaxHistory),
+        [](auto& c) -> auto& { return c.fp8_amax_history; }, {}, {.only_for = fp8_only({nn::Fp8Recipe::delayed})}));
+    k.push_back(text_row(
+        choice("fp8-amax-algo", "fp8-delayed: max or most_recent", {"max", "most_recent"}),
+        [](auto& c) -> auto& { return c.fp8_amax_algo; }, {}, {.only_for = fp8_only({nn::Fp8Recipe::delayed})}));
+    {
+      Spec s = integer("fp8-margin", "M", "fp8-delayed: scale = fp8_max * 2^-M / amax, M in [-64, 64]");
+      s.int_min = -64;
+      s.int_max = 64;
+      k.push_back(int_row(
+          s, [](auto& c) -> auto& { return c.fp8_margin; }, {}, {.only_for = fp8_only({nn::Fp8Recipe::delayed})}));
+    }
+    {
+      Spec s = text_spec("fp8-power2-scales", "[BOOL]", "fp8-current: scales rounded down to powers of two");
+      k.push_back(bool_row(
+          s, [](auto& c) -> auto& { return c.fp8_power2_scales; }, {},
+          {.only_for = fp8_only({nn::Fp8Recipe::current})}));
+    }
+    k.push_back(num_row(
+        number("fp8-amax-epsilon", "fp8-current: amax floor", 0, false), [](auto& c) -> auto& { return c.fp8_amax_epsilon; },
+        [](const TrainConfig& c) {
+          // float32 must hold it: neither past its max nor so small that it would round to 0
+          // (no silent clamp to "no floor").
+          if (c.fp8_amax_epsilon > kFloatMax || (c.fp8_amax_epsilon > 0 && static_cast<float>(c.fp8_amax_epsilon) == 0.0f))
+            fail("fp8-amax-epsilon", "0, or a finite number float32 holds (1.4e-45 to 3.4e38)", num(c.fp8_amax_epsilon));
+        },
+        {.only_for = fp8_only({nn::Fp8Recipe::current})}));
+    k.push_back(text_row(
+        choice("mx-rounding", "mxfp8: E8M0 block-scale rounding, te (round up) or ocp (floor)", {"te", "ocp"}),
+        [](auto& c) -> auto& { return c.mx_rounding; }, {}, {.only_for = fp8_only({nn::Fp8Recipe::mx})}));
+    // the model's shape
+    k.push_back(int_row(integer("layers", "N", "gpt: transformer blocks", 1, kMaxLayers),
+                                                          [](auto& c) -> auto& { return c.model.layers; }));
+    k.push_back(int_row(
+        integer("heads", "N", "gpt: attention heads (must divide --channels)", 1, kMaxHeads),
+        [](auto& c) -> auto& { return c.model.heads; }));
+    k.push_back(int_row(
+        integer("channels", "N", "gpt: width (also the mlp's embedding width per context token)", 1, kMaxChannels),
+        [](auto& c) -> auto& { return c.model.channels; }));
+    k.push_back(int_row(integer("context", "N", "Tokens per sequence", 2, kMaxContext),
+                                                          [](auto& c) -> auto& { return c.model.context; }));
+    k.push_back(int_row(integer("batch", "N", "Sequences per micro-batch", 1, kMaxBatch),
+                                                          [](auto& c) -> auto& { return c.model.batch; }));
+    k.push_back(int_row(integer("depth", "N", "mlp: hidden layers", 1, kMaxDepth),
+                                                          [](auto& c) -> auto& { return c.model.depth; }));
+    k.push_back(int_row(integer("hidden", "N", "mlp: hidden width", 1, kMaxHidden),
+                                                          [](auto& c) -> auto& { return c.model.hidden; }));
+    // data
+    k.push_back(text_row(
+        text_spec("data", "FILE", "UTF-8 training text (default: the embedded corpus)"),
+        [](auto& c) -> auto& { return c.data; }, {}, kMoves));
+    {
+      Spec s = text_spec("vocab", "SPEC", "Tokeniser: char or word:N");
+      s.expected = vocab_allowed();
+      k.push_back(text_row(s, [](auto& c) -> auto& { return c.vocab; },
+                                                           [](const TrainConfig& c) { check_vocab(c.vocab); }));
+    }
+    k.push_back(int_row(
+        integer("corpus-tokens", "N", "Size of the embedded corpus in word tokens", 1, nn::CorpusOptions::kMaxTokens),
+        [](auto& c) -> auto& { return c.corpus_tokens; }));
+    k.push_back(num_row(
+        number("val-fraction", "Held-out tail of the token stream, in (0, 0.5]", 0, true, 0.5, false),
+        [](auto& c) -> auto& { return c.val_fraction; }));
+    // optimisation
+    k.push_back(text_row(choice("optimizer", "adamw, adam or sgd", {"adamw", "adam", "sgd"}),
+                                                         [](auto& c) -> auto& { return c.optimizer; }));
+    k.push_back(num_row(number("lr", "Peak learning rate", 0, true),
+                                                         [](auto& c) -> auto& { return c.lr; }));
+    k.push_back(num_row(number("min-lr", "Floor of the cosine schedule", 0, false),
+                                                         [](auto& c) -> auto& { return c.min_lr; }));
+    k.push_back(int_row(
+        integer("warmup", "N", "Linear warmup steps; the default is at most --steps"),
+        [](auto& c) -> auto& { return c.warmup; }));
+    k.push_back(num_row(number("weight-decay", "Weight decay", 0, false),
+                                                         [](auto& c) -> auto& { return c.weight_decay; }));
+    k.push_back(num_row(number("beta1", "Adam beta1", 0, false, 1, true),
+                                                         [](auto& c) -> auto& { return c.beta1; }));
+    k.push_back(num_row(number("beta2", "Adam beta2", 0, false, 1, true),
+                                                         [](auto& c) -> auto& { return c.beta2; }));
+    k.push_back(num_row(number("eps", "Adam epsilon", 0, true),
+                                                         [](auto& c) -> auto& { return c.eps; }));
+    k.push_back(num_row(
+        number("clip", "Max global gradient norm; 0 = no clipping", 0, false), [](auto& c) -> auto& { return c.clip; }));
+    k.push_back(int_row(
+        integer("steps", "N", "Optimizer steps, applied or skipped", 1, kMaxSteps), [](auto& c) -> auto& { return c.steps; },
+        {}, kMoves));
+    k.push_back(int_row(
+        integer("accum", "N", "Micro-batches per step (gradient accumulation)", 1, kMaxAccum),
+        [](auto& c) -> auto& { return c.accum; }));
+    k.push_back(int_row(
+        integer("seed", "N", "Seed of the weights, the batch order and the corpus"), [](auto& c) -> auto& { return c.seed; }));
+    // evaluation
+    k.push_back(int_row(
+        integer("eval-every", "N", "Validation loss every N steps and at the end; 0 = only at the end"),
+        [](auto& c) -> auto& { return c.eval_every; }));
+    k.push_back(int_row(
+        integer("eval-windows", "N", "Validation windows per evaluation; 0 = the whole split"),
+        [](auto& c) -> auto& { return c.eval_windows; }));
+    k.push_back(int_row(
+        integer("histogram-every", "N", "Log2-magnitude histograms at step 1, every N steps and the last; 0 = never"),
+        [](auto& c) -> auto& { return c.histogram_every; }));
+    // outputs
+    k.push_back(text_row(
+        text_spec("out", "DIR", "Run folder: config.json, log.jsonl, checkpoints, summary.json (default: none)"),
+        [](auto& c) -> auto& { return c.out; }, {}, kDistributed));
+    k.push_back(int_row(
+        integer("checkpoint-every", "N", "Checkpoint every N steps (needs --out); 0 = only at the end"),
+        [](auto& c) -> auto& { return c.checkpoint_every; }, {}, kRun));
+    k.push_back(int_row(
+        integer("keep-checkpoints", "N", "Newest checkpoints kept in the run folder", 1),
+        [](auto& c) -> auto& { return c.keep_checkpoints; }, {}, kRun));
+    k.push_back(text_row(
+        text_spec("resume", "DIR", "Continue the run in DIR from its newest checkpoint; --steps may extend it"),
+        [](auto& c) -> auto& { return c.resume; }, {}, kDistributed));
+    // data parallelism
+    k.push_back(bool_row(
+        text_spec("distributed", "",
+                  "Data-parallel over the ranks of mpirun -np N: each runs --accum micro-batches of the step"),
+        [](auto& c) -> auto& { return c.distributed; }, {},
+        {.flag = true, .resume_may_change = true, .compare_sets = true}));
+    k.push_back(int_row(
+        integer("zero", "N", "Distributed: 1 = ZeRO stage 1 (master weights and optimizer state sharded); 0 = off", 0, 1),
+        [](auto& c) -> auto& { return c.zero; }, {}, kDistributed));
+    {
+      Spec s = choice("grad-reduce",
+                      "Distributed gradient all-reduce: fp32 (fixed-order sums, bitwise reproducible) or low (f16/bf16, "
+                      "half the bytes)",
+                      {"fp32", "low"});
+      s.type = "MODE";
+      k.push_back(text_row(s, [](auto& c) -> auto& { return c.grad_reduce; }, {},
+                                                           kDistributed));
+    }
+    {
+      Spec s = number("dist-timeout", "Distributed: seconds a collective may take before the job is aborted", 0, true,
+                      86400, false);
+      s.type = "S";
+      s.expected = "a number of seconds in (0, 86400]";
+      k.push_back(num_row(s, [](auto& c) -> auto& { return c.dist_timeout; }, {},
+                                                           kDistributed));
+    }
+    {
+      Spec s = integer("inject-overflow-rank", "R", "Testing: --inject-overflow-at on rank R only; -1 = every rank");
+      s.int_min = -1;
+      s.int_max = kMaxRanks - 1;
+      s.expected = "-1 (every rank) or a rank in [0, " + std::to_string(kMaxRanks) + ")";
+      k.push_back(int_row(s, [](auto& c) -> auto& { return c.inject_overflow_rank; },
+                                                            {}, kDistributed));
+    }
+    {
+      Spec s = integer("inject-overflow-at", "LIST", "Testing: +inf into a gradient at these steps (1-based), e.g. 5,17", 1);
+      k.push_back(list_row(s, [](auto& c) -> auto& { return c.inject_overflow_at; }));
+    }
+    k.push_back(int_row(
+        integer("threads", "N", "Threads; 0 = all cores (MIXPREC_THREADS / OMP_NUM_THREADS respected)", 0, kMaxThreads),
+        [](auto& c) -> auto& { return c.threads; }));
+    return k;
+  }());
+  return t;
+}
+
+KeyKind cli_kind(const Key& k) {
+  switch (k.spec.kind) {
+    case keys::Kind::integer: return KeyKind::integer;
+    case keys::Kind::number: return KeyKind::number;
+    case keys::Kind::boolean: return k.extra.flag ? KeyKind::flag : KeyKind::boolean;
+    case keys::Kind::list: return KeyKind::list;
+    case keys::Kind::choice:
+    case keys::Kind::text: return KeyKind::text;
   }
-  fail(key, "a known kind of key", "enum value " + std::to_string(static_cast<int>(f.info.kind)));
-}
-
-
-// `ref` is a generic lambda returning a reference to the member for a const or non-const config.
-template <class Ref>
-FieldIo uint_field(std::string key, Ref ref, std::function<void(const TrainConfig&)> check) {
-  return {key,
-          [key, ref](TrainConfig& c, const json& v) {
-            auto& m = ref(c);
-            using T = std::remove_reference_t<decltype(m)>;
-            m = static_cast<T>(json_uint(v, key, std::numeric_limits<T>::max()));
-          },
-          [ref](const TrainConfig& c) { return ordered_json(static_cast<std::uint64_t>(ref(c))); }, std::move(check)};
-}
-
-template <class Ref>
-FieldIo double_field(std::string key, Ref ref, std::function<void(const TrainConfig&)> check) {
-  return {key, [key, ref](TrainConfig& c, const json& v) { ref(c) = json_double(v, key); },
-          [ref](const TrainConfig& c) { return ordered_json(ref(c)); }, std::move(check)};
-}
-
-template <class Ref>
-FieldIo string_field(std::string key, Ref ref, std::function<void(const TrainConfig&)> check) {
-  return {key, [key, ref](TrainConfig& c, const json& v) { ref(c) = json_string(v, key); },
-          [ref](const TrainConfig& c) { return ordered_json(ref(c)); }, std::move(check)};
-}
-
-const std::vector<Field>& fields() {
-  static const std::vector<Field> table = [] {
-    std::vector<Field> f;
-    const auto none = [](const TrainConfig&) {};
-    add(f,
-        {.name = "model",
-         .kind = KeyKind::text,
-         .type = "NAME",
-         .help = "Model: gpt (decoder-only transformer) or mlp (deep MLP next-token classifier)"},
-        {"model",
-         [](TrainConfig& c, const json& v) {
-           const std::string s = json_string(v, "model");
-           const auto k = nn::parse_model_kind(s);
-           if (!k) fail("model", join(model_names()), squote(s));
-           c.model.kind = *k;
-         },
-         [](const TrainConfig& c) { return ordered_json(std::string(nn::model_kind_name(c.model.kind))); },
-         [](const TrainConfig& c) {
-           if (c.model.kind != nn::ModelKind::gpt && c.model.kind != nn::ModelKind::mlp)
-             fail("model", join(model_names()), "enum value " + std::to_string(static_cast<int>(c.model.kind)));
-         }});
-    add(f,
-        {.name = "precision",
-         .kind = KeyKind::text,
-         .type = "NAME",
-         .help = "Precision: fp32, fp16 (mixed), bf16 (mixed), fp16-pure, or bf16 with fp8 Linear layers: fp8-noscale, "
-                 "fp8-delayed, fp8-current, mxfp8",
-         .compare_sets = true},
-        {"precision",
-         [](TrainConfig& c, const json& v) {
-           const std::string s = json_string(v, "precision");
-           const auto p = nn::parse_precision(s);
-           if (!p) fail("precision", join(nn::precision_names()), squote(s));
-           c.precision = *p;
-         },
-         [](const TrainConfig& c) { return ordered_json(std::string(nn::precision_name(c.precision))); },
-         [](const TrainConfig& c) {
-           const auto p = static_cast<int>(c.precision);
-           if (p < 0 || p > static_cast<int>(nn::Precision::mxfp8))
-             fail("precision", join(nn::precision_names()), "enum value " + std::to_string(p));
-         }});
-    add(f,
-        {.name = "loss-scale",
-         .kind = KeyKind::text,
-         .type = "SPEC",
-         .help = "Loss scaling: none, dynamic, static:S or a preset (mixprec, torch, deepspeed, megatron, apex, keras, "
-                 "tf-keras, jmp); fp8 presets default to none",
-         .compare_sets = true},
-        string_field(
-            "loss-scale", [](auto& c) -> auto& { return c.loss_scale; },
-            [](const TrainConfig& c) { check_loss_scale(c.loss_scale); }));
-    add(f,
-        {.name = "fp8-format",
-         .kind = KeyKind::text,
-         .type = "NAME",
-         .help = "fp8 presets: hybrid (E4M3 forward, E5M2 gradients) or e4m3",
-         .only_for = precision_bits({nn::Precision::fp8_noscale, nn::Precision::fp8_delayed,
-                                     nn::Precision::fp8_current, nn::Precision::mxfp8})},
-        string_field(
-            "fp8-format", [](auto& c) -> auto& { return c.fp8_format; },
-            [](const TrainConfig& c) {
-              if (c.fp8_format != "hybrid" && c.fp8_format != "e4m3")
-                fail("fp8-format", "hybrid or e4m3", squote(c.fp8_format));
-            }));
-    add(f,
-        {.name = "fp8-amax-history", .kind = KeyKind::integer, .type = "N", .help = "fp8-delayed: amax history length",
-         .only_for = precision_bits({nn::Precision::fp8_delayed})},
-        uint_field(
-            "fp8-amax-history", [](auto& c) -> auto& { return c.fp8_amax_history; },
-            [](const TrainConfig& c) { check_range("fp8-amax-history", c.fp8_amax_history, 1, kMaxAmaxHistory); }));
-    add(f, {.name = "fp8-amax-algo", .kind = KeyKind::text, .type = "NAME", .help = "fp8-delayed: max or most_recent",
-         .only_for = precision_bits({nn::Precision::fp8_delayed})},
-        string_field(
-            "fp8-amax-algo", [](auto& c) -> auto& { return c.fp8_amax_algo; },
-            [](const TrainConfig& c) {
-              if (c.fp8_amax_algo != "max" && c.fp8_amax_algo != "most_recent")
-                fail("fp8-amax-algo", "max or most_recent", squote(c.fp8_amax_algo));
-            }));
-    add(f,
-        {.name = "fp8-margin",
-         .kind = KeyKind::integer,
-         .type = "M",
-         .help = "fp8-delayed: scale = fp8_max * 2^-M / amax, M in [-64, 64]",
-         .only_for = precision_bits({nn::Precision::fp8_delayed})},
-        {"fp8-margin",
-         [](TrainConfig& c, const json& v) {
-           if (v.is_number_integer())
-             c.fp8_margin = v.get<std::int64_t>();
-           else
-             fail("fp8-margin", "an integer in [-64, 64]", describe(v));
-         },
-         [](const TrainConfig& c) { return ordered_json(c.fp8_margin); },
-         [](const TrainConfig& c) {
-           if (c.fp8_margin < -64 || c.fp8_margin > 64)
-             fail("fp8-margin", "an integer in [-64, 64]", std::to_string(c.fp8_margin));
-         }},
-        [](std::string_view text) { return signed_text("fp8-margin", text, "an integer in [-64, 64]"); });
-    add(f,
-        {.name = "fp8-power2-scales",
-         .kind = KeyKind::boolean,
-         .type = "[BOOL]",
-         .help = "fp8-current: scales rounded down to powers of two",
-         .only_for = precision_bits({nn::Precision::fp8_current})},
-        {"fp8-power2-scales",
-         [](TrainConfig& c, const json& v) {
-           if (!v.is_boolean()) fail("fp8-power2-scales", "true or false", describe(v));
-           c.fp8_power2_scales = v.get<bool>();
-         },
-         [](const TrainConfig& c) { return ordered_json(c.fp8_power2_scales); }, none});
-    add(f, {.name = "fp8-amax-epsilon", .kind = KeyKind::number, .type = "X", .help = "fp8-current: amax floor",
-         .only_for = precision_bits({nn::Precision::fp8_current})},
-        double_field(
-            "fp8-amax-epsilon", [](auto& c) -> auto& { return c.fp8_amax_epsilon; },
-            [](const TrainConfig& c) {
-              check_non_negative("fp8-amax-epsilon", c.fp8_amax_epsilon);
-              // float32 must hold it: neither past its max nor so small that it
-              // would round to 0 (no silent clamp to "no floor").
-              if (c.fp8_amax_epsilon > kFloatMax ||
-                  (c.fp8_amax_epsilon > 0 && static_cast<float>(c.fp8_amax_epsilon) == 0.0f))
-                fail("fp8-amax-epsilon", "0, or a finite number float32 holds (1.4e-45 to 3.4e38)",
-                     num(c.fp8_amax_epsilon));
-            }));
-    add(f,
-        {.name = "mx-rounding",
-         .kind = KeyKind::text,
-         .type = "NAME",
-         .help = "mxfp8: E8M0 block-scale rounding, te (round up) or ocp (floor)",
-         .only_for = precision_bits({nn::Precision::mxfp8})},
-        string_field(
-            "mx-rounding", [](auto& c) -> auto& { return c.mx_rounding; },
-            [](const TrainConfig& c) {
-              if (c.mx_rounding != "te" && c.mx_rounding != "ocp")
-                fail("mx-rounding", "te or ocp", squote(c.mx_rounding));
-            }));
-    add(f, {.name = "layers", .kind = KeyKind::integer, .type = "N", .help = "gpt: transformer blocks"},
-        uint_field(
-            "layers", [](auto& c) -> auto& { return c.model.layers; },
-            [](const TrainConfig& c) { check_range("layers", c.model.layers, 1, kMaxLayers); }));
-    add(f,
-        {.name = "heads",
-         .kind = KeyKind::integer,
-         .type = "N",
-         .help = "gpt: attention heads (must divide --channels)"},
-        uint_field(
-            "heads", [](auto& c) -> auto& { return c.model.heads; },
-            [](const TrainConfig& c) { check_range("heads", c.model.heads, 1, kMaxHeads); }));
-    add(f,
-        {.name = "channels",
-         .kind = KeyKind::integer,
-         .type = "N",
-         .help = "gpt: width (also the mlp's embedding width per context token)"},
-        uint_field(
-            "channels", [](auto& c) -> auto& { return c.model.channels; },
-            [](const TrainConfig& c) { check_range("channels", c.model.channels, 1, kMaxChannels); }));
-    add(f, {.name = "context", .kind = KeyKind::integer, .type = "N", .help = "Tokens per sequence"},
-        uint_field(
-            "context", [](auto& c) -> auto& { return c.model.context; },
-            [](const TrainConfig& c) { check_range("context", c.model.context, 2, kMaxContext); }));
-    add(f, {.name = "batch", .kind = KeyKind::integer, .type = "N", .help = "Sequences per micro-batch"},
-        uint_field(
-            "batch", [](auto& c) -> auto& { return c.model.batch; },
-            [](const TrainConfig& c) { check_range("batch", c.model.batch, 1, kMaxBatch); }));
-    add(f, {.name = "depth", .kind = KeyKind::integer, .type = "N", .help = "mlp: hidden layers"},
-        uint_field(
-            "depth", [](auto& c) -> auto& { return c.model.depth; },
-            [](const TrainConfig& c) { check_range("depth", c.model.depth, 1, kMaxDepth); }));
-    add(f, {.name = "hidden", .kind = KeyKind::integer, .type = "N", .help = "mlp: hidden width"},
-        uint_field(
-            "hidden", [](auto& c) -> auto& { return c.model.hidden; },
-            [](const TrainConfig& c) { check_range("hidden", c.model.hidden, 1, kMaxHidden); }));
-    add(f,
-        {.name = "data",
-         .kind = KeyKind::text,
-         .type = "FILE",
-         .help = "UTF-8 training text (default: the embedded corpus)",
-         .resume_may_change = true},
-        string_field(
-            "data", [](auto& c) -> auto& { return c.data; }, none));
-    add(f, {.name = "vocab", .kind = KeyKind::text, .type = "SPEC", .help = "Tokeniser: char or word:N"},
-        string_field(
-            "vocab", [](auto& c) -> auto& { return c.vocab; }, [](const TrainConfig& c) { check_vocab(c.vocab); }));
-    add(f,
-        {.name = "corpus-tokens",
-         .kind = KeyKind::integer,
-         .type = "N",
-         .help = "Size of the embedded corpus in word tokens"},
-        uint_field(
-            "corpus-tokens", [](auto& c) -> auto& { return c.corpus_tokens; },
-            [](const TrainConfig& c) {
-              check_range("corpus-tokens", c.corpus_tokens, 1, nn::CorpusOptions::kMaxTokens);
-            }));
-    add(f,
-        {.name = "val-fraction",
-         .kind = KeyKind::number,
-         .type = "X",
-         .help = "Held-out tail of the token stream, in (0, 0.5]"},
-        double_field(
-            "val-fraction", [](auto& c) -> auto& { return c.val_fraction; },
-            [](const TrainConfig& c) {
-              if (!(c.val_fraction > 0 && c.val_fraction <= 0.5))
-                fail("val-fraction", "a number in (0, 0.5]", num(c.val_fraction));
-            }));
-    add(f, {.name = "optimizer", .kind = KeyKind::text, .type = "NAME", .help = "adamw, adam or sgd"},
-        string_field(
-            "optimizer", [](auto& c) -> auto& { return c.optimizer; },
-            [](const TrainConfig& c) {
-              for (const std::string& n : optimizer_names())
-                if (c.optimizer == n) return;
-              fail("optimizer", join(optimizer_names()), squote(c.optimizer));
-            }));
-    add(f, {.name = "lr", .kind = KeyKind::number, .type = "X", .help = "Peak learning rate"},
-        double_field(
-            "lr", [](auto& c) -> auto& { return c.lr; }, [](const TrainConfig& c) { check_positive("lr", c.lr); }));
-    add(f, {.name = "min-lr", .kind = KeyKind::number, .type = "X", .help = "Floor of the cosine schedule"},
-        double_field(
-            "min-lr", [](auto& c) -> auto& { return c.min_lr; },
-            [](const TrainConfig& c) { check_non_negative("min-lr", c.min_lr); }));
-    add(f,
-        {.name = "warmup",
-         .kind = KeyKind::integer,
-         .type = "N",
-         .help = "Linear warmup steps; the default is at most --steps"},
-        uint_field(
-            "warmup", [](auto& c) -> auto& { return c.warmup; }, none));
-    add(f, {.name = "weight-decay", .kind = KeyKind::number, .type = "X", .help = "Weight decay"},
-        double_field(
-            "weight-decay", [](auto& c) -> auto& { return c.weight_decay; },
-            [](const TrainConfig& c) { check_non_negative("weight-decay", c.weight_decay); }));
-    add(f, {.name = "beta1", .kind = KeyKind::number, .type = "X", .help = "Adam beta1"},
-        double_field(
-            "beta1", [](auto& c) -> auto& { return c.beta1; },
-            [](const TrainConfig& c) { check_beta("beta1", c.beta1); }));
-    add(f, {.name = "beta2", .kind = KeyKind::number, .type = "X", .help = "Adam beta2"},
-        double_field(
-            "beta2", [](auto& c) -> auto& { return c.beta2; },
-            [](const TrainConfig& c) { check_beta("beta2", c.beta2); }));
-    add(f, {.name = "eps", .kind = KeyKind::number, .type = "X", .help = "Adam epsilon"},
-        double_field(
-            "eps", [](auto& c) -> auto& { return c.eps; }, [](const TrainConfig& c) { check_positive("eps", c.eps); }));
-    add(f, {.name = "clip", .kind = KeyKind::number, .type = "X", .help = "Max global gradient norm; 0 = no clipping"},
-        double_field(
-            "clip", [](auto& c) -> auto& { return c.clip; },
-            [](const TrainConfig& c) { check_non_negative("clip", c.clip); }));
-    add(f,
-        {.name = "steps",
-         .kind = KeyKind::integer,
-         .type = "N",
-         .help = "Optimizer steps, applied or skipped",
-         .resume_may_change = true},
-        uint_field(
-            "steps", [](auto& c) -> auto& { return c.steps; },
-            [](const TrainConfig& c) { check_range("steps", c.steps, 1, kMaxSteps); }));
-    add(f,
-        {.name = "accum",
-         .kind = KeyKind::integer,
-         .type = "N",
-         .help = "Micro-batches per step (gradient accumulation)"},
-        uint_field(
-            "accum", [](auto& c) -> auto& { return c.accum; },
-            [](const TrainConfig& c) { check_range("accum", c.accum, 1, kMaxAccum); }));
-    add(f,
-        {.name = "seed",
-         .kind = KeyKind::integer,
-         .type = "N",
-         .help = "Seed of the weights, the batch order and the corpus"},
-        uint_field(
-            "seed", [](auto& c) -> auto& { return c.seed; }, none));
-    add(f,
-        {.name = "eval-every",
-         .kind = KeyKind::integer,
-         .type = "N",
-         .help = "Validation loss every N steps and at the end; 0 = only at the end"},
-        uint_field(
-            "eval-every", [](auto& c) -> auto& { return c.eval_every; }, none));
-    add(f,
-        {.name = "eval-windows",
-         .kind = KeyKind::integer,
-         .type = "N",
-         .help = "Validation windows per evaluation; 0 = the whole split"},
-        uint_field(
-            "eval-windows", [](auto& c) -> auto& { return c.eval_windows; }, none));
-    add(f,
-        {.name = "histogram-every",
-         .kind = KeyKind::integer,
-         .type = "N",
-         .help = "Log2-magnitude histograms at step 1, every N steps and the last; 0 = never"},
-        uint_field(
-            "histogram-every", [](auto& c) -> auto& { return c.histogram_every; }, none));
-    add(f,
-        {.name = "out",
-         .kind = KeyKind::text,
-         .type = "DIR",
-         .help = "Run folder: config.json, log.jsonl, checkpoints, summary.json (default: none)",
-         .resume_may_change = true,
-         .compare_sets = true},
-        string_field(
-            "out", [](auto& c) -> auto& { return c.out; }, none));
-    add(f,
-        {.name = "checkpoint-every",
-         .kind = KeyKind::integer,
-         .type = "N",
-         .help = "Checkpoint every N steps (needs --out); 0 = only at the end",
-         .compare_sets = true},
-        uint_field(
-            "checkpoint-every", [](auto& c) -> auto& { return c.checkpoint_every; }, none));
-    add(f,
-        {.name = "keep-checkpoints",
-         .kind = KeyKind::integer,
-         .type = "N",
-         .help = "Newest checkpoints kept in the run folder",
-         .compare_sets = true},
-        uint_field(
-            "keep-checkpoints", [](auto& c) -> auto& { return c.keep_checkpoints; },
-            [](const TrainConfig& c) { check_at_least("keep-checkpoints", c.keep_checkpoints, 1); }));
-    add(f,
-        {.name = "resume",
-         .kind = KeyKind::text,
-         .type = "DIR",
-         .help = "Continue the run in DIR from its newest checkpoint; --steps may extend it",
-         .resume_may_change = true,
-         .compare_sets = true},
-        string_field(
-            "resume", [](auto& c) -> auto& { return c.resume; }, none));
-    add(f,
-        {.name = "distributed",
-         .kind = KeyKind::flag,
-         .type = "",
-         .help = "Data-parallel over the ranks of mpirun -np N: each runs --accum micro-batches of the step",
-         .resume_may_change = true,
-         .compare_sets = true},
-        {"distributed",
-         [](TrainConfig& c, const json& v) {
-           if (!v.is_boolean()) fail("distributed", "true or false", describe(v));
-           c.distributed = v.get<bool>();
-         },
-         [](const TrainConfig& c) { return ordered_json(c.distributed); }, none});
-    add(f,
-        {.name = "zero",
-         .kind = KeyKind::integer,
-         .type = "N",
-         .help = "Distributed: 1 = ZeRO stage 1 (master weights and optimizer state sharded); 0 = off",
-         .resume_may_change = true,
-         .compare_sets = true},
-        uint_field(
-            "zero", [](auto& c) -> auto& { return c.zero; },
-            [](const TrainConfig& c) { check_range("zero", c.zero, 0, 1); }));
-    add(f,
-        {.name = "grad-reduce",
-         .kind = KeyKind::text,
-         .type = "MODE",
-         .help = "Distributed gradient all-reduce: fp32 (fixed-order sums, bitwise reproducible) or low (f16/bf16, "
-                 "half the bytes)",
-         .resume_may_change = true,
-         .compare_sets = true},
-        string_field(
-            "grad-reduce", [](auto& c) -> auto& { return c.grad_reduce; },
-            [](const TrainConfig& c) {
-              if (c.grad_reduce != "fp32" && c.grad_reduce != "low")
-                fail("grad-reduce", "fp32 or low", squote(c.grad_reduce));
-            }));
-    add(f,
-        {.name = "dist-timeout",
-         .kind = KeyKind::number,
-         .type = "S",
-         .help = "Distributed: seconds a collective may take before the job is aborted",
-         .resume_may_change = true,
-         .compare_sets = true},
-        double_field(
-            "dist-timeout", [](auto& c) -> auto& { return c.dist_timeout; },
-            [](const TrainConfig& c) {
-              if (!(std::isfinite(c.dist_timeout) && c.dist_timeout > 0 && c.dist_timeout <= 86400))
-                fail("dist-timeout", "a number of seconds in (0, 86400]", num(c.dist_timeout));
-            }));
-    add(f,
-        {.name = "inject-overflow-rank",
-         .kind = KeyKind::integer,
-         .type = "R",
-         .help = "Testing: --inject-overflow-at on rank R only; -1 = every rank",
-         .resume_may_change = true,
-         .compare_sets = true},
-        {"inject-overflow-rank",
-         [](TrainConfig& c, const json& v) {
-           if (v.is_number_integer() && v.get<std::int64_t>() == -1) {
-             c.inject_overflow_rank = -1;
-             return;
-           }
-           c.inject_overflow_rank = static_cast<std::int64_t>(json_uint(v, "inject-overflow-rank", kMaxRanks - 1));
-         },
-         [](const TrainConfig& c) { return ordered_json(c.inject_overflow_rank); },
-         [](const TrainConfig& c) {
-           if (c.inject_overflow_rank < -1 || c.inject_overflow_rank >= static_cast<std::int64_t>(kMaxRanks))
-             fail("inject-overflow-rank", "-1 (every rank) or a rank in [0, " + std::to_string(kMaxRanks) + ")",
-                  std::to_string(c.inject_overflow_rank));
-         }},
-        [](std::string_view text) {
-          return text == "-1" ? json(-1) : json(text::parse_uint("inject-overflow-rank", text));
-        });
-    add(f,
-        {.name = "inject-overflow-at",
-         .kind = KeyKind::list,
-         .type = "LIST",
-         .help = "Testing: +inf into a gradient at these steps (1-based), e.g. 5,17"},
-        {"inject-overflow-at",
-         [](TrainConfig& c, const json& v) {
-           constexpr std::string_view key = "inject-overflow-at";
-           if (!v.is_array()) fail(key, "an array of step numbers", describe(v));
-           std::vector<std::size_t> steps;
-           for (const json& e : v) steps.push_back(json_uint(e, key, std::numeric_limits<std::size_t>::max()));
-           c.inject_overflow_at = std::move(steps);
-         },
-         [](const TrainConfig& c) {
-           ordered_json a = ordered_json::array();
-           for (const std::size_t s : c.inject_overflow_at) a.push_back(static_cast<std::uint64_t>(s));
-           return a;
-         },
-         [](const TrainConfig& c) {
-           for (const std::size_t s : c.inject_overflow_at) check_at_least("inject-overflow-at", s, 1);
-         }});
-    add(f,
-        {.name = "threads",
-         .kind = KeyKind::integer,
-         .type = "N",
-         .help = "Threads; 0 = all cores (MIXPREC_THREADS / OMP_NUM_THREADS respected)"},
-        uint_field(
-            "threads", [](auto& c) -> auto& { return c.threads; },
-            [](const TrainConfig& c) { check_range("threads", c.threads, 0, kMaxThreads); }));
-    return f;
-  }();
-  return table;
-}
-
-std::string known_keys() {
-  std::string out;
-  for (const Field& f : fields()) out += (out.empty() ? "" : ", ") + f.key;
-  return out;
-}
-
-const Field& field_of(std::string_view key) {
-  for (const Field& f : fields())
-    if (f.key == key) return f;
-  throw std::invalid_argument("unknown config key '" + std::string(key) + "'; known keys: " + known_keys());
+  return KeyKind::text;
 }
 
 }  // namespace
@@ -737,43 +399,39 @@ std::optional<LossScaleConfig> loss_scale_config(const std::string& spec) {
 
 const std::vector<ConfigKey>& config_keys() {
   static const std::vector<ConfigKey> keys = [] {
-    std::vector<ConfigKey> k;
-    for (const Field& f : fields()) k.push_back(f.info);
-    return k;
+    std::vector<ConfigKey> out;
+    for (const Key& k : table().keys())
+      out.push_back({.name = k.spec.name,
+                     .kind = cli_kind(k),
+                     .type = k.spec.type,
+                     .help = k.spec.doc,
+                     .resume_may_change = k.extra.resume_may_change,
+                     .compare_sets = k.extra.compare_sets,
+                     .only_for = k.extra.only_for,
+                     .spec = &k.spec});
+    return out;
   }();
   return keys;
 }
 
 const ConfigKey* find_config_key(std::string_view name) {
-  for (const Field& f : fields())
-    if (f.key == name) return &f.info;
+  for (const ConfigKey& k : config_keys())
+    if (k.name == name) return &k;
   return nullptr;
 }
 
-void set_config_key(TrainConfig& c, std::string_view key, std::string_view text) {
-  const Field& f = field_of(key);
-  f.read(c, text_value(f, text));
-}
+void set_config_key(TrainConfig& c, std::string_view key, std::string_view text) { table().set_text(c, key, text); }
 
-std::string config_key_text(const TrainConfig& c, std::string_view key) {
-  const ordered_json v = field_of(key).write(c);
-  if (v.is_string()) return v.get<std::string>();
-  if (v.is_array()) {
-    std::string out;
-    for (const ordered_json& e : v) out.append(out.empty() ? "" : ",").append(e.dump());
-    return out;
-  }
-  return v.dump();
-}
+std::string config_key_text(const TrainConfig& c, std::string_view key) { return table().text(c, key); }
 
 const std::vector<std::string>& fp8_keys() {
-  static const std::vector<std::string> keys = [] {
-    std::vector<std::string> k;
-    for (const Field& f : fields())
-      if (f.info.only_for != 0) k.push_back(f.key);
-    return k;
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> n;
+    for (const Key& k : table().keys())
+      if (k.extra.only_for != 0) n.push_back(k.spec.name);
+    return n;
   }();
-  return keys;
+  return names;
 }
 
 nn::Fp8Config fp8_config(const TrainConfig& c) {
@@ -789,37 +447,31 @@ nn::Fp8Config fp8_config(const TrainConfig& c) {
 }
 
 bool fp8_key_applies(std::string_view key, nn::Precision p) {
-  const std::uint32_t only = field_of(key).info.only_for;
+  const std::uint32_t only = table().at(key).extra.only_for;
   return only == 0 || (only & (1u << static_cast<unsigned>(p))) != 0;
 }
 
 TrainConfig with_fp8_options_for(TrainConfig c, nn::Precision p) {
   const TrainConfig defaults;
-  for (const Field& f : fields()) {
-    const auto& keys = fp8_keys();
-    if (std::find(keys.begin(), keys.end(), f.key) == keys.end() || fp8_key_applies(f.key, p)) continue;
-    f.read(c, json::parse(f.write(defaults).dump()));
-  }
+  for (const Key& k : table().keys())
+    if (k.extra.only_for != 0 && !fp8_key_applies(k.spec.name, p)) k.set(c, k.get(defaults));
   return c;
 }
 
 void validate(const TrainConfig& c) {
-  for (const Field& f : fields()) f.check(c);
+  table().check(c);
   // An fp8 option away from its default with a precision that does not use it would be
   // silently ignored: refuse it.
-  {
-    const ordered_json defaults = ordered_json::parse(to_json(TrainConfig{}));
-    const ordered_json given = ordered_json::parse(to_json(c));
-    for (const std::string& key : fp8_keys()) {
-      if (given[key] == defaults[key]) continue;
-      if (fp8_key_applies(key, c.precision)) continue;
-      std::vector<std::string> names;
-      for (const std::string& name : nn::precision_names())
-        if (fp8_key_applies(key, *nn::parse_precision(name))) names.push_back(name);
-      fail(key, "the default (" + defaults[key].dump() + ") with --precision " +
-                    std::string(nn::precision_name(c.precision)) + "; it applies to --precision " + join(names),
-           given[key].dump());
-    }
+  const TrainConfig defaults;
+  for (const Key& k : table().keys()) {
+    if (k.extra.only_for == 0 || k.get(c) == k.get(defaults) || fp8_key_applies(k.spec.name, c.precision)) continue;
+    std::vector<std::string> names;
+    for (const std::string& name : nn::precision_names())
+      if (fp8_key_applies(k.spec.name, *nn::parse_precision(name))) names.push_back(name);
+    fail(k.spec.name,
+         "the default (" + keys::to_json<json>(k.spec, k.get(defaults)).dump() + ") with --precision " +
+             std::string(nn::precision_name(c.precision)) + "; it applies to --precision " + join(names),
+         keys::to_json<json>(k.spec, k.get(c)).dump());
   }
   // Across keys.
   if (c.model.channels % c.model.heads != 0)
@@ -830,7 +482,8 @@ void validate(const TrainConfig& c) {
   if (c.min_lr > c.lr) fail("min-lr", "a number <= lr (" + num(c.lr) + ")", num(c.min_lr));
   if (c.warmup > c.steps) fail("warmup", "an integer <= steps (" + std::to_string(c.steps) + ")", std::to_string(c.warmup));
   for (const std::size_t s : c.inject_overflow_at)
-    check_range("inject-overflow-at", s, 1, c.steps);
+    if (s > c.steps)
+      fail("inject-overflow-at", "an integer in [1, " + std::to_string(c.steps) + "]", std::to_string(s));
   if (c.grad_reduce == "low") {
     if (!c.distributed) fail("grad-reduce", "fp32 unless --distributed (low is a way of all-reducing)", "low");
     if (nn::policy_of(c.precision).weights == DType::f32)
@@ -876,14 +529,8 @@ TrainConfig apply_json(const TrainConfig& base, std::string_view json_text, std:
   if (!duplicate.empty()) throw std::invalid_argument(src + ": key '" + duplicate + "' is given twice");
   TrainConfig c = base;
   for (const auto& [key, value] : doc.items()) {
-    const Field* field = nullptr;
-    for (const Field& f : fields())
-      if (f.key == key) field = &f;
-    if (field == nullptr)
-      throw std::invalid_argument(src + ": unknown key '" + key + "'; known keys: " + known_keys());
     try {
-      field->read(c, value);
-      field->check(c);
+      table().set_json(c, table().at(key), value);
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(src + ": " + e.what());
     }
@@ -892,16 +539,15 @@ TrainConfig apply_json(const TrainConfig& base, std::string_view json_text, std:
 }
 
 std::string to_json(const TrainConfig& c, int indent) {
-  ordered_json j = ordered_json::object();
-  for (const Field& f : fields()) j[f.key] = f.write(c);
-  return j.dump(indent, ' ', false, ordered_json::error_handler_t::replace);
+  return table().to_json<ordered_json>(c).dump(indent, ' ', false, ordered_json::error_handler_t::replace);
 }
 
-std::string to_json(const TrainConfig& c, const std::vector<std::string_view>& keys, int indent) {
-  for (const std::string_view k : keys) (void)field_of(k);
+std::string to_json(const TrainConfig& c, const std::vector<std::string_view>& names, int indent) {
+  for (const std::string_view k : names) (void)table().at(k);
   ordered_json j = ordered_json::object();
-  for (const Field& f : fields())
-    if (std::find(keys.begin(), keys.end(), f.key) != keys.end()) j[f.key] = f.write(c);
+  for (const Key& k : table().keys())
+    if (std::find(names.begin(), names.end(), k.spec.name) != names.end())
+      j[k.spec.name] = keys::to_json<ordered_json>(k.spec, k.get(c));
   return j.dump(indent, ' ', false, ordered_json::error_handler_t::replace);
 }
 

@@ -35,13 +35,23 @@ TrainConfig run_config(const TelemetryOptions& o) {
   return c;
 }
 
-double format_max(DType t) {
-  switch (t) {
-    case DType::f16: return 65504.0;
-    case DType::bf16: return 3.3895313892515355e38;
+double format_max(DType t) { return static_cast<double>(format_row(format_of(t)).max_finite); }
+
+// What count.hpp reports for a view (an empty view: nothing, 0 elements).
+CountedTensor count_view(const GradTensor& t) {
+  if (t.size == 0 || t.data == nullptr) return {};
+  switch (t.dtype) {
+    case DType::f16: return count_f16_as_stored({static_cast<const f16*>(t.data), t.size});
+    case DType::bf16: return count_bf16_to_f16({static_cast<const bf16*>(t.data), t.size});
     case DType::f32: break;
   }
-  return static_cast<double>(std::numeric_limits<float>::max());
+  return count_f32_to_f16({static_cast<const float*>(t.data), t.size});
+}
+
+void merge(nn::Log2Histogram& into, const nn::Log2Histogram& h) {
+  for (std::size_t i = 0; i < into.counts.size() && i < h.counts.size(); ++i) into.counts[i] += h.counts[i];
+  into.zeros += h.zeros;
+  into.nonfinite += h.nonfinite;
 }
 
 }  // namespace
@@ -85,22 +95,27 @@ std::span<const float> TelemetryRecorder::as_f32(const GradTensor& t, std::vecto
 void TelemetryRecorder::count_activation_grad(std::string_view name, const GradTensor& grad) {
   std::lock_guard lock(mu_);
   const Spent spent(seconds_);
-  const std::span<const float> g = as_f32(grad, f32_scratch_);
-  const std::size_t n = g.size();
-  if (f16_scratch_.size() < n) f16_scratch_.resize(n);
-  const ConversionStats s = convert_counted(g, std::span<f16>(f16_scratch_.data(), n));
-  // |max| from the tensor as stored, in one check-only pass of the multi-tensor kernel
-  // (faster than a pass over the widened copy); inf when it holds inf/NaN.
-  float amax = 0;
-  measure_amax(std::span<const GradTensor>(&grad, 1), 1.0f, std::span<float>(&amax, 1));
+  add_counted(name, count_view(grad), grad.dtype);
+  // Histogram steps only: the histogram reads fp32 (every kHistogramStride-th value).
+  if (histogram_step()) hist_.activation_grads.add(as_f32(grad, f32_scratch_), nn::kHistogramStride);
+}
+
+void TelemetryRecorder::add_activation_grad(std::string_view name, const CountedTensor& counted, DType dtype) {
+  std::lock_guard lock(mu_);
+  const Spent spent(seconds_);
+  add_counted(name, counted, dtype);
+}
+
+void TelemetryRecorder::add_counted(std::string_view name, const CountedTensor& counted, DType dtype) {
+  const ConversionStats& s = counted.stats;
+  const float amax = counted.amax;  // inf when the tensor holds inf/NaN
   // Binades between this gradient's largest value and its format's largest finite.
-  const double headroom = amax > 0 && std::isfinite(amax) ? std::log2(format_max(grad.dtype) / static_cast<double>(amax))
+  const double headroom = amax > 0 && std::isfinite(amax) ? std::log2(format_max(dtype) / static_cast<double>(amax))
                                                           : std::numeric_limits<double>::infinity();
   headroom_ = std::min(headroom_, headroom);
   act_total_ += s;
   act_amax_ = std::max(act_amax_, amax);
   if (s.nonfinite_input && first_nonfinite_grad_.empty()) first_nonfinite_grad_ = name;
-  if (histogram_step()) hist_.activation_grads.add(g, nn::kHistogramStride);
   for (auto& t : act_) {
     if (t.name == name) {
       t.stats += s;
@@ -111,14 +126,26 @@ void TelemetryRecorder::count_activation_grad(std::string_view name, const GradT
   act_.push_back({std::string(name), s, amax});
 }
 
+void TelemetryRecorder::forward_nonfinite(std::string_view name) {
+  std::lock_guard lock(mu_);
+  if (first_nonfinite_forward_.empty()) first_nonfinite_forward_ = name;
+}
+
+void TelemetryRecorder::add_histograms(const StepRecord::Histograms& h) {
+  std::lock_guard lock(mu_);
+  const Spent spent(seconds_);
+  merge(hist_.activations, h.activations);
+  merge(hist_.activation_grads, h.activation_grads);
+  merge(hist_.weight_grads, h.weight_grads);
+  merge(hist_.weights, h.weights);
+}
+
 bool TelemetryRecorder::check_activation(std::string_view name, const GradTensor& output) {
   std::lock_guard lock(mu_);
   const Spent spent(seconds_);
   if (output.size == 0 || output.data == nullptr) return false;
-  UnscaleOptions o;
-  o.write = false;
-  o.sum_squares = false;
-  const bool nonfinite = unscale_and_check(std::span<const GradTensor>(&output, 1), 1.0f, o).found_inf;
+  // The counting pass's inf/NaN count: one read of the codes, cheaper than the unscale kernel's check.
+  const bool nonfinite = count_view(output).stats.nonfinite_input > 0;
   if (nonfinite && first_nonfinite_forward_.empty()) first_nonfinite_forward_ = name;
   if (histogram_step()) hist_.activations.add(as_f32(output, f32_scratch_), nn::kHistogramStride);
   return nonfinite;
@@ -143,34 +170,48 @@ StepRecord TelemetryRecorder::record(const TelemetryStep& step, std::span<const 
   r.tokens = step.tokens;
   r.seconds = step.seconds;
 
-  std::vector<GradTensor> grads, weights;
-  grads.reserve(params.size());
-  weights.reserve(params.size());
-  for (const NamedParam& p : params) {
-    grads.push_back(p.grad.data ? p.grad : GradTensor{nullptr, 0, p.grad.dtype});
-    weights.push_back(p.weight.data ? p.weight : GradTensor{nullptr, 0, p.weight.dtype});
+  // One read-only pass of the multi-tensor kernel over every gradient and weight whose
+  // |max| was not measured elsewhere.
+  const std::size_t n = params.size();
+  std::vector<GradTensor> measured;
+  std::vector<float*> into;
+  std::vector<float> grad_amax(n, 0.0f), weight_amax(n, 0.0f);
+  auto present = [](const GradTensor& t) { return t.size > 0 && t.data != nullptr; };
+  for (std::size_t i = 0; i < n; ++i) {
+    const NamedParam& p = params[i];
+    if (p.unclipped_grad_amax) grad_amax[i] = *p.unclipped_grad_amax;
+    else if (p.grad_amax) grad_amax[i] = *p.grad_amax;
+    else if (present(p.grad)) measured.push_back(p.grad), into.push_back(&grad_amax[i]);
+    if (p.weight_amax) weight_amax[i] = *p.weight_amax;
+    else if (present(p.weight)) measured.push_back(p.weight), into.push_back(&weight_amax[i]);
   }
-  std::vector<float> grad_amax(params.size()), weight_amax(params.size());
-  measure_amax(grads, 1.0f, grad_amax);
-  measure_amax(weights, 1.0f, weight_amax);
-  for (std::size_t i = 0; i < params.size(); ++i) {
+  if (!measured.empty()) {
+    std::vector<float> amax(measured.size());
+    measure_amax(measured, 1.0f, amax);
+    for (std::size_t k = 0; k < amax.size(); ++k) *into[k] = amax[k];
+  }
+  r.params.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const NamedParam& p = params[i];
     StepRecord::ParamStats ps;
-    ps.name = params[i].name;
-    if (grads[i].size > 0) {
+    ps.name = p.name;
+    if (p.unclipped_grad_amax) {
+      ps.grad_amax = grad_amax[i];
+    } else if (p.grad_amax || present(p.grad)) {
       // step() left the gradients unscaled and clipped: undo the coefficient.
       float a = grad_amax[i];
       if (std::isfinite(a) && step.applied && step.clip_coef < 1.0f) a /= step.clip_coef;
       ps.grad_amax = a;
     }
-    if (weights[i].size > 0) ps.weight_amax = weight_amax[i];
+    if (p.weight_amax || present(p.weight)) ps.weight_amax = weight_amax[i];
     r.params.push_back(std::move(ps));
   }
   {
     std::lock_guard lock(mu_);
     if (histograms) {
-      for (std::size_t i = 0; i < params.size(); ++i) {
-        hist_.weight_grads.add(as_f32(grads[i], f32_scratch_));
-        hist_.weights.add(as_f32(weights[i], f32_scratch_));
+      for (const NamedParam& p : params) {
+        hist_.weight_grads.add(as_f32(p.grad, f32_scratch_));
+        hist_.weights.add(as_f32(p.weight, f32_scratch_));
       }
       r.histograms = hist_;
     }

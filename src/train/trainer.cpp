@@ -174,14 +174,7 @@ void inject_inf(ParamStore& s) {
   }
 }
 
-float format_max(DType t) {
-  switch (t) {
-    case DType::f16: return 65504.0f;
-    case DType::bf16: return std::bit_cast<float>(0x7F7F0000u);
-    case DType::f32: break;
-  }
-  return std::numeric_limits<float>::max();
-}
+float format_max(DType t) { return format_row(format_of(t)).max_finite; }
 
 }  // namespace
 

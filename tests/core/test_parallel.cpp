@@ -2,6 +2,7 @@
 
 #include <atomic>
 #include <numeric>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -65,6 +66,41 @@ TEST(ThreadPool, IndependentCallersShareTheGlobalPool) {
   a.join();
   b.join();
   EXPECT_EQ(done.load(), 4000);
+}
+
+TEST(ThreadPool, ARunInsideAnotherPoolsTaskDoesEveryPartOnce) {
+  // OpenMP: the inner team is nested in the outer one (one thread: every part in turn);
+  // std::threads: the first caller gets the inner pool's workers, the other runs inline.
+  ThreadPool outer(2), inner(3);
+  for (int rep = 0; rep < 100; ++rep) {
+    std::vector<std::atomic<int>> hits(outer.size() * inner.size());
+    outer.run([&](unsigned w) { inner.run([&](unsigned part) { hits[w * inner.size() + part].fetch_add(1); }); });
+    for (std::size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i].load(), 1) << "outer part " << i / 3 << ", inner " << i % 3;
+  }
+}
+
+TEST(ThreadPool, IndependentPoolsOnIndependentThreads) {
+  // Each caller thread has its own team (OpenMP: one per master thread).
+  std::atomic<int> done{0};
+  auto caller = [&] {
+    ThreadPool pool(2);
+    for (int i = 0; i < 500; ++i) {
+      std::vector<int> seen(4099, 0);
+      pool.parallel_for(seen.size(), 64, 0, [&](std::size_t b, std::size_t e, unsigned) {
+        for (std::size_t j = b; j < e; ++j) ++seen[j];
+      });
+      if (std::accumulate(seen.begin(), seen.end(), 0) == 4099) done.fetch_add(1);
+    }
+  };
+  std::thread a(caller), b(caller);
+  a.join();
+  b.join();
+  EXPECT_EQ(done.load(), 1000);
+}
+
+TEST(ThreadPool, NamesItsRuntime) {
+  const std::string r = ThreadPool::runtime();
+  EXPECT_TRUE(r == "openmp" || r == "std::thread") << r;
 }
 
 }  // namespace

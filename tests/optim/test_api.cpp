@@ -266,22 +266,22 @@ TEST(Schedule, AdvancesOnAppliedStepsOnlyUnlessAsked) {
 
 TEST(Memory, AdamFp16IsFourPlusEightPlusFourPlusTwoBytesPerParameter) {
   const std::uint64_t p = 7'000'000'000ull;
-  const MemoryPlan m = memory_plan(p, OptimizerKind::adam, PrecisionPreset::fp16);
+  const MemoryPlan m = memory_plan(p, OptimizerKind::adam, nn::Precision::fp16);
   EXPECT_EQ(m.master_weights, 4 * p);
   EXPECT_EQ(m.moments, 8 * p);
   EXPECT_EQ(m.gradients, 4 * p);
   EXPECT_EQ(m.model_copy, 2 * p);
   EXPECT_EQ(m.total, 18 * p);
-  EXPECT_EQ(memory_plan(p, OptimizerKind::adamw, PrecisionPreset::fp32).total, 16 * p);
-  EXPECT_EQ(memory_plan(p, OptimizerKind::sgd, PrecisionPreset::bf16).total, 10 * p);
-  EXPECT_EQ(memory_plan(p, OptimizerKind::sgd_momentum, PrecisionPreset::fp16).moments, 4 * p);
-  const MemoryPlan pure = memory_plan(p, OptimizerKind::adam, PrecisionPreset::bf16_pure);
+  EXPECT_EQ(memory_plan(p, OptimizerKind::adamw, nn::Precision::fp32).total, 16 * p);
+  EXPECT_EQ(memory_plan(p, OptimizerKind::sgd, nn::Precision::bf16).total, 10 * p);
+  EXPECT_EQ(memory_plan(p, OptimizerKind::sgd_momentum, nn::Precision::fp16).moments, 4 * p);
+  const MemoryPlan pure = memory_plan(p, OptimizerKind::adam, nn::Precision::bf16_pure);
   EXPECT_EQ(pure.master_weights, 0u);
   EXPECT_EQ(pure.total, 12 * p);
-  EXPECT_EQ(memory_plan(0, OptimizerKind::adam, PrecisionPreset::fp16).total, 0u);
-  EXPECT_THROW(memory_plan(std::uint64_t{1} << 62, OptimizerKind::adam, PrecisionPreset::fp16), std::invalid_argument);
-  EXPECT_EQ(parse_precision("fp16-pure"), PrecisionPreset::fp16_pure);
-  EXPECT_EQ(parse_precision("fp8"), std::nullopt);
+  EXPECT_EQ(memory_plan(0, OptimizerKind::adam, nn::Precision::fp16).total, 0u);
+  EXPECT_THROW(memory_plan(std::uint64_t{1} << 62, OptimizerKind::adam, nn::Precision::fp16), std::invalid_argument);
+  EXPECT_EQ(nn::parse_precision("bf16-pure"), nn::Precision::bf16_pure);
+  EXPECT_EQ(nn::parse_precision("fp8"), std::nullopt);
   EXPECT_EQ(parse_optimizer("sgd-momentum"), OptimizerKind::sgd_momentum);
   EXPECT_EQ(parse_optimizer("lamb"), std::nullopt);
 }
@@ -290,7 +290,7 @@ TEST(Memory, StoreBytesMatchThePlan) {
   // A store padded to 32 elements holds exactly the plan's bytes (f32 grads, the seed's accounting).
   const std::size_t n = 4096;
   ParamStore s({{"w", {n}}}, {.model = DType::f16, .grads = DType::f32, .master = true, .state_slots = 2});
-  EXPECT_EQ(s.bytes(), memory_plan(n, OptimizerKind::adam, PrecisionPreset::fp16).total);
+  EXPECT_EQ(s.bytes(), memory_plan(n, OptimizerKind::adam, nn::Precision::fp16).total);
 }
 
 }  // namespace

@@ -117,6 +117,54 @@ TEST(UpdateKernels, AdamEveryVariantEqualsTheReference) {
   EXPECT_GT(cases, 0);
 }
 
+// bc2_sqrt == 1 (late steps: 1 - beta2^t rounds to 1) skips the division by it: every back
+// end, the reference included, gives the bits of the update written out with that division
+// (by a 1 the compiler cannot see), and bc2_sqrt != 1 still divides.
+TEST(UpdateKernels, AdamWithoutBiasCorrectionLeftEqualsTheDivision) {
+  std::vector<std::string> names{"scalar"};
+  std::vector<const UpdateKernels*> tables{&optim_detail::scalar_update_kernels()};
+  for (const UpdateKernels* t : simd_tables(names)) tables.push_back(t);
+  volatile float one = 1.0f;
+  for (const float bc2 : {static_cast<float>(one), std::sqrt(1.0f - 0.999f * 0.999f)}) {
+    AdamScalars s{};
+    s.weight = 0.1f;
+    s.one_minus_weight = 0.9f;
+    s.lerp_low = true;
+    s.beta2 = 0.999f;
+    s.one_minus_beta2 = 1.0f - s.beta2;
+    s.eps = 1e-8f;
+    s.decoupled = true;
+    s.weight_decay = 0.01f;
+    s.decay_mul = 1.0f - 3e-4f * 0.01f;
+    s.neg_step_size = -3e-4f;
+    s.bc2_sqrt = bc2;
+    const std::size_t n = 1031;
+    const auto g = values(n, 9, 1.0f), p0 = values(n, 10, 0.05f), m0 = values(n, 11, 1e-3f);
+    const auto v0 = positive(values(n, 12, 1e-6f));
+    std::vector<float> p = p0, m = m0, v = v0;
+    const float divisor = bc2;  // a runtime value: x / divisor is a division even when it is 1
+    for (std::size_t i = 0; i < n; ++i) {
+      const float gi = (g[i] * 0.5f) * 1.0f;
+      float pi = p[i] * s.decay_mul;
+      const float mi = m[i] + s.weight * (gi - m[i]);
+      const float vi = v[i] * s.beta2 + (s.one_minus_beta2 * gi) * gi;
+      const float denom = std::sqrt(vi) / divisor + s.eps;
+      pi = pi + s.neg_step_size * (mi / denom);
+      p[i] = pi;
+      m[i] = mi;
+      v[i] = vi;
+    }
+    for (std::size_t t = 0; t < tables.size(); ++t) {
+      std::vector<float> pt = p0, mt = m0, vt = v0;
+      tables[t]->adam(pt.data(), mt.data(), vt.data(), g.data(), n, 0.5f, 1.0f, s);
+      const std::string what = names[t] + " adamw, bc2_sqrt " + hex(bc2);
+      expect_bitwise(p, pt, what + " p");
+      expect_bitwise(m, mt, what + " m");
+      expect_bitwise(v, vt, what + " v");
+    }
+  }
+}
+
 TEST(UpdateKernels, SgdEveryVariantEqualsTheReference) {
   std::vector<std::string> names;
   const auto tables = simd_tables(names);

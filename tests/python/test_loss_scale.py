@@ -301,3 +301,19 @@ def test_misuse_is_refused_with_what_is_allowed():
     with pytest.raises(ValueError, match="0 and 1"):
         ls.replay("01x")
     assert ls.replay(np.array([True, False])) == [32768.0, 32768.0]
+
+
+def test_integers_take_whole_floats_as_torch_amp_does():
+    # One number grammar (docs/configuration.md): torch.amp keeps growth_interval as a Python
+    # number, so 20.0 means 20; 2.9 is no integer; the message names the key's whole range.
+    assert mixprec.LossScale("torch", growth_interval=20.0).config["growth_interval"] == 20
+    assert mixprec.LossScale("torch", growth_interval=np.float64(2e3)).config["growth_interval"] == 2000
+    assert mixprec.LossScale("torch", hysteresis=1.0).config["hysteresis"] == 1
+    with pytest.raises(ValueError, match=r"growth_interval: expected an integer in \[1, 2147483647\], found '2.9'"):
+        mixprec.LossScale("torch", growth_interval=2.9)
+    with pytest.raises(ValueError, match=r"growth_interval: expected an integer in \[1, 2147483647\], found '1e\+22'"):
+        mixprec.LossScale("torch", growth_interval=1e22)
+    with pytest.raises(ValueError, match=r"init_scale: expected a finite number > 0, found inf"):
+        mixprec.LossScale("torch", init_scale=float("inf"))
+    with pytest.raises(ValueError, match=r"init_scale: expected a finite number > 0, found nan"):
+        mixprec.LossScale("torch", init_scale=float("nan"))

@@ -4,11 +4,13 @@
 // (the vector loops), failures printed in hex.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <limits>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -155,6 +157,51 @@ TEST(CheckGradients, ReadOnlyCarriesTheInverseScale) {
   const GradientCheck written = check_gradients({&v, 1}, 4.0f, true);
   EXPECT_EQ(written.carried_inv_scale, 1.0f);
   EXPECT_EQ(g[1], encode<f16>(2.0f));
+}
+
+// amax_out: the |max| telemetry records, from the check's own pass, equal to a second pass
+// over the tensors as the check left them (write) or as a write would leave them (read only).
+TEST(CheckGradients, AmaxOutIsTheUnscaledMaxAsEachDtypeStoresIt) {
+  std::vector<float> base(777);
+  for (std::size_t i = 0; i < base.size(); ++i)
+    base[i] = std::ldexp(static_cast<float>((i * 2654435761u) % 1000) / 999.0f - 0.5f, static_cast<int>(i % 30) - 12);
+  int failures = 0;
+  for (const float scale : test_scales()) {
+    for (const bool write : {true, false}) {
+      std::vector<float> f = base;
+      std::vector<std::uint16_t> h(base.size()), b(base.size());
+      for (std::size_t i = 0; i < base.size(); ++i) h[i] = encode<f16>(base[i]), b[i] = encode<bf16>(base[i]);
+      const std::vector<std::uint16_t> h0 = h, b0 = b;
+      const GradTensor views[] = {{f.data(), f.size(), DType::f32}, {h.data(), h.size(), DType::f16},
+                                  {b.data(), b.size(), DType::bf16}};
+      std::vector<float> amax(3, -1.0f);
+      const GradientCheck c = check_gradients(views, scale, write, nullptr, amax);
+      const float inv = inv_scale_of(scale);
+      if (!can_unscale(inv)) {
+        for (float a : amax) EXPECT_TRUE(std::isnan(a)) << "scale " << scale << ": nothing was unscaled";
+        continue;
+      }
+      if (c.found_inf) continue;
+      // The reference: every element unscaled and stored in its dtype, then the largest |value|.
+      float want[3] = {0, 0, 0};
+      for (std::size_t i = 0; i < base.size(); ++i) {
+        want[0] = std::max(want[0], std::fabs(base[i] * inv));
+        want[1] = std::max(want[1], std::fabs(static_cast<float>(f16(decode<f16>(h0[i]) * inv))));
+        want[2] = std::max(want[2], std::fabs(static_cast<float>(bf16(decode<bf16>(b0[i]) * inv))));
+      }
+      for (int k = 0; k < 3; ++k)
+        if (std::bit_cast<std::uint32_t>(amax[static_cast<std::size_t>(k)]) != std::bit_cast<std::uint32_t>(want[k]) &&
+            ++failures <= 20)
+          ADD_FAILURE() << "scale " << scale << " write " << write << " tensor " << k << ": amax "
+                        << amax[static_cast<std::size_t>(k)] << " want " << want[k];
+    }
+  }
+  EXPECT_EQ(failures, 0);
+  float g = 1.0f;
+  const GradTensor one{&g, 1, DType::f32};
+  std::vector<float> wrong(2);
+  EXPECT_THROW((void)check_gradients({&one, 1}, 1.0f, true, nullptr, wrong), std::invalid_argument);
+  EXPECT_EQ(g, 1.0f);
 }
 
 TEST(CheckGradients, UnscalableScalesNameTheFirstNonFiniteTensor) {

@@ -933,27 +933,124 @@ TEST(LossScaleValidation, SetParsesChecksAndNamesKeys) {
     return std::string("no error");
   };
   EXPECT_EQ(message("growth", "2"),
-            "unknown key 'growth'; keys: rule, init_scale, growth_factor, backoff_factor, growth_interval, "
+            "unknown key 'growth'; known keys: rule, init_scale, growth_factor, backoff_factor, growth_interval, "
             "min_scale, max_scale, hysteresis, consecutive_hysteresis, refuse_nonfinite_growth, floor_policy, "
             "max_floor_overflows");
-  EXPECT_EQ(message("growth_factor", "1"), "growth_factor: expected a finite number > 1, found '1'");
+  EXPECT_EQ(message("growth_factor", "1"), "growth_factor: expected a finite number > 1, found 1");
   EXPECT_EQ(message("growth_factor", "2x"), "growth_factor: expected a finite number > 1, found '2x'");
-  EXPECT_EQ(message("backoff_factor", "1.5"), "backoff_factor: expected a number in (0, 1), found '1.5'");
-  EXPECT_EQ(message("growth_interval", "0"), "growth_interval: expected an integer in [1, 2147483647], found '0'");
+  EXPECT_EQ(message("backoff_factor", "1.5"), "backoff_factor: expected a number in (0, 1), found 1.5");
+  EXPECT_EQ(message("growth_interval", "0"), "growth_interval: expected an integer in [1, 2147483647], found 0");
   EXPECT_EQ(message("growth_interval", "2.5"),
             "growth_interval: expected an integer in [1, 2147483647], found '2.5'");
-  EXPECT_EQ(message("init_scale", "inf"), "init_scale: expected a finite number > 0, found 'inf'");
+  EXPECT_EQ(message("init_scale", "inf"), "init_scale: expected a finite number > 0, found inf");
   EXPECT_EQ(message("init_scale", ""), "init_scale: expected a finite number > 0, found ''");
-  EXPECT_EQ(message("min_scale", "-1"), "min_scale: expected a finite number >= 0 or none, found '-1'");
-  EXPECT_EQ(message("max_scale", "0"), "max_scale: expected a number > 0, inf or none, found '0'");
-  EXPECT_EQ(message("hysteresis", "-2"), "hysteresis: expected an integer in [1, 2147483647], found '-2'");
+  EXPECT_EQ(message("min_scale", "-1"), "min_scale: expected a finite number >= 0 or none, found -1");
+  EXPECT_EQ(message("max_scale", "0"), "max_scale: expected a number > 0, inf or none, found 0");
+  EXPECT_EQ(message("hysteresis", "-2"), "hysteresis: expected an integer in [1, 2147483647], found -2");
   EXPECT_EQ(message("consecutive_hysteresis", "yes"), "consecutive_hysteresis: expected true or false, found 'yes'");
   EXPECT_EQ(message("floor_policy", "ignore"), "floor_policy: expected continue or error, found 'ignore'");
   EXPECT_EQ(message("rule", "pytorch"),
-            "rule: expected one of static, torch, deepspeed, megatron, apex, keras, tf-keras, jmp, found 'pytorch'");
+            "rule: expected static, torch, deepspeed, megatron, apex, keras, tf-keras or jmp, found 'pytorch'");
   EXPECT_EQ(message("max_floor_overflows", "0"),
-            "max_floor_overflows: expected an integer in [1, 2147483647], found '0'");
+            "max_floor_overflows: expected an integer in [1, 2147483647], found 0");
   EXPECT_NE(describe(loss_scale_preset("apex")).find("max_scale = 16777216\n"), std::string::npos);
+}
+
+// Every key of the table: a valid value (text, written back by describe), one out of range,
+// text of the wrong kind, and a JSON value of the wrong type in a saved state's config.
+TEST(LossScaleValidation, EveryKeyValidOutOfRangeAndWrongKind) {
+  struct Case {
+    std::string key, good, canonical, bad, bad_message, wrong, wrong_json, json_message;
+  };
+  const std::string rules = "static, torch, deepspeed, megatron, apex, keras, tf-keras or jmp";
+  const Case cases[] = {
+      {"rule", "deepspeed", "", "pytorch", "rule: expected " + rules + ", found 'pytorch'", "", "3",
+       "rule: expected " + rules + ", found 3"},
+      {"init_scale", "0x1p10", "1024", "0", "init_scale: expected a finite number > 0, found 0", "2x", R"("1")",
+       "init_scale: expected a finite number > 0, found string \"1\""},
+      {"growth_factor", "4", "", "1", "growth_factor: expected a finite number > 1, found 1", "four", "null",
+       "growth_factor: expected a finite number > 1, found null"},
+      {"backoff_factor", "0.25", "", "1", "backoff_factor: expected a number in (0, 1), found 1", "", "true",
+       "backoff_factor: expected a number in (0, 1), found boolean true"},
+      {"growth_interval", "20.0", "20", "0", "growth_interval: expected an integer in [1, 2147483647], found 0", "2.9",
+       "4.5", "growth_interval: expected an integer in [1, 2147483647], found 4.5"},
+      {"min_scale", "none", "", "-1", "min_scale: expected a finite number >= 0 or none, found -1", "nope", R"("none")",
+       "min_scale: expected a finite number >= 0 or none (none is null), found string \"none\""},
+      {"max_scale", "inf", "none", "0", "max_scale: expected a number > 0, inf or none, found 0", "big", "false",
+       "max_scale: expected a number > 0, inf or none (none is null), found boolean false"},
+      {"hysteresis", "2e0", "2", "0", "hysteresis: expected an integer in [1, 2147483647], found 0", "x", R"("2")",
+       "hysteresis: expected an integer in [1, 2147483647], found string \"2\""},
+      {"consecutive_hysteresis", "1", "true", "", "", "yes", "0",
+       "consecutive_hysteresis: expected true or false, found 0"},
+      {"refuse_nonfinite_growth", "false", "", "", "", "no", R"("false")",
+       "refuse_nonfinite_growth: expected true or false, found string \"false\""},
+      {"floor_policy", "continue", "", "ignore", "floor_policy: expected continue or error, found 'ignore'", "", "1",
+       "floor_policy: expected continue or error, found 1"},
+      {"max_floor_overflows", "3", "", "2147483648",
+       "max_floor_overflows: expected an integer in [1, 2147483647], found 2147483648", "3.5", "-1",
+       "max_floor_overflows: expected an integer in [1, 2147483647], found -1"},
+  };
+  ASSERT_EQ(std::size(cases), loss_scale_config_keys().size());
+  const std::string saved = DynamicLossScale(loss_scale_preset("mixprec")).to_json();
+  for (std::size_t i = 0; i < std::size(cases); ++i) {
+    const Case& k = cases[i];
+    SCOPED_TRACE(k.key);
+    EXPECT_EQ(k.key, loss_scale_config_keys()[i]);
+    LossScaleConfig c = loss_scale_preset("mixprec");
+    EXPECT_NO_THROW(set(c, k.key, k.good));
+    const std::string line = k.key + " = " + (k.canonical.empty() ? k.good : k.canonical) + "\n";
+    EXPECT_NE(describe(c).find(line), std::string::npos) << describe(c);
+    auto message = [&](std::string_view text) {
+      LossScaleConfig x = loss_scale_preset("mixprec");
+      try {
+        set(x, k.key, text);
+      } catch (const std::invalid_argument& e) {
+        EXPECT_EQ(x, loss_scale_preset("mixprec")) << "a refused value changed the config";
+        return std::string(e.what());
+      }
+      return std::string("no error");
+    };
+    if (!k.bad.empty()) {
+      EXPECT_EQ(message(k.bad), k.bad_message);
+    }
+    if (!k.wrong.empty()) {
+      const std::string e = message(k.wrong);
+      EXPECT_EQ(e.rfind(k.key + ": expected ", 0), 0u) << e;
+      EXPECT_NE(e.find(", found '" + k.wrong + "'"), std::string::npos) << e;
+    }
+    // The saved state's config with this key's value replaced.
+    std::string text = saved;
+    const std::string field = "\"" + k.key + "\":";
+    const auto at = text.find(field) + field.size();
+    const auto end = text.find_first_of(",}", at);
+    text.replace(at, end - at, k.wrong_json);
+    try {
+      (void)LossScaleState::from_json(text);
+      ADD_FAILURE() << "accepted " << text;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_EQ(std::string(e.what()), "loss-scale state: config." + k.json_message);
+    }
+  }
+}
+
+TEST(LossScaleValidation, IntegersTakeWholeFloatsAsTorchAmpDoes) {
+  // torch.amp keeps growth_interval as a Python number: 20.0 is 20, 2.9 is refused.
+  LossScaleConfig c = loss_scale_preset("torch");
+  set(c, "growth_interval", "20.0");
+  EXPECT_EQ(c.growth_interval, 20);
+  set(c, "growth_interval", "2e3");
+  EXPECT_EQ(c.growth_interval, 2000);
+  set(c, "growth_interval", "+7");
+  EXPECT_EQ(c.growth_interval, 7);
+  EXPECT_THROW(set(c, "growth_interval", "2.9"), std::invalid_argument);
+  EXPECT_THROW(set(c, "growth_interval", "0x10"), std::invalid_argument);
+  EXPECT_EQ(c.growth_interval, 7);
+  // A saved state written by a reader that keeps numbers as floats.
+  std::string text = DynamicLossScale(loss_scale_preset("torch")).to_json();
+  text.replace(text.find("\"growth_interval\":2000"), 22, "\"growth_interval\":2000.0");
+  EXPECT_EQ(LossScaleState::from_json(text).config.growth_interval, 2000);
+  text.replace(text.find("\"steps\":0"), 9, "\"steps\":0.0");
+  EXPECT_EQ(LossScaleState::from_json(text).counters.steps, 0);
 }
 
 // ---- save / load ----------------------------------------------------------------------------
@@ -1082,9 +1179,9 @@ TEST(LossScaleSaveLoad, LoadValidatesEverythingFirst) {
       {"[]", "loss-scale state: expected an object, found array"},
       {replaced("\"format\":\"mixprec.loss_scale\"", "\"format\":\"other\""), "format: expected"},
       {replaced("\"version\":1", "\"version\":2"), "version: expected 1, found 2"},
-      {replaced("\"rule\":\"torch\"", "\"rule\":\"pytorch\""), "config.rule: expected one of"},
-      {replaced("\"rule\":\"torch\"", "\"rule\":3"), "config.rule: expected a string"},
-      {replaced("\"growth_factor\":2.0", "\"growth_factor\":\"2\""), "config.growth_factor: expected a number"},
+      {replaced("\"rule\":\"torch\"", "\"rule\":\"pytorch\""), "config.rule: expected static, torch, deepspeed, megatron, apex, keras, tf-keras or jmp, found 'pytorch'"},
+      {replaced("\"rule\":\"torch\"", "\"rule\":3"), "config.rule: expected static, torch, deepspeed, megatron, apex, keras, tf-keras or jmp, found 3"},
+      {replaced("\"growth_factor\":2.0", "\"growth_factor\":\"2\""), "config.growth_factor: expected a finite number > 1, found string \"2\""},
       {replaced("\"growth_factor\":2.0", "\"growth_factor\":0.5"), "config.growth_factor: expected a finite number > 1"},
       {replaced("\"growth_interval\":4", "\"growth_interval\":4.5"), "config.growth_interval: expected an integer"},
       {replaced("\"growth_interval\":4", "\"growth_interval\":0"), "config.growth_interval: expected an integer in"},
@@ -1093,7 +1190,7 @@ TEST(LossScaleSaveLoad, LoadValidatesEverythingFirst) {
       {replaced("\"hysteresis\":1,", "\"hysteresis\":1,\"hysterisis\":1,"), "config.hysterisis: unknown field"},
       {replaced("\"consecutive_hysteresis\":false", "\"consecutive_hysteresis\":0"),
        "config.consecutive_hysteresis: expected true or false"},
-      {replaced("\"min_scale\":1.0", "\"min_scale\":\"1\""), "config.min_scale: expected a number or null"},
+      {replaced("\"min_scale\":1.0", "\"min_scale\":\"1\""), "config.min_scale: expected a finite number >= 0 or none (none is null), found string \"1\""},
       {replaced("\"scale\":32768.0", "\"scale\":-1.0"), "scale: expected a number > 0"},
       {replaced("\"scale\":32768.0", "\"scale\":0.5"), "scale: expected >= min_scale"},
       {replaced("\"scale\":32768.0", "\"scale\":0.1"), "float32"},

@@ -48,7 +48,7 @@ std::vector<Rule> rules() {
        [](C& c) { c.model.kind = static_cast<nn::ModelKind>(7); }, "model: expected gpt or mlp, found enum value 7"},
       {"precision", [](C& c) { c.precision = nn::Precision::fp16_pure; },
        [](C& c) { c.precision = static_cast<nn::Precision>(9); },
-       "precision: expected fp32, fp16, bf16, fp16-pure, fp8-noscale, fp8-delayed, fp8-current or mxfp8, found enum value 9"},
+       "precision: expected fp32, fp16, bf16, fp16-pure, bf16-pure, fp8-noscale, fp8-delayed, fp8-current or mxfp8, found enum value 9"},
       {"loss_scale_none", [](C& c) { c.loss_scale = "none"; }, [](C& c) { c.loss_scale = "nope"; },
        "loss-scale: expected none, dynamic, static:S (S a finite number > 0) or a preset (mixprec, torch, deepspeed, "
        "megatron, apex, keras, tf-keras, jmp), found 'nope'"},
@@ -307,36 +307,43 @@ TEST(TrainConfigJson, DuplicateKeys) {
 }
 
 TEST(TrainConfigJson, WrongTypes) {
-  EXPECT_EQ(json_error(R"({"lr": "abc"})"), "config 'x.json': lr: expected a number, found string \"abc\"");
-  EXPECT_EQ(json_error(R"({"lr": null})"), "config 'x.json': lr: expected a number, found null");
+  // The key's whole range is what it expects, whatever was wrong with the value.
+  EXPECT_EQ(json_error(R"({"lr": "abc"})"), "config 'x.json': lr: expected a finite number > 0, found string \"abc\"");
+  EXPECT_EQ(json_error(R"({"lr": null})"), "config 'x.json': lr: expected a finite number > 0, found null");
   EXPECT_EQ(json_error(R"({"steps": "10"})"),
-            "config 'x.json': steps: expected a non-negative integer, found string \"10\"");
-  EXPECT_EQ(json_error(R"({"precision": 16})"), "config 'x.json': precision: expected a string, found 16");
+            "config 'x.json': steps: expected an integer in [1, 1000000000], found string \"10\"");
+  EXPECT_EQ(json_error(R"({"precision": 16})"),
+            "config 'x.json': precision: expected fp32, fp16, bf16, fp16-pure, bf16-pure, fp8-noscale, fp8-delayed, fp8-current or "
+            "mxfp8, found 16");
   EXPECT_EQ(json_error(R"({"data": ["a"]})"), "config 'x.json': data: expected a string, found array [\"a\"]");
   EXPECT_EQ(json_error(R"({"inject-overflow-at": 5})"),
-            "config 'x.json': inject-overflow-at: expected an array of step numbers, found 5");
+            "config 'x.json': inject-overflow-at: expected an array of integers >= 1, found 5");
   EXPECT_EQ(json_error(R"({"inject-overflow-at": [5, "6"]})"),
-            "config 'x.json': inject-overflow-at: expected a non-negative integer, found string \"6\"");
+            "config 'x.json': inject-overflow-at: expected an integer >= 1, found string \"6\"");
   EXPECT_EQ(json_error(R"({"out": true})"), "config 'x.json': out: expected a string, found boolean true");
 }
 
-TEST(TrainConfigJson, IntegersAreNonNegativeWholeNumbers) {
-  EXPECT_EQ(json_error(R"({"steps": 1.5})"), "config 'x.json': steps: expected a non-negative integer, found 1.5");
-  EXPECT_EQ(json_error(R"({"batch": -3})"), "config 'x.json': batch: expected a non-negative integer, found -3");
+TEST(TrainConfigJson, IntegersAreWholeNumbersInTheKeysRange) {
+  EXPECT_EQ(json_error(R"({"steps": 1.5})"), "config 'x.json': steps: expected an integer in [1, 1000000000], found 1.5");
+  EXPECT_EQ(json_error(R"({"batch": -3})"), "config 'x.json': batch: expected an integer in [1, 4096], found -3");
   EXPECT_EQ(json_error(R"({"seed": -1})"), "config 'x.json': seed: expected a non-negative integer, found -1");
   EXPECT_EQ(json_error(R"({"accum": 1e300})"),
-            "config 'x.json': accum: expected a non-negative integer, found 1e+300");
+            "config 'x.json': accum: expected an integer in [1, 1000000], found 1e+300");
   EXPECT_EQ(json_error(R"({"threads": 4294967296})"),
-            "config 'x.json': threads: expected an integer in [0, 4294967295], found 4294967296");
+            "config 'x.json': threads: expected an integer in [0, 1024], found 4294967296");
   EXPECT_EQ(json_error(R"({"seed": 18446744073709551616})"),
             "config 'x.json': seed: expected a non-negative integer, found 1.8446744073709552e+19");
   EXPECT_EQ(apply_json(TrainConfig{}, R"({"steps": 12.0})", "x").steps, 12u);
+  EXPECT_EQ(apply_json(TrainConfig{}, R"({"fp8-margin": -2.0})", "x").fp8_margin, -2);
+  EXPECT_EQ(apply_json(TrainConfig{}, R"({"inject-overflow-rank": -1})", "x").inject_overflow_rank, -1);
+  EXPECT_EQ(apply_json(TrainConfig{}, R"({"weight-decay": -0.0})", "x").weight_decay, 0.0);
+  EXPECT_FALSE(std::signbit(apply_json(TrainConfig{}, R"({"weight-decay": -0.0})", "x").weight_decay));
 }
 
 TEST(TrainConfigJson, ValuesAreCheckedPerKey) {
   EXPECT_EQ(json_error(R"({"model": "cnn"})"), "config 'x.json': model: expected gpt or mlp, found 'cnn'");
   EXPECT_EQ(json_error(R"({"precision": "fp12"})"),
-            "config 'x.json': precision: expected fp32, fp16, bf16, fp16-pure, fp8-noscale, fp8-delayed, fp8-current or mxfp8, found 'fp12'");
+            "config 'x.json': precision: expected fp32, fp16, bf16, fp16-pure, bf16-pure, fp8-noscale, fp8-delayed, fp8-current or mxfp8, found 'fp12'");
   EXPECT_EQ(json_error(R"({"steps": 0})"), "config 'x.json': steps: expected an integer in [1, 1000000000], found 0");
   EXPECT_EQ(json_error(R"({"lr": -1})"), "config 'x.json': lr: expected a finite number > 0, found -1");
   EXPECT_NE(json_error(R"({"loss-scale": "static:abc"})").find("config 'x.json': loss-scale: expected static:S"),
@@ -417,6 +424,179 @@ TEST(TrainConfigJson, KeysInFlagOrder) {
   EXPECT_NE(j.find(R"("lr":0.003,"min-lr":0.0003,)"), std::string::npos) << j;
   EXPECT_NE(j.find(R"("inject-overflow-at":[],"threads":0})"), std::string::npos) << j;
   EXPECT_NE(to_json(TrainConfig{}, 2).find("{\n  \"model\": \"gpt\",\n"), std::string::npos);
+}
+
+// ---- every key: a valid value, one out of range, one of the wrong kind ------------------
+
+struct KeyCase {
+  std::string key;
+  std::string good;       // command-line text of a valid value
+  std::string canonical;  // how config_key_text writes it back ("" = as given)
+  std::string bad;        // text of a value out of range or not allowed ("" = the key has none)
+  std::string bad_message;
+  std::string wrong;        // command-line text that is no value of the key's kind ("" = any text is)
+  std::string wrong_json;   // a JSON value of the wrong type
+  std::string json_message;
+};
+
+const std::string kPrecisions = "fp32, fp16, bf16, fp16-pure, bf16-pure, fp8-noscale, fp8-delayed, fp8-current or mxfp8";
+
+std::vector<KeyCase> key_cases() {
+  const std::string ls_static =
+      "loss-scale: expected static:S with S a number > 0 that float32 holds, as it holds 1/S (the unscale factor): "
+      "S in (2.9387359e-39, 3.4028235e+38], found 'static:0'";
+  const std::string ls_any =
+      "loss-scale: expected none, dynamic, static:S (S a finite number > 0) or a preset (mixprec, torch, deepspeed, "
+      "megatron, apex, keras, tf-keras, jmp), found 5";
+  return {
+      {"model", "mlp", "", "cnn", "model: expected gpt or mlp, found 'cnn'", "", "5", "model: expected gpt or mlp, found 5"},
+      {"precision", "bf16", "", "fp12", "precision: expected " + kPrecisions + ", found 'fp12'", "", "true",
+       "precision: expected " + kPrecisions + ", found boolean true"},
+      {"loss-scale", "static:0x1p10", "", "static:0", ls_static, "", "5", ls_any},
+      {"fp8-format", "e4m3", "", "e5m2", "fp8-format: expected hybrid or e4m3, found 'e5m2'", "", "1",
+       "fp8-format: expected hybrid or e4m3, found 1"},
+      {"fp8-amax-history", "16.0", "16", "0", "fp8-amax-history: expected an integer in [1, 1048576], found 0", "2.9",
+       R"("16")", "fp8-amax-history: expected an integer in [1, 1048576], found string \"16\""},
+      {"fp8-amax-algo", "most_recent", "", "mean", "fp8-amax-algo: expected max or most_recent, found 'mean'", "", "null",
+       "fp8-amax-algo: expected max or most_recent, found null"},
+      {"fp8-margin", "-3", "", "65", "fp8-margin: expected an integer in [-64, 64], found 65", "1.5", "1.5",
+       "fp8-margin: expected an integer in [-64, 64], found 1.5"},
+      {"fp8-power2-scales", "1", "true", "", "", "yes", "1", "fp8-power2-scales: expected true or false, found 1"},
+      {"fp8-amax-epsilon", "1e-12", "", "1e-50",
+       "fp8-amax-epsilon: expected 0, or a finite number float32 holds (1.4e-45 to 3.4e38), found 1e-50", "1e-12x",
+       R"("x")", "fp8-amax-epsilon: expected a finite number >= 0, found string \"x\""},
+      {"mx-rounding", "ocp", "", "floor", "mx-rounding: expected te or ocp, found 'floor'", "", "false",
+       "mx-rounding: expected te or ocp, found boolean false"},
+      {"layers", "64", "", "65", "layers: expected an integer in [1, 64], found 65", "x", R"("2")",
+       "layers: expected an integer in [1, 64], found string \"2\""},
+      {"heads", "8", "", "0", "heads: expected an integer in [1, 4096], found 0", "8.5", "8.5",
+       "heads: expected an integer in [1, 4096], found 8.5"},
+      {"channels", "4096", "", "4097", "channels: expected an integer in [1, 4096], found 4097", "0x10", "[64]",
+       "channels: expected an integer in [1, 4096], found array [64]"},
+      {"context", "2", "", "1", "context: expected an integer in [2, 4096], found 1", "", "true",
+       "context: expected an integer in [2, 4096], found boolean true"},
+      {"batch", "4096", "", "4097", "batch: expected an integer in [1, 4096], found 4097", "", "-1",
+       "batch: expected an integer in [1, 4096], found -1"},
+      {"depth", "1", "", "65", "depth: expected an integer in [1, 64], found 65", "", "{}",
+       "depth: expected an integer in [1, 64], found object {}"},
+      {"hidden", "16384", "", "16385", "hidden: expected an integer in [1, 16384], found 16385", "", R"("16")",
+       "hidden: expected an integer in [1, 16384], found string \"16\""},
+      {"data", "a b.txt", "", "", "", "", "5", "data: expected a string, found 5"},
+      {"vocab", "char", "", "word:0", "vocab: expected char or word:N with N in [16, 65536], found 'word:0'", "", "1024",
+       "vocab: expected char or word:N with N in [16, 65536], found 1024"},
+      {"corpus-tokens", "2e5", "200000", "0", "corpus-tokens: expected an integer in [1, 1000000000], found 0", "2e5.5",
+       "[1]", "corpus-tokens: expected an integer in [1, 1000000000], found array [1]"},
+      {"val-fraction", "0.5", "", "0.51", "val-fraction: expected a number in (0, 0.5], found 0.51", "half", R"("0.1")",
+       "val-fraction: expected a number in (0, 0.5], found string \"0.1\""},
+      {"optimizer", "sgd", "", "lamb", "optimizer: expected adamw, adam or sgd, found 'lamb'", "", "0",
+       "optimizer: expected adamw, adam or sgd, found 0"},
+      {"lr", "0x1p-10", "0.0009765625", "0", "lr: expected a finite number > 0, found 0", "3e-3x", R"("abc")",
+       "lr: expected a finite number > 0, found string \"abc\""},
+      {"min-lr", "0", "", "-0.01", "min-lr: expected a finite number >= 0, found -0.01", "", "null",
+       "min-lr: expected a finite number >= 0, found null"},
+      {"warmup", "10", "", "-1", "warmup: expected a non-negative integer, found -1", "1e", "false",
+       "warmup: expected a non-negative integer, found boolean false"},
+      {"weight-decay", "-0", "0", "inf", "weight-decay: expected a finite number >= 0, found inf", "", "[]",
+       "weight-decay: expected a finite number >= 0, found array []"},
+      {"beta1", "0", "", "1", "beta1: expected a number in [0, 1), found 1", "", "true",
+       "beta1: expected a number in [0, 1), found boolean true"},
+      {"beta2", "0.999", "", "nan", "beta2: expected a number in [0, 1), found nan", "", "null",
+       "beta2: expected a number in [0, 1), found null"},
+      {"eps", "1e-12", "", "0", "eps: expected a finite number > 0, found 0", "", R"("1e-8")",
+       "eps: expected a finite number > 0, found string \"1e-8\""},
+      {"clip", "0", "", "-1", "clip: expected a finite number >= 0, found -1", "", "false",
+       "clip: expected a finite number >= 0, found boolean false"},
+      {"steps", "20.0", "20", "0", "steps: expected an integer in [1, 1000000000], found 0", "2.9", R"("10")",
+       "steps: expected an integer in [1, 1000000000], found string \"10\""},
+      {"accum", "1e6", "1000000", "1000001", "accum: expected an integer in [1, 1000000], found 1000001", "", "1e300",
+       "accum: expected an integer in [1, 1000000], found 1e+300"},
+      {"seed", "18446744073709551615", "", "-1", "seed: expected a non-negative integer, found -1", "18446744073709551616",
+       "-1", "seed: expected a non-negative integer, found -1"},
+      {"eval-every", "0", "", "-1", "eval-every: expected a non-negative integer, found -1", "", "0.5",
+       "eval-every: expected a non-negative integer, found 0.5"},
+      {"eval-windows", "7", "", "-2", "eval-windows: expected a non-negative integer, found -2", "", "null",
+       "eval-windows: expected a non-negative integer, found null"},
+      {"histogram-every", "0", "", "-1", "histogram-every: expected a non-negative integer, found -1", "", "true",
+       "histogram-every: expected a non-negative integer, found boolean true"},
+      {"out", "runs/a", "", "", "", "", "true", "out: expected a string, found boolean true"},
+      {"checkpoint-every", "5", "", "-1", "checkpoint-every: expected a non-negative integer, found -1", "", R"("5")",
+       "checkpoint-every: expected a non-negative integer, found string \"5\""},
+      {"keep-checkpoints", "1", "", "0", "keep-checkpoints: expected an integer >= 1, found 0", "", "2.5",
+       "keep-checkpoints: expected an integer >= 1, found 2.5"},
+      {"resume", "runs/b", "", "", "", "", "[]", "resume: expected a string, found array []"},
+      {"distributed", "true", "", "", "", "maybe", R"("true")", "distributed: expected true or false, found string \"true\""},
+      {"zero", "1", "", "2", "zero: expected an integer in [0, 1], found 2", "", "true",
+       "zero: expected an integer in [0, 1], found boolean true"},
+      {"grad-reduce", "low", "", "fp8", "grad-reduce: expected fp32 or low, found 'fp8'", "", "32",
+       "grad-reduce: expected fp32 or low, found 32"},
+      {"dist-timeout", "86400", "", "0", "dist-timeout: expected a number of seconds in (0, 86400], found 0", "", R"("60")",
+       "dist-timeout: expected a number of seconds in (0, 86400], found string \"60\""},
+      {"inject-overflow-rank", "-1", "", "-2",
+       "inject-overflow-rank: expected -1 (every rank) or a rank in [0, 1048576), found -2", "x", "0.5",
+       "inject-overflow-rank: expected -1 (every rank) or a rank in [0, 1048576), found 0.5"},
+      {"inject-overflow-at", "5,17", "", "5,0", "inject-overflow-at: expected an integer >= 1, found 0", "5,x", "5",
+       "inject-overflow-at: expected an array of integers >= 1, found 5"},
+      {"threads", "1024", "", "1025", "threads: expected an integer in [0, 1024], found 1025", "", "-1",
+       "threads: expected an integer in [0, 1024], found -1"},
+  };
+}
+
+std::string set_error(std::string_view key, std::string_view text) {
+  TrainConfig c;
+  const std::string e = error_of([&] { set_config_key(c, key, text); });
+  EXPECT_TRUE(e.empty() || c == TrainConfig{}) << key << ": a refused value changed the config";
+  return e;
+}
+
+TEST(TrainConfigKeys, EveryKeyHasACase) {
+  const auto cases = key_cases();
+  ASSERT_EQ(cases.size(), config_keys().size());
+  for (std::size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(cases[i].key, config_keys()[i].name) << "case " << i;
+}
+
+TEST(TrainConfigKeys, ValidOutOfRangeAndWrongKindWithTheirMessages) {
+  for (const KeyCase& k : key_cases()) {
+    SCOPED_TRACE(k.key);
+    // A valid value is taken and written back.
+    TrainConfig c;
+    EXPECT_EQ(error_of([&] { set_config_key(c, k.key, k.good); }), "");
+    EXPECT_EQ(config_key_text(c, k.key), k.canonical.empty() ? k.good : k.canonical);
+    // The same value through a config file and the echo.
+    const std::vector<std::string_view> one{k.key};
+    EXPECT_EQ(apply_json(TrainConfig{}, to_json(c, one), "x"), c) << to_json(c, one);
+    // Out of range (or not allowed): the value named as a config file's would be.
+    if (!k.bad.empty()) {
+      EXPECT_EQ(set_error(k.key, k.bad), k.bad_message);
+    }
+    // Text that is no value of the key's kind: the text quoted.
+    if (!k.wrong.empty()) {
+      const std::string e = set_error(k.key, k.wrong);
+      EXPECT_EQ(e.rfind(k.key + ": expected ", 0), 0u) << e;
+      EXPECT_NE(e.find(", found '" + k.wrong + "'"), std::string::npos) << e;
+    }
+    // A JSON value of the wrong type.
+    EXPECT_EQ(json_error("{\"" + k.key + "\": " + k.wrong_json + "}"), "config 'x.json': " + k.json_message);
+  }
+}
+
+TEST(TrainConfigKeys, TextMessagesSayWhatTheGrammarRefused) {
+  EXPECT_EQ(set_error("steps", "2.9"), "steps: expected an integer in [1, 1000000000], found '2.9'");
+  EXPECT_EQ(set_error("steps", "0x10"),
+            "steps: expected an integer in [1, 1000000000], found '0x10' (integers are written in decimal: digits, or a "
+            "whole number such as 2e6 or 20.0)");
+  EXPECT_EQ(set_error("seed", "18446744073709551616"),
+            "seed: expected a non-negative integer, found '18446744073709551616' (past the 64-bit range)");
+  EXPECT_EQ(set_error("seed", "1e17"),
+            "seed: expected a non-negative integer, found '1e17' (an integer past 2^53 is written in digits: a double "
+            "does not hold every integer there)");
+  EXPECT_EQ(set_error("lr", "1e400"), "lr: expected a finite number > 0, found '1e400' (past the range of a double)");
+  EXPECT_EQ(set_error("lr", "1e-400"), "lr: expected a finite number > 0, found '1e-400' (past the range of a double)");
+  EXPECT_EQ(set_error("lr", " 0.1"), "lr: expected a finite number > 0, found ' 0.1'");
+  EXPECT_EQ(set_error("lr", ""), "lr: expected a finite number > 0, found ''");
+  EXPECT_EQ(set_error("fp8-power2-scales", "yes"), "fp8-power2-scales: expected true or false, found 'yes'");
+  EXPECT_EQ(set_error("inject-overflow-at", "5,x"),
+            "inject-overflow-at: expected integers >= 1 separated by commas (e.g. 5,17), found '5,x'");
+  EXPECT_EQ(set_error("learning-rate", "1").rfind("unknown key 'learning-rate'; known keys: model, precision, ", 0), 0u);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 // parser, its histograms, forward checks and refusals.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -168,6 +169,49 @@ TEST(TelemetryRecorder, HistogramsAtStepOneAndEveryNth) {
   EXPECT_EQ(taken, (std::vector<bool>{true, false, true, false, false, true, false}));
   TelemetryRecorder never((tmp.path() / "never").string(), {.histogram_every = 0});
   EXPECT_FALSE(never.histogram_step());
+}
+
+// What a front end measured elsewhere (a GPU; the scaler's pass) goes into the same record as
+// what the recorder measures itself: one run fed each way logs the same line.
+TEST(TelemetryRecorder, CountsAndMaximaMeasuredElsewhereLogWhatItsOwnPassesLog) {
+  test::TempDir tmp("telrec");
+  TelemetryRecorder own((tmp.path() / "own").string(), {.histogram_every = 1});
+  TelemetryRecorder fed((tmp.path() / "fed").string(), {.histogram_every = 1});
+  std::vector<float> g = gradient_like(3000, 5), act = gradient_like(800, 6), w = gradient_like(300, 7);
+  act[5] = std::numeric_limits<float>::infinity();
+  std::vector<bf16> g16(g.size());
+  f32_to_bf16(g, g16);
+  const GradTensor grad16{g16.data(), g16.size(), DType::bf16};
+  own.count_activation_grad("h", grad16);
+  (void)own.check_activation("x", view(act));
+  fed.add_activation_grad("h", count_bf16_to_f16(g16), DType::bf16);
+  fed.forward_nonfinite("x");
+  StepRecord::Histograms h;
+  h.activation_grads.add(std::vector<float>(g16.begin(), g16.end()), nn::kHistogramStride);
+  h.activations.add(act, nn::kHistogramStride);
+  fed.add_histograms(h);
+  std::vector<float> wg(w.size());
+  for (std::size_t i = 0; i < w.size(); ++i) wg[i] = w[i] * 0.5f;
+  std::vector<float> gw(g.begin(), g.begin() + 300);
+  const std::vector<NamedParam> mine = {{"p", view(gw), view(w)}};
+  float gmax = 0, wmax = 0;
+  for (float x : gw) gmax = std::max(gmax, std::fabs(x));
+  for (float x : w) wmax = std::max(wmax, std::fabs(x));
+  // The device's |max| of the clipped gradient (undone like the recorder's own), the weight's.
+  const std::vector<NamedParam> theirs = {{"p", view(gw), {nullptr, w.size(), DType::f32}, gmax, std::nullopt, wmax}};
+  const StepRecord a = own.record({.loss = 1, .clip_coef = 0.5f}, mine);
+  StepRecord::Histograms weights_elsewhere;
+  weights_elsewhere.weights.add(w);
+  fed.add_histograms(weights_elsewhere);
+  const StepRecord b = fed.record({.loss = 1, .clip_coef = 0.5f}, theirs);
+  EXPECT_EQ(step_record_json(a), step_record_json(b));
+  EXPECT_EQ(b.forward_nonfinite, "x");
+  EXPECT_EQ(b.params[0].grad_amax, gmax / 0.5f);
+  // The scaler's |max| is taken before clipping: as it is.
+  const std::vector<NamedParam> unclipped = {{"p", {}, view(w), std::nullopt, 3.0f, std::nullopt}};
+  EXPECT_EQ(fed.record({.loss = 1, .clip_coef = 0.5f}, unclipped).params[0].grad_amax, 3.0f);
+  (void)fed.finish();
+  EXPECT_NE(io::read_file(tmp.path() / "fed" / run_files::summary).find("\"param_count\": 300"), std::string::npos);
 }
 
 TEST(TelemetryRecorder, RefusesBadOptionsAndAFolderInUse) {

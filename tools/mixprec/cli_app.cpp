@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cmd_bench.hpp"
+#include "cmd_export.hpp"
 #include "cmd_formats.hpp"
 #include "cmd_inspect.hpp"
 #include "cmd_memory.hpp"
@@ -63,6 +64,7 @@ CommandLine::CommandLine() : app_{"mixprec: mixed-precision training toolkit", "
   add_train_commands(app_, action_);
   add_inspect_command(app_, action_);
   add_report_command(app_, action_);
+  add_export_command(app_, action_);
   add_advise_command(app_, action_);
 }
 

@@ -9,25 +9,11 @@
 #include <cmath>
 #include <string>
 
+#include "mixprec/core/keys.hpp"
 #include "mixprec/mixprec.hpp"
 
 namespace mixprec::cli {
 namespace {
-
-struct Row {
-  std::string_view name;
-  int bits, exponent_bits, mantissa_bits, bias;
-  float max_finite, min_normal, min_subnormal, epsilon;
-  bool has_infinity;
-  std::string_view nan;
-};
-
-template <class T>
-Row row(std::string_view nan) {
-  using Tr = format_traits<T>;
-  return {Tr::name, Tr::bits, Tr::exponent_bits, Tr::mantissa_bits, Tr::bias, Tr::max_finite,
-          Tr::min_normal, Tr::min_subnormal, Tr::epsilon, Tr::has_infinity, nan};
-}
 
 std::string pow2(double v) {
   if (v == 0.0) return "-";
@@ -37,60 +23,25 @@ std::string pow2(double v) {
 }
 
 void print_table() {
-  const Row rows[] = {
-      row<float>("many"),           row<f16>("S.11111.m!=0"),      row<bf16>("S.11111111.m!=0"),
-      row<f8e4m3>("S.1111.111 only"), row<f8e5m2>("S.11111.{01,10,11}"), row<e8m0>("0xFF"),
-  };
   fmt::print("mixprec {}: number formats (round to nearest even from f32; back end: {})\n\n", kVersionString,
              isa_name(active_isa()));
   fmt::print("{:<7} {:>6} {:>5} {:>13} {:>13} {:>13} {:>10} {:>7} {:>8} {:>4}  {}\n", "format", "s/e/m", "bias",
              "max finite", "min normal", "min subnorm", "epsilon", "digits", "binades", "inf", "NaN codes");
-  for (const Row& r : rows) {
+  for (const FormatRow& r : kFormatTable) {
     const double lowest = r.min_subnormal > 0 ? static_cast<double>(r.min_subnormal) : static_cast<double>(r.min_normal);
     const double binades = std::log2(static_cast<double>(r.max_finite) / lowest);
     const double digits = (r.mantissa_bits + 1) * std::log10(2.0);
-    const bool is_e8m0 = r.name == "e8m0";
     fmt::print("{:<7} {:>6} {:>5} {:>13.6g} {:>13.6g} {:>13} {:>10} {:>7.2f} {:>8.1f} {:>4}  {}\n", r.name,
-               fmt::format("{}/{}/{}", is_e8m0 ? 0 : 1, r.exponent_bits, r.mantissa_bits), r.bias,
+               fmt::format("{}/{}/{}", r.is_signed ? 1 : 0, r.exponent_bits, r.mantissa_bits), r.bias,
                static_cast<double>(r.max_finite), static_cast<double>(r.min_normal),
                r.min_subnormal > 0 ? fmt::format("{:.6g}", static_cast<double>(r.min_subnormal)) : std::string("-"),
-               pow2(static_cast<double>(r.epsilon)), digits, binades, r.has_infinity ? "yes" : "no", r.nan);
+               pow2(static_cast<double>(r.epsilon)), digits, binades, r.has_infinity ? "yes" : "no", r.nan_codes);
   }
   fmt::print(
       "\ndigits: decimal digits of precision; binades: log2(max finite / smallest positive).\n"
       "fp16 holds gradients down to 2^-24 = 6.0e-8; smaller ones become 0 unless the loss is scaled up.\n"
       "bf16 keeps fp32's range with 8 bits of precision; E4M3/E5M2 need a scale per tensor.\n"
       "Try: mixprec formats --value 1e-7\n");
-}
-
-// Parses a whole string as a double: decimal, scientific, inf, nan, or 0x hex.
-std::optional<double> parse_number(const std::string& text, std::string& why) {
-  std::string_view s = text;
-  bool negative = false;
-  if (!s.empty() && (s.front() == '-' || s.front() == '+')) {
-    negative = s.front() == '-';
-    s.remove_prefix(1);
-  }
-  auto fmt_kind = std::chars_format::general;
-  if (s.size() > 2 && s[0] == '0' && (s[1] == 'x' || s[1] == 'X')) {
-    s.remove_prefix(2);
-    fmt_kind = std::chars_format::hex;
-  }
-  if (s.empty()) {
-    why = "no digits";
-    return std::nullopt;
-  }
-  double v = 0;
-  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), v, fmt_kind);
-  if (ec == std::errc::result_out_of_range) {
-    why = "out of the range of a double";
-    return std::nullopt;
-  }
-  if (ec != std::errc{} || end != s.data() + s.size()) {
-    why = "not a number";
-    return std::nullopt;
-  }
-  return negative ? -v : v;
 }
 
 struct Outcome {
@@ -157,10 +108,7 @@ int print_value(double v) {
                fmt::format("0x{:08x}", std::bit_cast<std::uint32_t>(x32)), static_cast<double>(x32), rel, o.text,
                o.scale_hint);
   }
-  print_value_row<f16>(v, x32);
-  print_value_row<bf16>(v, x32);
-  print_value_row<f8e4m3>(v, x32);
-  print_value_row<f8e5m2>(v, x32);
+  for (const FormatId f : convertible_formats()) visit_format(f, [&]<class T>(T) { print_value_row<T>(v, x32); });
   fmt::print("\nEach format is rounded from the f32 value (nearest, ties to even; IEEE overflow).\n");
   return 0;
 }
@@ -179,9 +127,11 @@ void add_formats_command(CLI::App& app, std::function<int()>& action) {
       };
       return;
     }
-    std::string why;
-    const auto v = parse_number(*value, why);
+    // The number grammar of every key (core/keys.hpp); -0 keeps its sign here.
+    keys::NumberProblem problem{};
+    const auto v = keys::parse_number(*value, &problem);
     if (!v) {
+      const std::string why = problem == keys::NumberProblem::out_of_range ? "out of the range of a double" : "not a number";
       throw CLI::ValidationError("--value", "'" + *value + "' is " + why +
                                                 "; give a decimal, scientific (1e-7), inf, nan or hex (0x1p-24) number");
     }

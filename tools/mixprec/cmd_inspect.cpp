@@ -34,7 +34,8 @@ struct Request {
   bool json = false;
 };
 
-constexpr std::string_view kFormatList = "fp16, bf16, e4m3, e5m2";
+// The formats inspect counts: those with conversion kernels, by label.
+std::string format_list() { return format_labels(convertible_formats()); }
 
 using text::json_quote;
 
@@ -61,17 +62,13 @@ std::vector<FormatId> parse_formats(const std::string& text) {
   for (;;) {
     const std::size_t comma = std::min(text.find(',', start), text.size());
     std::string name = text.substr(start, comma - start);
-    FormatId f;
-    if (name == "fp16" || name == "f16") f = FormatId::f16;
-    else if (name == "bf16") f = FormatId::bf16;
-    else if (name == "e4m3" || name == "f8e4m3") f = FormatId::f8e4m3;
-    else if (name == "e5m2" || name == "f8e5m2") f = FormatId::f8e5m2;
-    else
+    const auto f = parse_format(name);  // a label (e4m3) or a name (f8e4m3)
+    if (!f || !format_row(*f).converts)
       throw CLI::ValidationError("--formats", std::string("unknown format '")
                                                   .append(name)
                                                   .append("'; expected a comma-separated list of ")
-                                                  .append(kFormatList));
-    if (std::find(out.begin(), out.end(), f) == out.end()) out.push_back(f);
+                                                  .append(format_list()));
+    if (std::find(out.begin(), out.end(), *f) == out.end()) out.push_back(*f);
     if (comma == text.size()) break;
     start = comma + 1;
   }
@@ -224,7 +221,7 @@ void add_inspect_command(CLI::App& app, std::function<int()>& action) {
   auto formats = std::make_shared<std::string>("fp16,bf16,e4m3,e5m2");
   cmd->add_option("file", q->file, "The .npy file (float32, float16 or float64)")->required();
   cmd->add_flag("--json", q->json, "Print JSON (every scale of every format) instead of a table");
-  cmd->add_option("--formats", *formats, std::string("Comma-separated formats among ").append(kFormatList))
+  cmd->add_option("--formats", *formats, std::string("Comma-separated formats among ").append(format_list()))
       ->capture_default_str();
   cmd->add_option("--max-scale-log2", q->max_scale_log2, "Inspect scales 2^0 .. 2^N")
       ->check(CLI::Range(0, 127))

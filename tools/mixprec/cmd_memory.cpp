@@ -9,8 +9,10 @@
 #include <memory>
 #include <string>
 
-#include "mixprec/optim/memory.hpp"
+#include "mixprec/core/keys.hpp"
 #include "mixprec/core/text.hpp"
+#include "mixprec/nn/precision.hpp"
+#include "mixprec/optim/memory.hpp"
 
 namespace mixprec::cli {
 namespace {
@@ -32,12 +34,14 @@ std::uint64_t parse_params(const std::string& text) {
   return static_cast<std::uint64_t>(v);
 }
 
-int print_plan(std::uint64_t params, OptimizerKind opt, PrecisionPreset prec) {
+int print_plan(std::uint64_t params, OptimizerKind opt, nn::Precision prec) {
   const MemoryPlan m = memory_plan(params, opt, prec);
-  const bool pure = prec == PrecisionPreset::fp16_pure || prec == PrecisionPreset::bf16_pure;
-  const std::string_view low = (prec == PrecisionPreset::bf16 || prec == PrecisionPreset::bf16_pure) ? "bf16" : "fp16";
+  const nn::PrecisionPolicy pol = nn::policy_of(prec);
+  const bool fp32_weights = !pol.master && pol.weights == DType::f32;
+  const std::string weights(format_row(format_of(pol.weights)).label);  // fp16, bf16
+  const std::string grads(format_row(format_of(pol.weight_grads)).label);
   fmt::print("mixprec memory: {} parameters, optimizer {}, precision {}\n\n", grouped(params), optimizer_name(opt),
-             precision_name(prec));
+             nn::precision_name(prec));
   fmt::print("{:<34} {:>7} {:>22} {:>12}\n", "buffer", "bytes/P", "bytes", "GiB");
   auto row = [&](const std::string& name, std::uint64_t bytes) {
     const std::uint64_t per = params == 0 ? 0 : bytes / params;
@@ -47,13 +51,12 @@ int print_plan(std::uint64_t params, OptimizerKind opt, PrecisionPreset prec) {
   std::string moments = "optimizer state (none)";
   if (opt == OptimizerKind::sgd_momentum) moments = "optimizer state (momentum, fp32)";
   if (opt == OptimizerKind::adam || opt == OptimizerKind::adamw) moments = "optimizer state (m, v, fp32)";
-  row(prec == PrecisionPreset::fp32 ? "weights (fp32)" : pure ? "master weights (none)" : "master weights (fp32)",
-      m.master_weights);
+  row(fp32_weights ? "weights (fp32)" : pol.master ? "master weights (fp32)" : "master weights (none)", m.master_weights);
   row(moments, m.moments);
-  row(pure ? "gradients (" + std::string(low) + ")" : "gradients (fp32)", m.gradients);
-  row(prec == PrecisionPreset::fp32 ? "model copy (none)"
-      : pure                        ? "weights (" + std::string(low) + ", the only copy)"
-                                    : "model copy (" + std::string(low) + ")",
+  row("gradients (" + grads + ")", m.gradients);
+  row(fp32_weights ? "model copy (none)"
+      : pol.master ? "model copy (" + weights + ")"
+                   : "weights (" + weights + ", the only copy)",
       m.model_copy);
   row("total", m.total);
   if (params != 0) {
@@ -75,16 +78,17 @@ void add_memory_command(CLI::App& app, std::function<int()>& action) {
   auto precision = std::make_shared<std::string>("fp16");
   cmd->add_option("--params", *params, "Parameter count, e.g. 7e9")->required();
   cmd->add_option("--optimizer", *optimizer, "adam (default), adamw, sgd or sgd-momentum");
-  cmd->add_option("--precision", *precision, "fp16 (default), bf16, fp32, fp16-pure or bf16-pure");
+  cmd->add_option("--precision", *precision,
+                  "A precision preset (default fp16): " + keys::join(nn::precision_names()));
   cmd->callback([params, optimizer, precision, &action] {
     const std::uint64_t p = parse_params(*params);
     const auto opt = parse_optimizer(*optimizer);
     if (!opt)
       throw CLI::ValidationError("--optimizer", "unknown optimizer '" + *optimizer + "'; expected adam, adamw, sgd or sgd-momentum");
-    const auto prec = parse_precision(*precision);
+    const auto prec = nn::parse_precision(*precision);
     if (!prec)
       throw CLI::ValidationError("--precision",
-                                 "unknown precision '" + *precision + "'; expected fp32, fp16, bf16, fp16-pure or bf16-pure");
+                                 "unknown precision '" + *precision + "'; expected " + keys::join(nn::precision_names()));
     action = [p, o = *opt, r = *prec] { return print_plan(p, o, r); };
   });
 }

@@ -6,6 +6,6 @@
 
 namespace mixprec::cli {
 // Registers `memory --params N [--optimizer adam|adamw|sgd|sgd-momentum]
-// [--precision fp32|fp16|bf16|fp16-pure|bf16-pure]`: the bytes of each training buffer.
+// [--precision P]` (any precision preset, nn/precision.hpp): the bytes of each training buffer.
 void add_memory_command(CLI::App& app, std::function<int()>& action);
 }  // namespace mixprec::cli

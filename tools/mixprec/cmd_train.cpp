@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "mixprec/core/io.hpp"
+#include "mixprec/core/keys.hpp"
 #include "mixprec/core/text.hpp"
 #include "mixprec/dist/communicator.hpp"
 #ifdef MIXPREC_WITH_MPI
@@ -118,7 +119,10 @@ train::RunRequest run_request(const std::vector<Flag>& flags, const std::string&
   r.config_source = config_source;
   for (const Flag& f : flags)
     if (f.option->count() > 0)
-      r.keys.emplace_back(f.spec->name, f.spec->kind == KeyKind::flag ? std::string("true") : *f.value);
+      // --distributed, and a boolean given alone (--fp8-power2-scales): true
+      r.keys.emplace_back(f.spec->name, f.spec->kind == KeyKind::flag || (f.spec->kind == KeyKind::boolean && f.value->empty())
+                                            ? std::string("true")
+                                            : *f.value);
   return r;
 }
 
@@ -652,9 +656,12 @@ ComparePlan plan_compare(const CompareInputs& in) {
   train::validate(train::with_fp8_options_for(c, c.precision));
   p.base = c;
 
-  const double scale = text::parse_number("static-scale", *in.static_scale);
-  if (!(std::isfinite(scale) && scale > 0))
-    throw UsageError("static-scale: expected a finite number > 0, found " + squote(*in.static_scale));
+  try {  // the static rows' loss-scale is static:<this text>
+    (void)keys::parse_text(keys::Spec{.name = "static-scale", .kind = keys::Kind::number, .lo = 0, .lo_open = true},
+                           *in.static_scale);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
 
   std::vector<std::string> wanted;
   if (in.only_opt->count() > 0) {

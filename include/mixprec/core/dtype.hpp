@@ -1,4 +1,5 @@
-// Element types of tensors that kernels and optimizers accept.
+// Element types of tensors that kernels and optimizers accept: three of the formats of the
+// format table (formats/format_table.hpp), whose rows give their names and sizes.
 #pragma once
 
 #include <cstddef>
@@ -6,25 +7,34 @@
 #include <optional>
 #include <string_view>
 
+#include "mixprec/formats/format_table.hpp"
+
 namespace mixprec {
 
 enum class DType : std::uint8_t { f32, f16, bf16 };
 
-constexpr std::size_t dtype_size(DType t) noexcept { return t == DType::f32 ? 4 : 2; }
-
-constexpr std::string_view dtype_name(DType t) noexcept {
+// The format a DType stores.
+constexpr FormatId format_of(DType t) noexcept {
   switch (t) {
-    case DType::f32: return "f32";
-    case DType::f16: return "f16";
-    case DType::bf16: return "bf16";
+    case DType::f16: return FormatId::f16;
+    case DType::bf16: return FormatId::bf16;
+    case DType::f32: break;
   }
-  return "?";
+  return FormatId::f32;
 }
 
+constexpr std::size_t dtype_size(DType t) noexcept { return format_row(format_of(t)).bytes(); }
+
+// The format's name: "f32", "f16", "bf16".
+constexpr std::string_view dtype_name(DType t) noexcept {
+  if (static_cast<unsigned>(t) > static_cast<unsigned>(DType::bf16)) return "?";
+  return format_row(format_of(t)).name;
+}
+
+// A format's name or label ("f32" or "fp32", "f16" or "fp16", "bf16").
 constexpr std::optional<DType> parse_dtype(std::string_view s) noexcept {
-  if (s == "f32" || s == "fp32") return DType::f32;
-  if (s == "f16" || s == "fp16") return DType::f16;
-  if (s == "bf16") return DType::bf16;
+  for (const DType t : {DType::f32, DType::f16, DType::bf16})
+    if (format_row(format_of(t)).name == s || format_row(format_of(t)).label == s) return t;
   return std::nullopt;
 }
 

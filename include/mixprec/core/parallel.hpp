@@ -1,19 +1,25 @@
-// A small persistent thread pool: the caller plus N-1 workers run one task
-// together and the caller waits for all of them. Kernels never start threads;
-// the host-side code that calls them splits work with this pool.
+// A fixed-size team for the library's host-side splits: run() calls fn(worker) for every
+// worker in [0, size()) concurrently, the caller being worker 0, and returns when all are
+// done. Kernels never start threads; the code that calls them splits work with a pool.
 //
-// One task at a time per pool: a run() that finds the pool busy (another thread's
-// run(), e.g. two independent GradScalers on two threads, or a run() from inside a task)
-// runs every part of its task inline on its caller, in worker order. Callers' results do
-// not depend on the thread count, so they are the same either way.
+// The team is OpenMP's, the runtime the layers and oneDNN already run on: one set of
+// threads for the whole step, so the optimizer, the check and the clip never compete with
+// a second team's waiting threads for the cores (docs/performance.md, "One thread
+// runtime"). Builds with MIXPREC_POOL_STD_THREADS (forced by MIXPREC_TSAN: libgomp is not
+// instrumented) run the same splits on the pool's own std::threads instead, so that
+// ThreadSanitizer sees every access of the threaded kernels.
+//
+// One task at a time per pool: a run() that finds the pool busy (another thread's run(),
+// e.g. two independent GradScalers on two threads, or a run() from inside a task) runs
+// every part of its task inline on its caller, in worker order. Callers' results do not
+// depend on the thread count, so they are the same either way.
 #pragma once
 
-#include <condition_variable>
+#include <algorithm>
+#include <atomic>
 #include <cstddef>
-#include <cstdint>
-#include <mutex>
-#include <thread>
-#include <vector>
+#include <memory>
+#include <type_traits>
 
 namespace mixprec {
 
@@ -25,7 +31,7 @@ class ThreadPool {
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
 
-  unsigned size() const noexcept { return static_cast<unsigned>(workers_.size()) + 1; }
+  unsigned size() const noexcept { return size_; }
 
   // Calls fn(worker) for worker in [0, size()) concurrently; worker 0 is the caller.
   template <class F>
@@ -59,20 +65,17 @@ class ThreadPool {
   // in [1, 1024]. What a pool of 0 threads uses; `mixprec train --threads 0` too.
   static unsigned environment_threads();
 
+  // The runtime this build's pools run on: "openmp" or "std::thread".
+  static const char* runtime() noexcept;
+
  private:
   using Task = void (*)(void*, unsigned);
   void run_erased(Task task, void* ctx);
-  void worker_loop(unsigned index);
 
-  std::vector<std::thread> workers_;
-  std::mutex mu_;
-  std::condition_variable wake_, done_;
-  Task task_ = nullptr;
-  void* ctx_ = nullptr;
-  std::uint64_t generation_ = 0;
-  unsigned pending_ = 0;
-  bool running_ = false;
-  bool stop_ = false;
+  struct Workers;  // the std::thread team (MIXPREC_POOL_STD_THREADS builds only)
+  unsigned size_ = 1;
+  std::atomic<bool> busy_{false};
+  std::unique_ptr<Workers> workers_;
 };
 
 }  // namespace mixprec

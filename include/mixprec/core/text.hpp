@@ -33,10 +33,4 @@ std::string malformed_json(std::string_view exception_what);
 // The same text without "malformed JSON: ", for readers that say it their own way.
 std::string_view json_error_detail(std::string_view exception_what);
 
-// Numbers as the command line and --set give them, for the value of `key`; std::invalid_argument
-// "KEY: expected ..., found 'TEXT'" otherwise. parse_uint takes digits or a whole number in
-// scientific notation (2e6) up to 2^53; parse_number any decimal or scientific double.
-std::uint64_t parse_uint(std::string_view key, std::string_view text);
-double parse_number(std::string_view key, std::string_view text);
-
 }  // namespace mixprec::text

@@ -21,6 +21,8 @@
 #include <bit>
 #include <cstdint>
 
+#include "mixprec/formats/format_table.hpp"
+
 namespace mixprec {
 
 enum class Overflow : std::uint8_t { ieee, saturate };
@@ -44,10 +46,14 @@ struct MiniFloatSpec {
   std::uint32_t nan_code;       // magnitude code of the canonical quiet NaN
 };
 
-inline constexpr MiniFloatSpec kF16Spec{16, 10, 15, true, 0x7bff, 0x7c00, 0x7e00};
-inline constexpr MiniFloatSpec kBF16Spec{16, 7, 127, true, 0x7f7f, 0x7f80, 0x7fc0};
-inline constexpr MiniFloatSpec kE4M3Spec{8, 3, 7, false, 0x7e, 0x7f, 0x7f};
-inline constexpr MiniFloatSpec kE5M2Spec{8, 2, 15, true, 0x7b, 0x7c, 0x7e};
+// Each format's spec is its row of the format table.
+constexpr MiniFloatSpec spec_of_row(const FormatRow& r) noexcept {
+  return {r.bits, r.mantissa_bits, r.bias, r.has_infinity, r.max_code, r.overflow_code, r.nan_code};
+}
+inline constexpr MiniFloatSpec kF16Spec = spec_of_row(format_row(FormatId::f16));
+inline constexpr MiniFloatSpec kBF16Spec = spec_of_row(format_row(FormatId::bf16));
+inline constexpr MiniFloatSpec kE4M3Spec = spec_of_row(format_row(FormatId::f8e4m3));
+inline constexpr MiniFloatSpec kE5M2Spec = spec_of_row(format_row(FormatId::f8e5m2));
 
 // fp32 biased exponent of the format's smallest normal number.
 constexpr int min_normal_f32_exponent(const MiniFloatSpec& s) { return 128 - s.bias; }

@@ -8,9 +8,12 @@
 #pragma once
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <string_view>
 #include <type_traits>
 
+#include "mixprec/formats/format_table.hpp"
 #include "mixprec/formats/scalar.hpp"
 
 namespace mixprec {
@@ -59,37 +62,35 @@ struct e8m0 {
   std::uint8_t bits_;
 };
 
-// Facts about each format (docs/formats.md's table). Values are exact floats.
+// Facts about each format: its row of the format table (format_table.hpp), at compile time.
 template <class T>
 struct format_traits;
 
-enum class FormatId : std::uint8_t { f32, f16, bf16, f8e4m3, f8e5m2, e8m0 };
+namespace detail {
+template <FormatId I>
+struct row_traits {
+  static constexpr FormatId id = I;
+  static constexpr std::string_view name = format_row(I).name;
+  static constexpr int bits = format_row(I).bits;
+  static constexpr int exponent_bits = format_row(I).exponent_bits;
+  static constexpr int mantissa_bits = format_row(I).mantissa_bits;
+  static constexpr int bias = format_row(I).bias;
+  static constexpr float max_finite = format_row(I).max_finite;
+  static constexpr float min_normal = format_row(I).min_normal;
+  static constexpr float min_subnormal = format_row(I).min_subnormal;  // 0 when the format has none
+  static constexpr float epsilon = format_row(I).epsilon;              // next value above 1, minus 1
+  static constexpr bool has_infinity = format_row(I).has_infinity;
+  static constexpr bool has_subnormals = format_row(I).has_subnormals;
+  static constexpr bool is_signed = format_row(I).is_signed;
+};
+}  // namespace detail
 
-#define MIXPREC_TRAITS(T, ID, NAME, BITS, EBITS, MBITS, BIAS, MAXF, MINN, MINS, EPS, INF, SUB) \
-  template <>                                                                                \
-  struct format_traits<T> {                                                                  \
-    static constexpr FormatId id = FormatId::ID;                                             \
-    static constexpr std::string_view name = NAME;                                           \
-    static constexpr int bits = BITS;                                                        \
-    static constexpr int exponent_bits = EBITS;                                              \
-    static constexpr int mantissa_bits = MBITS;                                              \
-    static constexpr int bias = BIAS;                                                        \
-    static constexpr float max_finite = MAXF;                                                \
-    static constexpr float min_normal = MINN;                                                \
-    static constexpr float min_subnormal = MINS; /* 0 when the format has none */            \
-    static constexpr float epsilon = EPS;        /* next value above 1, minus 1 */           \
-    static constexpr bool has_infinity = INF;                                                \
-    static constexpr bool has_subnormals = SUB;                                              \
-    static constexpr bool is_signed = id != FormatId::e8m0;                                  \
-  }
-
-MIXPREC_TRAITS(float, f32, "f32", 32, 8, 23, 127, 0x1.fffffep127f, 0x1p-126f, 0x1p-149f, 0x1p-23f, true, true);
-MIXPREC_TRAITS(f16, f16, "f16", 16, 5, 10, 15, 65504.0f, 0x1p-14f, 0x1p-24f, 0x1p-10f, true, true);
-MIXPREC_TRAITS(bf16, bf16, "bf16", 16, 8, 7, 127, 0x1.fep127f, 0x1p-126f, 0x1p-133f, 0x1p-7f, true, true);
-MIXPREC_TRAITS(f8e4m3, f8e4m3, "f8e4m3", 8, 4, 3, 7, 448.0f, 0x1p-6f, 0x1p-9f, 0x1p-3f, false, true);
-MIXPREC_TRAITS(f8e5m2, f8e5m2, "f8e5m2", 8, 5, 2, 15, 57344.0f, 0x1p-14f, 0x1p-16f, 0x1p-2f, true, true);
-MIXPREC_TRAITS(e8m0, e8m0, "e8m0", 8, 8, 0, 127, 0x1p127f, 0x1p-127f, 0.0f, 1.0f, false, false);
-#undef MIXPREC_TRAITS
+template <> struct format_traits<float> : detail::row_traits<FormatId::f32> {};
+template <> struct format_traits<f16> : detail::row_traits<FormatId::f16> {};
+template <> struct format_traits<bf16> : detail::row_traits<FormatId::bf16> {};
+template <> struct format_traits<f8e4m3> : detail::row_traits<FormatId::f8e4m3> {};
+template <> struct format_traits<f8e5m2> : detail::row_traits<FormatId::f8e5m2> {};
+template <> struct format_traits<e8m0> : detail::row_traits<FormatId::e8m0> {};
 
 template <class T>
 concept LowPrecisionFormat =
@@ -127,8 +128,28 @@ constexpr float decode(T v, Subnormals subnormals = Subnormals::keep) noexcept {
   return detail::decode<detail::spec_of<T>()>(v.bits(), subnormals);
 }
 
+// f(T{}) with the value type of a format that has conversion kernels (FormatRow::converts);
+// std::invalid_argument for another. The one place a runtime FormatId becomes a type.
+template <class F>
+decltype(auto) visit_format(FormatId id, F&& f) {
+  switch (id) {
+    case FormatId::f16: return f(f16{});
+    case FormatId::bf16: return f(bf16{});
+    case FormatId::f8e4m3: return f(f8e4m3{});
+    case FormatId::f8e5m2: return f(f8e5m2{});
+    case FormatId::f32:
+    case FormatId::e8m0: break;
+  }
+  throw std::invalid_argument(std::string("format ").append(format_row(id).name).append(
+      " has no conversion kernels; expected one of ").append(format_names(convertible_formats())));
+}
+
 static_assert(sizeof(f16) == 2 && sizeof(bf16) == 2 && sizeof(f8e4m3) == 1 && sizeof(f8e5m2) == 1 &&
               sizeof(e8m0) == 1);
+template <class T>
+constexpr bool size_matches_row() { return sizeof(T) == format_row(format_traits<T>::id).bytes(); }
+static_assert(size_matches_row<float>() && size_matches_row<f16>() && size_matches_row<bf16>() &&
+              size_matches_row<f8e4m3>() && size_matches_row<f8e5m2>() && size_matches_row<e8m0>());
 static_assert(std::is_trivially_copyable_v<f16> && std::is_trivially_copyable_v<bf16> &&
               std::is_trivially_copyable_v<f8e4m3> && std::is_trivially_copyable_v<f8e5m2> &&
               std::is_trivially_copyable_v<e8m0>);

@@ -98,7 +98,7 @@ std::vector<std::pair<std::string, std::string>> describe(const AlertThresholds&
 
 // What the rules need to know about the run besides its steps.
 struct RunContext {
-  std::string precision = "fp16";    // nn::precision_name: fp32, fp16, bf16, fp16-pure
+  std::string precision = "fp16";    // a preset of the precision table (nn::precision_names())
   std::string loss_scale = "dynamic";  // TrainConfig::loss_scale: none, dynamic, static:S or a preset
   double lr = 0;                     // peak learning rate (0: unknown)
 

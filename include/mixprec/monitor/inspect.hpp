@@ -38,14 +38,14 @@ struct FormatThresholds {
   float normal;
   float overflow;
 };
-// Throws std::invalid_argument for f32 and e8m0.
+// Throws std::invalid_argument for a format without conversion kernels (f32, e8m0).
 FormatThresholds format_thresholds(FormatId format);
 
-// "fp16", "bf16", "e4m3", "e5m2" (the names `mixprec inspect --formats` takes).
+// The format's label, "fp16", "bf16", "e4m3", "e5m2" (`mixprec inspect --formats` takes it).
 std::string_view inspect_format_name(FormatId format) noexcept;
 
 struct InspectOptions {
-  std::vector<FormatId> formats{FormatId::f16, FormatId::bf16, FormatId::f8e4m3, FormatId::f8e5m2};
+  std::vector<FormatId> formats = convertible_formats();  // every format with conversion kernels
   int max_scale_log2 = 24;  // scales 2^0 .. 2^max_scale_log2; 0 .. 127
 };
 

@@ -16,11 +16,15 @@
 
 namespace mixprec::nn {
 
+// The presets, one row each in the precision table (src/nn/precision.cpp): the engine's
+// `--precision`, the memory planner's (optim/memory.hpp) and every list of their names read
+// its rows. A new preset is an enumerator and a row (its storage formats and fp8 recipe).
 enum class Precision : std::uint8_t {
   fp32,       // everything fp32 (the baseline)
   fp16,       // mixed: fp16 activations and weight copy, fp32 master weights and weight gradients
   bf16,       // mixed: bf16 activations and weight copy, fp32 master weights and weight gradients
   fp16_pure,  // fp16 everywhere the model lives: weights (no master copy), weight gradients, activations
+  bf16_pure,  // bf16 everywhere the model lives, as fp16_pure
   // bf16 mixed, and the Linear layers of the blocks run their GEMMs on fp8-quantized
   // operands (docs/fp8.md, "fp8 in the engine"):
   fp8_noscale,  // every fp8 scale fixed at 1 ("fp8 without scaling")
@@ -29,10 +33,13 @@ enum class Precision : std::uint8_t {
   mxfp8,        // MX blocks of 32 values with E8M0 scales
 };
 
-// "fp32", "fp16", "bf16", "fp16-pure", "fp8-noscale", "fp8-delayed", "fp8-current", "mxfp8"
+// "fp32", "fp16", "bf16", "fp16-pure", "bf16-pure", "fp8-noscale", "fp8-delayed", "fp8-current", "mxfp8"
 std::string_view precision_name(Precision p) noexcept;
 std::optional<Precision> parse_precision(std::string_view s) noexcept;
-const std::vector<std::string>& precision_names();
+const std::vector<std::string>& precision_names();  // in the table's order
+const std::vector<Precision>& all_precisions();     // in the table's order
+// One line on what the preset stores where (help text, docs).
+std::string_view precision_doc(Precision p) noexcept;
 
 struct PrecisionPolicy {
   DType activations = DType::f32;   // stored activations and activation gradients

@@ -1,30 +1,29 @@
-// Memory accounting of a training step's persistent buffers.
+// Memory accounting of a training step's persistent buffers, for any precision preset of
+// the precision table (nn/precision.hpp): the planner reads the preset's storage policy.
 #pragma once
 
 #include <cstdint>
-#include <optional>
-#include <string_view>
 
+#include "mixprec/nn/precision.hpp"
 #include "mixprec/optim/optimizer.hpp"
 
 namespace mixprec {
 
-enum class PrecisionPreset : std::uint8_t { fp32, fp16, bf16, fp16_pure, bf16_pure };
-std::string_view precision_name(PrecisionPreset p) noexcept;
-std::optional<PrecisionPreset> parse_precision(std::string_view s) noexcept;  // fp32 fp16 bf16 fp16-pure bf16-pure
-
-// Bytes of each buffer for param_count parameters.
-//   fp32:            weights 4P (reported as master_weights), grads 4P, no model copy
-//   fp16 / bf16:     master 4P, grads 4P (fp32, as the seed counts them), model copy 2P
-//   *-pure:          no master, grads 2P, model copy (the weights) 2P
+// Bytes of each buffer for param_count parameters, from the policy's formats:
+//   weights updated in fp32 (fp32):  4P, reported as master_weights; no model copy
+//   master weights (mixed, fp8):     master 4P, model copy the weights' format (2P)
+//   no master (pure):                the weights in their format are the model copy (2P)
+//   gradients:                       the weight-gradient format (4P fp32, 2P in the pure presets)
 //   moments: sgd 0, sgd-momentum 4P, adam/adamw 8P (fp32 in every preset)
-// Adam + fp16: 4P + 8P + 4P + 2P = 18P.
+// Adam + fp16: 4P + 8P + 4P + 2P = 18P. The fp8 presets' operand copies are transient, like
+// activations: not counted.
 struct MemoryPlan {
   std::uint64_t params = 0;
   std::uint64_t master_weights = 0, moments = 0, gradients = 0, model_copy = 0, total = 0;
 };
 
 // Throws std::invalid_argument when the total does not fit in 64 bits.
-MemoryPlan memory_plan(std::uint64_t param_count, OptimizerKind optimizer, PrecisionPreset precision);
+MemoryPlan memory_plan(std::uint64_t param_count, OptimizerKind optimizer, nn::Precision precision);
+MemoryPlan memory_plan(std::uint64_t param_count, OptimizerKind optimizer, const nn::PrecisionPolicy& policy);
 
 }  // namespace mixprec

@@ -16,6 +16,12 @@
 //     every product is finite does a second pass write (the same values the fused pass would).
 // carried_inv_scale: 1 when the gradients were unscaled here (or need no unscale), else inv
 // (write = false: the optimizer multiplies by it as it reads them).
+// amax_out (optional; empty, or one float per tensor): each tensor's unscaled |max| as its
+// dtype stores it, max |dtype(g * inv)| (an f16/bf16 product rounded as the write rounds
+// it), measured in the same pass: what telemetry records as the gradient |max| without a
+// second read. inf/NaN as unscale_and_check's amax; NaN for every tensor when the scale
+// cannot be inverted (nothing was unscaled). Its size is checked first
+// (std::invalid_argument).
 #pragma once
 
 #include <span>
@@ -27,7 +33,8 @@ namespace mixprec {
 
 class ThreadPool;
 
-GradientCheck check_gradients(std::span<const GradTensor> grads, float scale, bool write, ThreadPool* pool = nullptr);
+GradientCheck check_gradients(std::span<const GradTensor> grads, float scale, bool write, ThreadPool* pool = nullptr,
+                              std::span<float> amax_out = {});
 
 // Whether `value` (an unscaled f32 product) rounds to inf or NaN in `dtype`: the rule of the
 // inv > 1 branch, for one value (the tests' reference, and a door's ATen path).

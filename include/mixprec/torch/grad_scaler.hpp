@@ -68,6 +68,11 @@ enum class ClipNorm : std::uint8_t {
   torch,
 };
 
+// Where check() reads the gradients: automatic (the core on CPU fp32/fp16/bf16 memory, ATen's
+// kernel for the rest) or aten (ATen's kernel for every gradient: the path of CUDA gradients,
+// which the tests run on CPU ones against the core's).
+enum class GradientPath : std::uint8_t { automatic, aten };
+
 struct StepOptions {
   std::optional<float> max_grad_norm;  // clip the unscaled gradients to this global L2 norm
   ClipNorm clip_norm = ClipNorm::exact;
@@ -100,11 +105,14 @@ class GradScaler : public ScalerDoor {
   void unscale(::torch::optim::Optimizer& opt);
   StepOutcome step(::torch::optim::Optimizer& opt, const StepOptions& options = {});
 
+  void set_gradient_path(GradientPath path) noexcept { path_ = path; }
+
  private:
   GradientCheck check(::torch::optim::Optimizer& opt);
   std::string name_of(const ::torch::optim::Optimizer& opt, std::int64_t index) const;
 
   std::unordered_map<const void*, std::string> names_;  // TensorImpl* -> name
+  GradientPath path_ = GradientPath::automatic;
 };
 
 }  // namespace mixprec::torch

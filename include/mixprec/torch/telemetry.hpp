@@ -35,10 +35,15 @@
 // activation whose gradient held inf/NaN, and headroom_log2: the fewest binades between a
 // watched gradient's |max| and its dtype's largest finite (65504 for fp16), 0 when none
 // was finite. Then it resets the counts.
+// Tensors on a device other than the CPU (CUDA) are counted where they lie with ATen
+// operations (the same counts, |max| and histograms; src/torch/device_counts.cpp), kept on the
+// device until record() reads them all in one host copy; nothing is copied to the host per
+// tensor. Counting::aten runs that path on CPU tensors too (the tests compare the two).
 #pragma once
 
 #include <cstdint>
 #include <limits>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -65,12 +70,17 @@ struct StepInfo {
 // are taken: the core recorder's options.
 using TelemetryOptions = train::TelemetryOptions;
 
+// Who counts a tensor: automatic (the core reads CPU tensors in place, ATen operations count
+// tensors on other devices where they lie) or aten (ATen operations for every tensor: the
+// CUDA path, run on CPU tensors by the tests).
+enum class Counting : std::uint8_t { automatic, aten };
+
 class Telemetry {
  public:
   // Checks the options (std::invalid_argument), then creates the run folder `dir`
   // (parents too), takes its lock and writes config.json. std::invalid_argument when
   // `dir` holds files already; std::runtime_error naming the path when it cannot write.
-  explicit Telemetry(std::string dir, const TelemetryOptions& options = {});
+  explicit Telemetry(std::string dir, const TelemetryOptions& options = {}, Counting counting = Counting::automatic);
 
   // Counts `activation`'s gradient at backward under `name`. Throws std::invalid_argument
   // when the tensor does not require grad.
@@ -89,11 +99,29 @@ class Telemetry {
   // What it costs a step (the example prints its share; docs/libtorch.md).
   double seconds() { return rec_.seconds(); }
   std::uint64_t steps() const noexcept { return rec_.steps(); }
+  // Copies of device results to the host so far: one per record() and device that had
+  // something counted by ATen (0 when everything was read by the core).
+  std::uint64_t host_reads() const noexcept { return host_reads_; }
+
+  // Device results waiting for record()'s host read: an activation gradient's profile or a
+  // histogram (public for the implementation's helpers; not an interface).
+  struct Pending {
+    enum class Kind : std::uint8_t { gradient, histogram } kind;
+    std::string name;  // the watched name, or the histogram's kind
+    DType dtype = DType::f32;
+    std::uint64_t elements = 0;
+    at::Tensor values;
+  };
 
  private:
   void count(const std::string& name, const at::Tensor& grad);
+  bool on_aten(const at::Tensor& t) const;
 
   train::TelemetryRecorder rec_;  // the run folder, counts, alerts and summary: the core's
+  Counting counting_;
+  std::mutex pending_mu_;  // backward may run hooks on a device's autograd thread
+  std::vector<Pending> pending_;
+  std::uint64_t host_reads_ = 0;
 };
 
 }  // namespace mixprec::torch

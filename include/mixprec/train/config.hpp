@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "mixprec/core/keys.hpp"
 #include "mixprec/nn/model.hpp"
 #include "mixprec/nn/precision.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
@@ -78,7 +79,8 @@ struct TrainConfig {
   friend bool operator==(const TrainConfig&, const TrainConfig&) = default;
 };
 
-// Throws std::invalid_argument: "<key>: expected <allowed>, found <value>".
+// Every key's range (the key table), then the rules across keys. Throws
+// std::invalid_argument: "<key>: expected <allowed>, found <value>".
 void validate(const TrainConfig& c);
 
 // The loss scale a `loss-scale` value names: nullopt for "none", the mixprec preset for
@@ -97,8 +99,9 @@ bool fp8_key_applies(std::string_view key, nn::Precision p);
 TrainConfig with_fp8_options_for(TrainConfig c, nn::Precision p);
 
 // JSON config text (an object of flag names) applied on top of `base`; unknown keys,
-// wrong types and invalid values are errors naming `source` and the key. Does not
-// validate cross-field constraints (call validate).
+// wrong types and values out of a key's range are errors naming `source` and the key.
+// Numbers as JSON writes them; an integer key takes a whole number written as a float
+// (12.0, 2e5). Does not validate cross-field constraints (call validate).
 TrainConfig apply_json(const TrainConfig& base, std::string_view json_text, std::string_view source);
 // The whole config as one JSON object (the same keys), for logs, reports, checkpoints.
 std::string to_json(const TrainConfig& c, int indent = -1);
@@ -110,6 +113,8 @@ std::string to_json(const TrainConfig& c, const std::vector<std::string_view>& k
 // ---- the key table ------------------------------------------------------------------------
 // One entry per TrainConfig key, in to_json's order: the CLI's flags (--NAME), the JSON
 // config's keys, `mixprec compare`'s flags and resume's comparison are all derived from it.
+// Each key's kind, range and allowed values are its keys::Spec (core/keys.hpp), the
+// description every config shares (docs/configuration.md).
 
 // How a key is written on the command line: integer (N), number (X), text, list
 // (comma-separated integers), boolean (--KEY [true|false], alone: true), flag (--KEY).
@@ -130,6 +135,8 @@ struct ConfigKey {
   // The precisions that use the key (bit 1 << Precision), 0 for all of them: the fp8
   // recipe options, which validate refuses away from their default elsewhere.
   std::uint32_t only_for = 0;
+  // Kind, range, allowed values and doc line, as the key table reads and checks the key.
+  const keys::Spec* spec = nullptr;
 };
 
 constexpr std::uint32_t precision_bits(std::initializer_list<nn::Precision> ps) {
@@ -141,10 +148,11 @@ constexpr std::uint32_t precision_bits(std::initializer_list<nn::Precision> ps) 
 const std::vector<ConfigKey>& config_keys();
 // nullptr for an unknown name.
 const ConfigKey* find_config_key(std::string_view name);
-// Sets `key` from its command-line text (a flag's value, an empty text for a boolean or
-// flag given alone). std::invalid_argument when the text is not a value of the key's
-// type, or the key is unknown; values are checked by validate afterwards, so a flag and
-// a config file give the same messages.
+// Sets `key` from its command-line text in the number grammar of every key
+// (keys::parse_number, parse_integer; booleans true, false, 1, 0; lists comma-separated).
+// std::invalid_argument, c unchanged, when the key is unknown, the text is no value of the
+// key's kind ("found 'TEXT'") or the value is out of the key's range ("found VALUE", as a
+// config file's value is named). Rules across keys are validate()'s.
 void set_config_key(TrainConfig& c, std::string_view key, std::string_view text);
 // The value of `key` in c as command-line text ("" for an empty text; lists joined
 // with commas): for defaults in the help and for messages.

@@ -12,11 +12,18 @@
 //   after the step:    rec.record(step, params);    // one log line; resets the step's counts
 //   at the end:        rec.finish();                // summary.json with the run's alerts
 //
-// Counting an activation gradient means converting it, as it is (scaled domain), to fp16
-// with the core's counted conversion (convert_counted): for an fp16 gradient its zeros and
-// subnormals as stored (underflow is 0: it is fp16 already), for fp32 and bf16 what fp16
-// would flush or overflow at the current scale. Views are read only; the recorder never
-// keeps them past the call.
+// Counting an activation gradient means counting what converting it, as it is (scaled
+// domain), to fp16 with the core's counted conversion (convert_counted) would report: for
+// an fp16 gradient its zeros and subnormals as stored (underflow is 0: it is fp16
+// already), for fp32 and bf16 what fp16 would flush or overflow at the current scale. One
+// read-only pass over the tensor's own codes (formats/count.hpp: 16-bit tensors are never
+// widened), |max| in the same pass. Views are read only; the recorder never keeps them
+// past the call.
+//
+// Tensors the recorder cannot read (on a GPU) are counted where they lie by the front end,
+// which hands over the results: add_activation_grad (the same counts), forward_nonfinite,
+// add_histograms, and NamedParam's measured |max|; the front ends test that path on CPU
+// tensors against this one (docs/telemetry.md, "Counting on any device").
 #pragma once
 
 #include <cstddef>
@@ -30,6 +37,7 @@
 #include <vector>
 
 #include "mixprec/formats/bulk.hpp"
+#include "mixprec/formats/count.hpp"
 #include "mixprec/kernels/unscale.hpp"
 #include "mixprec/monitor/alerts.hpp"
 #include "mixprec/train/config.hpp"
@@ -63,10 +71,22 @@ struct TelemetryStep {
 
 // A parameter as the step left it: its gradient (data == nullptr or size 0: none) as
 // step() left it (unscaled; divided back by clip_coef when the step clipped) and its weight.
+// A |max| measured elsewhere replaces the recorder's own pass over that tensor:
+//   grad_amax            of the gradient as step() left it (a device's measurement): the
+//                        recorder undoes clip_coef as it does for its own;
+//   unclipped_grad_amax  from the scaler's unscale pass, before any clipping (check_gradients'
+//                        amax_out): taken as it is;
+//   weight_amax          of the weight.
+// A view given with one of them is then read only for the histograms (histogram steps); its
+// data may be null (a tensor the recorder cannot read), weight.size still counting the
+// parameter's elements (the summary's param_count).
 struct NamedParam {
   std::string name;
   GradTensor grad;
   GradTensor weight;
+  std::optional<float> grad_amax = std::nullopt;
+  std::optional<float> unclipped_grad_amax = std::nullopt;
+  std::optional<float> weight_amax = std::nullopt;
 };
 
 class TelemetryRecorder {
@@ -84,6 +104,15 @@ class TelemetryRecorder {
   // Counts one activation gradient under `name` (summed over the step's micro-batches).
   // Thread-safe (autograd may call hooks on its worker threads).
   void count_activation_grad(std::string_view name, const GradTensor& grad);
+  // The same for a gradient counted elsewhere (a device): its counts and |max| as
+  // count.hpp defines them, and the dtype it is stored in (for the headroom). Thread-safe.
+  void add_activation_grad(std::string_view name, const CountedTensor& counted, DType dtype);
+  // A forward output found to hold inf/NaN elsewhere: named in the log line when it is the
+  // step's first. Thread-safe.
+  void forward_nonfinite(std::string_view name);
+  // Histograms taken elsewhere, added to this step's (only at histogram steps: the record
+  // of another step carries none). Thread-safe.
+  void add_histograms(const StepRecord::Histograms& h);
   // A forward output: the first non-finite one of the step is named in the log line
   // (forward_nonfinite); at histogram steps its values go into the activation histogram.
   // Returns true when it held inf/NaN. Thread-safe.
@@ -104,6 +133,7 @@ class TelemetryRecorder {
 
  private:
   std::span<const float> as_f32(const GradTensor& t, std::vector<float>& scratch);
+  void add_counted(std::string_view name, const CountedTensor& counted, DType dtype);  // caller holds mu_
 
   std::string dir_;
   TrainConfig config_;  // precision and loss-scale (the keys config.json holds)
@@ -115,8 +145,7 @@ class TelemetryRecorder {
   std::uint64_t step_ = 0;
 
   std::mutex mu_;                   // hooks may run on autograd's worker threads
-  std::vector<float> f32_scratch_;  // widened fp16/bf16 tensors, reused
-  std::vector<f16> f16_scratch_;    // convert_counted's output, reused
+  std::vector<float> f32_scratch_;  // fp16/bf16 tensors widened for a histogram, reused
   std::vector<nn::TensorGradStats> act_;
   ConversionStats act_total_;
   float act_amax_ = 0;

@@ -22,6 +22,8 @@ What runs where (docs/python.md):
   copy): check, unscale and the exact sum of squares in one pass, element for element what
   ATen's _amp_foreach_non_finite_check_and_unscale_ computes;
 - sparse COO gradients: their values (coalesced first when float16, as torch does);
+- DTensor gradients (FSDP2, tensor parallelism): this rank's shard (the ranks agree on found_inf
+  through the torch.distributed callback);
 - float64, strided or overlapping views and gradients on other devices: ATen's own
   _amp_foreach_non_finite_check_and_unscale_, the kernel torch runs;
 - refused before anything is touched: meta tensors, other layouts, mixed devices.
@@ -35,11 +37,12 @@ import numbers
 import warnings
 import weakref
 from collections import abc
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
+from torch.utils.dlpack import to_dlpack
 
 from .. import _core
 from ..loss_scale import LossScale, _value_text, preset_names
@@ -63,6 +66,9 @@ class StepOutcome:
     grad_norm: float                     # L2 norm of the unscaled gradients (before any clipping); inf/NaN on overflow
     scale: float                         # the scale the gradients carried
     result: Any = None                   # optimizer.step()'s return value (None when skipped)
+    # For mixprec.torch.Telemetry: id(parameter) -> its gradient's unscaled |max| as stored,
+    # measured by the check's own pass (the core's; only when a Telemetry asked for it).
+    _grad_amax: Optional[Dict[int, float]] = field(default=None, repr=False, compare=False)
 
     def __bool__(self) -> bool:
         return self.applied
@@ -120,6 +126,14 @@ class GradScaler:
         self._p.set_rank_agreement(_rank_hook(self))
         self._last_device: Optional[torch.device] = None  # of the last check (for the all-reduce)
         self._names: Dict[int, Tuple[Any, str]] = {}  # id(param) -> (weakref to it, name)
+        # What the last step() returned: Accelerate and Lightning call step() and drop it.
+        self.last_outcome: Optional[StepOutcome] = None
+        # Set by mixprec.torch.Telemetry: the check measures each gradient's |max| in its pass,
+        # handed on in the StepOutcome (per optimizer, from its check to its step()).
+        self._telemetry_amax = False
+        self._amax_by_opt: Dict[int, Dict[int, float]] = {}
+        # Tests: every gradient through ATen's kernel, the path of other devices (CPU ones too).
+        self._aten_only = False
 
     # ---- names -------------------------------------------------------------------------
 
@@ -189,16 +203,18 @@ class GradScaler:
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> StepOutcome:
         """unscale_ (unless done), then optimizer.step(*args, **kwargs) unless a gradient held
         inf/NaN. Returns a StepOutcome (torch returns the optimizer's return value: here
-        outcome.result)."""
+        outcome.result), also kept as `last_outcome` for code that calls step() for you."""
         key = id(optimizer)
         plan = self._p.begin_step(key)
         if plan == "pass_through":
-            return StepOutcome(True, False, None, None, math.nan, 1.0, optimizer.step(*args, **kwargs))
+            self.last_outcome = StepOutcome(True, False, None, None, math.nan, 1.0, optimizer.step(*args, **kwargs))
+            return self.last_outcome
         if "closure" in kwargs:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
         if plan == "check":
             self._p.record(key, self._check(optimizer))
         apply, found_inf, scale, first, grad_norm = self._p.decide(key)
+        amax = self._amax_by_opt.pop(key, None)
         # If the optimizer raises, the stage stays "unscaled": a retry steps without unscaling again.
         result = optimizer.step(*args, **kwargs) if apply else None
         if getattr(optimizer, "_step_supports_amp_scaling", False):
@@ -210,7 +226,8 @@ class GradScaler:
         self._p.step_done(key)
         index = None if first < 0 else first
         name = None if index is None else self._name_at(optimizer, index)
-        return StepOutcome(apply, found_inf, name, index, grad_norm, scale, result)
+        self.last_outcome = StepOutcome(apply, found_inf, name, index, grad_norm, scale, result, amax)
+        return self.last_outcome
 
     def update(self, new_scale: Union[float, torch.Tensor, None] = None) -> None:
         """The core's update (any optimizer found inf); or set the scale to new_scale.
@@ -423,31 +440,42 @@ class GradScaler:
             p.grad = p.grad.coalesce()
         core: List[torch.Tensor] = []
         core_index: List[int] = []
+        core_params: List[torch.Tensor] = []
         aten: List[torch.Tensor] = []
         aten_index: List[int] = []
         for i, p in entries:
-            g = p.grad.detach()
+            g = _local(p.grad.detach())
             if g.is_sparse:
                 g = g._values()
-            if g.device.type == "cpu" and g.dtype in _CPU_DTYPES and _dense(g):
+            if g.is_cpu and g.dtype in _CPU_DTYPES and not self._aten_only and _dense(g):
                 core.append(g if g.is_contiguous() else g.as_strided((g.numel(),), (1,)))
                 core_index.append(i)
+                core_params.append(p)
             else:
                 aten.append(g)
                 aten_index.append(i)
         scale = self._p.scale
-        if not aten:
-            return _reindex(_core.check_gradients(core, scale, True), core_index)
-        if not core:
+        self._amax_by_opt.pop(id(optimizer), None)
+        if aten and not core:
             return _reindex(_check_gradients_aten(aten, scale, True), aten_index)
+        # The core reads DLPack capsules (torch.utils.dlpack.to_dlpack): a tenth of the cost of
+        # importing the tensors themselves, with the same checks.
+        capsules = [to_dlpack(g) for g in core]
+        read_first = bool(aten) and _inv_scale(scale) > 1.0
+        if self._telemetry_amax:
+            *check, amax = _core.check_gradients(capsules, scale, not read_first, amax=True)
+            self._amax_by_opt[id(optimizer)] = {id(p): a for p, a in zip(core_params, amax)}
+        else:
+            check = _core.check_gradients(capsules, scale, not read_first)
+        if not aten:
+            return _reindex(tuple(check), core_index)
         # Both kinds: at a scale below 1 nothing is written until both have been read.
-        read_first = _inv_scale(scale) > 1.0
-        a = _reindex(_core.check_gradients(core, scale, not read_first), core_index)
+        a = _reindex(tuple(check), core_index)
         b = _reindex(_check_gradients_aten(aten, scale, not read_first), aten_index)
         firsts = [f for f in (a[2], b[2]) if f >= 0]
         merged = (a[0] or b[0], a[1] or b[1], min(firsts) if firsts else -1, a[3] + b[3], 1.0)
         if read_first and not merged[1]:
-            _core.check_gradients(core, scale, True)
+            _core.check_gradients([to_dlpack(g) for g in core], scale, True)
             _check_gradients_aten(aten, scale, True)
         return merged
 
@@ -462,6 +490,19 @@ def _rank_hook(scaler: "GradScaler"):
         return (found_inf, checked) if s is None else s._agree_across_ranks(found_inf, checked)
 
     return agree
+
+
+def _local(g: torch.Tensor) -> torch.Tensor:
+    """A DTensor gradient (FSDP2's fully_shard, tensor parallelism): this rank's shard, where its
+    values live (checked and unscaled in place there). The ranks agree on found_inf through the
+    rank hook; grad_norm is this rank's shards'."""
+    if type(g) is torch.Tensor:
+        return g
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:  # a torch without torch.distributed has no DTensor
+        return g
+    return g.to_local() if isinstance(g, DTensor) else g
 
 
 def _number(what: str, v: Any) -> float:

@@ -18,13 +18,21 @@ Module hooks (docs/python.md, "Telemetry"):
   steps its output is checked for inf/NaN (the first one is named in the step's log line as
   forward_nonfinite), added to the activation histogram at histogram steps, and given a tensor
   hook, so that backward hands its gradient over to be counted under the module's name;
-- counting is the core's: the gradient, as it is (scaled), converted to fp16 with mixprec's
-  counted conversion: underflow, subnormal, overflow and inf/NaN counts, |max|; for an fp32 or
-  bf16 gradient what fp16 would flush at the current scale, for an fp16 gradient its values as
-  stored;
-- record() adds per parameter the gradient |max| (unscaled, as step() left them, divided back
-  by clip_coef when you clipped) and the weight |max|, in one pass of the core's multi-tensor
-  kernel, then writes one log line.
+- counting is the core's: what converting the gradient, as it is (scaled), to fp16 with
+  mixprec's counted conversion would report: underflow, subnormal, overflow and inf/NaN
+  counts, |max|; for an fp32 or bf16 gradient what fp16 would flush at the current scale, for
+  an fp16 gradient its values as stored; one read-only pass over the tensor's own codes
+  (formats/count.hpp; fp16 and bf16 are never widened);
+- record() adds per parameter the gradient |max| (unscaled, before clipping) and the weight
+  |max|, then writes one log line, in one core call. The gradient |max| comes from the
+  scaler's own unscale pass when it read the gradient (StepOutcome carries it: no second
+  read), else from the core's multi-tensor kernel over the gradient as step() left it
+  (divided back by clip_coef when you clipped). Weights are exported to the core once and
+  read through that view at every step (again only when a parameter's data is replaced).
+
+Tensors on a device other than the CPU are counted where they lie with torch operations
+(_device_counts.py: the same numbers, one host read per step at record()); counting="torch"
+runs that path on CPU tensors too, which is how the tests compare it with the core's.
 The counting, the log line, the alerts and the summary are the C++ core's
 train::TelemetryRecorder, the code behind the libtorch adapter's Telemetry too.
 """
@@ -35,29 +43,47 @@ import json
 import math
 import time
 import weakref
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
+from torch.utils.dlpack import to_dlpack
 
 from .. import _core
+from . import _device_counts as dev
+from .grad_scaler import GradScaler, StepOutcome, _local
+from .tensorboard import TensorBoardWriter, require_tensorboard
 from .advise import Sampler as _AdvisorSampler, write_samples as _write_advisor_samples
-from .grad_scaler import GradScaler, StepOutcome
 
 _CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _PRECISIONS = ("fp32", "fp16", "bf16")
+_COUNTING = ("auto", "torch")
 
 
-def _as_view(t: torch.Tensor) -> torch.Tensor:
-    """t as the core reads it: detached, CPU, contiguous, float32/float16/bfloat16. Anything else
-    is copied once (to float32 when its dtype is another)."""
-    t = t.detach()
-    if t.device.type != "cpu":
-        t = t.to("cpu")
+def _capsule(t: torch.Tensor):
+    """t as the core reads it: a DLPack capsule of CPU, contiguous float32/float16/bfloat16
+    memory (torch.utils.dlpack.to_dlpack: far cheaper to import than the tensor itself).
+    Anything else is copied once (to float32 when its dtype is another)."""
+    t = _local(t.detach())  # a DTensor (FSDP2): this rank's shard
     if t.dtype not in _CPU_DTYPES:
         t = t.float()
     if not t.is_contiguous():
         t = t.contiguous()
-    return t
+    return to_dlpack(t)
+
+
+def _flat(t: torch.Tensor) -> Optional[torch.Tensor]:
+    """t's elements as one contiguous CPU block of a dtype the core reads, without a copy (a
+    dense tensor of any layout through its storage); None when the core cannot read it in place."""
+    if not t.is_cpu or t.dtype not in _CPU_DTYPES:
+        return None
+    if t.is_contiguous():
+        return t
+    expected = 1
+    for size, stride in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n != 1), key=lambda x: x[1]):
+        if stride != expected:
+            return None
+        expected *= size
+    return t.as_strided((t.numel(),), (1,))
 
 
 def _tensors_of(output: Any) -> List[torch.Tensor]:
@@ -89,6 +115,11 @@ class Telemetry:
                     at every step)
     histogram_every log2 histograms at step 1 and every N steps (0 = never)
     check_forward   check the watched modules' outputs for inf/NaN at sampled steps
+    tensorboard     a folder: each step's scalars also as TensorBoard event files (needs the
+                    tensorboard package; the tags of `mixprec export tensorboard`)
+    counting        "auto": the core counts CPU tensors, torch operations count tensors on other
+                    devices where they lie; "torch": torch operations for every tensor (the GPU
+                    path, run on the CPU: for comparisons and tests)
     advisor_every   0 (default) or N: at steps 1, 1 + N, ..., copy x, w, dy and dW of every
                     nn.Linear into the run folder's samples/ for `mixprec advise RUN_DIR`
                     (docs/advisor.md)
@@ -98,7 +129,7 @@ class Telemetry:
                  loss_scale: Optional[str] = None, scaler: Optional[GradScaler] = None,
                  modules: Union[None, Iterable[str], Callable[[str, torch.nn.Module], bool]] = None,
                  sample_every: int = 4, histogram_every: int = 50, check_forward: bool = True,
-                 advisor_every: int = 0) -> None:
+                 tensorboard: Optional[str] = None, counting: str = "auto", advisor_every: int = 0) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module, found {type(model).__name__}")
         if precision not in _PRECISIONS:
@@ -107,6 +138,8 @@ class Telemetry:
                              ("advisor_every", advisor_every, 0)):
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ValueError(f"{what}: expected an int >= {low}, found {v!r}")
+        if counting not in _COUNTING:
+            raise ValueError(f"counting: expected one of {', '.join(_COUNTING)}, found {counting!r}")
         if scaler is not None and not isinstance(scaler, GradScaler):
             raise TypeError("scaler: expected a mixprec.torch.GradScaler (torch.amp.GradScaler does not say "
                             f"what its update will do), found {type(scaler).__name__}")
@@ -115,9 +148,8 @@ class Telemetry:
         if not isinstance(out, str) or not out:
             raise TypeError(f"out: expected a folder name, found {out!r}")
         watched = self._select(model, modules)  # before the folder exists: a bad name leaves nothing
-        # The advisor's sampler (mixprec.torch.advise): active on every advisor_every-th step.
-        self._advisor = _AdvisorSampler(model) if advisor_every else None
-        self._advisor_every = advisor_every
+        if tensorboard is not None:
+            require_tensorboard(tensorboard)  # likewise: a missing package leaves nothing
         self._model = model
         self._scaler = scaler
         self._precision = precision
@@ -127,9 +159,25 @@ class Telemetry:
         # (ValueError / RuntimeError with its message) before anything else happens here.
         self._rec = _core.TelemetryRecorder(out, precision, loss_scale, histogram_every)
         self._dir = out
+        # The advisor's sampler (mixprec.torch.advise): active on every advisor_every-th step
+        # (after the folder exists: a refused folder leaves no hooks on the model).
+        self._advisor = _AdvisorSampler(model) if advisor_every else None
+        self._advisor_every = advisor_every
+        self._tb = None if tensorboard is None else TensorBoardWriter(tensorboard)
         self._seconds = 0.0  # time in the hooks and in record(), the core's counting included
         self._last_record = time.perf_counter()
-        self._params = [(n, p) for n, p in model.named_parameters()]
+        self._torch_counting = counting == "torch"
+        # Device results waiting for record()'s one host read: (kind, label, dtype, numel, tensor).
+        self._pending: List[Tuple[str, Any, str, int, torch.Tensor]] = []
+        self._host_reads = 0  # copies of device results to the host: one per record() and device
+        named = list(model.named_parameters())
+        self._params = [p for _, p in named]
+        self._param_ids = [id(p) for p in self._params]
+        self._rec.set_params([n for n, _ in named])
+        self._weight_ptrs: List[int] = []  # each weight's data_ptr() when it was handed to the core
+        self._on_torch: List[int] = []    # parameters counted by torch operations (other devices)
+        if scaler is not None:
+            scaler._telemetry_amax = True  # its unscale pass measures the gradient |max| for record()
         self._handles = []
         for name, module in watched:
             self._handles.append(module.register_forward_hook(self._forward_hook(name)))
@@ -166,6 +214,10 @@ class Telemetry:
     # The hooks hold the Telemetry through a weak reference: the model keeps its hooks, and a
     # strong one would make a cycle (model -> hook -> Telemetry -> model) that keeps the run
     # folder locked until the garbage collector runs.
+    def _on_device(self, t: torch.Tensor) -> bool:
+        """Whether t is counted by torch operations where it lies (not by the core)."""
+        return self._torch_counting or not t.is_cpu
+
     def _forward_hook(self, name: str):
         ref = weakref.ref(self)
 
@@ -179,7 +231,14 @@ class Telemetry:
             for i, t in enumerate(tensors):
                 label = name if len(tensors) == 1 else f"{name}[{i}]"
                 if tel._check_forward or histogram:
-                    tel._rec.check_activation(label, _as_view(t))
+                    if tel._on_device(t):
+                        c = dev.counted(t)
+                        tel._pending.append(("forward", label, "", 0, dev.nonfinite(c)))
+                        if histogram:
+                            tel._pending.append(("histogram", "activations", "", 0,
+                                                 dev.histogram(c, dev.HISTOGRAM_STRIDE)))
+                    else:
+                        tel._rec.check_activation(label, _capsule(t))
                 if t.requires_grad:
                     t.register_hook(Telemetry._grad_hook(ref, label))
             tel._seconds += time.perf_counter() - t0
@@ -192,9 +251,84 @@ class Telemetry:
             if tel is None or tel._rec is None:
                 return
             t0 = time.perf_counter()
-            tel._rec.count_activation_grad(label, _as_view(grad))
+            if tel._on_device(grad):
+                # Autograd may run this on its device thread: list.append is atomic.
+                g = dev.counted(grad)
+                tel._pending.append(("grad", label, dev.dtype_name(g), g.numel(), dev.profile(g)))
+                if tel._rec.histogram_step():
+                    tel._pending.append(("histogram", "activation_grads", "", 0,
+                                         dev.histogram(g, dev.HISTOGRAM_STRIDE)))
+            else:
+                tel._rec.count_activation_grad(label, _capsule(grad))
             tel._seconds += time.perf_counter() - t0
         return hook
+
+    # ---- parameters: weights handed to the core once, device results read once per step -----
+
+    def _bind_weights(self, ptrs: List[int]) -> None:
+        """Hands the core a view of each weight whose data changed (all of them at first): CPU
+        weights it can read in place as a kept DLPack export, the others as counted by torch."""
+        old = self._weight_ptrs
+        on_torch = []
+        for i, p in enumerate(self._params):
+            w = _local(p.detach())  # a DTensor (FSDP2): this rank's shard
+            flat = None if self._torch_counting else _flat(w)
+            if flat is None:
+                on_torch.append(i)
+            if i < len(old) and old[i] == ptrs[i]:
+                continue
+            self._rec.set_weight(i, None if flat is None else to_dlpack(flat), w.numel())
+        self._on_torch = on_torch
+        self._weight_ptrs = ptrs
+
+    def _params_on_torch(self, histogram: bool) -> None:
+        """The |max| of the gradients and weights counted by torch operations (and their
+        histograms at histogram steps), queued for record()'s host read."""
+        tensors, where = [], []
+        for i in self._on_torch:
+            p = self._params[i]
+            if p.grad is not None:
+                tensors.append(dev.counted(p.grad))
+                where.append(("grad", i))
+            tensors.append(dev.counted(p))
+            where.append(("weight", i))
+        bits, order = dev.amax_bits(tensors)
+        if order:
+            self._pending.append(("amax", [where[j] for j in order], "", 0, bits))
+        if histogram:
+            for kind, role in (("weight_grads", "grad"), ("weights", "weight")):
+                hists = [dev.histogram(t, 1) for t, (r, _) in zip(tensors, where) if r == role]
+                if hists:
+                    self._pending.append(("histogram", kind, "", 0, torch.stack(hists).sum(0)))
+
+    def _flush(self, grad_amax: List[Optional[float]], weight_amax: List[Optional[float]]) -> None:
+        """Reads every queued device result, one host copy per device, and hands them to the
+        core in the order they were queued."""
+        pending, self._pending = self._pending, []
+        if not pending:
+            return
+        host: Dict[Any, List[int]] = {}
+        by_device: Dict[Any, List[torch.Tensor]] = {}
+        for *_, t in pending:
+            by_device.setdefault(t.device, []).append(t.reshape(-1))
+        for device, ts in by_device.items():
+            host[device] = torch.cat(ts).tolist()
+            self._host_reads += 1
+        at = {device: 0 for device in by_device}
+        for kind, label, dtype, numel, t in pending:
+            n = t.numel()
+            values = host[t.device][at[t.device]:at[t.device] + n]
+            at[t.device] += n
+            if kind == "grad":
+                self._rec.add_activation_grad_profile(label, dtype, numel, values[:5], values[5])
+            elif kind == "forward":
+                if values[0]:
+                    self._rec.forward_nonfinite(label)
+            elif kind == "histogram":
+                self._rec.add_histogram(label, values)
+            else:  # amax: (role, parameter) per value
+                for (role, i), bits in zip(label, values):
+                    (grad_amax if role == "grad" else weight_amax)[i] = dev.f32_from_bits(bits)
 
     # ---- one line per optimizer step ---------------------------------------------------------
 
@@ -230,15 +364,41 @@ class Telemetry:
             grad_norm = outcome.grad_norm
             first = outcome.first_overflow or ""
             next_scale = self._scaler._next_scale() if self._scaler is not None else scale
-        params = [(n, None if p.grad is None else _as_view(p.grad), _as_view(p)) for n, p in self._params]
+        ptrs = [_local(p).data_ptr() for p in self._params]  # a DTensor's: its shard's
+        if ptrs != self._weight_ptrs:
+            self._bind_weights(ptrs)
+        histogram = self._rec.histogram_step()
+        n = len(self._params)
+        unclipped: List[Optional[float]] = []
+        grad_amax: List[Optional[float]] = []
+        weight_amax: List[Optional[float]] = []
+        if self._on_torch:
+            grad_amax, weight_amax = [None] * n, [None] * n
+            self._params_on_torch(histogram)
+        self._flush(grad_amax, weight_amax)
+        # The scaler's unscale pass measured the gradients it read (not on an overflow step:
+        # there the gradients as step() left them are measured, as they always were).
+        fused = None if outcome is None or outcome.found_inf else outcome._grad_amax
+        if fused:
+            unclipped = [fused.get(k) for k in self._param_ids]
+        # The core reads a gradient itself when nothing measured it, and at histogram steps.
+        torch_set = set(self._on_torch)
+        every = histogram or not fused
+        grads: List[Any] = []
+        if every or any(a is None for a in unclipped):
+            grads = [None if i in torch_set or p.grad is None or (not every and unclipped[i] is not None)
+                     else _capsule(p.grad) for i, p in enumerate(self._params)]
         line = self._rec.record(float(loss), float(lr), int(tokens), float(seconds),
                                 None if val_loss is None else float(val_loss), float(scale), float(next_scale),
-                                bool(found_inf), bool(applied), float(grad_norm), float(clip_coef), first, params)
+                                bool(found_inf), bool(applied), float(grad_norm), float(clip_coef), first,
+                                unclipped, grad_amax, grads, weight_amax)
         result = json.loads(line)
         if self._advisor is not None:
             if self._advisor.active:  # this step's tensors, unscaled by the scale its backward used
                 _write_advisor_samples(self._dir, result["step"], float(scale), self._advisor.take(result["step"], float(scale)))
             self._advisor.active = self._rec.steps % self._advisor_every == 0
+        if self._tb is not None:
+            self._tb.write(line, result["step"])
         self._seconds += time.perf_counter() - now
         return result
 
@@ -256,9 +416,14 @@ class Telemetry:
         if self._rec is None:
             return []
         alerts = self.finish()
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
         for h in self._handles:
             h.remove()
         self._handles = []
+        if self._scaler is not None:
+            self._scaler._telemetry_amax = False
         if self._advisor is not None:
             self._advisor.remove()
         self._rec = None  # the core's recorder goes: its lock on the folder with it

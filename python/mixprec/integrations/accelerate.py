@@ -1,0 +1,185 @@
+"""mixprec in a Hugging Face Accelerate loop (docs/python.md, "Accelerate").
+
+    accelerator = Accelerator(cpu=True, mixed_precision="fp16")
+    mp = MixprecAccelerate(accelerator, out="runs/acc")          # added: before prepare
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    for batch in loader:
+        loss = model(**batch).loss
+        accelerator.backward(loss)
+        optimizer.step()                                         # recorded: the scaler's outcome
+        optimizer.zero_grad()
+    mp.close()                                                   # added: summary, report path
+
+What it changes in the Accelerator, before prepare():
+- fp16: its scaler is mixprec.torch.GradScaler (torch.amp.GradScaler's rule unless a preset is
+  named); on a CPU, where Accelerate turns fp16 into fp32 without saying so (no autocast, no
+  scaler: `native_amp` False), autocast(cpu, float16) and the scaler are switched on, with a
+  warning saying so. bf16 and fp32 runs keep their Accelerator as it is (no loss scaling).
+- accelerator.backward(loss) hands each loss to the recorder (the step's loss is their sum:
+  Accelerate divides by its accumulation steps).
+- Once prepare() has given it one model and one optimizer, Telemetry watches the model and each
+  step of the optimizer that really steps (sync_gradients) is recorded.
+"""
+
+from __future__ import annotations
+
+import functools
+import types
+import warnings
+from typing import Any, Dict, Optional
+
+from ._recorder import StepRecorder, make_scaler, precision_of, require, split_options
+
+_accelerate = require("accelerate", "accelerate", "mixprec.integrations.accelerate")
+from accelerate.optimizer import AcceleratedOptimizer  # noqa: E402
+from accelerate.utils import DistributedType  # noqa: E402
+
+__all__ = ["MixprecAccelerate", "install_scaler"]
+
+_UNSUPPORTED = (DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM, DistributedType.XLA)
+
+
+def install_scaler(accelerator: Any, scaler: Any) -> bool:
+    """Makes `scaler` (mixprec.torch.GradScaler, or torch.amp.GradScaler) the Accelerator's, before
+    accelerator.prepare(). For fp16 only. Where Accelerate left fp16 off (a CPU: native_amp False,
+    no scaler, fp32 outputs from autocast()), switches it on: prepare() then wraps the model's
+    forward in autocast(device, float16) and gives the optimizer this scaler, as on a GPU.
+    Returns True when fp16 was off and is now on."""
+    if accelerator._models or accelerator._optimizers:
+        raise RuntimeError("install_scaler: call it before accelerator.prepare(...) (the prepared model and "
+                           "optimizer keep the scaler and autocast they were prepared with)")
+    if accelerator.mixed_precision != "fp16":
+        raise ValueError(f"install_scaler: the Accelerator's mixed precision is {accelerator.mixed_precision!r}; "
+                         "a loss scaler is for fp16 (Accelerator(mixed_precision=\"fp16\"))")
+    if accelerator.distributed_type in _UNSUPPORTED:
+        raise ValueError(f"install_scaler: {accelerator.distributed_type} brings its own loss scaling; "
+                         "mixprec's GradScaler does not replace it")
+    was_off = not accelerator.native_amp
+    accelerator.native_amp = True
+    accelerator.scaler = scaler
+    return was_off
+
+
+def acc_ready(accelerator: Any) -> bool:
+    return bool(accelerator._models) and bool(accelerator._optimizers)
+
+
+def _fp16_off_message(device: Any) -> str:
+    return (f"mixprec: fp16 was asked for on {device}, where Accelerate trains in fp32 without saying so "
+            "(no autocast, no loss scaler); mixprec switches autocast(float16) and its GradScaler on")
+
+
+class MixprecAccelerate:
+    """mixprec.torch.GradScaler and Telemetry in an Accelerate loop.
+
+    MixprecAccelerate(accelerator, out, preset=None, *, modules=None, sample_every=4, histogram_every=50,
+                      check_forward=True, tensorboard=None, report=True, **overrides)
+
+    accelerator  an accelerate.Accelerator, before prepare()
+    out          the run folder (Telemetry's rules: new or empty); written by the main process
+    preset       the scaler's policy (mixprec.preset_names()); None = torch.amp.GradScaler's rule
+    overrides    GradScaler keywords (init_scale, growth_interval, the core's config keys)
+    modules, sample_every, histogram_every, check_forward, tensorboard: Telemetry's
+    report       render the report (report.html) when closing
+    """
+
+    def __init__(self, accelerator: Any, out: str, preset: Optional[str] = None, *, report: bool = True,
+                 **kwargs: Any) -> None:
+        options = split_options(kwargs)
+        precision = precision_of(accelerator.mixed_precision, "MixprecAccelerate")
+        self.accelerator = accelerator
+        self.scaler = None
+        if precision == "fp16":
+            self.scaler = make_scaler(preset, kwargs)
+            if install_scaler(accelerator, self.scaler):
+                warnings.warn(_fp16_off_message(accelerator.device), stacklevel=2)
+        elif preset is not None or kwargs:
+            given = ", ".join((["preset"] if preset is not None else []) + list(kwargs))
+            raise ValueError(f"MixprecAccelerate: {given}: GradScaler options, but the run is {precision} "
+                             "(loss scaling is for fp16)")
+        elif accelerator._models or accelerator._optimizers:
+            raise RuntimeError("MixprecAccelerate: create it before accelerator.prepare(...)")
+        main = accelerator.is_main_process
+        self.recorder = StepRecorder(out, precision, self.scaler, options, report=report,
+                                     who="mixprec") if main else None
+        self._started = False
+        self._optimizer: Optional[AcceleratedOptimizer] = None
+        backward, prepare = accelerator.backward, accelerator.prepare
+
+        @functools.wraps(prepare)
+        def prepare_and_start(*args: Any, **kw: Any) -> Any:
+            result = prepare(*args, **kw)
+            if acc_ready(accelerator):
+                self._start()
+            return result
+
+        @functools.wraps(backward)
+        def recorded_backward(loss: Any, **kw: Any) -> Any:
+            self._start()
+            result = backward(loss, **kw)
+            if self.recorder is not None:
+                self.recorder.add_loss(loss / accelerator.gradient_accumulation_steps)
+            return result
+
+        accelerator.prepare = prepare_and_start  # this Accelerator only
+        accelerator.backward = recorded_backward
+
+    # ---- the prepared objects ------------------------------------------------------------------
+
+    def _start(self) -> None:
+        if self._started:
+            return
+        acc = self.accelerator
+        models, optimizers = acc._models, acc._optimizers
+        if len(models) != 1 or len(optimizers) != 1:
+            raise RuntimeError(f"mixprec: accelerator.backward() with {len(models)} prepared models and "
+                               f"{len(optimizers)} prepared optimizers; mixprec records one model and one "
+                               "optimizer (prepare them before the first backward)")
+        self._started = True
+        self._hook(optimizers[0])
+        if self.recorder is not None:
+            # The module itself (not DDP's or torch.compile's wrapper): Telemetry's names are its own.
+            self.recorder.start(acc.unwrap_model(models[0], keep_torch_compile=False))
+
+    def _hook(self, opt: AcceleratedOptimizer) -> None:
+        if self.scaler is not None and opt.scaler is not self.scaler:
+            raise RuntimeError("mixprec: the prepared optimizer has another scaler (prepared before MixprecAccelerate?)")
+        step = opt.step
+
+        def recorded_step(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
+            result = step(*args, **kwargs)
+            if optimizer.gradient_state.sync_gradients:
+                self.on_step(optimizer)
+            return result
+
+        # A bound method, as torch's LR schedulers expect when they wrap step() in turn.
+        opt.step = types.MethodType(functools.wraps(step.__func__)(recorded_step), opt)  # this optimizer only
+        self._optimizer = opt
+
+    def on_step(self, opt: Any) -> Optional[Dict[str, Any]]:
+        """Records the optimizer step just taken (the Trainer integration calls this too)."""
+        if self.recorder is None:
+            return None
+        outcome = self.scaler.last_outcome if self.scaler is not None else None
+        return self.recorder.record(opt.param_groups[0]["lr"], outcome)
+
+    # ---- what the loop reads -----------------------------------------------------------------
+
+    @property
+    def dir(self) -> str:
+        return self.recorder.out if self.recorder is not None else ""
+
+    def log_figures(self) -> Dict[str, Any]:
+        """skipped_steps (since the last call), skipped_steps_total, loss_scale and, after a skip,
+        overflow ("<parameter> (step N)"): for accelerator.log(...) or a progress line."""
+        return self.recorder.log_figures() if self.recorder is not None else {}
+
+    def close(self) -> Optional[str]:
+        """Closes the run folder (summary, alerts), renders its report and prints its path."""
+        return self.recorder.close() if self.recorder is not None else None
+
+    def __enter__(self) -> "MixprecAccelerate":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,100 @@
+// AVX2 back end of the counting pass (formats/count_kernels.hpp; entered only after
+// isa_available(Isa::avx2) has checked the CPU). Magnitudes and bounds are below the sign
+// bit, so the signed compares give the unsigned order. Each compare's -1 lanes are
+// subtracted from per-lane counters: 16-bit lanes for the 16-bit codes, flushed to 64 bits
+// every 32767 vectors (before a lane can wrap), 32-bit lanes for fp32 words, flushed every
+// 2^30 vectors. Tails run the reference loop. Results equal the reference exactly.
+#include "formats/count_kernels.hpp"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2")
+#endif
+
+namespace mixprec::detail {
+namespace {
+
+std::uint64_t sum_lanes_i32(__m256i v) {
+  alignas(32) std::int32_t lane[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lane), v);
+  std::uint64_t s = 0;
+  for (std::int32_t x : lane) s += static_cast<std::uint32_t>(x);
+  return s;
+}
+
+void profile16_avx2(const std::uint16_t* src, std::size_t n, const std::uint16_t* bounds, MagnitudeProfile& out) {
+  const __m256i mag = _mm256_set1_epi16(0x7fff);
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256i b[kCountBounds];
+  for (int k = 0; k < kCountBounds; ++k) b[k] = _mm256_set1_epi16(static_cast<short>(bounds[k]));
+  __m256i vmax = _mm256_setzero_si256();
+  std::size_t i = 0;
+  constexpr std::size_t kBlock = 32767;  // vectors per flush: a 16-bit lane counts at most this many
+  while (i + 16 <= n) {
+    __m256i acc[kCountBounds];
+    for (auto& a : acc) a = _mm256_setzero_si256();
+    const std::size_t vectors = (n - i) / 16 < kBlock ? (n - i) / 16 : kBlock;
+    for (std::size_t v = 0; v < vectors; ++v, i += 16) {
+      const __m256i m = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)), mag);
+      vmax = _mm256_max_epu16(vmax, m);
+      for (int k = 0; k < kCountBounds; ++k) acc[k] = _mm256_sub_epi16(acc[k], _mm256_cmpgt_epi16(m, b[k]));
+    }
+    for (int k = 0; k < kCountBounds; ++k) out.above[k] += sum_lanes_i32(_mm256_madd_epi16(acc[k], ones));
+  }
+  alignas(32) std::uint16_t lane[16];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lane), vmax);
+  for (std::uint16_t x : lane) out.max = x > out.max ? x : out.max;
+  profile_range(src + i, n - i, bounds, out);
+}
+
+void profile32_avx2(const std::uint32_t* src, std::size_t n, const std::uint32_t* bounds, MagnitudeProfile& out) {
+  const __m256i mag = _mm256_set1_epi32(0x7fffffff);
+  __m256i b[kCountBounds];
+  for (int k = 0; k < kCountBounds; ++k) b[k] = _mm256_set1_epi32(static_cast<int>(bounds[k]));
+  __m256i vmax = _mm256_setzero_si256();
+  std::size_t i = 0;
+  constexpr std::size_t kBlock = std::size_t{1} << 30;
+  while (i + 8 <= n) {
+    __m256i acc[kCountBounds];
+    for (auto& a : acc) a = _mm256_setzero_si256();
+    const std::size_t vectors = (n - i) / 8 < kBlock ? (n - i) / 8 : kBlock;
+    for (std::size_t v = 0; v < vectors; ++v, i += 8) {
+      const __m256i m = _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)), mag);
+      vmax = _mm256_max_epu32(vmax, m);
+      for (int k = 0; k < kCountBounds; ++k) acc[k] = _mm256_sub_epi32(acc[k], _mm256_cmpgt_epi32(m, b[k]));
+    }
+    for (int k = 0; k < kCountBounds; ++k) out.above[k] += sum_lanes_i32(acc[k]);
+  }
+  alignas(32) std::uint32_t lane[8];
+  _mm256_store_si256(reinterpret_cast<__m256i*>(lane), vmax);
+  for (std::uint32_t x : lane) out.max = x > out.max ? x : out.max;
+  profile_range(src + i, n - i, bounds, out);
+}
+
+}  // namespace
+
+const CountKernels* avx2_count_kernels() noexcept {
+  static const CountKernels table{Isa::avx2, &profile16_avx2, &profile32_avx2};
+  return &table;
+}
+
+}  // namespace mixprec::detail
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+
+#else  // not x86-64
+
+namespace mixprec::detail {
+const CountKernels* avx2_count_kernels() noexcept { return nullptr; }
+}  // namespace mixprec::detail
+
+#endif

@@ -1,0 +1,87 @@
+// AVX-512 (F/BW) back end of the counting pass (formats/count_kernels.hpp; entered only
+// after isa_available(Isa::avx512) has checked the CPU): 32 codes or 16 fp32 words a vector,
+// one unsigned compare into a mask per bound, counted with popcnt. The tail is one masked
+// load: its cleared lanes read as +0, which lies above no bound and raises no max, so the
+// tail is counted by the same instructions. Results equal the reference exactly.
+#include "formats/count_kernels.hpp"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,popcnt,avx512f,avx512bw"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,popcnt,avx512f,avx512bw")
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#endif
+
+namespace mixprec::detail {
+namespace {
+
+void profile16_avx512(const std::uint16_t* src, std::size_t n, const std::uint16_t* bounds, MagnitudeProfile& out) {
+  const __m512i mag = _mm512_set1_epi16(0x7fff);
+  __m512i b[kCountBounds];
+  for (int k = 0; k < kCountBounds; ++k) b[k] = _mm512_set1_epi16(static_cast<short>(bounds[k]));
+  __m512i vmax = _mm512_setzero_si512();
+  std::uint64_t c[kCountBounds] = {0, 0, 0, 0, 0};
+  auto step = [&](__m512i v) {
+    const __m512i m = _mm512_and_si512(v, mag);
+    vmax = _mm512_max_epu16(vmax, m);
+    for (int k = 0; k < kCountBounds; ++k)
+      c[k] += static_cast<std::uint64_t>(_mm_popcnt_u32(_mm512_cmpgt_epu16_mask(m, b[k])));
+  };
+  std::size_t i = 0;
+  for (; i + 32 <= n; i += 32) step(_mm512_loadu_si512(src + i));
+  if (i < n) step(_mm512_maskz_loadu_epi16(static_cast<__mmask32>((1u << (n - i)) - 1u), src + i));
+  for (int k = 0; k < kCountBounds; ++k) out.above[k] += c[k];
+  alignas(64) std::uint16_t lane[32];
+  _mm512_store_si512(lane, vmax);
+  for (std::uint16_t x : lane) out.max = x > out.max ? x : out.max;
+}
+
+void profile32_avx512(const std::uint32_t* src, std::size_t n, const std::uint32_t* bounds, MagnitudeProfile& out) {
+  const __m512i mag = _mm512_set1_epi32(0x7fffffff);
+  __m512i b[kCountBounds];
+  for (int k = 0; k < kCountBounds; ++k) b[k] = _mm512_set1_epi32(static_cast<int>(bounds[k]));
+  __m512i vmax = _mm512_setzero_si512();
+  std::uint64_t c[kCountBounds] = {0, 0, 0, 0, 0};
+  auto step = [&](__m512i v) {
+    const __m512i m = _mm512_and_si512(v, mag);
+    vmax = _mm512_max_epu32(vmax, m);
+    for (int k = 0; k < kCountBounds; ++k)
+      c[k] += static_cast<std::uint64_t>(_mm_popcnt_u32(_mm512_cmpgt_epu32_mask(m, b[k])));
+  };
+  std::size_t i = 0;
+  for (; i + 16 <= n; i += 16) step(_mm512_loadu_si512(src + i));
+  if (i < n) step(_mm512_maskz_loadu_epi32(static_cast<__mmask16>((1u << (n - i)) - 1u), src + i));
+  for (int k = 0; k < kCountBounds; ++k) out.above[k] += c[k];
+  const std::uint32_t m = _mm512_reduce_max_epu32(vmax);
+  out.max = m > out.max ? m : out.max;
+}
+
+}  // namespace
+
+const CountKernels* avx512_count_kernels() noexcept {
+  static const CountKernels table{Isa::avx512, &profile16_avx512, &profile32_avx512};
+  return &table;
+}
+
+}  // namespace mixprec::detail
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC diagnostic pop
+#pragma GCC pop_options
+#endif
+
+#else  // not x86-64
+
+namespace mixprec::detail {
+const CountKernels* avx512_count_kernels() noexcept { return nullptr; }
+}  // namespace mixprec::detail
+
+#endif
