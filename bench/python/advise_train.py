@@ -20,8 +20,8 @@ mixprec.torch.low_precision (TE's NVFP4 recipe emulated by the core's kernels):
 and the script prints the validation loss of each (the mean over 32 fixed validation windows)
 and two modeled costs against all-bf16: the advisor's default cost model at the shapes it
 sampled (these layers are small: memory-bound), and the same rates compute-bound (FLOPs only:
-what the ranking becomes for large layers). A benchmark, not a test: about eight minutes of one
-CPU core.
+what the ranking becomes for large layers). A benchmark, not a test: about five minutes of
+CPU for both models.
 
     build/py-venv/bin/python bench/python/advise_train.py [--steps 100] [--models gpt,llama]
 """
