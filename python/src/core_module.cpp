@@ -502,6 +502,7 @@ nb::tuple dataset(std::optional<std::string> text, std::uint64_t seed, std::size
 
 void register_quantize(nb::module_& m);      // quantize_module.cpp
 void register_integrations(nb::module_& m);  // integrations_module.cpp
+void register_advise(nb::module_& m);        // advise_module.cpp
 // binding.hpp: the one view of a tensor handed in for reading.
 mixprec::GradTensor mixprec_python::tensor_view(nb::handle h, const std::string& what, std::vector<AnyArray>& keep) {
   AnyArray a = as_array<AnyArray>(h, what.c_str(), "float32, float16 or bfloat16");
@@ -516,6 +517,7 @@ NB_MODULE(_core, m) {
   m.doc() = "mixprec's C++ core (nanobind); use the `mixprec` package, not this module";
   register_quantize(m);
   register_integrations(m);
+  register_advise(m);
 
   nb::exception<mixprec::ScaleCollapseError>(m, "ScaleCollapseError", PyExc_RuntimeError);
   // Protocol misuse: torch's exception class (RuntimeError or AssertionError, the protocol's

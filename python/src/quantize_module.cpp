@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 
+#include "mixprec/fp8/recipes.hpp"
 #include "mixprec/lowp/quantize.hpp"
 
 namespace nb = nanobind;
@@ -183,6 +184,24 @@ void register_quantize(nb::module_& m) {
     }
     return result;
   }, nb::arg("q"), nb::arg("out").none());
+  // One step of TE's delayed scaling for one tensor (docs/fp8.md): fold this step's amax into
+  // history[0], roll the history, and return the new scale from the chosen amax.
+  m.def("delayed_update", [](nb::handle history_obj, float amax, std::string_view algo, float fp8_max, int margin,
+                             float previous_scale) {
+    MutArray h = array_arg<MutArray>(history_obj, "amax_history", nb::dtype<float>(), "float32");
+    if (h.size() == 0) value_error("amax_history: expected at least one slot, found 0");
+    if (!(amax >= 0.0f || std::isnan(amax))) value_error("amax: expected >= 0, inf or NaN, found " + std::to_string(amax));
+    if (margin < -64 || margin > 64) value_error("margin: expected an integer in [-64, 64], found " + std::to_string(margin));
+    mixprec::fp8::AmaxAlgo a;
+    if (algo == "max") a = mixprec::fp8::AmaxAlgo::max;
+    else if (algo == "most_recent") a = mixprec::fp8::AmaxAlgo::most_recent;
+    else value_error("amax_compute_algo: expected 'max' or 'most_recent', found '" + std::string(algo) + "'");
+    const std::span<float> hist(static_cast<float*>(h.data()), h.size());
+    hist[0] = mixprec::fp8::fold_amax(hist[0], amax);
+    const float chosen = mixprec::fp8::roll_history(hist, a);
+    return mixprec::fp8::delayed_scale(chosen, previous_scale, fp8_max, margin);
+  }, nb::arg("amax_history"), nb::arg("amax"), nb::arg("algo"), nb::arg("fp8_max"), nb::arg("margin"),
+     nb::arg("previous_scale"));
   m.def("recipe_table", [] {
     nb::list l;
     for (const lowp::RecipeInfo& r : lowp::recipe_table()) {

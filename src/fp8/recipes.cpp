@@ -27,12 +27,6 @@ std::string str(std::string_view s) { return std::string(s); }
 // An amax that can be recorded: >= 0 (either zero), +inf or NaN.
 bool valid_amax(float a) noexcept { return std::isnan(a) || a >= 0.0f; }
 
-// Max of two recorded amaxes where a NaN stays (the slot remembers a NaN step).
-float sticky_max(float a, float b) noexcept {
-  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<float>::quiet_NaN();
-  return a < b ? b : a;
-}
-
 bool same_bits(float a, float b) noexcept {
   return std::bit_cast<std::uint32_t>(a) == std::bit_cast<std::uint32_t>(b);
 }
@@ -57,6 +51,11 @@ void validate(const DelayedScalingConfig& c) {
     fail("amax_compute_algo: expected \"max\" or \"most_recent\"");
   if (c.format != Format::e4m3 && c.format != Format::hybrid)
     fail("fp8_format: expected \"E4M3\" or \"HYBRID\"");
+}
+
+float fold_amax(float slot, float amax) noexcept {
+  if (std::isnan(slot) || std::isnan(amax)) return std::numeric_limits<float>::quiet_NaN();
+  return slot < amax ? amax : slot;
 }
 
 float delayed_scale(float amax, float previous_scale, float fp8_max, int margin) noexcept {
@@ -137,7 +136,7 @@ void DelayedScaling::record_amax(std::size_t tensor, float amax) {
   at(tensor);
   if (!valid_amax(amax)) fail("DelayedScaling::record_amax: amax must be >= 0, inf or nan");
   float& slot = state_.tensors[tensor].amax_history[0];
-  slot = sticky_max(slot, amax);
+  slot = fold_amax(slot, amax);
 }
 
 std::vector<float> DelayedScaling::current_amaxes() const {

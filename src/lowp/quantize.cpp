@@ -484,27 +484,31 @@ void dequantize(const Quantized& q, std::span<float> dst) {
   const QuantizeConfig& c = q.config;
   const RecipeInfo& info = recipe_info(c.recipe);
   const bool col = c.layout == Layout::columnwise;
-  const std::size_t tr = c.tile_2d ? info.tile_rows : 1;
-  // nvfp4 (TE dequantize_nvfp4.cuh): float(scale) * amax * float(1 / (6 * 448)).
+  const std::size_t tr = info.block == 0 ? std::max<std::size_t>(q.code_rows, 1) : (c.tile_2d ? info.tile_rows : 1);
+  const std::size_t block = info.block == 0 ? std::max<std::size_t>(q.code_cols, 1) : info.block;
+  // Every element is decode(code) * m, with one multiplier m per block:
+  //   f32 scales: scale_inv; E8M0: float(code); nvfp4 (TE dequantize_nvfp4.cuh):
+  //   float(scale) * amax * float(1 / (6 * 448)); nvfp4 torchao: tensor_scale * float(scale).
   constexpr float kNvfp4FactorInv = static_cast<float>(1.0 / (6.0 * 448.0));
+  std::vector<float> m(q.scale_rows * q.scale_cols);
+  for (std::size_t s = 0; s < m.size(); ++s) {
+    if (q.scale_format == ScaleFormat::f32) {
+      m[s] = q.scale_inv[s];
+    } else if (q.scale_format == ScaleFormat::e8m0) {
+      m[s] = static_cast<float>(e8m0::from_bits(q.scale_codes[s]));
+    } else {
+      const float sb = mixprec::detail::decode<mixprec::detail::kE4M3Spec>(q.scale_codes[s], Subnormals::keep);
+      m[s] = c.flavour == Flavour::torchao ? q.tensor_scale * sb : sb * q.tensor_amax * kNvfp4FactorInv;
+    }
+  }
+  float lut[256];
+  for (unsigned code = 0; code < 256; ++code) lut[code] = decode_code(c.element, static_cast<std::uint8_t>(code & (c.element == Element::e2m1 ? 0xF : 0xFF)));
   for (std::size_t r = 0; r < q.code_rows; ++r) {
+    const std::uint8_t* row = q.codes.data() + r * q.row_bytes;
+    const float* mr = m.data() + (r / tr) * q.scale_cols;
     for (std::size_t i = 0; i < q.code_cols; ++i) {
-      std::uint8_t code = c.element == Element::e2m1 ? q.codes[r * q.row_bytes + i / 2] : q.codes[r * q.row_bytes + i];
-      if (c.element == Element::e2m1) code = (i % 2 == 0) ? code & 0xF : code >> 4;
-      const float v = decode_code(c.element, code);
-      const std::size_t s = info.block == 0 ? 0 : (r / tr) * q.scale_cols + i / info.block;
-      float out;
-      if (q.scale_format == ScaleFormat::f32) {
-        out = v * q.scale_inv[s];
-      } else if (q.scale_format == ScaleFormat::e8m0) {
-        out = v * static_cast<float>(e8m0::from_bits(q.scale_codes[s]));
-      } else if (c.flavour == Flavour::torchao) {
-        out = detail::torchao_nvfp4_dequantize_one(v, q.scale_codes[s], q.tensor_scale);
-      } else {
-        const float sb = mixprec::detail::decode<mixprec::detail::kE4M3Spec>(q.scale_codes[s], Subnormals::keep);
-        out = v * (sb * q.tensor_amax * kNvfp4FactorInv);
-      }
-      dst[col ? i * q.cols + r : r * q.cols + i] = out;
+      const std::uint8_t code = c.element == Element::e2m1 ? ((i % 2 == 0) ? row[i / 2] & 0xF : row[i / 2] >> 4) : row[i];
+      dst[col ? i * q.cols + r : r * q.cols + i] = lut[code] * mr[i / block];
     }
   }
 }

@@ -340,6 +340,25 @@ std::string shape_text(std::span<const std::size_t> shape) {
   return s + ")";
 }
 
+std::string npy_f32_image(std::span<const std::size_t> shape, std::span<const float> values) {
+  std::size_t n = 1;
+  for (std::size_t d : shape) n *= d;
+  if (n != values.size())
+    throw std::invalid_argument("npy_f32_image: shape " + shape_text(shape) + " holds " + std::to_string(n) +
+                                " values, found " + std::to_string(values.size()));
+  std::string header = "{'descr': '<f4', 'fortran_order': False, 'shape': " + shape_text(shape) + ", }";
+  // magic (6) + version (2) + header length (2) + header + '\n', padded to a multiple of 64.
+  const std::size_t unpadded = 10 + header.size() + 1;
+  header.append((64 - unpadded % 64) % 64, ' ').push_back('\n');
+  std::string out("\x93NUMPY\x01\x00", 8);
+  out.push_back(static_cast<char>(header.size() & 0xFF));
+  out.push_back(static_cast<char>(header.size() >> 8));
+  out += header;
+  static_assert(std::endian::native == std::endian::little, "npy_f32_image writes '<f4' from memory");
+  out.append(reinterpret_cast<const char*>(values.data()), values.size() * sizeof(float));
+  return out;
+}
+
 NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view source) {
   const std::string src(source);
   auto error = [&](const std::string& what) { return std::runtime_error(std::string(src).append(": ").append(what)); };

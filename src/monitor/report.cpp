@@ -742,6 +742,107 @@ std::string config_section(const std::vector<ReportRun>& runs) {
   return out + "</section>";
 }
 
+// The precision advisor (docs/advisor.md): per run with advice, the choice per layer with its
+// reason and the cheaper candidates' rejections, and a layer x role heat map of the relative
+// RMS error per candidate (green within the role's bound, red beyond it; a cell's title holds
+// saturated, flushed and headroom). No choice is shown without the measurements behind it.
+std::string advisor_section(const std::vector<ReportRun>& runs) {
+  namespace adv = advisor;
+  std::string out;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    if (!runs[i].advice) continue;
+    const adv::Advice& a = *runs[i].advice;
+    const adv::Budget& b = a.config.budget;
+    if (out.empty()) out = "<section id=\"advisor\"><h2>Precision advisor</h2>";
+    std::string bound;
+    for (std::size_t r = 0; r < adv::kRoles; ++r)
+      if (b.roles[r])
+        bound += std::string(bound.empty() ? "" : ", ") + std::string(adv::role_name(static_cast<adv::Role>(r))) +
+                 " \u2264 " + number(b.max_rel_rms_error[r], 3);
+    const std::string lead = "From " + std::to_string(a.steps) + " sampled step" + (a.steps == 1 ? "" : "s") + " (" +
+                             std::to_string(a.first_step) + "\u2013" + std::to_string(a.last_step) +
+                             "). Per layer the cheapest candidate whose relative RMS error stays within the bound (" +
+                             bound + "), saturating at most " + percent(b.max_saturated) + " and flushing at most " +
+                             percent(b.max_flushed) + " of the values. Modeled cost of the assignment: " +
+                             number(a.cost_bf16 > 0 ? a.cost_chosen / a.cost_bf16 : 1.0, 3) + "\u00d7 all-bf16.";
+    std::string t = "<table><thead><tr><th>layer</th><th class=\"num\">tokens \u00d7 in \u2192 out</th><th>choice</th>"
+                    "<th class=\"num\">cost / bf16</th><th>why</th></tr></thead><tbody>";
+    for (const adv::LayerAdvice& l : a.layers) {
+      const double bf = l.cost[static_cast<std::size_t>(adv::Candidate::bf16)];
+      t += "<tr><td class=\"name\"><code>" + escape(l.layer) + "</code></td><td class=\"num\">" +
+           std::to_string(l.tokens) + " \u00d7 " + std::to_string(l.in) + " \u2192 " + std::to_string(l.out) +
+           "</td><td>" + (l.chosen ? "<b>" + escape(std::string(adv::candidate_name(*l.chosen))) + "</b>"
+                                   : std::string("<span class=\"bad\">none</span>")) +
+           "</td><td class=\"num\">" +
+           (l.chosen && bf > 0 ? number(l.cost[static_cast<std::size_t>(*l.chosen)] / bf, 3) : "\u2013") +
+           "</td><td>" + escape(l.reason);
+      if (!l.rejected.empty()) {
+        t += "<div class=\"muted\">rejected: ";
+        for (std::size_t k = 0; k < l.rejected.size(); ++k) t += (k ? "; " : "") + escape(l.rejected[k]);
+        t += "</div>";
+      }
+      t += "</td></tr>";
+    }
+    t += "</tbody></table>";
+    // The heat map: a row per layer, a column group per candidate, a column per sampled role.
+    std::array<bool, adv::kRoles> any{};
+    for (const adv::LayerAdvice& l : a.layers)
+      for (std::size_t r = 0; r < adv::kRoles; ++r) any[r] = any[r] || l.sampled[r];
+    std::string h = "<table class=\"heat\"><thead><tr><th rowspan=\"2\">layer</th>";
+    std::size_t nroles = 0;
+    for (bool x : any) nroles += x ? 1 : 0;
+    for (adv::Candidate c : a.candidates)
+      h += "<th class=\"grp\" colspan=\"" + std::to_string(nroles) + "\">" + escape(std::string(adv::candidate_name(c))) +
+           "</th>";
+    h += "</tr><tr>";
+    for (std::size_t k = 0; k < a.candidates.size(); ++k)
+      for (std::size_t r = 0; r < adv::kRoles; ++r)
+        if (any[r]) h += "<th>" + std::string(adv::role_name(static_cast<adv::Role>(r))) + "</th>";
+    h += "</tr></thead><tbody>";
+    for (const adv::LayerAdvice& l : a.layers) {
+      h += "<tr><td class=\"name\"><code>" + escape(l.layer) + "</code></td>";
+      for (adv::Candidate c : a.candidates) {
+        const bool chosen = l.chosen == c;
+        for (std::size_t r = 0; r < adv::kRoles; ++r) {
+          if (!any[r]) continue;
+          if (!l.sampled[r]) {
+            h += "<td class=\"cell\">\u2013</td>";
+            continue;
+          }
+          const adv::Measurement& m = l.measurements[static_cast<std::size_t>(c)][r];
+          const double ratio = m.rel_rms_error / b.max_rel_rms_error[r];
+          // Within the bound: white to green as the error falls; beyond it: red.
+          std::string bg;
+          if (!(ratio <= 1.0)) {
+            bg = "#fca5a5";
+          } else {
+            const double g = std::clamp(1.0 - ratio, 0.0, 1.0);
+            char buf[32];
+            std::snprintf(buf, sizeof buf, "rgb(%d,%d,%d)", static_cast<int>(236 - 70 * g), static_cast<int>(252 - 20 * g),
+                          static_cast<int>(236 - 70 * g));
+            bg = buf;
+          }
+          const std::string title = "saturated " + percent(m.saturated) + ", flushed " + percent(m.flushed) +
+                                    ", headroom " + (std::isnan(m.headroom_log2) ? std::string("n/a") : number(m.headroom_log2, 3) + " binades") +
+                                    ", worst step " + number(m.worst_rel_rms_error, 3);
+          h += "<td class=\"cell" + std::string(chosen ? " chosen" : "") + (b.roles[r] ? "" : " free") +
+               "\" style=\"background:" + bg + "\" title=\"" + escape(title) + "\">" + number(m.rel_rms_error, 2) + "</td>";
+        }
+      }
+      h += "</tr>";
+    }
+    h += "</tbody></table>";
+    out += "<h3 class=\"run-title\">" + swatch(run_color(i)) + escape(runs[i].name) + "</h3>";
+    out += "<p class=\"lead\">" + escape(lead) + "</p>";
+    out += card("The choice per layer", t);
+    out += card("Relative RMS error per candidate (layer \u00d7 role)", "<div class=\"scroll\">" + h + "</div>",
+                "green: within the role's bound (darker: further within), red: beyond it; bold: the chosen candidate; "
+                "italic: a role the budget does not require; hover a cell for saturated, flushed, headroom and the "
+                "worst sampled step");
+  }
+  return out.empty() ? out : out + "</section>\n";
+}
+
 constexpr const char* kStyle = R"CSS(
 :root{--fg:#1f2937;--muted:#6b7280;--line:#e5e7eb;--bg:#f5f6f8;--accent:#2563eb}
 *{box-sizing:border-box}
@@ -799,6 +900,12 @@ ul.alerts li{border-left:3px solid #f59e0b;background:#fffbeb;border-radius:6px;
 ul.plain{margin:0;padding-left:0;list-style:none}
 ul.plain li{margin:3px 0}
 footer{max-width:1240px;margin:0 auto;padding:0 20px 30px;color:var(--muted);font-size:12px}
+.scroll{overflow-x:auto}
+table.heat th,table.heat td{padding:3px 5px;font-size:11.5px;text-align:center}
+table.heat th.grp{border-left:2px solid var(--line)}
+table.heat td.name{text-align:left}
+table.heat td.chosen{font-weight:700;outline:1.5px solid #047857}
+table.heat td.free{font-style:italic;opacity:.75}
 )CSS";
 
 }  // namespace
@@ -897,6 +1004,7 @@ std::string render_report(const std::vector<ReportRun>& runs, const ReportOption
   out += "</section>\n";
 
   out += fp8_section(runs);
+  out += advisor_section(runs);
   out += histograms_section(runs) + "\n";
   out += alerts_section(runs) + "\n";
   out += config_section(runs) + "\n";
@@ -985,6 +1093,14 @@ ReportRun load_run(const std::string& dir, const std::string& name) {
         alerts.push_back(std::move(al));
       }
       run.alerts = std::move(alerts);
+    }
+  }
+  // The precision advisor's evidence (`mixprec advise RUN_DIR` writes it).
+  if (const auto adv = train::read_run_file(p, "advice/advice.json")) {
+    try {
+      run.advice = advisor::parse_advice_json(*adv, (p / "advice" / "advice.json").string());
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(e.what());
     }
   }
   return run;

@@ -23,6 +23,8 @@ with warnings.catch_warnings():
 
 import mixprec
 
+torch.set_num_threads(1)
+
 FP8 = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 MODES = {"rceil": ScaleCalculationMode.RCEIL, "floor": ScaleCalculationMode.FLOOR}
 

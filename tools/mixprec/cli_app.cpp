@@ -17,6 +17,7 @@
 #include "cmd_formats.hpp"
 #include "cmd_inspect.hpp"
 #include "cmd_memory.hpp"
+#include "cmd_advise.hpp"
 #include "cmd_report.hpp"
 #include "cmd_scaler.hpp"
 #include "cmd_train.hpp"
@@ -64,6 +65,7 @@ CommandLine::CommandLine() : app_{"mixprec: mixed-precision training toolkit", "
   add_inspect_command(app_, action_);
   add_report_command(app_, action_);
   add_export_command(app_, action_);
+  add_advise_command(app_, action_);
 }
 
 int CommandLine::parse(int argc, char** argv) {

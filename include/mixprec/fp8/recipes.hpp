@@ -59,6 +59,10 @@ void validate(const DelayedScalingConfig& config);
 //   when amax is finite and > 0, else the previous scale; an infinite result becomes FLT_MAX.
 float delayed_scale(float amax, float previous_scale, float fp8_max, int margin) noexcept;
 
+// What record_amax writes into a history slot: the max of the two, where a NaN stays NaN
+// (the slot remembers a NaN step).
+float fold_amax(float slot, float amax) noexcept;
+
 // One step of TE's history roll on history h (h[0] is the slot the current step's amax was
 // recorded in): returns the amax the algorithm uses and rolls h in place:
 //   a_i = h[i+1] for i < L-1, a_{L-1} = h[0];  h'[0] = 0, h'[i] = a_i (i > 0)

@@ -52,6 +52,11 @@ NpyArray parse_npy(std::span<const std::byte> bytes, std::string_view source);
 // Reads and parses a file of at most max_file_bytes.
 NpyArray read_npy(const std::filesystem::path& path, std::uint64_t max_file_bytes = kNpyMaxFileBytes);
 
+// A float32 .npy image (version 1.0, '<f4', C order) of `values` with `shape`, as
+// numpy.save writes it (the header padded with spaces to a multiple of 64 bytes).
+// std::invalid_argument when the shape's product is not values.size().
+std::string npy_f32_image(std::span<const std::size_t> shape, std::span<const float> values);
+
 // "(2, 3)", "(5,)", "()": the shape as Python prints a tuple.
 std::string shape_text(std::span<const std::size_t> shape);
 

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "mixprec/monitor/advise.hpp"
 #include "mixprec/train/step_record.hpp"
 
 namespace mixprec::monitor {
@@ -44,6 +45,9 @@ struct ReportRun {
   // summary.json's "alerts": nullopt when not evaluated (no summary.json, or no
   // "alerts" in it), an empty vector when there were none.
   std::optional<std::vector<ReportAlert>> alerts;
+  // advice/advice.json (`mixprec advise RUN_DIR`, docs/advisor.md): the precision advisor's
+  // choice per layer and every measurement behind it; nullopt when the run has none.
+  std::optional<advisor::Advice> advice;
 };
 
 // A run's figures, computed from its records (so an interrupted run without
@@ -61,7 +65,8 @@ struct ReportOptions {
 // are left out of the charts (their lines break there).
 std::string render_report(const std::vector<ReportRun>& runs, const ReportOptions& options = {});
 
-// Reads a run folder: log.jsonl (required), config.json and summary.json (optional).
+// Reads a run folder: log.jsonl (required), config.json, summary.json and advice/advice.json
+// (optional).
 // std::runtime_error with a clear message: the folder does not exist or is not a
 // folder, it has no log.jsonl, a malformed log line ("FILE:LINE: ..."), malformed JSON
 // in config.json or summary.json. `name` empty: the folder's name.

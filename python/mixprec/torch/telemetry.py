@@ -52,6 +52,7 @@ from .. import _core
 from . import _device_counts as dev
 from .grad_scaler import GradScaler, StepOutcome, _local
 from .tensorboard import TensorBoardWriter, require_tensorboard
+from .advise import Sampler as _AdvisorSampler, write_samples as _write_advisor_samples
 
 _CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _PRECISIONS = ("fp32", "fp16", "bf16")
@@ -119,18 +120,22 @@ class Telemetry:
     counting        "auto": the core counts CPU tensors, torch operations count tensors on other
                     devices where they lie; "torch": torch operations for every tensor (the GPU
                     path, run on the CPU: for comparisons and tests)
+    advisor_every   0 (default) or N: at steps 1, 1 + N, ..., copy x, w, dy and dW of every
+                    nn.Linear into the run folder's samples/ for `mixprec advise RUN_DIR`
+                    (docs/advisor.md)
     """
 
     def __init__(self, model: torch.nn.Module, out: str, *, precision: str = "fp16",
                  loss_scale: Optional[str] = None, scaler: Optional[GradScaler] = None,
                  modules: Union[None, Iterable[str], Callable[[str, torch.nn.Module], bool]] = None,
                  sample_every: int = 4, histogram_every: int = 50, check_forward: bool = True,
-                 tensorboard: Optional[str] = None, counting: str = "auto") -> None:
+                 tensorboard: Optional[str] = None, counting: str = "auto", advisor_every: int = 0) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module, found {type(model).__name__}")
         if precision not in _PRECISIONS:
             raise ValueError(f"precision: expected one of {', '.join(_PRECISIONS)}, found {precision!r}")
-        for what, v, low in (("sample_every", sample_every, 1), ("histogram_every", histogram_every, 0)):
+        for what, v, low in (("sample_every", sample_every, 1), ("histogram_every", histogram_every, 0),
+                             ("advisor_every", advisor_every, 0)):
             if isinstance(v, bool) or not isinstance(v, int) or v < low:
                 raise ValueError(f"{what}: expected an int >= {low}, found {v!r}")
         if counting not in _COUNTING:
@@ -154,6 +159,10 @@ class Telemetry:
         # (ValueError / RuntimeError with its message) before anything else happens here.
         self._rec = _core.TelemetryRecorder(out, precision, loss_scale, histogram_every)
         self._dir = out
+        # The advisor's sampler (mixprec.torch.advise): active on every advisor_every-th step
+        # (after the folder exists: a refused folder leaves no hooks on the model).
+        self._advisor = _AdvisorSampler(model) if advisor_every else None
+        self._advisor_every = advisor_every
         self._tb = None if tensorboard is None else TensorBoardWriter(tensorboard)
         self._seconds = 0.0  # time in the hooks and in record(), the core's counting included
         self._last_record = time.perf_counter()
@@ -172,6 +181,8 @@ class Telemetry:
         self._handles = []
         for name, module in watched:
             self._handles.append(module.register_forward_hook(self._forward_hook(name)))
+        if self._advisor is not None:
+            self._advisor.active = True  # steps 1, 1 + N, 1 + 2N, ...
 
     # ---- which modules ---------------------------------------------------------------------
 
@@ -382,6 +393,10 @@ class Telemetry:
                                 bool(found_inf), bool(applied), float(grad_norm), float(clip_coef), first,
                                 unclipped, grad_amax, grads, weight_amax)
         result = json.loads(line)
+        if self._advisor is not None:
+            if self._advisor.active:  # this step's tensors, unscaled by the scale its backward used
+                _write_advisor_samples(self._dir, result["step"], float(scale), self._advisor.take(result["step"], float(scale)))
+            self._advisor.active = self._rec.steps % self._advisor_every == 0
         if self._tb is not None:
             self._tb.write(line, result["step"])
         self._seconds += time.perf_counter() - now
@@ -409,6 +424,8 @@ class Telemetry:
         self._handles = []
         if self._scaler is not None:
             self._scaler._telemetry_amax = False
+        if self._advisor is not None:
+            self._advisor.remove()
         self._rec = None  # the core's recorder goes: its lock on the folder with it
         return alerts
 

@@ -1,0 +1,303 @@
+"""mixprec.torch.advise: the precision advisor for any PyTorch model (docs/advisor.md).
+
+    advice = mixprec.torch.advise(model, step_fn, steps=8, budget=0.1, out="recipe.json")
+    print(advice.table())                     # layer, shape, choice, cost against bf16, errors
+    advice.assignment                         # {"blocks.0.qkv": "nvfp4", "head": "bf16", ...}
+    mixprec.torch.low_precision(model, "recipe.json")   # train with the assignment
+
+``step_fn()`` runs one real training step (forward, backward, optimizer step) of your loop.
+While it runs, hooks on every watched ``nn.Linear`` copy its input x, its weight w, the
+gradient of its output dy and its weight gradient dW (of x and dy at most ``max_rows`` evenly
+spaced rows; gradients divided by the loss scale of the step). The measurement (each candidate
+quantized by the C++ core's own kernels), the cost model and the choice are the core's
+(``mixprec::monitor::advisor``, the code behind ``mixprec advise RUN_DIR`` too); this module
+only collects the tensors and hands them over.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import weakref
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import torch
+
+from .. import _core
+
+#: The candidates, in the core's table order.
+CANDIDATES: Tuple[str, ...] = tuple(_core.advise_candidates())
+_ROLES = ("x", "w", "dy", "dw")
+
+Sample = Tuple[str, str, int, float, int, np.ndarray]
+
+
+def _linear_like(m: torch.nn.Module) -> bool:
+    """nn.Linear, or a module that stands for one (mixprec.torch.low_precision's Linear)."""
+    if isinstance(m, torch.nn.Linear):
+        return True
+    w = getattr(m, "weight", None)
+    return (isinstance(w, torch.nn.Parameter) and w.dim() == 2 and hasattr(m, "in_features")
+            and hasattr(m, "out_features"))
+
+
+def watched_modules(model: torch.nn.Module, modules: Any = None) -> List[Tuple[str, torch.nn.Module]]:
+    """The linear layers to watch: None = every nn.Linear of the model (named_modules order), a
+    list of names, or a predicate (name, module) -> bool over the linear layers."""
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model: expected a torch.nn.Module, found {type(model).__name__}")
+    linears = [(n, m) for n, m in model.named_modules() if n and _linear_like(m)]
+    if modules is None:
+        chosen = linears
+    elif callable(modules):
+        chosen = [(n, m) for n, m in linears if modules(n, m)]
+    elif isinstance(modules, Iterable) and not isinstance(modules, (str, bytes)):
+        known = dict(model.named_modules())
+        chosen = []
+        for n in modules:
+            if n not in known:
+                raise ValueError(f"modules: {n!r} is not a module of the model")
+            if not _linear_like(known[n]):
+                raise ValueError(f"modules: {n!r} is a {type(known[n]).__name__}; expected an nn.Linear")
+            chosen.append((n, known[n]))
+    else:
+        raise TypeError(f"modules: expected None, a list of names or a predicate, found {type(modules).__name__}")
+    if not chosen:
+        raise ValueError("modules: no linear layer of the model was selected")
+    return chosen
+
+
+def _rows(t: torch.Tensor, max_rows: int) -> Tuple[torch.Tensor, int]:
+    """t as [rows, cols] and at most max_rows evenly spaced rows of it (a copy, float32, CPU)."""
+    t2 = t.detach().reshape(-1, t.shape[-1])
+    total = t2.shape[0]
+    if total > max_rows:
+        t2 = t2[:: -(-total // max_rows)]
+    return t2.to(device="cpu", dtype=torch.float32, copy=True).contiguous(), total
+
+
+class Sampler:
+    """Hooks that copy the tensors of the watched linear layers while ``active`` (docs/advisor.md,
+    "What is sampled"). ``take(step, loss_scale)`` returns what was collected since the last take,
+    the gradients divided by loss_scale, as (layer, role, step, loss_scale, rows_total, values)."""
+
+    def __init__(self, model: torch.nn.Module, modules: Any = None, *, max_rows: int = 4096) -> None:
+        if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
+            raise ValueError(f"max_rows: expected an int >= 1, found {max_rows!r}")
+        self._watched = watched_modules(model, modules)
+        self.max_rows = max_rows
+        self.active = False
+        self._pending: List[Tuple[str, str, int, torch.Tensor]] = []
+        self._weights_seen: set = set()
+        self._handles = []
+        ref = weakref.ref(self)
+        for name, m in self._watched:
+            self._handles.append(m.register_forward_hook(Sampler._forward_hook(ref, name)))
+            self._handles.append(m.weight.register_hook(Sampler._grad_hook(ref, name, "dw")))
+
+    @property
+    def layers(self) -> List[str]:
+        return [n for n, _ in self._watched]
+
+    def _keep(self, name: str, role: str, t: torch.Tensor) -> None:
+        # x and dy may be subsampled by rows (tokens); w and dW are kept whole (their shape is
+        # the layer's, and 2-D tiles need every row).
+        values, total = _rows(t, self.max_rows if role in ("x", "dy") else t.shape[0])
+        self._pending.append((name, role, total, values))
+
+    @staticmethod
+    def _forward_hook(ref: "weakref.ref[Sampler]", name: str):
+        def hook(module: torch.nn.Module, inputs: Any, output: Any) -> None:
+            s = ref()
+            if s is None or not s.active or not torch.is_grad_enabled():
+                return
+            if inputs and isinstance(inputs[0], torch.Tensor):
+                s._keep(name, "x", inputs[0])
+            if name not in s._weights_seen:  # the weight does not change within a step
+                s._weights_seen.add(name)
+                s._keep(name, "w", module.weight)
+            if isinstance(output, torch.Tensor) and output.requires_grad:
+                output.register_hook(Sampler._grad_hook(ref, name, "dy"))
+        return hook
+
+    @staticmethod
+    def _grad_hook(ref: "weakref.ref[Sampler]", name: str, role: str):
+        def hook(grad: torch.Tensor) -> None:
+            s = ref()
+            if s is not None and s.active:
+                s._keep(name, role, grad)
+        return hook
+
+    def take(self, step: int, loss_scale: float = 1.0) -> List[Sample]:
+        """The samples collected since the last take, gradients unscaled by loss_scale."""
+        if not (isinstance(loss_scale, (int, float)) and math.isfinite(loss_scale) and loss_scale > 0):
+            raise ValueError(f"loss_scale: expected a finite number > 0, found {loss_scale!r}")
+        out = []
+        for name, role, total, values in self._pending:
+            if role in ("dy", "dw") and loss_scale != 1.0:
+                values.div_(float(loss_scale))
+            out.append((name, role, int(step), float(loss_scale), int(total), values.numpy()))
+        self._pending = []
+        self._weights_seen = set()
+        return out
+
+    def remove(self) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []
+        self.active = False
+
+
+class Advice:
+    """What the advisor chose and every measurement behind it (the core's Advice).
+
+    assignment  {layer: candidate name, or None where no candidate was within the budget}
+    recipe      the recipe file (a dict) that mixprec.torch.low_precision reads
+    layers      per layer: tokens, in, out, chosen, reason, rejected, and per candidate its
+                cost and per role rel_rms_error, worst_rel_rms_error, saturated, flushed,
+                headroom_log2, amax, elements, nonzero, nonfinite, samples
+    cost_ratio  modeled cost of the assignment / all-bf16
+    """
+
+    def __init__(self, core: Any) -> None:
+        self._core = core
+        self.data: Dict[str, Any] = json.loads(core.json())
+
+    @property
+    def layers(self) -> List[Dict[str, Any]]:
+        return self.data["layers"]
+
+    @property
+    def assignment(self) -> Dict[str, Optional[str]]:
+        return {l["layer"]: l["chosen"] for l in self.data["layers"]}
+
+    @property
+    def recipe(self) -> Dict[str, Any]:
+        return json.loads(self._core.recipe_file())
+
+    @property
+    def cost_ratio(self) -> float:
+        d = self.data
+        return d["cost_chosen"] / d["cost_bf16"] if d["cost_bf16"] > 0 else 1.0
+
+    def table(self) -> str:
+        return self._core.table()
+
+    def json(self) -> str:
+        return self._core.json()
+
+    def save(self, path: Union[None, str, os.PathLike], evidence: Union[None, str, os.PathLike] = None) -> None:
+        """Writes the recipe file to ``path`` and the evidence (advice.json, what `mixprec report`
+        shows) to ``evidence``, each when given (a temporary file renamed over it)."""
+        for p, text in ((path, self._core.recipe_file()), (evidence, self._core.json())):
+            if p is None:
+                continue
+            tmp = f"{os.fspath(p)}.tmp-{os.getpid()}"
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(text)
+            os.replace(tmp, p)
+
+    def __repr__(self) -> str:
+        return f"Advice({len(self.layers)} layers, cost {self.cost_ratio:.3g}x all-bf16, {self.assignment})"
+
+
+def config_json(candidates: Optional[Sequence[str]] = None, budget: Any = None, cost: Optional[Mapping[str, Any]] = None,
+                amax_history_len: Optional[int] = None, margin: Optional[int] = None) -> str:
+    """The advisor's configuration as the JSON the core parses (and checks: ValueError naming the
+    field). budget: a number (every role's relative RMS error bound) or a dict (x, w, dy, dw,
+    max_rel_rms_error, max_saturated, max_flushed, roles); cost: {bandwidth_gbs, activation_bits,
+    candidates: {name: {tflops, element_bits, scale_bits, weight_scale_bits, amax_pass,
+    quantized}}}."""
+    cfg: Dict[str, Any] = {}
+    if candidates is not None:
+        if isinstance(candidates, str):
+            raise ValueError(f"candidates: expected a list of names, found the string {candidates!r}")
+        cfg["candidates"] = list(candidates)
+    if budget is not None:
+        cfg["budget"] = dict(budget) if isinstance(budget, Mapping) else budget
+    if cost is not None:
+        cfg["cost"] = dict(cost)
+    if amax_history_len is not None:
+        cfg["amax_history_len"] = amax_history_len
+    if margin is not None:
+        cfg["margin"] = margin
+    try:
+        text = json.dumps(cfg, allow_nan=False)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"advisor configuration: {e}") from None
+    _core.advise([], text)  # the core checks it now, before any step runs
+    return text
+
+
+def _scale_of(scaler: Any, loss_scale: Optional[float]) -> float:
+    if scaler is not None:
+        if not scaler.is_enabled():
+            return 1.0
+        return float(scaler.get_scale())
+    return 1.0 if loss_scale is None else float(loss_scale)
+
+
+def advise(model: torch.nn.Module, step_fn: Callable[[], Any], steps: int = 1, *,
+           candidates: Optional[Sequence[str]] = None, budget: Any = None, cost: Optional[Mapping[str, Any]] = None,
+           modules: Any = None, every: int = 1, max_rows: int = 4096, scaler: Any = None,
+           loss_scale: Optional[float] = None, out: Union[None, str, os.PathLike] = None,
+           evidence: Union[None, str, os.PathLike] = None, amax_history_len: Optional[int] = None,
+           margin: Optional[int] = None) -> Advice:
+    """Run ``steps`` real steps of ``step_fn()``, sampling every ``every``-th, and choose per
+    linear layer the cheapest candidate within ``budget``.
+
+    candidates  names from CANDIDATES (default: all): bf16, fp16 (at the run's loss scale),
+                fp8-delayed, fp8-current, mxfp8, fp8-block, nvfp4, mxfp4
+    budget      the bound (docs/advisor.md, "Budget"): a number (relative RMS error, every role)
+                or a dict; default: x 0.1, w 0.125, dy 0.1, saturated <= 10%, flushed <= 25%
+    cost        overrides of the cost model (docs/advisor.md, "Cost model")
+    modules     which linear layers (default every nn.Linear); see watched_modules
+    scaler      the loop's GradScaler (mixprec's or torch's): the loss scale of each step is
+                read from it (gradients are unscaled by it; fp16 is measured at it); or give
+                ``loss_scale`` (a number) for a static scale
+    out         where to write the recipe file; ``evidence``: where to write advice.json
+    """
+    if not callable(step_fn):
+        raise TypeError(f"step_fn: expected a callable running one training step, found {type(step_fn).__name__}")
+    for what, v in (("steps", steps), ("every", every)):
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ValueError(f"{what}: expected an int >= 1, found {v!r}")
+    if scaler is not None and loss_scale is not None:
+        raise ValueError("loss_scale: give the scaler or a static loss_scale, not both")
+    if scaler is not None and not (hasattr(scaler, "get_scale") and hasattr(scaler, "is_enabled")):
+        raise TypeError(f"scaler: expected a GradScaler (get_scale, is_enabled), found {type(scaler).__name__}")
+    if loss_scale is not None and not (isinstance(loss_scale, (int, float)) and math.isfinite(loss_scale)
+                                       and loss_scale > 0):
+        raise ValueError(f"loss_scale: expected a finite number > 0, found {loss_scale!r}")
+    cfg = config_json(candidates, budget, cost, amax_history_len, margin)
+    sampler = Sampler(model, modules, max_rows=max_rows)
+    samples: List[Sample] = []
+    try:
+        for i in range(steps):
+            sampled = i % every == 0
+            scale = _scale_of(scaler, loss_scale)
+            sampler.active = sampled
+            step_fn()
+            sampler.active = False
+            if sampled:
+                samples.extend(sampler.take(i + 1, scale))
+    finally:
+        sampler.remove()
+    result = Advice(_core.advise(samples, cfg))
+    result.save(out, evidence)
+    return result
+
+
+def advise_run(run_dir: Union[str, os.PathLike], *, candidates: Optional[Sequence[str]] = None, budget: Any = None,
+               cost: Optional[Mapping[str, Any]] = None, amax_history_len: Optional[int] = None,
+               margin: Optional[int] = None) -> Advice:
+    """The advisor over the samples a run folder holds (what `mixprec advise RUN_DIR` does)."""
+    cfg = config_json(candidates, budget, cost, amax_history_len, margin)
+    return Advice(_core.advise_run(os.fspath(run_dir), cfg))
+
+
+def write_samples(run_dir: Union[str, os.PathLike], step: int, loss_scale: float, samples: List[Sample]) -> None:
+    """Writes one step's samples into a run folder (docs/run_folder.md, "Advisor samples")."""
+    _core.advise_write_samples(os.fspath(run_dir), int(step), float(loss_scale), samples)

@@ -1,0 +1,125 @@
+// `mixprec advise RUN_DIR`: the precision advisor over the tensors a run folder holds
+// (RUN_DIR/samples/, written by mixprec.torch.Telemetry(advisor_every=N) or mixprec.torch.advise;
+// docs/run_folder.md): every candidate measured per layer and role, the cheapest within the
+// budget chosen, written as OUT/recipe.json (the recipe file mixprec.torch.low_precision reads)
+// and OUT/advice.json (the evidence `mixprec report` shows); the table printed. The measurement,
+// cost model and choice are the core's (monitor/advise.hpp); this file parses flags.
+//
+// Exit codes: 0 written; 1 the run folder's samples cannot be read or the files cannot be
+// written (nothing is left half-written); 2 a bad command line or configuration.
+#include "cmd_advise.hpp"
+#include "cli_app.hpp"
+
+#include <fmt/core.h>
+
+#include <exception>
+#include <filesystem>
+#include <memory>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <system_error>
+#include <vector>
+
+#include "mixprec/core/io.hpp"
+#include "mixprec/monitor/advise.hpp"
+
+namespace mixprec::cli {
+namespace {
+
+namespace fs = std::filesystem;
+namespace adv = monitor::advisor;
+
+struct AdviseInputs {
+  std::string dir;
+  std::string config;      // a JSON file of advisor keys
+  std::string candidates;  // comma separated; replaces the config's
+  std::string budget;      // a number; replaces the config's error bounds
+  std::string out;         // folder of recipe.json and advice.json (default RUN_DIR/advice)
+};
+
+// The configuration: the file's keys, then the flags over them, parsed by the core's one parser.
+adv::AdviseConfig configuration(const AdviseInputs& in) {
+  std::string text = "{}";
+  std::string source = "--config";
+  if (!in.config.empty()) {
+    source = in.config;
+    text = io::read_file(in.config);
+  }
+  adv::AdviseConfig c = adv::parse_config(text, source);
+  if (!in.candidates.empty()) {
+    std::string list = "[";
+    std::stringstream ss(in.candidates);
+    std::string name;
+    while (std::getline(ss, name, ',')) list += (list.size() > 1 ? ",\"" : "\"") + name + "\"";
+    c.candidates = adv::parse_config("{\"candidates\": " + list + "]}", "--candidates").candidates;
+  }
+  if (!in.budget.empty()) {
+    double v = 0;
+    std::size_t used = 0;
+    try {
+      v = std::stod(in.budget, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != in.budget.size()) throw std::invalid_argument("--budget: expected a number, found '" + in.budget + "'");
+    c.budget.max_rel_rms_error = adv::parse_config("{\"budget\": " + in.budget + "}", "--budget").budget.max_rel_rms_error;
+    (void)v;
+  }
+  return c;
+}
+
+int run_advise(const AdviseInputs& in) {
+  adv::AdviseConfig config;
+  try {
+    config = configuration(in);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "mixprec advise: error: {}\n", e.what());
+    return 2;
+  }
+  try {
+    const fs::path out = in.out.empty() ? fs::path(in.dir) / "advice" : fs::path(in.out);
+    const std::vector<adv::OwnedSample> owned = adv::read_samples(in.dir);
+    std::vector<adv::SampleView> views;
+    views.reserve(owned.size());
+    for (const adv::OwnedSample& s : owned) views.push_back(s.view());
+    const adv::Advice a = adv::advise(views, config);
+    std::error_code ec;
+    if (fs::exists(out, ec) && !fs::is_directory(out, ec))
+      throw std::runtime_error("--out: '" + out.string() + "' is not a folder");
+    fs::create_directories(out);
+    for (const char* name : {"recipe.json", "advice.json"})
+      if (const std::string problem = output_file_problem((out / name).string()); !problem.empty())
+        throw std::runtime_error("--out: " + problem);
+    io::write_file_atomic(out / "advice.json", adv::advice_json(a));
+    io::write_file_atomic(out / "recipe.json", adv::recipe_file_json(a));
+    fmt::print("{}", adv::advice_table(a));
+    for (const adv::LayerAdvice& l : a.layers) fmt::print("{}: {}\n", l.layer, l.reason);
+    fmt::print("recipe file: {}\nevidence: {}\n", (out / "recipe.json").string(), (out / "advice.json").string());
+    return 0;
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "mixprec advise: error: {}\n", e.what());
+    return 1;
+  }
+}
+
+}  // namespace
+
+void add_advise_command(CLI::App& app, std::function<int()>& action) {
+  auto* cmd = app.add_subcommand(
+      "advise", "Per linear layer, the cheapest precision within an error budget, from the tensors a run sampled");
+  auto in = std::make_shared<AdviseInputs>();
+  cmd->add_option("run_dir", in->dir, "A run folder holding samples/ (docs/run_folder.md)")
+      ->required()
+      ->type_name("RUN_DIR");
+  cmd->add_option("--config", in->config, "Advisor configuration: candidates, budget, cost model (docs/advisor.md)")
+      ->type_name("FILE.json");
+  cmd->add_option("--candidates", in->candidates, "Candidates to consider, comma separated (" + adv::candidate_names() + ")")
+      ->type_name("A,B,...");
+  cmd->add_option("--budget", in->budget, "Relative RMS error bound for every role (default x 0.1, w 0.125, dy 0.1)")
+      ->type_name("X");
+  cmd->add_option("--out", in->out, "Folder for recipe.json and advice.json (default RUN_DIR/advice)")->type_name("DIR");
+  cmd->callback([in, &action] { action = [in] { return run_advise(*in); }; });
+}
+
+}  // namespace mixprec::cli
