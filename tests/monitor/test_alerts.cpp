@@ -115,7 +115,7 @@ TEST(AlertThresholds, DefaultsAreValidAndDescribed) {
 }
 
 TEST(AlertThresholds, DocumentedTableMatchesTheDefaults) {
-  const fs::path doc = fs::path(__FILE__).parent_path().parent_path().parent_path() / "docs" / "alerts.md";
+  const fs::path doc = fs::path(MIXPREC_DOCS_DIR) / "alerts.md";
   std::ifstream in(doc);
   ASSERT_TRUE(in) << doc;
   std::stringstream ss;
