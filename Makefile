@@ -117,7 +117,7 @@ example: release
 .PHONY: fuzz-deps fuzz-build test-fuzz-smoke
 FUZZ         := build/fuzz
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := safetensors npy config cli
+FUZZ_TARGETS := safetensors npy config cli run_folder
 
 fuzz-deps:
 	@bash scripts/deps.sh fuzz
