@@ -78,6 +78,17 @@ test-python: release deps python-deps
 		$(CURDIR)/$(PY_VENV)/bin/python -m pytest -q \
 		-p no:cacheprovider $(CURDIR)/tests/python; rc=$$?; rm -rf $$d; exit $$rc
 
+# The Hypothesis property suite at length (tests/python/hypothesis_profiles.py, profile fuzz:
+# random seeds, 2000 examples a property; make test runs it derandomized with 40). A case it
+# finds is kept as an @example of its property (docs/fuzzing.md).
+.PHONY: fuzz-python
+fuzz-python: release deps python-deps
+	CMAKE_BUILD_PARALLEL_LEVEL=$(JOBS) $(PY_VENV)/bin/python -m pip install --quiet --disable-pip-version-check \
+		--no-build-isolation .
+	@d=$$(mktemp -d) && cd $$d && PYTHONDONTWRITEBYTECODE=1 MIXPREC_HYPOTHESIS=fuzz MIXPREC_CLI=$(CURDIR)/$(MIXPREC) \
+		$(CURDIR)/$(PY_VENV)/bin/python -m pytest -q -p no:cacheprovider $(CURDIR)/tests/python/test_hypothesis_*.py; \
+		rc=$$?; rm -rf $$d; exit $$rc
+
 # A consumer project built against the installed package (find_package(mixprec CONFIG)),
 # and the same project with mixprec added from source (add_subdirectory).
 example: release
@@ -106,7 +117,7 @@ example: release
 .PHONY: fuzz-deps fuzz-build test-fuzz-smoke
 FUZZ         := build/fuzz
 FUZZ_SECONDS ?= 60
-FUZZ_TARGETS := safetensors npy config cli
+FUZZ_TARGETS := safetensors npy config cli run_folder
 
 fuzz-deps:
 	@bash scripts/deps.sh fuzz

@@ -5,7 +5,7 @@
 #   fuzz/run.sh --smoke BUILD_DIR SECONDS TARGET... each target over its seeds plus a few
 #                                                  thousand mutations, at most SECONDS (make test)
 #
-# TARGET is safetensors, npy, config or cli: BUILD_DIR/fuzz/fuzz_TARGET, seeded from
+# TARGET is safetensors, npy, config, cli or run_folder: BUILD_DIR/fuzz/fuzz_TARGET, seeded from
 # fuzz/corpus/TARGET (never written to). Full runs keep what they find in
 # BUILD_DIR/fuzz-work/corpus/TARGET, so the next run starts from there; crash inputs go
 # to BUILD_DIR/fuzz-work/artifacts/TARGET/, the log to BUILD_DIR/fuzz-work/logs/TARGET.log.
@@ -31,6 +31,7 @@ max_len() {
     safetensors) echo 4096 ;;
     npy) echo 4096 ;;
     config) echo 8192 ;;
+    run_folder) echo 16384 ;;
     cli) echo 512 ;;
     *) echo 4096 ;;
   esac

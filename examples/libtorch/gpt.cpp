@@ -130,7 +130,10 @@ Options parse_options(int argc, char** argv) {
     else if (flag == "--log-every") o.log_every = count(value);
     else if (flag == "--eval-every") o.eval_every = count(value);
     else if (flag == "--preset") o.preset = value;
-    else if (flag == "--telemetry") o.telemetry_dir = value;
+    else if (flag == "--telemetry") {
+      if (value.empty()) throw std::invalid_argument("--telemetry: expected a folder, found ''");
+      o.telemetry_dir = value;
+    }
     else {
       std::size_t pos = 0;
       while (pos <= value.size()) {
@@ -220,9 +223,17 @@ int main(int argc, char** argv) {
               static_cast<long long>(n_params), static_cast<long long>(vocab_size), ids.size(), o.preset.c_str());
 
   std::unique_ptr<mixprec::torch::Telemetry> tel;
-  if (!o.telemetry_dir.empty())
-    tel = std::make_unique<mixprec::torch::Telemetry>(
-        o.telemetry_dir, mixprec::torch::TelemetryOptions{.precision = "fp16", .loss_scale = o.preset});
+  if (!o.telemetry_dir.empty()) {
+    try {  // a folder that is not new or empty is a usage error (exit 2), as mixprec train's --out
+      tel = std::make_unique<mixprec::torch::Telemetry>(
+          o.telemetry_dir, mixprec::torch::TelemetryOptions{.precision = "fp16",
+                                                            .loss_scale = o.preset,
+                                                            .loss_scale_config = scaler.loss_scale().config()});
+    } catch (const std::invalid_argument& e) {
+      std::fprintf(stderr, "libtorch_gpt: --telemetry: %s\n", e.what());
+      return 2;
+    }
+  }
   const auto named = model->named_parameters();
 
   ::torch::manual_seed(2);

@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import numpy as np
 
-from . import _core
+from . import _args, _core
 
 
 @dataclass(frozen=True)
@@ -36,15 +36,21 @@ def from_text(text: str, *, vocab: str = "word:1024", validation_fraction: float
     """A text tokenised as `mixprec train --data FILE` does; RuntimeError for text too short."""
     if not isinstance(text, str):
         raise TypeError(f"text: expected a str, found {type(text).__name__}")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(f"text: not valid UTF-8 text (a lone surrogate at offset {e.start})") from None
     return _dataset(text, 1, 1, vocab, validation_fraction, context)
 
 
 def _dataset(text: Optional[str], seed: int, tokens: int, vocab: str, validation_fraction: float,
              context: int) -> Dataset:
-    for what, v in (("tokens", tokens), ("seed", seed), ("context", context)):
-        if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-            raise ValueError(f"{what}: expected an int >= 0, found {v!r}")
-    train, val, words, source = _core.dataset(text, seed, tokens, vocab, float(validation_fraction), context)
+    tokens, seed, context = (_args.uint64(what, v) for what, v in (("tokens", tokens), ("seed", seed),
+                                                                     ("context", context)))
+    if not isinstance(vocab, str):
+        raise TypeError(f"vocab: expected a str such as 'word:1024' or 'char', found {type(vocab).__name__}")
+    validation_fraction = _args.real("validation_fraction", validation_fraction)
+    train, val, words, source = _core.dataset(text, seed, tokens, vocab, validation_fraction, context)
     return Dataset(train, val, list(words), source)
 
 

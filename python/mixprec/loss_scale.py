@@ -43,10 +43,45 @@ def _value_text(key: str, value: Any) -> str:
         value = float(value)
         if math.isinf(value) and value > 0:
             return "inf"
+        if value.is_integer() and abs(value) < 2**63:
+            return str(int(value))  # growth_interval=20.0 as torch.amp takes it; 2.9 reaches the core as 2.9
         return repr(value)
     if isinstance(value, str):
         return value
     raise TypeError(f"{key}: expected a number, bool, str or None, found {type(value).__name__}")
+
+
+def _state_json(state: Any, what: str) -> str:
+    """A state dict as the core's JSON: JSON has no inf, and the core writes an infinite scale
+    as "inf" and an absent max_scale as null; any other non-finite number is refused by name
+    (json.dumps would write Infinity, which no JSON reader takes)."""
+    def fix(v: Any, path: str) -> Any:
+        if isinstance(v, dict):
+            return {k: fix(x, f"{path}.{k}" if path else str(k)) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [fix(x, f"{path}[{i}]") for i, x in enumerate(v)]
+        if isinstance(v, (bool, np.bool_)):
+            return bool(v)
+        if hasattr(v, "numel") and hasattr(v, "item") and v.numel() == 1:  # a 1-element tensor
+            return fix(v.item(), path)
+        if isinstance(v, numbers.Integral):
+            return int(v)
+        if isinstance(v, numbers.Real):
+            f = float(v)
+            if math.isfinite(f):
+                return f
+            key = path.rsplit(".", 1)[-1]
+            if key == "scale" and f > 0:
+                return "inf"
+            if key == "max_scale" and f > 0:
+                return None
+            raise ValueError(f"{what}: {path}: expected a finite number, found {f}")
+        return v
+    return json.dumps(fix(state, ""), allow_nan=False, default=lambda v: _unknown(what, v))
+
+
+def _unknown(what: str, v: Any) -> Any:
+    raise TypeError(f"{what}: a value of type {type(v).__name__} is not part of a state")
 
 
 @dataclass(frozen=True)
@@ -73,6 +108,16 @@ class LossScale:
         pairs = [(k, _value_text(k, v)) for k, v in overrides.items()]
         self._preset = preset
         self._core = _core.LossScale(preset, pairs)
+
+    @classmethod
+    def _of_state(cls, preset: str, state: str) -> "LossScale":
+        """A LossScale holding `state` (a state's JSON) under the name `preset`: a copy of
+        another's (the static preset included, which has no scale of its own to start from)."""
+        config = json.loads(state)["config"]  # the core holds a static and a dynamic scale apart
+        copy = cls("static", init_scale=config["init_scale"]) if config["rule"] == "static" else cls("torch")
+        copy._core.load_json(state)
+        copy._preset = preset
+        return copy
 
     @property
     def preset(self) -> str:
@@ -131,9 +176,15 @@ class LossScale:
         return json.loads(self._core.to_json())
 
     def load_state_dict(self, state: Union[Dict[str, Any], str]) -> None:
-        """Restore a state_dict() (or its JSON text); the core validates all of it first."""
-        text = state if isinstance(state, str) else json.dumps(state)
+        """Restore a state_dict() (or its JSON text); the core validates all of it first. The
+        state's config replaces this one's, as GradScaler.load_state_dict does; a state of another
+        rule makes `preset` that rule's name."""
+        text = state if isinstance(state, str) else _state_json(state, "load_state_dict")
+        before = self.config["rule"]
         self._core.load_json(text)
+        after = self.config["rule"]
+        if after != before:  # the state's config replaced this one's (as every GradScaler's load): say so
+            self._preset = after
 
     def describe(self) -> str:
         """One "key = value" line per config field, as the overrides accept them."""

@@ -6,26 +6,30 @@ from __future__ import annotations
 import os
 from typing import Optional, Sequence, Union
 
-from . import _core
+from . import _args, _core
 
 
-def report(runs: Union[str, Sequence[str]], out: Optional[str] = None, *, title: str = "mixprec report") -> str:
+def report(runs: Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]],
+           out: Optional[Union[str, "os.PathLike[str]"]] = None, *, title: str = "mixprec report") -> str:
     """One self-contained HTML file (inline SVG, no script) of one or several run folders.
 
     out: the file to write (default: RUN/report.html for one run, ./report.html for several).
-    Returns its path. A folder that cannot be read (missing, no log.jsonl, a malformed line)
-    raises RuntimeError naming it; nothing is written then."""
-    dirs = [runs] if isinstance(runs, (str, os.PathLike)) else list(runs)
+    Returns its path. Checked before anything is written, as `mixprec report --out`: its
+    folder exists, it is a new name or a regular file (never a link, a FIFO or a folder), and it
+    is none of the runs' own files (config.json, log.jsonl, ...): ValueError naming it. A folder
+    that cannot be read (missing, no log.jsonl, a malformed line, a schema version this mixprec
+    does not read) raises RuntimeError naming it; nothing is written then."""
+    if isinstance(runs, (str, bytes, os.PathLike)):
+        runs = [runs]
+    try:
+        dirs = list(runs)
+    except TypeError:
+        raise TypeError(f"runs: expected a run folder or a list of them, found {type(runs).__name__}") from None
     if not dirs:
         raise ValueError("runs: expected at least one run folder")
-    dirs = [os.fspath(d) for d in dirs]
-    if out is None:
-        out = os.path.join(dirs[0], "report.html") if len(dirs) == 1 else "report.html"
-    out = os.fspath(out)
-    parent = os.path.dirname(out)
-    if parent and not os.path.isdir(parent):
-        raise ValueError(f"out: folder '{parent}' does not exist")
-    if os.path.isdir(out):
-        raise ValueError(f"out: '{out}' is a folder; expected a file name")
-    _core.write_report(dirs, out, title)
-    return out
+    dirs = [_args.path(f"runs[{i}]", d) for i, d in enumerate(dirs)]
+    out = "" if out is None else _args.path("out", out)
+    if not isinstance(title, str):
+        raise TypeError(f"title: expected a str, found {type(title).__name__}")
+    path, _ = _core.write_report(dirs, out, _args.utf8_text(title))
+    return path

@@ -465,17 +465,20 @@ nb::tuple check_gradient_arrays(nb::list tensors, float scale, bool write, bool 
 PyObject* g_misuse_runtime = nullptr;    // mixprec._core.ScalerMisuseError(RuntimeError)
 PyObject* g_misuse_assertion = nullptr;  // mixprec._core.ScalerMisuseAssertion(AssertionError)
 
-// `mixprec report`'s function: one HTML file of the run folders; returns the steps shown.
-std::size_t write_report(const std::vector<std::string>& dirs, const std::string& out, const std::string& title) {
+// `mixprec report`'s function: one HTML file of the run folders (`out` "": the default, checked
+// as the CLI checks --out); returns (the file written, the steps shown).
+std::pair<std::string, std::size_t> write_report(const std::vector<std::string>& dirs, const std::string& out_,
+                                                 const std::string& title) {
   std::vector<mixprec::monitor::ReportRun> runs;
   for (const std::string& d : dirs) runs.push_back(mixprec::monitor::load_run(d));
   mixprec::monitor::make_names_unique(runs);
+  const std::string out = mixprec::monitor::report_output(dirs, out_, "out");
   mixprec::monitor::ReportOptions o;
   o.title = title;
   mixprec::monitor::write_report(out, runs, o);
   std::size_t steps = 0;
   for (const auto& r : runs) steps += r.records.size();
-  return steps;
+  return {out, steps};
 }
 
 // The embedded corpus (or a text) as token ids: (train, validation, vocabulary, source).

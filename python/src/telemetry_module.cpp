@@ -29,6 +29,7 @@
 #include "binding.hpp"
 #include "mixprec/formats/count.hpp"
 #include "mixprec/nn/model.hpp"
+#include "mixprec/scaler/loss_scale.hpp"
 #include "mixprec/train/run_log.hpp"
 #include "mixprec/train/telemetry_recorder.hpp"
 
@@ -87,10 +88,14 @@ mixprec::nn::Log2Histogram histogram_of(const std::vector<std::uint64_t>& v) {
 
 class PyTelemetryRecorder {
  public:
-  PyTelemetryRecorder(std::string dir, std::string precision, std::string loss_scale, std::size_t histogram_every)
+  // loss_scale_state: the scaler's LossScale state JSON (its whole config goes to config.json).
+  PyTelemetryRecorder(std::string dir, std::string precision, std::string loss_scale, std::size_t histogram_every,
+                      std::optional<std::string> loss_scale_state)
       : rec_(std::move(dir), {.precision = std::move(precision),
                               .loss_scale = std::move(loss_scale),
-                              .histogram_every = histogram_every}) {}
+                              .histogram_every = histogram_every,
+                              .loss_scale_config = config_of(loss_scale_state),
+                              .writer = mixprec::train::RunWriter::python}) {}
 
   bool histogram_step() const { return rec_.histogram_step(); }
 
@@ -222,6 +227,10 @@ class PyTelemetryRecorder {
 
  private:
   mixprec::train::TelemetryRecorder rec_;
+  static std::optional<mixprec::LossScaleConfig> config_of(const std::optional<std::string>& state) {
+    if (!state) return std::nullopt;
+    return mixprec::LossScaleState::from_json(*state).config;
+  }
   std::vector<std::string> names_;
   std::vector<mixprec::GradTensor> weights_;  // views of the exported weights (data null: on a device)
   std::vector<std::optional<AnyArray>> keep_;  // the exports behind them
@@ -231,8 +240,9 @@ class PyTelemetryRecorder {
 
 void mixprec_python::register_telemetry(nb::module_& m) {
   nb::class_<PyTelemetryRecorder>(m, "TelemetryRecorder")
-      .def(nb::init<std::string, std::string, std::string, std::size_t>(), nb::arg("dir"), nb::arg("precision"),
-           nb::arg("loss_scale"), nb::arg("histogram_every"))
+      .def(nb::init<std::string, std::string, std::string, std::size_t, std::optional<std::string>>(), nb::arg("dir"),
+           nb::arg("precision"), nb::arg("loss_scale"), nb::arg("histogram_every"),
+           nb::arg("loss_scale_state").none() = nb::none())
       .def("histogram_step", &PyTelemetryRecorder::histogram_step)
       .def("count_activation_grad", &PyTelemetryRecorder::count_activation_grad, nb::arg("name"), nb::arg("grad"))
       .def("check_activation", &PyTelemetryRecorder::check_activation, nb::arg("name"), nb::arg("output"))

@@ -10,6 +10,7 @@
 #include <stdexcept>
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "mixprec/core/text.hpp"
@@ -121,6 +122,71 @@ std::string read_file(const fs::path& path) {
   ss << in.rdbuf();
   if (in.bad()) throw std::runtime_error("cannot read " + text::squote(path.string()) + ": " + errno_text(errno));
   return ss.str();
+}
+
+const char* non_regular_kind(unsigned mode) noexcept {
+  const auto m = static_cast<mode_t>(mode);
+  return S_ISREG(m)    ? nullptr
+         : S_ISLNK(m)  ? "a symbolic link"
+         : S_ISDIR(m)  ? "a folder"
+         : S_ISFIFO(m) ? "a FIFO (named pipe)"
+         : S_ISCHR(m)  ? "a character device"
+         : S_ISBLK(m)  ? "a block device"
+         : S_ISSOCK(m) ? "a socket"
+                       : "not a regular file";
+}
+
+std::string read_regular_file(const fs::path& path) {
+  const std::string q = text::squote(path.string());
+  // O_NONBLOCK: opening a FIFO for reading does not wait for a writer; fstat then refuses it.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) throw std::runtime_error("cannot read " + q + ": " + errno_text(errno));
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int e = errno;
+    ::close(fd);
+    throw std::runtime_error("cannot read " + q + ": " + errno_text(e));
+  }
+  if (const char* kind = non_regular_kind(st.st_mode)) {
+    ::close(fd);
+    throw std::runtime_error(q + " is " + kind + ", not a regular file");
+  }
+  std::string out;
+  out.reserve(static_cast<std::size_t>(st.st_size));
+  char buf[1 << 16];
+  for (;;) {
+    const ssize_t r = ::read(fd, buf, sizeof buf);
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) {
+      const int e = errno;
+      ::close(fd);
+      throw std::runtime_error("cannot read " + q + ": " + errno_text(e));
+    }
+    if (r == 0) break;
+    out.append(buf, static_cast<std::size_t>(r));
+  }
+  ::close(fd);
+  return out;
+}
+
+std::string output_file_problem(const std::string& path) {
+  struct stat st {};
+  const std::string q = text::squote(path);
+  if (path.empty()) return "expected a file name, found ''";
+  if (::lstat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT) return {};  // a new file (its folder is checked separately)
+    return "cannot inspect " + q + ": " + errno_text(errno);
+  }
+  const char* kind = non_regular_kind(st.st_mode);
+  if (kind == nullptr) return {};
+  return q + " is " + kind + "; expected a new file name or a regular file (it is replaced, never written through)";
+}
+
+std::optional<std::pair<std::uint64_t, std::uint64_t>> file_identity(const fs::path& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return std::pair<std::uint64_t, std::uint64_t>{static_cast<std::uint64_t>(st.st_dev),
+                                                 static_cast<std::uint64_t>(st.st_ino)};
 }
 
 std::optional<long> atomic_temporary_pid(std::string_view name, std::string_view* target) {

@@ -187,12 +187,18 @@ AlertMonitor::AlertMonitor(AlertThresholds thresholds, RunContext context)
     } catch (const std::invalid_argument&) {
       bad("loss_scale", "none, dynamic, static:S or a preset", squote(s));
     }
+    if (ctx_.loss_scale_config) cfg = *ctx_.loss_scale_config;  // the run's own, overrides included
     scaled_ = true;
     dynamic_ = cfg.rule != LossScaleRule::static_scale;
     if (!dynamic_) bad("loss_scale", "none, dynamic, static:S or a dynamic preset", squote(s));
     max_scale_ = cfg.max_scale;
     growth_interval_ = cfg.growth_interval;
   }
+  peak_lr_ = ctx_.lr;
+}
+
+std::string_view AlertMonitor::say(std::string_view engine, std::string_view torch) const noexcept {
+  return ctx_.writer == train::RunWriter::engine ? engine : torch;
 }
 
 bool AlertMonitor::run_problem() {
@@ -237,6 +243,7 @@ std::vector<Alert> AlertMonitor::observe(const train::StepRecord& r) {
     throw std::invalid_argument(cat("alerts: step ", num(r.step), " follows step ", num(last_step_),
                                     "; expected increasing steps"));
   last_step_ = r.step;
+  if (ctx_.lr <= 0 && std::isfinite(r.lr)) peak_lr_ = std::max(peak_lr_, r.lr);
   std::vector<Alert> raised;
   const std::string at = num(r.step);
 
@@ -282,12 +289,12 @@ std::vector<Alert> AlertMonitor::observe(const train::StepRecord& r) {
       if (r.forward_nonfinite == "losses") msg += " (every activation was finite: the per-token losses overflowed)";
       std::string advice = cat(
           "loss scaling acts on the backward pass and cannot repair activations that overflowed in the forward pass; ",
-          lr_advice(ctx_.lr),
+          lr_advice(peak_lr_),
           " (weights that grow too fast drive logits and attention scores past the format's range), check the data "
           "and the operation named");
       if (format_max_ < 1e6)
         advice += cat("; activations above ", fmt_g(format_max_, 6), " overflow in ", ctx_.precision,
-                      ": bf16 (--precision bf16) has fp32's range");
+                      ": bf16 (", say("--precision bf16", "autocast dtype=torch.bfloat16"), ") has fp32's range");
       hold(AlertKind::forward_overflow, r.step, raised, std::move(msg), std::move(advice));
     }
   }
@@ -315,8 +322,9 @@ std::vector<Alert> AlertMonitor::observe(const train::StepRecord& r) {
           msg += r.skipped ? std::string("; the step was skipped")
                            : std::string(", with finite gradients: nothing overflowed, so loss scaling is not involved");
           hold(AlertKind::loss_divergence, r.step, raised, std::move(msg),
-               cat("the optimizer's steps are too large for the loss surface: ", lr_advice(ctx_.lr),
-                   " or lengthen the warmup, and keep gradient clipping on (--clip); a single spike that recovers at "
+               cat("the optimizer's steps are too large for the loss surface: ", lr_advice(peak_lr_),
+                   " or lengthen the warmup, and keep gradient clipping on (", say("--clip", "clip_grad_norm_"),
+                   "); a single spike that recovers at "
                    "once can also be a bad batch: check the data"));
         }
       }
@@ -375,8 +383,9 @@ std::vector<Alert> AlertMonitor::observe(const train::StepRecord& r) {
         std::string advice = cat(
             "frequent skips early in training are normal while a dynamic scale finds its range; persistent ones are "
             "a learning-rate or data problem that loss scaling cannot fix: ",
-            lr_advice(ctx_.lr),
-            " or lengthen the warmup, keep gradient clipping on (--clip), and check the data for bad batches "
+            lr_advice(peak_lr_),
+            " or lengthen the warmup, keep gradient clipping on (", say("--clip", "clip_grad_norm_"),
+            "), and check the data for bad batches "
             "(inf/NaN, extreme values, broken labels)");
         hold(AlertKind::persistent_overflow, r.step, raised, std::move(msg), std::move(advice));
       }
@@ -421,7 +430,7 @@ std::vector<Alert> AlertMonitor::observe(const train::StepRecord& r) {
       } else {
         hold(AlertKind::scale_collapse, r.step, raised, std::move(msg),
              cat("a scale that collapses steadily is a symptom, not the fix: look beyond the scaler; ",
-                 lr_advice(ctx_.lr),
+                 lr_advice(peak_lr_),
                  ", check the data for inf/NaN or extreme batches, and look for activations near the format's range "
                  "(act_grad_amax, headroom_log2 in log.jsonl)"));
       }
@@ -465,7 +474,8 @@ std::vector<Alert> AlertMonitor::observe(const train::StepRecord& r) {
           const double room = std::isfinite(s.headroom) ? std::floor(s.headroom) - 8 : kNaN;
           const std::string room_text = room >= 1 ? std::to_string(static_cast<int>(room)) : std::string();
           if (!scaled_) {
-            advice += "enable loss scaling: --loss-scale dynamic (starts at 2^16 and backs off on overflow)";
+            advice += cat("enable loss scaling: ", say("--loss-scale dynamic", "a mixprec.torch.GradScaler"),
+                          " (starts at 2^16 and backs off on overflow)");
             if (!room_text.empty())
               advice += cat(", or a static scale of about 2^", room_text,
                             " (8 binades below where the largest gradient would overflow)");
@@ -473,14 +483,15 @@ std::vector<Alert> AlertMonitor::observe(const train::StepRecord& r) {
             advice += cat("raise the static scale (", ctx_.loss_scale, ")");
             if (!room_text.empty())
               advice += cat(" by about 2^", room_text, " (8 binades below where the largest gradient would overflow)");
-            advice += ", or use --loss-scale dynamic";
+            advice += cat(", or use ", say("--loss-scale dynamic", "a dynamic GradScaler preset"));
           } else {
             advice += cat("the dynamic scale (", scale_text(next_scale), ") grows only after ",
                           std::to_string(growth_interval_),
                           " clean steps (growth_interval): use a policy that starts higher or grows sooner");
           }
           if (ctx_.precision != "bf16" && ctx_.precision != "fp32")
-            advice += "; bf16 (--precision bf16) has fp32's exponent range and rarely underflows";
+            advice += cat("; bf16 (", say("--precision bf16", "autocast dtype=torch.bfloat16"),
+                          ") has fp32's exponent range and rarely underflows");
           hold(AlertKind::underflow_plateau, r.step, raised, std::move(msg), std::move(advice));
         }
       }

@@ -1047,6 +1047,13 @@ ReportRun load_run(const std::string& dir, const std::string& name) {
   };
   auto text_of = [](const ojson& v) -> std::string {
     if (v.is_string()) return v.get<std::string>();
+    if (v.is_object()) {  // loss-scale-config: the scaler's whole config, "key=value, ..."
+      std::string s;
+      for (const auto& [k, e] : v.items())
+        s += (s.empty() ? "" : ", ") + k + "=" +
+             (e.is_string() ? e.get<std::string>() : e.dump(-1, ' ', false, ojson::error_handler_t::replace));
+      return s;
+    }
     if (v.is_array()) {
       std::string s;
       for (const ojson& e : v) s += (s.empty() ? "" : ",") + (e.is_string() ? e.get<std::string>() : e.dump());
@@ -1125,6 +1132,21 @@ void make_names_unique(std::vector<ReportRun>& runs) {
   for (std::size_t i = 0; i < runs.size(); ++i)
     if (std::count(names.begin(), names.end(), names[i]) > 1)
       runs[i].name = names[i] + " #" + std::to_string(++seen[names[i]]);
+}
+
+std::string report_output(const std::vector<std::string>& dirs, const std::string& out_, std::string_view key_) {
+  const std::string key(key_);
+  std::string out = out_;
+  if (out.empty()) out = dirs.size() == 1 ? (fs::path(dirs[0]) / "report.html").string() : "report.html";
+  std::error_code ec;
+  const fs::path parent = fs::path(out).parent_path();
+  if (!parent.empty() && !fs::is_directory(parent, ec))
+    throw std::invalid_argument(key + ": folder " + squote(parent.string()) + " does not exist");
+  if (const std::string problem = io::output_file_problem(out); !problem.empty())
+    throw std::invalid_argument(key + ": " + problem);
+  std::vector<fs::path> run_dirs(dirs.begin(), dirs.end());
+  train::check_output_not_input(out, key, run_dirs);
+  return out;
 }
 
 void write_report(const std::string& path, const std::vector<ReportRun>& runs, const ReportOptions& options) {

@@ -9,12 +9,20 @@
 #include <stdexcept>
 #include <string>
 
+#include "mixprec/kernels/unscale.hpp"
 #include "mixprec/monitor/inspect.hpp"
 
 namespace mixprec::monitor {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+
+// A scale whose gradients cannot be unscaled (0, inf, below about 2^-128: 1/scale overflows
+// float32) skips every step, as every GradScaler door skips it (check_gradients).
+bool unscalable(double scale) {
+  const auto s = static_cast<float>(scale);
+  return !(s > 0) || !can_unscale(inv_scale_of(s));
+}
 
 bool has_telemetry(const train::StepRecord& r) { return r.act_grad_amax != 0 || !r.act_grad_tensors.empty(); }
 
@@ -60,7 +68,7 @@ void model_step(const train::StepRecord& r, double limit, bool low_weight_grads,
     case OverflowModel::from_scale: s.overflow_scale = scale; s.unscaled_amax = 0; break;
     case OverflowModel::amax: s.overflow_scale = s.unscaled_amax > 0 ? limit / s.unscaled_amax : kInf; break;
   }
-  s.predicted_at_recorded = scale >= s.overflow_scale;
+  s.predicted_at_recorded = scale >= s.overflow_scale || unscalable(scale);
 }
 
 void add_step(SimulationSide& side, std::uint64_t step, double scale, bool skipped, double next) {
@@ -138,7 +146,7 @@ Simulation simulate(std::span<const train::StepRecord> log, nn::Precision precis
     if (s.predicted_at_recorded == s.recorded_skipped) ++sim.agree;
     if (stopped) continue;
     s.scale = static_cast<double>(ls->scale());
-    s.skipped = s.scale >= s.overflow_scale;
+    s.skipped = s.scale >= s.overflow_scale || unscalable(s.scale);
     try {
       ls->update(s.skipped);
     } catch (const ScaleCollapseError& e) {

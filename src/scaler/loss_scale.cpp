@@ -644,7 +644,9 @@ using nlohmann::json;
 // Reads the fields of one JSON object, each exactly once, and rejects unknown keys at the end.
 class Fields {
  public:
-  Fields(const json& j, std::string prefix) : j_(j), prefix_(std::move(prefix)) {
+  // `what` opens every message ("loss-scale state: "; "" for a config alone, whose caller names it).
+  Fields(const json& j, std::string prefix, std::string what = "loss-scale state: ")
+      : j_(j), prefix_(std::move(prefix)), what_(std::move(what)) {
     if (!j_.is_object()) fail(where("") + "expected an object, found " + std::string(j_.type_name()));
   }
   const json& get(const std::string& key) {
@@ -675,12 +677,13 @@ class Fields {
   std::string where(const std::string& key) const {
     std::string path = prefix_ + key;
     if (!path.empty() && path.back() == '.') path.pop_back();
-    return "loss-scale state: " + path + (path.empty() ? "" : ": ");
+    return what_ + path + (path.empty() ? "" : ": ");
   }
 
  private:
   const json& j_;
   std::string prefix_;
+  std::string what_;
   std::vector<std::string> seen_;
 };
 
@@ -702,6 +705,42 @@ std::string describe(const LossScaleConfig& c) {
   std::string s;
   for (const auto& k : config_table().keys()) s.append(k.spec.name).append(" = ").append(keys::text_of(k.spec, k.get(c))).append("\n");
   return s;
+}
+
+std::string loss_scale_config_json(const LossScaleConfig& c) { return config_table().to_json<json>(c).dump(); }
+
+namespace {
+
+// Every field of the config object `f` reads, in table order; the key table's messages
+// ("KEY: expected ...") prefixed by `prefix`.
+LossScaleConfig read_config_fields(Fields& f, const std::string& prefix) {
+  LossScaleConfig c;
+  for (const auto& k : config_table().keys()) {
+    const json& v = f.get(k.spec.name);
+    try {
+      config_table().set_json(c, k, v);
+    } catch (const std::invalid_argument& e) {
+      fail(prefix + e.what());
+    }
+  }
+  f.no_others();
+  return c;
+}
+
+}  // namespace
+
+LossScaleConfig loss_scale_config_from_json(std::string_view text) {
+  if (const std::string deep = json_depth_problem(text); !deep.empty()) fail(deep);
+  json j;
+  try {
+    j = json::parse(text.begin(), text.end());
+  } catch (const json::exception& e) {
+    fail("not valid JSON: " + std::string(text::json_error_detail(e.what())));
+  }
+  Fields f(j, "", "");
+  LossScaleConfig c = read_config_fields(f, "");
+  validate(c);
+  return c;
 }
 
 std::string LossScaleState::to_json() const {
@@ -729,7 +768,7 @@ LossScaleState LossScaleState::from_json(std::string_view text) {
   json j;
   try {
     j = json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for 1e400
     fail("loss-scale state: not valid JSON: " + std::string(text::json_error_detail(e.what())));
   }
   Fields top(j, "");
@@ -741,15 +780,7 @@ LossScaleState LossScaleState::from_json(std::string_view text) {
 
   LossScaleState s;
   Fields cf(top.get("config"), "config.");
-  for (const auto& k : config_table().keys()) {
-    const json& v = cf.get(k.spec.name);
-    try {
-      config_table().set_json(s.config, k, v);
-    } catch (const std::invalid_argument& e) {
-      fail("loss-scale state: config." + std::string(e.what()));
-    }
-  }
-  cf.no_others();
+  s.config = read_config_fields(cf, "loss-scale state: config.");
 
   const json& sc = top.get("scale");
   if (sc.is_string() && sc.get<std::string>() == "inf") {

@@ -121,6 +121,29 @@ std::int64_t integer_field(const json& j, const char* key, std::int64_t lo, std:
 // The number a state writes for a scale: JSON has no inf (the Keras rule reaches it).
 json scale_value(double s) { return std::isinf(s) ? json("inf") : json(s); }
 
+// A state with torch's keys next to mixprec's (format 2, or the Python adapter's first
+// format): the two must say the same, or a hand edit of one would be ignored silently.
+void check_torch_keys_agree(const json& j, const LossScaleState& s, const char* where) {
+  const auto differ = [&](const char* key, const json& mine) {
+    bad_state(std::string("field '") + key + "' is " + j[key].dump() + " but " + where + " says " + mine.dump() +
+              ": the torch keys and mixprec's state disagree (one was edited?); make them agree, or give "
+              "torch.amp's five keys alone");
+  };
+  if (j.contains("scale")) {
+    const json mine = scale_value(static_cast<double>(static_cast<float>(s.scale)));
+    const json& v = j["scale"];
+    const bool same = v.is_number() && mine.is_number() ? v.get<double>() == mine.get<double>() : v == mine;
+    if (!same) differ("scale", mine);
+  }
+  const auto number = [&](const char* key, double mine) {
+    if (j.contains(key) && !(j[key].is_number() && j[key].get<double>() == mine)) differ(key, json(mine));
+  };
+  number("growth_factor", s.config.growth_factor);
+  number("backoff_factor", s.config.backoff_factor);
+  number("growth_interval", static_cast<double>(s.config.growth_interval));
+  number("_growth_tracker", static_cast<double>(s.counters.growth_tracker));
+}
+
 }  // namespace
 
 std::string_view stage_name(OptimizerStage s) noexcept {
@@ -150,7 +173,19 @@ PythonError python_error(Misuse m) noexcept {
 
 LossScaleConfig make_loss_scale_config(std::string_view preset,
                                        const std::vector<std::pair<std::string, std::string>>& overrides) {
-  LossScaleConfig config = loss_scale_preset(preset);
+  const LossScaleConfig base = loss_scale_preset(preset);
+  // The static preset is a scale someone chose: without init_scale it would be 1 silently
+  // (mixprec train refuses --loss-scale static for the same reason).
+  if (base.rule == LossScaleRule::static_scale &&
+      std::none_of(overrides.begin(), overrides.end(), [](const auto& kv) { return kv.first == "init_scale"; }))
+    throw std::invalid_argument("init_scale: the static preset needs its scale: give init_scale=S (S > 0), as "
+                                "--loss-scale static:S");
+  return make_loss_scale_config(base, preset, overrides);
+}
+
+LossScaleConfig make_loss_scale_config(const LossScaleConfig& base, std::string_view preset,
+                                       const std::vector<std::pair<std::string, std::string>>& overrides) {
+  LossScaleConfig config = base;
   const auto& keys = loss_scale_config_keys();
   for (const auto& [k, v] : overrides) {
     if (std::find(keys.begin(), keys.end(), k) == keys.end()) set(config, k, v);  // throws, listing the keys
@@ -405,7 +440,7 @@ void ScalerProtocol::load_state_json(std::string_view text) {
   json j;
   try {
     j = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for 1e400
     bad_state("not valid JSON: " + std::string(text::json_error_detail(e.what())));
   }
   if (!j.is_object()) bad_state("expected a JSON object");
@@ -429,6 +464,7 @@ void ScalerProtocol::load_state_json(std::string_view text) {
     }
     enabled = j["enabled"].get<bool>();
     state = LossScaleState::from_json(j["loss_scale"].dump());  // validates, names the field
+    check_torch_keys_agree(j, state, "loss_scale");
   } else if (j.contains("mixprec")) {  // the Python adapter's first format
     if (!j["mixprec"].is_object()) bad_state("field 'mixprec' must be an object (a loss-scale state)");
     if (j.contains("accumulation_steps")) window = static_cast<int>(integer_field(j, "accumulation_steps", 1, kMaxWindow));
@@ -437,6 +473,7 @@ void ScalerProtocol::load_state_json(std::string_view text) {
       preset = j["preset"].get<std::string>();
     }
     state = LossScaleState::from_json(j["mixprec"].dump());
+    check_torch_keys_agree(j, state, "mixprec");
   } else if (has_torch_keys(j)) {  // torch.amp.GradScaler's state_dict()
     const LossScaleConfig& mine = scale_->config();
     if (mine.rule != LossScaleRule::torch) {

@@ -22,15 +22,20 @@ using detail::mixprec_dtype;
 
 // A CPU tensor as the core's view: contiguous fp32/fp16/bf16 as it is (a dense tensor of any
 // layout through its storage); anything else as a contiguous copy of its dtype, or fp32 for
-// another dtype, kept alive in `keep`.
+// another dtype, kept alive in `keep`. A sparse tensor is its stored values (its implicit
+// zeros change no |max|), a complex one its magnitudes |z|, a view with the negative bit its
+// values with the sign resolved.
 GradTensor view_of(const at::Tensor& t, std::vector<at::Tensor>& keep) {
   if (!t.defined() || t.numel() == 0) return {nullptr, 0, DType::f32};
   at::Tensor c = t;
-  const auto d = mixprec_dtype(t.scalar_type());
-  if (!(d && t.is_non_overlapping_and_dense() && !t.is_sparse())) {
-    c = t.detach().to(d ? t.scalar_type() : at::kFloat).contiguous();
-    keep.push_back(c);
-  }
+  if (c.is_sparse()) c = c.detach().coalesce().values();
+  else if (c.layout() != at::kStrided) c = c.detach().values();  // CSR, CSC, BSR, BSC
+  if (c.is_complex()) c = c.detach().abs();
+  else if (c.is_neg()) c = c.detach().resolve_neg();
+  const auto d = mixprec_dtype(c.scalar_type());
+  if (!(d && c.is_non_overlapping_and_dense())) c = c.detach().to(d ? c.scalar_type() : at::kFloat).contiguous();
+  if (c.numel() == 0) return {nullptr, 0, DType::f32};
+  if (!c.is_same(t)) keep.push_back(c);
   return {c.data_ptr(), static_cast<std::size_t>(c.numel()), *mixprec_dtype(c.scalar_type())};
 }
 

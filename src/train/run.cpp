@@ -76,8 +76,8 @@ RunPlan plan_new_run(const RunRequest& r) {
   if (c.out.empty() && c.checkpoint_every > 0)
     throw std::invalid_argument("checkpoint-every: checkpoints go to the run folder; give --out DIR");
   if (!c.out.empty() && run_folder_has_files(c.out, "out"))
-    throw std::invalid_argument("out: " + squote(c.out) + " exists and is not empty; choose a new folder, or continue "
-                                "that run with --resume " + c.out);
+    throw std::invalid_argument("out: " + squote(c.out) + " exists and is not empty; " +
+                                nonempty_folder_advice(c.out, RunWriter::engine));
   RunPlan p;
   p.config = c;
   p.dir = c.out;
@@ -172,7 +172,7 @@ std::string stored_data_path(const std::string& data) {
 
 std::string run_config_json(TrainConfig c) {
   c.resume.clear();
-  return to_json(c, 2) + "\n";
+  return run_config_text(c, RunWriter::engine);
 }
 
 std::unique_ptr<dist::Communicator> make_communicator(const TrainConfig& c, const MpiConnect& mpi) {
@@ -250,13 +250,20 @@ ResumeConfig read_resume_config(const fs::path& dir) {
     if (!fs::exists(cfg_path, ec))
       throw std::invalid_argument("resume: " + text::squote(dir.string()) + " has no config.json; expected a run "
                                   "folder written by mixprec train --out");
-    std::string text;
+    std::optional<RunConfig> rc;
     try {
-      text = io::read_file(cfg_path);
-    } catch (const std::runtime_error& e) {
+      rc = read_run_config(dir);
+    } catch (const std::runtime_error& e) {  // unreadable: a FIFO, a device, no permission
       throw std::invalid_argument(std::string("resume: ") + e.what());
     }
-    r.config = apply_json(TrainConfig{}, text, "run config " + text::squote(cfg_path.string()));
+    // The engine continues its own runs only: a front door's folder (a Telemetry run has no
+    // checkpoint) would otherwise be "resumed" from step 0, its log and summary replaced.
+    if (rc->writer != RunWriter::engine)
+      throw std::invalid_argument("resume: " + text::squote(dir.string()) + " was written by " + run_writer_text(*rc) +
+                                  ", not by mixprec train; --resume continues only runs that mixprec train started, "
+                                  "and never writes another writer's folder (read it with mixprec report " +
+                                  dir.string() + "; train into a new folder with --out)");
+    r.config = rc->config;
     return r;
   }
   // config.json was lost (deleted under a live run, ...): every checkpoint holds the

@@ -1,5 +1,6 @@
 // Run-log lines and the run summary as JSON (see run_log.hpp).
 #include "mixprec/train/run_log.hpp"
+#include "mixprec/core/io.hpp"
 #include "mixprec/core/text.hpp"
 #include "mixprec/core/json_depth.hpp"
 
@@ -9,7 +10,6 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <sstream>
 #include <stdexcept>
@@ -337,7 +337,7 @@ StepRecord parse_step_record(std::string_view line) {
   json j;
   try {
     j = json::parse(line);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number a double cannot hold (1e400)
     throw std::invalid_argument(text::malformed_json(e.what()));
   }
   if (!j.is_object()) throw std::invalid_argument("expected a JSON object, found " + std::string(j.type_name()));
@@ -422,15 +422,16 @@ std::string summary_json(const TrainSummary& s, std::string_view config_json) {
   return nlohmann::ordered_json::parse(out).dump(2, ' ', false, json::error_handler_t::replace) + "\n";
 }
 
-std::vector<StepRecord> read_run_log(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error("run log '" + path + "': cannot open: " + std::strerror(errno));
+std::vector<StepRecord> parse_run_log(std::string_view text, const std::string& path) {
   std::vector<StepRecord> records;
-  std::string line;
   std::size_t number = 0;
-  while (std::getline(in, line)) {
+  for (std::size_t pos = 0; pos < text.size();) {
+    const std::size_t nl = text.find('\n', pos);
+    const bool complete = nl != std::string_view::npos;
+    std::string_view line = text.substr(pos, complete ? nl - pos : std::string_view::npos);
+    pos = complete ? nl + 1 : text.size();
     ++number;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
     const std::string where = path + ":" + std::to_string(number) + ": ";
     if (line.empty()) throw std::runtime_error(where + "empty line; expected one JSON object per step");
     StepRecord r;
@@ -439,7 +440,7 @@ std::vector<StepRecord> read_run_log(const std::string& path) {
     } catch (const std::invalid_argument& e) {
       // The last line cut short (no newline: a full disk or a kill stopped the write)
       // is dropped, as a resume drops it; a malformed complete line is an error.
-      if (in.eof()) break;
+      if (!complete) break;
       throw std::runtime_error(where + e.what());
     }
     if (!records.empty() && r.step <= records.back().step)
@@ -447,8 +448,20 @@ std::vector<StepRecord> read_run_log(const std::string& path) {
                                std::to_string(records.back().step) + "; expected increasing steps");
     records.push_back(std::move(r));
   }
-  if (in.bad()) throw std::runtime_error("run log '" + path + "': read failed: " + std::strerror(errno));
   return records;
+}
+
+std::vector<StepRecord> read_run_log(const std::string& path) {
+  std::string text;
+  try {
+    text = io::read_regular_file(path);
+  } catch (const std::runtime_error& e) {
+    std::string m = e.what();
+    if (const std::string p = "cannot read " + text::squote(path) + ": "; m.starts_with(p))
+      m = "cannot open: " + m.substr(p.size());
+    throw std::runtime_error("run log " + text::squote(path) + ": " + m);
+  }
+  return parse_run_log(text, path);
 }
 
 }  // namespace mixprec::train

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "mixprec/core/text.hpp"
 #include "mixprec/formats/types.hpp"
 #include "mixprec/train/run_log.hpp"
 
@@ -31,8 +32,43 @@ TrainConfig run_config(const TelemetryOptions& o) {
   c.precision = *p;
   c.loss_scale = o.loss_scale;
   (void)loss_scale_config(c.loss_scale);  // "loss-scale: expected ..." for anything else
+  if (o.loss_scale_config) {
+    if (c.loss_scale == "none")
+      throw std::invalid_argument("telemetry: loss_scale_config: given for a run without loss scaling (loss_scale "
+                                  "'none')");
+    try {
+      validate(*o.loss_scale_config);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string("telemetry: loss_scale_config: ") + e.what());
+    }
+  }
   c.histogram_every = o.histogram_every;
   return c;
+}
+
+// The alerts' view of the run: the writer's words, the scaler's own config, and the learning
+// rate the steps record (the TrainConfig default lr is no run's).
+monitor::RunContext alert_context(const TrainConfig& c, const TelemetryOptions& o) {
+  monitor::RunContext ctx = monitor::RunContext::of(c);
+  ctx.lr = 0;
+  ctx.writer = o.writer;
+  ctx.loss_scale_config = o.loss_scale_config;
+  return ctx;
+}
+
+[[noreturn]] void bad_step(std::string_view field, std::string_view rule, double found) {
+  throw std::invalid_argument("telemetry: record(): " + std::string(field) + ": expected " + std::string(rule) +
+                              ", found " + text::num(found));
+}
+
+// The step's values against the schema and the run's meaning (TelemetryStep's rules).
+void check_step(const TelemetryStep& s) {
+  if (!(std::isfinite(s.lr) && s.lr >= 0)) bad_step("lr", "a finite number >= 0", s.lr);
+  if (!(std::isfinite(s.seconds) && s.seconds >= 0)) bad_step("seconds", "a finite number >= 0", s.seconds);
+  if (!(s.clip_coef > 0 && s.clip_coef <= 1)) bad_step("clip_coef", "a number in (0, 1]", s.clip_coef);
+  if (std::isnan(s.scale) || s.scale < 0) bad_step("scale", "a number >= 0", s.scale);
+  if (std::isnan(s.next_scale) || s.next_scale < 0) bad_step("next_scale", "a number >= 0", s.next_scale);
+  if (s.grad_norm < 0) bad_step("grad_norm", "a number >= 0 (inf or NaN for an overflow)", s.grad_norm);
 }
 
 double format_max(DType t) { return static_cast<double>(format_row(format_of(t)).max_finite); }
@@ -60,9 +96,10 @@ TelemetryRecorder::TelemetryRecorder(std::string dir, const TelemetryOptions& op
     : dir_(std::move(dir)),
       config_(run_config(options)),
       histogram_every_(options.histogram_every),
-      folder_(dir_, RunFolder::Mode::create, "a finished run is never overwritten"),
-      alerts_({}, monitor::RunContext::of(config_)) {
-  folder_.write_config(to_json(config_, kConfigKeys, 2) + "\n");
+      folder_(dir_, RunFolder::Mode::create, options.writer),
+      alerts_({}, alert_context(config_, options)) {
+  folder_.write_config(run_config_text(config_, options.writer, kConfigKeys, options.loss_scale_config));
+  folder_.create_log();  // readable before the first record(): a run of no steps yet
 }
 
 bool TelemetryRecorder::histogram_step() const noexcept {
@@ -153,9 +190,10 @@ bool TelemetryRecorder::check_activation(std::string_view name, const GradTensor
 
 StepRecord TelemetryRecorder::record(const TelemetryStep& step, std::span<const NamedParam> params) {
   const auto t0 = std::chrono::steady_clock::now();
+  check_step(step);
   const bool histograms = histogram_step();
   StepRecord r;
-  r.step = ++step_;
+  r.step = step_ + 1;
   r.lr = step.lr;
   r.loss = step.loss;
   r.loss_finite = std::isfinite(step.loss);
@@ -207,21 +245,26 @@ StepRecord TelemetryRecorder::record(const TelemetryStep& step, std::span<const 
     r.params.push_back(std::move(ps));
   }
   {
+    // The step's counts are read here and cleared only once the line is in the log: a write
+    // that fails leaves them for the next record() of the same step.
     std::lock_guard lock(mu_);
     if (histograms) {
+      StepRecord::Histograms h = hist_;
       for (const NamedParam& p : params) {
-        hist_.weight_grads.add(as_f32(p.grad, f32_scratch_));
-        hist_.weights.add(as_f32(p.weight, f32_scratch_));
+        h.weight_grads.add(as_f32(p.grad, f32_scratch_));
+        h.weights.add(as_f32(p.weight, f32_scratch_));
       }
-      r.histograms = hist_;
+      r.histograms = std::move(h);
     }
-    hist_ = {};
     r.act_grads = act_total_;
     r.act_grad_amax = act_amax_;
     r.headroom_log2 = std::isfinite(headroom_) ? headroom_ : 0.0;  // the tightest counted tensor; 0 when none
-    r.act_grad_tensors = std::move(act_);
+    r.act_grad_tensors = act_;
     r.overflow_activation = first_nonfinite_grad_;
     r.forward_nonfinite = first_nonfinite_forward_;
+    folder_.append_log(step_record_json(r));
+    ++step_;
+    hist_ = {};
     act_.clear();
     act_total_ = {};
     act_amax_ = 0;
@@ -229,7 +272,6 @@ StepRecord TelemetryRecorder::record(const TelemetryStep& step, std::span<const 
     first_nonfinite_grad_.clear();
     first_nonfinite_forward_.clear();
   }
-  folder_.append_log(step_record_json(r));
   (void)alerts_.observe(r);
   totals_.add(r);
   if (param_count_ == 0)

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "mixprec/kernels/unscale.hpp"
 #include "mixprec/monitor/simulate.hpp"
 #include "mixprec/train/run_log.hpp"
 #include "support.hpp"
@@ -272,6 +274,36 @@ TEST_F(SimulateLog, Errors) {
   const auto good = round_trip({step(1, 1024, 0.5)});
   EXPECT_TRUE(error_of<std::invalid_argument>([&] { simulate(good, nn::Precision::fp16, bad); })
                   .starts_with("growth_factor"));
+}
+
+// A scale whose gradients cannot be unscaled (below about 2^-128: 1/scale overflows float32)
+// skips every step in every GradScaler door; the model says so, recorded and simulated
+// (issue 30: it modelled such steps as clean).
+TEST_F(SimulateLog, AScaleThatCannotBeUnscaledSkips) {
+  const float tiny = 1e-40f;  // a float32 subnormal: 1/tiny is beyond float32
+  const std::vector<StepRecord> log = round_trip({step(1, tiny, 1.0, true), step(2, tiny, 1.0, true)});
+  const Simulation recorded = simulate(log, nn::Precision::fp16, loss_scale_preset("keras"));
+  EXPECT_TRUE(recorded.steps[0].predicted_at_recorded);  // the recorded skip is explained
+  EXPECT_EQ(recorded.agree, 2u);
+  // keras' rule, no floor: from 2^-126 the scale backs off past 2^-128, where every step skips.
+  LossScaleConfig keras = loss_scale_preset("keras");
+  keras.init_scale = 0x1p-126;
+  std::vector<StepRecord> clean;
+  for (std::uint64_t n = 1; n <= 6; ++n) clean.push_back(step(n, 1.0f, 1e-3, n <= 2));
+  const Simulation sim = simulate(round_trip(clean), nn::Precision::fp16, keras);
+  ASSERT_EQ(sim.steps.size(), 6u);
+  // Steps 1 and 2 overflowed at any scale (skipped with their gradients in range): two backoffs
+  // take the scale to 2^-128. Steps 3-6 are clean at any scale that can be unscaled, and
+  // skipped at one that cannot.
+  for (const SimulatedStep& t : sim.steps) {
+    const bool unscalable = !(static_cast<float>(t.scale) > 0) || !can_unscale(inv_scale_of(static_cast<float>(t.scale)));
+    if (unscalable) {
+      EXPECT_TRUE(t.skipped) << "step " << t.step << " at scale " << t.scale;
+    }
+  }
+  EXPECT_TRUE(std::any_of(sim.steps.begin(), sim.steps.end(), [](const SimulatedStep& t) {
+    return !can_unscale(inv_scale_of(static_cast<float>(t.scale))) && t.skipped;
+  }));
 }
 
 }  // namespace

@@ -283,9 +283,11 @@ def test_every_preset_follows_the_core_loss_scale(preset):
     torch.manual_seed(0)
     model = MLP()
     opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    scaler = GradScaler(preset=preset, growth_interval=3) if preset != "static" else GradScaler(preset=preset)
+    # The static preset needs its scale (as --loss-scale static:S).
+    kw = dict(growth_interval=3) if preset != "static" else dict(init_scale=1024.0)
+    scaler = GradScaler(preset=preset, **kw)
     scaler.set_names(model)
-    ref = mixprec.LossScale(preset, growth_interval=3) if preset != "static" else mixprec.LossScale(preset)
+    ref = mixprec.LossScale(preset, **kw)
     assert scaler.get_scale() == ref.scale
     overflows = "0001100000011000000010000"
     for bit in overflows:

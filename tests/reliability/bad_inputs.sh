@@ -30,6 +30,7 @@ cases=(
   static_reciprocal json_is_dir out_empty json_fifo json_symlink json_device report_out_special
   data_relative_resume data_non_utf8_name
   stdout_full sigterm_last_step report_log_cut config_overflow env_threads_train ckpt_newest_is_dir
+  report_config_invalid report_out_is_log resume_json_is_log
   resume_config_deleted resume_fewer_steps data_utf32 steps_hex
 )
 if [ "${1:-}" = "--list" ]; then
@@ -495,6 +496,25 @@ case "$case_name" in
     make_run 2 16 run
     truncate -s -20 run/log.jsonl
     expect 0 "report: report.html (1 run, 1 steps)" "$bin" report run --out report.html ;;
+  report_config_invalid)  # every reader checks config.json as simulate does (issue 30)
+    make_run 2 16 run
+    sed -i 's/"precision": "fp16"/"precision": "fp99"/' run/config.json
+    grep -q fp99 run/config.json || fail "setup: no precision key to doctor"
+    expect 1 "run config 'run/config.json': precision:" "$bin" report run --out report.html
+    absent report.html ;;
+  report_out_is_log)  # an output never lands on an input (issue 30)
+    make_run 2 16 run
+    before=$(snapshot run)
+    expect 1 "--out: 'run/log.jsonl' is log.jsonl of the run folder 'run'" "$bin" report run --out run/log.jsonl
+    ln -s run/summary.json link.html
+    expect 1 "--out: 'link.html' is a symbolic link" "$bin" report run --out link.html
+    [ "$(snapshot run)" = "$before" ] || fail "the run folder changed" ;;
+  resume_json_is_log)
+    make_run 2 16 run
+    before=$(snapshot run)
+    expect 2 "json: 'run/log.jsonl' is log.jsonl of the run folder 'run'" "$bin" train --resume run --steps 3 \
+      --json run/log.jsonl
+    [ "$(snapshot run)" = "$before" ] || fail "the run folder changed" ;;
   config_overflow)
     printf '{"lr": 1e400}' > config.json
     train_rejects 2 "config file 'config.json': malformed JSON: number overflow parsing '1e400'" --config config.json ;;

@@ -18,6 +18,7 @@
 #include "mixprec/torch/grad_scaler.hpp"
 #include "mixprec/torch/telemetry.hpp"
 #include "mixprec/train/config.hpp"
+#include "mixprec/train/run_folder.hpp"
 #include "mixprec/train/run_log.hpp"
 
 namespace {
@@ -84,12 +85,20 @@ TEST(TorchTelemetry, RunFolderWithHooksAndParameterAmaxReadByTheReport) {
   EXPECT_GT(log[0].params[0].weight_amax, 0.0f);
 
   tel.finish();
-  // The run folder of mixprec train: config.json with the run's precision and loss scale,
-  // summary.json with its totals and alerts.
+  // The run folder of mixprec train: config.json with its schema version, its writer, the
+  // run's precision and loss scale (the scaler's whole config), summary.json with its totals
+  // and alerts.
   const std::string config = mixprec::io::read_file(dir / "config.json");
-  EXPECT_EQ(config, "{\n  \"precision\": \"fp16\",\n  \"loss-scale\": \"torch\"\n}\n");
-  const mixprec::train::TrainConfig c = mixprec::train::apply_json({}, config, "config.json");
-  EXPECT_EQ(c.precision, mixprec::nn::Precision::fp16);
+  EXPECT_EQ(config.rfind("{\n  \"run_folder_schema\": 2,\n  \"writer\": \"libtorch\",\n  \"precision\": \"fp16\",\n"
+                         "  \"loss-scale\": \"torch\",\n  \"loss-scale-config\": {",
+                         0),
+            0u)
+      << config;
+  const mixprec::train::RunConfig rc = mixprec::train::parse_run_config(config, "config.json");
+  EXPECT_EQ(rc.writer, mixprec::train::RunWriter::libtorch);
+  EXPECT_EQ(rc.config.precision, mixprec::nn::Precision::fp16);
+  ASSERT_TRUE(rc.loss_scale_stored && rc.loss_scale.has_value());
+  EXPECT_EQ(rc.loss_scale->growth_interval, 2000);
   const std::string summary = mixprec::io::read_file(dir / "summary.json");
   EXPECT_NE(summary.find("\"steps\": 5,\n  \"applied\": 4,\n  \"skipped\": 1,"), std::string::npos) << summary;
   EXPECT_NE(summary.find("\"alerts\": []"), std::string::npos) << summary;

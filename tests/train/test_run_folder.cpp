@@ -122,7 +122,7 @@ TEST(RunFolder, CreateTakesTheLockAndRefusesAFolderWithFiles) {
     EXPECT_NE(error_of<std::runtime_error>([&] { RunFolder again(run, RunFolder::Mode::resume); })
                   .find("is in use by this process"),
               std::string::npos);
-    f.write_config("{}\n");
+    f.write_config("{\"steps\": 3}\n");  // version 1: "steps" makes it the engine's
   }
   { RunFolder after(run, RunFolder::Mode::resume); }  // free again once the writer is gone
   EXPECT_TRUE(run_folder_has_files(run));
@@ -130,7 +130,7 @@ TEST(RunFolder, CreateTakesTheLockAndRefusesAFolderWithFiles) {
                 .find("out: '" + run.string() + "' exists and is not empty; choose a new folder, or continue that run "
                       "with --resume"),
             std::string::npos);
-  EXPECT_EQ(read(run / "config.json"), "{}\n");  // untouched
+  EXPECT_EQ(read(run / "config.json"), "{\"steps\": 3}\n");  // untouched
   std::ofstream(dir.path() / "file") << "x";
   EXPECT_NE(error_of<std::invalid_argument>([&] { run_folder_has_files(dir.path() / "file"); })
                 .find("exists and is not a folder"),

@@ -4,7 +4,6 @@
 #include "cli_app.hpp"
 
 #include <fmt/core.h>
-#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstring>
@@ -92,26 +91,6 @@ int CommandLine::run() {
     fmt::print(stderr, "mixprec: error: {}\n", e.what());
     return 1;
   }
-}
-
-std::string output_file_problem(const std::string& path) {
-  struct stat st {};
-  const std::string q = "'" + path + "'";
-  if (path.empty()) return "expected a file name, found ''";
-  if (::lstat(path.c_str(), &st) != 0) {
-    if (errno == ENOENT) return {};  // a new file (check its folder separately)
-    return "cannot inspect " + q + ": " + std::strerror(errno);
-  }
-  const char* kind = S_ISREG(st.st_mode)    ? nullptr
-                     : S_ISLNK(st.st_mode)  ? "a symbolic link"
-                     : S_ISDIR(st.st_mode)  ? "a folder"
-                     : S_ISFIFO(st.st_mode) ? "a FIFO (named pipe)"
-                     : S_ISCHR(st.st_mode)  ? "a character device"
-                     : S_ISBLK(st.st_mode)  ? "a block device"
-                     : S_ISSOCK(st.st_mode) ? "a socket"
-                                            : "not a regular file";
-  if (kind == nullptr) return {};
-  return q + " is " + kind + "; expected a new file name or a regular file (it is replaced, never written through)";
 }
 
 }  // namespace mixprec::cli

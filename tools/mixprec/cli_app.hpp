@@ -32,11 +32,4 @@ class CommandLine {
   std::function<int()> action_;
 };
 
-// What is wrong with `path` as a file that a command writes (and replaces, by an atomic
-// rename): "" when it is a new path in an existing folder or an existing regular file;
-// otherwise, e.g., "'out' is a FIFO; expected a new file name or a regular file". A
-// symbolic link, a device node, a FIFO, a socket or a folder is refused, never replaced
-// or written through (docs/bad_inputs.md).
-std::string output_file_problem(const std::string& path);
-
 }  // namespace mixprec::cli

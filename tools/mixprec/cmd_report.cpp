@@ -30,24 +30,13 @@ struct ReportInputs {
   std::string title = "mixprec report";
 };
 
-std::string default_out(const std::vector<std::string>& dirs) {
-  if (dirs.size() == 1) return (fs::path(dirs[0]) / "report.html").string();
-  return "report.html";
-}
-
 int run_report(const ReportInputs& in) {
   try {
     std::vector<monitor::ReportRun> runs;
     for (const std::string& d : in.dirs) runs.push_back(monitor::load_run(d));
     monitor::make_names_unique(runs);
-    const std::string out = in.out.empty() ? default_out(in.dirs) : in.out;
-    std::error_code ec;
-    const fs::path parent = fs::path(out).parent_path();
-    if (!parent.empty() && !fs::is_directory(parent, ec))
-      throw std::runtime_error("--out: folder '" + parent.string() + "' does not exist");
-    if (fs::is_directory(out, ec)) throw std::runtime_error("--out: '" + out + "' is a folder; expected a file name");
-    if (const std::string problem = output_file_problem(out); !problem.empty())
-      throw std::runtime_error("--out: " + problem);
+    // Before anything is written: a report never replaces a file of the runs it reads.
+    const std::string out = monitor::report_output(in.dirs, in.out, "--out");
     monitor::ReportOptions o;
     o.title = in.title;
     monitor::write_report(out, runs, o);

@@ -118,10 +118,22 @@ int run_replay(const Replay& r) {
 struct SimulateInputs {
   std::string dir;
   std::string preset = "mixprec";
-  LossScaleConfig config;
+  LossScaleConfig config;  // built at parse time, but for --preset run (from the run folder)
+  std::vector<std::pair<std::string, std::string>> overrides;  // --set, for --preset run
   bool json = false;
   bool steps = false;
 };
+
+// --set key=value pairs; CLI errors: exit 2.
+std::vector<std::pair<std::string, std::string>> set_pairs(const std::vector<std::string>& sets) {
+  std::vector<std::pair<std::string, std::string>> overrides;
+  for (const std::string& kv : sets) {
+    const auto eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0) throw CLI::ValidationError("--set", "expected key=value, found '" + kv + "'");
+    overrides.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
+  }
+  return overrides;
+}
 
 // The policy of --preset with the --set values, built and validated by the one function every
 // door uses (make_loss_scale_config: overrides in the key table's order). CLI errors: exit 2.
@@ -131,12 +143,7 @@ LossScaleConfig policy_from(const std::string& preset, const std::vector<std::st
   } catch (const std::invalid_argument& e) {
     throw CLI::ValidationError("--preset", e.what());
   }
-  std::vector<std::pair<std::string, std::string>> overrides;
-  for (const std::string& kv : sets) {
-    const auto eq = kv.find('=');
-    if (eq == std::string::npos || eq == 0) throw CLI::ValidationError("--set", "expected key=value, found '" + kv + "'");
-    overrides.emplace_back(kv.substr(0, eq), kv.substr(eq + 1));
-  }
+  const auto overrides = set_pairs(sets);
   try {
     return make_loss_scale_config(preset, overrides);
   } catch (const std::invalid_argument& e) {
@@ -155,14 +162,24 @@ std::string pow2_text(double s) {
   return fmt::format("{:.4g}", s);
 }
 
-void print_simulation(const SimulateInputs& in, const train::TrainConfig& run, const monitor::Simulation& sim) {
-  fmt::print("mixprec scaler simulate: run {} ({}, loss scale {}, {} steps logged)\n", in.dir,
-             nn::precision_name(run.precision), run.loss_scale, sim.recorded.steps);
+// "key=value key=value ..." of a config, on one line.
+std::string config_line(const LossScaleConfig& c) {
   std::string cfg;
-  for (const char ch : describe(in.config)) cfg += ch == '\n' ? ' ' : ch;
+  for (const char ch : describe(c)) cfg += ch == '\n' ? ' ' : ch;
   for (std::size_t pos; (pos = cfg.find(" = ")) != std::string::npos;) cfg.replace(pos, 3, "=");
   while (!cfg.empty() && cfg.back() == ' ') cfg.pop_back();
-  fmt::print("policy: preset {} (rule {}): {}\n", in.preset, rule_name(in.config.rule), cfg);
+  return cfg;
+}
+
+void print_simulation(const SimulateInputs& in, const train::RunConfig& rc, const monitor::Simulation& sim) {
+  const train::TrainConfig& run = rc.config;
+  fmt::print("mixprec scaler simulate: run {} ({}, loss scale {}, {} steps logged)\n", in.dir,
+             nn::precision_name(run.precision), run.loss_scale, sim.recorded.steps);
+  if (rc.loss_scale)
+    fmt::print("recorded policy (rule {}{}), written by {}: {}\n", rule_name(rc.loss_scale->rule),
+               rc.loss_scale_stored ? "" : ", the preset's: the run stored no loss-scale-config",
+               train::run_writer_text(rc), config_line(*rc.loss_scale));
+  fmt::print("policy: preset {} (rule {}): {}\n", in.preset, rule_name(in.config.rule), config_line(in.config));
   fmt::print("model: a step overflows when scale x its unscaled activation-gradient amax >= {} ({} overflow "
              "threshold), or at any scale (a non-finite forward pass, an injected inf); at the recorded scales it reproduces "
              "the recorded skips on {} of {} steps\n",
@@ -220,17 +237,21 @@ int run_simulate(const SimulateInputs& in) {
     return fail("'" + in.dir + "' is not a folder; expected a run folder written by mixprec train --out");
   try {
     train::check_run_folder(dir);
-    const std::optional<std::string> config = train::read_run_file(dir, train::run_files::config);
-    if (!config) return fail("'" + in.dir + "' has no config.json; expected a run folder written by mixprec train --out");
-    const train::TrainConfig run = train::apply_json(train::TrainConfig{}, *config,
-                                                     "run config '" + (dir / train::run_files::config).string() + "'");
+    const std::optional<train::RunConfig> rc = train::read_run_config(dir);
+    if (!rc) return fail("'" + in.dir + "' has no config.json; expected a run folder written by mixprec train --out");
+    SimulateInputs use = in;
+    if (in.preset == "run") {  // the run's own policy, overrides included, then --set
+      if (!rc->loss_scale)
+        return fail("--preset run: the run trained without loss scaling (loss-scale none); give a preset");
+      use.config = make_loss_scale_config(*rc->loss_scale, "run", in.overrides);
+    }
     const std::vector<train::StepRecord> log = train::read_run_log((dir / train::run_files::log).string());
-    const monitor::Simulation sim = monitor::simulate(log, run.precision, in.config);
+    const monitor::Simulation sim = monitor::simulate(log, rc->config.precision, use.config);
     if (in.json) {
       const std::string body = monitor::simulation_json(sim);
       fmt::print("{{\"run\":{},\"preset\":{},{}\n", json_quote(in.dir), json_quote(in.preset), body.substr(1));
     } else {
-      print_simulation(in, run, sim);
+      print_simulation(use, *rc, sim);
     }
   } catch (const std::exception& e) {
     std::string msg = e.what();
@@ -285,14 +306,19 @@ void add_scaler_command(CLI::App& app, std::function<int()>& action) {
   sim->add_option("run_dir", si->dir, "Run folder written by mixprec train --out (log.jsonl, config.json)")
       ->required()
       ->type_name("RUN_DIR");
-  sim->add_option("--preset", *sim_preset, "Policy preset to simulate: " + names)->capture_default_str();
+  sim->add_option("--preset", *sim_preset,
+                  "Policy preset to simulate: " + names + ", or run (the run's own policy, its overrides included)")
+      ->capture_default_str();
   sim->add_option("--set", *sim_sets, "Override one setting, key=value (repeatable), as in scaler replay")->take_all();
   sim->add_flag("--steps", si->steps, "Also print every step (model, recorded and simulated scale and skip)");
   sim->add_flag("--json", si->json, "Print the simulation as JSON instead of tables");
   sim->callback([si, sim_preset, sim_sets, &action] {
     SimulateInputs in = *si;
     in.preset = *sim_preset;
-    in.config = policy_from(*sim_preset, *sim_sets);
+    if (in.preset == "run")
+      in.overrides = set_pairs(*sim_sets);  // applied to the run's policy once it is read
+    else
+      in.config = policy_from(*sim_preset, *sim_sets);
     action = [in] { return run_simulate(in); };
   });
 }

@@ -149,8 +149,23 @@ std::string json_output(const CLI::Option* option, const std::string& file) {
   if (option->count() == 0) return {};
   if (file.empty()) throw UsageError("json: expected a file name, found ''");
   check_parent_exists(file, "json");
-  if (const std::string problem = output_file_problem(file); !problem.empty()) throw UsageError("json: " + problem);
+  if (const std::string problem = io::output_file_problem(file); !problem.empty()) throw UsageError("json: " + problem);
   return file;
+}
+
+// --json must not land on what the run reads or writes: its run folder's files, the data
+// file, the config file (train::check_output_not_input; a usage error, nothing written).
+void check_json_not_input(const std::string& json, const std::vector<fs::path>& run_dirs, const std::string& data,
+                          const std::string& config_file) {
+  if (json.empty()) return;
+  std::vector<fs::path> files;
+  if (!data.empty()) files.emplace_back(data);
+  if (!config_file.empty()) files.emplace_back(config_file);
+  try {
+    train::check_output_not_input(json, "json", run_dirs, files);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(e.what());
+  }
 }
 
 // ---- signals ------------------------------------------------------------------------------
@@ -459,6 +474,8 @@ TrainPlan plan_train(const TrainInputs& in) {
   static_cast<train::RunPlan&>(p) = train::plan_run(request, [](const std::string& note) {
     fmt::print(stderr, "mixprec train: {}\n", note);
   });
+  check_json_not_input(p.json_path, p.dir.empty() ? std::vector<fs::path>{} : std::vector<fs::path>{p.dir},
+                       p.config.data, in.config_opt->count() > 0 ? *in.config_file : std::string());
   return p;
 }
 
@@ -704,6 +721,9 @@ ComparePlan plan_compare(const CompareInputs& in) {
     p.rows.push_back(std::move(row));
   }
   p.json_path = json_output(in.json_opt, *in.json_file);
+  std::vector<fs::path> dirs;
+  for (const CompareRow& row : p.rows) dirs.emplace_back(row.config.out);
+  check_json_not_input(p.json_path, dirs, c.data, in.config_opt->count() > 0 ? *in.config_file : std::string());
   return p;
 }
 

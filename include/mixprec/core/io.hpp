@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 namespace mixprec::io {
 
@@ -56,6 +57,25 @@ void write_file_atomic(const std::filesystem::path& path, std::string_view bytes
 // The whole file as bytes. std::runtime_error "cannot read 'P': REASON" (or "'P' is a
 // folder, not a file") otherwise.
 std::string read_file(const std::filesystem::path& path);
+
+// The same for a file that must be a regular file (symlinks followed): a FIFO, a device, a
+// socket or a folder is refused before anything blocks on it (the open does not wait for a
+// FIFO's writer), with std::runtime_error "'P' is a FIFO (named pipe), not a regular file".
+// The run folder's readers use it: a FIFO or /dev/zero in a run folder would hang them.
+std::string read_regular_file(const std::filesystem::path& path);
+
+// What kind of file `st_mode` is, in words ("a FIFO (named pipe)", "a folder", ...); nullptr for
+// a regular file.
+const char* non_regular_kind(unsigned mode) noexcept;
+
+// Why `path` cannot be an output file that is replaced atomically: "" when it can (a new name
+// or a regular file). Otherwise "'P' is a FIFO (named pipe); expected a new file name or a
+// regular file (it is replaced, never written through)" (a symbolic link, a folder, a device
+// too), or "cannot inspect 'P': REASON". Its folder is checked separately.
+std::string output_file_problem(const std::string& path);
+
+// The (device, inode) of what `path` names, symlinks followed; nullopt when it does not exist.
+std::optional<std::pair<std::uint64_t, std::uint64_t>> file_identity(const std::filesystem::path& path);
 
 // Whether `name` is a temporary that AtomicFile made for `target` (".TARGET.tmp-PID" or
 // ".TARGET.tmp-PID-N", the form older versions used included); the PID is returned.

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "mixprec/train/config.hpp"
+#include "mixprec/train/run_folder.hpp"
 #include "mixprec/train/step_record.hpp"
 
 namespace mixprec::monitor {
@@ -100,7 +101,12 @@ std::vector<std::pair<std::string, std::string>> describe(const AlertThresholds&
 struct RunContext {
   std::string precision = "fp16";    // a preset of the precision table (nn::precision_names())
   std::string loss_scale = "dynamic";  // TrainConfig::loss_scale: none, dynamic, static:S or a preset
-  double lr = 0;                     // peak learning rate (0: unknown)
+  double lr = 0;                     // peak learning rate (0: unknown; then the largest lr the steps recorded)
+  // Who trains the run: the advice names mixprec train's flags, or what a PyTorch loop does.
+  train::RunWriter writer = train::RunWriter::engine;
+  // The scaler's whole config when known (its overrides: growth_interval, max_scale); else
+  // the preset loss_scale names.
+  std::optional<LossScaleConfig> loss_scale_config;
 
   static RunContext of(const train::TrainConfig& c);
 };
@@ -143,6 +149,8 @@ class AlertMonitor {
   bool run_problem();  // a learning-rate or data alert has been raised
   void hold(AlertKind k, std::uint64_t step, std::vector<Alert>& raised, std::string message, std::string advice);
   void hold(AlertKind k, std::uint64_t step);
+  // The advice's words for the run's writer: mixprec train's flag, or what a PyTorch loop does.
+  std::string_view say(std::string_view engine, std::string_view torch) const noexcept;
 
   AlertThresholds t_;
   RunContext ctx_;
@@ -152,6 +160,7 @@ class AlertMonitor {
   std::string policy_;         // preset name of the dynamic policy
   std::int64_t growth_interval_ = 0;
   double format_max_ = 0;      // largest finite value of the activation format
+  double peak_lr_ = 0;         // ctx_.lr, or the largest lr recorded so far
   std::vector<Alert> alerts_;
 
   std::uint64_t last_step_ = 0;

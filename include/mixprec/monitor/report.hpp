@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -75,6 +76,13 @@ ReportRun load_run(const std::string& dir, const std::string& name = {});
 // Gives runs that share a name distinct legend labels (precision + loss scale from the
 // config, then the folder path, then a number).
 void make_names_unique(std::vector<ReportRun>& runs);
+
+// The report file of `dirs`: `out`, or its default (RUN/report.html for one run, report.html
+// for several), checked before anything is written: its folder exists, it is a new
+// name or a regular file (io::output_file_problem: never a link, FIFO or folder), and it is
+// none of the runs' own files (train::check_output_not_input). std::invalid_argument "KEY:
+// ..." otherwise (`key`: "--out" for the CLI, "out" for Python).
+std::string report_output(const std::vector<std::string>& dirs, const std::string& out, std::string_view key);
 
 // render_report, written to a temporary file next to `path` and renamed over it, so a
 // failure leaves no partial file. std::runtime_error when it cannot be written.

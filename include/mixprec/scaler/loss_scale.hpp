@@ -73,6 +73,13 @@ void set(LossScaleConfig& config, std::string_view key, std::string_view value);
 // One line per field, "key = value", as set() accepts them.
 std::string describe(const LossScaleConfig& config);
 
+// The config alone as the JSON object a state holds under "config" (LossScaleState::to_json),
+// and back: every field required, validated; std::invalid_argument "KEY: ..." otherwise (the
+// caller says where the config was).
+// A run folder stores its scaler's whole config so (docs/run_folder.md, "loss-scale-config").
+std::string loss_scale_config_json(const LossScaleConfig& config);
+LossScaleConfig loss_scale_config_from_json(std::string_view json);
+
 // The counters a scale keeps. Each rule uses the ones its anchor has; the rest keep their
 // initial values. All are updated by update(); see docs/loss_scaling.md for which is which.
 struct LossScaleCounters {

@@ -267,5 +267,8 @@ class ScalerDoor {
 // they come in, then validated: the one way every door builds a loss-scale config.
 LossScaleConfig make_loss_scale_config(std::string_view preset,
                                        const std::vector<std::pair<std::string, std::string>>& overrides);
+// The same over any base config (a run folder's stored one); `name` names it in messages.
+LossScaleConfig make_loss_scale_config(const LossScaleConfig& base, std::string_view name,
+                                       const std::vector<std::pair<std::string, std::string>>& overrides);
 
 }  // namespace mixprec

@@ -40,6 +40,9 @@ std::string summary_json(const TrainSummary& s, std::string_view config_json);
 // or a step not greater than the one before. The file may end without a final newline;
 // a last line without one that does not parse was cut short (a full disk, a kill) and
 // is dropped, as `mixprec train --resume` drops it.
+// A FIFO, a device or a folder in place of the file is refused before anything blocks.
 std::vector<StepRecord> read_run_log(const std::string& path);
+// The same over the file's text (`path` names it in messages).
+std::vector<StepRecord> parse_run_log(std::string_view text, const std::string& path);
 
 }  // namespace mixprec::train

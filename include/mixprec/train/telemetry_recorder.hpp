@@ -51,9 +51,18 @@ struct TelemetryOptions {
   std::string precision = "fp16";     // fp32, fp16 or bf16 (the autocast dtype; fp32: none)
   std::string loss_scale = "mixprec"; // as mixprec train's --loss-scale: a preset, static:S or none
   std::size_t histogram_every = 50;   // log2 histograms at step 1 and every N steps; 0 = never
+  // The scaler's whole config (its overrides: growth_interval, ...), stored in config.json as
+  // "loss-scale-config" for the report and `mixprec scaler simulate`; nullopt: the preset
+  // loss_scale names. mixprec::torch::Telemetry's GradScaler: scaler.loss_scale().config().
+  std::optional<LossScaleConfig> loss_scale_config = std::nullopt;
+  RunWriter writer = RunWriter::libtorch;  // config.json's "writer" (the Python binding says python)
 };
 
 // One optimizer step as the front end saw it: its own numbers and its scaler's outcome.
+// record() checks every value first (std::invalid_argument naming the field and the rule;
+// nothing is written then): lr, seconds and grad_norm >= 0 (grad_norm may be inf/NaN: an
+// overflow), lr and seconds finite, clip_coef in (0, 1], scale and next_scale >= 0 and not
+// NaN (inf is written as null), tokens any; loss and val_loss any (non-finite: null).
 struct TelemetryStep {
   double loss = std::numeric_limits<double>::quiet_NaN();  // training loss (unscaled)
   double lr = 0;
@@ -119,6 +128,9 @@ class TelemetryRecorder {
   bool check_activation(std::string_view name, const GradTensor& output);
 
   // One log line for this step; resets the step's counts. Returns the record written.
+  // All or nothing: a value refused (std::invalid_argument) or a write that failed
+  // (std::runtime_error: the log is left as it was) changes nothing here either; the step's
+  // counts are kept, and the next record() takes the same step number.
   StepRecord record(const TelemetryStep& step, std::span<const NamedParam> params);
   // Writes summary.json (the run's totals and alerts, as mixprec train's); returns the
   // alerts raised. Records may follow; a later finish() rewrites it.

@@ -40,9 +40,21 @@ _BINS = MAX_EXP - MIN_EXP + 1
 _F32_INF_BITS = 0x7F800000
 
 
-def counted(t: torch.Tensor) -> torch.Tensor:
-    """t detached, in a dtype the counting reads (float32 for any other)."""
+def readable(t: torch.Tensor) -> torch.Tensor:
+    """t detached, as real values in memory: a sparse tensor by its stored values (its implicit
+    zeros change no |max|), a complex one by its magnitudes |z|, a view with the negative bit
+    (x.conj().imag) with its sign resolved."""
     t = t.detach()
+    if t.layout != torch.strided:
+        t = t.coalesce().values() if t.layout == torch.sparse_coo else t.values()
+    if t.is_complex():
+        return t.abs()
+    return t.resolve_neg() if t.is_neg() else t
+
+
+def counted(t: torch.Tensor) -> torch.Tensor:
+    """t as readable() gives it, in a dtype the counting reads (float32 for any other)."""
+    t = readable(t)
     return t if t.dtype in _DTYPES else t.float()
 
 

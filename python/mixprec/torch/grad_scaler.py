@@ -45,7 +45,7 @@ import torch
 from torch.utils.dlpack import to_dlpack
 
 from .. import _core
-from ..loss_scale import LossScale, _value_text, preset_names
+from ..loss_scale import LossScale, _state_json, _value_text, preset_names
 
 _CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _FLOAT_MAX = float(np.finfo(np.float32).max)
@@ -279,9 +279,8 @@ class GradScaler:
     @property
     def loss_scale(self) -> LossScale:
         """A copy of the core LossScale behind the scaler (read it; change it through the scaler)."""
-        copy = LossScale(self._p.preset if self._p.preset in preset_names() else "torch")
-        copy.load_state_dict(self._p.loss_scale_json())
-        return copy
+        return LossScale._of_state(self._p.preset if self._p.preset in preset_names() else "torch",
+                                   self._p.loss_scale_json())
 
     def _config(self) -> Dict[str, Any]:
         return json.loads(self._p.loss_scale_json())["config"]
@@ -329,11 +328,7 @@ class GradScaler:
             return
         if not isinstance(state_dict, dict):
             raise TypeError(f"load_state_dict: expected a dict, found {type(state_dict).__name__}")
-        state = dict(state_dict)
-        scale = state.get("scale")
-        if isinstance(scale, numbers.Real) and math.isinf(float(scale)) and float(scale) > 0:
-            state["scale"] = "inf"  # JSON has no inf; the core reads "inf" (keras' rule reaches it)
-        self._p.load_state_json(json.dumps(state, default=_json_number))
+        self._p.load_state_json(_state_json(state_dict, "load_state_dict"))
 
     def __getstate__(self) -> Dict[str, Any]:
         if not self._p.between_steps():
@@ -509,17 +504,6 @@ def _number(what: str, v: Any) -> float:
     if isinstance(v, bool) or not isinstance(v, numbers.Real):
         raise TypeError(f"{what}: expected a number, found {type(v).__name__}")
     return float(v)
-
-
-def _json_number(v: Any) -> Any:
-    """json.dumps' fallback: numpy and other numbers as Python's."""
-    if isinstance(v, numbers.Integral):
-        return int(v)
-    if isinstance(v, numbers.Real):
-        return float(v)
-    if isinstance(v, torch.Tensor) and v.numel() == 1:
-        return v.item()
-    raise TypeError(f"load_state_dict: a value of type {type(v).__name__} is not part of a GradScaler state")
 
 
 def _inv_scale(scale: float) -> float:

@@ -48,7 +48,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 import torch
 from torch.utils.dlpack import to_dlpack
 
-from .. import _core
+from .. import _args, _core
 from . import _device_counts as dev
 from .grad_scaler import GradScaler, StepOutcome, _local
 from .tensorboard import TensorBoardWriter, require_tensorboard
@@ -86,6 +86,13 @@ def _flat(t: torch.Tensor) -> Optional[torch.Tensor]:
     return t.as_strided((t.numel(),), (1,))
 
 
+def _record_values(loss: Any, lr: Any, tokens: Any, seconds: Any, val_loss: Any, clip_coef: Any):
+    """record()'s numbers, each checked for its type by name (the core checks their ranges)."""
+    return (_args.real("loss", loss), _args.real("lr", lr), _args.uint64("tokens", tokens),
+            _args.optional_real("seconds", seconds), _args.optional_real("val_loss", val_loss),
+            _args.real("clip_coef", clip_coef))
+
+
 def _tensors_of(output: Any) -> List[torch.Tensor]:
     """The floating-point tensors of a module's output (a tensor, or a tuple/list/dict of them)."""
     if isinstance(output, torch.Tensor):
@@ -101,18 +108,20 @@ class Telemetry:
     """Writes a run folder (the schema of `mixprec train --out`) for a PyTorch training loop.
 
     model           the module whose submodules are watched and whose parameters are recorded
-    out             the run folder: it must not exist or be empty (a finished run is never
-                    overwritten); its lock is held until close()
+    out             the run folder (str or os.PathLike): it must not exist or be empty (a finished
+                    run is never overwritten); its lock is held until close()
     precision       "fp32", "fp16" or "bf16": the autocast dtype of the run (config.json)
     loss_scale      the run's loss scale as `mixprec train --loss-scale` names it (a preset,
                     "static:S" or "none"); by default the scaler's preset ("none" without one or
                     when it is disabled)
     scaler          the mixprec.torch.GradScaler of the loop (for the scale after each update)
-    modules         which submodules to watch: None = every module without children; or an
-                    iterable of names from model.named_modules(); or a predicate (name, module) -> bool
+    modules         which submodules to watch: None = every module without children but loss
+                    modules (torch.nn.modules.loss._Loss); or an iterable of distinct names from
+                    model.named_modules(); or a predicate (name, module) -> bool. An output with no
+                    dimension (a loss) is checked, but its gradient (the loss scale) is not counted
     sample_every    count activation gradients and check forward outputs at every N-th step
                     (1 = every step; the parameter |max| and the scaler's outcome are recorded
-                    at every step)
+                    at every step); histogram steps are sampled too
     histogram_every log2 histograms at step 1 and every N steps (0 = never)
     check_forward   check the watched modules' outputs for inf/NaN at sampled steps
     tensorboard     a folder: each step's scalars also as TensorBoard event files (needs the
@@ -132,21 +141,26 @@ class Telemetry:
                  tensorboard: Optional[str] = None, counting: str = "auto", advisor_every: int = 0) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module, found {type(model).__name__}")
-        if precision not in _PRECISIONS:
+        if not isinstance(precision, str) or precision not in _PRECISIONS:
             raise ValueError(f"precision: expected one of {', '.join(_PRECISIONS)}, found {precision!r}")
-        for what, v, low in (("sample_every", sample_every, 1), ("histogram_every", histogram_every, 0),
-                             ("advisor_every", advisor_every, 0)):
-            if isinstance(v, bool) or not isinstance(v, int) or v < low:
-                raise ValueError(f"{what}: expected an int >= {low}, found {v!r}")
-        if counting not in _COUNTING:
+        sample_every = _args.integer("sample_every", sample_every, 1, 2**63 - 1)
+        histogram_every = _args.integer("histogram_every", histogram_every, 0, 2**63 - 1)
+        advisor_every = _args.integer("advisor_every", advisor_every, 0, 2**63 - 1)
+        if not isinstance(counting, str) or counting not in _COUNTING:
             raise ValueError(f"counting: expected one of {', '.join(_COUNTING)}, found {counting!r}")
         if scaler is not None and not isinstance(scaler, GradScaler):
             raise TypeError("scaler: expected a mixprec.torch.GradScaler (torch.amp.GradScaler does not say "
                             f"what its update will do), found {type(scaler).__name__}")
+        # The scaler's whole config (its overrides) goes to config.json when it is the run's.
+        loss_scale_state = None
         if loss_scale is None:
             loss_scale = scaler._p.run_spec if scaler is not None else "none"  # every preset, static too
-        if not isinstance(out, str) or not out:
-            raise TypeError(f"out: expected a folder name, found {out!r}")
+            if scaler is not None and scaler.is_enabled():
+                loss_scale_state = scaler._p.loss_scale_json()
+        elif not isinstance(loss_scale, str):
+            raise TypeError(f"loss_scale: expected a str (a preset, 'static:S' or 'none'), found "
+                            f"{type(loss_scale).__name__}")
+        out = _args.path("out", out)
         watched = self._select(model, modules)  # before the folder exists: a bad name leaves nothing
         if tensorboard is not None:
             require_tensorboard(tensorboard)  # likewise: a missing package leaves nothing
@@ -154,10 +168,11 @@ class Telemetry:
         self._scaler = scaler
         self._precision = precision
         self._sample_every = sample_every
+        self._histogram_every = histogram_every
         self._check_forward = check_forward
         # The core creates the folder, takes its lock and checks precision and loss_scale
         # (ValueError / RuntimeError with its message) before anything else happens here.
-        self._rec = _core.TelemetryRecorder(out, precision, loss_scale, histogram_every)
+        self._rec = _core.TelemetryRecorder(out, precision, loss_scale, histogram_every, loss_scale_state)
         self._dir = out
         # The advisor's sampler (mixprec.torch.advise): active on every advisor_every-th step
         # (after the folder exists: a refused folder leaves no hooks on the model).
@@ -170,12 +185,9 @@ class Telemetry:
         # Device results waiting for record()'s one host read: (kind, label, dtype, numel, tensor).
         self._pending: List[Tuple[str, Any, str, int, torch.Tensor]] = []
         self._host_reads = 0  # copies of device results to the host: one per record() and device
-        named = list(model.named_parameters())
-        self._params = [p for _, p in named]
-        self._param_ids = [id(p) for p in self._params]
-        self._rec.set_params([n for n, _ in named])
         self._weight_ptrs: List[int] = []  # each weight's data_ptr() when it was handed to the core
         self._on_torch: List[int] = []    # parameters counted by torch operations (other devices)
+        self._set_params()
         if scaler is not None:
             scaler._telemetry_amax = True  # its unscale pass measures the gradient |max| for record()
         self._handles = []
@@ -190,12 +202,28 @@ class Telemetry:
     def _select(model: torch.nn.Module, modules: Any) -> List[Any]:
         named = [(n or type(model).__name__, m) for n, m in model.named_modules()]
         if modules is None:
-            chosen = [(n, m) for n, m in named if not any(True for _ in m.children())]
+            # Leaf modules, but losses: a loss module's output is the loss, whose gradient is the
+            # loss scale itself (an fp16 "overflow" at every step at 2^16), not an activation's.
+            chosen = [(n, m) for n, m in named if not any(True for _ in m.children())
+                      and not isinstance(m, torch.nn.modules.loss._Loss)]
         elif callable(modules):
             chosen = [(n, m) for n, m in named if modules(n, m)]
+        elif isinstance(modules, (str, bytes)):
+            raise TypeError(f"modules: expected an iterable of module names or a predicate, found the str "
+                            f"{modules!r} (one module: [{modules!r}])")
         else:
-            wanted = list(modules)
+            try:
+                wanted = list(modules)
+            except TypeError:
+                raise TypeError("modules: expected None, an iterable of module names or a predicate (name, module) "
+                                f"-> bool, found {type(modules).__name__}") from None
             known = dict(named)
+            for w in wanted:
+                if not isinstance(w, str):
+                    raise TypeError(f"modules: expected module names (str), found {type(w).__name__} {w!r}")
+            dup = next((w for i, w in enumerate(wanted) if w in wanted[:i]), None)
+            if dup is not None:
+                raise ValueError(f"modules: {dup!r} is given twice (each module is watched once)")
             unknown = [w for w in wanted if w not in known]
             if unknown:
                 raise ValueError(f"modules: {unknown[0]!r} is not a module of the model; "
@@ -204,12 +232,18 @@ class Telemetry:
             chosen = [(w, known[w]) for w in wanted]
         if not chosen:
             raise ValueError("modules: no module of the model was selected")
-        return chosen
+        return [(_args.utf8_text(n), m) for n, m in chosen]
 
     # ---- hooks -----------------------------------------------------------------------------
 
     def _sampled(self) -> bool:
-        return self._rec is not None and self._rec.steps % self._sample_every == 0
+        # A histogram step samples too: its activation histograms are counted only when sampled.
+        # (The core's histogram_step() rule, step 1 and every N-th, taken here: under
+        # torch.compile each call into the core from a hook is a graph break.)
+        if self._rec is None:
+            return False
+        steps = self._rec.steps
+        return steps % self._sample_every == 0 or (self._histogram_every > 0 and (steps + 1) % self._histogram_every == 0)
 
     # The hooks hold the Telemetry through a weak reference: the model keeps its hooks, and a
     # strong one would make a cycle (model -> hook -> Telemetry -> model) that keeps the run
@@ -239,7 +273,7 @@ class Telemetry:
                                                  dev.histogram(c, dev.HISTOGRAM_STRIDE)))
                     else:
                         tel._rec.check_activation(label, _capsule(t))
-                if t.requires_grad:
+                if t.requires_grad and t.dim() > 0:  # a 0-dim output is a loss: its gradient is the scale
                     t.register_hook(Telemetry._grad_hook(ref, label))
             tel._seconds += time.perf_counter() - t0
         return hook
@@ -264,6 +298,15 @@ class Telemetry:
         return hook
 
     # ---- parameters: weights handed to the core once, device results read once per step -----
+
+    def _set_params(self) -> None:
+        """The model's parameters as they are now, named for the core in record()'s order; their
+        weights are handed over again at the next record()."""
+        named = list(self._model.named_parameters())
+        self._params = [p for _, p in named]
+        self._param_ids = [id(p) for p in self._params]
+        self._rec.set_params([_args.utf8_text(n) for n, _ in named])
+        self._weight_ptrs = []
 
     def _bind_weights(self, ptrs: List[int]) -> None:
         """Hands the core a view of each weight whose data changed (all of them at first): CPU
@@ -344,12 +387,10 @@ class Telemetry:
         if self._rec is None:
             raise RuntimeError(f"telemetry: the run folder '{self._dir}' is closed; record() after close() "
                                "would write to a finished run")
+        loss, lr, tokens, seconds, val_loss, clip_coef = _record_values(loss, lr, tokens, seconds, val_loss, clip_coef)
         now = time.perf_counter()
         if seconds is None:
             seconds = now - self._last_record
-        self._last_record = now
-        if not (isinstance(clip_coef, (int, float)) and 0.0 < clip_coef <= 1.0):
-            raise ValueError(f"clip_coef: expected a number in (0, 1], found {clip_coef!r}")
         if outcome is None:
             if self._scaler is not None and self._scaler.is_enabled():
                 raise ValueError("record(): pass the StepOutcome scaler.step() returned (the scaler is enabled)")
@@ -362,8 +403,10 @@ class Telemetry:
             scale = outcome.scale if not math.isnan(outcome.scale) else 1.0
             found_inf, applied = outcome.found_inf, outcome.applied
             grad_norm = outcome.grad_norm
-            first = outcome.first_overflow or ""
+            first = _args.utf8_text(outcome.first_overflow or "")
             next_scale = self._scaler._next_scale() if self._scaler is not None else scale
+        if [id(p) for p in self._model.parameters()] != self._param_ids:
+            self._set_params()  # a parameter added (or replaced) since the last record()
         ptrs = [_local(p).data_ptr() for p in self._params]  # a DTensor's: its shard's
         if ptrs != self._weight_ptrs:
             self._bind_weights(ptrs)
@@ -387,11 +430,11 @@ class Telemetry:
         grads: List[Any] = []
         if every or any(a is None for a in unclipped):
             grads = [None if i in torch_set or p.grad is None or (not every and unclipped[i] is not None)
-                     else _capsule(p.grad) for i, p in enumerate(self._params)]
-        line = self._rec.record(float(loss), float(lr), int(tokens), float(seconds),
-                                None if val_loss is None else float(val_loss), float(scale), float(next_scale),
-                                bool(found_inf), bool(applied), float(grad_norm), float(clip_coef), first,
+                     else _capsule(dev.readable(p.grad)) for i, p in enumerate(self._params)]
+        line = self._rec.record(loss, lr, tokens, float(seconds), val_loss, float(scale), float(next_scale),
+                                bool(found_inf), bool(applied), float(grad_norm), clip_coef, first,
                                 unclipped, grad_amax, grads, weight_amax)
+        self._last_record = now  # a record() that raised changed nothing: its time counts to the next
         result = json.loads(line)
         if self._advisor is not None:
             if self._advisor.active:  # this step's tensors, unscaled by the scale its backward used

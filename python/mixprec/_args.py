@@ -1,0 +1,105 @@
+"""Argument checks at the Python edge: each names the argument and the rule, so that no
+nanobind argument dump or C++ exception text reaches a user (docs/bad_inputs.md).
+
+Numbers are taken as torch.amp takes them: Python and NumPy numbers (np.float64, np.int32),
+0-dim tensors through __float__/__index__, and integral floats where an integer is expected
+(growth_interval=20.0, tokens=3.0); 2.9 for an integer is refused, never truncated. bool is
+not a number here.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import operator
+import os
+from typing import Any, Optional
+
+_INT64_MAX = 2**63 - 1
+_UINT64_MAX = 2**64 - 1
+
+
+def _shown(v: Any) -> str:
+    text = repr(v)
+    if len(text) > 60:
+        text = text[:57] + "..."
+    return f"{type(v).__name__} {text}" if not isinstance(v, (int, float)) else text
+
+
+def real(name: str, v: Any) -> float:
+    """v as a float: a real number (Python, NumPy, a 1-element tensor); TypeError naming `name`."""
+    if isinstance(v, (bool, str, bytes)) or v is None:
+        raise TypeError(f"{name}: expected a number, found {_shown(v)}")
+    if isinstance(v, numbers.Real):
+        return float(v)
+    if hasattr(v, "numel") and hasattr(v, "item"):  # a torch tensor: one element, real
+        if v.numel() != 1 or v.is_complex():
+            raise TypeError(f"{name}: expected a number or a 1-element real tensor, found a tensor of shape "
+                            f"{tuple(v.shape)} and dtype {v.dtype}")
+        return float(v.item())
+    try:
+        return float(v)
+    except (TypeError, ValueError):
+        raise TypeError(f"{name}: expected a number, found {_shown(v)}") from None
+
+
+def integer(name: str, v: Any, low: int, high: int) -> int:
+    """v as an int in [low, high]: an integer (Python, NumPy, a 1-element integer tensor) or a
+    float with an integral value; ValueError/TypeError naming `name` and the range otherwise."""
+    rng = f"[{low}, 2**{high.bit_length()})" if high in (_INT64_MAX, _UINT64_MAX) else f"[{low}, {high}]"
+    if isinstance(v, (bool, str, bytes)) or v is None:
+        raise TypeError(f"{name}: expected an integer in {rng}, found {_shown(v)}")
+    if isinstance(v, numbers.Integral):
+        i = int(v)
+    elif isinstance(v, numbers.Real) or (hasattr(v, "numel") and hasattr(v, "item")):
+        f = real(name, v)
+        if not (math.isfinite(f) and f == math.floor(f)):
+            raise ValueError(f"{name}: expected an integer in {rng}, found {f!r} (not truncated)")
+        i = int(f)
+    else:
+        try:
+            i = operator.index(v)
+        except TypeError:
+            raise TypeError(f"{name}: expected an integer in {rng}, found {_shown(v)}") from None
+    if not low <= i <= high:
+        raise ValueError(f"{name}: expected an integer in {rng}, found {i}")
+    return i
+
+
+def uint64(name: str, v: Any) -> int:
+    return integer(name, v, 0, _UINT64_MAX)
+
+
+def optional_real(name: str, v: Any) -> Optional[float]:
+    return None if v is None else real(name, v)
+
+
+def utf8_text(v: str) -> str:
+    """A name as the run folder's UTF-8 JSON can hold it: lone surrogates (undecodable bytes
+    of a file name, "bad\\udcff") written as backslash escapes instead of failing."""
+    try:
+        v.encode("utf-8")
+        return v
+    except UnicodeEncodeError:
+        return v.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def path(name: str, v: Any) -> str:
+    """A file or folder name: str or os.PathLike (pathlib.Path), non-empty, UTF-8 (the run
+    folder's JSON files and messages hold UTF-8 names)."""
+    if isinstance(v, (str, os.PathLike)):
+        p = os.fspath(v)
+    else:
+        raise TypeError(f"{name}: expected a path (str or os.PathLike), found {_shown(v)}")
+    if isinstance(p, bytes):
+        p = os.fsdecode(p)
+    if not p:
+        raise ValueError(f"{name}: expected a path, found ''")
+    if "\0" in p:
+        raise ValueError(f"{name}: expected a path, found one with a NUL character: {p!r}")
+    try:
+        p.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"{name}: {p!r} is not valid UTF-8 (a name with undecodable bytes); mixprec's files and "
+                         "messages hold UTF-8 names only: rename it, or give a link with a UTF-8 name") from None
+    return p
