@@ -51,7 +51,7 @@ std::vector<Rule> rules() {
        "precision: expected fp32, fp16, bf16, fp16-pure, bf16-pure, fp8-noscale, fp8-delayed, fp8-current or mxfp8, found enum value 9"},
       {"loss_scale_none", [](C& c) { c.loss_scale = "none"; }, [](C& c) { c.loss_scale = "nope"; },
        "loss-scale: expected none, dynamic, static:S (S a finite number > 0) or a preset (mixprec, torch, deepspeed, "
-       "megatron, apex, keras, tf-keras, jmp), found 'nope'"},
+       "megatron, apex, keras, tf-keras, jmp, layerwise), found 'nope'"},
       {"loss_scale_static", [](C& c) { c.loss_scale = "static:1024"; }, [](C& c) { c.loss_scale = "static:0"; },
        "loss-scale: expected static:S with S a number > 0 that float32 holds, as it holds 1/S (the unscale factor): "
        "S in (2.9387359e-39, 3.4028235e+38], found 'static:0'"},
