@@ -1,5 +1,5 @@
 """What per-layer loss scaling (preset "layerwise") costs an fp16 step of the example GPT
-(docs/loss_scaling.md, "Per-layer loss scaling: cost").
+(docs/loss_scaling.md, "Per-layer loss scaling (preset `layerwise`)", "Cost").
 
 The model and loop of examples/pytorch/train_gpt.py (fp16 autocast on the CPU, mixprec's
 GradScaler, clipping, AdamW, 2 micro-batches). Each round runs both variants for `--steps` steps,

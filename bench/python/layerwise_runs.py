@@ -1,7 +1,7 @@
-"""Per-layer loss scaling against one scale, by training (docs/loss_scaling.md, "Per-layer loss
-scaling: results"). Not a test: minutes of training.
+"""Per-layer loss scaling against one scale, by training (docs/loss_scaling.md, "Results:
+per-layer scaling against one scale"). Not a test: minutes of training.
 
-Engine: `mixprec train` (the default GPT, fp16, `--accum 2` instead of 32) with an overflow injected into one layer's
+Engine: `mixprec train` (the default GPT, fp16, `--accum 2` instead of 32, one thread) with an overflow injected into one layer's
 weight gradient (h1.mlp.fc.weight) every `--every` steps, `--loss-scale dynamic` (one scale,
 the mixprec preset) against `--loss-scale layerwise`, for each seed. PyTorch: the example GPT
 (examples/pytorch/train_gpt.py: fp16 autocast, the last block's fc weight gradient set to inf
