@@ -7,7 +7,9 @@
 #include <nanobind/stl/string_view.h>
 
 #include <string>
+#include <vector>
 
+#include "binding.hpp"
 #include "mixprec/scaler/layerwise.hpp"
 
 namespace nb = nanobind;
@@ -17,24 +19,11 @@ namespace {
 using mixprec::LayerwiseScales;
 using mixprec::TensorMoments;
 
-// The moments of a C-contiguous CPU float32/float16/bfloat16 array (mixprec.torch passes
-// contiguous tensors), read in place, without the GIL.
-TensorMoments array_moments(nb::ndarray<nb::ro> a, const std::string& what) {
-  if (a.device_type() != nb::device::cpu::value)
-    throw nb::value_error((what + ": expected a tensor in CPU memory").c_str());
-  mixprec::DType t = mixprec::DType::f32;
-  const nb::dlpack::dtype d = a.dtype();
-  if (d == nb::dtype<float>()) t = mixprec::DType::f32;
-  else if (d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Float) && d.bits == 16) t = mixprec::DType::f16;
-  else if (d.code == static_cast<std::uint8_t>(nb::dlpack::dtype_code::Bfloat) && d.bits == 16) t = mixprec::DType::bf16;
-  else throw nb::type_error((what + ": expected float32, float16 or bfloat16").c_str());
-  std::int64_t expected = 1;
-  for (std::size_t i = a.ndim(); i-- > 0;) {
-    if (a.shape(i) != 1 && a.stride(i) != expected)
-      throw nb::value_error((what + ": expected a contiguous tensor").c_str());
-    expected *= static_cast<std::int64_t>(a.shape(i));
-  }
-  const mixprec::GradTensor v{a.size() ? const_cast<void*>(a.data()) : nullptr, a.size(), t};
+// The moments of a C-contiguous CPU float32/float16/bfloat16 tensor (mixprec.torch passes
+// contiguous ones), read in place (binding.hpp's view), without the GIL.
+TensorMoments array_moments(nb::handle a, const std::string& what) {
+  std::vector<nb::ndarray<nb::ro>> keep;
+  const mixprec::GradTensor v = mixprec_python::tensor_view(a, what, keep);
   nb::gil_scoped_release unlocked;
   return mixprec::moments_of(v);
 }
@@ -78,7 +67,7 @@ void register_layerwise(nb::module_& m) {
       .def("layer", [](const LayerwiseScales& s, std::size_t i) { return layer_dict(s.layer(i)); }, nb::arg("index"))
       .def(
           "decide",
-          [](LayerwiseScales& s, std::size_t layer, nb::ndarray<nb::ro> g, const TensorMoments& w, double chain) {
+          [](LayerwiseScales& s, std::size_t layer, nb::handle g, const TensorMoments& w, double chain) {
             return s.decide(layer, array_moments(g, "the gradient of layer '" + s.layer(layer).name + "'"), w, chain);
           },
           nb::arg("layer"), nb::arg("g"), nb::arg("w"), nb::arg("chain"))
