@@ -130,6 +130,8 @@ def main(argv=None) -> int:
         # mixprec: the one line that switches the scaler (same methods; step() says what it did).
         scaler = mixprec.torch.GradScaler("cpu", preset=a.preset, enabled=scaling)
         scaler.set_names(model)
+        if a.preset == "layerwise" and scaling:
+            scaler.watch(model)  # mixprec: per-layer loss scaling on the Linear layers (docs/loss_scaling.md)
         # mixprec: the run folder `mixprec report` reads.
         tel = mixprec.torch.Telemetry(model, out=a.out, precision=a.precision, scaler=scaler,
                                       sample_every=a.sample_every)
@@ -187,6 +189,8 @@ def main(argv=None) -> int:
         if tel is not None and not outcome.applied:
             print(f"step {step}: skipped, inf/NaN in the gradient of {outcome.first_overflow}; "
                   f"scale {outcome.scale:g} -> {scaler.get_scale():g}")
+        if tel is not None and outcome.skipped_layers:
+            print(f"step {step}: applied, except the layers {', '.join(outcome.skipped_layers)} (per-layer scaling)")
         if step % a.log_every == 0 or step == a.steps or val is not None:
             print(f"step {step:5d}  loss {loss_sum:.4f}" + (f"  val {val:.4f}" if val is not None else "")
                   + f"  scale {scaler.get_scale():g}  {ms:.1f} ms")

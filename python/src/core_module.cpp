@@ -506,6 +506,7 @@ nb::tuple dataset(std::optional<std::string> text, std::uint64_t seed, std::size
 void register_quantize(nb::module_& m);      // quantize_module.cpp
 void register_integrations(nb::module_& m);  // integrations_module.cpp
 void register_advise(nb::module_& m);        // advise_module.cpp
+void register_layerwise(nb::module_& m);     // layerwise_module.cpp
 // binding.hpp: the one view of a tensor handed in for reading.
 mixprec::GradTensor mixprec_python::tensor_view(nb::handle h, const std::string& what, std::vector<AnyArray>& keep) {
   AnyArray a = as_array<AnyArray>(h, what.c_str(), "float32, float16 or bfloat16");
@@ -663,10 +664,12 @@ NB_MODULE(_core, m) {
            nb::arg("key"), nb::arg("value"))
       .def("loss_scale_json", [](P& p) { return p.get().loss_scale().to_json(); })
       .def("state_json", [](P& p) { return p.get().state_json(); })
-      .def("load_state_json", [](P& p, std::string_view s) { p.get().load_state_json(s); }, nb::arg("json"));
+      .def("load_state_json", [](P& p, std::string_view s) { p.get().load_state_json(s); }, nb::arg("json"))
+      .def_prop_ro("layerwise", [](P& p) { return p.get().layerwise(); }, nb::rv_policy::reference_internal);
 
   mixprec_python::register_telemetry(m);
 
+  register_layerwise(m);
   m.def("write_report", &write_report, nb::arg("dirs"), nb::arg("out"), nb::arg("title"));
   m.def("dataset", &dataset, nb::arg("text").none(), nb::arg("seed"), nb::arg("tokens"), nb::arg("vocab"),
         nb::arg("validation_fraction"), nb::arg("context"));

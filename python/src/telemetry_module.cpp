@@ -164,12 +164,13 @@ class PyTelemetryRecorder {
 
   // One log line. unclipped_grad_amax / grad_amax / weight_amax (NamedParam's): empty, or one
   // entry per parameter (None: measure here); grads: empty, or one entry per parameter (None:
-  // no gradient, or not to be read). Returns the line written.
+  // no gradient, or not to be read); layers: preset layerwise's (name, factor, chain, backoff,
+  // outcome) per watched layer. Returns the line written.
   std::string record(double loss, double lr, std::uint64_t tokens, double seconds, std::optional<double> val_loss,
                      float scale, float next_scale, bool found_inf, bool applied, double grad_norm, float clip_coef,
                      std::string overflow_param, const std::vector<std::optional<float>>& unclipped_grad_amax,
                      const std::vector<std::optional<float>>& grad_amax, nb::list grads,
-                     const std::vector<std::optional<float>>& weight_amax) {
+                     const std::vector<std::optional<float>>& weight_amax, nb::list layers) {
     const std::size_t n = names_.size();
     auto sized = [n](std::size_t size, const char* what) {
       if (size != 0 && size != n)
@@ -205,6 +206,11 @@ class PyTelemetryRecorder {
     s.grad_norm = grad_norm;
     s.clip_coef = clip_coef;
     s.overflow_param = std::move(overflow_param);
+    for (nb::handle item : layers) {  // preset layerwise: (name, factor, chain, backoff, outcome)
+      const auto [name, factor, chain, backoff, outcome] =
+          nb::cast<std::tuple<std::string, double, double, std::int64_t, std::string>>(item);
+      s.layers.push_back({name, factor, chain, backoff, outcome});
+    }
     mixprec::train::StepRecord r;
     {
       nb::gil_scoped_release unlocked;
@@ -257,7 +263,7 @@ void mixprec_python::register_telemetry(nb::module_& m) {
            nb::arg("seconds"), nb::arg("val_loss").none(), nb::arg("scale"), nb::arg("next_scale"),
            nb::arg("found_inf"), nb::arg("applied"), nb::arg("grad_norm"), nb::arg("clip_coef"),
            nb::arg("overflow_param"), nb::arg("unclipped_grad_amax"), nb::arg("grad_amax"), nb::arg("grads"),
-           nb::arg("weight_amax"))
+           nb::arg("weight_amax"), nb::arg("layers") = nb::list())
       .def("finish", &PyTelemetryRecorder::finish)
       .def("seconds", &PyTelemetryRecorder::seconds)
       .def("add_seconds", &PyTelemetryRecorder::add_seconds, nb::arg("seconds"))

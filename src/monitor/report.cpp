@@ -485,6 +485,79 @@ std::string fp8_section(const std::vector<ReportRun>& runs) {
   return out;
 }
 
+// ---- per-layer loss scaling (preset layerwise: the log's "layers" arrays) ------------------
+
+bool has_layers(const ReportRun& r) {
+  return std::any_of(r.records.begin(), r.records.end(), [](const StepRecord& s) { return !s.layers.empty(); });
+}
+
+// One line per scaled layer: the factor its weight gradient carried above the base scale (chain).
+std::string layer_chain_chart(const ReportRun& run, std::size_t index, const std::vector<std::string>& names) {
+  svg::LineChart c;
+  c.id = std::string("layers-").append(std::to_string(index));
+  c.width = 560;
+  c.height = 340;
+  c.x = {"step", false, std::nullopt, std::nullopt, false, true};
+  c.y.label = "chain (factor above the base scale)";
+  c.y.log2 = true;
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    svg::Series s;
+    s.label = names[k];
+    s.color = group_color(k);
+    s.width = 1.6;
+    s.steps = true;
+    for (const StepRecord& r : run.records)
+      for (const StepRecord::LayerScale& l : r.layers)
+        if (l.name == names[k]) s.points.push_back({static_cast<double>(r.step), l.chain});
+    c.series.push_back(std::move(s));
+  }
+  return svg::render(c);
+}
+
+std::string layerwise_section(const std::vector<ReportRun>& runs) {
+  if (std::none_of(runs.begin(), runs.end(), has_layers)) return {};
+  std::string out = "<section id=\"layerwise\"><h2>Per-layer loss scaling</h2>";
+  std::string rows;
+  std::string charts;
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    if (!has_layers(runs[i])) continue;
+    std::vector<std::string> names;
+    for (const StepRecord& r : runs[i].records)
+      for (const StepRecord::LayerScale& l : r.layers)
+        if (std::find(names.begin(), names.end(), l.name) == names.end()) names.push_back(l.name);
+    for (const std::string& n : names) {
+      double log2_sum = 0, last_chain = 1;
+      std::uint64_t steps = 0, origin = 0, skipped = 0;
+      std::int64_t backoff = 0;
+      for (const StepRecord& r : runs[i].records)
+        for (const StepRecord::LayerScale& l : r.layers)
+          if (l.name == n) {
+            log2_sum += std::log2(l.chain);
+            last_chain = l.chain;
+            backoff = l.backoff;
+            ++steps;
+            origin += l.outcome == "origin";
+            skipped += l.outcome != "applied";
+          }
+      rows += "<tr><td>" + swatch(run_color(i)) + escape(runs[i].name) + "</td><td>" + escape(n) + "</td><td>" +
+              text::num(std::round(100 * log2_sum / static_cast<double>(std::max<std::uint64_t>(steps, 1))) / 100) +
+              "</td><td>" + text::num(last_chain) + "</td><td>" + std::to_string(backoff) + "</td><td>" +
+              std::to_string(origin) + "</td><td>" + std::to_string(skipped) + "</td></tr>";
+    }
+    charts += card(swatch(run_color(i)) + escape(runs[i].name) + " <span class=\"muted\">per-layer chains</span>",
+                   layer_chain_chart(runs[i], i, names),
+                   "per step, the factor each scaled layer's gradients carried above the base loss scale (log\u2082)");
+  }
+  out += card("Scaled layers",
+              "<table><thead><tr><th>run</th><th>layer</th><th>mean log\u2082 chain</th><th>last chain</th>"
+              "<th>backoff</th><th>overflows here</th><th>skipped</th></tr></thead><tbody>" +
+                  rows + "</tbody></table>",
+              "chain: the factor above the base scale the layer's gradients carried; backoff: its halvings after "
+              "its own overflows (at the last step); skipped: steps its update was skipped while the rest stepped");
+  out += "<div class=\"grid2\">" + charts + "</div></section>\n";
+  return out;
+}
+
 const StepRecord* last_histogram_step(const ReportRun& r) {
   for (auto it = r.records.rbegin(); it != r.records.rend(); ++it)
     if (it->histograms) return &*it;
@@ -1005,6 +1078,7 @@ std::string render_report(const std::vector<ReportRun>& runs, const ReportOption
 
   out += fp8_section(runs);
   out += advisor_section(runs);
+  out += layerwise_section(runs);
   out += histograms_section(runs) + "\n";
   out += alerts_section(runs) + "\n";
   out += config_section(runs) + "\n";

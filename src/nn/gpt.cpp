@@ -56,6 +56,10 @@ enum BackwardSlot : std::size_t {
 };
 constexpr std::size_t kSlotCount = kAttnResidualGradSlot + 1;  // forward needs the first five
 
+// A block's Linears as per-layer loss scaling numbers them (Model::scaled_layers).
+enum ScaledSlot : std::size_t { kAttnQkv, kAttnProj, kMlpFc, kMlpProj, kScaledPerBlock };
+std::size_t scaled_slot(std::size_t layer, ScaledSlot s) { return layer * kScaledPerBlock + s; }
+
 // Gradient labels per layer, built once (nothing is allocated per step).
 struct LayerLabels {
   std::size_t fcproj_in, fc_out, ln2_out, res2, attproj_in, qkv_out, ln1_out, res_in;
@@ -183,6 +187,15 @@ class Gpt final : public Model {
     tokens_.assign(N, 0);
     targets_.assign(N, 0);
     dlosses_.assign(N, 0.0f);
+    // Per-layer loss scaling: four slots per block, in the order of enum ScaledSlot.
+    for (std::size_t l = 0; l < L; ++l) {
+      const std::string h = layer_prefix(l);
+      const LayerParams& lp = params_[l];
+      scaled_layer(h + "attn.qkv", static_cast<std::int64_t>(3 * C), {lp.qkvw, lp.qkvb});
+      scaled_layer(h + "attn.proj", static_cast<std::int64_t>(C), {lp.projw, lp.projb});
+      scaled_layer(h + "mlp.fc", static_cast<std::int64_t>(4 * C), {lp.fcw, lp.fcb});
+      scaled_layer(h + "mlp.proj", static_cast<std::int64_t>(C), {lp.fcprojw, lp.fcprojb});
+    }
 
     init_weights();
     engine_->weights_updated();
@@ -303,13 +316,17 @@ class Gpt final : public Model {
       const LayerParams& p = params_[l];
       const LayerActs& s = acts_[l];
       const LayerLabels& lb = labels_[l];
-      // res3 = res2 + proj(gelu(fc(ln2(res2)))): dres flows to both.
+      // res3 = res2 + proj(gelu(fc(ln2(res2)))): dres flows to both. Per-layer scaling: the
+      // branch's gradients carry the factors of its Linears (f_mp, then f_mp * f_fc) and
+      // return to the residual stream's scale before they join it.
+      const double f_mp = scale_layer(scaled_slot(l, kMlpProj), dres, e.w(p.fcprojw), 1.0);
       std::span<float> dhg = e.zeroed(kWideGradSlot, N * 4 * C);
       if (fp8_) fp8_->backward(g, fp8_ids_[l].fcproj, dhg, e.dw(p.fcprojw), e.dw(p.fcprojb), dres, e.w(p.fcprojw),
                                fp8_work({kSavedSlot, kFcGradSlot, kAttnResidualGradSlot}));
       else linear_backward(g, dhg, e.dw(p.fcprojw), e.dw(p.fcprojb), dres, e.operand(dres_, dres, N, C),
                            e.saved_operand(s.fchg, kSavedSlot, N, 4 * C), e.weight_operand(p.fcprojw, C, 4 * C), N,
                            4 * C, C);
+      rescale(dres, 1.0 / f_mp);
       std::span<float> dh = e.scratch(kFcGradSlot, N * 4 * C);
       {
         // Per block: dhg's commit, then GELU backward on those rows (fch decoded there) and
@@ -323,32 +340,38 @@ class Gpt final : public Model {
                                     Engine::stage(gelu, dbig_, dh, 4 * C, Engine::Commit::grad, lb.fc_out)};
         e.run_stages(N, st, &stats_);
       }
+      const double f_fc = scale_layer(scaled_slot(l, kMlpFc), dh, e.w(p.fcw), f_mp);
       std::span<float> dln2 = e.zeroed(kNarrowGradSlot, N * C);
       if (fp8_) fp8_->backward(g, fp8_ids_[l].fc, dln2, e.dw(p.fcw), e.dw(p.fcb), dh, e.w(p.fcw),
                                fp8_work({kSavedSlot, kAttnResidualGradSlot, kWideGradSlot}));  // dhg: consumed
       else linear_backward(g, dln2, e.dw(p.fcw), e.dw(p.fcb), dh, e.operand(dbig_, dh, N, 4 * C),
                            e.saved_operand(s.ln2, kSavedSlot, N, C), e.weight_operand(p.fcw, 4 * C, C), N, C, 4 * C);
       e.commit_grad(dmid_, dln2, stats_, lb.ln2_out);
+      rescale(dln2, 1.0 / (f_mp * f_fc));
       std::span<float> dres2 = e.scratch(kAttnResidualGradSlot, N * C);
       layernorm_backward_stage(dres2, dres, p.ln2w, p.ln2b, dln2, s.res2, s.ln2_mean, s.ln2_rstd, lb.res2);
-      // res2 = res + proj(attention(qkv(ln1(res)))).
+      // res2 = res + proj(attention(qkv(ln1(res)))), scaled as the MLP branch.
+      const double f_ap = scale_layer(scaled_slot(l, kAttnProj), dres2, e.w(p.projw), 1.0);
       std::span<float> dy = e.zeroed(kNarrowGradSlot, N * C);
       if (fp8_) fp8_->backward(g, fp8_ids_[l].proj, dy, e.dw(p.projw), e.dw(p.projb), dres2, e.w(p.projw),
                                fp8_work({kSavedSlot, kFcGradSlot, kWideGradSlot}));
       else linear_backward(g, dy, e.dw(p.projw), e.dw(p.projb), dres2, e.operand(dres_, dres2, N, C),
                            e.saved_operand(s.atty, kSavedSlot, N, C), e.weight_operand(p.projw, C, C), N, C, C);
+      rescale(dres2, 1.0 / f_ap);
       e.commit_grad(dmid_, dy, stats_, lb.attproj_in);
       std::span<float> dqkv = e.zeroed(kWideGradSlot, N * 3 * C);
       attention_backward(e.head_gemms(), dqkv, a.f32(dpreatt_, B * NH * T * T), a.f32(datt_, B * NH * T * T),
                          view(dy.data(), N, C), view(e.load(s.qkv, kSavedSlot, N * 3 * C).data(), N, 3 * C),
                          a.f32(s.att, B * NH * T * T), B, T, C, NH);
       e.commit_grad(dbig_, dqkv, stats_, lb.qkv_out);
+      const double f_qkv = scale_layer(scaled_slot(l, kAttnQkv), dqkv, e.w(p.qkvw), f_ap);
       std::span<float> dln1 = e.zeroed(kNarrowGradSlot, N * C);
       if (fp8_) fp8_->backward(g, fp8_ids_[l].qkv, dln1, e.dw(p.qkvw), e.dw(p.qkvb), dqkv, e.w(p.qkvw),
                                fp8_work({kSavedSlot, kFcGradSlot}));
       else linear_backward(g, dln1, e.dw(p.qkvw), e.dw(p.qkvb), dqkv, e.operand(dbig_, dqkv, N, 3 * C),
                            e.saved_operand(s.ln1, kSavedSlot, N, C), e.weight_operand(p.qkvw, 3 * C, C), N, C, 3 * C);
       e.commit_grad(dmid_, dln1, stats_, lb.ln1_out);
+      rescale(dln1, 1.0 / (f_ap * f_qkv));
       const std::size_t res_in = l == 0 ? enc_ : acts_[l - 1].res3;
       layernorm_backward_stage(dres, dres2, p.ln1w, p.ln1b, dln1, res_in, s.ln1_mean, s.ln1_rstd, lb.res_in);
     }

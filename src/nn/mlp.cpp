@@ -94,6 +94,10 @@ class Mlp final : public Model {
       }
       fp8_->finish();
     }
+    // Per-layer loss scaling: slots 0..depth-1 the hidden Linears, slot depth the head.
+    for (std::size_t i = 0; i < c.depth; ++i)
+      scaled_layer(std::string("fc").append(std::to_string(i)), static_cast<std::int64_t>(H), {w_[i], b_[i]});
+    scaled_layer("head", static_cast<std::int64_t>(V), {headw_, headb_});
     tokens_.assign(B * c.context, 0);
     targets_.assign(B, 0);
     dlosses_.assign(B, 0.0f);
@@ -168,6 +172,9 @@ class Mlp final : public Model {
     crossentropy_softmax_backward_store(dlogits, dlosses_, a.f32(probs_, B * V), targets_, B, 1, V);
     e.commit_grad(dlogits_, dlogits, stats_, logits_label_);
     const std::size_t last = config_.depth - 1;
+    // Per-layer scaling: the gradient carries the product of the factors of the Linears it
+    // passed (one chain from the head down to the embedding).
+    double chain = scale_layer(config_.depth, dlogits, e.w(headw_), 1.0);
     std::span<float> dout = e.zeroed(kDownGradSlot, B * H);
     linear_backward(e.gemm(), dout, e.dw(headw_), e.dw(headb_), dlogits, e.operand(dlogits_, dlogits, B, V),
                     e.saved_operand(post_[last], kSavedSlot, B, H), e.weight_operand(headw_, V, H), B, H, V);
@@ -176,6 +183,7 @@ class Mlp final : public Model {
       std::span<float> dpre = e.scratch(kPreGradSlot, B * H);  // overwritten in full
       gelu_backward_store(dpre, e.load(pre_[i], kSavedSlot, B * H), dout);
       e.commit_grad(dhid_, dpre, stats_, labels_[i].first);
+      chain *= scale_layer(i, dpre, e.w(w_[i]), chain);
       const std::size_t fan_in = i == 0 ? T * C : H;
       const std::size_t in_act = i == 0 ? x0_ : post_[i - 1];
       std::span<float> din = e.zeroed(kDownGradSlot, B * fan_in);
@@ -186,6 +194,7 @@ class Mlp final : public Model {
       e.commit_grad(dhid_, din, stats_, i == 0 ? embedding_label_ : labels_[i - 1].second);
       dout = din;
     }
+    mark_grad_factor(wte_, chain);
     std::span<float> dwte = e.dw(wte_);
     for (std::size_t i = 0; i < B * T; ++i) {
       float* row = &dwte[tokens_[i] * C];

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "fp8_linear.hpp"
+#include "mixprec/scaler/layerwise.hpp"
 #include "model_impl.hpp"
 
 namespace mixprec::nn {
@@ -69,6 +70,45 @@ std::unique_ptr<Model> make_model(const ModelConfig& config, Precision precision
   }
   return config.kind == ModelKind::gpt ? detail::make_gpt(config, p, options.state_slots, recipe, fp8)
                                        : detail::make_mlp(config, p, options.state_slots, recipe, fp8);
+}
+
+void Model::scaled_layer(std::string name, std::int64_t fan_in, std::vector<std::size_t> params) {
+  scaled_layers_.push_back({std::move(name), fan_in, std::move(params)});
+}
+
+void Model::set_layer_scales(LayerwiseScales* scales, bool decide) {
+  if (scales != layer_scales_ && scales != nullptr) {
+    scaled_index_.clear();
+    for (const ScaledLayer& l : scaled_layers_) scaled_index_.push_back(scales->add_layer(l.name, l.fan_in));
+  }
+  layer_scales_ = scales;
+  decide_ = decide;
+  if (decide || grad_factors_.size() != store_->tensor_count()) grad_factors_.assign(store_->tensor_count(), 1.0);
+}
+
+double Model::scale_layer(std::size_t slot, std::span<float> g, std::span<const float> w, double chain) {
+  if (layer_scales_ == nullptr) return 1.0;
+  const std::size_t i = scaled_index_.at(slot);
+  const TensorMoments gm = moments_of(g);
+  double f = 1.0;
+  if (decide_) {
+    f = layer_scales_->decide(i, gm, moments_of(w), chain);
+  } else {
+    f = layer_scales_->keep(i, gm.finite);
+  }
+  for (std::size_t t : scaled_layers_[slot].params) grad_factors_[t] = chain * f;
+  rescale(g, f);
+  return f;
+}
+
+void Model::mark_grad_factor(std::size_t tensor, double factor) noexcept {
+  if (layer_scales_ != nullptr) grad_factors_[tensor] = factor;
+}
+
+void Model::rescale(std::span<float> v, double f) noexcept {
+  if (f == 1.0) return;
+  const float k = static_cast<float>(f);
+  for (float& x : v) x *= k;
 }
 
 std::span<const Fp8TensorStats> Model::fp8_stats() const noexcept {

@@ -5,7 +5,8 @@
 
 namespace mixprec {
 
-GradScaler::GradScaler(const LossScaleConfig& config, bool enabled) : ScalerDoor(ScalerProtocol(config, enabled)) {}
+GradScaler::GradScaler(const LossScaleConfig& config, bool enabled, std::string preset)
+    : ScalerDoor(ScalerProtocol(config, enabled, Dialect::mixprec, std::move(preset))) {}
 
 GradScaler::GradScaler(std::unique_ptr<LossScale> scale, bool enabled)
     : ScalerDoor(ScalerProtocol(std::move(scale), enabled)) {}

@@ -163,6 +163,8 @@ const std::vector<Preset>& preset_table() {
       {"jmp", anchor(R::jmp, 32768.0, 2000, 1.0, true)},
       // DeepSpeed's and Apex's static LossScaler default; set init_scale
       {"static", anchor(R::static_scale, 1.0, 2000, 0.0, true)},
+      // mixprec's scale for the loss, with per-layer factors on top (scaler/layerwise.hpp)
+      {"layerwise", LossScaleConfig{}},
   };
   return table;
 }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
 #include <string>
 
@@ -21,6 +22,7 @@ using json = nlohmann::json;
 constexpr std::string_view kStateFormat = "mixprec.grad_scaler";
 constexpr int kStateVersion = 2;
 constexpr std::int64_t kMaxWindow = std::int64_t{1} << 30;
+constexpr std::string_view kLayerwisePreset = "layerwise";
 
 // The doors that differ on purpose: this table and kMisuseTable's two text columns.
 constexpr DialectRules kDialects[] = {
@@ -207,6 +209,7 @@ ScalerProtocol::ScalerProtocol(const LossScaleConfig& config, bool enabled, Dial
 ScalerProtocol::ScalerProtocol(std::unique_ptr<LossScale> scale, bool enabled, Dialect dialect, std::string preset)
     : scale_(std::move(scale)), enabled_(enabled), dialect_(dialect), preset_(std::move(preset)) {
   if (!scale_) throw std::invalid_argument("GradScaler: the loss scale is null");
+  if (preset_ == kLayerwisePreset) layerwise_.emplace();
 }
 
 std::string ScalerProtocol::run_spec() const {
@@ -340,6 +343,7 @@ void ScalerProtocol::update() {
   if (!any_checked) misuse(Misuse::update_without_checks);
   records_.clear();  // the step is over even if the scale throws
   window_passes_ = 0;
+  if (layerwise_) layerwise_->update();
   scale_->update(found_inf);  // may throw ScaleCollapseError (the scale stays as it was)
 }
 
@@ -353,6 +357,7 @@ void ScalerProtocol::update_to(double new_scale) {
   scale_->load(s);  // validates: std::invalid_argument naming the scale, nothing changed
   records_.clear();
   window_passes_ = 0;
+  if (layerwise_) layerwise_->update();
 }
 
 float ScalerProtocol::next_scale() const {
@@ -431,6 +436,7 @@ std::string ScalerProtocol::state_json() const {
   j["preset"] = preset_;
   j["accumulation_steps"] = window_steps_;
   j["loss_scale"] = json::parse(s.to_json());
+  if (layerwise_) j["layerwise"] = json::parse(layerwise_->to_json());
   return j.dump();
 }
 
@@ -450,6 +456,7 @@ void ScalerProtocol::load_state_json(std::string_view text) {
   int window = window_steps_;
   std::string preset = preset_;
   LossScaleState state;
+  std::optional<LayerwiseScales> layerwise;  // the state's per-layer scaling (preset layerwise)
   if (j.contains("format")) {  // mixprec's own, version 1 or 2
     if (j["format"] != kStateFormat) bad_state("field 'format' must be \"" + std::string(kStateFormat) + "\"");
     if (!j.contains("version") || !j["version"].is_number_integer() || (j["version"] != 1 && j["version"] != 2))
@@ -464,7 +471,18 @@ void ScalerProtocol::load_state_json(std::string_view text) {
     }
     enabled = j["enabled"].get<bool>();
     state = LossScaleState::from_json(j["loss_scale"].dump());  // validates, names the field
+<<<<<<< HEAD
     check_torch_keys_agree(j, state, "loss_scale");
+=======
+    if (j.contains("layerwise") != (preset == kLayerwisePreset))
+      bad_state(preset == kLayerwisePreset ? "preset layerwise: field 'layerwise' is missing"
+                                           : "field 'layerwise' belongs to preset layerwise only, found preset '" +
+                                                 preset + "'");
+    if (j.contains("layerwise")) {
+      layerwise = LayerwiseScales::from_json(j["layerwise"].dump());  // validates, names the field
+      if (layerwise_) layerwise_->check_load(*layerwise);
+    }
+>>>>>>> layerwise
   } else if (j.contains("mixprec")) {  // the Python adapter's first format
     if (!j["mixprec"].is_object()) bad_state("field 'mixprec' must be an object (a loss-scale state)");
     if (j.contains("accumulation_steps")) window = static_cast<int>(integer_field(j, "accumulation_steps", 1, kMaxWindow));
@@ -505,11 +523,21 @@ void ScalerProtocol::load_state_json(std::string_view text) {
   }
   std::unique_ptr<LossScale> fresh = make_loss_scale(state.config);
   fresh->load(state);
-  // Everything checked: commit.
+  // Everything checked: commit. Layers the door registered keep their indices; a state
+  // without a per-layer part (torch.amp's, the first Python format) leaves them as they are.
   scale_ = std::move(fresh);
   enabled_ = enabled;
   window_steps_ = window;
   preset_ = preset;
+  if (preset_ != kLayerwisePreset) {
+    layerwise_.reset();
+  } else if (!layerwise) {
+    if (!layerwise_) layerwise_.emplace();
+  } else if (layerwise_) {
+    layerwise_->load_state(*layerwise);
+  } else {
+    layerwise_ = std::move(layerwise);
+  }
 }
 
 }  // namespace mixprec

@@ -125,7 +125,7 @@ json trajectory_settings(const TrainConfig& c) {
   json j = json::parse(to_json(c));
   // "data": the data fingerprint identifies the data, by whatever path it was given.
   for (const char* k : {"steps", "data", "out", "resume", "checkpoint-every", "keep-checkpoints", "eval-every",
-                        "eval-windows", "histogram-every", "threads", "inject-overflow-at",
+                        "eval-windows", "histogram-every", "threads", "inject-overflow-at", "inject-overflow-tensor",
                         // a run may resume on another number of ranks, or another reduction (docs/distributed.md)
                         "distributed", "zero", "grad-reduce", "dist-timeout", "inject-overflow-rank"}) {
     j.erase(k);

@@ -363,6 +363,10 @@ const Table& table() {
       Spec s = integer("inject-overflow-at", "LIST", "Testing: +inf into a gradient at these steps (1-based), e.g. 5,17", 1);
       k.push_back(list_row(s, [](auto& c) -> auto& { return c.inject_overflow_at; }));
     }
+    k.push_back(text_row(
+        text_spec("inject-overflow-tensor", "NAME",
+                  "Testing: the parameter whose gradient --inject-overflow-at writes (default: the first)"),
+        [](auto& c) -> auto& { return c.inject_overflow_tensor; }, {}, kMoves));
     k.push_back(int_row(
         integer("threads", "N", "Threads; 0 = all cores (MIXPREC_THREADS / OMP_NUM_THREADS respected)", 0, kMaxThreads),
         [](auto& c) -> auto& { return c.threads; }));

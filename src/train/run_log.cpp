@@ -151,6 +151,22 @@ std::string fp8_json(const std::vector<nn::Fp8TensorStats>& ts) {
   return out + "]";
 }
 
+// Per-layer loss scaling (preset layerwise): one object per scaled layer.
+std::string layers_json(const std::vector<StepRecord::LayerScale>& ls) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < ls.size(); ++i) {
+    if (i > 0) out += ',';
+    ObjectWriter w(out);
+    w.field("name", ls[i].name);
+    w.field("factor", ls[i].factor);
+    w.field("chain", ls[i].chain);
+    w.field("backoff", static_cast<std::uint64_t>(ls[i].backoff));
+    w.field("outcome", ls[i].outcome);
+    w.close();
+  }
+  return out + "]";
+}
+
 [[noreturn]] void bad(std::string_view key, std::string_view what, const json& v) {
   std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
   if (text.size() > 60) text = text.substr(0, 57) + "...";
@@ -224,6 +240,23 @@ void parse_telemetry(const json& j, StepRecord& r) {
       g.stats.nonfinite_input = get_uint(t, "nonfinite_input");
       g.amax = amax(t, "amax");
       r.act_grad_tensors.push_back(std::move(g));
+    }
+  }
+  if (j.contains("layers")) {
+    const json& a = j["layers"];
+    if (!a.is_array()) bad("layers", "an array", a);
+    for (const json& t : a) {
+      if (!t.is_object()) bad("layers[]", "an object", t);
+      StepRecord::LayerScale l;
+      l.name = get_string(t, "name");
+      l.factor = get_number(t, "factor", false);
+      l.chain = get_number(t, "chain", false);
+      l.backoff = static_cast<std::int64_t>(get_uint(t, "backoff"));
+      l.outcome = get_string(t, "outcome");
+      if (!(l.factor > 0) || !(l.chain > 0)) bad("layers[].factor", "numbers > 0", t);
+      if (l.outcome != "applied" && l.outcome != "origin" && l.outcome != "victim")
+        bad("layers[].outcome", "applied, origin or victim", t["outcome"]);
+      r.layers.push_back(std::move(l));
     }
   }
   if (j.contains("params")) {
@@ -320,6 +353,7 @@ std::string step_record_json(const StepRecord& r) {
   w.raw("act_grad_tensors", tensors_json(r.act_grad_tensors));
   w.raw("params", params_json(r.params));
   if (!r.fp8.empty()) w.raw("fp8", fp8_json(r.fp8));
+  if (!r.layers.empty()) w.raw("layers", layers_json(r.layers));
   if (r.histograms) {
     const StepRecord::Histograms& h = *r.histograms;
     w.raw("histograms", "{\"min_exp\":" + std::to_string(nn::Log2Histogram::kMinExp) +

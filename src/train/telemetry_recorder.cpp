@@ -205,6 +205,7 @@ StepRecord TelemetryRecorder::record(const TelemetryStep& step, std::span<const 
   r.grad_norm = step.found_inf ? std::numeric_limits<double>::quiet_NaN() : step.grad_norm;
   r.clip_coef = step.clip_coef;
   r.overflow_param = step.overflow_param;
+  r.layers = step.layers;
   r.tokens = step.tokens;
   r.seconds = step.seconds;
 

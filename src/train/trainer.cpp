@@ -163,10 +163,9 @@ double lost_update_fraction(const ParamStore& s, std::span<const std::byte> befo
   return meant == 0 ? 0.0 : static_cast<double>(lost) / static_cast<double>(meant);
 }
 
-// Writes +inf into the first element of the first gradient tensor, as an overflowing
-// backward would.
-void inject_inf(ParamStore& s) {
-  const std::size_t off = s.offset(0);
+// Writes +inf into the first element of gradient tensor t, as an overflowing backward would.
+void inject_inf(ParamStore& s, std::size_t t) {
+  const std::size_t off = s.offset(t);
   switch (s.grad_dtype()) {
     case DType::f32: static_cast<float*>(s.grad_data())[off] = INFINITY; break;
     case DType::f16: static_cast<f16*>(s.grad_data())[off] = f16::from_bits(0x7C00); break;
@@ -188,7 +187,8 @@ void to_f32(const void* src, DType t, std::span<float> out) {
 
 std::unique_ptr<GradScaler> make_scaler(const std::string& spec, dist::Communicator* comm) {
   const std::optional<LossScaleConfig> c = loss_scale_config(spec);
-  auto scaler = c ? std::make_unique<GradScaler>(*c) : std::make_unique<GradScaler>(LossScaleConfig{}, false);
+  auto scaler = c ? std::make_unique<GradScaler>(*c, true, spec == "layerwise" ? spec : std::string())
+                  : std::make_unique<GradScaler>(LossScaleConfig{}, false);
   if (comm != nullptr && comm->size() > 1) {
     scaler->set_rank_agreement([comm](RankFlags f) {
       float flags[2] = {f.found_inf ? 1.0f : 0.0f, f.checked ? 1.0f : 0.0f};
@@ -211,6 +211,7 @@ Trainer::Trainer(const TrainConfig& config, dist::Communicator& comm) { init(con
 
 void Trainer::init(const TrainConfig& config, dist::Communicator* comm) {
   validate(config);
+  check_layerwise(config);
   std::unique_ptr<dist::SingleProcess> own;
   if (comm == nullptr) {
     own = std::make_unique<dist::SingleProcess>();
@@ -253,7 +254,20 @@ void Trainer::init(const TrainConfig& config, dist::Communicator* comm) {
                              fp8_config(config));
     m.optimizer = make_optimizer(config, m.model->params());
   }
+  if (!config.inject_overflow_tensor.empty()) {
+    const ParamStore& store = m.model->params();
+    bool known = false;
+    std::string names;
+    for (std::size_t i = 0; i < store.tensor_count(); ++i) {
+      known = known || store.spec(i).name == config.inject_overflow_tensor;
+      names += (i ? ", " : "") + store.spec(i).name;
+    }
+    if (!known)
+      throw std::invalid_argument("inject-overflow-tensor: expected a parameter of the model (" + names + "), found '" +
+                                  config.inject_overflow_tensor + "'");
+  }
   m.scaler = std::move(scaler);
+  m.layerwise = m.scaler->layerwise();
   m.scaler->set_accumulation_steps(static_cast<int>(config.accum));
   m.inputs.assign(m.model->tokens_per_batch(), 0);
   m.targets.assign(m.model->tokens_per_batch(), 0);
@@ -303,6 +317,7 @@ StepRecord Trainer::train_step() {
   StepLoss loss = m.forward_backward(r);
   m.end_fp8_step(r);
   m.inject_overflow(r);
+  if (m.layerwise) m.finish_layers(r);
   // Data parallel: every rank skips, or steps on the reduced gradients, together.
   bool found_inf_elsewhere = false;
   std::optional<double> global_norm;  // ZeRO: combined from every rank's slice
@@ -316,6 +331,7 @@ StepRecord Trainer::train_step() {
   m.snapshot_weights();
   const auto ts = Clock::now();
   const StepOutcome out = m.step_or_skip(r, found_inf_elsewhere, global_norm);
+  if (m.layerwise) m.restore_skipped();
   m.update_loss_scale(r);
   r.scaler_seconds = seconds_since(ts);
   m.schedule.on_step(out.applied);
@@ -376,6 +392,7 @@ StepLoss Trainer::Impl::forward_backward(StepRecord& r) {
       model->backward(dloss);
       accumulate_grads(store, acc, first, scratch);
     } else {
+      if (layerwise) model->set_layer_scales(layerwise, k == 0);  // factors decided on the window's first pass
       model->backward(dloss);
     }
     scaler->backward_done();
@@ -400,8 +417,9 @@ void Trainer::Impl::inject_overflow(StepRecord& r) {
   const std::vector<std::size_t>& at = config.inject_overflow_at;
   if (std::find(at.begin(), at.end(), r.step) == at.end() || !here) return;
   ParamStore& store = model->params();
-  if (config.distributed) acc[store.offset(0)] = INFINITY;
-  else inject_inf(store);
+  const std::size_t t = config.inject_overflow_tensor.empty() ? 0 : store.index_of(config.inject_overflow_tensor);
+  if (config.distributed) acc[store.offset(t)] = INFINITY;
+  else inject_inf(store, t);
   r.injected = true;
 }
 

@@ -51,6 +51,11 @@ struct Trainer::Impl {
   std::unique_ptr<ThreadPool> pool;
   std::vector<float> amax;          // per-tensor amaxes (telemetry)
   std::vector<GradTensor> weights;  // views of the weights of record, per tensor (telemetry; rebuilt each step)
+  // Preset layerwise (layerwise_step.cpp): the scaler's per-layer scaling, this step's tensors
+  // whose update it skips, and their weights, model copy and optimizer state before the step.
+  LayerwiseScales* layerwise = nullptr;
+  std::vector<std::size_t> skipped;
+  std::vector<std::byte> skipped_saved;
 
   Impl(const TrainConfig& c, nn::Dataset d);
 
@@ -71,6 +76,12 @@ struct Trainer::Impl {
   // another rank) is inf/NaN.
   StepOutcome step_or_skip(StepRecord& r, bool found_inf_elsewhere, std::optional<double> global_norm);
   void update_loss_scale(StepRecord& r);
+  // Preset layerwise, after the backward passes: each scaled layer's outcome; when a layer
+  // started an overflow, the tensors holding inf/NaN are zeroed and saved (their update is
+  // skipped, the rest steps); every gradient brought to the base scale. After the optimizer:
+  // the skipped tensors' weights and optimizer state put back.
+  void finish_layers(StepRecord& r);
+  void restore_skipped();
   void record_weight_telemetry(StepRecord& r);  // amaxes and histograms after the step
 };
 
@@ -82,5 +93,9 @@ void to_f32(const void* src, DType t, std::span<float> out);
 // the ranks at every check: a ZeRO shard whose unscaled values overflow their dtype (a check
 // no norm sees) makes every rank skip.
 std::unique_ptr<GradScaler> make_scaler(const std::string& spec, dist::Communicator* comm);
+
+// Preset layerwise: std::invalid_argument unless the precision keeps fp32 weight gradients
+// and scales fp32 GEMM operands (fp16, fp32) and the run is not distributed.
+void check_layerwise(const TrainConfig& c);
 
 }  // namespace mixprec::train

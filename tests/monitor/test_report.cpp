@@ -261,6 +261,28 @@ TEST(Report, ManyTensorsAreGroupedByRole) {
   EXPECT_NE(render_report({fp32}).find("activation gradients are stored in fp32 here"), std::string::npos);
 }
 
+// Preset layerwise: a section with a row per run and layer and each layer's chain per step;
+// absent for runs without scaled layers.
+TEST(Report, PerLayerScalingSection) {
+  ReportRun plain = synthetic("plain", 6, 0);
+  EXPECT_EQ(render_report({plain}).find("id=\"layerwise\""), std::string::npos);
+  ReportRun lw = synthetic("lw", 6, 0);
+  for (StepRecord& r : lw.records) {
+    const bool hit = r.step == 4;
+    r.layers = {{"h0.mlp.fc", 16, 64, 0, "applied"},
+                {"h0.mlp.proj", 4, 4, r.step > 4 ? 1 : 0, hit ? "origin" : "applied"}};
+  }
+  const std::string html = render_report({plain, lw});
+  ASSERT_NE(html.find("id=\"layerwise\""), std::string::npos);
+  // lw's h0.mlp.proj: mean log2 chain 2, last chain 4, backoff 1, one overflow started there, one skipped step.
+  EXPECT_NE(html.find("h0.mlp.proj</td><td>2</td><td>4</td><td>1</td><td>1</td><td>1</td>"), std::string::npos);
+  EXPECT_NE(html.find("h0.mlp.fc</td><td>6</td><td>64</td><td>0</td><td>0</td><td>0</td>"), std::string::npos);
+  const std::string c = chart(html, "layers-1");
+  EXPECT_EQ(points_of(c, "h0.mlp.fc"), 6);
+  EXPECT_EQ(points_of(c, "h0.mlp.proj"), 6);
+  EXPECT_TRUE(chart(html, "layers-0").empty());
+}
+
 TEST(Report, SkipRateIsARollingWindow) {
   ReportRun run = synthetic("skips", 6, 0);
   run.records[0].skipped = run.records[1].skipped = true;

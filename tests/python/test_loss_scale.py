@@ -16,7 +16,7 @@ import pytest
 
 import mixprec
 
-PRESETS = ["mixprec", "torch", "deepspeed", "megatron", "apex", "keras", "tf-keras", "jmp", "static"]
+PRESETS = ["mixprec", "torch", "deepspeed", "megatron", "apex", "keras", "tf-keras", "jmp", "static", "layerwise"]
 KEYS = ["rule", "init_scale", "growth_factor", "backoff_factor", "growth_interval", "min_scale", "max_scale",
         "hysteresis", "consecutive_hysteresis", "refuse_nonfinite_growth", "floor_policy", "max_floor_overflows"]
 

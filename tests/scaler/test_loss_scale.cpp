@@ -835,7 +835,7 @@ TEST(LossScalePresets, UnknownNameListsValidNames) {
   } catch (const std::invalid_argument& e) {
     EXPECT_STREQ(e.what(),
                  "unknown loss-scale preset 'pytorch'; presets: mixprec, torch, deepspeed, megatron, apex, keras, "
-                 "tf-keras, jmp, static");
+                 "tf-keras, jmp, static, layerwise");
   }
 }
 

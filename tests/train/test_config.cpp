@@ -51,7 +51,7 @@ std::vector<Rule> rules() {
        "precision: expected fp32, fp16, bf16, fp16-pure, bf16-pure, fp8-noscale, fp8-delayed, fp8-current or mxfp8, found enum value 9"},
       {"loss_scale_none", [](C& c) { c.loss_scale = "none"; }, [](C& c) { c.loss_scale = "nope"; },
        "loss-scale: expected none, dynamic, static:S (S a finite number > 0) or a preset (mixprec, torch, deepspeed, "
-       "megatron, apex, keras, tf-keras, jmp), found 'nope'"},
+       "megatron, apex, keras, tf-keras, jmp, layerwise), found 'nope'"},
       {"loss_scale_static", [](C& c) { c.loss_scale = "static:1024"; }, [](C& c) { c.loss_scale = "static:0"; },
        "loss-scale: expected static:S with S a number > 0 that float32 holds, as it holds 1/S (the unscale factor): "
        "S in (2.9387359e-39, 3.4028235e+38], found 'static:0'"},
@@ -296,7 +296,7 @@ TEST(TrainConfigJson, UnknownKeysListTheKnownOnes) {
                     "heads, channels, context, batch, depth, hidden, data, vocab, corpus-tokens, val-fraction, "
                     "optimizer, lr, min-lr, warmup, weight-decay, beta1, beta2, eps, clip, steps, accum, seed, "
                     "eval-every, eval-windows, histogram-every, out, checkpoint-every, keep-checkpoints, resume, distributed, "
-                    "zero, grad-reduce, dist-timeout, inject-overflow-rank, inject-overflow-at, threads",
+                    "zero, grad-reduce, dist-timeout, inject-overflow-rank, inject-overflow-at, inject-overflow-tensor, threads",
                     0),
             0u)
       << e;
@@ -422,7 +422,7 @@ TEST(TrainConfigJson, KeysInFlagOrder) {
             0u)
       << j;
   EXPECT_NE(j.find(R"("lr":0.003,"min-lr":0.0003,)"), std::string::npos) << j;
-  EXPECT_NE(j.find(R"("inject-overflow-at":[],"threads":0})"), std::string::npos) << j;
+  EXPECT_NE(j.find(R"("inject-overflow-at":[],"inject-overflow-tensor":"","threads":0})"), std::string::npos) << j;
   EXPECT_NE(to_json(TrainConfig{}, 2).find("{\n  \"model\": \"gpt\",\n"), std::string::npos);
 }
 
@@ -447,7 +447,7 @@ std::vector<KeyCase> key_cases() {
       "S in (2.9387359e-39, 3.4028235e+38], found 'static:0'";
   const std::string ls_any =
       "loss-scale: expected none, dynamic, static:S (S a finite number > 0) or a preset (mixprec, torch, deepspeed, "
-      "megatron, apex, keras, tf-keras, jmp), found 5";
+      "megatron, apex, keras, tf-keras, jmp, layerwise), found 5";
   return {
       {"model", "mlp", "", "cnn", "model: expected gpt or mlp, found 'cnn'", "", "5", "model: expected gpt or mlp, found 5"},
       {"precision", "bf16", "", "fp12", "precision: expected " + kPrecisions + ", found 'fp12'", "", "true",
@@ -536,6 +536,8 @@ std::vector<KeyCase> key_cases() {
        "inject-overflow-rank: expected -1 (every rank) or a rank in [0, 1048576), found 0.5"},
       {"inject-overflow-at", "5,17", "", "5,0", "inject-overflow-at: expected an integer >= 1, found 0", "5,x", "5",
        "inject-overflow-at: expected an array of integers >= 1, found 5"},
+      {"inject-overflow-tensor", "h0.mlp.fc.weight", "", "", "", "", "7",
+       "inject-overflow-tensor: expected a string, found 7"},
       {"threads", "1024", "", "1025", "threads: expected an integer in [0, 1024], found 1025", "", "-1",
        "threads: expected an integer in [0, 1024], found -1"},
   };

@@ -200,6 +200,31 @@ TEST(RunLog, Fp8TensorsRoundTrip) {
   EXPECT_THROW((void)parse_step_record(bad), std::invalid_argument);
 }
 
+// The layers array of preset layerwise: written only when there are scaled layers, read back exactly.
+TEST(RunLog, LayerScalesRoundTrip) {
+  StepRecord r = sample();
+  EXPECT_EQ(step_record_json(r).find("\"layers\""), std::string::npos);
+  r.layers = {{"h0.mlp.fc", 16, 256, 0, "applied"}, {"h1.mlp.fc", 0.5, 0.5, 3, "origin"}};
+  const std::string line = step_record_json(r);
+  EXPECT_NE(line.find(R"("layers":[{"name":"h0.mlp.fc","factor":16,"chain":256,"backoff":0,"outcome":"applied"},)"
+                      R"({"name":"h1.mlp.fc","factor":0.5,"chain":0.5,"backoff":3,"outcome":"origin"}])"),
+            std::string::npos)
+      << line;
+  const StepRecord b = parse_step_record(line);
+  ASSERT_EQ(b.layers.size(), 2u);
+  EXPECT_EQ(b.layers[1].name, "h1.mlp.fc");
+  EXPECT_EQ(b.layers[1].factor, 0.5);
+  EXPECT_EQ(b.layers[1].backoff, 3);
+  EXPECT_EQ(b.layers[1].outcome, "origin");
+  EXPECT_EQ(step_record_json(b), line);
+  std::string bad = line;
+  bad.replace(bad.find("\"origin\""), 8, "\"lost\"");
+  EXPECT_THROW((void)parse_step_record(bad), std::invalid_argument);
+  bad = line;
+  bad.replace(bad.find("\"factor\":16"), 12, "\"factor\":0");
+  EXPECT_THROW((void)parse_step_record(bad), std::invalid_argument);
+}
+
 TEST(RunLog, ParseErrors) {
   const std::string good = step_record_json(sample());
   auto with = [&](const std::string& from, const std::string& to) {

@@ -30,6 +30,10 @@
 #include "mixprec/nn/precision.hpp"
 #include "mixprec/optim/param_store.hpp"
 
+namespace mixprec {
+class LayerwiseScales;
+}
+
 namespace mixprec::nn {
 
 enum class ModelKind : std::uint8_t { gpt, mlp };
@@ -129,6 +133,14 @@ struct ForwardResult {
   std::string first_nonfinite;  // the first activation (layer output) that held inf/NaN, when !finite
 };
 
+// A GEMM layer that per-layer loss scaling (preset layerwise, scaler/layerwise.hpp) scales in
+// backward: its incoming gradient is multiplied by the layer's factor before its GEMMs.
+struct ScaledLayer {
+  std::string name;                 // "h0.attn.qkv", "fc1", ...
+  std::int64_t fan_in = 1;          // reduction length of the GEMM that makes its input gradient
+  std::vector<std::size_t> params;  // its weight and bias (store tensor indices)
+};
+
 struct ModelMemory {
   std::size_t parameter_bytes = 0;   // ParamStore: master + model copy + grads + optimizer state
   std::size_t activation_bytes = 0;  // saved activations (in the activation format) + their fp32 statistics
@@ -197,6 +209,19 @@ class Model {
   // One line, e.g. "gpt: 2 layers, 4 heads, 64 channels, context 64, vocab 1024 (200,448 parameters)".
   virtual std::string describe() const = 0;
 
+  // Per-layer loss scaling (docs/loss_scaling.md, "Per-layer loss scaling"). gpt: every
+  // block's attn.qkv, attn.proj, mlp.fc and mlp.proj (the tied LM head is not scaled: its
+  // weight also takes the embedding's gradient); mlp: every fc<i> and the head.
+  const std::vector<ScaledLayer>& scaled_layers() const noexcept { return scaled_layers_; }
+  // Scales the next backward passes (nullptr: none). decide: the factors are decided from
+  // this pass's gradients (the first pass of an accumulation window); otherwise the ones
+  // decided then are kept, since the weight gradients accumulate in place. Registers the
+  // layers with `scales` on first use.
+  void set_layer_scales(LayerwiseScales* scales, bool decide);
+  // After backward: per store tensor, the factor above the base loss scale its gradient
+  // carries (1 for a tensor no scaled layer reaches).
+  std::span<const double> grad_factors() const noexcept { return grad_factors_; }
+
  protected:
   Model(const ModelConfig& c, PrecisionPolicy p) : config_(c), policy_(p) {}
   // Registers an activation-gradient tensor for stats().tensors; returns its index.
@@ -206,12 +231,27 @@ class Model {
   virtual void histograms_changed() noexcept {}
   // The fp8 Linear machinery of an fp8 preset, nullptr otherwise.
   virtual detail::Fp8Linears* fp8_linears() const noexcept { return nullptr; }
+  // Per-layer loss scaling in backward. scaled_layer(): the constructor's list. scale_layer():
+  // at scaled layer `slot`, whose incoming gradient g carries `chain` above the base scale,
+  // the layer's factor f (1 when scaling is off); g is multiplied by f and the layer's
+  // tensors are marked as carrying chain * f. rescale(): v *= f (exact: f is a power of two).
+  void scaled_layer(std::string name, std::int64_t fan_in, std::vector<std::size_t> params);
+  double scale_layer(std::size_t slot, std::span<float> g, std::span<const float> w, double chain);
+  void mark_grad_factor(std::size_t tensor, double factor) noexcept;
+  static void rescale(std::span<float> v, double f) noexcept;
   ModelConfig config_;
   PrecisionPolicy policy_;
   std::unique_ptr<ParamStore> store_;
   BackwardStats stats_;
   ModelHistograms histograms_;
   bool histograms_on_ = false;
+
+ private:
+  std::vector<ScaledLayer> scaled_layers_;
+  std::vector<std::size_t> scaled_index_;  // slot -> index in layer_scales_
+  std::vector<double> grad_factors_;
+  LayerwiseScales* layer_scales_ = nullptr;
+  bool decide_ = false;
 };
 
 // Builds the model with initialised weights (GPT-2 style: normal(0, 0.02), residual

@@ -82,7 +82,8 @@ struct StepOutcome {
 
 class GradScaler : public ScalerDoor {
  public:
-  explicit GradScaler(const LossScaleConfig& config = {}, bool enabled = true);
+  // preset: the name the config came from ("layerwise" adds per-layer scaling).
+  explicit GradScaler(const LossScaleConfig& config = {}, bool enabled = true, std::string preset = "");
   explicit GradScaler(std::unique_ptr<LossScale> scale, bool enabled = true);
 
   float scale(float loss) const noexcept { return loss * get_scale(); }

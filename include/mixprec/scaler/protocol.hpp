@@ -41,6 +41,7 @@
 #include <utility>
 #include <vector>
 
+#include "mixprec/scaler/layerwise.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
 
 namespace mixprec {
@@ -133,7 +134,8 @@ struct StepDecision {
 
 class ScalerProtocol {
  public:
-  // `preset`: the name the config came from (echoed in the state; "" when none).
+  // `preset`: the name the config came from (echoed in the state; "" when none). Preset
+  // "layerwise" adds per-layer scaling (scaler/layerwise.hpp) on top of the config's scale.
   explicit ScalerProtocol(const LossScaleConfig& config = {}, bool enabled = true, Dialect dialect = Dialect::mixprec,
                           std::string preset = "");
   explicit ScalerProtocol(std::unique_ptr<LossScale> scale, bool enabled = true, Dialect dialect = Dialect::mixprec,
@@ -149,6 +151,13 @@ class ScalerProtocol {
   const LossScale& loss_scale() const noexcept { return *scale_; }
 
   void set_rank_agreement(RankAgreement agree) { agree_ = std::move(agree); }
+
+  // Per-layer scaling (preset "layerwise"; nullptr otherwise): the door registers its watched
+  // layers, asks for each layer's factor in backward and says which layers' gradients are
+  // finite before it checks the rest (docs/loss_scaling.md, "Per-layer loss scaling").
+  // update() ends the layers' step too.
+  LayerwiseScales* layerwise() noexcept { return layerwise_ ? &*layerwise_ : nullptr; }
+  const LayerwiseScales* layerwise() const noexcept { return layerwise_ ? &*layerwise_ : nullptr; }
 
   void begin_unscale(OptimizerId id) const;  // throws ScalerMisuse; changes nothing
   StepPlan begin_step(OptimizerId id) const;
@@ -189,7 +198,8 @@ class ScalerProtocol {
   // keys (scale, growth_factor, backoff_factor, growth_interval, _growth_tracker: torch's
   // load_state_dict takes the object as it is) and mixprec's: format "mixprec.grad_scaler",
   // version 2, enabled, preset, accumulation_steps, loss_scale (the exact scale, the full
-  // config and every counter).
+  // config and every counter), and for preset "layerwise" `layerwise` (its config and every
+  // layer's backoff and counters).
   std::string state_json() const;
   // Loads that format, version 1 (no torch keys), the Python adapter's first format (torch
   // keys + "mixprec": a loss-scale state) or torch.amp.GradScaler's own five keys (rule
@@ -217,6 +227,7 @@ class ScalerProtocol {
   int window_passes_ = 0;
   std::map<OptimizerId, Record> records_;
   RankAgreement agree_;
+  std::optional<LayerwiseScales> layerwise_;
 };
 
 // What every C++ GradScaler door (mixprec::GradScaler over ParamStore views,
@@ -228,6 +239,8 @@ class ScalerDoor {
   float get_scale() const noexcept { return protocol_.scale(); }  // 1 when disabled
   const LossScale& loss_scale() const noexcept { return protocol_.loss_scale(); }
   const ScalerProtocol& protocol() const noexcept { return protocol_; }
+  // Preset layerwise: the per-layer scaling the door drives (nullptr otherwise).
+  LayerwiseScales* layerwise() noexcept { return protocol_.layerwise(); }
 
   // Data parallelism: {found_inf, checked} MAX-reduced over the ranks by the caller's
   // collective (c10d all_reduce, MPI), once per check.

@@ -24,7 +24,7 @@ struct TrainConfig {
   nn::ModelConfig model{};
   nn::Precision precision = nn::Precision::fp16;
   // "none" | "static:S" (S finite, > 0) | "dynamic" (the mixprec preset) | a preset name
-  // (mixprec, torch, deepspeed, megatron, apex, keras, tf-keras, jmp).
+  // (mixprec, torch, deepspeed, megatron, apex, keras, tf-keras, jmp, layerwise).
   std::string loss_scale = "dynamic";
   // fp8 presets only (an error with another precision when not at the default):
   std::string fp8_format = "hybrid";           // hybrid (E4M3 forward, E5M2 gradients) | e4m3
@@ -67,6 +67,7 @@ struct TrainConfig {
   // testing: after backward at these steps (1-based), +inf is written into the first
   // gradient element, as if the backward pass had overflowed.
   std::vector<std::size_t> inject_overflow_at;
+  std::string inject_overflow_tensor;          // testing: the parameter it writes into ("" = the first)
   unsigned threads = 0;                        // 0 = all cores (MIXPREC_THREADS / OMP_NUM_THREADS respected)
 
   // data parallelism over the ranks of a communicator (docs/distributed.md)

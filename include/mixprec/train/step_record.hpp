@@ -65,6 +65,17 @@ struct StepRecord {
   std::optional<Histograms> histograms;
   // fp8 presets: per fp8 tensor of the Linear layers, this step's quantization (docs/telemetry.md).
   std::vector<nn::Fp8TensorStats> fp8;
+  // Preset layerwise: per scaled layer, the factor it applied this step, the factor its
+  // weight gradient carried above the base scale (chain), its backoffs before the step and
+  // what happened to it (docs/loss_scaling.md, "Per-layer loss scaling").
+  struct LayerScale {
+    std::string name;
+    double factor = 1;
+    double chain = 1;
+    std::int64_t backoff = 0;
+    std::string outcome;  // "applied", "origin", "victim"
+  };
+  std::vector<LayerScale> layers;
 };
 
 // A run's figures (summary.json, train::summary_json; the report's summary table).

@@ -76,6 +76,7 @@ struct TelemetryStep {
   double grad_norm = 0;                     // of the unscaled gradients, before clipping
   float clip_coef = 1;                      // the clipping applied to the gradients (1: none)
   std::string overflow_param = {};          // the first parameter holding inf/NaN
+  std::vector<StepRecord::LayerScale> layers = {};  // preset layerwise: each watched layer's scaling
 };
 
 // A parameter as the step left it: its gradient (data == nullptr or size 0: none) as

@@ -66,6 +66,7 @@ class StepOutcome:
     grad_norm: float                     # L2 norm of the unscaled gradients (before any clipping); inf/NaN on overflow
     scale: float                         # the scale the gradients carried
     result: Any = None                   # optimizer.step()'s return value (None when skipped)
+    skipped_layers: Tuple[str, ...] = ()  # preset layerwise: watched layers whose update was skipped alone
     # For mixprec.torch.Telemetry: id(parameter) -> its gradient's unscaled |max| as stored,
     # measured by the check's own pass (the core's; only when a Telemetry asked for it).
     _grad_amax: Optional[Dict[int, float]] = field(default=None, repr=False, compare=False)
@@ -134,6 +135,42 @@ class GradScaler:
         self._amax_by_opt: Dict[int, Dict[int, float]] = {}
         # Tests: every gradient through ATen's kernel, the path of other devices (CPU ones too).
         self._aten_only = False
+        self._lw = None  # preset layerwise: the watched model's hooks (watch())
+        self._lw_skipped: Optional[Tuple[str, ...]] = None  # this step's skipped layers, once finished
+        self._lw_last: List[Dict[str, Any]] = []  # the layers of the last finished step (Telemetry)
+
+    # ---- per-layer scaling (preset "layerwise") ------------------------------------------------
+
+    def watch(self, model: torch.nn.Module, modules: Any = None) -> None:
+        """Preset "layerwise": scale `model`'s torch.nn.Linear modules per layer in backward
+        (mixprec.torch.layerwise; docs/loss_scaling.md, "Per-layer loss scaling"). modules: None
+        (every Linear), names from model.named_modules(), or a predicate (name, module) -> bool.
+        Modules whose weight another module shares (a tied LM head) stay at the base scale.
+        Without watch() a layerwise scaler is its base scale alone."""
+        from .layerwise import LayerwiseHooks
+        if self._p.layerwise is None:
+            raise ValueError(f"watch: per-layer scaling needs preset 'layerwise', this scaler's preset is "
+                             f"{self._p.preset!r}")
+        if self._lw is not None:
+            self._lw.remove()
+        self._lw = LayerwiseHooks(self, model, modules)
+
+    def layer_scales(self) -> List[Dict[str, Any]]:
+        """Preset "layerwise": per watched layer this step's factor, chain (what its weight
+        gradient carried above the base scale), backoff, outcome and counters."""
+        return [] if self._lw is None else self._lw.scales()
+
+    def _finish_layers(self) -> Tuple[str, ...]:
+        if self._lw is None or self._p.layerwise is None:
+            return ()
+        if self._lw_skipped is None:
+            self._lw_skipped = tuple(self._lw.finish())
+            self._lw_last = self._lw.scales()
+        return self._lw_skipped
+
+    def _layer_record(self) -> List[Dict[str, Any]]:
+        """The layers of the last finished step as Telemetry logs them (outcome, factor, ...)."""
+        return [d for d in self._lw_last if d["outcome"] is not None]
 
     # ---- names -------------------------------------------------------------------------
 
@@ -179,6 +216,8 @@ class GradScaler:
         object) as torch does. Disabled: outputs unchanged."""
         if not self._p.enabled:
             return outputs
+        if self._lw is not None:
+            self._lw.link(outputs)  # the first step after watch(): which layers chain into which
         s = self._p.scale
 
         def apply(val):
@@ -198,6 +237,7 @@ class GradScaler:
         if not self._p.enabled:
             return
         self._p.begin_unscale(id(optimizer))
+        self._finish_layers()
         self._p.record(id(optimizer), self._check(optimizer))
 
     def step(self, optimizer: torch.optim.Optimizer, *args: Any, **kwargs: Any) -> StepOutcome:
@@ -212,6 +252,7 @@ class GradScaler:
         if "closure" in kwargs:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
         if plan == "check":
+            self._finish_layers()
             self._p.record(key, self._check(optimizer))
         apply, found_inf, scale, first, grad_norm = self._p.decide(key)
         amax = self._amax_by_opt.pop(key, None)
@@ -226,7 +267,8 @@ class GradScaler:
         self._p.step_done(key)
         index = None if first < 0 else first
         name = None if index is None else self._name_at(optimizer, index)
-        self.last_outcome = StepOutcome(apply, found_inf, name, index, grad_norm, scale, result, amax)
+        self.last_outcome = StepOutcome(apply, found_inf, name, index, grad_norm, scale, result,
+                                        self._lw_skipped or (), _grad_amax=amax)
         return self.last_outcome
 
     def update(self, new_scale: Union[float, torch.Tensor, None] = None) -> None:
@@ -236,6 +278,7 @@ class GradScaler:
         step is over all the same; the scale stays as it was)."""
         if not self._p.enabled:
             return
+        self._lw_skipped = None
         if new_scale is None:
             self._p.update()
             return
@@ -337,6 +380,9 @@ class GradScaler:
         state = self.__dict__.copy()
         state["_p"] = (self._p.preset, self._p.enabled, self._p.state_json())
         state["_names"] = {}
+        state["_lw"] = None  # hooks stay with the model: watch() again after unpickling
+        state["_lw_skipped"] = None
+        state["_lw_last"] = []
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
