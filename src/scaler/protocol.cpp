@@ -471,9 +471,7 @@ void ScalerProtocol::load_state_json(std::string_view text) {
     }
     enabled = j["enabled"].get<bool>();
     state = LossScaleState::from_json(j["loss_scale"].dump());  // validates, names the field
-<<<<<<< HEAD
     check_torch_keys_agree(j, state, "loss_scale");
-=======
     if (j.contains("layerwise") != (preset == kLayerwisePreset))
       bad_state(preset == kLayerwisePreset ? "preset layerwise: field 'layerwise' is missing"
                                            : "field 'layerwise' belongs to preset layerwise only, found preset '" +
@@ -482,7 +480,6 @@ void ScalerProtocol::load_state_json(std::string_view text) {
       layerwise = LayerwiseScales::from_json(j["layerwise"].dump());  // validates, names the field
       if (layerwise_) layerwise_->check_load(*layerwise);
     }
->>>>>>> layerwise
   } else if (j.contains("mixprec")) {  // the Python adapter's first format
     if (!j["mixprec"].is_object()) bad_state("field 'mixprec' must be an object (a loss-scale state)");
     if (j.contains("accumulation_steps")) window = static_cast<int>(integer_field(j, "accumulation_steps", 1, kMaxWindow));

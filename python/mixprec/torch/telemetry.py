@@ -430,21 +430,13 @@ class Telemetry:
         grads: List[Any] = []
         if every or any(a is None for a in unclipped):
             grads = [None if i in torch_set or p.grad is None or (not every and unclipped[i] is not None)
-<<<<<<< HEAD
                      else _capsule(dev.readable(p.grad)) for i, p in enumerate(self._params)]
-        line = self._rec.record(loss, lr, tokens, float(seconds), val_loss, float(scale), float(next_scale),
-                                bool(found_inf), bool(applied), float(grad_norm), clip_coef, first,
-                                unclipped, grad_amax, grads, weight_amax)
-        self._last_record = now  # a record() that raised changed nothing: its time counts to the next
-=======
-                     else _capsule(p.grad) for i, p in enumerate(self._params)]
         layers = [] if self._scaler is None else [
             (d["name"], d["factor"], d["chain"], d["backoff"], d["outcome"]) for d in self._scaler._layer_record()]
-        line = self._rec.record(float(loss), float(lr), int(tokens), float(seconds),
-                                None if val_loss is None else float(val_loss), float(scale), float(next_scale),
-                                bool(found_inf), bool(applied), float(grad_norm), float(clip_coef), first,
+        line = self._rec.record(loss, lr, tokens, float(seconds), val_loss, float(scale), float(next_scale),
+                                bool(found_inf), bool(applied), float(grad_norm), clip_coef, first,
                                 unclipped, grad_amax, grads, weight_amax, layers)
->>>>>>> layerwise
+        self._last_record = now  # a record() that raised changed nothing: its time counts to the next
         result = json.loads(line)
         if self._advisor is not None:
             if self._advisor.active:  # this step's tensors, unscaled by the scale its backward used
