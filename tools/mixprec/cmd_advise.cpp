@@ -89,7 +89,7 @@ int run_advise(const AdviseInputs& in) {
       throw std::runtime_error("--out: '" + out.string() + "' is not a folder");
     fs::create_directories(out);
     for (const char* name : {"recipe.json", "advice.json"})
-      if (const std::string problem = output_file_problem((out / name).string()); !problem.empty())
+      if (const std::string problem = io::output_file_problem((out / name).string()); !problem.empty())
         throw std::runtime_error("--out: " + problem);
     io::write_file_atomic(out / "advice.json", adv::advice_json(a));
     io::write_file_atomic(out / "recipe.json", adv::recipe_file_json(a));
