@@ -133,11 +133,14 @@ const LowpKernels* lowp_kernels(Isa isa) noexcept;
 
 // ---- shared by the driver (quantize.cpp), the reference and the torchao flavour ----
 
-// Validates the call and sizes every field of the result (codes zero, scales 1 / 0).
+// Validates the call and sizes every field of the result (codes zero, scales 1 / 0); prepare
+// reuses q's buffers.
 Quantized make_result(std::size_t src_size, std::size_t rows, std::size_t cols, const QuantizeConfig& config,
                       std::size_t random_size);
-// The quantized grid's input: src copied, or transposed for a columnwise layout.
-std::vector<float> grid_input(std::span<const float> src, const Quantized& q);
+void prepare(Quantized& q, std::size_t src_size, std::size_t rows, std::size_t cols, const QuantizeConfig& config,
+             std::size_t random_size);
+// The quantized grid's input into g: src copied, or transposed for a columnwise layout.
+void grid_input(std::span<const float> src, const Quantized& q, std::vector<float>& g);
 // Magnitude bits to the amax float: NaN patterns become the quiet NaN 0x7fc00000.
 float canonical_amax(std::uint32_t bits) noexcept;
 
@@ -166,6 +169,8 @@ void torchao_nvfp4_scale(float amax, float tensor_scale, std::uint8_t& code, flo
 float torchao_nvfp4_dequantize_one(float element, std::uint8_t scale_code, float tensor_scale) noexcept;
 
 // lowp::quantize with a given table (tests run every back end through the whole driver).
+void quantize_with(const LowpKernels& k, std::span<const float> src, std::size_t rows, std::size_t cols,
+                   const QuantizeConfig& config, std::span<const std::uint32_t> random, Quantized& out);
 Quantized quantize_with(const LowpKernels& k, std::span<const float> src, std::size_t rows, std::size_t cols,
                         const QuantizeConfig& config, std::span<const std::uint32_t> random);
 

@@ -190,14 +190,23 @@ const LowpKernels* lowp_kernels(Isa isa) noexcept {
 
 Quantized make_result(std::size_t src_size, std::size_t rows, std::size_t cols, const QuantizeConfig& c,
                       std::size_t random_size) {
+  Quantized q;
+  prepare(q, src_size, rows, cols, c, random_size);
+  return q;
+}
+
+void prepare(Quantized& q, std::size_t src_size, std::size_t rows, std::size_t cols, const QuantizeConfig& c,
+             std::size_t random_size) {
   validate(c);
   const std::string shape = "quantize: shape [" + std::to_string(rows) + ", " + std::to_string(cols) + "]";
   if (rows != 0 && cols > std::numeric_limits<std::size_t>::max() / rows) fail(shape + " has too many elements");
   if (rows * cols != src_size)
     fail(shape + " needs " + std::to_string(rows * cols) + " elements, found " + std::to_string(src_size));
   const RecipeInfo& info = recipe_info(c.recipe);
-  Quantized q;
   q.config = c;
+  q.tensor_amax = 0.0f;
+  q.tensor_scale = 1.0f;
+  q.counts = {};
   q.rows = rows;
   q.cols = cols;
   const bool col = c.layout == Layout::columnwise;
@@ -213,7 +222,7 @@ Quantized make_result(std::size_t src_size, std::size_t rows, std::size_t cols, 
   if (!c.stochastic_rounding && random_size != 0)
     fail("quantize: random words given but stochastic_rounding is off");
   q.row_bytes = c.element == Element::e2m1 ? (q.code_cols + 1) / 2 : q.code_cols;
-  q.codes.assign(q.code_rows * q.row_bytes, 0);
+  q.codes.resize(q.code_rows * q.row_bytes);  // every byte is written (the pad nibble of an odd row: 0)
   q.scale_format = info.scale_format;
   if (info.block == 0) {
     q.scale_rows = 1;
@@ -223,17 +232,22 @@ Quantized make_result(std::size_t src_size, std::size_t rows, std::size_t cols, 
     q.scale_rows = (q.code_rows + tr - 1) / tr;
     q.scale_cols = (q.code_cols + info.block - 1) / info.block;
   }
-  if (q.scale_format == ScaleFormat::f32) q.scale_inv.assign(q.scale_rows * q.scale_cols, 1.0f);
-  else q.scale_codes.assign(q.scale_rows * q.scale_cols, 0);
+  // assign() keeps the capacity: a result quantized again into allocates nothing.
+  if (q.scale_format == ScaleFormat::f32) {
+    q.scale_inv.assign(q.scale_rows * q.scale_cols, 1.0f);
+    q.scale_codes.clear();
+  } else {
+    q.scale_codes.assign(q.scale_rows * q.scale_cols, 0);
+    q.scale_inv.clear();
+  }
   q.counts.elements = n;
-  return q;
 }
 
-std::vector<float> grid_input(std::span<const float> src, const Quantized& q) {
-  std::vector<float> g(src.size());
+void grid_input(std::span<const float> src, const Quantized& q, std::vector<float>& g) {
+  g.resize(src.size());
   if (q.config.layout == Layout::rowwise) {
     std::copy(src.begin(), src.end(), g.begin());
-    return g;
+    return;
   }
   // Transposed in tiles of 32 x 32, so that both sides stay in cache.
   constexpr std::size_t kT = 32;
@@ -246,7 +260,6 @@ std::vector<float> grid_input(std::span<const float> src, const Quantized& q) {
       }
     }
   }
-  return g;
 }
 
 float canonical_amax(std::uint32_t bits) noexcept {
@@ -397,13 +410,21 @@ namespace detail {
 
 Quantized quantize_with(const LowpKernels& k, std::span<const float> src, std::size_t rows, std::size_t cols,
                         const QuantizeConfig& c, std::span<const std::uint32_t> random) {
-  Quantized q = make_result(src.size(), rows, cols, c, random.size());
+  Quantized q;
+  quantize_with(k, src, rows, cols, c, random, q);
+  return q;
+}
+
+void quantize_with(const LowpKernels& k, std::span<const float> src, std::size_t rows, std::size_t cols,
+                   const QuantizeConfig& c, std::span<const std::uint32_t> random, Quantized& q) {
+  prepare(q, src.size(), rows, cols, c, random.size());
   const std::size_t n = src.size();
-  if (n == 0) return q;
-  std::vector<float> scratch;
+  if (n == 0) return;
+  // The transposed or transformed grid: one buffer per thread, grown once.
+  thread_local std::vector<float> scratch;
   const float* g = src.data();
   if (c.layout == Layout::columnwise || c.rht) {
-    scratch = grid_input(src, q);
+    grid_input(src, q, scratch);
     if (c.rht) k.rht16(scratch.data(), n);
     g = scratch.data();
   }
@@ -451,15 +472,25 @@ Quantized quantize_with(const LowpKernels& k, std::span<const float> src, std::s
     k.block_amax(src.data(), n, n, &f, &amax_bits);
   }
   q.counts.amax = canonical_amax(amax_bits);
-  return q;
 }
 
 }  // namespace detail
 
+namespace {
+const detail::LowpKernels& active_kernels() {
+  static const detail::LowpKernels* table = detail::lowp_kernels(active_isa());
+  return *table;
+}
+}  // namespace
+
 Quantized quantize(std::span<const float> src, std::size_t rows, std::size_t cols, const QuantizeConfig& config,
                    std::span<const std::uint32_t> random) {
-  static const detail::LowpKernels* table = detail::lowp_kernels(active_isa());
-  return detail::quantize_with(*table, src, rows, cols, config, random);
+  return detail::quantize_with(active_kernels(), src, rows, cols, config, random);
+}
+
+void quantize(std::span<const float> src, std::size_t rows, std::size_t cols, const QuantizeConfig& config,
+              std::span<const std::uint32_t> random, Quantized& out) {
+  detail::quantize_with(active_kernels(), src, rows, cols, config, random, out);
 }
 
 // ---- dequantize ---------------------------------------------------------------------
@@ -490,7 +521,8 @@ void dequantize(const Quantized& q, std::span<float> dst) {
   //   f32 scales: scale_inv; E8M0: float(code); nvfp4 (TE dequantize_nvfp4.cuh):
   //   float(scale) * amax * float(1 / (6 * 448)); nvfp4 torchao: tensor_scale * float(scale).
   constexpr float kNvfp4FactorInv = static_cast<float>(1.0 / (6.0 * 448.0));
-  std::vector<float> m(q.scale_rows * q.scale_cols);
+  thread_local std::vector<float> m;  // grown once per thread
+  m.resize(q.scale_rows * q.scale_cols);
   for (std::size_t s = 0; s < m.size(); ++s) {
     if (q.scale_format == ScaleFormat::f32) {
       m[s] = q.scale_inv[s];

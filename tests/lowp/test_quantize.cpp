@@ -451,6 +451,31 @@ TEST(LowpBackends, EveryConfigEqualsTheReferenceOnMixedData) {
   }
 }
 
+// quantize(..., out): one result quantized into again and again (recipes, layouts and shapes
+// changing, large then small) equals a fresh reference result each time; nothing of the
+// previous call (counts, scales of the other format, sizes) survives.
+TEST(LowpBackends, QuantizeIntoAReusedResultEqualsAFreshOne) {
+  Quantized reused;
+  const std::size_t shapes[][2] = {{130, 144}, {3, 17}, {0, 5}, {32, 64}};
+  for (const auto& shape : shapes) {
+    for (const QuantizeConfig& c : all_configs()) {
+      const std::size_t rows = shape[0], cols = shape[1];
+      if (c.rht && (c.layout == Layout::rowwise ? cols : rows) % 16 != 0) continue;
+      const std::vector<float> x = mixed(rows * cols, rows * 7 + cols, true);
+      const std::vector<std::uint32_t> random =
+          c.stochastic_rounding ? random_words(rows * cols, rows + cols) : std::vector<std::uint32_t>{};
+      const Quantized want = reference::quantize(x, rows, cols, c, random);
+      quantize(x, rows, cols, c, random, reused);
+      const std::string what = describe(c) + " [" + std::to_string(rows) + "x" + std::to_string(cols) + "] reused";
+      EXPECT_EQ(reused.scale_codes.size(), want.scale_codes.size()) << what;
+      EXPECT_EQ(reused.scale_inv.size(), want.scale_inv.size()) << what;
+      EXPECT_EQ(reused.scale_rows, want.scale_rows) << what;
+      EXPECT_EQ(reused.code_rows, want.code_rows) << what;
+      expect_same(reused, want, what);
+    }
+  }
+}
+
 TEST(LowpBackends, EdgeBlocksEqualTheReference) {
   // Per recipe: an all-zero block, a block with inf, one with NaN, a subnormal amax, amax at
   // FLT_MAX, signed zeros, and a ragged last block (cols 80 = 2.5 blocks of 32, 5 of 16).

@@ -125,6 +125,9 @@ struct Quantized {
 // (in the quantized grid's order) when config.stochastic_rounding.
 Quantized quantize(std::span<const float> src, std::size_t rows, std::size_t cols, const QuantizeConfig& config,
                    std::span<const std::uint32_t> random = {});
+// The same into `out`, reusing its buffers: once they have grown, a call allocates nothing.
+void quantize(std::span<const float> src, std::size_t rows, std::size_t cols, const QuantizeConfig& config,
+              std::span<const std::uint32_t> random, Quantized& out);
 // Writes what the codes represent back in the input's [rows, cols] layout (with rht, the
 // transformed values: the transform is orthogonal and cancels in a GEMM over both operands).
 void dequantize(const Quantized& q, std::span<float> dst);

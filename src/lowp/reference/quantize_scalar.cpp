@@ -100,7 +100,8 @@ Quantized quantize(std::span<const float> src, std::size_t rows, std::size_t col
                    std::span<const std::uint32_t> random) {
   Quantized q = detail::make_result(src.size(), rows, cols, c, random.size());
   if (src.empty()) return q;
-  std::vector<float> g = detail::grid_input(src, q);
+  std::vector<float> g;
+  detail::grid_input(src, q, g);
   if (c.rht) rht16(g);
   const std::size_t R = q.code_rows, C = q.code_cols, n = R * C;
   const RecipeInfo& info = recipe_info(c.recipe);
