@@ -183,6 +183,17 @@ Fp8Linears::Fp8Linears(Fp8Recipe recipe, const Fp8Config& config)
   if (recipe == Fp8Recipe::current) {
     fp8::validate(fp8::CurrentScalingConfig{config.format, config.power_of_2_scales, config.amax_epsilon});
   }
+  if (lowp()) {
+    lowp::RecipeChoice c = lowp::RecipeChoice::of(recipe == Fp8Recipe::block   ? lowp::Recipe::fp8_block
+                                                  : recipe == Fp8Recipe::nvfp4 ? lowp::Recipe::nvfp4
+                                                                               : lowp::Recipe::mxfp4);
+    if (recipe == Fp8Recipe::block) c.fp8_format = config.format;
+    lowp_recipe_ = *lowp::resolve(c);
+  }
+}
+
+bool Fp8Linears::lowp() const noexcept {
+  return recipe_ == Fp8Recipe::block || recipe_ == Fp8Recipe::nvfp4 || recipe_ == Fp8Recipe::mx4;
 }
 
 std::size_t Fp8Linears::add(const std::string& layer, std::size_t rows, std::size_t in, std::size_t out) {
@@ -194,7 +205,7 @@ std::size_t Fp8Linears::add(const std::string& layer, std::size_t rows, std::siz
   l.tensor = stats_.size();
   const bool mx = recipe_ == Fp8Recipe::mx;
   l.x_codes = saved_code_bytes_;
-  saved_code_bytes_ += rows * in;
+  if (!lowp()) saved_code_bytes_ += rows * in;  // lowp recipes keep lowp::Quantized instead
   l.x_scales = saved_scale_count_;
   if (mx) saved_scale_count_ += in * fp8::mx_blocks(rows);
   const std::pair<const char*, fp8::Role> tensors[] = {
@@ -212,6 +223,14 @@ std::size_t Fp8Linears::add(const std::string& layer, std::size_t rows, std::siz
   // Own work memory holds what one backward carves (forward's rows*in is within it).
   max_work_ = std::max(max_work_, rows * out * (mx ? 2 : 1) + rows * in);
   max_tile_rows_ = std::max({max_tile_rows_, rows, out});
+  if (lowp()) {
+    // X's columnwise grid is [in, rows]: codes and one scale per block along rows.
+    const lowp::RecipeInfo& info = lowp::recipe_info(lowp_recipe_.recipe);
+    const bool fp4 = info.element == lowp::Element::e2m1;
+    const std::size_t scale_bytes = info.scale_format == lowp::ScaleFormat::f32 ? sizeof(float) : 1;
+    l.lowp_saved_bytes = in * (fp4 ? (rows + 1) / 2 : rows) + in * ((rows + info.block - 1) / info.block) * scale_bytes;
+    max_work_ = std::max(max_work_, rows * out * 2 + rows * in);
+  }
   linears_.push_back(l);
   return linears_.size() - 1;
 }
@@ -223,6 +242,7 @@ void Fp8Linears::finish(bool own_work) {
   if (recipe_ == Fp8Recipe::mx) tile_.assign(fp8::kMxBlock * max_tile_rows_, 0.0f);
   if (own_work) work_.assign(max_work_, 0.0f);
   codes_.assign(std::max(max_act_, max_weight_), 0);
+  if (lowp()) saved_q_.resize(linears_.size());
   finished_ = true;
 }
 
@@ -266,6 +286,9 @@ Fp8Linears::Pending Fp8Linears::quantize(std::size_t t, std::span<const float> x
     }
     case Fp8Recipe::delayed:
     case Fp8Recipe::noscale:
+    case Fp8Recipe::block:  // the lowp recipes go through lowp_fake, never here
+    case Fp8Recipe::nvfp4:
+    case Fp8Recipe::mx4:
     case Fp8Recipe::none: break;
   }
   p.scale = scale_of(t);
@@ -356,6 +379,41 @@ void Fp8Linears::load_columnwise(std::size_t t, const std::uint8_t* codes, const
   }
 }
 
+std::span<const std::uint32_t> Fp8Linears::random_words(std::size_t n) {
+  // A fixed stream (splitmix64 over a draw counter), so runs repeat exactly.
+  if (random_.size() < n) random_.resize(n);
+  std::uint64_t state = 0x5EEDull * 0x100000001B3ull + draws_++;
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    random_[i] = static_cast<std::uint32_t>((z ^ (z >> 31)) >> 32);
+  }
+  return {random_.data(), n};
+}
+
+Fp8Linears::Pending Fp8Linears::lowp_fake(std::size_t t, std::span<const float> x, std::span<float> out,
+                                          std::size_t rows, std::size_t cols, const lowp::QuantizeConfig& c,
+                                          bool random, lowp::Quantized* keep) {
+  (void)t;
+  lowp::QuantizeConfig cfg = c;
+  cfg.stochastic_rounding = random;
+  // Into kept buffers (X's saved copy, or this object's): a warm step allocates nothing.
+  lowp::Quantized& q = keep != nullptr ? *keep : work_q_;
+  lowp::quantize(x.first(rows * cols), rows, cols, cfg,
+                 random ? random_words(rows * cols) : std::span<const std::uint32_t>{}, q);
+  if (!out.empty()) lowp::dequantize(q, out.first(rows * cols));
+  Pending p;
+  p.stats.elements = q.counts.elements;
+  for (std::size_t i = 0; i < rows * cols; ++i) p.stats.nonzero += x[i] != 0.0f || std::isnan(x[i]);
+  p.stats.overflow = q.counts.saturated;
+  p.stats.underflow = q.counts.flushed;
+  p.stats.nonfinite_input = q.counts.nonfinite;
+  p.amax = q.counts.amax;
+  p.scale = q.tensor_scale;  // nvfp4: S_enc; fp8-block and mxfp4: 1 (their scales are per block)
+  return p;
+}
+
 void Fp8Linears::commit(std::size_t t, const Pending& p) {
   Fp8TensorStats& s = stats_[t];
   s.elements += p.stats.elements;
@@ -377,6 +435,17 @@ void Fp8Linears::forward(Gemm& g, std::size_t id, std::span<float> y, std::span<
   Carver carve(work.empty() ? Work(&own, 1) : work);
   const std::span<float> xq = carve.take(rows * l.in), wq(wq_.data(), l.out * l.in);
   std::uint8_t* saved = saved_codes_.data() + l.x_codes;
+  if (lowp()) {
+    const lowp::LinearRecipe& r = lowp_recipe_;
+    l.input = lowp_fake(l.tensor, x, xq, rows, l.in, r.config(false, false, lowp::Layout::rowwise), false);
+    lowp::QuantizeConfig xc = r.config(false, false, lowp::Layout::columnwise);
+    xc.rht = r.rht && rows % 16 == 0;
+    (void)lowp_fake(l.tensor, x, {}, rows, l.in, xc, false, &saved_q_[id]);
+    l.weight = lowp_fake(l.tensor + 1, w, wq, l.out, l.in, r.config(false, true, lowp::Layout::rowwise), false);
+    linear_forward(g, y, xq, wq, b, rows, l.in, l.out);
+    l.forward_rows = rows;
+    return;
+  }
   if (recipe_ == Fp8Recipe::mx) {
     // The forward GEMM's rowwise Xq is not kept; wgrad's columnwise X is, as codes.
     l.input = quantize(l.tensor, x, xq, l.in, codes_, l.x_scale_inv);
@@ -408,6 +477,30 @@ void Fp8Linears::backward(Gemm& g, std::size_t id, std::span<float> dx, std::spa
   commit(l.tensor, l.input);
   commit(l.tensor + 1, l.weight);
   const std::span<float> dyq = carve.take(N * OC), wq(wq_.data(), OC * C);
+  if (lowp()) {
+    // dgrad: dYq rowwise (stochastic for nvfp4) times W columnwise; wgrad: the columnwise dYq
+    // and the kept columnwise Xq (RHT on both or on neither, along N).
+    const lowp::LinearRecipe& r = lowp_recipe_;
+    commit(l.tensor + 2, lowp_fake(l.tensor + 2, dy, dyq, N, OC, r.config(true, false, lowp::Layout::rowwise),
+                                   r.stochastic_rounding));
+    if (!dx.empty()) {
+      (void)lowp_fake(l.tensor + 1, w, wq, OC, C, r.config(false, true, lowp::Layout::columnwise), false);
+      g.run(view(dyq.data(), N, OC), view(wq.data(), OC, C), output(dx.data(), N, C),
+            {.trans_a = Trans::no, .trans_b = Trans::no, .alpha = 1.0f, .beta = 1.0f});
+    }
+    const std::span<float> dyq_col = carve.take(N * OC), xq_col = carve.take(N * C);
+    lowp::QuantizeConfig dc = r.config(true, false, lowp::Layout::columnwise);
+    dc.rht = saved_q_[id].config.rht;
+    (void)lowp_fake(l.tensor + 2, dy, dyq_col, N, OC, dc, r.stochastic_rounding);
+    lowp::dequantize(saved_q_[id], xq_col);
+    g.run(view(dyq_col.data(), N, OC), view(xq_col.data(), N, C), output(dw.data(), OC, C),
+          {.trans_a = Trans::yes, .trans_b = Trans::no, .alpha = 1.0f, .beta = 1.0f});
+    for (std::size_t n = 0; n < N && !db.empty(); ++n) {
+      const float* row = dy.data() + n * OC;
+      for (std::size_t o = 0; o < OC; ++o) db[o] += row[o];
+    }
+    return;
+  }
   float unused = 1;
   commit(l.tensor + 2, quantize(l.tensor + 2, dy, dyq, OC, codes_, unused));
   const std::uint8_t* saved = saved_codes_.data() + l.x_codes;
@@ -451,6 +544,11 @@ void Fp8Linears::reset_stats() noexcept {
 }
 
 std::size_t Fp8Linears::saved_bytes() const noexcept {
+  if (lowp()) {
+    std::size_t b = 0;
+    for (const Linear& l : linears_) b += l.lowp_saved_bytes;
+    return b;
+  }
   return saved_codes_.size() + saved_scales_.size() * sizeof(e8m0);
 }
 

@@ -25,6 +25,8 @@
 
 #include "mixprec/formats/bulk.hpp"
 #include "mixprec/fp8/recipes.hpp"
+#include "mixprec/lowp/assignment.hpp"
+#include "mixprec/lowp/quantize.hpp"
 #include "mixprec/nn/gemm.hpp"
 #include "mixprec/nn/model.hpp"
 #include "mixprec/nn/precision.hpp"
@@ -121,6 +123,7 @@ class Fp8Linears {
     float x_scale_inv = 1;             // per-tensor: what X's codes are dequantized with
     float w_scale = 1, w_scale_inv = 1;  // per-tensor: W's, for the backward's re-quantization
     std::size_t forward_rows = 0;    // rows of the last forward
+    std::size_t lowp_saved_bytes = 0;  // lowp: the bytes of X's kept codes and scales
     Pending input, weight;
   };
 
@@ -137,6 +140,13 @@ class Fp8Linears {
   void load_columnwise(std::size_t t, const std::uint8_t* codes, const e8m0* scales, std::span<float> out,
                        std::size_t rows, std::size_t cols);
   void commit(std::size_t t, const Pending& p);
+  // fp8-block, nvfp4, mxfp4: the operands through lowp::quantize (docs/low_precision.md), the
+  // same GEMM layouts as TE and as mixprec.torch.low_precision; X's columnwise quantization is
+  // kept for the backward as lowp's codes and scales.
+  bool lowp() const noexcept;
+  Pending lowp_fake(std::size_t t, std::span<const float> x, std::span<float> out, std::size_t rows, std::size_t cols,
+                    const lowp::QuantizeConfig& c, bool random, lowp::Quantized* keep = nullptr);
+  std::span<const std::uint32_t> random_words(std::size_t n);
   float scale_of(std::size_t t) const;
   float scale_inv_of(std::size_t t) const;
 
@@ -152,6 +162,11 @@ class Fp8Linears {
   std::vector<float> tile_;                // mxfp8: kMxBlock columns, transposed
   std::vector<float> work_;                // own work memory (finish(true))
   std::vector<std::uint8_t> codes_;        // codes of W and dY on their way to fp32
+  lowp::LinearRecipe lowp_recipe_;         // the lowp recipes' settings
+  std::vector<lowp::Quantized> saved_q_;   // lowp, per Linear: X's columnwise quantization
+  lowp::Quantized work_q_;                 // lowp: the other operands' codes on their way
+  std::vector<std::uint32_t> random_;      // nvfp4: stochastic rounding's words (splitmix64)
+  std::uint64_t draws_ = 0;
   std::size_t max_act_ = 0, max_weight_ = 0, max_work_ = 0, max_tile_rows_ = 0;
   bool finished_ = false;
 };

@@ -37,6 +37,12 @@ constexpr PrecisionRow kPrecisions[] = {
      "bf16 mixed, block Linears in fp8 with per-tensor current scaling"},
     {Precision::mxfp8, "mxfp8", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::mx,
      "bf16 mixed, block Linears in fp8 MX blocks of 32 with E8M0 scales"},
+    {Precision::fp8_block, "fp8-block", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::block,
+     "bf16 mixed, block Linears in fp8 blocks of 1x128 (weights 128x128) with fp32 scales"},
+    {Precision::nvfp4, "nvfp4", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::nvfp4,
+     "bf16 mixed, block Linears in fp4 (E2M1) blocks of 16 with E4M3 scales and a tensor scale"},
+    {Precision::mxfp4, "mxfp4", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::mx4,
+     "bf16 mixed, block Linears in fp4 (E2M1) MX blocks of 32 with E8M0 scales"},
 };
 
 const PrecisionRow* row_of(Precision p) noexcept {

@@ -206,10 +206,12 @@ const Table& table() {
           kRun));
     }
     // fp8 recipe options
-    const std::uint32_t all_fp8 = fp8_only({});
+    // The fp4 presets (nvfp4, mxfp4) have E2M1 operands everywhere: no fp8 format to choose.
+    const std::uint32_t fp8_elements = fp8_only({nn::Fp8Recipe::noscale, nn::Fp8Recipe::delayed, nn::Fp8Recipe::current,
+                                                 nn::Fp8Recipe::mx, nn::Fp8Recipe::block});
     k.push_back(text_row(
         choice("fp8-format", "fp8 presets: hybrid (E4M3 forward, E5M2 gradients) or e4m3", {"hybrid", "e4m3"}),
-        [](auto& c) -> auto& { return c.fp8_format; }, {}, {.only_for = all_fp8}));
+        [](auto& c) -> auto& { return c.fp8_format; }, {}, {.only_for = fp8_elements}));
     k.push_back(int_row(
         integer("fp8-amax-history", "N", "fp8-delayed: amax history length", 1, kMaxAmaxHistory),
         [](auto& c) -> auto& { return c.fp8_amax_history; }, {}, {.only_for = fp8_only({nn::Fp8Recipe::delayed})}));

@@ -151,7 +151,7 @@ TEST(AlertThresholds, InvalidValuesAreNamed) {
   EXPECT_EQ(err([](AlertThresholds& t) { t.divergence_nats = -1; }),
             "alerts: divergence_nats: expected a finite number >= 0, found -1");
   EXPECT_TRUE(contains(error_of<std::invalid_argument>([] { AlertMonitor m({}, ctx("dynamic", "fp12")); }),
-                       "alerts: precision: expected fp32, fp16, bf16, fp16-pure, bf16-pure, fp8-noscale, fp8-delayed, fp8-current or mxfp8, found 'fp12'"));
+                       "alerts: precision: expected fp32, fp16, bf16, fp16-pure, bf16-pure, fp8-noscale, fp8-delayed, fp8-current, mxfp8, fp8-block, nvfp4 or mxfp4, found 'fp12'"));
   EXPECT_TRUE(contains(error_of<std::invalid_argument>([] { AlertMonitor m({}, ctx("pytorch")); }),
                        "alerts: loss_scale: expected none, dynamic, static:S or a preset, found 'pytorch'"));
 }

@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "mixprec/fp8/quantize.hpp"
+#include "mixprec/lowp/assignment.hpp"
+#include "mixprec/lowp/quantize.hpp"
 #include "mixprec/nn/gemm.hpp"
 #include "mixprec/nn/layers.hpp"
 #include "nn/fp8_linear.hpp"
@@ -314,6 +316,58 @@ TEST(Fp8Linear, MxQuantizesAlongEachGemmsReductionDimension) {
     EXPECT_NE(xq, xq_col);
     EXPECT_NE(wq, wq_col);
     EXPECT_NE(dyq, dyq_col);
+  }
+}
+
+// fp8-block, nvfp4 and mxfp4 (lowp): each GEMM's operands are lowp::quantize + dequantize
+// in the layout TE uses (docs/low_precision.md), nvfp4 with RHT on the wgrad copies and the
+// engine's stochastic-rounding stream for dY (draw 0 rowwise, draw 1 columnwise).
+std::vector<float> lowp_fq(const std::vector<float>& v, std::size_t rows, std::size_t cols, lowp::QuantizeConfig c,
+                           bool rht = false, std::uint64_t draw = ~0ull) {
+  c.rht = rht;
+  std::vector<std::uint32_t> words;
+  if (draw != ~0ull) {
+    c.stochastic_rounding = true;
+    std::uint64_t state = 0x5EEDull * 0x100000001B3ull + draw;
+    for (std::size_t i = 0; i < rows * cols; ++i) {
+      std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      words.push_back(static_cast<std::uint32_t>((z ^ (z >> 31)) >> 32));
+    }
+  }
+  return lowp::dequantize(lowp::quantize(v, rows, cols, c, words));
+}
+
+TEST(Fp8Linear, LowpRecipesQuantizeAsTe) {
+  LinearCase t;
+  for (std::size_t n = 0; n < kN; ++n)
+    for (std::size_t c = 0; c < kC; ++c) t.x[n * kC + c] *= std::ldexp(1.0f, static_cast<int>(n % 8) * 3 - 12);
+  const struct {
+    Fp8Recipe recipe;
+    lowp::Recipe lr;
+  } cases[] = {{Fp8Recipe::block, lowp::Recipe::fp8_block}, {Fp8Recipe::nvfp4, lowp::Recipe::nvfp4},
+               {Fp8Recipe::mx4, lowp::Recipe::mxfp4}};
+  for (const auto& cs : cases) {
+    Fp8Linears f(cs.recipe, {});
+    f.add("l", kN, kC, kOC);
+    f.finish();
+    lowp::RecipeChoice choice = lowp::RecipeChoice::of(cs.lr);
+    if (cs.lr == lowp::Recipe::fp8_block) choice.fp8_format = fp8::Format::hybrid;  // the engine's default
+    const lowp::LinearRecipe r = *lowp::resolve(choice);
+    const bool sr = r.stochastic_rounding;
+    const auto xq = lowp_fq(t.x, kN, kC, r.config(false, false, lowp::Layout::rowwise));
+    const auto wq = lowp_fq(t.w, kOC, kC, r.config(false, true, lowp::Layout::rowwise));
+    const auto dyq = lowp_fq(t.dy, kN, kOC, r.config(true, false, lowp::Layout::rowwise), false, sr ? 0 : ~0ull);
+    const auto wq_col = lowp_fq(t.w, kOC, kC, r.config(false, true, lowp::Layout::columnwise));
+    const auto xq_col = lowp_fq(t.x, kN, kC, r.config(false, false, lowp::Layout::columnwise), r.rht);
+    const auto dyq_col = lowp_fq(t.dy, kN, kOC, r.config(true, false, lowp::Layout::columnwise), r.rht, sr ? 1 : ~0ull);
+    check_linear(f, t, xq, wq, dyq, wq_col, dyq_col, xq_col);
+    EXPECT_NE(xq, xq_col) << lowp::recipe_name(cs.lr);
+    EXPECT_EQ(f.stats()[0].elements, kN * kC);
+    EXPECT_EQ(f.stats()[2].elements, kN * kOC);
+    EXPECT_GT(f.saved_bytes(), 0u);
+    EXPECT_LT(f.saved_bytes(), kN * kC + kN * kC / 8);  // codes of X (fp4: half) and scales
   }
 }
 

@@ -47,8 +47,8 @@ std::vector<Rule> rules() {
       {"model", [](C& c) { c.model.kind = nn::ModelKind::mlp; },
        [](C& c) { c.model.kind = static_cast<nn::ModelKind>(7); }, "model: expected gpt or mlp, found enum value 7"},
       {"precision", [](C& c) { c.precision = nn::Precision::fp16_pure; },
-       [](C& c) { c.precision = static_cast<nn::Precision>(9); },
-       "precision: expected fp32, fp16, bf16, fp16-pure, bf16-pure, fp8-noscale, fp8-delayed, fp8-current or mxfp8, found enum value 9"},
+       [](C& c) { c.precision = static_cast<nn::Precision>(12); },
+       "precision: expected fp32, fp16, bf16, fp16-pure, bf16-pure, fp8-noscale, fp8-delayed, fp8-current, mxfp8, fp8-block, nvfp4 or mxfp4, found enum value 12"},
       {"loss_scale_none", [](C& c) { c.loss_scale = "none"; }, [](C& c) { c.loss_scale = "nope"; },
        "loss-scale: expected none, dynamic, static:S (S a finite number > 0) or a preset (mixprec, torch, deepspeed, "
        "megatron, apex, keras, tf-keras, jmp, layerwise), found 'nope'"},
@@ -313,8 +313,8 @@ TEST(TrainConfigJson, WrongTypes) {
   EXPECT_EQ(json_error(R"({"steps": "10"})"),
             "config 'x.json': steps: expected an integer in [1, 1000000000], found string \"10\"");
   EXPECT_EQ(json_error(R"({"precision": 16})"),
-            "config 'x.json': precision: expected fp32, fp16, bf16, fp16-pure, bf16-pure, fp8-noscale, fp8-delayed, fp8-current or "
-            "mxfp8, found 16");
+            "config 'x.json': precision: expected fp32, fp16, bf16, fp16-pure, bf16-pure, fp8-noscale, fp8-delayed, fp8-current, "
+            "mxfp8, fp8-block, nvfp4 or mxfp4, found 16");
   EXPECT_EQ(json_error(R"({"data": ["a"]})"), "config 'x.json': data: expected a string, found array [\"a\"]");
   EXPECT_EQ(json_error(R"({"inject-overflow-at": 5})"),
             "config 'x.json': inject-overflow-at: expected an array of integers >= 1, found 5");
@@ -343,7 +343,7 @@ TEST(TrainConfigJson, IntegersAreWholeNumbersInTheKeysRange) {
 TEST(TrainConfigJson, ValuesAreCheckedPerKey) {
   EXPECT_EQ(json_error(R"({"model": "cnn"})"), "config 'x.json': model: expected gpt or mlp, found 'cnn'");
   EXPECT_EQ(json_error(R"({"precision": "fp12"})"),
-            "config 'x.json': precision: expected fp32, fp16, bf16, fp16-pure, bf16-pure, fp8-noscale, fp8-delayed, fp8-current or mxfp8, found 'fp12'");
+            "config 'x.json': precision: expected fp32, fp16, bf16, fp16-pure, bf16-pure, fp8-noscale, fp8-delayed, fp8-current, mxfp8, fp8-block, nvfp4 or mxfp4, found 'fp12'");
   EXPECT_EQ(json_error(R"({"steps": 0})"), "config 'x.json': steps: expected an integer in [1, 1000000000], found 0");
   EXPECT_EQ(json_error(R"({"lr": -1})"), "config 'x.json': lr: expected a finite number > 0, found -1");
   EXPECT_NE(json_error(R"({"loss-scale": "static:abc"})").find("config 'x.json': loss-scale: expected static:S"),
@@ -439,7 +439,8 @@ struct KeyCase {
   std::string json_message;
 };
 
-const std::string kPrecisions = "fp32, fp16, bf16, fp16-pure, bf16-pure, fp8-noscale, fp8-delayed, fp8-current or mxfp8";
+const std::string kPrecisions =
+    "fp32, fp16, bf16, fp16-pure, bf16-pure, fp8-noscale, fp8-delayed, fp8-current, mxfp8, fp8-block, nvfp4 or mxfp4";
 
 std::vector<KeyCase> key_cases() {
   const std::string ls_static =

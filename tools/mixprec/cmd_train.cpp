@@ -617,6 +617,9 @@ const std::vector<Arrangement>& arrangements() {
       {"fp8-delayed", nn::Precision::fp8_delayed, "none"},
       {"fp8-current", nn::Precision::fp8_current, "none"},
       {"mxfp8", nn::Precision::mxfp8, "none"},
+      {"fp8-block", nn::Precision::fp8_block, "none"},
+      {"nvfp4", nn::Precision::nvfp4, "none"},
+      {"mxfp4", nn::Precision::mxfp4, "none"},
   };
   return rows;
 }
@@ -928,7 +931,7 @@ void add_train_commands(CLI::App& app, std::function<int()>& action) {
   for (const Arrangement& a : arrangements()) names += (names.empty() ? "" : ",") + a.name;
   ci->only_opt = cmp->add_option("--only", *ci->only, "Run only these, comma-separated: " + names)->type_name("LIST");
   cmp->add_flag("--quick", *ci->quick, "Fewer steps: steps/3, at least 20");
-  cmp->add_flag("--fp8", *ci->fp8, "Add the fp8 rows: fp8-noscale, fp8-delayed, fp8-current, mxfp8");
+  cmp->add_flag("--fp8", *ci->fp8, "Add the fp8 and fp4 rows: fp8-noscale, fp8-delayed, fp8-current, mxfp8, fp8-block, nvfp4, mxfp4");
   cmp->callback([ci, &action] { action = [ci] { return run_compare(*ci); }; });
 }
 

@@ -31,9 +31,14 @@ enum class Precision : std::uint8_t {
   fp8_delayed,  // per-tensor delayed scaling (amax history)
   fp8_current,  // per-tensor current (just-in-time) scaling
   mxfp8,        // MX blocks of 32 values with E8M0 scales
+  // The same arrangement with the other recipes of docs/low_precision.md (lowp::quantize):
+  fp8_block,    // FP8 in 1x128 blocks, 128x128 weight tiles, fp32 scales (TE Float8BlockScaling)
+  nvfp4,        // E2M1 in blocks of 16 with E4M3 scales and a tensor scale (TE NVFP4BlockScaling)
+  mxfp4,        // E2M1 in blocks of 32 with E8M0 scales
 };
 
-// "fp32", "fp16", "bf16", "fp16-pure", "bf16-pure", "fp8-noscale", "fp8-delayed", "fp8-current", "mxfp8"
+// "fp32", "fp16", "bf16", "fp16-pure", "bf16-pure", "fp8-noscale", "fp8-delayed", "fp8-current", "mxfp8",
+// "fp8-block", "nvfp4", "mxfp4"
 std::string_view precision_name(Precision p) noexcept;
 std::optional<Precision> parse_precision(std::string_view s) noexcept;
 const std::vector<std::string>& precision_names();  // in the table's order
@@ -54,13 +59,13 @@ struct PrecisionPolicy {
 PrecisionPolicy policy_of(Precision p) noexcept;
 
 // How the fp8 presets scale the Linear layers' fp8 operands; none for the other presets.
-enum class Fp8Recipe : std::uint8_t { none, noscale, delayed, current, mx };
+enum class Fp8Recipe : std::uint8_t { none, noscale, delayed, current, mx, block, nvfp4, mx4 };
 Fp8Recipe fp8_recipe_of(Precision p) noexcept;
 bool is_fp8(Precision p) noexcept;
 
-// The fp8 recipe's options (TE's defaults). `format` applies to every fp8 preset; the
+// The fp8 recipe's options (TE's defaults). `format` applies to every fp8 preset but the fp4 ones; the
 // delayed-scaling fields (margin, history, algorithm) to fp8-delayed; power_of_2_scales and
-// amax_epsilon to fp8-current; mx_rounding to mxfp8.
+// amax_epsilon to fp8-current; mx_rounding to mxfp8 (mxfp4 uses TE's rounding up).
 struct Fp8Config {
   fp8::Format format = fp8::Format::hybrid;
   int margin = 0;
