@@ -17,6 +17,7 @@
 #include <string_view>
 
 #include "mixprec/fp8/recipes.hpp"
+#include "mixprec/lowp/assignment.hpp"
 #include "mixprec/lowp/quantize.hpp"
 
 namespace nb = nanobind;
@@ -121,6 +122,29 @@ lowp::Quantized quantize(nb::handle x_obj, std::string_view recipe, std::optiona
   return lowp::quantize(src, rows, cols, c, random);
 }
 
+// A resolved recipe as RecipeOptions fields; options the recipe does not have are None, so
+// the dict reads back through plan_assignment unchanged.
+nb::object recipe_dict(const std::optional<lowp::LinearRecipe>& r) {
+  if (!r) return nb::none();
+  using R = lowp::Recipe;
+  const R k = r->recipe;
+  const bool fp4 = k == R::nvfp4 || k == R::mxfp4, mx = k == R::mxfp8 || k == R::mxfp4;
+  auto when = [](bool has, nb::object v) { return has ? v : nb::none(); };
+  nb::dict d;
+  d["recipe"] = std::string(lowp::recipe_name(k));
+  d["fp8_format"] = when(!fp4, nb::str(r->fp8_format == mixprec::fp8::Format::hybrid ? "hybrid" : "e4m3"));
+  d["amax_history_len"] = when(k == R::fp8_delayed, nb::int_(r->amax_history_len));
+  d["amax_compute_algo"] = when(k == R::fp8_delayed, nb::str(std::string(mixprec::fp8::amax_algo_name(r->amax_compute_algo)).c_str()));
+  d["margin"] = when(k == R::fp8_delayed, nb::int_(r->margin));
+  d["power_of_2_scales"] = r->power_of_2_scales ? nb::object(nb::bool_(*r->power_of_2_scales)) : nb::none();
+  d["scale_rounding"] = when(mx, nb::str(std::string(lowp::scale_rounding_name(r->scale_rounding)).c_str()));
+  d["weight_2d"] = when(k == R::fp8_block || k == R::nvfp4, nb::bool_(r->weight_2d));
+  d["rht"] = when(k == R::nvfp4, nb::bool_(r->rht));
+  d["stochastic_rounding"] = when(fp4, nb::bool_(r->stochastic_rounding));
+  d["flavour"] = when(mx || k == R::nvfp4, nb::str(std::string(lowp::flavour_name(r->flavour)).c_str()));
+  return d;
+}
+
 nb::dict counts_dict(const lowp::Counts& k) {
   nb::dict d;
   d["elements"] = k.elements;
@@ -202,6 +226,19 @@ void register_quantize(nb::module_& m) {
     return mixprec::fp8::delayed_scale(chosen, previous_scale, fp8_max, margin);
   }, nb::arg("amax_history"), nb::arg("amax"), nb::arg("algo"), nb::arg("fp8_max"), nb::arg("margin"),
      nb::arg("previous_scale"));
+  // A recipe file's text (or a dict assignment written as one), checked whole, every entry
+  // resolved with TE's defaults: {"default": recipe or None, "modules": [(name, recipe or
+  // None)], "notes": str}; None is "bf16".
+  m.def("plan_assignment", [](std::string_view text) {
+    const lowp::Assignment a = lowp::parse_assignment(text);
+    nb::dict out;
+    out["default"] = recipe_dict(lowp::resolve(a.default_choice, a.options));
+    nb::list mods;
+    for (const auto& [name, c] : a.modules) mods.append(nb::make_tuple(name, recipe_dict(lowp::resolve(c, a.options))));
+    out["modules"] = mods;
+    out["notes"] = a.notes;
+    return out;
+  }, nb::arg("text"));
   m.def("recipe_table", [] {
     nb::list l;
     for (const lowp::RecipeInfo& r : lowp::recipe_table()) {

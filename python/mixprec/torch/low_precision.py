@@ -19,8 +19,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from dataclasses import dataclass
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
 
 import numpy as np
 import torch
@@ -35,12 +35,22 @@ FILE_VERSIONS = (1,)
 HIGH = "bf16"
 
 _ROLES = ("x", "w", "dy")
-_FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}
+_FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}  # the fp8_max of delayed scaling's update
+
+
+_OPTION_FIELDS = ("fp8_format", "amax_history_len", "amax_compute_algo", "margin", "power_of_2_scales",
+                  "scale_rounding", "weight_2d", "rht", "stochastic_rounding", "flavour")
+
+
+def _plan(doc: Dict[str, Any]) -> Dict[str, Any]:
+    """Check a recipe file (as a dict) and resolve every entry: the core's lowp::parse_assignment
+    and lowp::resolve, the one definition of the format and of TE's defaults."""
+    return _core.plan_assignment(json.dumps({"format": FILE_FORMAT, "version": FILE_VERSIONS[-1], **doc}))
 
 
 @dataclass(frozen=True)
 class RecipeOptions:
-    """One module's recipe and options (defaults: TE's for that recipe).
+    """One module's recipe and options; None leaves an option to the recipe's TE default.
 
     fp8_format          "hybrid" (E4M3 forward, E5M2 gradients) or "e4m3"; TE's defaults:
                         HYBRID for fp8-delayed and fp8-current, E4M3 for mxfp8 and fp8-block.
@@ -49,140 +59,63 @@ class RecipeOptions:
     scale_rounding      mxfp8, mxfp4: "rceil" or "floor".
     weight_2d           fp8-block 128x128 / nvfp4 16x16 weight tiles (TE: True).
     rht                 nvfp4: RHT on the wgrad copies of x and dy (TE: True).
-    stochastic_rounding nvfp4: stochastic rounding of dy (TE: True); mxfp4 too when asked.
+    stochastic_rounding nvfp4: stochastic rounding of dy (TE: True); mxfp4 when asked.
     flavour             "te" or "torchao" (mxfp8, mxfp4, nvfp4).
     """
 
     recipe: str
     fp8_format: Optional[str] = None
-    amax_history_len: int = 1024
-    amax_compute_algo: str = "max"
-    margin: int = 0
+    amax_history_len: Optional[int] = None
+    amax_compute_algo: Optional[str] = None
+    margin: Optional[int] = None
     power_of_2_scales: Optional[bool] = None
-    scale_rounding: str = "rceil"
+    scale_rounding: Optional[str] = None
     weight_2d: Optional[bool] = None
     rht: Optional[bool] = None
     stochastic_rounding: Optional[bool] = None
-    flavour: str = "te"
+    flavour: Optional[str] = None
+
+    def entry(self) -> Dict[str, Any]:
+        """The recipe-file entry: the recipe and the options that were set."""
+        return {"recipe": self.recipe, **{k: getattr(self, k) for k in _OPTION_FIELDS if getattr(self, k) is not None}}
 
     def resolved(self) -> "RecipeOptions":
-        r = self.recipe
-        if r not in RECIPES:
-            raise ValueError(f"recipe: expected one of {', '.join(RECIPES)} or {HIGH!r}, found {r!r}")
-        fp4 = r in ("nvfp4", "mxfp4")
-        fmt = self.fp8_format
-        if fmt is None:
-            fmt = "hybrid" if r in ("fp8-delayed", "fp8-current") else "e4m3"
-        if fmt not in ("hybrid", "e4m3"):
-            raise ValueError(f"fp8_format: expected 'hybrid' or 'e4m3', found {fmt!r}")
-        if fp4 and self.fp8_format is not None:
-            raise ValueError(f"fp8_format: {r} has E2M1 elements everywhere; leave fp8_format unset")
-        if self.amax_compute_algo not in ("max", "most_recent"):
-            raise ValueError(f"amax_compute_algo: expected 'max' or 'most_recent', found {self.amax_compute_algo!r}")
-        if not (isinstance(self.amax_history_len, int) and self.amax_history_len >= 1):
-            raise ValueError(f"amax_history_len: expected an int >= 1, found {self.amax_history_len!r}")
-        if not (isinstance(self.margin, int) and -64 <= self.margin <= 64):
-            raise ValueError(f"margin: expected an int in [-64, 64], found {self.margin!r}")
-        if self.scale_rounding not in ("rceil", "floor"):
-            raise ValueError(f"scale_rounding: expected 'rceil' or 'floor', found {self.scale_rounding!r}")
-        if self.scale_rounding != "rceil" and r not in ("mxfp8", "mxfp4"):
-            raise ValueError(f"scale_rounding: only mxfp8 and mxfp4 have it, found it with {r}")
-        if self.flavour not in ("te", "torchao"):
-            raise ValueError(f"flavour: expected 'te' or 'torchao', found {self.flavour!r}")
-        if self.flavour == "torchao" and r not in ("mxfp8", "mxfp4", "nvfp4"):
-            raise ValueError(f"flavour: torchao has no {r} (only mxfp8, mxfp4 and nvfp4)")
-        if self.power_of_2_scales is not None and r not in ("fp8-current", "fp8-block"):
-            raise ValueError(f"power_of_2_scales: only fp8-current and fp8-block have it, found it with {r}")
-        te = self.flavour == "te"  # RHT, stochastic rounding and 2-D tiles are TE's
-        out = replace(
-            self,
-            fp8_format=None if fp4 else fmt,
-            weight_2d=(te and r in ("fp8-block", "nvfp4")) if self.weight_2d is None else bool(self.weight_2d),
-            rht=(te and r == "nvfp4") if self.rht is None else bool(self.rht),
-            stochastic_rounding=(te and r == "nvfp4") if self.stochastic_rounding is None else bool(self.stochastic_rounding),
-        )
-        if out.weight_2d and r not in ("fp8-block", "nvfp4"):
-            raise ValueError(f"weight_2d: only fp8-block and nvfp4 have 2-D weight tiles, found it with {r}")
-        if out.rht and r != "nvfp4":
-            raise ValueError(f"rht: only nvfp4 has the random Hadamard transform, found it with {r}")
-        if out.stochastic_rounding and not fp4:
-            raise ValueError(f"stochastic_rounding: only nvfp4 and mxfp4 have it, found it with {r}")
-        return out
+        """Every option decided (TE's defaults); ValueError names an option that does not fit."""
+        plan = _plan({"modules": {"m": self.entry()}})
+        r = plan["modules"][0][1]
+        if r is None:
+            raise ValueError(f"recipe: expected one of {', '.join(RECIPES)}, found {HIGH!r} (use no LowPrecisionLinear)")
+        return RecipeOptions(**r)
 
     def element(self, role: str) -> str:
         if self.recipe in ("nvfp4", "mxfp4"):
             return "e2m1"
         return "e5m2" if (role == "dy" and self.fp8_format == "hybrid") else "e4m3"
 
-    def as_json(self) -> Dict[str, Any]:
-        d = {"recipe": self.recipe}
-        for k, v in self.__dict__.items():
-            if k != "recipe" and v != getattr(RecipeOptions, k, None):
-                d[k] = v
-        return d
-
-
-def _options(spec: Any, defaults: Mapping[str, Any], where: str) -> Optional[RecipeOptions]:
-    """A module's entry: a recipe name, HIGH, or a dict with "recipe" and options."""
-    if isinstance(spec, str):
-        if spec == HIGH:
-            return None
-        try:
-            return RecipeOptions(spec, **defaults).resolved()
-        except TypeError as e:
-            raise ValueError(f"{where}: {e}") from None
-    if isinstance(spec, Mapping):
-        if "recipe" not in spec:
-            raise ValueError(f"{where}: expected a recipe name, {HIGH!r}, or an object with \"recipe\"; found {dict(spec)}")
-        if spec["recipe"] == HIGH:
-            if len(spec) != 1:
-                raise ValueError(f"{where}: {HIGH!r} takes no options, found {sorted(k for k in spec if k != 'recipe')}")
-            return None
-        known = set(RecipeOptions.__dataclass_fields__)
-        unknown = sorted(set(spec) - known)
-        if unknown:
-            raise ValueError(f"{where}: unknown options {unknown}; expected some of {sorted(known)}")
-        try:
-            return RecipeOptions(**{**defaults, **spec}).resolved()
-        except ValueError as e:
-            raise ValueError(f"{where}: {e}") from None
-    raise ValueError(f"{where}: expected a recipe name, {HIGH!r}, or an object with \"recipe\"; found {spec!r}")
-
 
 def load_assignment(path: Union[str, os.PathLike]) -> Dict[str, Any]:
-    """Read a recipe file (docs/low_precision.md, "The recipe file") and check its header."""
+    """Read a recipe file (docs/low_precision.md, "The recipe file"), checked whole by the core."""
     with open(path, encoding="utf-8") as f:
-        try:
-            doc = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: not JSON ({e})") from None
-    if not isinstance(doc, dict):
-        raise ValueError(f"{path}: expected a JSON object, found {type(doc).__name__}")
-    if doc.get("format") != FILE_FORMAT:
-        raise ValueError(f"{path}: format: expected {FILE_FORMAT!r}, found {doc.get('format')!r}")
-    if doc.get("version") not in FILE_VERSIONS:
-        raise ValueError(f"{path}: version: expected one of {list(FILE_VERSIONS)}, found {doc.get('version')!r}")
-    unknown = sorted(set(doc) - {"format", "version", "modules", "default", "options", "notes"})
-    if unknown:
-        raise ValueError(f"{path}: unknown fields {unknown}")
-    if not isinstance(doc.get("modules"), dict):
-        raise ValueError(f"{path}: modules: expected an object (module name -> recipe)")
-    return doc
+        text = f.read()
+    try:
+        _core.plan_assignment(text)
+    except ValueError as e:
+        raise ValueError(f"{path}: {e}") from None
+    return json.loads(text)
 
 
 def save_assignment(path: Union[str, os.PathLike], modules: Mapping[str, Any], *, default: str = HIGH,
                     options: Optional[Mapping[str, Any]] = None, notes: Optional[str] = None) -> None:
-    """Write a recipe file (what the precision advisor writes); checked as load does."""
+    """Write a recipe file (what the precision advisor writes), checked as load checks it."""
     doc: Dict[str, Any] = {"format": FILE_FORMAT, "version": FILE_VERSIONS[-1], "default": default,
                            "modules": dict(modules)}
     if options:
         doc["options"] = dict(options)
     if notes:
         doc["notes"] = notes
-    for name, spec in doc["modules"].items():
-        _options(spec, doc.get("options", {}), f"modules[{name!r}]")
+    _core.plan_assignment(json.dumps(doc))
     with open(path, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=2, sort_keys=False)
+        json.dump(doc, f, indent=2)
         f.write("\n")
 
 
@@ -193,10 +126,9 @@ def _fake(t: torch.Tensor, opts: RecipeOptions, role: str, layout: str, *, scale
     """Quantize a 2-D fp32 tensor and return (the dequantized fp32 tensor, the core's result)."""
     a = t.detach().contiguous().numpy()
     recipe = opts.recipe
-    q = _core.quantize(a, recipe, opts.element(role), layout, tile_2d, opts.scale_rounding,
-                       opts.power_of_2_scales if recipe in ("fp8-current", "fp8-block") else None,
-                       0.0, float(np.finfo(np.float32).max), float(scale) if recipe == "fp8-delayed" else 1.0,
-                       rht, random, opts.flavour)
+    q = _core.quantize(a, recipe, opts.element(role), layout, bool(tile_2d), opts.scale_rounding or "rceil",
+                       opts.power_of_2_scales, 0.0, float(np.finfo(np.float32).max),
+                       float(scale) if recipe == "fp8-delayed" else 1.0, bool(rht), random, opts.flavour or "te")
     out = torch.empty(t.shape, dtype=torch.float32)
     _core.dequantize(q, out.numpy())
     return out, q
@@ -259,7 +191,7 @@ class _LowPrecisionLinearFn(torch.autograd.Function):
             y = y + bias.detach().float()
         # The wgrad operand: x's columnwise copy (RHT along the batch for NVFP4), kept for
         # backward. Per-tensor scaling quantizes both layouts alike: the same values.
-        rht_x = o.rht and x2.shape[0] % 16 == 0
+        rht_x = bool(o.rht) and x2.shape[0] % 16 == 0
         xc = xq if _per_tensor(o) else _fake(x2, o, "x", "columnwise", scale=sx, rht=rht_x)[0]
         ctx.save_for_backward(xc)
         ctx.mod = mod
@@ -280,7 +212,7 @@ class _LowPrecisionLinearFn(torch.autograd.Function):
         w = mod.weight.detach().float()
         sdy = mod._scale("dy")
         n = dy2.shape[0]
-        sr = o.stochastic_rounding
+        sr = bool(o.stochastic_rounding)
         random_row = mod._random(dy2.numel()) if sr else None
         dyq, qdy = _fake(dy2, o, "dy", "rowwise", scale=sdy, random=random_row)
         mod._record("dy", qdy, sdy, dy2 if mod._sample_error else None, dyq)
@@ -380,25 +312,34 @@ def low_precision(model: torch.nn.Module, recipe: Any, *, modules: Any = None, s
     modules  with a recipe name: None (every nn.Linear but the first and the last, in
              ``named_modules`` order, as the field keeps them in higher precision), a list of
              module names, or a callable (name, module) -> bool.
-    options  RecipeOptions fields applied to every module (a file's "options" too).
+    options  RecipeOptions fields: with a recipe name, for every chosen module (each must fit
+             the recipe); with an assignment, shared options that reach the recipes having them.
     Returns the model. Unknown or non-Linear module names, unknown recipes and options are
     errors (ValueError), raised before any module is swapped.
     """
     names = _linear_names(model)
-    plan: Dict[str, RecipeOptions] = {}
+    unknown = sorted(set(options) - set(_OPTION_FIELDS))
+    if unknown:
+        raise ValueError(f"options: unknown {unknown}; expected some of {list(_OPTION_FIELDS)}")
     if isinstance(recipe, (str, os.PathLike)) and (str(recipe).endswith(".json") or os.path.exists(str(recipe))):
         if modules is not None:
             raise ValueError("modules: a recipe file names its modules itself; pass modules=None")
         doc = load_assignment(recipe)
-        defaults = {**doc.get("options", {}), **options}
-        assignment = dict(doc["modules"])
-        default = doc.get("default", HIGH)
-        recipe_where = str(recipe)
+        doc.pop("format")
+        doc.pop("version")
+        if options:
+            doc["options"] = {**doc.get("options", {}), **options}
+        where = str(recipe)
     elif isinstance(recipe, Mapping):
         if modules is not None:
             raise ValueError("modules: a mixed assignment names its modules itself; pass modules=None")
-        assignment, default, defaults, recipe_where = dict(recipe), HIGH, options, "assignment"
+        doc = {"default": HIGH, "modules": dict(recipe)}
+        if options:
+            doc["options"] = dict(options)
+        where = "assignment"
     elif isinstance(recipe, str):
+        if recipe not in RECIPES:
+            raise ValueError(f"recipe: expected one of {', '.join(RECIPES)}, found {recipe!r}")
         if modules is None:
             chosen = names[1:-1]
         elif callable(modules):
@@ -407,22 +348,24 @@ def low_precision(model: torch.nn.Module, recipe: Any, *, modules: Any = None, s
             chosen = list(modules)
         else:
             raise ValueError(f"modules: expected None, a list of names or a callable, found {type(modules).__name__}")
-        assignment, default, defaults, recipe_where = {n: recipe for n in chosen}, HIGH, options, "recipe"
+        doc = {"default": HIGH, "modules": {n: {"recipe": recipe, **options} for n in chosen}}
+        where = "recipe"
     else:
         raise ValueError(f"recipe: expected a recipe name, a dict or a recipe file path, found {type(recipe).__name__}")
     known = set(names)
-    for name, spec in assignment.items():
+    for name in doc["modules"]:
         if name not in known:
             found = type(model.get_submodule(name)).__name__ if _has_module(model, name) else "no such module"
-            raise ValueError(f"{recipe_where}: module {name!r}: expected an nn.Linear of the model, found {found}")
-        o = _options(spec, defaults, f"{recipe_where}: module {name!r}")
-        if o is not None:
-            plan[name] = o
-    default_opts = _options(default, defaults, f"{recipe_where}: default")
-    if default_opts is not None:
+            raise ValueError(f"{where}: module {name!r}: expected an nn.Linear of the model, found {found}")
+    try:
+        p = _plan(doc)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    plan: Dict[str, RecipeOptions] = {n: RecipeOptions(**r) for n, r in p["modules"] if r is not None}
+    if p["default"] is not None:
         for n in names:
-            if n not in assignment:
-                plan[n] = default_opts
+            if n not in doc["modules"]:
+                plan[n] = RecipeOptions(**p["default"])
     for i, (name, o) in enumerate(plan.items()):
         _set_module(model, name, LowPrecisionLinear(model.get_submodule(name), o, name, seed=seed * 1000003 + i))
     return model
