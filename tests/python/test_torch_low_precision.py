@@ -3,6 +3,8 @@ the same GEMMs composed by hand from mixprec.quantize / mixprec.dequantize, the 
 delayed scaling's state, and a short training run per recipe."""
 
 import json
+import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -178,3 +180,30 @@ def test_bf16_autocast_and_eval():
     m.eval()
     with torch.no_grad():
         assert torch.isfinite(m(x)).all()
+
+
+def test_example_compares_recipes(capsys):
+    """examples/pytorch/low_precision.py, loaded from its path as `python examples/...` runs it
+    (no make, no package of its own), a few steps per row on both models: its table has every
+    row asked for and a quantization error for each recipe row; bad flags exit 2 before any
+    training. In-process: the models' imports (transformers: seconds) are paid once per run."""
+    pytest.importorskip("transformers")
+    import importlib.util
+
+    path = pathlib.Path(__file__).resolve().parents[2] / "examples" / "pytorch" / "low_precision.py"
+    spec = importlib.util.spec_from_file_location("mixprec_low_precision_example", path)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    assert example.main(["--model", "both", "--steps", "2", "--batch", "2", "--context", "16", "--sample-every", "1",
+                         "--recipes", "bf16,fp8-delayed,nvfp4-all"]) == 0
+    out = capsys.readouterr().out
+    for model in ("gpt", "transformers"):
+        table = out.split(f"\n{model}: ")[1].split("\n\n")[0].splitlines()
+        rows = {ln.split()[0]: ln.split() for ln in table[2:] if ln.strip()}
+        assert list(rows) == ["bf16", "fp8-delayed", "nvfp4-all"], table
+        assert rows["bf16"][2] == "+0.00%" and rows["bf16"][3] == "-"
+        for row in ("fp8-delayed", "nvfp4-all"):
+            assert math.isfinite(float(rows[row][1])) and 0 < float(rows[row][3]) < 1, rows[row]
+    with pytest.raises(SystemExit) as e:
+        example.main(["--recipes", "bf16,fp4"])
+    assert e.value.code == 2 and "--recipes: unknown ['fp4']" in capsys.readouterr().err
