@@ -453,7 +453,7 @@ class Gpt final : public Model {
   auto norm_rows(const Norm& n, std::span<const float> x, std::size_t N) {
     Engine& e = *engine_;
     const std::size_t C = config_.channels;
-    return [&e, n, x, C, mn = e.acts().f32(n.mean, N), rs = e.acts().f32(n.rstd, N), wt = e.w(n.w),
+    return [n, x, C, mn = e.acts().f32(n.mean, N), rs = e.acts().f32(n.rstd, N), wt = e.w(n.w),
             bs = e.w(n.b)](std::size_t r0, std::size_t r1) {
       layernorm_forward(rows_of(n.out, C, r0, r1), mn.subspan(r0, r1 - r0), rs.subspan(r0, r1 - r0),
                         rows_of(x, C, r0, r1), wt, bs, r1 - r0, C);

@@ -264,10 +264,12 @@ LayerwiseScales LayerwiseScales::from_json(std::string_view text) {
   const json& c = j["config"];
   static const char* const kConfigKeys[] = {"u_min", "u_max", "n_uf", "max_factor", "max_chain", "recovery_interval",
                                             "max_backoff"};
-  for (const auto& [k, v] : c.items())
+  for (const auto& item : c.items()) {
+    const std::string& k = item.key();  // a named reference: clang 14 lambdas cannot capture a structured binding
     if (std::find_if(std::begin(kConfigKeys), std::end(kConfigKeys), [&](const char* x) { return k == x; }) ==
         std::end(kConfigKeys))
       bad_state("config: unknown field '" + k + "'");
+  }
   LayerwiseConfig cfg;
   cfg.u_min = number_at(c, "u_min");
   cfg.u_max = number_at(c, "u_max");
