@@ -284,7 +284,6 @@ StepRecord TelemetryRecorder::record(const TelemetryStep& step, std::span<const 
 std::vector<monitor::Alert> TelemetryRecorder::finish() {
   TrainSummary s = totals_.summary();
   s.final_loss = totals_.shown_final_loss();
-  s.val_loss.reset();  // the validation losses are in the log only (summary.json has said null so far)
   s.param_count = param_count_;
   // The summary with the run's alerts, as mixprec train writes it.
   const std::vector<monitor::Alert> alerts = alerts_.all();

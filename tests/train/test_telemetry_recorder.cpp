@@ -147,6 +147,17 @@ TEST(TelemetryRecorder, ParameterAmaxUndoesClippingAndSkipsMissingGradients) {
   EXPECT_NE(text.find("\"param_count\": 6"), std::string::npos) << text;
 }
 
+TEST(TelemetryRecorder, SummaryHoldsTheLastValidationLossAsTheEnginesDoes) {
+  test::TempDir tmp("telrec");
+  TelemetryRecorder rec((tmp.path() / "run").string(), {});
+  (void)rec.record({.loss = 2.0}, {});
+  (void)rec.record({.loss = 1.5, .val_loss = 1.25}, {});
+  (void)rec.record({.loss = 1.0}, {});  // no evaluation at the last step: the last one stands
+  (void)rec.finish();
+  const std::string text = io::read_file(tmp.path() / "run" / run_files::summary);
+  EXPECT_NE(text.find("\"val_loss\": 1.25"), std::string::npos) << text;
+}
+
 TEST(TelemetryRecorder, HistogramsAtStepOneAndEveryNth) {
   test::TempDir tmp("telrec");
   TelemetryRecorder rec((tmp.path() / "run").string(), {.histogram_every = 3});
