@@ -168,12 +168,12 @@ class Telemetry:
         self._scaler = scaler
         self._precision = precision
         self._sample_every = sample_every
-        self._histogram_every = histogram_every
         self._check_forward = check_forward
         # The core creates the folder, takes its lock and checks precision and loss_scale
         # (ValueError / RuntimeError with its message) before anything else happens here.
         self._rec = _core.TelemetryRecorder(out, precision, loss_scale, histogram_every, loss_scale_state)
         self._dir = out
+        self._plan_next_step()
         # The advisor's sampler (mixprec.torch.advise): active on every advisor_every-th step
         # (after the folder exists: a refused folder leaves no hooks on the model).
         self._advisor = _AdvisorSampler(model) if advisor_every else None
@@ -236,14 +236,13 @@ class Telemetry:
 
     # ---- hooks -----------------------------------------------------------------------------
 
-    def _sampled(self) -> bool:
-        # A histogram step samples too: its activation histograms are counted only when sampled.
-        # (The core's histogram_step() rule, step 1 and every N-th, taken here: under
-        # torch.compile each call into the core from a hook is a graph break.)
-        if self._rec is None:
-            return False
-        steps = self._rec.steps
-        return steps % self._sample_every == 0 or (self._histogram_every > 0 and (steps + 1) % self._histogram_every == 0)
+    def _plan_next_step(self) -> None:
+        """What the coming step's hooks do, decided once as the step begins (at construction and
+        at the end of record()), not in every hook (under torch.compile each call into the core
+        from a hook is a graph break). A histogram step (the core's rule) samples too: its
+        activation histograms are counted only when sampled."""
+        self._histogram_next = self._rec.histogram_step()
+        self._sample_next = self._rec.steps % self._sample_every == 0 or self._histogram_next
 
     # The hooks hold the Telemetry through a weak reference: the model keeps its hooks, and a
     # strong one would make a cycle (model -> hook -> Telemetry -> model) that keeps the run
@@ -257,11 +256,11 @@ class Telemetry:
 
         def hook(module: torch.nn.Module, inputs: Any, output: Any) -> None:
             tel = ref()
-            if tel is None or not torch.is_grad_enabled() or not tel._sampled():
+            if tel is None or tel._rec is None or not torch.is_grad_enabled() or not tel._sample_next:
                 return  # gone, evaluation, or a step that is not sampled: nothing to do
             t0 = time.perf_counter()
             tensors = _tensors_of(output)
-            histogram = tel._rec.histogram_step()
+            histogram = tel._histogram_next
             for i, t in enumerate(tensors):
                 label = name if len(tensors) == 1 else f"{name}[{i}]"
                 if tel._check_forward or histogram:
@@ -289,7 +288,7 @@ class Telemetry:
                 # Autograd may run this on its device thread: list.append is atomic.
                 g = dev.counted(grad)
                 tel._pending.append(("grad", label, dev.dtype_name(g), g.numel(), dev.profile(g)))
-                if tel._rec.histogram_step():
+                if tel._histogram_next:
                     tel._pending.append(("histogram", "activation_grads", "", 0,
                                          dev.histogram(g, dev.HISTOGRAM_STRIDE)))
             else:
@@ -410,7 +409,7 @@ class Telemetry:
         ptrs = [_local(p).data_ptr() for p in self._params]  # a DTensor's: its shard's
         if ptrs != self._weight_ptrs:
             self._bind_weights(ptrs)
-        histogram = self._rec.histogram_step()
+        histogram = self._histogram_next
         n = len(self._params)
         unclipped: List[Optional[float]] = []
         grad_amax: List[Optional[float]] = []
@@ -437,6 +436,7 @@ class Telemetry:
                                 bool(found_inf), bool(applied), float(grad_norm), clip_coef, first,
                                 unclipped, grad_amax, grads, weight_amax, layers)
         self._last_record = now  # a record() that raised changed nothing: its time counts to the next
+        self._plan_next_step()
         result = json.loads(line)
         if self._advisor is not None:
             if self._advisor.active:  # this step's tensors, unscaled by the scale its backward used
