@@ -290,6 +290,11 @@ const keys::KeyTable<LossScaleConfig>& config_table() {
 
 // ---- validation --------------------------------------------------------------
 
+bool starting_scale_ok(double s) noexcept {
+  return std::isfinite(s) && s > 0 && s <= kFloatMax && static_cast<float>(s) != 0.0f &&
+         std::isfinite(1.0f / static_cast<float>(s));
+}
+
 void validate(const LossScaleConfig& c) {
   config_table().check(c);  // every field's range
   const std::string rule(rule_name(c.rule));

@@ -195,6 +195,12 @@ LossScaleConfig make_loss_scale_config(const LossScaleConfig& base, std::string_
   for (const std::string& key : keys)
     for (const auto& [k, v] : overrides)
       if (k == key) set(config, k, v);
+  // A chosen starting scale (not a stored one, which a backoff may have reached) must unscale.
+  const bool chosen = std::any_of(overrides.begin(), overrides.end(), [](const auto& kv) { return kv.first == "init_scale"; });
+  if (chosen && !starting_scale_ok(config.init_scale))
+    throw std::invalid_argument("init_scale: expected a number > 0 whose reciprocal float32 holds (the unscale "
+                                "multiplies by 1/S, and a smaller S skips every step): S in " +
+                                std::string(kStartingScaleRange) + ", found " + text::num(config.init_scale));
   try {
     validate(config);
   } catch (const std::invalid_argument& e) {

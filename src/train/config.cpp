@@ -58,13 +58,11 @@ constexpr double kFloatMax = static_cast<double>(std::numeric_limits<float>::max
 double static_loss_scale(const std::string& s) {
   constexpr std::string_view key = "loss-scale";
   const std::string static_form =
-      "static:S with S a number > 0 that float32 holds, as it holds 1/S (the unscale factor): S in "
-      "(2.9387359e-39, 3.4028235e+38]";
+      std::string("static:S with S a number > 0 that float32 holds, as it holds 1/S (the unscale factor): S in ") +
+      kStartingScaleRange;
   if (s == "static") fail(key, static_form + " (the static preset needs its scale)", squote(s));
   const auto v = s.starts_with("static:") ? keys::parse_number(std::string_view(s).substr(7)) : std::nullopt;
-  if (!v || !std::isfinite(*v) || !(*v > 0) || *v > kFloatMax || static_cast<float>(*v) == 0.0f ||
-      !std::isfinite(1.0f / static_cast<float>(*v)))
-    fail(key, static_form, squote(s));
+  if (!v || !starting_scale_ok(*v)) fail(key, static_form, squote(s));
   return *v;
 }
 

@@ -486,6 +486,26 @@ def test_low_the_static_preset_needs_its_scale():
     assert GradScaler("cpu", preset="static", init_scale=128.0).get_scale() == 128.0
 
 
+def test_finding_13_a_starting_scale_whose_reciprocal_overflows_is_refused():
+    """init_scale below 1/FLT_MAX (2.94e-39) would skip every step (1/S is inf in float32):
+    refused as `--loss-scale static:S` refuses it; a state that backed off below it still loads."""
+    msg = r"init_scale: expected a number > 0 whose reciprocal float32 holds \(the unscale .*found 1e-40"
+    for make in (lambda: GradScaler("cpu", init_scale=1e-40), lambda: mixprec.LossScale("torch", init_scale=1e-40),
+                 lambda: GradScaler("cpu", preset="static", init_scale=1e-40),
+                 lambda: GradScaler("cpu", preset="keras", init_scale=1e-40)):
+        with pytest.raises(ValueError, match=msg):
+            make()
+    assert GradScaler("cpu", init_scale=2.0**-127).get_scale() == 2.0**-127  # 1/S = 2^127: fine
+    with pytest.raises(ValueError, match="found 2.9e-39"):
+        GradScaler("cpu", init_scale=2.9e-39)
+    s = GradScaler("cpu", init_scale=2.0**-127)
+    state = {k: v for k, v in s.state_dict().items()
+             if k in ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")}
+    state["scale"] = 2.0**-140  # torch.amp's state after backoffs below it: loads
+    s.load_state_dict(state)
+    assert s.get_scale() == 2.0**-140
+
+
 def test_low_a_loaded_state_of_another_rule_is_named():
     ls = mixprec.LossScale("torch")
     ls.load_state_dict(mixprec.LossScale("deepspeed").state_dict())

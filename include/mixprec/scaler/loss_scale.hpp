@@ -62,6 +62,13 @@ LossScaleConfig loss_scale_preset(std::string_view name);
 // Throws std::invalid_argument naming the field, what was expected and what was found.
 void validate(const LossScaleConfig& config);
 
+// A scale someone chooses to start from (an init_scale override, `--loss-scale static:S`) must
+// have a reciprocal float32 holds: the unscale multiplies by 1/S, so below 1/FLT_MAX
+// (2.9387359e-39) every step would be skipped. validate() accepts such scales, since a backoff
+// reaches them and a saved state may hold one; the doors that parse a user's scale refuse them.
+bool starting_scale_ok(double scale) noexcept;
+inline constexpr const char* kStartingScaleRange = "(2.9387359e-39, 3.4028235e+38]";
+
 // Keys accepted by set(), in order.
 const std::vector<std::string>& loss_scale_config_keys();
 // Sets one field from text (the CLI's --set key=value). Checks the field's own range; checks
