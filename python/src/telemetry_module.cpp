@@ -170,7 +170,7 @@ class PyTelemetryRecorder {
                      float scale, float next_scale, bool found_inf, bool applied, double grad_norm, float clip_coef,
                      std::string overflow_param, const std::vector<std::optional<float>>& unclipped_grad_amax,
                      const std::vector<std::optional<float>>& grad_amax, nb::list grads,
-                     const std::vector<std::optional<float>>& weight_amax, nb::list layers) {
+                     const std::vector<std::optional<float>>& weight_amax, nb::list layers, nb::list quantized) {
     const std::size_t n = names_.size();
     auto sized = [n](std::size_t size, const char* what) {
       if (size != 0 && size != n)
@@ -210,6 +210,31 @@ class PyTelemetryRecorder {
       const auto [name, factor, chain, backoff, outcome] =
           nb::cast<std::tuple<std::string, double, double, std::int64_t, std::string>>(item);
       s.layers.push_back({name, factor, chain, backoff, outcome});
+    }
+    // Low-precision tensors: (name, role, recipe, element, scale, amax, elements, nonzero,
+    // saturated, flushed, rel_rms_error or None); the core checks the values.
+    for (nb::handle item : quantized) {
+      const auto [name, role, recipe, element, scale, amax, elements, nonzero, saturated, flushed, error] =
+          nb::cast<std::tuple<std::string, std::string, std::string, std::string, float, float, std::uint64_t,
+                              std::uint64_t, std::uint64_t, std::uint64_t, std::optional<double>>>(item);
+      mixprec::nn::Fp8TensorStats t;
+      t.name = name;
+      if (role != "forward" && role != "backward")
+        throw nb::value_error(("quantized '" + name + "': role: expected forward or backward, found '" + role + "'").c_str());
+      t.role = role == "forward" ? mixprec::fp8::Role::forward : mixprec::fp8::Role::backward;
+      t.recipe = recipe;
+      const auto e = mixprec::lowp::parse_element(element);
+      if (!e) throw nb::value_error(("quantized '" + name + "': element: expected e4m3, e5m2 or e2m1, found '" + element + "'").c_str());
+      t.element = *e;
+      t.dtype = *e == mixprec::lowp::Element::e5m2 ? mixprec::fp8::Dtype::e5m2 : mixprec::fp8::Dtype::e4m3;
+      t.scale = scale;
+      t.amax = amax;
+      t.elements = elements;
+      t.nonzero = nonzero;
+      t.saturated = saturated;
+      t.flushed = flushed;
+      t.rel_rms_error = error;
+      s.quantized.push_back(std::move(t));
     }
     mixprec::train::StepRecord r;
     {
@@ -263,7 +288,7 @@ void mixprec_python::register_telemetry(nb::module_& m) {
            nb::arg("seconds"), nb::arg("val_loss").none(), nb::arg("scale"), nb::arg("next_scale"),
            nb::arg("found_inf"), nb::arg("applied"), nb::arg("grad_norm"), nb::arg("clip_coef"),
            nb::arg("overflow_param"), nb::arg("unclipped_grad_amax"), nb::arg("grad_amax"), nb::arg("grads"),
-           nb::arg("weight_amax"), nb::arg("layers") = nb::list())
+           nb::arg("weight_amax"), nb::arg("layers") = nb::list(), nb::arg("quantized") = nb::list())
       .def("finish", &PyTelemetryRecorder::finish)
       .def("seconds", &PyTelemetryRecorder::seconds)
       .def("add_seconds", &PyTelemetryRecorder::add_seconds, nb::arg("seconds"))

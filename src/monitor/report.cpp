@@ -403,6 +403,47 @@ std::string fp8_tensor_chart(const ReportRun& run, std::size_t index, const std:
   return svg::render(c);
 }
 
+bool has_quantization_error(const ReportRun& r) {
+  return std::any_of(r.records.begin(), r.records.end(), [](const StepRecord& s) {
+    return std::any_of(s.fp8.begin(), s.fp8.end(), [](const nn::Fp8TensorStats& t) { return t.rel_rms_error.has_value(); });
+  });
+}
+
+// One role's relative RMS quantization error per step, one line per tensor of that role
+// (`suffix`: ".input", ".weight" or ".grad_output"; the first 12 in log order), log2 axis.
+std::string fp8_error_chart(const ReportRun& run, std::size_t index, std::string_view suffix,
+                            std::size_t& shown, std::size_t& total) {
+  std::vector<std::string> names;
+  for (const StepRecord& r : run.records)
+    for (const nn::Fp8TensorStats& t : r.fp8)
+      if (t.rel_rms_error && t.name.ends_with(suffix) && std::find(names.begin(), names.end(), t.name) == names.end())
+        names.push_back(t.name);
+  constexpr std::size_t kMaxLines = 12;
+  total = names.size();
+  if (names.size() > kMaxLines) names.resize(kMaxLines);
+  shown = names.size();
+  svg::LineChart c;
+  c.id = std::string("fp8-error").append(suffix).append("-").append(std::to_string(index));
+  std::replace(c.id.begin(), c.id.end(), '.', '-');
+  c.width = 560;
+  c.height = 320;
+  c.x = {"step", false, std::nullopt, std::nullopt, false, true};
+  c.y.label = "rel. RMS error";
+  c.y.log2 = true;
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    svg::Series s;
+    s.label = names[k].substr(0, names[k].size() - suffix.size());
+    s.color = group_color(k);
+    s.width = 1.6;
+    for (const StepRecord& r : run.records)
+      for (const nn::Fp8TensorStats& t : r.fp8)
+        if (t.name == names[k] && t.rel_rms_error && *t.rel_rms_error > 0)
+          s.points.push_back({static_cast<double>(r.step), *t.rel_rms_error});
+    c.series.push_back(std::move(s));
+  }
+  return svg::render(c);
+}
+
 // Per step, of the nonzero values quantized to fp8: saturated or flushed (`flushed`),
 // forward tensors (solid) and backward tensors (dashed) of every fp8 run.
 std::string fp8_fraction_chart(const std::vector<ReportRun>& runs, bool flushed) {
@@ -463,8 +504,9 @@ std::string fp8_section(const std::vector<ReportRun>& runs) {
               "<table><thead><tr><th>run</th><th>forward saturated</th><th>forward flushed</th>"
               "<th>backward saturated</th><th>backward flushed</th></tr></thead><tbody>" +
                   rows + "</tbody></table>",
-              "of the nonzero values quantized to fp8 over the whole log: forward = Linear inputs and weights "
-              "(E4M3), backward = output gradients (E5M2 with the HYBRID format)");
+              "of the nonzero values quantized over the whole log: forward = Linear inputs and weights "
+              "(E4M3; E2M1 under nvfp4 and mxfp4), backward = output gradients (E5M2 with the HYBRID format); "
+              "mixprec.torch.Telemetry records its low-precision modules at the sampled steps only");
   out += "<div class=\"grid2\">";
   out += card("Flushed to zero", fp8_fraction_chart(runs, true), "per step; solid: forward tensors, dashed: backward");
   out += card("Saturated", fp8_fraction_chart(runs, false), "per step; solid: forward tensors, dashed: backward");
@@ -480,6 +522,24 @@ std::string fp8_section(const std::vector<ReportRun>& runs) {
     out += card(swatch(run_color(i)) + escape(runs[i].name) + " <span class=\"muted\">amax per step</span>",
                 fp8_tensor_chart(runs[i], i, names, "amax", "amax"),
                 "max |x| of each tensor per step, the values the amax history holds (log\u2082 axis), " + which);
+  }
+  // Low-precision recipes measured by mixprec.torch.Telemetry: a chart per role.
+  constexpr std::pair<const char*, const char*> kRoles[] = {
+      {".input", "x (inputs)"}, {".weight", "w (weights)"}, {".grad_output", "dy (output gradients)"}};
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    if (!has_quantization_error(runs[i])) continue;
+    for (const auto& [suffix, role] : kRoles) {
+      std::size_t shown = 0, total = 0;
+      const std::string chart = fp8_error_chart(runs[i], i, suffix, shown, total);
+      if (total == 0) continue;
+      out += card(swatch(run_color(i)) + escape(runs[i].name) + " <span class=\"muted\">quantization error, " + role +
+                      "</span>",
+                  chart,
+                  "||dequantize(quantize(t)) - t|| / ||t|| at the sampled steps, one line per module" +
+                      (shown < total ? " (the first " + std::to_string(shown) + " of " + std::to_string(total) + ")"
+                                     : std::string()) +
+                      " (log\u2082 axis)");
+    }
   }
   out += "</div></section>\n";
   return out;

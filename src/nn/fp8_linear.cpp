@@ -215,6 +215,11 @@ std::size_t Fp8Linears::add(const std::string& layer, std::size_t rows, std::siz
     s.name = std::string(layer).append(suffix);
     s.role = role;
     s.dtype = fp8::dtype_for(config_.format, role);
+    if (lowp()) {
+      const bool gradient = role == fp8::Role::backward, weight = suffix == std::string_view(".weight");
+      s.recipe = std::string(lowp::recipe_name(lowp_recipe_.recipe));
+      s.element = lowp_recipe_.config(gradient, weight, lowp::Layout::rowwise).element;
+    }
     stats_.push_back(s);
     delayed_.add_tensor(s.name, role);
   }
@@ -392,10 +397,9 @@ std::span<const std::uint32_t> Fp8Linears::random_words(std::size_t n) {
   return {random_.data(), n};
 }
 
-Fp8Linears::Pending Fp8Linears::lowp_fake(std::size_t t, std::span<const float> x, std::span<float> out,
+Fp8Linears::Pending Fp8Linears::lowp_fake(std::span<const float> x, std::span<float> out,
                                           std::size_t rows, std::size_t cols, const lowp::QuantizeConfig& c,
                                           bool random, lowp::Quantized* keep) {
-  (void)t;
   lowp::QuantizeConfig cfg = c;
   cfg.stochastic_rounding = random;
   // Into kept buffers (X's saved copy, or this object's): a warm step allocates nothing.
@@ -437,11 +441,11 @@ void Fp8Linears::forward(Gemm& g, std::size_t id, std::span<float> y, std::span<
   std::uint8_t* saved = saved_codes_.data() + l.x_codes;
   if (lowp()) {
     const lowp::LinearRecipe& r = lowp_recipe_;
-    l.input = lowp_fake(l.tensor, x, xq, rows, l.in, r.config(false, false, lowp::Layout::rowwise), false);
+    l.input = lowp_fake(x, xq, rows, l.in, r.config(false, false, lowp::Layout::rowwise), false);
     lowp::QuantizeConfig xc = r.config(false, false, lowp::Layout::columnwise);
     xc.rht = r.rht && rows % 16 == 0;
-    (void)lowp_fake(l.tensor, x, {}, rows, l.in, xc, false, &saved_q_[id]);
-    l.weight = lowp_fake(l.tensor + 1, w, wq, l.out, l.in, r.config(false, true, lowp::Layout::rowwise), false);
+    (void)lowp_fake(x, {}, rows, l.in, xc, false, &saved_q_[id]);
+    l.weight = lowp_fake(w, wq, l.out, l.in, r.config(false, true, lowp::Layout::rowwise), false);
     linear_forward(g, y, xq, wq, b, rows, l.in, l.out);
     l.forward_rows = rows;
     return;
@@ -481,17 +485,17 @@ void Fp8Linears::backward(Gemm& g, std::size_t id, std::span<float> dx, std::spa
     // dgrad: dYq rowwise (stochastic for nvfp4) times W columnwise; wgrad: the columnwise dYq
     // and the kept columnwise Xq (RHT on both or on neither, along N).
     const lowp::LinearRecipe& r = lowp_recipe_;
-    commit(l.tensor + 2, lowp_fake(l.tensor + 2, dy, dyq, N, OC, r.config(true, false, lowp::Layout::rowwise),
+    commit(l.tensor + 2, lowp_fake(dy, dyq, N, OC, r.config(true, false, lowp::Layout::rowwise),
                                    r.stochastic_rounding));
     if (!dx.empty()) {
-      (void)lowp_fake(l.tensor + 1, w, wq, OC, C, r.config(false, true, lowp::Layout::columnwise), false);
+      (void)lowp_fake(w, wq, OC, C, r.config(false, true, lowp::Layout::columnwise), false);
       g.run(view(dyq.data(), N, OC), view(wq.data(), OC, C), output(dx.data(), N, C),
             {.trans_a = Trans::no, .trans_b = Trans::no, .alpha = 1.0f, .beta = 1.0f});
     }
     const std::span<float> dyq_col = carve.take(N * OC), xq_col = carve.take(N * C);
     lowp::QuantizeConfig dc = r.config(true, false, lowp::Layout::columnwise);
     dc.rht = saved_q_[id].config.rht;
-    (void)lowp_fake(l.tensor + 2, dy, dyq_col, N, OC, dc, r.stochastic_rounding);
+    (void)lowp_fake(dy, dyq_col, N, OC, dc, r.stochastic_rounding);
     lowp::dequantize(saved_q_[id], xq_col);
     g.run(view(dyq_col.data(), N, OC), view(xq_col.data(), N, C), output(dw.data(), OC, C),
           {.trans_a = Trans::yes, .trans_b = Trans::no, .alpha = 1.0f, .beta = 1.0f});

@@ -144,7 +144,7 @@ class Fp8Linears {
   // same GEMM layouts as TE and as mixprec.torch.low_precision; X's columnwise quantization is
   // kept for the backward as lowp's codes and scales.
   bool lowp() const noexcept;
-  Pending lowp_fake(std::size_t t, std::span<const float> x, std::span<float> out, std::size_t rows, std::size_t cols,
+  Pending lowp_fake(std::span<const float> x, std::span<float> out, std::size_t rows, std::size_t cols,
                     const lowp::QuantizeConfig& c, bool random, lowp::Quantized* keep = nullptr);
   std::span<const std::uint32_t> random_words(std::size_t n);
   float scale_of(std::size_t t) const;

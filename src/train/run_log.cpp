@@ -6,7 +6,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cerrno>
+#include <iterator>
 #include <charconv>
 #include <cmath>
 #include <cstring>
@@ -131,7 +133,17 @@ std::string params_json(const std::vector<StepRecord::ParamStats>& ps) {
   return out + "]";
 }
 
-// fp8 tensors (fp8 presets): one compact object per tensor.
+// A low-precision tensor's element format as the log's "dtype" names it.
+std::string_view element_dtype(lowp::Element e) noexcept {
+  switch (e) {
+    case lowp::Element::e4m3: return "E4M3";
+    case lowp::Element::e5m2: return "E5M2";
+    case lowp::Element::e2m1: return "E2M1";
+  }
+  return "?";
+}
+
+// fp8 tensors (fp8 presets, low-precision recipes): one compact object per tensor.
 std::string fp8_json(const std::vector<nn::Fp8TensorStats>& ts) {
   std::string out = "[";
   for (std::size_t i = 0; i < ts.size(); ++i) {
@@ -139,13 +151,19 @@ std::string fp8_json(const std::vector<nn::Fp8TensorStats>& ts) {
     ObjectWriter w(out);
     w.field("name", ts[i].name);
     w.field("role", fp8::role_name(ts[i].role));
-    w.field("dtype", fp8::dtype_name(ts[i].dtype));
+    if (ts[i].recipe.empty()) {
+      w.field("dtype", fp8::dtype_name(ts[i].dtype));
+    } else {
+      w.field("recipe", ts[i].recipe);
+      w.field("dtype", element_dtype(ts[i].element));
+    }
     w.field("scale", ts[i].scale);
     w.field("amax", ts[i].amax);
     w.field("elements", ts[i].elements);
     w.field("nonzero", ts[i].nonzero);
     w.field("saturated", ts[i].saturated);
     w.field("flushed", ts[i].flushed);
+    if (ts[i].rel_rms_error) w.field("rel_rms_error", *ts[i].rel_rms_error);
     w.close();
   }
   return out + "]";
@@ -278,9 +296,22 @@ void parse_telemetry(const json& j, StepRecord& r) {
       if (role == fp8::role_name(fp8::Role::forward)) f.role = fp8::Role::forward;
       else if (role == fp8::role_name(fp8::Role::backward)) f.role = fp8::Role::backward;
       else bad("fp8[].role", "forward or backward", t["role"]);
-      if (dtype == fp8::dtype_name(fp8::Dtype::e4m3)) f.dtype = fp8::Dtype::e4m3;
-      else if (dtype == fp8::dtype_name(fp8::Dtype::e5m2)) f.dtype = fp8::Dtype::e5m2;
-      else bad("fp8[].dtype", "E4M3 or E5M2", t["dtype"]);
+      if (t.contains("recipe")) {  // a low-precision recipe's tensor: any element format
+        f.recipe = get_string(t, "recipe");
+        if (!lowp::parse_recipe(f.recipe)) bad("fp8[].recipe", "one of " + lowp::recipe_names(), t["recipe"]);
+        const lowp::Element elements[] = {lowp::Element::e4m3, lowp::Element::e5m2, lowp::Element::e2m1};
+        const auto* e = std::find_if(std::begin(elements), std::end(elements),
+                                     [&](lowp::Element x) { return element_dtype(x) == dtype; });
+        if (e == std::end(elements)) bad("fp8[].dtype", "E4M3, E5M2 or E2M1", t["dtype"]);
+        f.element = *e;
+        f.dtype = *e == lowp::Element::e5m2 ? fp8::Dtype::e5m2 : fp8::Dtype::e4m3;
+      } else if (dtype == fp8::dtype_name(fp8::Dtype::e4m3)) {
+        f.dtype = fp8::Dtype::e4m3;
+      } else if (dtype == fp8::dtype_name(fp8::Dtype::e5m2)) {
+        f.dtype = fp8::Dtype::e5m2;
+      } else {
+        bad("fp8[].dtype", "E4M3 or E5M2 (E2M1 only with a recipe)", t["dtype"]);
+      }
       const double scale = get_number(t, "scale", false);
       if (!(scale >= 0)) bad("fp8[].scale", "a number >= 0", t["scale"]);
       f.scale = static_cast<float>(scale);
@@ -289,6 +320,13 @@ void parse_telemetry(const json& j, StepRecord& r) {
       f.nonzero = get_uint(t, "nonzero");
       f.saturated = get_uint(t, "saturated");
       f.flushed = get_uint(t, "flushed");
+      if (t.contains("rel_rms_error")) {
+        const double e = get_number(t, "rel_rms_error", false);
+        if (!(e >= 0)) bad("fp8[].rel_rms_error", "a number >= 0", t["rel_rms_error"]);
+        f.rel_rms_error = e;
+      }
+      if (f.saturated + f.flushed > f.elements || f.nonzero > f.elements)
+        bad("fp8[].elements", "at least saturated + flushed and at least nonzero", t["elements"]);
       r.fp8.push_back(std::move(f));
     }
   }

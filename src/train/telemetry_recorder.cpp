@@ -69,6 +69,18 @@ void check_step(const TelemetryStep& s) {
   if (std::isnan(s.scale) || s.scale < 0) bad_step("scale", "a number >= 0", s.scale);
   if (std::isnan(s.next_scale) || s.next_scale < 0) bad_step("next_scale", "a number >= 0", s.next_scale);
   if (s.grad_norm < 0) bad_step("grad_norm", "a number >= 0 (inf or NaN for an overflow)", s.grad_norm);
+  for (const nn::Fp8TensorStats& t : s.quantized) {
+    const std::string where = "quantized '" + t.name + "'";
+    if (t.name.empty()) throw std::invalid_argument("telemetry: record(): quantized: a tensor without a name");
+    if (!lowp::parse_recipe(t.recipe))
+      throw std::invalid_argument("telemetry: record(): " + where + ": recipe: expected one of " + lowp::recipe_names() +
+                                  ", found '" + t.recipe + "'");
+    if (std::isnan(t.scale) || t.scale < 0) bad_step(where + ": scale", "a number >= 0", t.scale);
+    if (t.saturated + t.flushed > t.elements || t.nonzero > t.elements)
+      bad_step(where + ": elements", "at least saturated + flushed and at least nonzero", static_cast<double>(t.elements));
+    if (t.rel_rms_error && !(*t.rel_rms_error >= 0))
+      bad_step(where + ": rel_rms_error", "a number >= 0", *t.rel_rms_error);
+  }
 }
 
 double format_max(DType t) { return static_cast<double>(format_row(format_of(t)).max_finite); }
@@ -206,6 +218,7 @@ StepRecord TelemetryRecorder::record(const TelemetryStep& step, std::span<const 
   r.clip_coef = step.clip_coef;
   r.overflow_param = step.overflow_param;
   r.layers = step.layers;
+  r.fp8 = step.quantized;
   r.tokens = step.tokens;
   r.seconds = step.seconds;
 

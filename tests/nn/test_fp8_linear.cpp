@@ -366,6 +366,12 @@ TEST(Fp8Linear, LowpRecipesQuantizeAsTe) {
     EXPECT_NE(xq, xq_col) << lowp::recipe_name(cs.lr);
     EXPECT_EQ(f.stats()[0].elements, kN * kC);
     EXPECT_EQ(f.stats()[2].elements, kN * kOC);
+    // The log names the recipe and each role's element format (E2M1 for the fp4 recipes).
+    for (std::size_t k = 0; k < 3; ++k) {
+      EXPECT_EQ(f.stats()[k].recipe, lowp::recipe_name(cs.lr)) << f.stats()[k].name;
+      EXPECT_EQ(f.stats()[k].element, r.config(k == 2, k == 1, lowp::Layout::rowwise).element) << f.stats()[k].name;
+    }
+    EXPECT_EQ(f.stats()[0].element, cs.lr == lowp::Recipe::fp8_block ? lowp::Element::e4m3 : lowp::Element::e2m1);
     EXPECT_GT(f.saved_bytes(), 0u);
     EXPECT_LT(f.saved_bytes(), kN * kC + kN * kC / 8);  // codes of X (fp4: half) and scales
   }

@@ -207,3 +207,54 @@ def test_example_compares_recipes(capsys):
     with pytest.raises(SystemExit) as e:
         example.main(["--recipes", "bf16,fp4"])
     assert e.value.code == 2 and "--recipes: unknown ['fp4']" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("recipe", ["nvfp4", "fp8-delayed"])
+def test_telemetry_records_the_quantized_tensors_at_sampled_steps(tmp_path, recipe):
+    """Telemetry finds the low-precision modules itself: at its sampled steps (1, 5, 9 with
+    sample_every=4) the log's fp8 array holds x, w and dy of each module, every micro-batch
+    measured (two per step here), with the error of an independent quantize/dequantize."""
+    torch.manual_seed(7)
+    x = torch.randn(64, 32)
+    target = torch.randint(0, 10, (64,))
+    m = mt.low_precision(mlp(8), recipe)
+    opt = torch.optim.SGD(m.parameters(), lr=0.05)
+    tel = mt.Telemetry(m, str(tmp_path / "run"), precision="fp32", sample_every=4, histogram_every=0)
+    w_step1 = None
+    for step in range(1, 10):
+        if step == 1:
+            w_step1 = m[2].weight.detach().clone()
+        for xb, tb in ((x[:32], target[:32]), (x[32:], target[32:])):
+            torch.nn.functional.cross_entropy(m(xb), tb).backward()
+        opt.step()
+        tel.record(loss=1.0)
+        opt.zero_grad()
+    tel.close()
+    assert not any(mod._sample_step for mod in mt.low_precision_modules(m).values())
+    lines = [json.loads(l) for l in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    sampled = [l["step"] for l in lines if "fp8" in l]
+    assert sampled == [1, 5, 9]
+    entries = {t["name"]: t for t in lines[0]["fp8"]}
+    assert sorted(entries) == sorted(f"{n}.{r}" for n in ("2", "4") for r in ("input", "weight", "grad_output"))
+    fp4 = recipe == "nvfp4"
+    for name, t in entries.items():
+        assert t["recipe"] == recipe
+        assert t["role"] == ("backward" if name.endswith("grad_output") else "forward")
+        assert t["dtype"] == ("E2M1" if fp4 else ("E5M2" if name.endswith("grad_output") else "E4M3"))
+        assert t["elements"] == (32 * 64 if not name.endswith("weight") else 64 * 64)
+        assert 0 < t["rel_rms_error"] < (0.3 if fp4 else 0.1)
+        assert 0 < t["nonzero"] <= t["elements"] and t["saturated"] + t["flushed"] <= t["elements"]
+    # The weight's error at step 1, from mixprec.quantize / dequantize on the same weight.
+    kw = dict(tile_2d=True) if fp4 else dict(element="e4m3", scale=entries["2.weight"]["scale"])
+    wq = mixprec.dequantize(mixprec.quantize(w_step1.numpy(), recipe, **kw))
+    want = float(np.linalg.norm((wq - w_step1.numpy()).astype(np.float64)) /
+                 np.linalg.norm(w_step1.numpy().astype(np.float64)))
+    assert entries["2.weight"]["rel_rms_error"] == pytest.approx(want, rel=1e-12)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["fp8_backward_flushed_fraction"] >= 0
+    # The report draws a chart per role.
+    html = tmp_path / "report.html"
+    mixprec.report([str(tmp_path / "run")], out=str(html))
+    text = html.read_text()
+    for role in ("input", "weight", "grad_output"):
+        assert f'id="fp8-error-{role}-0"' in text

@@ -165,9 +165,10 @@ TEST(RunLog, Fp8TensorsRoundTrip) {
   StepRecord r = sample();
   EXPECT_EQ(step_record_json(r).find("\"fp8\""), std::string::npos);  // absent for other presets
   nn::Fp8TensorStats in{"h0.attn.qkv.input", fp8::Role::forward, fp8::Dtype::e4m3, 106.19259f, 4.21875f,
-                        131072, 131000, 3, 111};
+                        131072, 131000, 3, 111, "", lowp::Element::e4m3, std::nullopt};
   nn::Fp8TensorStats dy{"h0.attn.qkv.grad_output", fp8::Role::backward, fp8::Dtype::e5m2, 3.6442147e8f,
-                        std::numeric_limits<float>::infinity(), 393216, 391167, 0, 368644};
+                        std::numeric_limits<float>::infinity(), 393216, 391167, 0, 368644, "", lowp::Element::e5m2,
+                        std::nullopt};
   r.fp8 = {in, dy};
   const std::string line = step_record_json(r);
   EXPECT_NE(line.find(R"("fp8":[{"name":"h0.attn.qkv.input","role":"forward","dtype":"E4M3","scale":106.19259,)"
@@ -198,6 +199,60 @@ TEST(RunLog, Fp8TensorsRoundTrip) {
   bad = line;
   bad.replace(bad.find("\"flushed\":111"), 14, "\"flushed\":-1");
   EXPECT_THROW((void)parse_step_record(bad), std::invalid_argument);
+}
+
+// A low-precision recipe's tensors (mixprec.torch.Telemetry, the engine's nvfp4): the recipe,
+// the element format as dtype (E2M1 too) and the relative RMS error when measured.
+TEST(RunLog, LowPrecisionTensorsRoundTrip) {
+  StepRecord r = sample();
+  nn::Fp8TensorStats x;
+  x.name = "blocks.0.mlp.fc.input";
+  x.recipe = "nvfp4";
+  x.element = lowp::Element::e2m1;
+  x.scale = 448.0f * 6.0f / 3.5f;
+  x.amax = 3.5f;
+  x.elements = 4096;
+  x.nonzero = 4000;
+  x.saturated = 0;
+  x.flushed = 17;
+  x.rel_rms_error = 0.0987654321;
+  nn::Fp8TensorStats dy = x;
+  dy.name = "blocks.0.mlp.fc.grad_output";
+  dy.role = fp8::Role::backward;
+  dy.recipe = "fp8-delayed";
+  dy.element = lowp::Element::e5m2;
+  dy.dtype = fp8::Dtype::e5m2;
+  dy.rel_rms_error.reset();  // not measured: no field
+  r.fp8 = {x, dy};
+  const std::string line = step_record_json(r);
+  EXPECT_NE(line.find(R"({"name":"blocks.0.mlp.fc.input","role":"forward","recipe":"nvfp4","dtype":"E2M1",)"),
+            std::string::npos)
+      << line;
+  EXPECT_NE(line.find(R"("flushed":17,"rel_rms_error":0.0987654321})"), std::string::npos) << line;
+  EXPECT_NE(line.find(R"("recipe":"fp8-delayed","dtype":"E5M2",)"), std::string::npos) << line;
+  const StepRecord b = parse_step_record(line);
+  ASSERT_EQ(b.fp8.size(), 2u);
+  EXPECT_EQ(b.fp8[0].recipe, "nvfp4");
+  EXPECT_EQ(b.fp8[0].element, lowp::Element::e2m1);
+  ASSERT_TRUE(b.fp8[0].rel_rms_error.has_value());
+  EXPECT_EQ(*b.fp8[0].rel_rms_error, 0.0987654321);
+  EXPECT_EQ(b.fp8[1].element, lowp::Element::e5m2);
+  EXPECT_EQ(b.fp8[1].dtype, fp8::Dtype::e5m2);
+  EXPECT_FALSE(b.fp8[1].rel_rms_error.has_value());
+  EXPECT_EQ(step_record_json(b), line);
+  // Refused: E2M1 without a recipe, an unknown recipe, a negative error, counts past elements.
+  const std::pair<std::string, std::string> edits[] = {
+      {R"("recipe":"nvfp4",)", ""},
+      {R"("recipe":"nvfp4")", R"("recipe":"nvfp5")"},
+      {R"("rel_rms_error":0.0987654321)", R"("rel_rms_error":-0.5)"},
+      {R"("flushed":17,"rel)", R"("flushed":4097,"rel)"},
+  };
+  for (const auto& [from, to] : edits) {
+    std::string bad = line;
+    ASSERT_NE(bad.find(from), std::string::npos) << from;
+    bad.replace(bad.find(from), from.size(), to);
+    EXPECT_THROW((void)parse_step_record(bad), std::invalid_argument) << bad;
+  }
 }
 
 // The layers array of preset layerwise: written only when there are scaled layers, read back exactly.

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <functional>
 #include <limits>
 #include <random>
 #include <stdexcept>
@@ -156,6 +157,58 @@ TEST(TelemetryRecorder, SummaryHoldsTheLastValidationLossAsTheEnginesDoes) {
   (void)rec.finish();
   const std::string text = io::read_file(tmp.path() / "run" / run_files::summary);
   EXPECT_NE(text.find("\"val_loss\": 1.25"), std::string::npos) << text;
+}
+
+// A low-precision module's tensors (mixprec.torch.low_precision) go to the log's fp8 array
+// and the summary's fractions; a bad one is refused before anything is written.
+TEST(TelemetryRecorder, QuantizedTensorsReachTheLogAndSummary) {
+  test::TempDir tmp("telrec");
+  const std::string dir = (tmp.path() / "run").string();
+  TelemetryRecorder rec(dir, {});
+  nn::Fp8TensorStats x;
+  x.name = "fc.input";
+  x.recipe = "mxfp8";
+  x.amax = 2.5f;
+  x.elements = 1000;
+  x.nonzero = 800;
+  x.saturated = 8;
+  x.flushed = 40;
+  x.rel_rms_error = 0.03;
+  nn::Fp8TensorStats dy = x;
+  dy.name = "fc.grad_output";
+  dy.role = fp8::Role::backward;
+  dy.saturated = 0;
+  dy.flushed = 200;
+  TelemetryStep step{.loss = 2.0};
+  step.quantized = {x, dy};
+  (void)rec.record(step, {});
+  // Refused, each naming the tensor and the rule: the log keeps its one line.
+  const std::pair<std::function<void(nn::Fp8TensorStats&)>, std::string> bad[] = {
+      {[](nn::Fp8TensorStats& t) { t.recipe = "fp6"; }, "quantized 'fc.input': recipe: expected one of fp8-delayed"},
+      {[](nn::Fp8TensorStats& t) { t.recipe.clear(); }, "recipe: expected one of"},
+      {[](nn::Fp8TensorStats& t) { t.scale = -1.0f; }, "quantized 'fc.input': scale: expected a number >= 0, found -1"},
+      {[](nn::Fp8TensorStats& t) { t.flushed = 993; }, "quantized 'fc.input': elements: expected at least saturated"},
+      {[](nn::Fp8TensorStats& t) { t.rel_rms_error = -0.5; }, "rel_rms_error: expected a number >= 0, found -0.5"},
+      {[](nn::Fp8TensorStats& t) { t.name.clear(); }, "quantized: a tensor without a name"},
+  };
+  for (const auto& [edit, message] : bad) {
+    TelemetryStep b{.loss = 1.0};
+    b.quantized = {x};
+    edit(b.quantized.front());
+    EXPECT_NE(error_of<std::invalid_argument>([&] { (void)rec.record(b, {}); }).find(message), std::string::npos)
+        << message;
+  }
+  (void)rec.finish();
+  const std::vector<StepRecord> back = read_run_log((tmp.path() / "run" / run_files::log).string());
+  ASSERT_EQ(back.size(), 1u);
+  ASSERT_EQ(back[0].fp8.size(), 2u);
+  EXPECT_EQ(back[0].fp8[0].recipe, "mxfp8");
+  EXPECT_EQ(back[0].fp8[1].rel_rms_error, 0.03);
+  // forward: 8 of 800 saturated, 40 flushed; backward: 200 of 800 flushed.
+  const std::string text = io::read_file(tmp.path() / "run" / run_files::summary);
+  EXPECT_NE(text.find("\"fp8_forward_saturated_fraction\": 0.01"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"fp8_forward_flushed_fraction\": 0.05"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"fp8_backward_flushed_fraction\": 0.25"), std::string::npos) << text;
 }
 
 TEST(TelemetryRecorder, HistogramsAtStepOneAndEveryNth) {

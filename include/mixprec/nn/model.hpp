@@ -19,6 +19,7 @@
 #include <functional>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -26,6 +27,7 @@
 
 #include "mixprec/formats/bulk.hpp"
 #include "mixprec/fp8/recipes.hpp"
+#include "mixprec/lowp/quantize.hpp"
 #include "mixprec/nn/data.hpp"
 #include "mixprec/nn/precision.hpp"
 #include "mixprec/optim/param_store.hpp"
@@ -120,6 +122,14 @@ struct Fp8TensorStats {
   std::uint64_t nonzero = 0;    // input != 0
   std::uint64_t saturated = 0;  // finite input clipped to the largest finite value by the saturating cast
   std::uint64_t flushed = 0;    // nonzero input that became 0
+  // The low-precision recipes (the engine's fp8-block, nvfp4 and mxfp4; every recipe of
+  // mixprec.torch.low_precision): the recipe's name and this tensor's element format, which
+  // the log writes as "dtype" (E2M1 included). Empty: an fp8 preset's tensor, of `dtype`.
+  std::string recipe;
+  lowp::Element element = lowp::Element::e4m3;
+  // ||dequantize(quantize(x)) - x|| / ||x|| (0 for an all-zero x) at the steps that measure it
+  // (mixprec.torch.Telemetry's sampled steps); nullopt: not measured, or x held inf/NaN.
+  std::optional<double> rel_rms_error;
 };
 
 namespace detail {

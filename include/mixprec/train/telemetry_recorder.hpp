@@ -77,6 +77,11 @@ struct TelemetryStep {
   float clip_coef = 1;                      // the clipping applied to the gradients (1: none)
   std::string overflow_param = {};          // the first parameter holding inf/NaN
   std::vector<StepRecord::LayerScale> layers = {};  // preset layerwise: each watched layer's scaling
+  // Tensors a low-precision recipe quantized this step (mixprec.torch.low_precision's Linear
+  // modules: "<module>.input", ".weight", ".grad_output"), the log's "fp8" array: each needs a
+  // name and a recipe; scale >= 0; saturated + flushed and nonzero at most elements;
+  // rel_rms_error >= 0 when given.
+  std::vector<nn::Fp8TensorStats> quantized = {};
 };
 
 // A parameter as the step left it: its gradient (data == nullptr or size 0: none) as

@@ -141,7 +141,8 @@ def _per_tensor(o: RecipeOptions) -> bool:
 class _Stats:
     """What the last quantization of each role did (telemetry of quantized tensors)."""
 
-    __slots__ = ("amax", "scale", "elements", "saturated", "flushed", "nonfinite", "rel_rms_error")
+    __slots__ = ("amax", "scale", "elements", "saturated", "flushed", "nonfinite", "rel_rms_error", "nonzero",
+                 "measured")
 
     def __init__(self):
         self.amax = 0.0
@@ -151,6 +152,8 @@ class _Stats:
         self.flushed = 0
         self.nonfinite = 0
         self.rel_rms_error: Optional[float] = None
+        self.nonzero = 0          # nonzero (or NaN) inputs: counted when measured
+        self.measured = False     # this quantization's error and nonzero count were measured
 
     def take(self, q: Any, scale: float, exact: Optional[torch.Tensor], approx: torch.Tensor) -> None:
         c = q.counts
@@ -160,12 +163,14 @@ class _Stats:
         self.saturated = int(c["saturated"])
         self.flushed = int(c["flushed"])
         self.nonfinite = int(c["nonfinite"])
+        self.measured = exact is not None
         if exact is None:
             self.rel_rms_error = None
         else:
             den = torch.linalg.vector_norm(exact.double())
             num = torch.linalg.vector_norm((approx - exact).double())
             self.rel_rms_error = float(num / den) if den > 0 else 0.0
+            self.nonzero = int(torch.count_nonzero(exact))  # NaN != 0: counted, as the engine counts it
 
     def as_dict(self) -> Dict[str, Any]:
         n = max(self.elements, 1)
@@ -180,7 +185,7 @@ class _LowPrecisionLinearFn(torch.autograd.Function):
         x2 = x.detach().reshape(-1, x.shape[-1]).float()
         w = weight.detach().float()
         o = mod.options
-        sample = mod._sample_error
+        sample = mod._sample_error or mod._sample_step
         sx, sw = mod._scale("x"), mod._scale("w")
         xq, qx = _fake(x2, o, "x", "rowwise", scale=sx)
         wq, qw = _fake(w, o, "w", "rowwise", scale=sw, tile_2d=o.weight_2d)
@@ -215,7 +220,7 @@ class _LowPrecisionLinearFn(torch.autograd.Function):
         sr = bool(o.stochastic_rounding)
         random_row = mod._random(dy2.numel()) if sr else None
         dyq, qdy = _fake(dy2, o, "dy", "rowwise", scale=sdy, random=random_row)
-        mod._record("dy", qdy, sdy, dy2 if mod._sample_error else None, dyq)
+        mod._record("dy", qdy, sdy, dy2 if mod._sample_error or mod._sample_step else None, dyq)
         # dgrad: w along its output dimension (W does not change between a forward and its
         # backward; a per-tensor scale quantizes both layouts alike).
         if _per_tensor(o):
@@ -250,7 +255,8 @@ class LowPrecisionLinear(torch.nn.Module):
         self.name = name
         self._seed = int(seed)
         self._draws = 0
-        self._sample_error = False
+        self._sample_error = False  # measure the next forward and backward (sample_quantization_error)
+        self._sample_step = False   # measure every call until cleared (Telemetry's sampled steps)
         self.stats = {r: _Stats() for r in _ROLES}
         if self.options.recipe == "fp8-delayed":
             self.register_buffer("amax_history", torch.zeros(3, self.options.amax_history_len, dtype=torch.float32))
@@ -389,6 +395,39 @@ def sample_quantization_error(model: torch.nn.Module) -> None:
     (next forward) and dy (next backward); a cost paid only at the sampled steps."""
     for m in low_precision_modules(model).values():
         m._sample_error = True
+
+
+# The log's names of the three roles (mixprec train's fp8 tensors are named alike).
+_ROLE_TENSOR = {"x": ("input", "forward"), "w": ("weight", "forward"), "dy": ("grad_output", "backward")}
+
+
+def _sample_step(modules: Iterable["LowPrecisionLinear"], on: bool) -> None:
+    """Telemetry's sampled steps: measure every quantization of the step (all micro-batches)."""
+    for m in modules:
+        m._sample_step = on
+
+
+def _measured_tensors(modules: Mapping[str, "LowPrecisionLinear"]) -> List[tuple]:
+    """The roles measured and not yet taken (_taken), as the telemetry recorder takes them: (name,
+    role, recipe, element, scale, amax, elements, nonzero, saturated, flushed, rel_rms_error or None)."""
+    out = []
+    for name, m in modules.items():
+        for role in _ROLES:
+            st = m.stats[role]
+            if not st.measured:
+                continue
+            suffix, direction = _ROLE_TENSOR[role]
+            err = st.rel_rms_error if st.rel_rms_error is not None and np.isfinite(st.rel_rms_error) else None
+            out.append((f"{name}.{suffix}", direction, m.options.recipe, m.options.element(role), float(st.scale),
+                        float(st.amax), st.elements, st.nonzero, st.saturated, st.flushed, err))
+    return out
+
+
+def _taken(modules: Iterable["LowPrecisionLinear"]) -> None:
+    """After a log line holds them: a later line does not repeat them."""
+    for m in modules:
+        for st in m.stats.values():
+            st.measured = False
 
 
 def quantization_stats(model: torch.nn.Module) -> Dict[str, Dict[str, Dict[str, Any]]]:

@@ -53,6 +53,7 @@ from . import _device_counts as dev
 from .grad_scaler import GradScaler, StepOutcome, _local
 from .tensorboard import TensorBoardWriter, require_tensorboard
 from .advise import Sampler as _AdvisorSampler, write_samples as _write_advisor_samples
+from .low_precision import _measured_tensors, _sample_step, _taken, low_precision_modules
 
 _CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _PRECISIONS = ("fp32", "fp16", "bf16")
@@ -243,6 +244,11 @@ class Telemetry:
         activation histograms are counted only when sampled."""
         self._histogram_next = self._rec.histogram_step()
         self._sample_next = self._rec.steps % self._sample_every == 0 or self._histogram_next
+        # Low-precision Linear modules (mixprec.torch.low_precision) measure their quantization
+        # error at sampled steps only: looked up as such a step begins (a model converted after
+        # the Telemetry was made is found too).
+        self._lowp = low_precision_modules(self._model) if self._sample_next else {}
+        _sample_step(self._lowp.values(), True)
 
     # The hooks hold the Telemetry through a weak reference: the model keeps its hooks, and a
     # strong one would make a cycle (model -> hook -> Telemetry -> model) that keeps the run
@@ -432,9 +438,12 @@ class Telemetry:
                      else _capsule(dev.readable(p.grad)) for i, p in enumerate(self._params)]
         layers = [] if self._scaler is None else [
             (d["name"], d["factor"], d["chain"], d["backoff"], d["outcome"]) for d in self._scaler._layer_record()]
+        quantized = _measured_tensors(self._lowp)  # the step's last quantization of each role
         line = self._rec.record(loss, lr, tokens, float(seconds), val_loss, float(scale), float(next_scale),
                                 bool(found_inf), bool(applied), float(grad_norm), clip_coef, first,
-                                unclipped, grad_amax, grads, weight_amax, layers)
+                                unclipped, grad_amax, grads, weight_amax, layers, quantized)
+        _taken(self._lowp.values())
+        _sample_step(self._lowp.values(), False)
         self._last_record = now  # a record() that raised changed nothing: its time counts to the next
         self._plan_next_step()
         result = json.loads(line)
@@ -471,6 +480,8 @@ class Telemetry:
             self._scaler._telemetry_amax = False
         if self._advisor is not None:
             self._advisor.remove()
+        _sample_step(self._lowp.values(), False)  # low-precision modules stop measuring
+        self._lowp = {}
         self._rec = None  # the core's recorder goes: its lock on the folder with it
         return alerts
 
