@@ -49,7 +49,7 @@ inline constexpr int kSumLanes = 16;
 
 // How far ahead the SIMD back ends prefetch the tensor they update in place. One core
 // keeps too few misses in flight to reach memory bandwidth on its own: prefetching took
-// 16-bit unscale from 0.88 to 1.2 of the compiler's in-place multiply loop (one thread);
+// 16-bit unscale from 0.88 to 1.19-1.26 of the compiler's in-place multiply loop (one thread);
 // 4 KiB measured a little ahead of 2 and 8 KiB for the 16-bit kernels (docs/performance.md).
 inline constexpr std::size_t kPrefetchBytes = 4096;
 

@@ -9,7 +9,7 @@
 // Exactness: the AVX2 exp/tanh are polynomial, not libm's, and its reductions sum in
 // eight lanes, so results are not bitwise equal to the reference. The bounds the
 // tests hold them to (tests/nn/test_layer_kernels.cpp) are stated there and in
-// docs/performance.md. Every kernel is elementwise-position independent: the same
+// docs/layers.md. Every kernel is elementwise-position independent: the same
 // input value gives the same output wherever it sits in a row (tails are masked
 // vectors, not a scalar loop), so the OpenMP split never changes a result.
 #pragma once

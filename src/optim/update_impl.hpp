@@ -41,7 +41,7 @@ inline void adam_block(float* __restrict p, float* __restrict m, float* __restri
 
 // Blocks of one cache line per stream, each stream prefetched 4 KiB ahead: the step is
 // bound by memory, and one core alone keeps too few misses in flight (with the AVX-512
-// loops, 14 -> 17.5 GB/s of the 28 bytes a parameter on one thread; docs/performance.md).
+// loops, ~14 -> 17.3-17.9 GB/s of the 28 bytes a parameter on one thread; docs/performance.md).
 // The prefetches change no value: every back end still gives the reference's bits.
 template <bool L2, bool Decoupled, bool LerpLow, bool Bc2One>
 void adam_loop(float* p, float* m, float* v, const float* g, std::size_t n, float pre, float clip,

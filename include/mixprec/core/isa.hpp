@@ -5,8 +5,9 @@
 // scalar). The environment variable MIXPREC_ISA=scalar|avx2|avx512 overrides the choice
 // (an unavailable or unknown value is an error at first use). Back ends nest: a kernel
 // family without AVX-512 kernels runs its AVX2 ones under avx512 (today
-// unscale_and_check, the optimizers' update loops and the layer kernels' GELU have
-// AVX-512 kernels; docs/performance.md).
+// unscale_and_check, the optimizers' update loops, the f16/bf16 encodes, the counting
+// pass, lowp::quantize and the layer kernels' GELU and softmax row have AVX-512 kernels;
+// docs/performance.md).
 // Tests and benchmarks reach each back end directly: the formats through kernel_table()
 // (mixprec/formats/kernel_table.hpp), unscale_and_check and the optimizers through their
 // Isa arguments.
