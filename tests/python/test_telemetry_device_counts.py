@@ -249,7 +249,10 @@ def test_the_aten_path_forced_on_cpu_equals_the_fused_kernel_bitwise(dtype, scal
         if poison:
             params[1].grad[2] = math.inf if poison == "inf" else math.nan
         opt = torch.optim.SGD(params, lr=0.0)
-        scaler = GradScaler("cpu", preset="torch", init_scale=scale)
+        scaler = GradScaler("cpu", preset="torch")
+        # torch.amp's state at this scale (2^-140: reached by backoffs, refused as a starting scale)
+        scaler.load_state_dict(dict(scale=scale, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
+                                    _growth_tracker=0))
         scaler._aten_only = aten
         outcome = scaler.step(opt)
         assert bool(calls) == aten  # the forced run took ATen's path, the other the core's

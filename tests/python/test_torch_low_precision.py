@@ -245,7 +245,7 @@ def test_telemetry_records_the_quantized_tensors_at_sampled_steps(tmp_path, reci
         assert 0 < t["rel_rms_error"] < (0.3 if fp4 else 0.1)
         assert 0 < t["nonzero"] <= t["elements"] and t["saturated"] + t["flushed"] <= t["elements"]
     # The weight's error at step 1, from mixprec.quantize / dequantize on the same weight.
-    kw = dict(tile_2d=True) if fp4 else dict(element="e4m3", scale=entries["2.weight"]["scale"])
+    kw = dict(tile_2d=True) if fp4 else dict(element="e4m3", scale=float(np.float32(entries["2.weight"]["scale"])))
     wq = mixprec.dequantize(mixprec.quantize(w_step1.numpy(), recipe, **kw))
     want = float(np.linalg.norm((wq - w_step1.numpy()).astype(np.float64)) /
                  np.linalg.norm(w_step1.numpy().astype(np.float64)))
@@ -257,4 +257,4 @@ def test_telemetry_records_the_quantized_tensors_at_sampled_steps(tmp_path, reci
     mixprec.report([str(tmp_path / "run")], out=str(html))
     text = html.read_text()
     for role in ("input", "weight", "grad_output"):
-        assert f'id="fp8-error-{role}-0"' in text
+        assert f'data-chart="fp8-error-{role}-0"' in text

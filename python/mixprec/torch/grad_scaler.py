@@ -394,6 +394,8 @@ class GradScaler:
         self._p.set_rank_agreement(_rank_hook(self))
 
     def __repr__(self) -> str:
+        if "_p" not in self.__dict__:  # a constructor that raised (a traceback shows the object)
+            return "GradScaler(<not constructed>)"
         return (f"GradScaler(preset={self.preset!r}, scale={self.get_scale()!r}, "
                 f"enabled={self.is_enabled()})")
 
@@ -553,8 +555,12 @@ def _number(what: str, v: Any) -> float:
 
 
 def _inv_scale(scale: float) -> float:
-    """float(1 / double(scale)) as float32, torch's inverse; inf for scale 0."""
-    return float(np.float32(1.0 / scale)) if scale != 0 else math.inf
+    """float(1 / double(scale)) as float32, torch's inverse; inf for scale 0 and for a scale
+    backed off below 1/FLT_MAX (the step is then skipped: no warning, it is expected)."""
+    if scale == 0:
+        return math.inf
+    with np.errstate(over="ignore"):
+        return float(np.float32(1.0 / scale))
 
 
 def _dense(g: torch.Tensor) -> bool:
