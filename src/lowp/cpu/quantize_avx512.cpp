@@ -101,11 +101,15 @@ void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, cons
                         const std::uint32_t* random, float max_value, EncodeCounts* counts) {
   LaneCounts lc;
   std::size_t i = 0;
-  // A vector of 16 never straddles two blocks: blocks are multiples of 16, or the whole run.
-  const bool vectors_in_blocks = block % 16 == 0 || block >= n;
-  for (; vectors_in_blocks && i + 16 <= n; i += 16) {
+  // A vector of 16 never straddles two blocks: blocks of 16 * 2^k (16, 32, 128) or the whole
+  // run. Vector v's factor is factors[v >> shift]: a 64-bit division per vector would cost
+  // more than the encode. Other block lengths take the scalar rule throughout.
+  int shift = -1;
+  if (block >= n) shift = 63;  // every v < 2^63: v >> 63 == 0
+  else if (block % 16 == 0 && std::has_single_bit(block / 16)) shift = std::countr_zero(block / 16);
+  for (; shift >= 0 && i + 16 <= n; i += 16) {
     const __m512 x = _mm512_loadu_ps(src + i);
-    const __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(factors[i / block]));
+    const __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(factors[(i / 16) >> shift]));
     const __m512i r = kStochastic ? _mm512_loadu_si512(random + i) : _mm512_setzero_si512();
     const __m512i code = encode16<S, kStochastic>(y, r);
     count16<S>(x, y, code, max_value, lc);
