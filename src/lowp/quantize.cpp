@@ -326,8 +326,7 @@ constexpr std::size_t kRhtChunk = kChunkBlocks * 16;
 
 // One chunk's 16-point transform into t (len % 16 == 0: the groups are the whole grid's).
 const float* rht_chunk(const LowpKernels& k, const float* src, std::size_t len, float* t) {
-  std::copy_n(src, len, t);
-  k.rht16(t, len);
+  k.rht16(src, t, len);
   return t;
 }
 

@@ -156,13 +156,6 @@ inline void count8(__m256 x, __m256 y, __m256i code, __m256 max_value, LaneCount
   c.flushed = _mm256_sub_epi32(c.flushed, flushed);
 }
 
-// 32 codes (32-bit lanes, each <= 0xFF) to 32 bytes in element order.
-inline __m256i pack32(__m256i c0, __m256i c1, __m256i c2, __m256i c3) {
-  const __m256i b = _mm256_packus_epi16(_mm256_packus_epi32(c0, c1), _mm256_packus_epi32(c2, c3));
-  // packs work per 128-bit half: dword k of b holds elements of vector k % 4, half k / 4.
-  return _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-}
-
 template <const MiniFloatSpec& S, bool kStochastic>
 inline __m256i encode_any(__m256 y, const std::uint32_t* random) {
   if constexpr (kStochastic) return encode8<S, true>(y, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(random)));
@@ -197,8 +190,9 @@ inline void encode_one8(const float* src, float factor, std::uint8_t* dst, const
 
 // Four vectors (32 elements) with factors f[0..3]: 32 fp8 bytes, or 16 e2m1 bytes, in one store.
 // Round to nearest even: when every |y| of the 32 is finite (then every x is finite too, the
-// factors being positive or NaN), the NaN fix-up and the non-finite count drop out, and a
-// code is the magnitude code with the sign; other groups take encode8_rne and count8.
+// factors being positive or NaN), the NaN fix-up and the non-finite count drop out, the signs
+// come from packing y with signed saturation (which keeps each sign), and x == 0 implies a
+// zero code, so flushed = zero codes - zero inputs. Other groups take encode8_rne and count8.
 template <const MiniFloatSpec& S, bool kStochastic>
 inline void encode_four8(const float* src, const float* f, std::uint8_t* dst, const std::uint32_t* random,
                          __m256 max_value, LaneCounts& lc) {
@@ -211,25 +205,32 @@ inline void encode_four8(const float* src, const float* f, std::uint8_t* dst, co
   }
   const __m256i amax = _mm256_max_epi32(_mm256_max_epi32(a[0], a[1]), _mm256_max_epi32(a[2], a[3]));  // a < 2^31
   const bool all_finite = _mm256_testz_si256(_mm256_cmpgt_epi32(amax, set1(0x7f7fffffu)), set1(0xffffffffu));
+  // packs work per 128-bit half: dword k of b holds 4 elements of vector k % 4, half k / 4.
+  __m256i b;
   if (!kStochastic && all_finite) {
-    constexpr std::uint32_t kMag = (1u << (S.bits - 1)) - 1;
     for (int k = 0; k < 4; ++k) {
-      const __m256i mag = finite_magnitude_code8<S>(a[k]);
-      c[k] = _mm256_or_si256(mag, _mm256_slli_epi32(_mm256_srli_epi32(_mm256_castps_si256(y[k]), 31), S.bits - 1));
-      // saturated: |y| > max (y finite); flushed: a zero magnitude from a nonzero x.
+      c[k] = finite_magnitude_code8<S>(a[k]);
       const __m256i sat = _mm256_castps_si256(_mm256_cmp_ps(_mm256_castsi256_ps(a[k]), max_value, _CMP_GT_OQ));
       const __m256i zero_x = _mm256_castps_si256(_mm256_cmp_ps(x[k], _mm256_setzero_ps(), _CMP_EQ_OQ));
-      const __m256i zero_code = _mm256_cmpeq_epi32(_mm256_and_si256(mag, set1(kMag)), _mm256_setzero_si256());
+      const __m256i zero_code = _mm256_cmpeq_epi32(c[k], _mm256_setzero_si256());
       lc.saturated = _mm256_sub_epi32(lc.saturated, sat);
-      lc.flushed = _mm256_sub_epi32(lc.flushed, _mm256_andnot_si256(zero_x, zero_code));
+      lc.flushed = _mm256_add_epi32(_mm256_sub_epi32(lc.flushed, zero_code), zero_x);
     }
+    const __m256i signs = _mm256_and_si256(
+        _mm256_packs_epi16(_mm256_packs_epi32(_mm256_castps_si256(y[0]), _mm256_castps_si256(y[1])),
+                           _mm256_packs_epi32(_mm256_castps_si256(y[2]), _mm256_castps_si256(y[3]))),
+        _mm256_set1_epi8(static_cast<char>(0x80)));
+    b = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
+    // The sign bit of a byte: 0x80 (fp8) or 0x08 (e2m1; the 16-bit shift keeps it in its byte).
+    b = _mm256_or_si256(b, S.bits == 4 ? _mm256_srli_epi16(signs, 4) : signs);
   } else {
     for (int k = 0; k < 4; ++k) {
       c[k] = encode_any<S, kStochastic>(y[k], kStochastic ? random + 8 * k : nullptr);
       count8<S>(x[k], y[k], c[k], max_value, lc);
     }
+    b = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
   }
-  const __m256i b = pack32(c[0], c[1], c[2], c[3]);
+  b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  // element order
   if constexpr (S.bits == 4) {
     // Each 16-bit lane (even code, odd code) -> its low byte even | odd << 4 (codes <= 0xF).
     const __m256i pairs = _mm256_and_si256(_mm256_or_si256(b, _mm256_srli_epi16(b, 4)), _mm256_set1_epi16(0xff));
@@ -440,14 +441,14 @@ inline __m256 butterfly_in_lane(__m256 v, __m256i sub_lanes) {
   return _mm256_add_ps(_mm256_permute_ps(v, kImm), _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(v), sub_lanes)));
 }
 
-void rht16_avx2(float* v, std::size_t n) {
+void rht16_avx2(const float* src, float* v, std::size_t n) {
   const int s = INT32_MIN;
   const __m256i sign_lo = _mm256_setr_epi32(0, 0, 0, s, 0, s, s, s), sign_hi = _mm256_setr_epi32(s, s, s, 0, s, 0, s, s);
   const __m256i s1 = _mm256_setr_epi32(0, s, 0, s, 0, s, 0, s), s2 = _mm256_setr_epi32(0, 0, s, s, 0, 0, s, s);
   const __m256i s4 = _mm256_setr_epi32(0, 0, 0, 0, s, s, s, s);
   for (std::size_t i = 0; i + 16 <= n; i += 16) {
-    __m256 lo = _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(_mm256_loadu_ps(v + i)), sign_lo));
-    __m256 hi = _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(_mm256_loadu_ps(v + i + 8)), sign_hi));
+    __m256 lo = _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(_mm256_loadu_ps(src + i)), sign_lo));
+    __m256 hi = _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(_mm256_loadu_ps(src + i + 8)), sign_hi));
     lo = butterfly_in_lane<_MM_SHUFFLE(2, 3, 0, 1)>(lo, s1);
     hi = butterfly_in_lane<_MM_SHUFFLE(2, 3, 0, 1)>(hi, s1);
     lo = butterfly_in_lane<_MM_SHUFFLE(1, 0, 3, 2)>(lo, s2);
