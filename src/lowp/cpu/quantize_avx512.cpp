@@ -1,12 +1,13 @@
 // AVX-512 back end of lowp's kernel table: 16 elements per register.
 //
-// The element encode is the library's scalar encode_full (formats/scalar.hpp) in vector
-// form: the fp32 significand shifted right by a per-lane distance (vpsrlvd) after adding
-// the round-to-nearest-even increment or the caller's random bits, then the format's
-// exponent base, saturated with an unsigned min. It is one code path for E4M3, E5M2 and
-// E2M1, for round-to-nearest and stochastic rounding, and equals the scalar rule bit for
-// bit (tests/lowp). Counts are lane masks (popcount). The RHT is four in-register
-// butterflies. Heads and tails go through the scalar rules of lowp/kernels.hpp.
+// Round to nearest even uses the integer/fp32-add trick of formats/cpu/bulk_avx2.cpp
+// (finite_magnitude_code16; vectors with a non-finite |y| take encode16_rne, which adds the NaN
+// codes). Stochastic rounding is the library's scalar encode_full (formats/scalar.hpp) in
+// vector form (encode16): the fp32 significand shifted right by a per-lane distance (vpsrlvd)
+// after adding the caller's random bits, then the format's exponent base, saturated with an
+// unsigned min. Both equal the scalar rule bit for bit (tests/lowp). Counts are lane masks
+// (popcount). Block maxima of 16 blocks share one transpose-reduction. The RHT is four
+// in-register butterflies. Heads and tails go through the scalar rules of lowp/kernels.hpp.
 //
 // Compiled for AVX-512 F/BW/DQ/VL per function (target pragma, no -m flags), called only
 // after isa_available(Isa::avx512).
