@@ -121,8 +121,8 @@ struct LowpKernels {
   // nvfp4_scale_one for nblocks amaxes.
   void (*nvfp4_scales)(const float* amax, std::size_t nblocks, float s_enc_div6, float s_dec, std::uint8_t* codes,
                        float* factors);
-  // rht16_one on consecutive groups of 16, in place (n % 16 == 0).
-  void (*rht16)(float* v, std::size_t n);
+  // rht16_one on consecutive groups of 16 of src into dst (n % 16 == 0); dst may be src.
+  void (*rht16)(const float* src, float* dst, std::size_t n);
 };
 
 const LowpKernels& scalar_kernels() noexcept;

@@ -295,7 +295,8 @@ namespace {
 using detail::EncodeCounts;
 using detail::LowpKernels;
 
-constexpr std::size_t kChunkBlocks = 64;
+constexpr std::size_t kChunkElements = 1024;
+constexpr std::size_t kChunkBlocks = kChunkElements / 16;  // 16: the shortest block (nvfp4)
 
 // Codes of row r start at byte r * row_bytes; element offsets within a row are even for
 // e2m1 (blocks of 16, 32 or 128 start at even columns).
@@ -320,17 +321,33 @@ struct Run {
   const std::uint32_t* random;
 };
 
+// With rht (nvfp4, blocks of 16, rows a multiple of 16) each chunk is transformed into
+// this buffer first, while it is in cache: the transformed grid is never written out.
+constexpr std::size_t kRhtChunk = kChunkElements;
+
+// One chunk's 16-point transform into t (len % 16 == 0: the groups are the whole grid's).
+const float* rht_chunk(const LowpKernels& k, const float* src, std::size_t len, float* t) {
+  k.rht16(src, t, len);
+  return t;
+}
+
 void quantize_run_1d(const LowpKernels& k, Quantized& q, const Run& run, float s_enc_div6, float s_dec,
                      EncodeCounts& counts, std::uint32_t& amax_bits) {
   const QuantizeConfig& c = q.config;
   const std::size_t block = recipe_info(c.recipe).block;
   float fmax[kChunkBlocks], factors[kChunkBlocks];
   std::uint32_t bits[kChunkBlocks];
-  for (std::size_t begin = 0; begin < run.len; begin += kChunkBlocks * block) {
-    const std::size_t len = std::min(run.len - begin, kChunkBlocks * block);
+  alignas(64) float transformed[kRhtChunk];
+  // Chunks of about kChunkElements: block_amax streams them in, the encode rereads them from
+  // L1; longer chunks (fp8-block's 64 x 128) leave the memory stream idle for longer between
+  // block_amax calls and ran slower out of cache (measured: 1024 the best of 256..8192).
+  const std::size_t chunk_blocks = std::clamp<std::size_t>(kChunkElements / block, 1, kChunkBlocks);
+  for (std::size_t begin = 0; begin < run.len; begin += chunk_blocks * block) {
+    const std::size_t len = std::min(run.len - begin, chunk_blocks * block);
     const std::size_t nb = (len + block - 1) / block;
     const std::size_t sb = run.s0 + begin / block;
-    k.block_amax(run.src + begin, len, block, fmax, bits);
+    const float* src = c.rht ? rht_chunk(k, run.src + begin, len, transformed) : run.src + begin;
+    k.block_amax(src, len, block, fmax, bits);
     bool any_nan_block = false;
     for (std::size_t b = 0; b < nb; ++b) amax_bits = std::max(amax_bits, bits[b]);
     if (c.recipe == Recipe::nvfp4) {
@@ -354,8 +371,8 @@ void quantize_run_1d(const LowpKernels& k, Quantized& q, const Run& run, float s
     // Element offsets: e2m1 blocks start at even columns, so the byte offset is exact.
     std::uint8_t* dst = c.element == Element::e2m1 ? q.codes.data() + run.row * q.row_bytes + (run.c0 + begin) / 2
                                                    : q.codes.data() + run.row * q.row_bytes + run.c0 + begin;
-    k.encode_scaled(c.element, run.src + begin, len, block, factors, dst,
-                    run.random != nullptr ? run.random + begin : nullptr, &counts);
+    k.encode_scaled(c.element, src, len, block, factors, dst, run.random != nullptr ? run.random + begin : nullptr,
+                    &counts);
     if (!any_nan_block) continue;
     for (std::size_t b = 0; b < nb; ++b) {
       if (q.scale_codes[sb + b] != 0xFF) continue;
@@ -420,22 +437,37 @@ void quantize_with(const LowpKernels& k, std::span<const float> src, std::size_t
   prepare(q, src.size(), rows, cols, c, random.size());
   const std::size_t n = src.size();
   if (n == 0) return;
-  // The transposed or transformed grid: one buffer per thread, grown once.
+  // The transposed grid: one buffer per thread, grown once. The RHT is applied chunk by
+  // chunk as the grid is read (rht_chunk), never to a whole copy.
   thread_local std::vector<float> scratch;
   const float* g = src.data();
-  if (c.layout == Layout::columnwise || c.rht) {
+  if (c.layout == Layout::columnwise) {
     grid_input(src, q, scratch);
-    if (c.rht) k.rht16(scratch.data(), n);
     g = scratch.data();
   }
   EncodeCounts counts;
   std::uint32_t amax_bits = 0;
   const RecipeInfo& info = recipe_info(c.recipe);
   float s_enc_div6 = 1.0f, s_dec = 1.0f;
+  // With rht: the input's amax (the grid is the input or its transpose: the same maximum),
+  // taken in the same pass as the transformed amax.
+  std::uint32_t input_amax_bits = 0;
   if (c.recipe == Recipe::nvfp4) {
     float f;
-    std::uint32_t b;
-    k.block_amax(g, n, n, &f, &b);
+    std::uint32_t b = 0;
+    if (c.rht) {
+      alignas(64) float t[kRhtChunk];
+      for (std::size_t i = 0; i < n; i += kRhtChunk) {
+        const std::size_t len = std::min(n - i, kRhtChunk);
+        std::uint32_t bi, bt;
+        k.block_amax(g + i, len, len, &f, &bi);
+        k.block_amax(rht_chunk(k, g + i, len, t), len, len, &f, &bt);
+        input_amax_bits = std::max(input_amax_bits, bi);
+        b = std::max(b, bt);
+      }
+    } else {
+      k.block_amax(g, n, n, &f, &b);
+    }
     q.tensor_amax = canonical_amax(b);
     q.tensor_scale = c.flavour == Flavour::torchao ? q.tensor_amax / 2688.0f : nvfp4_tensor_scale(q.tensor_amax);
     s_enc_div6 = q.tensor_scale * (1.0f / 6.0f);
@@ -467,10 +499,7 @@ void quantize_with(const LowpKernels& k, std::span<const float> src, std::size_t
   q.counts.saturated = counts.saturated;
   q.counts.flushed = counts.flushed;
   q.counts.nonfinite = counts.nonfinite;
-  if (c.rht) {
-    float f;
-    k.block_amax(src.data(), n, n, &f, &amax_bits);
-  }
+  if (c.rht) amax_bits = input_amax_bits;
   q.counts.amax = canonical_amax(amax_bits);
 }
 

@@ -1,7 +1,10 @@
-// AVX2 back end of lowp's kernel table: 8 elements per register, the same steps as the
-// AVX-512 back end (cpu/quantize_avx512.cpp: encode_full in vector form with per-lane
-// shifts, counts from compare masks, in-register butterflies for the RHT; 16-element
-// groups span two registers). Heads and tails go through the scalar rules.
+// AVX2 back end of lowp's kernel table: 8 elements per register, 32 per step (one 32-byte
+// store of fp8 codes, 16 of e2m1 pairs). Round to nearest even uses the integer/fp32-add
+// trick of formats/cpu/bulk_avx2.cpp (encode8_rne); stochastic rounding is encode_full in
+// vector form with per-lane shifts (encode8). Counts accumulate in 32-bit lanes, summed
+// once per call; block maxima of 8 blocks share one transpose-reduction; the RHT is
+// in-register butterflies (16-element groups span two registers). Heads and tails go
+// through the scalar rules.
 //
 // Compiled for AVX2+FMA per function (target pragma, no -m flags), called only after
 // isa_available(Isa::avx2).
@@ -74,60 +77,202 @@ inline __m256i encode8(__m256 y, __m256i random) {
   }
 }
 
-struct LaneCounts {
-  std::uint64_t saturated = 0, flushed = 0, nonfinite = 0;
-};
+// Round-to-nearest-even codes without encode8's per-lane variable shifts (the trick of
+// formats/cpu/bulk_avx2.cpp's fp8_codes8): normal results round with the integer
+// (bits + half ulp - 1 + lsb) >> shift after rebiasing; values below min normal wrap to a
+// huge number there and take the subnormal code from |y| + 2^k in fp32 instead (the fp32
+// add rounds to nearest even at the smallest subnormal's ulp); min() picks the right one
+// and saturates. This part is the magnitude code for a = |y| <= inf (inf: the normal
+// formula gives a code past max, which saturates); encode8_rne adds NaN and sign.
+template <const MiniFloatSpec& S>
+inline __m256i finite_magnitude_code8(__m256i a) {
+  constexpr int M = S.man_bits;
+  constexpr int kShift = 23 - M;
+  constexpr std::uint32_t kBias =
+      (1u << (kShift - 1)) - 1u - (static_cast<std::uint32_t>(mixprec::detail::min_normal_f32_exponent(S)) << 23);
+  constexpr std::uint32_t kMagicBits = static_cast<std::uint32_t>(127 + 23 + 1 - S.bias - M) << 23;
+  const __m256i normal = _mm256_add_epi32(
+      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(a, set1(kBias)), _mm256_and_si256(_mm256_srli_epi32(a, kShift), set1(1))),
+                        kShift),
+      set1(1u << M));
+  const __m256i sub = _mm256_sub_epi32(
+      _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(set1(kMagicBits)))), set1(kMagicBits));
+  return _mm256_min_epu32(_mm256_min_epu32(normal, sub), set1(S.max_code));
+}
 
 template <const MiniFloatSpec& S>
-inline void count8(__m256 x, __m256 y, __m256i code, float max_value, LaneCounts& c) {
+inline __m256i encode8_rne(__m256 y) {
+  constexpr int M = S.man_bits;
+  const __m256i u = _mm256_castps_si256(y);
+  const __m256i a = _mm256_and_si256(u, set1(0x7fffffffu));
+  const __m256i code = finite_magnitude_code8<S>(a);  // inf: the normal formula's huge code, saturated
+  const __m256i nan = _mm256_cmpgt_epi32(a, set1(0x7f800000u));  // a < 2^31: a signed compare
+  const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(u, 31), S.bits - 1);
+  if constexpr (S.bits == 4) {
+    return _mm256_andnot_si256(nan, _mm256_or_si256(code, sign));  // E2M1: NaN -> 0
+  } else if constexpr (S.has_inf) {
+    const __m256i nan_code = _mm256_or_si256(set1(S.overflow_code | (1u << (M - 1))),
+                                             _mm256_srli_epi32(_mm256_and_si256(a, set1(0x7fffffu)), 23 - M));
+    return _mm256_or_si256(_mm256_blendv_epi8(code, nan_code, nan), sign);
+  } else {
+    return _mm256_or_si256(_mm256_blendv_epi8(code, set1(S.nan_code), nan), sign);
+  }
+}
+
+// Counts in 32-bit lanes (a compare mask is -1: subtracting it adds one), summed into
+// EncodeCounts once per call instead of three movemask + popcount per vector.
+struct LaneCounts {
+  LaneCounts() : saturated(_mm256_setzero_si256()), flushed(_mm256_setzero_si256()), nonfinite(_mm256_setzero_si256()) {}
+  __m256i saturated, flushed, nonfinite;
+  static std::uint64_t sum(__m256i v) {
+    alignas(32) std::uint32_t l[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(l), v);
+    std::uint64_t t = 0;
+    for (std::uint32_t x : l) t += x;
+    return t;
+  }
+  void spill(EncodeCounts& c) {
+    c.saturated += sum(saturated);
+    c.flushed += sum(flushed);
+    c.nonfinite += sum(nonfinite);
+    saturated = flushed = nonfinite = _mm256_setzero_si256();
+  }
+};
+// Lane counters are spilled before any can wrap (2^32 per lane).
+constexpr std::size_t kSpillElements = std::size_t{1} << 34;
+
+template <const MiniFloatSpec& S>
+inline void count8(__m256 x, __m256 y, __m256i code, __m256 max_value, LaneCounts& c) {
   constexpr std::uint32_t kMag = (1u << (S.bits - 1)) - 1;
   const __m256i zero = _mm256_setzero_si256();
   const __m256i ax = _mm256_and_si256(_mm256_castps_si256(x), set1(0x7fffffffu));
-  const __m256i nonfinite = cmpgt_epu32(ax, set1(0x7f7fffffu));
+  const __m256i nonfinite = _mm256_cmpgt_epi32(ax, set1(0x7f7fffffu));  // ax < 2^31
   const __m256 ay = _mm256_castsi256_ps(_mm256_and_si256(_mm256_castps_si256(y), set1(0x7fffffffu)));
-  const __m256i sat = _mm256_andnot_si256(nonfinite, _mm256_castps_si256(_mm256_cmp_ps(ay, _mm256_set1_ps(max_value), _CMP_GT_OQ)));
+  const __m256i sat = _mm256_andnot_si256(nonfinite, _mm256_castps_si256(_mm256_cmp_ps(ay, max_value, _CMP_GT_OQ)));
   const __m256i zero_x = _mm256_cmpeq_epi32(ax, zero);
   const __m256i zero_code = _mm256_cmpeq_epi32(_mm256_and_si256(code, set1(kMag)), zero);
   const __m256i flushed = _mm256_andnot_si256(_mm256_or_si256(nonfinite, zero_x), zero_code);
-  c.nonfinite += lanes(nonfinite);
-  c.saturated += lanes(sat);
-  c.flushed += lanes(flushed);
+  c.nonfinite = _mm256_sub_epi32(c.nonfinite, nonfinite);
+  c.saturated = _mm256_sub_epi32(c.saturated, sat);
+  c.flushed = _mm256_sub_epi32(c.flushed, flushed);
 }
 
+template <const MiniFloatSpec& S, bool kStochastic>
+inline __m256i encode_any(__m256 y, const std::uint32_t* random) {
+  if constexpr (kStochastic) return encode8<S, true>(y, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(random)));
+  else return encode8_rne<S>(y);
+}
+
+// One vector of 8: codes to dst (8 bytes, or 4 for e2m1), counts to lc.
+template <const MiniFloatSpec& S, bool kStochastic>
+inline void encode_one8(const float* src, float factor, std::uint8_t* dst, const std::uint32_t* random,
+                        __m256 max_value, LaneCounts& lc) {
+  const __m256 x = _mm256_loadu_ps(src);
+  const __m256 y = _mm256_mul_ps(x, _mm256_set1_ps(factor));
+  const __m256i code = encode_any<S, kStochastic>(y, random);
+  count8<S>(x, y, code, max_value, lc);
+  if constexpr (S.bits == 4) {
+    // Byte 0 of every 64-bit lane, per 128-bit half: the even element's nibble and the odd one's.
+    const __m256i gather64 = _mm256_setr_epi8(0, 8, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 8, -1, -1,
+                                              -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i pairs = _mm256_shuffle_epi8(_mm256_or_si256(code, _mm256_srli_epi64(code, 28)), gather64);
+    const std::uint32_t v = static_cast<std::uint32_t>(_mm256_extract_epi16(pairs, 0)) |
+                            (static_cast<std::uint32_t>(_mm256_extract_epi16(pairs, 8)) << 16);
+    __builtin_memcpy(dst, &v, 4);
+  } else {
+    const __m256i gather32 = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12,
+                                              -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    const __m256i b = _mm256_shuffle_epi8(code, gather32);
+    const std::uint64_t both = static_cast<std::uint32_t>(_mm256_extract_epi32(b, 0)) |
+                               (static_cast<std::uint64_t>(static_cast<std::uint32_t>(_mm256_extract_epi32(b, 4))) << 32);
+    __builtin_memcpy(dst, &both, 8);
+  }
+}
+
+// Four vectors (32 elements) with factors f[0..3]: 32 fp8 bytes, or 16 e2m1 bytes, in one store.
+// Round to nearest even: when every |y| of the 32 is finite (then every x is finite too, the
+// factors being positive or NaN), the NaN fix-up and the non-finite count drop out, the signs
+// come from packing y with signed saturation (which keeps each sign), and x == 0 implies a
+// zero code, so flushed = zero codes - zero inputs. Other groups take encode8_rne and count8.
+template <const MiniFloatSpec& S, bool kStochastic>
+inline void encode_four8(const float* src, const float* f, std::uint8_t* dst, const std::uint32_t* random,
+                         __m256 max_value, LaneCounts& lc) {
+  __m256 x[4], y[4];
+  __m256i a[4], c[4];
+  for (int k = 0; k < 4; ++k) {
+    x[k] = _mm256_loadu_ps(src + 8 * k);
+    y[k] = _mm256_mul_ps(x[k], _mm256_set1_ps(f[k]));
+    a[k] = _mm256_and_si256(_mm256_castps_si256(y[k]), set1(0x7fffffffu));
+  }
+  const __m256i amax = _mm256_max_epi32(_mm256_max_epi32(a[0], a[1]), _mm256_max_epi32(a[2], a[3]));  // a < 2^31
+  const bool all_finite = _mm256_testz_si256(_mm256_cmpgt_epi32(amax, set1(0x7f7fffffu)), set1(0xffffffffu));
+  // packs work per 128-bit half: dword k of b holds 4 elements of vector k % 4, half k / 4.
+  __m256i b;
+  if (!kStochastic && all_finite) {
+    for (int k = 0; k < 4; ++k) {
+      c[k] = finite_magnitude_code8<S>(a[k]);
+      const __m256i sat = _mm256_castps_si256(_mm256_cmp_ps(_mm256_castsi256_ps(a[k]), max_value, _CMP_GT_OQ));
+      const __m256i zero_x = _mm256_castps_si256(_mm256_cmp_ps(x[k], _mm256_setzero_ps(), _CMP_EQ_OQ));
+      const __m256i zero_code = _mm256_cmpeq_epi32(c[k], _mm256_setzero_si256());
+      lc.saturated = _mm256_sub_epi32(lc.saturated, sat);
+      lc.flushed = _mm256_add_epi32(_mm256_sub_epi32(lc.flushed, zero_code), zero_x);
+    }
+    const __m256i signs = _mm256_and_si256(
+        _mm256_packs_epi16(_mm256_packs_epi32(_mm256_castps_si256(y[0]), _mm256_castps_si256(y[1])),
+                           _mm256_packs_epi32(_mm256_castps_si256(y[2]), _mm256_castps_si256(y[3]))),
+        _mm256_set1_epi8(static_cast<char>(0x80)));
+    b = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
+    // The sign bit of a byte: 0x80 (fp8) or 0x08 (e2m1; the 16-bit shift keeps it in its byte).
+    b = _mm256_or_si256(b, S.bits == 4 ? _mm256_srli_epi16(signs, 4) : signs);
+  } else {
+    for (int k = 0; k < 4; ++k) {
+      c[k] = encode_any<S, kStochastic>(y[k], kStochastic ? random + 8 * k : nullptr);
+      count8<S>(x[k], y[k], c[k], max_value, lc);
+    }
+    b = _mm256_packus_epi16(_mm256_packus_epi32(c[0], c[1]), _mm256_packus_epi32(c[2], c[3]));
+  }
+  b = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));  // element order
+  if constexpr (S.bits == 4) {
+    // Each 16-bit lane (even code, odd code) -> its low byte even | odd << 4 (codes <= 0xF).
+    const __m256i pairs = _mm256_and_si256(_mm256_or_si256(b, _mm256_srli_epi16(b, 4)), _mm256_set1_epi16(0xff));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(dst),
+                     _mm_packus_epi16(_mm256_castsi256_si128(pairs), _mm256_extracti128_si256(pairs, 1)));
+  } else {
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst), b);
+  }
+}
+
+// Element i is scaled by factors[i / block]. Blocks of 8 * 2^k elements (16, 32, 128) or one
+// block over the run: vector v's factor is factors[v >> shift], no division per vector; other
+// block lengths take the scalar rule throughout (no recipe has them).
 template <const MiniFloatSpec& S, bool kStochastic>
 void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, const float* factors, std::uint8_t* dst,
                         const std::uint32_t* random, float max_value, EncodeCounts* counts) {
   LaneCounts lc;
+  EncodeCounts c;
+  const __m256 maxv = _mm256_set1_ps(max_value);
+  constexpr int kPerByte = S.bits == 4 ? 2 : 1;
   std::size_t i = 0;
-  // Byte 0 of every 32-bit lane (fp8) / of every 64-bit lane (e2m1 pairs), per 128-bit half.
-  const __m256i gather32 = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 4, 8, 12, -1,
-                                            -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-  const __m256i gather64 = _mm256_setr_epi8(0, 8, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, 0, 8, -1, -1,
-                                            -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
-  const bool vectors_in_blocks = block % 8 == 0 || block >= n;
-  for (; vectors_in_blocks && i + 8 <= n; i += 8) {
-    const __m256 x = _mm256_loadu_ps(src + i);
-    const __m256 y = _mm256_mul_ps(x, _mm256_set1_ps(factors[i / block]));
-    const __m256i r = kStochastic ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(random + i)) : _mm256_setzero_si256();
-    const __m256i code = encode8<S, kStochastic>(y, r);
-    count8<S>(x, y, code, max_value, lc);
-    if constexpr (S.bits == 4) {
-      const __m256i pairs = _mm256_shuffle_epi8(_mm256_or_si256(code, _mm256_srli_epi64(code, 28)), gather64);
-      const std::uint32_t lo = static_cast<std::uint32_t>(_mm256_extract_epi16(pairs, 0));
-      const std::uint32_t hi = static_cast<std::uint32_t>(_mm256_extract_epi16(pairs, 8));
-      dst[i / 2] = static_cast<std::uint8_t>(lo);
-      dst[i / 2 + 1] = static_cast<std::uint8_t>(lo >> 8);
-      dst[i / 2 + 2] = static_cast<std::uint8_t>(hi);
-      dst[i / 2 + 3] = static_cast<std::uint8_t>(hi >> 8);
-    } else {
-      const __m256i b = _mm256_shuffle_epi8(code, gather32);
-      const std::uint64_t lo = static_cast<std::uint32_t>(_mm256_extract_epi32(b, 0));
-      const std::uint64_t hi = static_cast<std::uint32_t>(_mm256_extract_epi32(b, 4));
-      const std::uint64_t both = lo | (hi << 32);
-      __builtin_memcpy(dst + i, &both, 8);
+  int shift = -1;
+  if (block >= n) shift = 63;  // every vector v < 2^63: v >> 63 == 0
+  else if (block % 8 == 0 && std::has_single_bit(block / 8)) shift = std::countr_zero(block / 8);
+  if (shift >= 0) {
+    while (i + 32 <= n) {
+      const std::size_t end = n - i > kSpillElements ? i + kSpillElements : n;
+      for (; i + 32 <= end; i += 32) {
+        const std::size_t v = i / 8;
+        const float f[4] = {factors[v >> shift], factors[(v + 1) >> shift], factors[(v + 2) >> shift],
+                            factors[(v + 3) >> shift]};
+        encode_four8<S, kStochastic>(src + i, f, dst + i / kPerByte, kStochastic ? random + i : nullptr, maxv, lc);
+      }
+      lc.spill(c);
     }
+    for (; i + 8 <= n; i += 8) {
+      encode_one8<S, kStochastic>(src + i, factors[(i / 8) >> shift], dst + i / kPerByte,
+                                  kStochastic ? random + i : nullptr, maxv, lc);
+    }
+    lc.spill(c);
   }
-  EncodeCounts c{lc.saturated, lc.flushed, lc.nonfinite};
   for (; i < n; ++i) {
     const std::uint32_t code = encode_element<S>(src[i], factors[i / block], kStochastic, kStochastic ? random[i] : 0u,
                                                  max_value, c);
@@ -175,14 +320,74 @@ inline float hmax_ps(__m256 v) {  // no NaN lanes here
   return _mm_cvtss_f32(m);
 }
 
+inline __m256 max_u32(__m256 x, __m256 y) {
+  return _mm256_castsi256_ps(_mm256_max_epu32(_mm256_castps_si256(x), _mm256_castps_si256(y)));
+}
+inline __m256 max_f32(__m256 x, __m256 y) { return _mm256_max_ps(x, y); }  // no NaN lanes here
+
+// Lane j of the result: the max over the lanes of v[j] (two horizontal-max steps within
+// 128-bit halves on pairs of vectors, then the halves). Max: max_u32 or max_f32.
+template <__m256 (*Max)(__m256, __m256)>
+inline __m256 pair_max(__m256 a, __m256 b) {
+  return Max(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+template <__m256 (*Max)(__m256, __m256)>
+inline __m256 transpose_max8(const __m256* v) {
+  const __m256 lo = pair_max<Max>(pair_max<Max>(v[0], v[1]), pair_max<Max>(v[2], v[3]));  // per half: v0..v3's
+  const __m256 hi = pair_max<Max>(pair_max<Max>(v[4], v[5]), pair_max<Max>(v[6], v[7]));
+  return Max(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
+}
+
+// Eight whole blocks of kVecs vectors each (16, 32, 128 elements): both maxima per block in
+// lanes, then one transpose-reduction for the eight instead of two horizontal maxima each.
+template <std::size_t kVecs>
+void block_amax8(const float* src, float* fmax, std::uint32_t* bits) {
+  const __m256i mag = set1(0x7fffffffu);
+  __m256 vb[8], vf[8];
+  for (std::size_t j = 0; j < 8; ++j) {
+    const float* p = src + j * kVecs * 8;
+    __m256i mb = _mm256_setzero_si256();
+    __m256 mf = _mm256_setzero_ps();
+    for (std::size_t i = 0; i < kVecs; ++i) {
+      const __m256i a = _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(p + 8 * i)), mag);
+      mb = _mm256_max_epu32(mb, a);
+      mf = _mm256_max_ps(_mm256_castsi256_ps(a), mf);  // NaN lane: mf kept
+    }
+    vb[j] = _mm256_castsi256_ps(mb);
+    vf[j] = mf;
+  }
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits), _mm256_castps_si256(transpose_max8<&max_u32>(vb)));
+  _mm256_storeu_ps(fmax, transpose_max8<&max_f32>(vf));
+}
+
 void block_amax_avx2(const float* src, std::size_t n, std::size_t block, float* fmax, std::uint32_t* bits) {
   const __m256i mag = set1(0x7fffffffu);
-  for (std::size_t b = 0; b * block < n; ++b) {
+  std::size_t b = 0;
+  void (*eight)(const float*, float*, std::uint32_t*) =
+      block == 16 ? &block_amax8<2> : block == 32 ? &block_amax8<4> : block == 128 ? &block_amax8<16> : nullptr;
+  if (eight != nullptr) {
+    for (; (b + 8) * block <= n; b += 8) eight(src + b * block, fmax + b, bits + b);
+  }
+  for (; b * block < n; ++b) {
     const float* p = src + b * block;
     const std::size_t len = n - b * block < block ? n - b * block : block;
     __m256i mb = _mm256_setzero_si256();
     __m256 mf = _mm256_setzero_ps();
     std::size_t i = 0;
+    // Two accumulator pairs for long blocks (the whole tensor): vmaxps' latency, not the
+    // loads, would bound one chain.
+    __m256i mb2 = _mm256_setzero_si256();
+    __m256 mf2 = _mm256_setzero_ps();
+    for (; i + 16 <= len; i += 16) {
+      const __m256i a = _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(p + i)), mag);
+      const __m256i a2 = _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(p + i + 8)), mag);
+      mb = _mm256_max_epu32(mb, a);
+      mb2 = _mm256_max_epu32(mb2, a2);
+      mf = _mm256_max_ps(_mm256_castsi256_ps(a), mf);  // NaN lane: mf kept
+      mf2 = _mm256_max_ps(_mm256_castsi256_ps(a2), mf2);
+    }
+    mb = _mm256_max_epu32(mb, mb2);
+    mf = _mm256_max_ps(mf2, mf);  // neither holds a NaN
     for (; i + 8 <= len; i += 8) {
       const __m256i a = _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(p + i)), mag);
       mb = _mm256_max_epu32(mb, a);
@@ -237,14 +442,14 @@ inline __m256 butterfly_in_lane(__m256 v, __m256i sub_lanes) {
   return _mm256_add_ps(_mm256_permute_ps(v, kImm), _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(v), sub_lanes)));
 }
 
-void rht16_avx2(float* v, std::size_t n) {
+void rht16_avx2(const float* src, float* v, std::size_t n) {
   const int s = INT32_MIN;
   const __m256i sign_lo = _mm256_setr_epi32(0, 0, 0, s, 0, s, s, s), sign_hi = _mm256_setr_epi32(s, s, s, 0, s, 0, s, s);
   const __m256i s1 = _mm256_setr_epi32(0, s, 0, s, 0, s, 0, s), s2 = _mm256_setr_epi32(0, 0, s, s, 0, 0, s, s);
   const __m256i s4 = _mm256_setr_epi32(0, 0, 0, 0, s, s, s, s);
   for (std::size_t i = 0; i + 16 <= n; i += 16) {
-    __m256 lo = _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(_mm256_loadu_ps(v + i)), sign_lo));
-    __m256 hi = _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(_mm256_loadu_ps(v + i + 8)), sign_hi));
+    __m256 lo = _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(_mm256_loadu_ps(src + i)), sign_lo));
+    __m256 hi = _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(_mm256_loadu_ps(src + i + 8)), sign_hi));
     lo = butterfly_in_lane<_MM_SHUFFLE(2, 3, 0, 1)>(lo, s1);
     hi = butterfly_in_lane<_MM_SHUFFLE(2, 3, 0, 1)>(hi, s1);
     lo = butterfly_in_lane<_MM_SHUFFLE(1, 0, 3, 2)>(lo, s2);

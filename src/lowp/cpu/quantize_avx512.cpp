@@ -1,12 +1,13 @@
 // AVX-512 back end of lowp's kernel table: 16 elements per register.
 //
-// The element encode is the library's scalar encode_full (formats/scalar.hpp) in vector
-// form: the fp32 significand shifted right by a per-lane distance (vpsrlvd) after adding
-// the round-to-nearest-even increment or the caller's random bits, then the format's
-// exponent base, saturated with an unsigned min. It is one code path for E4M3, E5M2 and
-// E2M1, for round-to-nearest and stochastic rounding, and equals the scalar rule bit for
-// bit (tests/lowp). Counts are lane masks (popcount). The RHT is four in-register
-// butterflies. Heads and tails go through the scalar rules of lowp/kernels.hpp.
+// Round to nearest even uses the integer/fp32-add trick of formats/cpu/bulk_avx2.cpp
+// (finite_magnitude_code16; vectors with a non-finite |y| take encode16_rne, which adds the NaN
+// codes). Stochastic rounding is the library's scalar encode_full (formats/scalar.hpp) in
+// vector form (encode16): the fp32 significand shifted right by a per-lane distance (vpsrlvd)
+// after adding the caller's random bits, then the format's exponent base, saturated with an
+// unsigned min. Both equal the scalar rule bit for bit (tests/lowp). Counts are lane masks
+// (popcount). Block maxima of 16 blocks share one transpose-reduction. The RHT is four
+// in-register butterflies. Heads and tails go through the scalar rules of lowp/kernels.hpp.
 //
 // Compiled for AVX-512 F/BW/DQ/VL per function (target pragma, no -m flags), called only
 // after isa_available(Isa::avx512).
@@ -77,9 +78,58 @@ inline __m512i encode16(__m512 y, __m512i random) {
   }
 }
 
+// Round to nearest even without encode16's per-lane variable shifts (the trick of
+// formats/cpu/bulk_avx2.cpp's fp8_codes8, as in cpu/quantize_avx2.cpp): normal results
+// round with the integer (bits + half ulp - 1 + lsb) >> shift after rebiasing; values below
+// min normal wrap to a huge number there and take the subnormal code from |y| + 2^k in
+// fp32 (whose add rounds to nearest even at the smallest subnormal's ulp); min() picks the
+// right one and saturates. This is the magnitude code for a = |y| <= inf.
+template <const MiniFloatSpec& S>
+inline __m512i finite_magnitude_code16(__m512i a) {
+  constexpr int M = S.man_bits;
+  constexpr int kShift = 23 - M;
+  constexpr std::uint32_t kBias =
+      (1u << (kShift - 1)) - 1u - (static_cast<std::uint32_t>(mixprec::detail::min_normal_f32_exponent(S)) << 23);
+  constexpr std::uint32_t kMagicBits = static_cast<std::uint32_t>(127 + 23 + 1 - S.bias - M) << 23;
+  const __m512i normal = _mm512_add_epi32(
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, set1(kBias)), _mm512_and_si512(_mm512_srli_epi32(a, kShift), set1(1))),
+                        kShift),
+      set1(1u << M));
+  const __m512i sub = _mm512_sub_epi32(
+      _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(set1(kMagicBits)))), set1(kMagicBits));
+  return _mm512_min_epu32(_mm512_min_epu32(normal, sub), set1(S.max_code));
+}
+
+// The sign bit of y in its place in a code: bit 7 (fp8) or bit 3 (e2m1).
+template <const MiniFloatSpec& S>
+inline __m512i with_sign(__m512i magnitude, __m512 y) {
+  // magnitude | ((y >> (32 - bits)) & sign bit): one ternary-logic op (A | (B & C)).
+  return _mm512_ternarylogic_epi32(magnitude, _mm512_srli_epi32(_mm512_castps_si512(y), 32 - S.bits),
+                                   set1(1u << (S.bits - 1)), 0xF8);
+}
+
+// encode16<S, false> in the form above: NaN lanes as encode16.
+template <const MiniFloatSpec& S>
+inline __m512i encode16_rne(__m512 y) {
+  constexpr int M = S.man_bits;
+  const __m512i a = _mm512_and_si512(_mm512_castps_si512(y), set1(0x7fffffffu));
+  const __m512i code = with_sign<S>(finite_magnitude_code16<S>(a), y);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(a, set1(0x7f800000u));
+  if constexpr (S.bits == 4) {
+    return _mm512_maskz_mov_epi32(static_cast<__mmask16>(~nan), code);  // E2M1: NaN -> 0
+  } else if constexpr (S.has_inf) {
+    const __m512i nan_code = _mm512_or_si512(set1(S.overflow_code | (1u << (M - 1))),
+                                             _mm512_srli_epi32(_mm512_and_si512(a, set1(0x7fffffu)), 23 - M));
+    return _mm512_mask_mov_epi32(code, nan, with_sign<S>(nan_code, y));
+  } else {
+    return _mm512_mask_mov_epi32(code, nan, with_sign<S>(set1(S.nan_code), y));
+  }
+}
+
 struct LaneCounts {
   std::uint64_t saturated = 0, flushed = 0, nonfinite = 0;
 };
+
 
 template <const MiniFloatSpec& S>
 inline void count16(__m512 x, __m512 y, __m512i code, float max_value, LaneCounts& c) {
@@ -101,14 +151,34 @@ void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, cons
                         const std::uint32_t* random, float max_value, EncodeCounts* counts) {
   LaneCounts lc;
   std::size_t i = 0;
-  // A vector of 16 never straddles two blocks: blocks are multiples of 16, or the whole run.
-  const bool vectors_in_blocks = block % 16 == 0 || block >= n;
-  for (; vectors_in_blocks && i + 16 <= n; i += 16) {
+  // A vector of 16 never straddles two blocks: blocks of 16 * 2^k (16, 32, 128) or the whole
+  // run. Vector v's factor is factors[v >> shift]: a 64-bit division per vector would cost
+  // more than the encode. Other block lengths take the scalar rule throughout.
+  int shift = -1;
+  if (block >= n) shift = 63;  // every v < 2^63: v >> 63 == 0
+  else if (block % 16 == 0 && std::has_single_bit(block / 16)) shift = std::countr_zero(block / 16);
+  // Round to nearest even on a vector whose |y| are all finite (then every x is finite, the
+  // factors being positive or NaN): no NaN fix-up and no non-finite count; saturated and
+  // flushed (a zero magnitude from a nonzero x) are mask popcounts, which run on the scalar
+  // ports (measured faster than masked adds into lane counters). Other vectors: encode16.
+  for (; shift >= 0 && i + 16 <= n; i += 16) {
     const __m512 x = _mm512_loadu_ps(src + i);
-    const __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(factors[i / block]));
-    const __m512i r = kStochastic ? _mm512_loadu_si512(random + i) : _mm512_setzero_si512();
-    const __m512i code = encode16<S, kStochastic>(y, r);
-    count16<S>(x, y, code, max_value, lc);
+    const __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(factors[(i / 16) >> shift]));
+    __m512i code;
+    const __m512i a = _mm512_and_si512(_mm512_castps_si512(y), set1(0x7fffffffu));
+    if (!kStochastic && _mm512_cmpgt_epu32_mask(a, set1(0x7f7fffffu)) == 0) {
+      const __m512i mag = finite_magnitude_code16<S>(a);
+      code = with_sign<S>(mag, y);
+      const __mmask16 sat = _mm512_cmp_ps_mask(_mm512_castsi512_ps(a), _mm512_set1_ps(max_value), _CMP_GT_OQ);
+      const __mmask16 nonzero_x = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_NEQ_OQ);
+      const __mmask16 flushed = _mm512_mask_testn_epi32_mask(nonzero_x, mag, mag);
+      lc.saturated += popcount16(sat);
+      lc.flushed += popcount16(flushed);
+    } else {
+      const __m512i r = kStochastic ? _mm512_loadu_si512(random + i) : _mm512_setzero_si512();
+      code = kStochastic ? encode16<S, true>(y, r) : encode16_rne<S>(y);
+      count16<S>(x, y, code, max_value, lc);
+    }
     if constexpr (S.bits == 4) {
       const __m512i pairs = _mm512_or_si512(code, _mm512_srli_epi64(code, 28));
       _mm_storel_epi64(reinterpret_cast<__m128i*>(dst + i / 2), _mm512_cvtepi64_epi8(pairs));
@@ -153,9 +223,60 @@ void encode_scaled_avx512(Element e, const float* src, std::size_t n, std::size_
 
 // Block maxima: 16 lanes of |x| bits (unsigned max: NaN wins) and of |x| as floats
 // (vmaxps(x, m) returns m when x is NaN: TE's fmaxf from 0).
+inline __m512 max_u32(__m512 x, __m512 y) {
+  return _mm512_castsi512_ps(_mm512_max_epu32(_mm512_castps_si512(x), _mm512_castps_si512(y)));
+}
+inline __m512 max_f32(__m512 x, __m512 y) { return _mm512_max_ps(x, y); }  // no NaN lanes here
+
+// Lane j of the result: the max over the lanes of v[j], for 16 vectors: two horizontal-max
+// steps within 128-bit lanes on pairs of vectors, then two across them.
+template <__m512 (*Max)(__m512, __m512)>
+inline __m512 pair_max(__m512 a, __m512 b) {
+  return Max(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+template <__m512 (*Max)(__m512, __m512)>
+inline __m512 lane_pair_max(__m512 a, __m512 b) {
+  return Max(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+template <__m512 (*Max)(__m512, __m512)>
+inline __m512 transpose_max16(const __m512* v) {
+  __m512 r[4];  // r[k], 128-bit lane L: lane L's max of v[4k..4k+3], one per 32-bit element
+  for (int k = 0; k < 4; ++k)
+    r[k] = pair_max<Max>(pair_max<Max>(v[4 * k], v[4 * k + 1]), pair_max<Max>(v[4 * k + 2], v[4 * k + 3]));
+  return lane_pair_max<Max>(lane_pair_max<Max>(r[0], r[1]), lane_pair_max<Max>(r[2], r[3]));
+}
+
+// Sixteen whole blocks of kVecs vectors each (16, 32, 128 elements): both maxima per block
+// in lanes, then one transpose-reduction for the sixteen instead of two reductions each.
+template <std::size_t kVecs>
+void block_amax16(const float* src, float* fmax, std::uint32_t* bits) {
+  const __m512i mag = set1(0x7fffffffu);
+  __m512 vb[16], vf[16];
+  for (std::size_t j = 0; j < 16; ++j) {
+    const float* p = src + j * kVecs * 16;
+    __m512i mb = _mm512_setzero_si512();
+    __m512 mf = _mm512_setzero_ps();
+    for (std::size_t i = 0; i < kVecs; ++i) {
+      const __m512i a = _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(p + 16 * i)), mag);
+      mb = _mm512_max_epu32(mb, a);
+      mf = _mm512_max_ps(_mm512_castsi512_ps(a), mf);  // NaN lane: mf kept
+    }
+    vb[j] = _mm512_castsi512_ps(mb);
+    vf[j] = mf;
+  }
+  _mm512_storeu_si512(bits, _mm512_castps_si512(transpose_max16<&max_u32>(vb)));
+  _mm512_storeu_ps(fmax, transpose_max16<&max_f32>(vf));
+}
+
 void block_amax_avx512(const float* src, std::size_t n, std::size_t block, float* fmax, std::uint32_t* bits) {
   const __m512i mag = set1(0x7fffffffu);
-  for (std::size_t b = 0; b * block < n; ++b) {
+  std::size_t b = 0;
+  void (*sixteen)(const float*, float*, std::uint32_t*) =
+      block == 16 ? &block_amax16<1> : block == 32 ? &block_amax16<2> : block == 128 ? &block_amax16<8> : nullptr;
+  if (sixteen != nullptr) {
+    for (; (b + 16) * block <= n; b += 16) sixteen(src + b * block, fmax + b, bits + b);
+  }
+  for (; b * block < n; ++b) {
     const float* p = src + b * block;
     const std::size_t len = n - b * block < block ? n - b * block : block;
     __m512i mb = _mm512_setzero_si512();
@@ -220,12 +341,12 @@ inline __m512i lanes_with_bit(int h) {
   return _mm512_load_si512(m);
 }
 
-void rht16_avx512(float* v, std::size_t n) {
+void rht16_avx512(const float* src, float* v, std::size_t n) {
   const __m512i signs = _mm512_setr_epi32(0, 0, 0, INT32_MIN, 0, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN,
                                           INT32_MIN, 0, INT32_MIN, 0, INT32_MIN, INT32_MIN);
   const __m512i s1 = lanes_with_bit(1), s2 = lanes_with_bit(2), s4 = lanes_with_bit(4), s8 = lanes_with_bit(8);
   for (std::size_t i = 0; i + 16 <= n; i += 16) {
-    __m512 x = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_loadu_ps(v + i)), signs));
+    __m512 x = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_loadu_ps(src + i)), signs));
     x = butterfly<_MM_SHUFFLE(2, 3, 0, 1), false>(x, s1);
     x = butterfly<_MM_SHUFFLE(1, 0, 3, 2), false>(x, s2);
     x = butterfly<_MM_SHUFFLE(2, 3, 0, 1), true>(x, s4);

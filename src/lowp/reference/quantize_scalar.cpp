@@ -54,8 +54,11 @@ void nvfp4_scales_scalar(const float* amax, std::size_t nb, float s_enc_div6, fl
   for (std::size_t b = 0; b < nb; ++b) nvfp4_scale_one(amax[b], s_enc_div6, s_dec, codes[b], factors[b]);
 }
 
-void rht16_scalar(float* v, std::size_t n) {
-  for (std::size_t i = 0; i + 16 <= n; i += 16) rht16_one(v + i);
+void rht16_scalar(const float* src, float* dst, std::size_t n) {
+  for (std::size_t i = 0; i + 16 <= n; i += 16) {
+    if (src != dst) std::copy_n(src + i, 16, dst + i);
+    rht16_one(dst + i);
+  }
 }
 
 constexpr LowpKernels kScalar{Isa::scalar, &block_amax_scalar, &encode_scaled_scalar, &nvfp4_scales_scalar,
