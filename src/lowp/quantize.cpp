@@ -393,8 +393,14 @@ void quantize_2d(const LowpKernels& k, Quantized& q, const float* g, float s_enc
   const RecipeInfo& info = recipe_info(c.recipe);
   const std::size_t block = info.block, tr = info.tile_rows, C = q.code_cols;
   const std::size_t nb = q.scale_cols;
-  std::vector<float> fmax(nb), row_fmax(nb), factors(nb), amax(nb);
-  std::vector<std::uint32_t> bits(nb), row_bits(nb);
+  // Per-band scratch: one buffer per thread, grown once (a reused result allocates nothing).
+  thread_local std::vector<float> fscratch;
+  thread_local std::vector<std::uint32_t> uscratch;
+  if (fscratch.size() < 4 * nb) fscratch.resize(4 * nb);
+  if (uscratch.size() < 2 * nb) uscratch.resize(2 * nb);
+  const std::span<float> fmax(fscratch.data(), nb), row_fmax(fscratch.data() + nb, nb),
+      factors(fscratch.data() + 2 * nb, nb), amax(fscratch.data() + 3 * nb, nb);
+  const std::span<std::uint32_t> bits(uscratch.data(), nb), row_bits(uscratch.data() + nb, nb);
   for (std::size_t band = 0; band < q.scale_rows; ++band) {
     const std::size_t r0 = band * tr, r1 = std::min(q.code_rows, r0 + tr);
     std::fill(fmax.begin(), fmax.end(), 0.0f);
