@@ -463,6 +463,7 @@ std::string fp8_fraction_chart(const std::vector<ReportRun>& runs, bool flushed)
       s.color = run_color(i);
       if (role == 1) s.dash = "5 3";
       for (const StepRecord& r : runs[i].records) {
+        if (r.fp8.empty()) continue;  // a step that recorded none (Telemetry's unsampled steps): no point
         std::uint64_t part = 0, nonzero = 0;
         for (const nn::Fp8TensorStats& t : r.fp8) {
           if ((t.role == fp8::Role::forward) != (role == 0)) continue;
