@@ -29,9 +29,6 @@ namespace {
 using mixprec::detail::MiniFloatSpec;
 
 inline __m256i set1(std::uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); }
-inline unsigned lanes(__m256i m) {
-  return static_cast<unsigned>(std::popcount(static_cast<unsigned>(_mm256_movemask_ps(_mm256_castsi256_ps(m)))));
-}
 // Unsigned a > b for 32-bit lanes.
 inline __m256i cmpgt_epu32(__m256i a, __m256i b) {
   const __m256i flip = set1(0x80000000u);
