@@ -133,6 +133,10 @@ class Telemetry:
     advisor_every   0 (default) or N: at steps 1, 1 + N, ..., copy x, w, dy and dW of every
                     nn.Linear into the run folder's samples/ for `mixprec advise RUN_DIR`
                     (docs/advisor.md)
+
+    Low-precision Linear modules (mixprec.torch.low_precision) are found by themselves: at each
+    sampled step they measure their quantization (x, w, dy: amax, scale, counts, relative RMS
+    error), which the log line holds in its "fp8" array (docs/telemetry.md).
     """
 
     def __init__(self, model: torch.nn.Module, out: str, *, precision: str = "fp16",
