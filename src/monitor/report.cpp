@@ -251,6 +251,9 @@ std::string role_of(const std::string& name) {
   return name.substr(0, d) + "*" + name.substr(dot);
 }
 
+// The most lines a per-tensor or per-layer chart draws (the rest are grouped or left out).
+constexpr std::size_t kMaxChartLines = 12;
+
 // Per-tensor underflow of one run: one line per tensor when there are few, else per
 // role (layers summed), the eleven with most underflow and "other"; and all tensors.
 // Empty when the log has no per-tensor statistics.
@@ -278,8 +281,7 @@ std::string tensor_chart(const ReportRun& run, std::size_t index, std::string& n
            ")";
     return {};
   }
-  constexpr std::size_t kMaxLines = 12;
-  const bool by_role = names.size() > kMaxLines;
+  const bool by_role = names.size() > kMaxChartLines;
   std::vector<std::string> groups;
   std::map<std::string, std::uint64_t> group_total;
   auto group_of = [&](const std::string& n) { return by_role ? role_of(n) : n; };
@@ -292,15 +294,15 @@ std::string tensor_chart(const ReportRun& run, std::size_t index, std::string& n
   // Keep the nine groups with most underflow (stable, in backward order); the rest is "other".
   std::vector<std::string> kept = groups;
   std::string other;
-  if (groups.size() > kMaxLines) {
+  if (groups.size() > kMaxChartLines) {
     std::vector<std::string> ranked = groups;
     std::stable_sort(ranked.begin(), ranked.end(),
                      [&](const std::string& a, const std::string& b) { return group_total[a] > group_total[b]; });
-    ranked.resize(kMaxLines - 1);
+    ranked.resize(kMaxChartLines - 1);
     kept.clear();
     for (const std::string& g : groups)
       if (std::find(ranked.begin(), ranked.end(), g) != ranked.end()) kept.push_back(g);
-    other = "other (" + std::to_string(groups.size() - (kMaxLines - 1)) + ")";
+    other = "other (" + std::to_string(groups.size() - (kMaxChartLines - 1)) + ")";
   }
   std::vector<std::string> lines = kept;
   if (!other.empty()) lines.push_back(other);
@@ -364,13 +366,12 @@ std::vector<std::string> fp8_chart_tensors(const ReportRun& run, bool& first_lay
   for (const StepRecord& r : run.records)
     for (const nn::Fp8TensorStats& t : r.fp8)
       if (std::find(names.begin(), names.end(), t.name) == names.end()) names.push_back(t.name);
-  constexpr std::size_t kMaxLines = 12;
-  first_layer_only = names.size() > kMaxLines;
+  first_layer_only = names.size() > kMaxChartLines;
   if (!first_layer_only) return names;
   const std::string prefix = names.front().substr(0, names.front().find('.') + 1);
   std::vector<std::string> kept;
   for (const std::string& n : names)
-    if (n.starts_with(prefix) && kept.size() < kMaxLines) kept.push_back(n);
+    if (n.starts_with(prefix) && kept.size() < kMaxChartLines) kept.push_back(n);
   return kept;
 }
 
@@ -418,9 +419,8 @@ std::string fp8_error_chart(const ReportRun& run, std::size_t index, std::string
     for (const nn::Fp8TensorStats& t : r.fp8)
       if (t.rel_rms_error && t.name.ends_with(suffix) && std::find(names.begin(), names.end(), t.name) == names.end())
         names.push_back(t.name);
-  constexpr std::size_t kMaxLines = 12;
   total = names.size();
-  if (names.size() > kMaxLines) names.resize(kMaxLines);
+  if (names.size() > kMaxChartLines) names.resize(kMaxChartLines);
   shown = names.size();
   svg::LineChart c;
   c.id = std::string("fp8-error").append(suffix).append("-").append(std::to_string(index));

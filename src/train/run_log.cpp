@@ -325,8 +325,7 @@ void parse_telemetry(const json& j, StepRecord& r) {
         if (!(e >= 0)) bad("fp8[].rel_rms_error", "a number >= 0", t["rel_rms_error"]);
         f.rel_rms_error = e;
       }
-      if (f.saturated + f.flushed > f.elements || f.nonzero > f.elements)
-        bad("fp8[].elements", "at least saturated + flushed and at least nonzero", t["elements"]);
+      if (!f.counts_consistent()) bad("fp8[].elements", nn::Fp8TensorStats::kElementsRule, t["elements"]);
       r.fp8.push_back(std::move(f));
     }
   }

@@ -76,8 +76,8 @@ void check_step(const TelemetryStep& s) {
       throw std::invalid_argument("telemetry: record(): " + where + ": recipe: expected one of " + lowp::recipe_names() +
                                   ", found '" + t.recipe + "'");
     if (std::isnan(t.scale) || t.scale < 0) bad_step(where + ": scale", "a number >= 0", t.scale);
-    if (t.saturated + t.flushed > t.elements || t.nonzero > t.elements)
-      bad_step(where + ": elements", "at least saturated + flushed and at least nonzero", static_cast<double>(t.elements));
+    if (!t.counts_consistent())
+      bad_step(where + ": elements", nn::Fp8TensorStats::kElementsRule, static_cast<double>(t.elements));
     if (t.rel_rms_error && !(*t.rel_rms_error >= 0))
       bad_step(where + ": rel_rms_error", "a number >= 0", *t.rel_rms_error);
   }

@@ -130,6 +130,10 @@ struct Fp8TensorStats {
   // ||dequantize(quantize(x)) - x|| / ||x|| (0 for an all-zero x) at the steps that measure it
   // (mixprec.torch.Telemetry's sampled steps); nullopt: not measured, or x held inf/NaN.
   std::optional<double> rel_rms_error;
+
+  // What `elements` must be, checked wherever these counts come in (the log, a front door).
+  static constexpr const char* kElementsRule = "at least saturated + flushed and at least nonzero";
+  bool counts_consistent() const noexcept { return saturated + flushed <= elements && nonzero <= elements; }
 };
 
 namespace detail {

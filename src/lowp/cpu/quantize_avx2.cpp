@@ -29,10 +29,23 @@ namespace {
 using mixprec::detail::MiniFloatSpec;
 
 inline __m256i set1(std::uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); }
-// Unsigned a > b for 32-bit lanes.
-inline __m256i cmpgt_epu32(__m256i a, __m256i b) {
-  const __m256i flip = set1(0x80000000u);
-  return _mm256_cmpgt_epi32(_mm256_xor_si256(a, flip), _mm256_xor_si256(b, flip));
+
+// The code of y (bits u, magnitude bits a) from its magnitude code: NaN lanes take the
+// format's NaN code (E2M1 has none: 0), then the sign bit goes into place.
+template <const MiniFloatSpec& S>
+inline __m256i signed_code8(__m256i magnitude, __m256i u, __m256i a) {
+  constexpr int M = S.man_bits;
+  const __m256i nan = _mm256_cmpgt_epi32(a, set1(0x7f800000u));  // a < 2^31: a signed compare
+  const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(u, 31), S.bits - 1);
+  if constexpr (S.bits == 4) {
+    return _mm256_andnot_si256(nan, _mm256_or_si256(magnitude, sign));  // E2M1: NaN -> 0
+  } else if constexpr (S.has_inf) {
+    const __m256i nan_code = _mm256_or_si256(set1(S.overflow_code | (1u << (M - 1))),
+                                             _mm256_srli_epi32(_mm256_and_si256(a, set1(0x7fffffu)), 23 - M));
+    return _mm256_or_si256(_mm256_blendv_epi8(magnitude, nan_code, nan), sign);
+  } else {
+    return _mm256_or_si256(_mm256_blendv_epi8(magnitude, set1(S.nan_code), nan), sign);
+  }
 }
 
 template <const MiniFloatSpec& S, bool kStochastic>
@@ -61,17 +74,7 @@ inline __m256i encode8(__m256 y, __m256i random) {
   }
   __m256i code = _mm256_add_epi32(base, _mm256_srlv_epi32(_mm256_add_epi32(sig, add), shift));
   code = _mm256_min_epu32(code, set1(S.max_code));
-  const __m256i nan = cmpgt_epu32(a, set1(0x7f800000u));
-  const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(u, 31), S.bits - 1);
-  if constexpr (S.bits == 4) {
-    return _mm256_andnot_si256(nan, _mm256_or_si256(code, sign));  // E2M1: NaN -> 0
-  } else if constexpr (S.has_inf) {
-    const __m256i nan_code = _mm256_or_si256(set1(S.overflow_code | (1u << (M - 1))),
-                                             _mm256_srli_epi32(_mm256_and_si256(a, set1(0x7fffffu)), 23 - M));
-    return _mm256_or_si256(_mm256_blendv_epi8(code, nan_code, nan), sign);
-  } else {
-    return _mm256_or_si256(_mm256_blendv_epi8(code, set1(S.nan_code), nan), sign);
-  }
+  return signed_code8<S>(code, u, a);
 }
 
 // Round-to-nearest-even codes without encode8's per-lane variable shifts (the trick of
@@ -99,21 +102,10 @@ inline __m256i finite_magnitude_code8(__m256i a) {
 
 template <const MiniFloatSpec& S>
 inline __m256i encode8_rne(__m256 y) {
-  constexpr int M = S.man_bits;
   const __m256i u = _mm256_castps_si256(y);
   const __m256i a = _mm256_and_si256(u, set1(0x7fffffffu));
-  const __m256i code = finite_magnitude_code8<S>(a);  // inf: the normal formula's huge code, saturated
-  const __m256i nan = _mm256_cmpgt_epi32(a, set1(0x7f800000u));  // a < 2^31: a signed compare
-  const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(u, 31), S.bits - 1);
-  if constexpr (S.bits == 4) {
-    return _mm256_andnot_si256(nan, _mm256_or_si256(code, sign));  // E2M1: NaN -> 0
-  } else if constexpr (S.has_inf) {
-    const __m256i nan_code = _mm256_or_si256(set1(S.overflow_code | (1u << (M - 1))),
-                                             _mm256_srli_epi32(_mm256_and_si256(a, set1(0x7fffffu)), 23 - M));
-    return _mm256_or_si256(_mm256_blendv_epi8(code, nan_code, nan), sign);
-  } else {
-    return _mm256_or_si256(_mm256_blendv_epi8(code, set1(S.nan_code), nan), sign);
-  }
+  // inf: the normal formula's huge code, saturated
+  return signed_code8<S>(finite_magnitude_code8<S>(a), u, a);
 }
 
 // Counts in 32-bit lanes (a compare mask is -1: subtracting it adds one), summed into

@@ -39,6 +39,32 @@ using mixprec::detail::MiniFloatSpec;
 inline __m512i set1(std::uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
 inline unsigned popcount16(__mmask16 m) { return static_cast<unsigned>(std::popcount(static_cast<unsigned>(m))); }
 
+// The sign bit of y in its place in a code: bit 7 (fp8) or bit 3 (e2m1).
+template <const MiniFloatSpec& S>
+inline __m512i with_sign(__m512i magnitude, __m512 y) {
+  // magnitude | ((y >> (32 - bits)) & sign bit): one ternary-logic op (A | (B & C)).
+  return _mm512_ternarylogic_epi32(magnitude, _mm512_srli_epi32(_mm512_castps_si512(y), 32 - S.bits),
+                                   set1(1u << (S.bits - 1)), 0xF8);
+}
+
+// The code of y (magnitude bits a) from its magnitude code: the sign goes into place, and
+// NaN lanes take the format's NaN code (E2M1 has none: 0).
+template <const MiniFloatSpec& S>
+inline __m512i signed_code16(__m512i magnitude, __m512 y, __m512i a) {
+  constexpr int M = S.man_bits;
+  const __m512i code = with_sign<S>(magnitude, y);
+  const __mmask16 nan = _mm512_cmpgt_epu32_mask(a, set1(0x7f800000u));
+  if constexpr (S.bits == 4) {
+    return _mm512_maskz_mov_epi32(static_cast<__mmask16>(~nan), code);  // E2M1: NaN -> 0
+  } else if constexpr (S.has_inf) {
+    const __m512i nan_code = _mm512_or_si512(set1(S.overflow_code | (1u << (M - 1))),
+                                             _mm512_srli_epi32(_mm512_and_si512(a, set1(0x7fffffu)), 23 - M));
+    return _mm512_mask_mov_epi32(code, nan, with_sign<S>(nan_code, y));
+  } else {
+    return _mm512_mask_mov_epi32(code, nan, with_sign<S>(set1(S.nan_code), y));
+  }
+}
+
 // encode_full<S>(y, saturate, keep, sr, random) for 16 lanes (formats/scalar.hpp's steps).
 template <const MiniFloatSpec& S, bool kStochastic>
 inline __m512i encode16(__m512 y, __m512i random) {
@@ -65,17 +91,7 @@ inline __m512i encode16(__m512 y, __m512i random) {
   }
   __m512i code = _mm512_add_epi32(base, _mm512_srlv_epi32(_mm512_add_epi32(sig, add), shift));
   code = _mm512_min_epu32(code, set1(S.max_code));
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(a, set1(0x7f800000u));
-  const __m512i sign = _mm512_slli_epi32(_mm512_srli_epi32(u, 31), S.bits - 1);
-  if constexpr (S.bits == 4) {
-    return _mm512_maskz_or_epi32(static_cast<__mmask16>(~nan), code, sign);  // E2M1: NaN -> 0
-  } else if constexpr (S.has_inf) {
-    const __m512i nan_code = _mm512_or_si512(set1(S.overflow_code | (1u << (M - 1))),
-                                             _mm512_srli_epi32(_mm512_and_si512(a, set1(0x7fffffu)), 23 - M));
-    return _mm512_or_si512(_mm512_mask_mov_epi32(code, nan, nan_code), sign);
-  } else {
-    return _mm512_or_si512(_mm512_mask_mov_epi32(code, nan, set1(S.nan_code)), sign);
-  }
+  return signed_code16<S>(code, y, a);
 }
 
 // Round to nearest even without encode16's per-lane variable shifts (the trick of
@@ -100,30 +116,11 @@ inline __m512i finite_magnitude_code16(__m512i a) {
   return _mm512_min_epu32(_mm512_min_epu32(normal, sub), set1(S.max_code));
 }
 
-// The sign bit of y in its place in a code: bit 7 (fp8) or bit 3 (e2m1).
-template <const MiniFloatSpec& S>
-inline __m512i with_sign(__m512i magnitude, __m512 y) {
-  // magnitude | ((y >> (32 - bits)) & sign bit): one ternary-logic op (A | (B & C)).
-  return _mm512_ternarylogic_epi32(magnitude, _mm512_srli_epi32(_mm512_castps_si512(y), 32 - S.bits),
-                                   set1(1u << (S.bits - 1)), 0xF8);
-}
-
 // encode16<S, false> in the form above: NaN lanes as encode16.
 template <const MiniFloatSpec& S>
 inline __m512i encode16_rne(__m512 y) {
-  constexpr int M = S.man_bits;
   const __m512i a = _mm512_and_si512(_mm512_castps_si512(y), set1(0x7fffffffu));
-  const __m512i code = with_sign<S>(finite_magnitude_code16<S>(a), y);
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(a, set1(0x7f800000u));
-  if constexpr (S.bits == 4) {
-    return _mm512_maskz_mov_epi32(static_cast<__mmask16>(~nan), code);  // E2M1: NaN -> 0
-  } else if constexpr (S.has_inf) {
-    const __m512i nan_code = _mm512_or_si512(set1(S.overflow_code | (1u << (M - 1))),
-                                             _mm512_srli_epi32(_mm512_and_si512(a, set1(0x7fffffu)), 23 - M));
-    return _mm512_mask_mov_epi32(code, nan, with_sign<S>(nan_code, y));
-  } else {
-    return _mm512_mask_mov_epi32(code, nan, with_sign<S>(set1(S.nan_code), y));
-  }
+  return signed_code16<S>(finite_magnitude_code16<S>(a), y, a);
 }
 
 struct LaneCounts {
