@@ -3,13 +3,14 @@ sampling").
 
 The model and loop of examples/pytorch/train_gpt.py (bf16 autocast on the CPU, AdamW, 2
 micro-batches per step), in rounds; each round runs, in a rotated order, a step without the
-advisor and a step with its sampler active on every nn.Linear (hooks copying x, w, dy and dW, then
-take(): the gradients unscaled and handed over as NumPy arrays). Each step is timed twice: the
+advisor and a step with its sampler active on every nn.Linear (hooks keeping x and dy by
+reference and copying w and dW, then take_held()). Each step is timed twice: the
 process's CPU time (one torch thread: the work done, little moved by other processes on a shared
 machine) and wall-clock time. Each variant's step time is the median over its rounds; the cost
 is the median of the per-round ratios (paired, so a machine that slows down for a while slows
-both). The one-time measurement and choice (the core's
-advise over every sample, after the steps) is timed apart. A benchmark, not a test.
+both). What runs once, after the steps, is timed apart: the held samples' conversion to
+float32 arrays (to_arrays: gradients unscaled) and the core's measurement and choice. A
+benchmark, not a test.
 
     build/py-venv/bin/python bench/python/advise_cost.py [--rounds 15] [--steps 4] [--threads 1]
 """
@@ -29,7 +30,7 @@ import torch.nn.functional as F
 import mixprec
 import mixprec.torch
 from mixprec import _core
-from mixprec.torch.advise import Sampler, config_json
+from mixprec.torch.advise import Sampler, config_json, to_arrays
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 spec = importlib.util.spec_from_file_location("train_gpt", REPO / "examples" / "pytorch" / "train_gpt.py")
@@ -54,7 +55,7 @@ def main() -> None:
     model = example.Gpt(data.vocab_size, a.context, a.layers, a.channels, 4)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     sampler = Sampler(model)
-    samples = []
+    held = []
 
     def step(sampled: bool) -> tuple:
         t0, c0 = time.perf_counter(), time.process_time()
@@ -68,13 +69,13 @@ def main() -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
         if sampled:
-            samples.extend(sampler.take(len(samples), 1.0))
+            held.extend(sampler.take_held(len(held), 1.0))
         return time.perf_counter() - t0, time.process_time() - c0
 
     for _ in range(3):  # warm-up
         step(False)
         step(True)
-    samples.clear()
+    held.clear()
     clocks = ("CPU", "wall")
     times = {c: {False: [], True: []} for c in clocks}
     ratios = {c: [] for c in clocks}
@@ -88,8 +89,11 @@ def main() -> None:
         for c in clocks:
             ratios[c].append(per[c][True] / per[c][False])
     t0 = time.process_time()
+    samples = to_arrays(held)
+    t_convert = time.process_time() - t0
+    held.clear()
     adv = _core.advise(samples, config_json())
-    t_measure = time.process_time() - t0
+    t_measure = time.process_time() - t0 - t_convert
     n_layers = len(sampler.layers)
     print(f"model: {sum(p.numel() for p in model.parameters())} parameters, {n_layers} Linears, "
           f"{a.threads} thread(s), batch {a.batch} x {a.context} x 2 micro-batches, bf16 autocast")
@@ -100,8 +104,9 @@ def main() -> None:
               f"{1000 * with_s:.2f} ms; sampling pass {100 * (statistics.median(ratios[c]) - 1):+.1f}% of the step "
               f"(median of {a.rounds} paired rounds; quartiles {100 * (q[0] - 1):+.1f}% .. {100 * (q[2] - 1):+.1f}%)")
     steps_sampled = len(times["CPU"][True])
-    print(f"measurement and choice (once, after the steps): {t_measure:.2f} s CPU for {len(samples)} samples of "
-          f"{steps_sampled} sampled steps = {1000 * t_measure / max(1, steps_sampled):.1f} ms per sampled step")
+    print(f"once, after the steps, for {len(samples)} samples of {steps_sampled} sampled steps: conversion to float32 "
+          f"{t_convert:.2f} s CPU ({1000 * t_convert / max(1, steps_sampled):.1f} ms per sampled step); measurement and "
+          f"choice {t_measure:.2f} s CPU ({1000 * t_measure / max(1, steps_sampled):.1f} ms per sampled step)")
     del adv
 
 

@@ -17,7 +17,8 @@ mixprec.torch.low_precision (TE's NVFP4 recipe emulated by the core's kernels):
     advisor b/n  the same with the static rule's menu only (candidates bf16, nvfp4): which
                  Linears it keeps in bf16
 
-and the script prints the validation loss of each (the mean over 32 fixed validation windows)
+and the script prints the validation loss of each (the mean over --val-windows fixed validation
+windows, consecutive from the split's start)
 and two modeled costs against all-bf16: the advisor's default cost model at the shapes it
 sampled (these layers are small: memory-bound), and the same rates compute-bound (FLOPs only:
 what the ranking becomes for large layers). A benchmark, not a test: about five minutes of
@@ -105,6 +106,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--val-windows", type=int, default=32, help="validation windows of --context tokens")
     p.add_argument("--json", default=None, help="also write the results here")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
@@ -112,7 +114,7 @@ def main() -> None:
     # Fixed validation windows (the example's evaluate(): consecutive windows of the split).
     val = [(torch.from_numpy(data.validation[w:w + a.context].astype(np.int64))[None],
             torch.from_numpy(data.validation[w + 1:w + a.context + 1].astype(np.int64))[None])
-           for w in range(0, 32 * a.context, a.context)]
+           for w in range(0, a.val_windows * a.context, a.context)]
     build = {"gpt": example_gpt, "llama": Llama}
     results = {}
     for name in a.models.split(","):

@@ -232,3 +232,66 @@ def test_bad_arguments_are_refused_before_any_step(kw, match):
         mt.advise(model, lambda: ran.append(1), **{"steps": 1, **kw})
     assert ran == []
     assert not model.needs_bf16._forward_hooks  # no hook left behind
+
+
+def test_sampled_steps_hold_x_and_dy_by_reference_and_copy_what_may_change():
+    # x and dy are views of the step's own tensors (nothing copied during the step); w, dW and an
+    # x that autograd did not produce are copies, so a loop that refills its input buffer, the
+    # optimizer's step and a scaler's in-place unscale do not change the samples.
+    Sampler = mt.advise.__globals__["Sampler"]
+    to_arrays = mt.advise.__globals__["to_arrays"]
+    lin = torch.nn.Linear(IN, OUT, bias=False)
+    model = torch.nn.Sequential(torch.nn.Linear(IN, IN, bias=False), lin)
+    batch = torch.from_numpy(make("fp8_safe", T, IN, 7))
+    seen = {}
+
+    def watch(m, inputs, out):
+        seen["x"] = inputs[0]
+        out.register_hook(lambda g: seen.update(dy=g))
+    lin.register_forward_hook(watch)
+    sampler = Sampler(model)
+    sampler.active = True
+    model(batch).sum().backward()
+    held = {(n, r): (t, v) for n, r, _, _, _, t, v in sampler.take_held(1, 1.0)}
+    assert held[("1", "x")][0].data_ptr() == seen["x"].data_ptr()
+    assert held[("1", "dy")][0].data_ptr() == seen["dy"].data_ptr()
+    for copied in (("0", "x"), ("1", "w"), ("1", "dw")):
+        assert held[copied][0].data_ptr() not in (batch.data_ptr(), lin.weight.data_ptr(), lin.weight.grad.data_ptr())
+    want = {k: t.clone() for k, (t, _) in held.items()}
+    batch.add_(1.0)              # the loop refills its input
+    with torch.no_grad():
+        lin.weight.mul_(2.0)     # the optimizer's step
+        lin.weight.grad.mul_(0.5)  # an unscale in place
+    arrays = to_arrays([(n, r, 1, 1.0, T, t, v) for (n, r), (t, v) in held.items()])
+    for (n, r, _, _, _, values) in arrays:
+        np.testing.assert_array_equal(values, want[(n, r)].float().numpy(), err_msg=f"{n}.{r}")
+    # A held view written in place after the step is refused, naming the sample.
+    t, v = held[("1", "x")]
+    seen["x"].add_(1.0)
+    with pytest.raises(RuntimeError, match=r"advisor sample 1\.x of step 1: the tensor was modified in place"):
+        to_arrays([("1", "x", 1, 1.0, T, t, v)])
+    sampler.remove()
+
+
+def test_a_step_of_micro_batches_gives_one_sample_per_layer_and_role_the_first():
+    # Gradient accumulation (or a recomputed forward): x, dy and dW of the first micro-batch only.
+    Sampler = mt.advise.__globals__["Sampler"]
+    model = Three()
+    sampler = Sampler(model)
+    sampler.active = True
+    model.loss().backward()
+    first_x = [x.clone() for x in model.xs]
+    for x in model.xs:
+        x.mul_(3.0)  # the second micro-batch: other inputs, other gradients
+    model.loss(2.0).backward()
+    got = sampler.take(1, 1.0)
+    sampler.remove()
+    assert sorted((n, r) for n, r, *_ in got) == sorted((k, r) for k in KINDS for r in ("x", "w", "dy", "dw"))
+    for n, r, _, _, _, v in got:
+        i = KINDS.index(n)
+        if r == "x":
+            np.testing.assert_array_equal(v, first_x[i].numpy())
+        if r == "dy":
+            np.testing.assert_array_equal(v, model.gs[i].numpy())  # the first loss's scale, 1
+        if r == "dw":
+            np.testing.assert_array_equal(v, (model.gs[i].T @ first_x[i]).numpy())

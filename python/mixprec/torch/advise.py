@@ -6,9 +6,10 @@
     mixprec.torch.low_precision(model, "recipe.json")   # train with the assignment
 
 ``step_fn()`` runs one real training step (forward, backward, optimizer step) of your loop.
-While it runs, hooks on every watched ``nn.Linear`` copy its input x, its weight w, the
+While it runs, hooks on every watched ``nn.Linear`` keep its input x, its weight w, the
 gradient of its output dy and its weight gradient dW (of x and dy at most ``max_rows`` evenly
-spaced rows; gradients divided by the loss scale of the step). The measurement (each candidate
+spaced rows): x and dy by reference, w and dW as copies; after the steps they become float32
+copies, gradients divided by the loss scale of their step. The measurement (each candidate
 quantized by the C++ core's own kernels), the cost model and the choice are the core's
 (``mixprec::monitor::advisor``, the code behind ``mixprec advise RUN_DIR`` too); this module
 only collects the tensors and hands them over.
@@ -70,18 +71,44 @@ def watched_modules(model: torch.nn.Module, modules: Any = None) -> List[Tuple[s
 
 
 def _rows(t: torch.Tensor, max_rows: int) -> Tuple[torch.Tensor, int]:
-    """t as [rows, cols] and at most max_rows evenly spaced rows of it (a copy, float32, CPU)."""
+    """t as [rows, cols], at most max_rows evenly spaced rows of it: a view where torch can make
+    one (no copy), detached from the graph."""
     t2 = t.detach().reshape(-1, t.shape[-1])
     total = t2.shape[0]
     if total > max_rows:
         t2 = t2[:: -(-total // max_rows)]
-    return t2.to(device="cpu", dtype=torch.float32, copy=True).contiguous(), total
+    return t2, total
+
+
+#: A sample held by reference until it is handed over: (layer, role, step, loss_scale,
+#: rows_total, tensor, the tensor's version when it was sampled).
+Held = Tuple[str, str, int, float, int, torch.Tensor, int]
+
+
+def to_arrays(held: Iterable[Held]) -> List[Sample]:
+    """Held samples as the core takes them: float32 NumPy arrays on the CPU, gradients (dy, dw)
+    divided by their step's loss scale. A tensor written in place after it was sampled is
+    refused (its values are no longer the step's)."""
+    out = []
+    for name, role, step, loss_scale, total, t, version in held:
+        if t._version != version:
+            raise RuntimeError(f"advisor sample {name}.{role} of step {step}: the tensor was modified in place after "
+                               f"it was sampled (version {version}, now {t._version}); the sampler holds x and dy "
+                               f"by reference until take()")
+        values = t.to(device="cpu", dtype=torch.float32, copy=True).contiguous()
+        if role in ("dy", "dw") and loss_scale != 1.0:
+            values.div_(float(loss_scale))
+        out.append((name, role, int(step), float(loss_scale), int(total), values.numpy()))
+    return out
 
 
 class Sampler:
-    """Hooks that copy the tensors of the watched linear layers while ``active`` (docs/advisor.md,
-    "What is sampled"). ``take(step, loss_scale)`` returns what was collected since the last take,
-    the gradients divided by loss_scale, as (layer, role, step, loss_scale, rows_total, values)."""
+    """Hooks that keep the tensors of the watched linear layers while ``active`` (docs/advisor.md,
+    "What is sampled"): x and dy by reference (views: not copied during the step); the weight,
+    dW and an x that autograd did not produce (an input batch a loop may refill) as copies.
+    ``take(step, loss_scale)`` returns what was kept since the last take as float32 arrays, the
+    gradients divided by loss_scale, as (layer, role, step, loss_scale, rows_total, values);
+    ``take_held`` the same without converting (``to_arrays`` converts later)."""
 
     def __init__(self, model: torch.nn.Module, modules: Any = None, *, max_rows: int = 4096) -> None:
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
@@ -89,8 +116,8 @@ class Sampler:
         self._watched = watched_modules(model, modules)
         self.max_rows = max_rows
         self.active = False
-        self._pending: List[Tuple[str, str, int, torch.Tensor]] = []
-        self._weights_seen: set = set()
+        self._pending: List[Tuple[str, str, int, torch.Tensor, int]] = []
+        self._seen: set = set()  # (layer, "forward" or "dw") taken since the last take
         self._handles = []
         ref = weakref.ref(self)
         for name, m in self._watched:
@@ -103,21 +130,26 @@ class Sampler:
 
     def _keep(self, name: str, role: str, t: torch.Tensor) -> None:
         # x and dy may be subsampled by rows (tokens); w and dW are kept whole (their shape is
-        # the layer's, and 2-D tiles need every row).
+        # the layer's, and 2-D tiles need every row). Copied: the weight (the optimizer's step
+        # writes it), dW (autograd may hand this very tensor to .grad, where a scaler unscales
+        # it in place) and an x autograd did not produce (a buffer the loop may refill).
         values, total = _rows(t, self.max_rows if role in ("x", "dy") else t.shape[0])
-        self._pending.append((name, role, total, values))
+        if role in ("w", "dw") or (role == "x" and t.grad_fn is None):
+            values = values.clone()
+        self._pending.append((name, role, total, values, values._version))
 
     @staticmethod
     def _forward_hook(ref: "weakref.ref[Sampler]", name: str):
         def hook(module: torch.nn.Module, inputs: Any, output: Any) -> None:
             s = ref()
-            if s is None or not s.active or not torch.is_grad_enabled():
+            # One forward per layer and step: the first micro-batch's (a recomputed forward of
+            # activation checkpointing, a second micro-batch or a second call are not taken).
+            if s is None or not s.active or not torch.is_grad_enabled() or name in s._seen:
                 return
+            s._seen.add(name)
             if inputs and isinstance(inputs[0], torch.Tensor):
                 s._keep(name, "x", inputs[0])
-            if name not in s._weights_seen:  # the weight does not change within a step
-                s._weights_seen.add(name)
-                s._keep(name, "w", module.weight)
+            s._keep(name, "w", module.weight)
             if isinstance(output, torch.Tensor) and output.requires_grad:
                 output.register_hook(Sampler._grad_hook(ref, name, "dy"))
         return hook
@@ -126,21 +158,27 @@ class Sampler:
     def _grad_hook(ref: "weakref.ref[Sampler]", name: str, role: str):
         def hook(grad: torch.Tensor) -> None:
             s = ref()
-            if s is not None and s.active:
-                s._keep(name, role, grad)
+            if s is None or not s.active:
+                return
+            if role == "dw":  # the first backward's (dy is taken from the first forward's output)
+                if (name, role) in s._seen:
+                    return
+                s._seen.add((name, role))
+            s._keep(name, role, grad)
         return hook
 
     def take(self, step: int, loss_scale: float = 1.0) -> List[Sample]:
-        """The samples collected since the last take, gradients unscaled by loss_scale."""
+        """The samples kept since the last take as float32 arrays, gradients unscaled by loss_scale."""
+        return to_arrays(self.take_held(step, loss_scale))
+
+    def take_held(self, step: int, loss_scale: float = 1.0) -> List[Held]:
+        """The samples kept since the last take, still held by reference (to_arrays converts)."""
         if not (isinstance(loss_scale, (int, float)) and math.isfinite(loss_scale) and loss_scale > 0):
             raise ValueError(f"loss_scale: expected a finite number > 0, found {loss_scale!r}")
-        out = []
-        for name, role, total, values in self._pending:
-            if role in ("dy", "dw") and loss_scale != 1.0:
-                values.div_(float(loss_scale))
-            out.append((name, role, int(step), float(loss_scale), int(total), values.numpy()))
+        out = [(name, role, int(step), float(loss_scale), int(total), t, version)
+               for name, role, total, t, version in self._pending]
         self._pending = []
-        self._weights_seen = set()
+        self._seen = set()
         return out
 
     def remove(self) -> None:
@@ -273,7 +311,7 @@ def advise(model: torch.nn.Module, step_fn: Callable[[], Any], steps: int = 1, *
         raise ValueError(f"loss_scale: expected a finite number > 0, found {loss_scale!r}")
     cfg = config_json(candidates, budget, cost, amax_history_len, margin)
     sampler = Sampler(model, modules, max_rows=max_rows)
-    samples: List[Sample] = []
+    held: List[Held] = []
     try:
         for i in range(steps):
             sampled = i % every == 0
@@ -282,9 +320,12 @@ def advise(model: torch.nn.Module, step_fn: Callable[[], Any], steps: int = 1, *
             step_fn()
             sampler.active = False
             if sampled:
-                samples.extend(sampler.take(i + 1, scale))
+                held.extend(sampler.take_held(i + 1, scale))
     finally:
         sampler.remove()
+    # Converted after the steps, with the measurement: the sampled steps only kept references.
+    samples = to_arrays(held)
+    del held
     result = Advice(_core.advise(samples, cfg))
     result.save(out, evidence)
     return result
