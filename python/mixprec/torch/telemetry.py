@@ -130,9 +130,9 @@ class Telemetry:
     counting        "auto": the core counts CPU tensors, torch operations count tensors on other
                     devices where they lie; "torch": torch operations for every tensor (the GPU
                     path, run on the CPU: for comparisons and tests)
-    advisor_every   0 (default) or N: at steps 1, 1 + N, ..., copy x, w, dy and dW of every
-                    nn.Linear into the run folder's samples/ for `mixprec advise RUN_DIR`
-                    (docs/advisor.md)
+    advisor_every   0 (default) or N: at steps 1, 1 + N, ..., write x, w, dy and dW of every
+                    nn.Linear (its first micro-batch of the step) into the run folder's
+                    samples/ for `mixprec advise RUN_DIR` (docs/advisor.md)
 
     Low-precision Linear modules (mixprec.torch.low_precision) are found by themselves: at each
     sampled step they measure their quantization (x, w, dy: amax, scale, counts, relative RMS
