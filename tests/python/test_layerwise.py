@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import math
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -301,3 +303,21 @@ def test_telemetry_logs_the_layers(tmp_path):
     assert [d["name"] for d in line["layers"]] == [layer.name for layer in scaler._lw.layers]
     assert all(d["outcome"] == "applied" for d in line["layers"])
     assert max(d["factor"] for d in line["layers"]) > 1  # at loss scale 1 the rule scales up
+
+
+def test_a_watched_model_alive_at_exit_leaks_no_core_object(tmp_path):
+    # A loss that went through watched modules, alive when the interpreter exits: the layers'
+    # cached core objects are dropped at exit, before the core's leak check would report them.
+    script = tmp_path / "alive_at_exit.py"
+    script.write_text(
+        "import warnings, torch, mixprec.torch as mt\n"
+        "warnings.simplefilter('ignore')\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 8))\n"
+        "scaler = mt.GradScaler('cpu', preset='layerwise')\n"
+        "scaler.watch(model)\n"
+        "with torch.autocast('cpu', dtype=torch.float16):\n"
+        "    loss = model(torch.randn(4, 8)).float().sum()\n"
+        "scaler.scale(loss).backward()\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "leaked" not in r.stderr, r.stderr

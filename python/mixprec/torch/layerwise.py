@@ -26,6 +26,7 @@ The rule and every decision are the core's (mixprec::LayerwiseScales, docs/loss_
 
 from __future__ import annotations
 
+import atexit
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Set, Tuple, Union
 
@@ -80,6 +81,20 @@ def _select(model: torch.nn.Module, modules: Any) -> List[Tuple[str, torch.nn.Li
     return [(n, m) for n, m in chosen if all(uses.get(id(p), 0) == 1 for p in m.parameters(recurse=False))]
 
 
+# The live hooks, so that their cached core objects (weight moments) and autograd nodes can be
+# dropped at exit: a layer is reachable from its model's hooks, a cycle that the interpreter
+# may collect only after nanobind's leak check, which then reports them as leaked.
+_LIVE: "weakref.WeakSet[LayerwiseHooks]" = weakref.WeakSet()
+
+
+@atexit.register
+def _drop_core_objects() -> None:
+    for hooks in list(_LIVE):
+        for layer in hooks.layers:
+            layer.w_moments = None
+            layer.in_node = layer.out_node = None
+
+
 class LayerwiseHooks:
     """The hooks of one watched model (GradScaler.watch makes it; GradScaler drives it)."""
 
@@ -96,6 +111,7 @@ class LayerwiseHooks:
         self._need_links = True
         self._handles: List[Any] = []
         ref = weakref.ref(self)
+        _LIVE.add(self)
         for layer in self.layers:
             m = layer.module
             self._handles.append(m.register_forward_hook(self._forward_hook(ref, layer)))
