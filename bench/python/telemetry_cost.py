@@ -7,9 +7,12 @@ fp16), 2 micro-batches, clipping at 1.0, AdamW; with `--scaler torch` mixprec's 
 (preset torch) scales, unscales and steps (the default for fp16), with `--scaler none` the
 optimizer steps directly (the default for bf16, as bf16 is usually trained).
 
-Each round runs every variant for `--steps` steps (after one warm-up step) in a rotated order:
-no Telemetry, Telemetry at the default sampling (every 4th step), at every step, and (with
-`--device-path`) at every step through the torch-operations path a GPU runs. A variant's step
+Each round runs every variant for `--steps` steps (after one warm-up step): no Telemetry,
+Telemetry at the default sampling (every 4th step), at every step, and (with `--device-path`) at
+every step through the torch-operations path a GPU runs. By default (`--interleave step`) each
+variant has its own model and their steps alternate, in an order rotated at every step, so that
+the machine's drift (large on shared virtual machines) falls on all alike; `--interleave run`
+runs each variant's steps back to back, the variants in an order rotated per round. A variant's step
 time is its median over the steps of a round; its cost is the median over rounds of its ratio
 to the no-Telemetry time of the same round (paired), printed with the lowest and highest round
 ratio, as the machine's noise is of the size of the effect. Wall time and the process's CPU time
@@ -20,6 +23,7 @@ test.
 
     build/py-venv/bin/python bench/python/telemetry_cost.py [--rounds 9] [--steps 12] [--threads 1]
         [--model gpt2|example] [--dtype bf16|fp16] [--scaler none|torch] [--device cpu|cuda]
+        [--device-path] [--interleave step|run]
 """
 
 from __future__ import annotations
@@ -66,58 +70,89 @@ def variants(device_path: bool):
     return v
 
 
-def run(kw, data, args, tmp):
-    torch.manual_seed(0)
-    rng = np.random.default_rng(0)
-    build = gpt2_model if args.model == "gpt2" else example_model
-    model, loss_of = build(data.vocab_size, args)
-    model.to(args.device)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
-    scaler = None
-    if args.scaler == "torch":
-        scaler = mixprec.torch.GradScaler(args.device, preset="torch")
-        scaler.set_names(model)
-    tel = None
-    if kw is not None:
-        tel = mixprec.torch.Telemetry(model, tempfile.mkdtemp(dir=tmp), precision=args.dtype, scaler=scaler, **kw)
-    times, cpu, spent = [], [], 0.0
-    for step in range(args.steps + 1):
+class Trainer:
+    """One variant's model, optimizer, scaler and Telemetry, stepped one timed step at a time."""
+
+    def __init__(self, kw, data, args, tmp) -> None:
+        torch.manual_seed(0)
+        self.rng = np.random.default_rng(0)
+        self.data, self.args = data, args
+        build = gpt2_model if args.model == "gpt2" else example_model
+        self.model, self.loss_of = build(data.vocab_size, args)
+        self.model.to(args.device)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
+        self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
+        self.scaler = None
+        if args.scaler == "torch":
+            self.scaler = mixprec.torch.GradScaler(args.device, preset="torch")
+            self.scaler.set_names(self.model)
+        self.tel = None
+        if kw is not None:
+            self.tel = mixprec.torch.Telemetry(self.model, tempfile.mkdtemp(dir=tmp), precision=args.dtype,
+                                               scaler=self.scaler, **kw)
+
+    def step(self):
+        """One step: (wall s, the process's CPU s, Telemetry's own s)."""
+        args, scaler, tel = self.args, self.scaler, self.tel
         if args.device == "cuda":
             torch.cuda.synchronize()
+        own0 = tel.seconds() if tel is not None else 0.0
         t0, c0 = time.perf_counter(), time.process_time()
         loss_sum = 0.0
         for _ in range(2):
             x, y = (torch.from_numpy(v.astype(np.int64)).to(args.device)
-                    for v in mixprec.data.batch(data.train, args.batch, args.context, rng))
-            with torch.autocast(args.device, dtype=dtype, enabled=args.dtype != "fp32"):
-                loss = loss_of(x, y) / 2
+                    for v in mixprec.data.batch(self.data.train, args.batch, args.context, self.rng))
+            with torch.autocast(args.device, dtype=self.dtype, enabled=args.dtype != "fp32"):
+                loss = self.loss_of(x, y) / 2
             (loss if scaler is None else scaler.scale(loss)).backward()
             loss_sum += loss.item()
         if scaler is not None:
-            scaler.unscale_(opt)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            scaler.unscale_(self.opt)
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 1.0)
         if scaler is not None:
-            out = scaler.step(opt)
+            out = scaler.step(self.opt)
         else:
-            opt.step()
+            self.opt.step()
             out = None
         if tel is not None:
             tel.record(out, loss=loss_sum)
         if scaler is not None:
             scaler.update()
-        opt.zero_grad(set_to_none=True)
+        self.opt.zero_grad(set_to_none=True)
         if args.device == "cuda":
             torch.cuda.synchronize()
-        if step:  # the first step warms up
-            times.append(time.perf_counter() - t0)
-            cpu.append(time.process_time() - c0)
-        elif tel is not None:
-            spent = -tel.seconds()
-    if tel is not None:
-        spent += tel.seconds()
-        tel.close()
-    return statistics.median(times), statistics.median(cpu), spent / args.steps
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        return wall, cpu, (tel.seconds() if tel is not None else 0.0) - own0
+
+    def close(self) -> None:
+        if self.tel is not None:
+            self.tel.close()
+
+
+def round_of(table, order, data, args, tmp):
+    """One round: per variant, the median wall and CPU time of its steps and its own time per step.
+    --interleave step: every variant's trainer is made first, then their steps alternate (a
+    variant's step follows the others' in rotated order, so the machine's drift falls on all
+    alike); --interleave run: each variant runs its steps back to back."""
+    times = {n: [] for n in order}
+    if args.interleave == "step":
+        trainers = {n: Trainer(table[n], data, args, tmp) for n in order}
+        for n in order:  # one warm-up step each
+            trainers[n].step()
+        for i in range(args.steps):
+            k = i % len(order)
+            for n in order[k:] + order[:k]:
+                times[n].append(trainers[n].step())
+        for t in trainers.values():
+            t.close()
+    else:
+        for n in order:
+            t = Trainer(table[n], data, args, tmp)
+            t.step()
+            times[n] = [t.step() for _ in range(args.steps)]
+            t.close()
+    return {n: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v), sum(x[2] for x in v) / len(v))
+            for n, v in times.items()}
 
 
 def main() -> int:
@@ -133,6 +168,9 @@ def main() -> int:
                    help="default: none for bf16, torch (mixprec.torch.GradScaler) for fp16")
     p.add_argument("--device", default="cpu")
     p.add_argument("--device-path", action="store_true", help="also time counting='torch' (the GPU's path)")
+    p.add_argument("--interleave", choices=("step", "run"), default="step",
+                   help="step: the variants' steps alternate within a round (default); run: each variant's "
+                        "steps back to back, the variants in rotated order")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
@@ -153,14 +191,13 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             order = names[r % len(names):] + names[:r % len(names)]
-            for n in order:
-                step_s, cpu_s, tel_s = run(table[n], data, args, tmp)
+            for n, (step_s, cpu_s, tel_s) in round_of(table, order, data, args, tmp).items():
                 per[n].append(step_s)
                 per_cpu[n].append(cpu_s)
                 own[n].append(tel_s)
     print(f"model: {args.model}, {args.layers} layers, {args.channels} channels, context {args.context}, batch "
           f"{args.batch} x 2 micro-batches, {args.dtype} autocast on {args.device}, scaler {args.scaler}, "
-          f"{args.threads} thread(s); {args.rounds} interleaved rounds of {args.steps} steps")
+          f"{args.threads} thread(s); {args.rounds} rounds of {args.steps} steps, interleaved by {args.interleave}")
     print(f"{'variant':30s} {'wall ms':>8s} {'paired':>7s} {'min':>6s} {'max':>6s} {'cpu ms':>8s} {'paired':>7s} "
           f"{'min':>6s} {'max':>6s} {'own ms':>7s}")
     for n in names:
