@@ -271,6 +271,14 @@ def test_sampled_steps_hold_x_and_dy_by_reference_and_copy_what_may_change():
     with pytest.raises(RuntimeError, match=r"advisor sample 1\.x of step 1: the tensor was modified in place"):
         to_arrays([("1", "x", 1, 1.0, T, t, v)])
     sampler.remove()
+    # Subsampled rows are copied: a view of a few rows would keep the whole tensor alive.
+    few = Sampler(model, max_rows=4)
+    few.active = True
+    model(batch).sum().backward()
+    for n, r, _, _, total, t, _ in few.take_held(1, 1.0):
+        if r in ("x", "dy"):
+            assert total == T and t.shape[0] == 4 and t.untyped_storage().nbytes() == t.numel() * t.element_size()
+    few.remove()
 
 
 def test_a_step_of_micro_batches_gives_one_sample_per_layer_and_role_the_first():

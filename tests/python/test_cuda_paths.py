@@ -129,3 +129,25 @@ def test_telemetry_counts_on_the_device_equal_the_cores_on_the_same_tensors(tmp_
     # Written and readable by the core's reader.
     log = [json.loads(s) for s in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     assert log[0]["act_grads"] == line["act_grads"]
+
+
+def test_advisor_samples_on_the_device_come_to_the_cpu_as_their_step_ends():
+    # The sampler holds x and dy by reference during the step; take_held() moves what lies on a
+    # device to the CPU, so that no device memory outlives the step (docs/advisor.md).
+    import mixprec.torch
+    Sampler = mixprec.torch.advise.__globals__["Sampler"]
+    torch.manual_seed(0)
+    net = Net().to(DEVICE)
+    sampler = Sampler(net)
+    sampler.active = True
+    x = torch.randn(8, 32, device=DEVICE)
+    net(x).square().sum().backward()
+    held = {(n, r): t for n, r, _, _, _, t, _ in sampler.take_held(1, 1.0)}
+    sampler.remove()
+    assert sorted(held) == sorted((n, r) for n in ("fc1", "fc2") for r in ("x", "w", "dy", "dw"))
+    assert all(t.is_cpu for t in held.values())
+    assert torch.equal(held[("fc1", "x")], x.cpu())
+    for n in ("fc1", "fc2"):
+        layer = getattr(net, n)
+        assert torch.equal(held[(n, "w")], layer.weight.detach().cpu())
+        assert torch.equal(held[(n, "dw")], layer.weight.grad.cpu())

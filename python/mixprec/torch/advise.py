@@ -85,6 +85,12 @@ def _rows(t: torch.Tensor, max_rows: int) -> Tuple[torch.Tensor, int]:
 Held = Tuple[str, str, int, float, int, torch.Tensor, int]
 
 
+def _modified(name: str, role: str, step: int, version: int, now: int) -> str:
+    return (f"advisor sample {name}.{role} of step {step}: the tensor was modified in place after it was sampled "
+            f"(version {version}, now {now}); the sampler holds x and dy by reference until they are converted "
+            f"(take(), or after the steps in advise())")
+
+
 def to_arrays(held: Iterable[Held]) -> List[Sample]:
     """Held samples as the core takes them: float32 NumPy arrays on the CPU, gradients (dy, dw)
     divided by their step's loss scale. A tensor written in place after it was sampled is
@@ -92,9 +98,7 @@ def to_arrays(held: Iterable[Held]) -> List[Sample]:
     out = []
     for name, role, step, loss_scale, total, t, version in held:
         if t._version != version:
-            raise RuntimeError(f"advisor sample {name}.{role} of step {step}: the tensor was modified in place after "
-                               f"it was sampled (version {version}, now {t._version}); the sampler holds x and dy "
-                               f"by reference until take()")
+            raise RuntimeError(_modified(name, role, step, version, t._version))
         values = t.to(device="cpu", dtype=torch.float32, copy=True).contiguous()
         if role in ("dy", "dw") and loss_scale != 1.0:
             values.div_(float(loss_scale))
@@ -117,7 +121,7 @@ class Sampler:
         self.max_rows = max_rows
         self.active = False
         self._pending: List[Tuple[str, str, int, torch.Tensor, int]] = []
-        self._seen: set = set()  # (layer, "forward" or "dw") taken since the last take
+        self._seen: set = set()  # since the last take: layers whose forward and (layer, "dw") whose dW was taken
         self._handles = []
         ref = weakref.ref(self)
         for name, m in self._watched:
@@ -132,9 +136,10 @@ class Sampler:
         # x and dy may be subsampled by rows (tokens); w and dW are kept whole (their shape is
         # the layer's, and 2-D tiles need every row). Copied: the weight (the optimizer's step
         # writes it), dW (autograd may hand this very tensor to .grad, where a scaler unscales
-        # it in place) and an x autograd did not produce (a buffer the loop may refill).
+        # it in place), an x autograd did not produce (a buffer the loop may refill) and
+        # subsampled rows (their view would keep the whole tensor alive).
         values, total = _rows(t, self.max_rows if role in ("x", "dy") else t.shape[0])
-        if role in ("w", "dw") or (role == "x" and t.grad_fn is None):
+        if role in ("w", "dw") or (role == "x" and t.grad_fn is None) or values.shape[0] < total:
             values = values.clone()
         self._pending.append((name, role, total, values, values._version))
 
@@ -172,11 +177,18 @@ class Sampler:
         return to_arrays(self.take_held(step, loss_scale))
 
     def take_held(self, step: int, loss_scale: float = 1.0) -> List[Held]:
-        """The samples kept since the last take, still held by reference (to_arrays converts)."""
+        """The samples kept since the last take, still held by reference (to_arrays converts);
+        those on a device are copied to the CPU here, so that no device memory outlives the step."""
         if not (isinstance(loss_scale, (int, float)) and math.isfinite(loss_scale) and loss_scale > 0):
             raise ValueError(f"loss_scale: expected a finite number > 0, found {loss_scale!r}")
-        out = [(name, role, int(step), float(loss_scale), int(total), t, version)
-               for name, role, total, t, version in self._pending]
+        out = []
+        for name, role, total, t, version in self._pending:
+            if not t.is_cpu:
+                if t._version != version:
+                    raise RuntimeError(_modified(name, role, step, version, t._version))
+                t = t.to("cpu")
+                version = t._version
+            out.append((name, role, int(step), float(loss_scale), int(total), t, version))
         self._pending = []
         self._seen = set()
         return out
