@@ -1,7 +1,8 @@
 """The CUDA paths of mixprec.torch, run by scripts/device-check.sh on a machine with an NVIDIA GPU:
 the GradScaler against torch.amp.GradScaler on CUDA in fp16 and bf16 (weights, scales and skipped
-steps equal), and Telemetry's counts of CUDA tensors against the core's counts of the same
-tensors copied to the CPU. Skipped where torch.cuda.is_available() is false, unless
+steps equal), Telemetry's counts of CUDA tensors against the core's counts of the same
+tensors copied to the CPU, and the advisor's samples of CUDA tensors brought to the CPU as
+their step ends. Skipped where torch.cuda.is_available() is false, unless
 MIXPREC_TEST_DEVICE=cpu (what `scripts/device-check.sh --cpu` sets): then the same tests run on
 CPU tensors with Telemetry(counting="torch"), so the script's logic and these tests' own are
 exercised on every machine."""
