@@ -479,13 +479,27 @@ void quantize_with(const LowpKernels& k, std::span<const float> src, std::size_t
     s_enc_div6 = q.tensor_scale * (1.0f / 6.0f);
     s_dec = 1.0f / q.tensor_scale;
   }
-  if (info.block == 0) {
+  if (c.recipe == Recipe::fp8_delayed) {
+    // The scale is given: one pass over the input, each chunk's amax (for the history) taken
+    // while the chunk is in cache, then its codes.
+    const float scale = c.scale;
+    q.tensor_scale = scale;
+    q.scale_inv[0] = 1.0f / scale;
+    for (std::size_t i = 0; i < n; i += kChunkElements) {
+      const std::size_t len = std::min(n - i, kChunkElements);
+      float f;
+      std::uint32_t b;
+      k.block_amax(g + i, len, len, &f, &b);
+      amax_bits = std::max(amax_bits, b);
+      k.encode_scaled(c.element, g + i, len, len, &scale, q.codes.data() + i, nullptr, &counts);
+    }
+  } else if (info.block == 0) {
+    // Current scaling: the scale needs the whole tensor's amax before the first code, so the
+    // input is read twice (TE runs an amax kernel, then the cast).
     float f;
     k.block_amax(g, n, n, &f, &amax_bits);
-    const float scale = c.recipe == Recipe::fp8_delayed
-                            ? c.scale
-                            : scale_from_amax(canonical_amax(amax_bits), max_finite(c.element),
-                                              effective_power_of_2_scales(c), c.amax_epsilon, c.value_for_inf);
+    const float scale = scale_from_amax(canonical_amax(amax_bits), max_finite(c.element),
+                                        effective_power_of_2_scales(c), c.amax_epsilon, c.value_for_inf);
     q.tensor_scale = scale;
     q.scale_inv[0] = 1.0f / scale;
     k.encode_scaled(c.element, g, n, n, &scale, q.codes.data(), nullptr, &counts);

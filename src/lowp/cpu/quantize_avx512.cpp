@@ -116,6 +116,20 @@ inline __m512i finite_magnitude_code16(__m512i a) {
   return _mm512_min_epu32(_mm512_min_epu32(normal, sub), set1(S.max_code));
 }
 
+// The magnitude code of lanes whose |y| (bits a) is a normal of the format, at most its
+// largest finite: finite_magnitude_code16's normal formula alone, its two constant adds in one
+// (a + kBias cannot wrap for such a), and the code the same bits.
+template <const MiniFloatSpec& S>
+inline __m512i normal_magnitude_code16(__m512i a) {
+  constexpr int M = S.man_bits;
+  constexpr int kShift = 23 - M;
+  constexpr std::uint32_t kBias = (1u << (kShift - 1)) - 1u -
+                                  (static_cast<std::uint32_t>(mixprec::detail::min_normal_f32_exponent(S)) << 23) +
+                                  (1u << (M + kShift));
+  return _mm512_srli_epi32(
+      _mm512_add_epi32(_mm512_add_epi32(a, set1(kBias)), _mm512_and_si512(_mm512_srli_epi32(a, kShift), set1(1))), kShift);
+}
+
 // encode16<S, false> in the form above: NaN lanes as encode16.
 template <const MiniFloatSpec& S>
 inline __m512i encode16_rne(__m512 y) {
@@ -154,16 +168,25 @@ void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, cons
   int shift = -1;
   if (block >= n) shift = 63;  // every v < 2^63: v >> 63 == 0
   else if (block % 16 == 0 && std::has_single_bit(block / 16)) shift = std::countr_zero(block / 16);
-  // Round to nearest even on a vector whose |y| are all finite (then every x is finite, the
-  // factors being positive or NaN): no NaN fix-up and no non-finite count; saturated and
-  // flushed (a zero magnitude from a nonzero x) are mask popcounts, which run on the scalar
-  // ports (measured faster than masked adds into lane counters). Other vectors: encode16.
+  // Round to nearest even on an fp8 vector whose |y| are all normals of the format, none above
+  // its largest finite (the common vector of a scaled tensor): the normal formula alone,
+  // nothing to count (no saturation; a normal code is never a flush). Not for E2M1, whose
+  // normals start at 1 of at most 6: most scaled values are below. On a vector whose |y| are all
+  // finite (then every x is finite, the factors being positive or NaN): no NaN fix-up and no
+  // non-finite count; saturated and flushed (a zero magnitude from a nonzero x) are mask
+  // popcounts, which run on the scalar ports (measured faster than masked adds into lane
+  // counters). Other vectors: encode16.
+  const __m512i min_normal = set1(static_cast<std::uint32_t>(mixprec::detail::min_normal_f32_exponent(S)) << 23);
+  const __m512i max_finite = set1(std::bit_cast<std::uint32_t>(max_value));
   for (; shift >= 0 && i + 16 <= n; i += 16) {
     const __m512 x = _mm512_loadu_ps(src + i);
     const __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(factors[(i / 16) >> shift]));
     __m512i code;
     const __m512i a = _mm512_and_si512(_mm512_castps_si512(y), set1(0x7fffffffu));
-    if (!kStochastic && _mm512_cmpgt_epu32_mask(a, set1(0x7f7fffffu)) == 0) {
+    if (!kStochastic && S.bits == 8 &&
+        _mm512_mask_cmple_epu32_mask(_mm512_cmpge_epu32_mask(a, min_normal), a, max_finite) == 0xFFFF) {
+      code = with_sign<S>(normal_magnitude_code16<S>(a), y);
+    } else if (!kStochastic && _mm512_cmpgt_epu32_mask(a, set1(0x7f7fffffu)) == 0) {
       const __m512i mag = finite_magnitude_code16<S>(a);
       code = with_sign<S>(mag, y);
       const __mmask16 sat = _mm512_cmp_ps_mask(_mm512_castsi512_ps(a), _mm512_set1_ps(max_value), _CMP_GT_OQ);
