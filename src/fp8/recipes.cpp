@@ -327,16 +327,6 @@ void validate(const CurrentScalingConfig& c) {
     fail("amax_epsilon: expected a finite number >= 0");
 }
 
-float current_scale(float amax, float fp8_max, bool power_of_2_scales, float epsilon, float value_for_inf) noexcept {
-  if (amax < epsilon) amax = epsilon;  // NaN compares false and stays NaN
-  if (std::isinf(amax) || amax == 0.0f) return 1.0f;
-  float scale = fp8_max / amax;
-  if (std::isinf(scale)) scale = value_for_inf;
-  if (std::isnan(scale)) scale = 1.0f;
-  if (power_of_2_scales) scale = std::bit_cast<float>(std::bit_cast<std::uint32_t>(scale) & 0xFF800000u);
-  return scale;
-}
-
 // ---- MX -------------------------------------------------------------------------
 
 e8m0 mx_scale(float amax, Dtype dtype, MxRounding rounding) noexcept {

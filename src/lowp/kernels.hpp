@@ -151,6 +151,10 @@ struct BlockScale {
   std::uint8_t code;  // e8m0 scale formats
 };
 BlockScale fp8_block_scale(const QuantizeConfig& c, float max_ignoring_nan) noexcept;
+// fp8_block_scale's factors and scale_inv for n blocks, the config read once and the blocks
+// independent (the divisions overlap instead of waiting on each other in calls).
+void fp8_block_scales(const QuantizeConfig& c, const float* max_ignoring_nan, std::size_t n, float* factors,
+                      float* scale_inv) noexcept;
 BlockScale mx_block_scale(const QuantizeConfig& c, float max_ignoring_nan, std::uint32_t max_bits) noexcept;
 // The canonical codes of a NaN-scale MX block: E4M3 0x7F, E5M2 0x7E, E2M1 0.
 std::uint8_t nan_block_code(Element e) noexcept;

@@ -267,9 +267,20 @@ float canonical_amax(std::uint32_t bits) noexcept {
 }
 
 BlockScale fp8_block_scale(const QuantizeConfig& c, float max_ignoring_nan) noexcept {
-  const float s = scale_from_amax(max_ignoring_nan, max_finite(c.element), effective_power_of_2_scales(c),
-                                  c.amax_epsilon, c.value_for_inf);
-  return {s, 1.0f / s, 0};
+  float factor, scale_inv;
+  fp8_block_scales(c, &max_ignoring_nan, 1, &factor, &scale_inv);
+  return {factor, scale_inv, 0};
+}
+
+void fp8_block_scales(const QuantizeConfig& c, const float* max_ignoring_nan, std::size_t n, float* factors,
+                      float* scale_inv) noexcept {
+  const float fp8_max = max_finite(c.element);
+  const bool pow2 = effective_power_of_2_scales(c);
+  for (std::size_t b = 0; b < n; ++b) {
+    const float s = fp8::current_scale(max_ignoring_nan[b], fp8_max, pow2, c.amax_epsilon, c.value_for_inf);
+    factors[b] = s;
+    scale_inv[b] = 1.0f / s;
+  }
 }
 
 BlockScale mx_block_scale(const QuantizeConfig& c, float max_ignoring_nan, std::uint32_t max_bits) noexcept {
@@ -358,10 +369,11 @@ void quantize_run_1d(const LowpKernels& k, Quantized& q, const Run& run, float s
       } else {
         k.nvfp4_scales(amax, nb, s_enc_div6, s_dec, q.scale_codes.data() + sb, factors);
       }
+    } else if (c.recipe == Recipe::fp8_block) {
+      detail::fp8_block_scales(c, fmax, nb, factors, q.scale_inv.data() + sb);  // never NaN
     } else {
       for (std::size_t b = 0; b < nb; ++b) {
-        const detail::BlockScale s =
-            c.recipe == Recipe::fp8_block ? detail::fp8_block_scale(c, fmax[b]) : detail::mx_block_scale(c, fmax[b], bits[b]);
+        const detail::BlockScale s = detail::mx_block_scale(c, fmax[b], bits[b]);
         factors[b] = s.factor;
         if (q.scale_format == ScaleFormat::f32) q.scale_inv[sb + b] = s.scale_inv;
         else q.scale_codes[sb + b] = s.code;
@@ -417,11 +429,7 @@ void quantize_2d(const LowpKernels& k, Quantized& q, const float* g, float s_enc
       for (std::size_t b = 0; b < nb; ++b) amax[b] = detail::canonical_amax(bits[b]);
       k.nvfp4_scales(amax.data(), nb, s_enc_div6, s_dec, q.scale_codes.data() + band * nb, factors.data());
     } else {
-      for (std::size_t b = 0; b < nb; ++b) {
-        const detail::BlockScale s = detail::fp8_block_scale(c, fmax[b]);
-        factors[b] = s.factor;
-        q.scale_inv[band * nb + b] = s.scale_inv;
-      }
+      detail::fp8_block_scales(c, fmax.data(), nb, factors.data(), q.scale_inv.data() + band * nb);
     }
     for (std::size_t r = r0; r < r1; ++r) k.encode_scaled(c.element, g + r * C, C, block, factors.data(), code_ptr(q, r, 0), nullptr, &counts);
   }

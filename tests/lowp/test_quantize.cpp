@@ -5,6 +5,7 @@
 // bit for bit. Failures print values in hex.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstdint>
@@ -686,6 +687,34 @@ TEST(LowpKernels, EncodeScaledEqualsTheScalarRuleForEveryFp32Class) {
   }
 }
 
+TEST(LowpKernels, BlockAmaxEqualsTheScalarRuleForEveryCountOfBlocks) {
+  // Every number of whole blocks from 0 to 40 (the SIMD kernels reduce up to sixteen at once),
+  // with and without a ragged tail, on values of every class (NaN and inf included).
+  for (std::size_t block : {16u, 32u, 128u, 48u, 1024u}) {
+    for (std::size_t whole = 0; whole <= 40; ++whole) {
+      for (std::size_t tail : {0u, 1u, 15u}) {
+        const std::size_t n = whole * block + (tail < block ? tail : 0);
+        if (n == 0) continue;
+        const std::vector<float> x = mixed(n, 1000 * block + 10 * whole + tail, true);
+        const std::size_t nb = (n + block - 1) / block;
+        std::vector<float> wf(nb), gf(nb);
+        std::vector<std::uint32_t> wb(nb), gb(nb);
+        detail::scalar_kernels().block_amax(x.data(), n, block, wf.data(), wb.data());
+        for (const auto* k : tables()) {
+          std::fill(gf.begin(), gf.end(), -1.0f);  // no result carried over from another table
+          std::fill(gb.begin(), gb.end(), 0xdeadbeefu);
+          k->block_amax(x.data(), n, block, gf.data(), gb.data());
+          for (std::size_t b = 0; b < nb; ++b) {
+            ASSERT_EQ(gb[b], wb[b]) << isa_name(k->isa) << " block " << block << " n " << n << " at " << b;
+            ASSERT_EQ(bits(gf[b]), bits(wf[b])) << isa_name(k->isa) << " block " << block << " n " << n << " at " << b
+                                                << ": " << hexf(gf[b]) << " want " << hexf(wf[b]);
+          }
+        }
+      }
+    }
+  }
+}
+
 TEST(LowpKernels, EncodeScaledEqualsTheScalarRuleOnEveryNormalOfEachFormat) {
   // Every fp32 from each format's smallest normal to its largest finite (sampled under the
   // sanitizers), signs mixed: whole vectors of such values take the SIMD kernels' shortest
@@ -712,6 +741,7 @@ TEST(LowpKernels, EncodeScaledEqualsTheScalarRuleOnEveryNormalOfEachFormat) {
       ASSERT_EQ(wc.saturated + wc.flushed + wc.nonfinite, 0u) << element_name(e) << " from " << hex(start, 8);
       for (const auto* k : tables()) {
         detail::EncodeCounts gc;
+        std::fill(got.begin(), got.end(), std::uint8_t{0xA5});  // no code carried over from another table
         k->encode_scaled(e, x.data(), n, n, &factor, got.data(), nullptr, &gc);
         test::Failures f;
         const std::size_t bytes = e == Element::e2m1 ? (n + 1) / 2 : n;

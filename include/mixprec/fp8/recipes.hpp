@@ -11,6 +11,7 @@
 // loads from JSON text (nlohmann stays private to the library).
 #pragma once
 
+#include <bit>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -141,9 +142,20 @@ void validate(const CurrentScalingConfig& config);
 // scale = fp8_max / amax (fp32); inf -> FLT_MAX; NaN -> 1; power of two: the fp32
 // exponent bits only (mantissa cleared, i.e. rounded down to a power of two).
 // value_for_inf replaces an infinite fp8_max / amax (TE's newer signature: the input
-// dtype's largest finite; FLT_MAX by default, as TE's current scaling).
-float current_scale(float amax, float fp8_max, bool power_of_2_scales, float epsilon,
-                    float value_for_inf = 0x1.fffffep127f) noexcept;
+// dtype's largest finite; FLT_MAX by default, as TE's current scaling). Inline: block
+// recipes take one per 128 values.
+inline float current_scale(float amax, float fp8_max, bool power_of_2_scales, float epsilon,
+                           float value_for_inf = 0x1.fffffep127f) noexcept {
+  if (amax < epsilon) amax = epsilon;  // NaN compares false and stays NaN
+  const std::uint32_t abits = std::bit_cast<std::uint32_t>(amax) & 0x7fffffffu;
+  if (abits == 0x7f800000u || abits == 0) return 1.0f;  // inf or 0
+  float scale = fp8_max / amax;
+  const std::uint32_t sbits = std::bit_cast<std::uint32_t>(scale) & 0x7fffffffu;
+  if (sbits == 0x7f800000u) scale = value_for_inf;
+  if (sbits > 0x7f800000u) scale = 1.0f;  // NaN
+  if (power_of_2_scales) scale = std::bit_cast<float>(std::bit_cast<std::uint32_t>(scale) & 0xFF800000u);
+  return scale;
+}
 
 // ---- MX block scaling -----------------------------------------------------------
 

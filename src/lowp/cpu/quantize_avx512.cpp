@@ -266,13 +266,15 @@ inline __m512 transpose_max16(const __m512* v) {
   return lane_pair_max<Max>(lane_pair_max<Max>(r[0], r[1]), lane_pair_max<Max>(r[2], r[3]));
 }
 
-// Sixteen whole blocks of kVecs vectors each (16, 32, 128 elements): both maxima per block
-// in lanes, then one transpose-reduction for the sixteen instead of two reductions each.
+// Up to sixteen whole blocks of kVecs vectors each (16, 32, 128 elements): both maxima per
+// block in lanes, then one transpose-reduction for all of them instead of two reductions each
+// (the missing blocks' lanes are zero; their results are not stored).
 template <std::size_t kVecs>
-void block_amax16(const float* src, float* fmax, std::uint32_t* bits) {
+void block_amax16(const float* src, std::size_t count, float* fmax, std::uint32_t* bits) {
   const __m512i mag = set1(0x7fffffffu);
   __m512 vb[16], vf[16];
-  for (std::size_t j = 0; j < 16; ++j) {
+  for (std::size_t j = count; j < 16; ++j) vb[j] = vf[j] = _mm512_setzero_ps();
+  for (std::size_t j = 0; j < count; ++j) {
     const float* p = src + j * kVecs * 16;
     __m512i mb = _mm512_setzero_si512();
     __m512 mf = _mm512_setzero_ps();
@@ -284,17 +286,20 @@ void block_amax16(const float* src, float* fmax, std::uint32_t* bits) {
     vb[j] = _mm512_castsi512_ps(mb);
     vf[j] = mf;
   }
-  _mm512_storeu_si512(bits, _mm512_castps_si512(transpose_max16<&max_u32>(vb)));
-  _mm512_storeu_ps(fmax, transpose_max16<&max_f32>(vf));
+  const __mmask16 keep = static_cast<__mmask16>((1u << count) - 1u);
+  _mm512_mask_storeu_epi32(bits, keep, _mm512_castps_si512(transpose_max16<&max_u32>(vb)));
+  _mm512_mask_storeu_ps(fmax, keep, transpose_max16<&max_f32>(vf));
 }
 
 void block_amax_avx512(const float* src, std::size_t n, std::size_t block, float* fmax, std::uint32_t* bits) {
   const __m512i mag = set1(0x7fffffffu);
   std::size_t b = 0;
-  void (*sixteen)(const float*, float*, std::uint32_t*) =
+  void (*sixteen)(const float*, std::size_t, float*, std::uint32_t*) =
       block == 16 ? &block_amax16<1> : block == 32 ? &block_amax16<2> : block == 128 ? &block_amax16<8> : nullptr;
-  if (sixteen != nullptr) {
-    for (; (b + 16) * block <= n; b += 16) sixteen(src + b * block, fmax + b, bits + b);
+  const std::size_t whole = n / block;
+  if (sixteen != nullptr && whole >= 2) {
+    for (; b < whole; b += 16) sixteen(src + b * block, whole - b < 16 ? whole - b : 16, fmax + b, bits + b);
+    b = whole;
   }
   for (; b * block < n; ++b) {
     const float* p = src + b * block;
