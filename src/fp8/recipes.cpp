@@ -335,17 +335,7 @@ e8m0 mx_scale(float amax, Dtype dtype, MxRounding rounding) noexcept {
 
 e8m0 mx_scale(float amax, float elem_max, int emax_elem, MxRounding rounding) noexcept {
   if (rounding == MxRounding::transformer_engine) {
-    // Quantized_Limits<T>::max_norm_rcp = 1.0 / max_norm, computed in double, stored as float.
-    const float rcp = static_cast<float>(1.0 / static_cast<double>(elem_max));
-    const float v = amax * rcp;
-    if (std::isnan(v)) return e8m0::from_bits(0xFF);
-    if (std::isinf(v)) return e8m0::from_bits(0xFE);
-    if (v == 0.0f) return e8m0::from_bits(0x00);
-    const std::uint32_t u = std::bit_cast<std::uint32_t>(v);
-    std::uint32_t exponent = (u >> 23) & 0xFFu;  // amax >= 0, so no sign bit
-    const std::uint32_t mantissa = u & 0x7FFFFFu;
-    if ((mantissa > 0 && exponent != 0xFE) && !(exponent == 0 && mantissa <= 0x400000u)) ++exponent;
-    return e8m0::from_bits(static_cast<std::uint8_t>(exponent));
+    return e8m0::from_bits(mx_scale_code_te(amax, mx_max_norm_rcp(elem_max)));
   }
   // OCP MX emulation (microxcaling _shared_exponents, method "max").
   if (!std::isfinite(amax)) return e8m0::from_bits(0xFF);
@@ -356,11 +346,7 @@ e8m0 mx_scale(float amax, float elem_max, int emax_elem, MxRounding rounding) no
 
 float mx_quantize_factor(e8m0 scale, MxRounding rounding) noexcept {
   const std::uint32_t code = scale.bits();
-  if (rounding == MxRounding::transformer_engine) {
-    if (code == 0) return 1.0f;  // TE exp2f_rcp(0) == 1
-    if (code == 0xFF) return std::numeric_limits<float>::quiet_NaN();
-    return std::bit_cast<float>((254u - code) << 23);
-  }
+  if (rounding == MxRounding::transformer_engine) return mx_factor_te(static_cast<std::uint8_t>(code));
   if (code == 0xFF) return std::numeric_limits<float>::quiet_NaN();
   return std::ldexp(1.0f, -scale.exponent());
 }

@@ -156,6 +156,10 @@ BlockScale fp8_block_scale(const QuantizeConfig& c, float max_ignoring_nan) noex
 void fp8_block_scales(const QuantizeConfig& c, const float* max_ignoring_nan, std::size_t n, float* factors,
                       float* scale_inv) noexcept;
 BlockScale mx_block_scale(const QuantizeConfig& c, float max_ignoring_nan, std::uint32_t max_bits) noexcept;
+// mx_block_scale's factors and codes for n blocks (TE's rule inline, the config read once);
+// true when a block has the NaN scale.
+bool mx_block_scales(const QuantizeConfig& c, const float* max_ignoring_nan, const std::uint32_t* max_bits,
+                     std::size_t n, float* factors, std::uint8_t* codes) noexcept;
 // The canonical codes of a NaN-scale MX block: E4M3 0x7F, E5M2 0x7E, E2M1 0.
 std::uint8_t nan_block_code(Element e) noexcept;
 

@@ -295,6 +295,28 @@ BlockScale mx_block_scale(const QuantizeConfig& c, float max_ignoring_nan, std::
   return {fp8::mx_quantize_factor(scale, rounding), 1.0f, scale.bits()};
 }
 
+bool mx_block_scales(const QuantizeConfig& c, const float* max_ignoring_nan, const std::uint32_t* max_bits,
+                     std::size_t n, float* factors, std::uint8_t* codes) noexcept {
+  bool any_nan = false;
+  if (c.flavour == Flavour::te && c.scale_rounding == ScaleRounding::rceil) {
+    const float rcp = fp8::mx_max_norm_rcp(max_finite(c.element));
+    for (std::size_t b = 0; b < n; ++b) {
+      const std::uint8_t code = fp8::mx_scale_code_te(max_ignoring_nan[b], rcp);
+      codes[b] = code;
+      factors[b] = fp8::mx_factor_te(code);  // NaN for 0xFF: the counts of the NaN-block codes
+      any_nan = any_nan || code == 0xFF;
+    }
+    return any_nan;
+  }
+  for (std::size_t b = 0; b < n; ++b) {
+    const BlockScale s = mx_block_scale(c, max_ignoring_nan[b], max_bits[b]);
+    factors[b] = s.factor;
+    codes[b] = s.code;
+    any_nan = any_nan || std::isnan(s.factor);
+  }
+  return any_nan;
+}
+
 std::uint8_t nan_block_code(Element e) noexcept {
   return e == Element::e4m3 ? 0x7F : e == Element::e5m2 ? 0x7E : 0x00;
 }
@@ -372,13 +394,7 @@ void quantize_run_1d(const LowpKernels& k, Quantized& q, const Run& run, float s
     } else if (c.recipe == Recipe::fp8_block) {
       detail::fp8_block_scales(c, fmax, nb, factors, q.scale_inv.data() + sb);  // never NaN
     } else {
-      for (std::size_t b = 0; b < nb; ++b) {
-        const detail::BlockScale s = detail::mx_block_scale(c, fmax[b], bits[b]);
-        factors[b] = s.factor;
-        if (q.scale_format == ScaleFormat::f32) q.scale_inv[sb + b] = s.scale_inv;
-        else q.scale_codes[sb + b] = s.code;
-        any_nan_block = any_nan_block || std::isnan(s.factor);
-      }
+      any_nan_block = detail::mx_block_scales(c, fmax, bits, nb, factors, q.scale_codes.data() + sb);
     }
     // Element offsets: e2m1 blocks start at even columns, so the byte offset is exact.
     std::uint8_t* dst = c.element == Element::e2m1 ? q.codes.data() + run.row * q.row_bytes + (run.c0 + begin) / 2

@@ -185,4 +185,25 @@ e8m0 mx_scale(float amax, float elem_max, int emax_elem, MxRounding rounding) no
 //   OCP: 2^-e exactly (e in [-127, 119]).
 float mx_quantize_factor(e8m0 scale, MxRounding rounding) noexcept;
 
+// The TE rules above as inline code on raw bits, for the block loops (one scale per 32
+// values): the E8M0 code of amax given max_norm_rcp = float(1 / elem_max), and the factor of
+// a code (NaN for 0xFF).
+// TE's Quantized_Limits<T>::max_norm_rcp: 1 / max_norm computed in double, stored as float.
+inline float mx_max_norm_rcp(float elem_max) noexcept { return static_cast<float>(1.0 / static_cast<double>(elem_max)); }
+inline std::uint8_t mx_scale_code_te(float amax, float max_norm_rcp) noexcept {
+  const float v = amax * max_norm_rcp;
+  const std::uint32_t u = std::bit_cast<std::uint32_t>(v) & 0x7fffffffu;
+  if (u > 0x7f800000u) return 0xFF;  // NaN
+  if (u == 0x7f800000u) return 0xFE;  // inf
+  std::uint32_t exponent = u >> 23;
+  const std::uint32_t mantissa = u & 0x7FFFFFu;
+  if ((mantissa > 0 && exponent != 0xFE) && !(exponent == 0 && mantissa <= 0x400000u)) ++exponent;
+  return static_cast<std::uint8_t>(exponent);  // 0 for v == 0
+}
+inline float mx_factor_te(std::uint8_t code) noexcept {
+  if (code == 0) return 1.0f;  // TE exp2f_rcp(0) == 1
+  if (code == 0xFF) return std::bit_cast<float>(0x7fc00000u);
+  return std::bit_cast<float>((254u - code) << 23);
+}
+
 }  // namespace mixprec::fp8
