@@ -142,7 +142,9 @@ void prepare(Quantized& q, std::size_t src_size, std::size_t rows, std::size_t c
 // The quantized grid's input into g: src copied, or transposed for a columnwise layout.
 void grid_input(std::span<const float> src, const Quantized& q, std::vector<float>& g);
 // Magnitude bits to the amax float: NaN patterns become the quiet NaN 0x7fc00000.
-float canonical_amax(std::uint32_t bits) noexcept;
+inline float canonical_amax(std::uint32_t bits) noexcept {
+  return std::bit_cast<float>(bits > 0x7f800000u ? 0x7fc00000u : bits);
+}
 
 // The scale of one block from its amaxes (TE's NaN-ignoring max, the NaN-propagating bits).
 struct BlockScale {

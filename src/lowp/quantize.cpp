@@ -262,10 +262,6 @@ void grid_input(std::span<const float> src, const Quantized& q, std::vector<floa
   }
 }
 
-float canonical_amax(std::uint32_t bits) noexcept {
-  return std::bit_cast<float>(bits > 0x7f800000u ? 0x7fc00000u : bits);
-}
-
 BlockScale fp8_block_scale(const QuantizeConfig& c, float max_ignoring_nan) noexcept {
   float factor, scale_inv;
   fp8_block_scales(c, &max_ignoring_nan, 1, &factor, &scale_inv);
