@@ -119,7 +119,7 @@ CurrentQuantized quantize_current(std::span<const float> src, std::span<T> dst, 
 }
 
 // MX in chunks of kChunkBlocks blocks: the block amaxes (one SIMD pass), the E8M0 scales
-// and factors (scalar, one per 32 values), then the block-scaled encode of the chunk,
+// and factors (one per 32 values; TE's rule inline), then the block-scaled encode of the chunk,
 // which reads it again from L1. Blocks with the NaN scale get NaN codes afterwards.
 template <Fp8Type T>
 float mx_quantize(std::span<const float> src, std::span<T> dst, std::span<e8m0> scales, MxRounding rounding) {
@@ -138,15 +138,23 @@ float mx_quantize(std::span<const float> src, std::span<T> dst, std::span<e8m0> 
     const std::size_t b0 = begin / kMxBlock;
     k.amax.block_amax(src.data() + begin, len, kMxBlock, bits, ignoring_nan);
     bool any_nan_scale = false;
-    for (std::size_t b = 0; b < nb; ++b) {
-      total = bits[b] > total ? bits[b] : total;
-      const float block_amax = rounding == MxRounding::transformer_engine
-                                   ? ignoring_nan[b]
-                                   : std::bit_cast<float>(canonical_amax_bits(bits[b]));
-      const e8m0 scale = mx_scale(block_amax, dtype_of<T>(), rounding);
-      scales[b0 + b] = scale;
-      any_nan_scale = any_nan_scale || scale.bits() == 0xFF;
-      factors[b] = scale.bits() == 0xFF ? 1.0f : mx_quantize_factor(scale, rounding);
+    for (std::size_t b = 0; b < nb; ++b) total = bits[b] > total ? bits[b] : total;
+    if (rounding == MxRounding::transformer_engine) {
+      // TE's rule inline (mx_scale's own code), the reciprocal taken once per call.
+      const float rcp = mx_max_norm_rcp(max_finite(dtype_of<T>()));
+      for (std::size_t b = 0; b < nb; ++b) {
+        const std::uint8_t code = mx_scale_code_te(ignoring_nan[b], rcp);
+        scales[b0 + b] = e8m0::from_bits(code);
+        any_nan_scale = any_nan_scale || code == 0xFF;
+        factors[b] = code == 0xFF ? 1.0f : mx_factor_te(code);
+      }
+    } else {
+      for (std::size_t b = 0; b < nb; ++b) {
+        const e8m0 scale = mx_scale(std::bit_cast<float>(canonical_amax_bits(bits[b])), dtype_of<T>(), rounding);
+        scales[b0 + b] = scale;
+        any_nan_scale = any_nan_scale || scale.bits() == 0xFF;
+        factors[b] = scale.bits() == 0xFF ? 1.0f : mx_quantize_factor(scale, rounding);
+      }
     }
     f.encode_block_scaled(src.data() + begin, dst.data() + begin, len, kMxBlock, factors, o);
     for (std::size_t b = 0; any_nan_scale && b < nb; ++b) {
