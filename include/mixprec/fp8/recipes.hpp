@@ -185,11 +185,10 @@ e8m0 mx_scale(float amax, float elem_max, int emax_elem, MxRounding rounding) no
 //   OCP: 2^-e exactly (e in [-127, 119]).
 float mx_quantize_factor(e8m0 scale, MxRounding rounding) noexcept;
 
-// The TE rules above as inline code on raw bits, for the block loops (one scale per 32
-// values): the E8M0 code of amax given max_norm_rcp = float(1 / elem_max), and the factor of
-// a code (NaN for 0xFF).
 // TE's Quantized_Limits<T>::max_norm_rcp: 1 / max_norm computed in double, stored as float.
 inline float mx_max_norm_rcp(float elem_max) noexcept { return static_cast<float>(1.0 / static_cast<double>(elem_max)); }
+// The TE rules above as inline code on raw bits, for the block loops (one scale per 32
+// values): the E8M0 code of amax given max_norm_rcp, and the factor of a code (NaN for 0xFF).
 inline std::uint8_t mx_scale_code_te(float amax, float max_norm_rcp) noexcept {
   const float v = amax * max_norm_rcp;
   const std::uint32_t u = std::bit_cast<std::uint32_t>(v) & 0x7fffffffu;
