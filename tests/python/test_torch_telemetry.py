@@ -108,6 +108,84 @@ def test_counts_equal_mixprecs_counted_conversion_on_the_same_gradients(tmp_path
     tel.close()
 
 
+class Fork(torch.nn.Module):
+    """Outputs whose gradients arrive in every way a hook can meet: two outputs of one autograd
+    node (chunk), one of them receiving no gradient; one tensor output by two modules
+    (Identity); a tensor no node made (a parameter returned as it is)."""
+
+    class Split(torch.nn.Module):
+        def forward(self, x):
+            return x.chunk(2, dim=-1)
+
+    class Leaf(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.randn(4))
+
+        def forward(self):
+            return self.w
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(16, 32)
+        self.split = Fork.Split()
+        self.same = torch.nn.Identity()
+        self.leaf = Fork.Leaf()
+
+    def forward(self, x):
+        a, _unused = self.split(self.fc(x))
+        a = self.same(a)
+        return (a * a).sum() * 1e-3 + (a + 1).mean() + self.leaf().pow(2).sum()
+
+
+def test_gradient_hooks_see_what_tensor_hooks_see(tmp_path):
+    """The gradient of each watched output, taken as a pre-hook of the node that made it, is
+    what the output's own Tensor.register_hook receives: per output of a multi-output node, for
+    a tensor two modules output, through the tensor itself for a leaf, and nothing for an output
+    that received no gradient (where a tensor hook is called with None)."""
+    torch.manual_seed(0)
+    model = Fork()
+    tel = Telemetry(model, str(tmp_path / "run"), precision="fp32", sample_every=1)
+    seen = {}
+
+    def watch(t, label):
+        def once(g):  # the leaf outlives the step: one hook per forward
+            handle.remove()
+            seen.setdefault(label, []).append(None if g is None else g.detach().clone())
+        handle = t.register_hook(once)
+
+    def fwd(name):
+        def hook(module, inputs, output):
+            outs = list(output) if isinstance(output, tuple) else [output]
+            for i, t in enumerate(outs):
+                watch(t, name if len(outs) == 1 else f"{name}[{i}]")
+        return hook
+
+    handles = [m.register_forward_hook(fwd(n)) for n, m in model.named_modules() if n]
+    for _ in range(2):
+        model(torch.randn(8, 16) * 3).backward()
+    line = tel.record(loss=1.0)
+    for h in handles:
+        h.remove()
+    tel.close()
+    by_name = {t["name"]: t for t in line["act_grad_tensors"]}
+    # Tensor hooks are called with None for an output of a multi-output node that received no
+    # gradient (the hooks Telemetry used before failed there): nothing to count.
+    assert seen.pop("split[1]") == [None, None]
+    assert set(seen) == {"fc", "split[0]", "same", "leaf"}
+    assert set(by_name) == set(seen)
+    for name, grads in seen.items():
+        assert len(grads) == 2, name
+        want = {k: 0 for k in ("elements", "nonzero", "nonfinite_input", "underflow", "subnormal", "overflow")}
+        for g in grads:
+            _, s = mixprec.encode(g.float().contiguous().numpy(), "f16")
+            for k in want:
+                want[k] += getattr(s, k)
+        assert {k: by_name[name][k] for k in want} == want, name
+        amax = max(float(g.abs().max()) for g in grads)
+        assert np.float32(by_name[name]["amax"]) == np.float32(amax), name
+
+
 def test_skip_is_named_and_next_scale_is_what_update_left(tmp_path):
     torch.manual_seed(1)
     model = Net()

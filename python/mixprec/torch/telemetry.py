@@ -16,8 +16,8 @@ run folder that `mixprec report`, the alerts and `mixprec scaler simulate` read.
 Module hooks (docs/python.md, "Telemetry"):
 - a forward hook on each watched module (by default every module without children): at sampled
   steps its output is checked for inf/NaN (the first one is named in the step's log line as
-  forward_nonfinite), added to the activation histogram at histogram steps, and given a tensor
-  hook, so that backward hands its gradient over to be counted under the module's name;
+  forward_nonfinite), added to the activation histogram at histogram steps, and given a gradient
+  hook (_on_gradient), so that backward hands its gradient over to be counted under the module's name;
 - counting is the core's: what converting the gradient, as it is (scaled), to fp16 with
   mixprec's counted conversion would report: underflow, subnormal, overflow and inf/NaN
   counts, |max|; for an fp32 or bf16 gradient what fp16 would flush at the current scale, for
@@ -92,6 +92,28 @@ def _record_values(loss: Any, lr: Any, tokens: Any, seconds: Any, val_loss: Any,
     return (_args.real("loss", loss), _args.real("lr", lr), _args.uint64("tokens", tokens),
             _args.optional_real("seconds", seconds), _args.optional_real("val_loss", val_loss),
             _args.real("clip_coef", clip_coef))
+
+
+def _on_gradient(t: torch.Tensor, hook: Callable[[Optional[torch.Tensor]], None]) -> None:
+    """Calls hook(gradient of t) in backward, once the gradient is summed over t's uses (None
+    for an output of a multi-output node that received none): as a pre-hook of the autograd
+    node that made t, at t's output index (one C++ call, where Tensor.register_hook costs
+    several times as much in Python, once per watched output at sampled steps); through
+    t.register_hook while Dynamo traces; for a tensor no node made (a leaf: a parameter a
+    module returns as it is), which outlives the step, a tensor hook that removes itself once
+    it ran (a node's pre-hook goes with its graph)."""
+    if torch.compiler.is_compiling():
+        t.register_hook(hook)
+        return
+    node = t.grad_fn
+    if node is None:
+        def once(grad: torch.Tensor) -> None:
+            handle.remove()
+            hook(grad)
+        handle = t.register_hook(once)
+        return
+    index = t.output_nr
+    node.register_prehook(lambda grads: hook(grads[index]))
 
 
 def _tensors_of(output: Any) -> List[torch.Tensor]:
@@ -283,15 +305,15 @@ class Telemetry:
                     else:
                         tel._rec.check_activation(label, _capsule(t))
                 if t.requires_grad and t.dim() > 0:  # a 0-dim output is a loss: its gradient is the scale
-                    t.register_hook(Telemetry._grad_hook(ref, label))
+                    _on_gradient(t, Telemetry._grad_hook(ref, label))
             tel._seconds += time.perf_counter() - t0
         return hook
 
     @staticmethod
     def _grad_hook(ref: "weakref.ref[Telemetry]", label: str):
-        def hook(grad: torch.Tensor) -> None:
+        def hook(grad: Optional[torch.Tensor]) -> None:
             tel = ref()
-            if tel is None or tel._rec is None:
+            if tel is None or tel._rec is None or grad is None:  # None: this output received no gradient
                 return
             t0 = time.perf_counter()
             if tel._on_device(grad):
