@@ -1,7 +1,8 @@
 // The counting pass (mixprec/formats/count.hpp) against what telemetry's counting did before
 // it, on the same tensors in the same run: a 16-bit tensor widened to fp32, convert_counted to
 // an fp16 scratch, and a separate |max| pass (measure_amax); an fp32 tensor without the
-// widening. Also the scalar reference of the counting pass. Google Benchmark; compare the
+// widening. Also the scalar reference of the counting pass, and the |max| pass alone
+// (amax_*, the forward check's). Google Benchmark; compare the
 // medians of one run (docs/performance.md, "Telemetry's cost"):
 //
 //   build/release/bench/bench_count --benchmark_repetitions=9 --benchmark_report_aggregates_only=true
@@ -72,6 +73,23 @@ void BM_count(benchmark::State& state) {
   state.SetItemsProcessed(state.iterations() * state.range(0));
 }
 
+// The |max| pass alone (amax_*: Telemetry's forward check for inf/NaN), on the same tensors.
+template <class T>
+void BM_amax(benchmark::State& state) {
+  Data<T> d(static_cast<std::size_t>(state.range(0)));
+  const auto isa = static_cast<mixprec::Isa>(state.range(1));
+  if (!mixprec::isa_available(isa)) {
+    state.SkipWithError("back end not available on this CPU");
+    return;
+  }
+  for (auto _ : state) {
+    if constexpr (std::is_same_v<T, f16>) benchmark::DoNotOptimize(mixprec::amax_f16(isa, std::span<const f16>(d.low)));
+    else if constexpr (std::is_same_v<T, bf16>) benchmark::DoNotOptimize(mixprec::amax_bf16(isa, std::span<const bf16>(d.low)));
+    else benchmark::DoNotOptimize(mixprec::amax_f32(isa, std::span<const float>(d.f32)));
+  }
+  state.SetItemsProcessed(state.iterations() * state.range(0));
+}
+
 // The old recorder: widen (16-bit), convert_counted into a scratch, measure_amax.
 template <class T>
 void BM_widen_convert_counted(benchmark::State& state) {
@@ -104,6 +122,9 @@ void sizes_old(benchmark::internal::Benchmark* b) {
 BENCHMARK(BM_count<float>)->Apply(sizes);
 BENCHMARK(BM_count<bf16>)->Apply(sizes);
 BENCHMARK(BM_count<f16>)->Apply(sizes);
+BENCHMARK(BM_amax<float>)->Apply(sizes);
+BENCHMARK(BM_amax<bf16>)->Apply(sizes);
+BENCHMARK(BM_amax<f16>)->Apply(sizes);
 BENCHMARK(BM_widen_convert_counted<float>)->Apply(sizes_old);
 BENCHMARK(BM_widen_convert_counted<bf16>)->Apply(sizes_old);
 BENCHMARK(BM_widen_convert_counted<f16>)->Apply(sizes_old);

@@ -66,6 +66,19 @@ const detail::CountKernels& active() {
   return table;
 }
 
+// The largest magnitude bits as fp32 (exact for every fp16 and bf16 value); inf/NaN: inf.
+float amax_from_bits(DType source, std::uint32_t max_bits) {
+  switch (source) {
+    case DType::f16:
+      return max_bits >= 0x7c00u ? kInf : static_cast<float>(f16::from_bits(static_cast<std::uint16_t>(max_bits)));
+    case DType::bf16:
+      return max_bits >= 0x7f80u ? kInf : std::bit_cast<float>(max_bits << 16);
+    case DType::f32:
+      break;
+  }
+  return max_bits >= 0x7f800000u ? kInf : std::bit_cast<float>(max_bits);
+}
+
 CountedTensor stats_of(const MagnitudeProfile& p, DType source, std::size_t n) {
   return counted_from_profile(source, n, std::span<const std::uint64_t, kCountBounds>(p.above), p.max);
 }
@@ -80,6 +93,14 @@ CountedTensor count32(const detail::CountKernels& k, const float* src, std::size
   MagnitudeProfile p;
   if (n > 0) k.profile32(reinterpret_cast<const std::uint32_t*>(src), n, kBounds[0], p);
   return stats_of(p, DType::f32, n);
+}
+
+float amax16(const detail::CountKernels& k, const std::uint16_t* src, std::size_t n, DType source) {
+  return n == 0 ? 0.0f : amax_from_bits(source, k.max16(src, n));
+}
+
+float amax32(const detail::CountKernels& k, const float* src, std::size_t n) {
+  return n == 0 ? 0.0f : amax_from_bits(DType::f32, k.max32(reinterpret_cast<const std::uint32_t*>(src), n));
 }
 
 const std::uint16_t* words(std::span<const f16> s) { return reinterpret_cast<const std::uint16_t*>(s.data()); }
@@ -102,18 +123,7 @@ CountedTensor counted_from_profile(DType source, std::uint64_t elements, std::sp
   c.stats.subnormal = above[1] - above[2];
   c.stats.overflow = above[3] - above[4];
   c.stats.nonfinite_input = above[4];
-  // The largest magnitude as fp32 (exact for every fp16 and bf16 value); inf/NaN: inf.
-  switch (source) {
-    case DType::f16:
-      c.amax = max_bits >= 0x7c00u ? kInf : static_cast<float>(f16::from_bits(static_cast<std::uint16_t>(max_bits)));
-      break;
-    case DType::bf16:
-      c.amax = max_bits >= 0x7f80u ? kInf : std::bit_cast<float>(max_bits << 16);
-      break;
-    case DType::f32:
-      c.amax = max_bits >= 0x7f800000u ? kInf : std::bit_cast<float>(max_bits);
-      break;
-  }
+  c.amax = amax_from_bits(source, max_bits);
   return c;
 }
 
@@ -134,5 +144,15 @@ CountedTensor count_bf16_to_f16(Isa isa, std::span<const bf16> src) {
 CountedTensor count_f32_to_f16(Isa isa, std::span<const float> src) {
   return count32(table_of(isa), src.data(), src.size());
 }
+
+float amax_f16(std::span<const f16> src) { return amax16(active(), words(src), src.size(), DType::f16); }
+float amax_bf16(std::span<const bf16> src) { return amax16(active(), words(src), src.size(), DType::bf16); }
+float amax_f32(std::span<const float> src) { return amax32(active(), src.data(), src.size()); }
+
+float amax_f16(Isa isa, std::span<const f16> src) { return amax16(table_of(isa), words(src), src.size(), DType::f16); }
+float amax_bf16(Isa isa, std::span<const bf16> src) {
+  return amax16(table_of(isa), words(src), src.size(), DType::bf16);
+}
+float amax_f32(Isa isa, std::span<const float> src) { return amax32(table_of(isa), src.data(), src.size()); }
 
 }  // namespace mixprec

@@ -96,6 +96,17 @@ CountedTensor count_view(const GradTensor& t) {
   return count_f32_to_f16({static_cast<const float*>(t.data), t.size});
 }
 
+// count.hpp's |max| pass over a view (0 for an empty one): inf iff it holds inf or NaN.
+float amax_view(const GradTensor& t) {
+  if (t.size == 0 || t.data == nullptr) return 0.0f;
+  switch (t.dtype) {
+    case DType::f16: return amax_f16({static_cast<const f16*>(t.data), t.size});
+    case DType::bf16: return amax_bf16({static_cast<const bf16*>(t.data), t.size});
+    case DType::f32: break;
+  }
+  return amax_f32({static_cast<const float*>(t.data), t.size});
+}
+
 void merge(nn::Log2Histogram& into, const nn::Log2Histogram& h) {
   for (std::size_t i = 0; i < into.counts.size() && i < h.counts.size(); ++i) into.counts[i] += h.counts[i];
   into.zeros += h.zeros;
@@ -193,8 +204,8 @@ bool TelemetryRecorder::check_activation(std::string_view name, const GradTensor
   std::lock_guard lock(mu_);
   const Spent spent(seconds_);
   if (output.size == 0 || output.data == nullptr) return false;
-  // The counting pass's inf/NaN count: one read of the codes, cheaper than the unscale kernel's check.
-  const bool nonfinite = count_view(output).stats.nonfinite_input > 0;
+  // The |max| pass alone: one read of the codes, no counts (3-4x the counting pass's rate in cache).
+  const bool nonfinite = std::isinf(amax_view(output));
   if (nonfinite && first_nonfinite_forward_.empty()) first_nonfinite_forward_ = name;
   if (histogram_step()) hist_.activations.add(as_f32(output, f32_scratch_), nn::kHistogramStride);
   return nonfinite;

@@ -12,6 +12,8 @@ const CountKernels& scalar_count_kernels() noexcept {
       [](const std::uint32_t* s, std::size_t n, const std::uint32_t* b, MagnitudeProfile& out) {
         profile_range(s, n, b, out);
       },
+      [](const std::uint16_t* s, std::size_t n) { return max_range(s, n); },
+      [](const std::uint32_t* s, std::size_t n) { return max_range(s, n); },
   };
   return table;
 }
