@@ -1,9 +1,13 @@
 // AVX-512 (F/BW) back end of the counting pass (formats/count_kernels.hpp; entered only
 // after isa_available(Isa::avx512) has checked the CPU): 32 codes or 16 fp32 words a vector,
-// one unsigned compare into a mask per bound, counted with popcnt. The tail is one masked
-// load: its cleared lanes read as +0, which lies above no bound and raises no max, so the
-// tail is counted by the same instructions. Results equal the reference exactly.
+// one unsigned compare into a mask per bound, added into per-lane counters under that mask
+// (16-bit lanes flushed every 32767 vectors, 32-bit lanes every 2^26): no trip of each mask
+// through a general register and popcnt. The tail is one masked load: its cleared lanes
+// read as +0, which lies above no bound and raises no max, so the tail is counted by the
+// same instructions. Results equal the reference exactly.
 #include "formats/count_kernels.hpp"
+
+#include <algorithm>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -21,22 +25,36 @@
 namespace mixprec::detail {
 namespace {
 
+// The lanes of a vector of 16-bit counters, each below 2^15, summed (madd pairs them into 32 bits).
+std::uint64_t sum16(__m512i c) {
+  return static_cast<std::uint64_t>(_mm512_reduce_add_epi32(_mm512_madd_epi16(c, _mm512_set1_epi16(1))));
+}
+
 void profile16_avx512(const std::uint16_t* src, std::size_t n, const std::uint16_t* bounds, MagnitudeProfile& out) {
   const __m512i mag = _mm512_set1_epi16(0x7fff);
+  const __m512i one = _mm512_set1_epi16(1);
   __m512i b[kCountBounds];
   for (int k = 0; k < kCountBounds; ++k) b[k] = _mm512_set1_epi16(static_cast<short>(bounds[k]));
   __m512i vmax = _mm512_setzero_si512();
-  std::uint64_t c[kCountBounds] = {0, 0, 0, 0, 0};
+  __m512i acc[kCountBounds];
   auto step = [&](__m512i v) {
     const __m512i m = _mm512_and_si512(v, mag);
     vmax = _mm512_max_epu16(vmax, m);
     for (int k = 0; k < kCountBounds; ++k)
-      c[k] += static_cast<std::uint64_t>(_mm_popcnt_u32(_mm512_cmpgt_epu16_mask(m, b[k])));
+      acc[k] = _mm512_mask_add_epi16(acc[k], _mm512_cmpgt_epu16_mask(m, b[k]), acc[k], one);
   };
   std::size_t i = 0;
-  for (; i + 32 <= n; i += 32) step(_mm512_loadu_si512(src + i));
-  if (i < n) step(_mm512_maskz_loadu_epi16(static_cast<__mmask32>((1u << (n - i)) - 1u), src + i));
-  for (int k = 0; k < kCountBounds; ++k) out.above[k] += c[k];
+  constexpr std::size_t kBlock = 32767;  // vectors per flush: a 16-bit lane counts at most this many
+  while (i < n) {
+    for (auto& a : acc) a = _mm512_setzero_si512();
+    const std::size_t vectors = (n - i) / 32 < kBlock ? (n - i) / 32 : kBlock;
+    for (std::size_t v = 0; v < vectors; ++v, i += 32) step(_mm512_loadu_si512(src + i));
+    if (vectors < kBlock && i < n) {
+      step(_mm512_maskz_loadu_epi16(static_cast<__mmask32>((1u << (n - i)) - 1u), src + i));
+      i = n;
+    }
+    for (int k = 0; k < kCountBounds; ++k) out.above[k] += sum16(acc[k]);
+  }
   alignas(64) std::uint16_t lane[32];
   _mm512_store_si512(lane, vmax);
   for (std::uint16_t x : lane) out.max = x > out.max ? x : out.max;
@@ -44,22 +62,31 @@ void profile16_avx512(const std::uint16_t* src, std::size_t n, const std::uint16
 
 void profile32_avx512(const std::uint32_t* src, std::size_t n, const std::uint32_t* bounds, MagnitudeProfile& out) {
   const __m512i mag = _mm512_set1_epi32(0x7fffffff);
+  const __m512i one = _mm512_set1_epi32(1);
   __m512i b[kCountBounds];
   for (int k = 0; k < kCountBounds; ++k) b[k] = _mm512_set1_epi32(static_cast<int>(bounds[k]));
   __m512i vmax = _mm512_setzero_si512();
-  std::uint64_t c[kCountBounds] = {0, 0, 0, 0, 0};
+  __m512i acc[kCountBounds];
   auto step = [&](__m512i v) {
     const __m512i m = _mm512_and_si512(v, mag);
     vmax = _mm512_max_epu32(vmax, m);
     for (int k = 0; k < kCountBounds; ++k)
-      c[k] += static_cast<std::uint64_t>(_mm_popcnt_u32(_mm512_cmpgt_epu32_mask(m, b[k])));
+      acc[k] = _mm512_mask_add_epi32(acc[k], _mm512_cmpgt_epu32_mask(m, b[k]), acc[k], one);
   };
   std::size_t i = 0;
-  for (; i + 16 <= n; i += 16) step(_mm512_loadu_si512(src + i));
-  if (i < n) step(_mm512_maskz_loadu_epi32(static_cast<__mmask16>((1u << (n - i)) - 1u), src + i));
-  for (int k = 0; k < kCountBounds; ++k) out.above[k] += c[k];
-  const std::uint32_t m = _mm512_reduce_max_epu32(vmax);
-  out.max = m > out.max ? m : out.max;
+  constexpr std::size_t kBlock = std::size_t{1} << 26;  // 16 lanes of at most 2^26: the sum fits 32 bits
+  while (i < n) {
+    for (auto& a : acc) a = _mm512_setzero_si512();
+    const std::size_t vectors = (n - i) / 16 < kBlock ? (n - i) / 16 : kBlock;
+    for (std::size_t v = 0; v < vectors; ++v, i += 16) step(_mm512_loadu_si512(src + i));
+    if (vectors < kBlock && i < n) {
+      step(_mm512_maskz_loadu_epi32(static_cast<__mmask16>((1u << (n - i)) - 1u), src + i));
+      i = n;
+    }
+    for (int k = 0; k < kCountBounds; ++k)
+      out.above[k] += static_cast<std::uint32_t>(_mm512_reduce_add_epi32(acc[k]));
+  }
+  out.max = std::max(out.max, _mm512_reduce_max_epu32(vmax));
 }
 
 // The largest magnitude alone: four independent maxima, the tail one masked load (its cleared
