@@ -28,6 +28,8 @@ def _shown(v: Any) -> str:
 
 def real(name: str, v: Any) -> float:
     """v as a float: a real number (Python, NumPy, a 1-element tensor); TypeError naming `name`."""
+    if type(v) is float:  # the common case first: record() checks several numbers every step
+        return v
     if isinstance(v, (bool, str, bytes)) or v is None:
         raise TypeError(f"{name}: expected a number, found {_shown(v)}")
     if isinstance(v, numbers.Real):
@@ -46,6 +48,8 @@ def real(name: str, v: Any) -> float:
 def integer(name: str, v: Any, low: int, high: int) -> int:
     """v as an int in [low, high]: an integer (Python, NumPy, a 1-element integer tensor) or a
     float with an integral value; ValueError/TypeError naming `name` and the range otherwise."""
+    if type(v) is int and low <= v <= high:  # the common case first
+        return v
     rng = f"[{low}, 2**{high.bit_length()})" if high in (_INT64_MAX, _UINT64_MAX) else f"[{low}, {high}]"
     if isinstance(v, (bool, str, bytes)) or v is None:
         raise TypeError(f"{name}: expected an integer in {rng}, found {_shown(v)}")

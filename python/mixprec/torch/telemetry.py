@@ -64,7 +64,7 @@ def _capsule(t: torch.Tensor):
     """t as the core reads it: a DLPack capsule of CPU, contiguous float32/float16/bfloat16
     memory (torch.utils.dlpack.to_dlpack: far cheaper to import than the tensor itself).
     Anything else is copied once (to float32 when its dtype is another)."""
-    t = _local(t.detach())  # a DTensor (FSDP2): this rank's shard
+    t = _local(t.detach() if t.requires_grad else t)  # a DTensor (FSDP2): this rank's shard
     if t.dtype not in _CPU_DTYPES:
         t = t.float()
     if not t.is_contiguous():
