@@ -91,9 +91,13 @@ void Telemetry::watch(const std::string& name, const at::Tensor& activation) {
     throw std::invalid_argument("telemetry: watch('" + name +
                                 "'): the tensor does not require grad, so backward never reaches it");
   }
-  // A hook on a non-leaf tensor: called with its gradient; returning nothing keeps it.
+  // A hook on a non-leaf tensor: called with its gradient; returning nothing keeps it. It is
+  // called with an undefined tensor for an output of a multi-output node that received no
+  // gradient: nothing to count.
   at::Tensor a = activation;
-  a.register_hook([this, name](const at::Tensor& g) { count(name, g); });
+  a.register_hook([this, name](const at::Tensor& g) {
+    if (g.defined()) count(name, g);
+  });
 }
 
 void Telemetry::count(const std::string& name, const at::Tensor& grad) {

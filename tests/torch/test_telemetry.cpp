@@ -167,6 +167,30 @@ TEST(TorchTelemetry, CountsEqualConvertCountedOnTheSameGradients) {
   }
 }
 
+// Two outputs of one autograd node (chunk), one of them unused: its hook sees an undefined
+// gradient and counts nothing; the other is counted as its own hook sees it.
+TEST(TorchTelemetry, AnOutputThatReceivedNoGradientIsNotCounted) {
+  const std::filesystem::path dir = std::filesystem::temp_directory_path() / "mixprec_torch_telemetry_unused";
+  std::filesystem::remove_all(dir);
+  ::torch::manual_seed(5);
+  Net net;
+  ::torch::optim::SGD opt(net->parameters(), ::torch::optim::SGDOptions(0.01));
+  mixprec::torch::GradScaler scaler(mixprec::LossScaleConfig{}, false);
+  mixprec::torch::Telemetry tel(dir.string(), {.precision = "fp32", .loss_scale = "none"});
+  const auto halves = net->fc1(::torch::randn({4, 8})).chunk(2, 1);
+  tel.watch("used", halves[0]);
+  tel.watch("unused", halves[1]);
+  std::vector<bool> defined;
+  halves[1].register_hook([&](const Tensor& g) { defined.push_back(g.defined()); });
+  ASSERT_NO_THROW(halves[0].pow(2).sum().backward());
+  EXPECT_EQ(defined, std::vector<bool>{false});  // the hook runs, with no gradient
+  const auto rec = tel.record(net->named_parameters(), scaler.step(opt), scaler, {.loss = 0.0, .lr = 0.01});
+  ASSERT_EQ(rec.act_grad_tensors.size(), 1u);
+  EXPECT_EQ(rec.act_grad_tensors[0].name, "used");
+  EXPECT_EQ(rec.act_grad_tensors[0].stats.elements, 4u * 16u);
+  std::filesystem::remove_all(dir);
+}
+
 TEST(TorchTelemetry, RefusesBadOptionsAndAFolderInUse) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / "mixprec_torch_telemetry_test3";
   std::filesystem::remove_all(dir);
