@@ -84,7 +84,8 @@ void BM_amax(benchmark::State& state) {
   }
   for (auto _ : state) {
     if constexpr (std::is_same_v<T, f16>) benchmark::DoNotOptimize(mixprec::amax_f16(isa, std::span<const f16>(d.low)));
-    else if constexpr (std::is_same_v<T, bf16>) benchmark::DoNotOptimize(mixprec::amax_bf16(isa, std::span<const bf16>(d.low)));
+    else if constexpr (std::is_same_v<T, bf16>)
+      benchmark::DoNotOptimize(mixprec::amax_bf16(isa, std::span<const bf16>(d.low)));
     else benchmark::DoNotOptimize(mixprec::amax_f32(isa, std::span<const float>(d.f32)));
   }
   state.SetItemsProcessed(state.iterations() * state.range(0));
