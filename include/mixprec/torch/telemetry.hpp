@@ -82,8 +82,11 @@ class Telemetry {
   // `dir` holds files already; std::runtime_error naming the path when it cannot write.
   explicit Telemetry(std::string dir, const TelemetryOptions& options = {}, Counting counting = Counting::automatic);
 
-  // Counts `activation`'s gradient at backward under `name`. Throws std::invalid_argument
-  // when the tensor does not require grad.
+  // Counts `activation`'s gradient at backward under `name` (nothing when it receives none:
+  // an unused output of a multi-output node). One tensor hook per call: watch each step's
+  // activations, which go with their graph; a leaf (a parameter) outlives the step and would
+  // keep every hook, each counting it again. Throws std::invalid_argument when the tensor
+  // does not require grad.
   void watch(const std::string& name, const at::Tensor& activation);
 
   // One log line for this optimizer step (call after step(), before update()); returns it.
