@@ -54,9 +54,14 @@ static bool cpu_has_avx512() noexcept {
 
 bool cpu_has_avx512_bf16() noexcept {
 #if defined(__x86_64__)
-  unsigned a = 0, b = 0, c = 0, d = 0;
-  if (__get_cpuid_count(7, 1, &a, &b, &c, &d) == 0) return false;
-  return (a >> 5 & 1u) != 0;  // CPUID.(EAX=7,ECX=1):EAX[5] = AVX512_BF16
+  // Asked once: CPUID traps to the hypervisor in a VM (microseconds), and kernel_table(avx512)
+  // asks on every call.
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_count(7, 1, &a, &b, &c, &d) == 0) return false;
+    return (a >> 5 & 1u) != 0;  // CPUID.(EAX=7,ECX=1):EAX[5] = AVX512_BF16
+  }();
+  return has;
 #else
   return false;
 #endif
