@@ -10,6 +10,7 @@
 
 #include "core/select_kernels.hpp"
 #include "formats/count_kernels.hpp"
+#include "mixprec/formats/kernel_table.hpp"
 
 namespace mixprec {
 namespace {
@@ -99,8 +100,14 @@ float amax16(const detail::CountKernels& k, const std::uint16_t* src, std::size_
   return n == 0 ? 0.0f : amax_from_bits(source, k.max16(src, n));
 }
 
-float amax32(const detail::CountKernels& k, const float* src, std::size_t n) {
-  return n == 0 ? 0.0f : amax_from_bits(DType::f32, k.max32(reinterpret_cast<const std::uint32_t*>(src), n));
+// fp32: the formats table's magnitude-bits max (the FP8 recipes' amax kernel), same back end.
+const KernelTable& amax_table(Isa isa) {
+  (void)table_of(isa);  // the same availability check and message
+  return *kernel_table(isa);
+}
+
+float amax32(const KernelTable& k, const float* src, std::size_t n) {
+  return n == 0 ? 0.0f : amax_from_bits(DType::f32, k.amax.amax_bits(src, n));
 }
 
 const std::uint16_t* words(std::span<const f16> s) { return reinterpret_cast<const std::uint16_t*>(s.data()); }
@@ -147,12 +154,15 @@ CountedTensor count_f32_to_f16(Isa isa, std::span<const float> src) {
 
 float amax_f16(std::span<const f16> src) { return amax16(active(), words(src), src.size(), DType::f16); }
 float amax_bf16(std::span<const bf16> src) { return amax16(active(), words(src), src.size(), DType::bf16); }
-float amax_f32(std::span<const float> src) { return amax32(active(), src.data(), src.size()); }
+float amax_f32(std::span<const float> src) {
+  static const KernelTable& table = amax_table(active_isa());
+  return amax32(table, src.data(), src.size());
+}
 
 float amax_f16(Isa isa, std::span<const f16> src) { return amax16(table_of(isa), words(src), src.size(), DType::f16); }
 float amax_bf16(Isa isa, std::span<const bf16> src) {
   return amax16(table_of(isa), words(src), src.size(), DType::bf16);
 }
-float amax_f32(Isa isa, std::span<const float> src) { return amax32(table_of(isa), src.data(), src.size()); }
+float amax_f32(Isa isa, std::span<const float> src) { return amax32(amax_table(isa), src.data(), src.size()); }
 
 }  // namespace mixprec

@@ -1,7 +1,9 @@
 // Private: the back ends of the counting pass (mixprec/formats/count.hpp). A kernel reads
 // n source words, clears their sign bit and reports, for each of kCountBounds bounds b[k],
-// how many magnitudes lie above b[k], and the largest magnitude (or, max16/max32, only that). Kernels never allocate
-// or check arguments; count.cpp validates and turns a profile into ConversionStats.
+// how many magnitudes lie above b[k], and the largest magnitude (or, max16, only that).
+// Kernels never allocate or check arguments; count.cpp validates and turns a profile into
+// ConversionStats. fp32's largest magnitude alone is the formats table's amax_bits
+// (kernel_table.hpp).
 #pragma once
 
 #include <cstddef>
@@ -24,16 +26,14 @@ using Profile16 = void (*)(const std::uint16_t* src, std::size_t n, const std::u
 using Profile32 = void (*)(const std::uint32_t* src, std::size_t n, const std::uint32_t* bounds,
                            MagnitudeProfile& out);
 
-// The largest magnitude alone (the profile's max, no counts); 0 when n == 0.
+// The largest magnitude of 16-bit codes alone (the profile's max, no counts); 0 when n == 0.
 using Max16 = std::uint32_t (*)(const std::uint16_t* src, std::size_t n);
-using Max32 = std::uint32_t (*)(const std::uint32_t* src, std::size_t n);
 
 struct CountKernels {
   Isa isa;
   Profile16 profile16;  // fp16 and bf16 codes (bounds below 0x8000)
   Profile32 profile32;  // fp32 words (bounds below 0x80000000)
   Max16 max16;
-  Max32 max32;
 };
 
 const CountKernels& scalar_count_kernels() noexcept;
@@ -51,11 +51,9 @@ inline void profile_range(const Word* src, std::size_t n, const Word* bounds, Ma
   }
 }
 
-template <class Word>
-inline std::uint32_t max_range(const Word* src, std::size_t n, std::uint32_t max = 0) noexcept {
-  constexpr Word kMag = std::numeric_limits<Word>::max() >> 1;
+inline std::uint32_t max_range(const std::uint16_t* src, std::size_t n, std::uint32_t max = 0) noexcept {
   for (std::size_t i = 0; i < n; ++i) {
-    const std::uint32_t m = static_cast<Word>(src[i] & kMag);
+    const std::uint32_t m = src[i] & 0x7fffu;
     max = m > max ? m : max;
   }
   return max;

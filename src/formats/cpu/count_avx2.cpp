@@ -76,43 +76,34 @@ void profile32_avx2(const std::uint32_t* src, std::size_t n, const std::uint32_t
   profile_range(src + i, n - i, bounds, out);
 }
 
-template <class Word>
-__m256i lane_max(__m256i a, __m256i b) {
-  if constexpr (sizeof(Word) == 2) return _mm256_max_epu16(a, b);
-  else return _mm256_max_epu32(a, b);
-}
-
-// The largest magnitude alone, for 16-bit codes or 32-bit words: four independent maxima (the
-// loads, not the max chain, set the pace), the tail by the reference loop.
-template <class Word>
-std::uint32_t max_avx2(const Word* src, std::size_t n) {
-  constexpr std::size_t kLanes = 32 / sizeof(Word);
-  const __m256i mag = sizeof(Word) == 2 ? _mm256_set1_epi16(0x7fff) : _mm256_set1_epi32(0x7fffffff);
+// The largest magnitude of 16-bit codes alone: four independent maxima (the loads, not the
+// max chain, set the pace), the tail by the reference loop.
+std::uint32_t max16_avx2(const std::uint16_t* src, std::size_t n) {
+  const __m256i mag = _mm256_set1_epi16(0x7fff);
   auto at = [&](std::size_t i) {
     return _mm256_and_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i)), mag);
   };
   __m256i m0 = _mm256_setzero_si256(), m1 = m0, m2 = m0, m3 = m0;
   std::size_t i = 0;
-  for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
-    m0 = lane_max<Word>(m0, at(i));
-    m1 = lane_max<Word>(m1, at(i + kLanes));
-    m2 = lane_max<Word>(m2, at(i + 2 * kLanes));
-    m3 = lane_max<Word>(m3, at(i + 3 * kLanes));
+  for (; i + 64 <= n; i += 64) {
+    m0 = _mm256_max_epu16(m0, at(i));
+    m1 = _mm256_max_epu16(m1, at(i + 16));
+    m2 = _mm256_max_epu16(m2, at(i + 32));
+    m3 = _mm256_max_epu16(m3, at(i + 48));
   }
-  for (; i + kLanes <= n; i += kLanes) m0 = lane_max<Word>(m0, at(i));
-  alignas(32) Word lane[kLanes];
-  const __m256i all = lane_max<Word>(lane_max<Word>(m0, m1), lane_max<Word>(m2, m3));
+  for (; i + 16 <= n; i += 16) m0 = _mm256_max_epu16(m0, at(i));
+  alignas(32) std::uint16_t lane[16];
+  const __m256i all = _mm256_max_epu16(_mm256_max_epu16(m0, m1), _mm256_max_epu16(m2, m3));
   _mm256_store_si256(reinterpret_cast<__m256i*>(lane), all);
   std::uint32_t m = 0;
-  for (Word x : lane) m = x > m ? x : m;
+  for (std::uint16_t x : lane) m = x > m ? x : m;
   return max_range(src + i, n - i, m);
 }
 
 }  // namespace
 
 const CountKernels* avx2_count_kernels() noexcept {
-  static const CountKernels table{Isa::avx2, &profile16_avx2, &profile32_avx2,
-                                  &max_avx2<std::uint16_t>, &max_avx2<std::uint32_t>};
+  static const CountKernels table{Isa::avx2, &profile16_avx2, &profile32_avx2, &max16_avx2};
   return &table;
 }
 

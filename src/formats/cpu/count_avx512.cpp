@@ -89,47 +89,35 @@ void profile32_avx512(const std::uint32_t* src, std::size_t n, const std::uint32
   out.max = std::max(out.max, _mm512_reduce_max_epu32(vmax));
 }
 
-template <class Word>
-__m512i lane_max(__m512i a, __m512i b) {
-  if constexpr (sizeof(Word) == 2) return _mm512_max_epu16(a, b);
-  else return _mm512_max_epu32(a, b);
-}
-
-// The largest magnitude alone, for 16-bit codes or 32-bit words: four independent maxima, the
-// tail one masked load (its cleared lanes read as +0, which raises no max).
-template <class Word>
-std::uint32_t max_avx512(const Word* src, std::size_t n) {
-  constexpr std::size_t kLanes = 64 / sizeof(Word);
-  const __m512i mag = sizeof(Word) == 2 ? _mm512_set1_epi16(0x7fff) : _mm512_set1_epi32(0x7fffffff);
+// The largest magnitude of 16-bit codes alone: four independent maxima, the tail one masked
+// load (its cleared lanes read as +0, which raises no max).
+std::uint32_t max16_avx512(const std::uint16_t* src, std::size_t n) {
+  const __m512i mag = _mm512_set1_epi16(0x7fff);
   auto at = [&](std::size_t i) { return _mm512_and_si512(_mm512_loadu_si512(src + i), mag); };
   __m512i m0 = _mm512_setzero_si512(), m1 = m0, m2 = m0, m3 = m0;
   std::size_t i = 0;
-  for (; i + 4 * kLanes <= n; i += 4 * kLanes) {
-    m0 = lane_max<Word>(m0, at(i));
-    m1 = lane_max<Word>(m1, at(i + kLanes));
-    m2 = lane_max<Word>(m2, at(i + 2 * kLanes));
-    m3 = lane_max<Word>(m3, at(i + 3 * kLanes));
+  for (; i + 128 <= n; i += 128) {
+    m0 = _mm512_max_epu16(m0, at(i));
+    m1 = _mm512_max_epu16(m1, at(i + 32));
+    m2 = _mm512_max_epu16(m2, at(i + 64));
+    m3 = _mm512_max_epu16(m3, at(i + 96));
   }
-  for (; i + kLanes <= n; i += kLanes) m0 = lane_max<Word>(m0, at(i));
+  for (; i + 32 <= n; i += 32) m0 = _mm512_max_epu16(m0, at(i));
   if (i < n) {
-    __m512i tail;
-    const unsigned mask = (1u << (n - i)) - 1u;
-    if constexpr (sizeof(Word) == 2) tail = _mm512_maskz_loadu_epi16(static_cast<__mmask32>(mask), src + i);
-    else tail = _mm512_maskz_loadu_epi32(static_cast<__mmask16>(mask), src + i);
-    m1 = lane_max<Word>(m1, _mm512_and_si512(tail, mag));
+    const __m512i tail = _mm512_maskz_loadu_epi16(static_cast<__mmask32>((1u << (n - i)) - 1u), src + i);
+    m1 = _mm512_max_epu16(m1, _mm512_and_si512(tail, mag));
   }
-  alignas(64) Word lane[kLanes];
-  _mm512_store_si512(lane, lane_max<Word>(lane_max<Word>(m0, m1), lane_max<Word>(m2, m3)));
+  alignas(64) std::uint16_t lane[32];
+  _mm512_store_si512(lane, _mm512_max_epu16(_mm512_max_epu16(m0, m1), _mm512_max_epu16(m2, m3)));
   std::uint32_t m = 0;
-  for (Word x : lane) m = x > m ? x : m;
+  for (std::uint16_t x : lane) m = x > m ? x : m;
   return m;
 }
 
 }  // namespace
 
 const CountKernels* avx512_count_kernels() noexcept {
-  static const CountKernels table{Isa::avx512, &profile16_avx512, &profile32_avx512,
-                                  &max_avx512<std::uint16_t>, &max_avx512<std::uint32_t>};
+  static const CountKernels table{Isa::avx512, &profile16_avx512, &profile32_avx512, &max16_avx512};
   return &table;
 }
 

@@ -13,7 +13,6 @@ const CountKernels& scalar_count_kernels() noexcept {
         profile_range(s, n, b, out);
       },
       [](const std::uint16_t* s, std::size_t n) { return max_range(s, n); },
-      [](const std::uint32_t* s, std::size_t n) { return max_range(s, n); },
   };
   return table;
 }
