@@ -115,9 +115,12 @@ struct LowpKernels {
                      std::uint32_t* max_bits);
   // Element i is encode_element(src[i], factors[i / block]) into format e: one byte per
   // element (fp8) or two per byte (e2m1: element i in byte i / 2, the even one in the low
-  // nibble; an odd n leaves the last high nibble 0). random: nullptr, or n words.
+  // nibble; an odd n leaves the last high nibble 0). random: nullptr, or n words. max_bits:
+  // nullptr, or raised to the magnitude-bits max of src (block_amax_one's max_bits) in the same
+  // pass, for a recipe that needs the input's amax but not before its codes (fp8-delayed):
+  // one read of the input, whose loads then overlap the encode.
   void (*encode_scaled)(Element e, const float* src, std::size_t n, std::size_t block, const float* factors,
-                        std::uint8_t* dst, const std::uint32_t* random, EncodeCounts* counts);
+                        std::uint8_t* dst, const std::uint32_t* random, EncodeCounts* counts, std::uint32_t* max_bits);
   // nvfp4_scale_one for nblocks amaxes.
   void (*nvfp4_scales)(const float* amax, std::size_t nblocks, float s_enc_div6, float s_dec, std::uint8_t* codes,
                        float* factors);

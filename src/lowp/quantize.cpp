@@ -396,7 +396,7 @@ void quantize_run_1d(const LowpKernels& k, Quantized& q, const Run& run, float s
     std::uint8_t* dst = c.element == Element::e2m1 ? q.codes.data() + run.row * q.row_bytes + (run.c0 + begin) / 2
                                                    : q.codes.data() + run.row * q.row_bytes + run.c0 + begin;
     k.encode_scaled(c.element, src, len, block, factors, dst, run.random != nullptr ? run.random + begin : nullptr,
-                    &counts);
+                    &counts, nullptr);
     if (!any_nan_block) continue;
     for (std::size_t b = 0; b < nb; ++b) {
       if (q.scale_codes[sb + b] != 0xFF) continue;
@@ -443,7 +443,7 @@ void quantize_2d(const LowpKernels& k, Quantized& q, const float* g, float s_enc
     } else {
       detail::fp8_block_scales(c, fmax.data(), nb, factors.data(), q.scale_inv.data() + band * nb);
     }
-    for (std::size_t r = r0; r < r1; ++r) k.encode_scaled(c.element, g + r * C, C, block, factors.data(), code_ptr(q, r, 0), nullptr, &counts);
+    for (std::size_t r = r0; r < r1; ++r) k.encode_scaled(c.element, g + r * C, C, block, factors.data(), code_ptr(q, r, 0), nullptr, &counts, nullptr);
   }
 }
 
@@ -500,19 +500,13 @@ void quantize_with(const LowpKernels& k, std::span<const float> src, std::size_t
     s_dec = 1.0f / q.tensor_scale;
   }
   if (c.recipe == Recipe::fp8_delayed) {
-    // The scale is given: one pass over the input, each chunk's amax (for the history) taken
-    // while the chunk is in cache, then its codes.
+    // The scale is given: one pass over the input, the amax (for the history) taken by the
+    // encode from the vectors it reads. (An amax pass per chunk, then its encode from L1, left
+    // the memory idle while it encoded: one thread took the sum of the two times.)
     const float scale = c.scale;
     q.tensor_scale = scale;
     q.scale_inv[0] = 1.0f / scale;
-    for (std::size_t i = 0; i < n; i += kChunkElements) {
-      const std::size_t len = std::min(n - i, kChunkElements);
-      float f;
-      std::uint32_t b;
-      k.block_amax(g + i, len, len, &f, &b);
-      amax_bits = std::max(amax_bits, b);
-      k.encode_scaled(c.element, g + i, len, len, &scale, q.codes.data() + i, nullptr, &counts);
-    }
+    k.encode_scaled(c.element, g, n, n, &scale, q.codes.data(), nullptr, &counts, &amax_bits);
   } else if (info.block == 0) {
     // Current scaling: the scale needs the whole tensor's amax before the first code, so the
     // input is read twice (TE runs an amax kernel, then the cast).
@@ -522,7 +516,7 @@ void quantize_with(const LowpKernels& k, std::span<const float> src, std::size_t
                                         effective_power_of_2_scales(c), c.amax_epsilon, c.value_for_inf);
     q.tensor_scale = scale;
     q.scale_inv[0] = 1.0f / scale;
-    k.encode_scaled(c.element, g, n, n, &scale, q.codes.data(), nullptr, &counts);
+    k.encode_scaled(c.element, g, n, n, &scale, q.codes.data(), nullptr, &counts, nullptr);
   } else if (c.tile_2d) {
     quantize_2d(k, q, g, s_enc_div6, s_dec, counts, amax_bits);
   } else if (q.code_cols % info.block == 0) {

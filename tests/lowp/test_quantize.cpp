@@ -668,11 +668,11 @@ TEST(LowpKernels, EncodeScaledEqualsTheScalarRuleForEveryFp32Class) {
         const std::vector<float> factors(x.size(), factor);
         std::vector<std::uint8_t> want(x.size());
         detail::EncodeCounts wc;
-        detail::scalar_kernels().encode_scaled(e, x.data(), x.size(), 16, factors.data(), want.data(), sr ? random.data() : nullptr, &wc);
+        detail::scalar_kernels().encode_scaled(e, x.data(), x.size(), 16, factors.data(), want.data(), sr ? random.data() : nullptr, &wc, nullptr);
         for (const auto* k : tables()) {
           std::vector<std::uint8_t> got(x.size());
           detail::EncodeCounts gc;
-          k->encode_scaled(e, x.data(), x.size(), 16, factors.data(), got.data(), sr ? random.data() : nullptr, &gc);
+          k->encode_scaled(e, x.data(), x.size(), 16, factors.data(), got.data(), sr ? random.data() : nullptr, &gc, nullptr);
           test::Failures f;
           for (std::size_t i = 0; i < (e == Element::e2m1 ? (x.size() + 1) / 2 : x.size()); ++i) {
             if (got[i] != want[i]) f.add(at(i) + "x=" + hexf(x[i]) + " got " + hex(got[i], 2) + " want " + hex(want[i], 2));
@@ -681,6 +681,47 @@ TEST(LowpKernels, EncodeScaledEqualsTheScalarRuleForEveryFp32Class) {
           EXPECT_EQ(gc.saturated, wc.saturated);
           EXPECT_EQ(gc.flushed, wc.flushed);
           EXPECT_EQ(gc.nonfinite, wc.nonfinite);
+        }
+      }
+    }
+  }
+}
+
+TEST(LowpKernels, EncodeScaledTakesTheInputsAmaxInTheSamePass) {
+  // With max_bits (fp8-delayed's one pass): the magnitude-bits max of the input, NaN above
+  // inf above every finite, with the largest value at every position of every length up to
+  // 70 and of a few long ones (whole vectors, the 32-element groups of AVX2, every tail), and
+  // the codes and counts the same as without it. max_bits starts at a value below the data's
+  // (it is raised, never lowered) or above it (kept).
+  const float big[] = {1000.0f, -3.0e38f, std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                       std::numeric_limits<float>::quiet_NaN(), 0x1p-140f};
+  for (std::size_t n : {1u, 2u, 7u, 8u, 9u, 15u, 16u, 17u, 31u, 32u, 33u, 47u, 63u, 64u, 65u, 70u, 1000u, 1027u}) {
+    for (std::size_t pos = 0; pos < n; pos += n > 70 ? 37 : 1) {
+      for (float v : big) {
+        std::vector<float> x(n);
+        for (std::size_t i = 0; i < n; ++i) x[i] = (v == 0x1p-140f ? 0x1p-149f : 1.0f) * static_cast<float>(static_cast<int>(i % 7) - 3);
+        x[pos] = v;
+        std::uint32_t want_bits = 0;
+        for (float f : x) want_bits = std::max(want_bits, bits(f) & 0x7fffffffu);
+        for (const auto* k : tables()) {
+          for (Element e : {Element::e4m3, Element::e2m1}) {
+            const float factor = 2.0f;
+            const std::size_t bytes = e == Element::e2m1 ? (n + 1) / 2 : n;
+            std::vector<std::uint8_t> plain(bytes), fused(bytes);
+            detail::EncodeCounts pc, fc;
+            k->encode_scaled(e, x.data(), n, n, &factor, plain.data(), nullptr, &pc, nullptr);
+            std::uint32_t got = 1;
+            k->encode_scaled(e, x.data(), n, n, &factor, fused.data(), nullptr, &fc, &got);
+            ASSERT_EQ(got, want_bits) << isa_name(k->isa) << " " << element_name(e) << " n " << n << " largest "
+                                      << hexf(v) << " at " << pos << ": got " << hex(got, 8) << " want " << hex(want_bits, 8);
+            std::uint32_t kept = 0xffffffffu;
+            k->encode_scaled(e, x.data(), n, n, &factor, fused.data(), nullptr, &fc, &kept);
+            ASSERT_EQ(kept, 0xffffffffu) << isa_name(k->isa) << " n " << n;
+            ASSERT_EQ(fused, plain) << isa_name(k->isa) << " " << element_name(e) << " n " << n << " at " << pos;
+            ASSERT_EQ(fc.saturated, 2 * pc.saturated);
+            ASSERT_EQ(fc.flushed, 2 * pc.flushed);
+            ASSERT_EQ(fc.nonfinite, 2 * pc.nonfinite);
+          }
         }
       }
     }
@@ -737,12 +778,12 @@ TEST(LowpKernels, EncodeScaledEqualsTheScalarRuleOnEveryNormalOfEachFormat) {
       }
       values += n;
       detail::EncodeCounts wc;
-      detail::scalar_kernels().encode_scaled(e, x.data(), n, n, &factor, want.data(), nullptr, &wc);
+      detail::scalar_kernels().encode_scaled(e, x.data(), n, n, &factor, want.data(), nullptr, &wc, nullptr);
       ASSERT_EQ(wc.saturated + wc.flushed + wc.nonfinite, 0u) << element_name(e) << " from " << hex(start, 8);
       for (const auto* k : tables()) {
         detail::EncodeCounts gc;
         std::fill(got.begin(), got.end(), std::uint8_t{0xA5});  // no code carried over from another table
-        k->encode_scaled(e, x.data(), n, n, &factor, got.data(), nullptr, &gc);
+        k->encode_scaled(e, x.data(), n, n, &factor, got.data(), nullptr, &gc, nullptr);
         test::Failures f;
         const std::size_t bytes = e == Element::e2m1 ? (n + 1) / 2 : n;
         for (std::size_t i = 0; i < bytes; ++i) {

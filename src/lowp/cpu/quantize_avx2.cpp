@@ -13,6 +13,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 
@@ -259,13 +260,24 @@ inline void encode_four8(const float* src, const float* f, std::uint8_t* dst, co
   }
 }
 
+inline std::uint32_t hmax_epu32(__m256i v) {
+  __m128i m = _mm_max_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(1, 0, 3, 2)));
+  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(2, 3, 0, 1)));
+  return static_cast<std::uint32_t>(_mm_cvtsi128_si32(m));
+}
+
 // Element i is scaled by factors[i / block]. Blocks of 8 * 2^k elements (16, 32, 128) or one
 // block over the run: vector v's factor is factors[v >> shift], no division per vector; other
 // block lengths take the scalar rule throughout (no recipe has them).
-template <const MiniFloatSpec& S, bool kStochastic>
+template <const MiniFloatSpec& S, bool kStochastic, bool kAmax>
 void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, const float* factors, std::uint8_t* dst,
-                        const std::uint32_t* random, float max_value, EncodeCounts* counts) {
+                        const std::uint32_t* random, float max_value, EncodeCounts* counts, std::uint32_t* max_bits) {
   LaneCounts lc;
+  // kAmax: the magnitude bits' max, lane by lane, from the vectors the encode reads (in L1).
+  const __m256i mag = set1(0x7fffffffu);
+  __m256i mb = _mm256_setzero_si256();
+  const auto max_of = [&](const float* p) { mb = _mm256_max_epu32(mb, _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(p)), mag)); };
   EncodeCounts c;
   const __m256 maxv = _mm256_set1_ps(max_value);
   constexpr int kPerByte = S.bits == 4 ? 2 : 1;
@@ -280,17 +292,23 @@ void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, cons
         const std::size_t v = i / 8;
         const float f[4] = {factors[v >> shift], factors[(v + 1) >> shift], factors[(v + 2) >> shift],
                             factors[(v + 3) >> shift]};
+        if constexpr (kAmax) {
+          for (int k = 0; k < 4; ++k) max_of(src + i + 8 * k);
+        }
         encode_four8<S, kStochastic>(src + i, f, dst + i / kPerByte, kStochastic ? random + i : nullptr, maxv, lc);
       }
       lc.spill(c);
     }
     for (; i + 8 <= n; i += 8) {
+      if constexpr (kAmax) max_of(src + i);
       encode_one8<S, kStochastic>(src + i, factors[(i / 8) >> shift], dst + i / kPerByte,
                                   kStochastic ? random + i : nullptr, maxv, lc);
     }
     lc.spill(c);
   }
+  std::uint32_t bits = kAmax ? hmax_epu32(mb) : 0u;
   for (; i < n; ++i) {
+    if constexpr (kAmax) bits = std::max(bits, std::bit_cast<std::uint32_t>(src[i]) & 0x7fffffffu);
     const std::uint32_t code = encode_element<S>(src[i], factors[i / block], kStochastic, kStochastic ? random[i] : 0u,
                                                  max_value, c);
     if constexpr (S.bits == 4) {
@@ -303,33 +321,33 @@ void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, cons
   counts->saturated += c.saturated;
   counts->flushed += c.flushed;
   counts->nonfinite += c.nonfinite;
+  if constexpr (kAmax) *max_bits = std::max(*max_bits, bits);
 }
 
 template <const MiniFloatSpec& S>
 void encode_scaled_sr(const float* src, std::size_t n, std::size_t block, const float* factors, std::uint8_t* dst,
-                      const std::uint32_t* random, float max_value, EncodeCounts* counts) {
-  if (random != nullptr) encode_scaled_spec<S, true>(src, n, block, factors, dst, random, max_value, counts);
-  else encode_scaled_spec<S, false>(src, n, block, factors, dst, random, max_value, counts);
-}
-
-void encode_scaled_avx2(Element e, const float* src, std::size_t n, std::size_t block, const float* factors,
-                        std::uint8_t* dst, const std::uint32_t* random, EncodeCounts* counts) {
-  switch (e) {
-    case Element::e4m3:
-      return encode_scaled_sr<mixprec::detail::kE4M3Spec>(src, n, block, factors, dst, random, 448.0f, counts);
-    case Element::e5m2:
-      return encode_scaled_sr<mixprec::detail::kE5M2Spec>(src, n, block, factors, dst, random, 57344.0f, counts);
-    case Element::e2m1:
-      return encode_scaled_sr<kE2M1Spec>(src, n, block, factors, dst, random, 6.0f, counts);
+                      const std::uint32_t* random, float max_value, EncodeCounts* counts, std::uint32_t* max_bits) {
+  if (random != nullptr) {
+    if (max_bits != nullptr) encode_scaled_spec<S, true, true>(src, n, block, factors, dst, random, max_value, counts, max_bits);
+    else encode_scaled_spec<S, true, false>(src, n, block, factors, dst, random, max_value, counts, max_bits);
+  } else {
+    if (max_bits != nullptr) encode_scaled_spec<S, false, true>(src, n, block, factors, dst, random, max_value, counts, max_bits);
+    else encode_scaled_spec<S, false, false>(src, n, block, factors, dst, random, max_value, counts, max_bits);
   }
 }
 
-inline std::uint32_t hmax_epu32(__m256i v) {
-  __m128i m = _mm_max_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(1, 0, 3, 2)));
-  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(2, 3, 0, 1)));
-  return static_cast<std::uint32_t>(_mm_cvtsi128_si32(m));
+void encode_scaled_avx2(Element e, const float* src, std::size_t n, std::size_t block, const float* factors,
+                        std::uint8_t* dst, const std::uint32_t* random, EncodeCounts* counts, std::uint32_t* max_bits) {
+  switch (e) {
+    case Element::e4m3:
+      return encode_scaled_sr<mixprec::detail::kE4M3Spec>(src, n, block, factors, dst, random, 448.0f, counts, max_bits);
+    case Element::e5m2:
+      return encode_scaled_sr<mixprec::detail::kE5M2Spec>(src, n, block, factors, dst, random, 57344.0f, counts, max_bits);
+    case Element::e2m1:
+      return encode_scaled_sr<kE2M1Spec>(src, n, block, factors, dst, random, 6.0f, counts, max_bits);
+  }
 }
+
 inline float hmax_ps(__m256 v) {  // no NaN lanes here
   __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
   m = _mm_max_ps(m, _mm_shuffle_ps(m, m, _MM_SHUFFLE(1, 0, 3, 2)));

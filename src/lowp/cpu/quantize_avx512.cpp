@@ -16,6 +16,7 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include <algorithm>
 #include <bit>
 #include <cstdint>
 
@@ -157,10 +158,11 @@ inline void count16(__m512 x, __m512 y, __m512i code, float max_value, LaneCount
   c.flushed += popcount16(flushed);
 }
 
-template <const MiniFloatSpec& S, bool kStochastic>
+template <const MiniFloatSpec& S, bool kStochastic, bool kAmax>
 void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, const float* factors, std::uint8_t* dst,
-                        const std::uint32_t* random, float max_value, EncodeCounts* counts) {
+                        const std::uint32_t* random, float max_value, EncodeCounts* counts, std::uint32_t* max_bits) {
   LaneCounts lc;
+  __m512i mb = _mm512_setzero_si512();  // kAmax: the magnitude bits' max, lane by lane
   std::size_t i = 0;
   // A vector of 16 never straddles two blocks: blocks of 16 * 2^k (16, 32, 128) or the whole
   // run. Vector v's factor is factors[v >> shift]: a 64-bit division per vector would cost
@@ -180,6 +182,7 @@ void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, cons
   const __m512i max_finite = set1(std::bit_cast<std::uint32_t>(max_value));
   for (; shift >= 0 && i + 16 <= n; i += 16) {
     const __m512 x = _mm512_loadu_ps(src + i);
+    if constexpr (kAmax) mb = _mm512_max_epu32(mb, _mm512_and_si512(_mm512_castps_si512(x), set1(0x7fffffffu)));
     const __m512 y = _mm512_mul_ps(x, _mm512_set1_ps(factors[(i / 16) >> shift]));
     __m512i code;
     const __m512i a = _mm512_and_si512(_mm512_castps_si512(y), set1(0x7fffffffu));
@@ -207,7 +210,9 @@ void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, cons
     }
   }
   EncodeCounts c{lc.saturated, lc.flushed, lc.nonfinite};
+  std::uint32_t tail_bits = 0;
   for (; i < n; ++i) {
+    if constexpr (kAmax) tail_bits = std::max(tail_bits, std::bit_cast<std::uint32_t>(src[i]) & 0x7fffffffu);
     const std::uint32_t code = encode_element<S>(src[i], factors[i / block], kStochastic, kStochastic ? random[i] : 0u,
                                                  max_value, c);
     if constexpr (S.bits == 4) {
@@ -220,24 +225,31 @@ void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, cons
   counts->saturated += c.saturated;
   counts->flushed += c.flushed;
   counts->nonfinite += c.nonfinite;
+  if constexpr (kAmax)
+    *max_bits = std::max({*max_bits, tail_bits, static_cast<std::uint32_t>(_mm512_reduce_max_epu32(mb))});
 }
 
 template <const MiniFloatSpec& S>
 void encode_scaled_sr(const float* src, std::size_t n, std::size_t block, const float* factors, std::uint8_t* dst,
-                      const std::uint32_t* random, float max_value, EncodeCounts* counts) {
-  if (random != nullptr) encode_scaled_spec<S, true>(src, n, block, factors, dst, random, max_value, counts);
-  else encode_scaled_spec<S, false>(src, n, block, factors, dst, random, max_value, counts);
+                      const std::uint32_t* random, float max_value, EncodeCounts* counts, std::uint32_t* max_bits) {
+  if (random != nullptr) {
+    if (max_bits != nullptr) encode_scaled_spec<S, true, true>(src, n, block, factors, dst, random, max_value, counts, max_bits);
+    else encode_scaled_spec<S, true, false>(src, n, block, factors, dst, random, max_value, counts, max_bits);
+  } else {
+    if (max_bits != nullptr) encode_scaled_spec<S, false, true>(src, n, block, factors, dst, random, max_value, counts, max_bits);
+    else encode_scaled_spec<S, false, false>(src, n, block, factors, dst, random, max_value, counts, max_bits);
+  }
 }
 
 void encode_scaled_avx512(Element e, const float* src, std::size_t n, std::size_t block, const float* factors,
-                          std::uint8_t* dst, const std::uint32_t* random, EncodeCounts* counts) {
+                          std::uint8_t* dst, const std::uint32_t* random, EncodeCounts* counts, std::uint32_t* max_bits) {
   switch (e) {
     case Element::e4m3:
-      return encode_scaled_sr<mixprec::detail::kE4M3Spec>(src, n, block, factors, dst, random, 448.0f, counts);
+      return encode_scaled_sr<mixprec::detail::kE4M3Spec>(src, n, block, factors, dst, random, 448.0f, counts, max_bits);
     case Element::e5m2:
-      return encode_scaled_sr<mixprec::detail::kE5M2Spec>(src, n, block, factors, dst, random, 57344.0f, counts);
+      return encode_scaled_sr<mixprec::detail::kE5M2Spec>(src, n, block, factors, dst, random, 57344.0f, counts, max_bits);
     case Element::e2m1:
-      return encode_scaled_sr<kE2M1Spec>(src, n, block, factors, dst, random, 6.0f, counts);
+      return encode_scaled_sr<kE2M1Spec>(src, n, block, factors, dst, random, 6.0f, counts, max_bits);
   }
 }
 

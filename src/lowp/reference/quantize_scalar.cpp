@@ -20,9 +20,10 @@ void block_amax_scalar(const float* src, std::size_t n, std::size_t block, float
 
 template <const mixprec::detail::MiniFloatSpec& S>
 void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, const float* factors, std::uint8_t* dst,
-                        const std::uint32_t* random, float max_value, EncodeCounts* counts) {
+                        const std::uint32_t* random, float max_value, EncodeCounts* counts, std::uint32_t* max_bits) {
   EncodeCounts c;
   for (std::size_t i = 0; i < n; ++i) {
+    if (max_bits != nullptr) *max_bits = std::max(*max_bits, std::bit_cast<std::uint32_t>(src[i]) & 0x7fffffffu);
     const std::uint32_t code = encode_element<S>(src[i], factors[i / block], random != nullptr,
                                                  random != nullptr ? random[i] : 0u, max_value, c);
     if constexpr (S.bits == 4) {
@@ -38,14 +39,14 @@ void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, cons
 }
 
 void encode_scaled_scalar(Element e, const float* src, std::size_t n, std::size_t block, const float* factors,
-                          std::uint8_t* dst, const std::uint32_t* random, EncodeCounts* counts) {
+                          std::uint8_t* dst, const std::uint32_t* random, EncodeCounts* counts, std::uint32_t* max_bits) {
   switch (e) {
     case Element::e4m3:
-      return encode_scaled_spec<mixprec::detail::kE4M3Spec>(src, n, block, factors, dst, random, 448.0f, counts);
+      return encode_scaled_spec<mixprec::detail::kE4M3Spec>(src, n, block, factors, dst, random, 448.0f, counts, max_bits);
     case Element::e5m2:
-      return encode_scaled_spec<mixprec::detail::kE5M2Spec>(src, n, block, factors, dst, random, 57344.0f, counts);
+      return encode_scaled_spec<mixprec::detail::kE5M2Spec>(src, n, block, factors, dst, random, 57344.0f, counts, max_bits);
     case Element::e2m1:
-      return encode_scaled_spec<kE2M1Spec>(src, n, block, factors, dst, random, 6.0f, counts);
+      return encode_scaled_spec<kE2M1Spec>(src, n, block, factors, dst, random, 6.0f, counts, max_bits);
   }
 }
 
