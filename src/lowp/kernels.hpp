@@ -110,7 +110,9 @@ inline void rht16_one(float* v) noexcept {
 // Kernels: pure loops over raw pointers; they never allocate, log or check arguments.
 struct LowpKernels {
   Isa isa;
-  // Per block of `block` elements (the last may be shorter): both maxima of block_amax_one.
+  // Per block of `block` elements (the last may be shorter): both maxima of block_amax_one;
+  // max_ignoring_nan may be nullptr where only the bits are needed (nvfp4's scales, a tensor's
+  // amax), which spares the float max and its reduction.
   void (*block_amax)(const float* src, std::size_t n, std::size_t block, float* max_ignoring_nan,
                      std::uint32_t* max_bits);
   // Element i is encode_element(src[i], factors[i / block]) into format e: one byte per

@@ -376,7 +376,7 @@ void quantize_run_1d(const LowpKernels& k, Quantized& q, const Run& run, float s
     const std::size_t nb = (len + block - 1) / block;
     const std::size_t sb = run.s0 + begin / block;
     const float* src = c.rht ? rht_chunk(k, run.src + begin, len, transformed) : run.src + begin;
-    k.block_amax(src, len, block, fmax, bits);
+    k.block_amax(src, len, block, c.recipe == Recipe::nvfp4 ? nullptr : fmax, bits);  // nvfp4: bits only
     bool any_nan_block = false;
     for (std::size_t b = 0; b < nb; ++b) amax_bits = std::max(amax_bits, bits[b]);
     if (c.recipe == Recipe::nvfp4) {
@@ -416,6 +416,7 @@ void quantize_2d(const LowpKernels& k, Quantized& q, const float* g, float s_enc
   const QuantizeConfig& c = q.config;
   const RecipeInfo& info = recipe_info(c.recipe);
   const std::size_t block = info.block, tr = info.tile_rows, C = q.code_cols;
+  const bool nvfp4 = c.recipe == Recipe::nvfp4;
   const std::size_t nb = q.scale_cols;
   // Per-band scratch: one buffer per thread, grown once (a reused result allocates nothing).
   thread_local std::vector<float> fscratch;
@@ -430,9 +431,9 @@ void quantize_2d(const LowpKernels& k, Quantized& q, const float* g, float s_enc
     std::fill(fmax.begin(), fmax.end(), 0.0f);
     std::fill(bits.begin(), bits.end(), 0u);
     for (std::size_t r = r0; r < r1; ++r) {
-      k.block_amax(g + r * C, C, block, row_fmax.data(), row_bits.data());
+      k.block_amax(g + r * C, C, block, nvfp4 ? nullptr : row_fmax.data(), row_bits.data());  // nvfp4: bits only
       for (std::size_t b = 0; b < nb; ++b) {
-        fmax[b] = row_fmax[b] > fmax[b] ? row_fmax[b] : fmax[b];
+        if (!nvfp4) fmax[b] = row_fmax[b] > fmax[b] ? row_fmax[b] : fmax[b];
         bits[b] = std::max(bits[b], row_bits[b]);
       }
     }
@@ -479,20 +480,19 @@ void quantize_with(const LowpKernels& k, std::span<const float> src, std::size_t
   // taken in the same pass as the transformed amax.
   std::uint32_t input_amax_bits = 0;
   if (c.recipe == Recipe::nvfp4) {
-    float f;
-    std::uint32_t b = 0;
+    std::uint32_t b = 0;  // the amaxes here are bits (canonical_amax), no float max
     if (c.rht) {
       alignas(64) float t[kRhtChunk];
       for (std::size_t i = 0; i < n; i += kRhtChunk) {
         const std::size_t len = std::min(n - i, kRhtChunk);
         std::uint32_t bi, bt;
-        k.block_amax(g + i, len, len, &f, &bi);
-        k.block_amax(rht_chunk(k, g + i, len, t), len, len, &f, &bt);
+        k.block_amax(g + i, len, len, nullptr, &bi);
+        k.block_amax(rht_chunk(k, g + i, len, t), len, len, nullptr, &bt);
         input_amax_bits = std::max(input_amax_bits, bi);
         b = std::max(b, bt);
       }
     } else {
-      k.block_amax(g, n, n, &f, &b);
+      k.block_amax(g, n, n, nullptr, &b);
     }
     q.tensor_amax = canonical_amax(b);
     q.tensor_scale = c.flavour == Flavour::torchao ? q.tensor_amax / 2688.0f : nvfp4_tensor_scale(q.tensor_amax);
@@ -510,8 +510,7 @@ void quantize_with(const LowpKernels& k, std::span<const float> src, std::size_t
   } else if (info.block == 0) {
     // Current scaling: the scale needs the whole tensor's amax before the first code, so the
     // input is read twice (TE runs an amax kernel, then the cast).
-    float f;
-    k.block_amax(g, n, n, &f, &amax_bits);
+    k.block_amax(g, n, n, nullptr, &amax_bits);
     const float scale = scale_from_amax(canonical_amax(amax_bits), max_finite(c.element),
                                         effective_power_of_2_scales(c), c.amax_epsilon, c.value_for_inf);
     q.tensor_scale = scale;

@@ -730,7 +730,8 @@ TEST(LowpKernels, EncodeScaledTakesTheInputsAmaxInTheSamePass) {
 
 TEST(LowpKernels, BlockAmaxEqualsTheScalarRuleForEveryCountOfBlocks) {
   // Every number of whole blocks from 0 to 40 (the SIMD kernels reduce up to sixteen at once),
-  // with and without a ragged tail, on values of every class (NaN and inf included).
+  // with and without a ragged tail, on values of every class (NaN and inf included); both
+  // maxima, then the bits alone.
   for (std::size_t block : {16u, 32u, 128u, 48u, 1024u}) {
     for (std::size_t whole = 0; whole <= 40; ++whole) {
       for (std::size_t tail : {0u, 1u, 15u}) {
@@ -749,6 +750,12 @@ TEST(LowpKernels, BlockAmaxEqualsTheScalarRuleForEveryCountOfBlocks) {
             ASSERT_EQ(gb[b], wb[b]) << isa_name(k->isa) << " block " << block << " n " << n << " at " << b;
             ASSERT_EQ(bits(gf[b]), bits(wf[b])) << isa_name(k->isa) << " block " << block << " n " << n << " at " << b
                                                 << ": " << hexf(gf[b]) << " want " << hexf(wf[b]);
+          }
+          // The bits alone (no float max asked for): the same bits.
+          std::fill(gb.begin(), gb.end(), 0xdeadbeefu);
+          k->block_amax(x.data(), n, block, nullptr, gb.data());
+          for (std::size_t b = 0; b < nb; ++b) {
+            ASSERT_EQ(gb[b], wb[b]) << isa_name(k->isa) << " bits only, block " << block << " n " << n << " at " << b;
           }
         }
       }

@@ -373,9 +373,10 @@ inline __m256 transpose_max8(const __m256* v) {
   return Max(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
 }
 
-// Eight whole blocks of kVecs vectors each (16, 32, 128 elements): both maxima per block in
-// lanes, then one transpose-reduction for the eight instead of two horizontal maxima each.
-template <std::size_t kVecs>
+// Eight whole blocks of kVecs vectors each (16, 32, 128 elements): the maxima per block in
+// lanes, then one transpose-reduction for the eight instead of a horizontal max each.
+// kFloat: the float max too (fmax), else the bits alone.
+template <std::size_t kVecs, bool kFloat>
 void block_amax8(const float* src, float* fmax, std::uint32_t* bits) {
   const __m256i mag = set1(0x7fffffffu);
   __m256 vb[8], vf[8];
@@ -386,22 +387,31 @@ void block_amax8(const float* src, float* fmax, std::uint32_t* bits) {
     for (std::size_t i = 0; i < kVecs; ++i) {
       const __m256i a = _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(p + 8 * i)), mag);
       mb = _mm256_max_epu32(mb, a);
-      mf = _mm256_max_ps(_mm256_castsi256_ps(a), mf);  // NaN lane: mf kept
+      if constexpr (kFloat) mf = _mm256_max_ps(_mm256_castsi256_ps(a), mf);  // NaN lane: mf kept
     }
     vb[j] = _mm256_castsi256_ps(mb);
     vf[j] = mf;
   }
   _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits), _mm256_castps_si256(transpose_max8<&max_u32>(vb)));
-  _mm256_storeu_ps(fmax, transpose_max8<&max_f32>(vf));
+  if constexpr (kFloat) _mm256_storeu_ps(fmax, transpose_max8<&max_f32>(vf));
+}
+
+using Eight = void (*)(const float*, float*, std::uint32_t*);
+template <bool kFloat>
+Eight eight_for(std::size_t block) {
+  return block == 16    ? &block_amax8<2, kFloat>
+         : block == 32  ? &block_amax8<4, kFloat>
+         : block == 128 ? &block_amax8<16, kFloat>
+                        : nullptr;
 }
 
 void block_amax_avx2(const float* src, std::size_t n, std::size_t block, float* fmax, std::uint32_t* bits) {
   const __m256i mag = set1(0x7fffffffu);
+  const bool want_float = fmax != nullptr;
   std::size_t b = 0;
-  void (*eight)(const float*, float*, std::uint32_t*) =
-      block == 16 ? &block_amax8<2> : block == 32 ? &block_amax8<4> : block == 128 ? &block_amax8<16> : nullptr;
+  const Eight eight = want_float ? eight_for<true>(block) : eight_for<false>(block);
   if (eight != nullptr) {
-    for (; (b + 8) * block <= n; b += 8) eight(src + b * block, fmax + b, bits + b);
+    for (; (b + 8) * block <= n; b += 8) eight(src + b * block, want_float ? fmax + b : nullptr, bits + b);
   }
   for (; b * block < n; ++b) {
     const float* p = src + b * block;
@@ -437,7 +447,7 @@ void block_amax_avx2(const float* src, std::size_t n, std::size_t block, float* 
       fm = f > fm ? f : fm;
     }
     bits[b] = bm;
-    fmax[b] = fm;
+    if (want_float) fmax[b] = fm;
   }
 }
 

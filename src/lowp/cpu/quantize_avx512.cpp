@@ -278,10 +278,11 @@ inline __m512 transpose_max16(const __m512* v) {
   return lane_pair_max<Max>(lane_pair_max<Max>(r[0], r[1]), lane_pair_max<Max>(r[2], r[3]));
 }
 
-// Up to sixteen whole blocks of kVecs vectors each (16, 32, 128 elements): both maxima per
-// block in lanes, then one transpose-reduction for all of them instead of two reductions each
-// (the missing blocks' lanes are zero; their results are not stored).
-template <std::size_t kVecs>
+// Up to sixteen whole blocks of kVecs vectors each (16, 32, 128 elements): the maxima per
+// block in lanes, then one transpose-reduction for all of them instead of a reduction each
+// (the missing blocks' lanes are zero; their results are not stored). kFloat: the float max
+// too (fmax), else the bits alone.
+template <std::size_t kVecs, bool kFloat>
 void block_amax16(const float* src, std::size_t count, float* fmax, std::uint32_t* bits) {
   const __m512i mag = set1(0x7fffffffu);
   __m512 vb[16], vf[16];
@@ -293,24 +294,33 @@ void block_amax16(const float* src, std::size_t count, float* fmax, std::uint32_
     for (std::size_t i = 0; i < kVecs; ++i) {
       const __m512i a = _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(p + 16 * i)), mag);
       mb = _mm512_max_epu32(mb, a);
-      mf = _mm512_max_ps(_mm512_castsi512_ps(a), mf);  // NaN lane: mf kept
+      if constexpr (kFloat) mf = _mm512_max_ps(_mm512_castsi512_ps(a), mf);  // NaN lane: mf kept
     }
     vb[j] = _mm512_castsi512_ps(mb);
     vf[j] = mf;
   }
   const __mmask16 keep = static_cast<__mmask16>((1u << count) - 1u);
   _mm512_mask_storeu_epi32(bits, keep, _mm512_castps_si512(transpose_max16<&max_u32>(vb)));
-  _mm512_mask_storeu_ps(fmax, keep, transpose_max16<&max_f32>(vf));
+  if constexpr (kFloat) _mm512_mask_storeu_ps(fmax, keep, transpose_max16<&max_f32>(vf));
+}
+
+using Sixteen = void (*)(const float*, std::size_t, float*, std::uint32_t*);
+template <bool kFloat>
+Sixteen sixteen_for(std::size_t block) {
+  return block == 16    ? &block_amax16<1, kFloat>
+         : block == 32  ? &block_amax16<2, kFloat>
+         : block == 128 ? &block_amax16<8, kFloat>
+                        : nullptr;
 }
 
 void block_amax_avx512(const float* src, std::size_t n, std::size_t block, float* fmax, std::uint32_t* bits) {
   const __m512i mag = set1(0x7fffffffu);
+  const bool want_float = fmax != nullptr;
   std::size_t b = 0;
-  void (*sixteen)(const float*, std::size_t, float*, std::uint32_t*) =
-      block == 16 ? &block_amax16<1> : block == 32 ? &block_amax16<2> : block == 128 ? &block_amax16<8> : nullptr;
+  const Sixteen sixteen = want_float ? sixteen_for<true>(block) : sixteen_for<false>(block);
   const std::size_t whole = n / block;
   if (sixteen != nullptr && whole >= 2) {
-    for (; b < whole; b += 16) sixteen(src + b * block, whole - b < 16 ? whole - b : 16, fmax + b, bits + b);
+    for (; b < whole; b += 16) sixteen(src + b * block, whole - b < 16 ? whole - b : 16, want_float ? fmax + b : nullptr, bits + b);
     b = whole;
   }
   for (; b * block < n; ++b) {
@@ -322,7 +332,7 @@ void block_amax_avx512(const float* src, std::size_t n, std::size_t block, float
     for (; i + 16 <= len; i += 16) {
       const __m512i a = _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(p + i)), mag);
       mb = _mm512_max_epu32(mb, a);
-      mf = _mm512_max_ps(_mm512_castsi512_ps(a), mf);
+      if (want_float) mf = _mm512_max_ps(_mm512_castsi512_ps(a), mf);
     }
     if (i < len) {
       const __mmask16 m = static_cast<__mmask16>((1u << (len - i)) - 1u);
@@ -331,7 +341,7 @@ void block_amax_avx512(const float* src, std::size_t n, std::size_t block, float
       mf = _mm512_max_ps(_mm512_castsi512_ps(a), mf);
     }
     bits[b] = static_cast<std::uint32_t>(_mm512_reduce_max_epu32(mb));
-    fmax[b] = _mm512_reduce_max_ps(mf);
+    if (want_float) fmax[b] = _mm512_reduce_max_ps(mf);
   }
 }
 

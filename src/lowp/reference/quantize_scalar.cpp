@@ -14,7 +14,9 @@ namespace {
 
 void block_amax_scalar(const float* src, std::size_t n, std::size_t block, float* fmax, std::uint32_t* bits) {
   for (std::size_t b = 0; b * block < n; ++b) {
-    block_amax_one(src + b * block, std::min(block, n - b * block), fmax[b], bits[b]);
+    float f;
+    block_amax_one(src + b * block, std::min(block, n - b * block), f, bits[b]);
+    if (fmax != nullptr) fmax[b] = f;
   }
 }
 
