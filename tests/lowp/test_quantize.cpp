@@ -624,6 +624,22 @@ TEST(LowpKernels, Rht16BackendsEqualTheReferenceAndTheExactSum) {
     }
     EXPECT_EQ(g.count(), 0u) << isa_name(k->isa) << " out of place: " << g.report();
   }
+  // Values from {+-0, +-0.5, +-1}: sums cancel to zero often, so every stage's zero sign
+  // (+0 from a + (-a), -0 from -0 + -0) is compared bit for bit too.
+  const float few[] = {0.0f, -0.0f, 0.5f, -0.5f, 1.0f, -1.0f};
+  std::vector<float> z(16 * 512);
+  for (float& v : z) v = few[rng.next() % 6];
+  std::vector<float> want_z = z;
+  reference::rht16(want_z);
+  for (const auto* k : tables()) {
+    std::vector<float> got = z;
+    k->rht16(got.data(), got.data(), got.size());
+    test::Failures f;
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      if (bits(got[i]) != bits(want_z[i])) f.add(at(i) + hexf(got[i]) + " want " + hexf(want_z[i]));
+    }
+    EXPECT_EQ(f.count(), 0u) << isa_name(k->isa) << " zero signs: " << f.report();
+  }
 }
 
 TEST(LowpKernels, Nvfp4ScalesEqualTheScalarRule) {

@@ -482,16 +482,19 @@ void nvfp4_scales_avx2(const float* amax, std::size_t nb, float s_enc_div6, floa
   for (; b < nb; ++b) nvfp4_scale_one(amax[b], s_enc_div6, s_dec, codes[b], factors[b]);
 }
 
+// One butterfly stage within 128-bit lanes: a + b in the first lane of each pair, a - b in
+// the second, as fma(v, +-1, partner): v * +-1 is exact, so the one rounding is the add's or
+// the subtract's (zero signs included).
 template <int kImm>
-inline __m256 butterfly_in_lane(__m256 v, __m256i sub_lanes) {
-  return _mm256_add_ps(_mm256_permute_ps(v, kImm), _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(v), sub_lanes)));
+inline __m256 butterfly_in_lane(__m256 v, __m256 plus_minus) {
+  return _mm256_fmadd_ps(v, plus_minus, _mm256_permute_ps(v, kImm));
 }
 
 void rht16_avx2(const float* src, float* v, std::size_t n) {
   const int s = INT32_MIN;
   const __m256i sign_lo = _mm256_setr_epi32(0, 0, 0, s, 0, s, s, s), sign_hi = _mm256_setr_epi32(s, s, s, 0, s, 0, s, s);
-  const __m256i s1 = _mm256_setr_epi32(0, s, 0, s, 0, s, 0, s), s2 = _mm256_setr_epi32(0, 0, s, s, 0, 0, s, s);
-  const __m256i s4 = _mm256_setr_epi32(0, 0, 0, 0, s, s, s, s);
+  const __m256 s1 = _mm256_setr_ps(1, -1, 1, -1, 1, -1, 1, -1), s2 = _mm256_setr_ps(1, 1, -1, -1, 1, 1, -1, -1);
+  const __m256 s4 = _mm256_setr_ps(1, 1, 1, 1, -1, -1, -1, -1);
   for (std::size_t i = 0; i + 16 <= n; i += 16) {
     __m256 lo = _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(_mm256_loadu_ps(src + i)), sign_lo));
     __m256 hi = _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(_mm256_loadu_ps(src + i + 8)), sign_hi));
@@ -499,8 +502,8 @@ void rht16_avx2(const float* src, float* v, std::size_t n) {
     hi = butterfly_in_lane<_MM_SHUFFLE(2, 3, 0, 1)>(hi, s1);
     lo = butterfly_in_lane<_MM_SHUFFLE(1, 0, 3, 2)>(lo, s2);
     hi = butterfly_in_lane<_MM_SHUFFLE(1, 0, 3, 2)>(hi, s2);
-    lo = _mm256_add_ps(_mm256_permute2f128_ps(lo, lo, 0x01), _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(lo), s4)));
-    hi = _mm256_add_ps(_mm256_permute2f128_ps(hi, hi, 0x01), _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(hi), s4)));
+    lo = _mm256_fmadd_ps(lo, s4, _mm256_permute2f128_ps(lo, lo, 0x01));
+    hi = _mm256_fmadd_ps(hi, s4, _mm256_permute2f128_ps(hi, hi, 0x01));
     const __m256 a = _mm256_add_ps(lo, hi), b = _mm256_sub_ps(lo, hi);
     _mm256_storeu_ps(v + i, _mm256_mul_ps(a, _mm256_set1_ps(0.25f)));
     _mm256_storeu_ps(v + i + 8, _mm256_mul_ps(b, _mm256_set1_ps(0.25f)));

@@ -371,27 +371,28 @@ void nvfp4_scales_avx512(const float* amax, std::size_t nb, float s_enc_div6, fl
   for (; b < nb; ++b) nvfp4_scale_one(amax[b], s_enc_div6, s_dec, codes[b], factors[b]);
 }
 
-// One butterfly stage at distance h: lanes whose bit h is clear get a + b, the others
-// a - b, as p + v with v's sign flipped in the second lanes (a - b == a + (-b) exactly).
+// One butterfly stage at distance h: lanes whose bit h is clear get a + b, the others a - b,
+// as fma(v, +-1, p) with p the partner lane: v * +-1 is exact, so the one rounding is the
+// add's or the subtract's (a - b == a + (-b) exactly, zero signs included).
 template <int kImm, bool kCrossLane>
-inline __m512 butterfly(__m512 v, __m512i sub_lanes) {
+inline __m512 butterfly(__m512 v, __m512 plus_minus) {
   __m512 p;
   if constexpr (kCrossLane) p = _mm512_shuffle_f32x4(v, v, kImm);
   else p = _mm512_permute_ps(v, kImm);
-  return _mm512_add_ps(p, _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(v), sub_lanes)));
+  return _mm512_fmadd_ps(v, plus_minus, p);
 }
 
-// Sign bits in the lanes whose index has bit h set (the second element of each pair).
-inline __m512i lanes_with_bit(int h) {
-  alignas(64) std::int32_t m[16];
-  for (int j = 0; j < 16; ++j) m[j] = (j & h) != 0 ? INT32_MIN : 0;
-  return _mm512_load_si512(m);
+// +1 in the lanes whose index has bit h clear, -1 where it is set (the second of each pair).
+inline __m512 plus_minus_for_bit(int h) {
+  alignas(64) float m[16];
+  for (int j = 0; j < 16; ++j) m[j] = (j & h) != 0 ? -1.0f : 1.0f;
+  return _mm512_load_ps(m);
 }
 
 void rht16_avx512(const float* src, float* v, std::size_t n) {
   const __m512i signs = _mm512_setr_epi32(0, 0, 0, INT32_MIN, 0, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN, INT32_MIN,
                                           INT32_MIN, 0, INT32_MIN, 0, INT32_MIN, INT32_MIN);
-  const __m512i s1 = lanes_with_bit(1), s2 = lanes_with_bit(2), s4 = lanes_with_bit(4), s8 = lanes_with_bit(8);
+  const __m512 s1 = plus_minus_for_bit(1), s2 = plus_minus_for_bit(2), s4 = plus_minus_for_bit(4), s8 = plus_minus_for_bit(8);
   for (std::size_t i = 0; i + 16 <= n; i += 16) {
     __m512 x = _mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(_mm512_loadu_ps(src + i)), signs));
     x = butterfly<_MM_SHUFFLE(2, 3, 0, 1), false>(x, s1);
