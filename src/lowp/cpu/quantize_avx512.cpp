@@ -313,36 +313,52 @@ Sixteen sixteen_for(std::size_t block) {
                         : nullptr;
 }
 
-void block_amax_avx512(const float* src, std::size_t n, std::size_t block, float* fmax, std::uint32_t* bits) {
+template <bool kFloat>
+void block_amax_spec(const float* src, std::size_t n, std::size_t block, float* fmax, std::uint32_t* bits) {
   const __m512i mag = set1(0x7fffffffu);
-  const bool want_float = fmax != nullptr;
   std::size_t b = 0;
-  const Sixteen sixteen = want_float ? sixteen_for<true>(block) : sixteen_for<false>(block);
+  const Sixteen sixteen = sixteen_for<kFloat>(block);
   const std::size_t whole = n / block;
   if (sixteen != nullptr && whole >= 2) {
-    for (; b < whole; b += 16) sixteen(src + b * block, whole - b < 16 ? whole - b : 16, want_float ? fmax + b : nullptr, bits + b);
+    for (; b < whole; b += 16) sixteen(src + b * block, whole - b < 16 ? whole - b : 16, kFloat ? fmax + b : nullptr, bits + b);
     b = whole;
   }
   for (; b * block < n; ++b) {
     const float* p = src + b * block;
     const std::size_t len = n - b * block < block ? n - b * block : block;
-    __m512i mb = _mm512_setzero_si512();
-    __m512 mf = _mm512_setzero_ps();
+    // Four accumulators for long blocks (a whole tensor or chunk): one max chain would bound
+    // the loop by its latency, not by the loads.
+    __m512i mbs[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+    __m512 mfs[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
     std::size_t i = 0;
+    for (; i + 64 <= len; i += 64) {
+      for (int k = 0; k < 4; ++k) {
+        const __m512i a = _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(p + i + 16 * k)), mag);
+        mbs[k] = _mm512_max_epu32(mbs[k], a);
+        if constexpr (kFloat) mfs[k] = _mm512_max_ps(_mm512_castsi512_ps(a), mfs[k]);  // NaN lane: kept
+      }
+    }
+    __m512i mb = _mm512_max_epu32(_mm512_max_epu32(mbs[0], mbs[1]), _mm512_max_epu32(mbs[2], mbs[3]));
+    __m512 mf = _mm512_max_ps(_mm512_max_ps(mfs[0], mfs[1]), _mm512_max_ps(mfs[2], mfs[3]));  // no NaN lanes
     for (; i + 16 <= len; i += 16) {
       const __m512i a = _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(p + i)), mag);
       mb = _mm512_max_epu32(mb, a);
-      if (want_float) mf = _mm512_max_ps(_mm512_castsi512_ps(a), mf);
+      if constexpr (kFloat) mf = _mm512_max_ps(_mm512_castsi512_ps(a), mf);
     }
     if (i < len) {
       const __mmask16 m = static_cast<__mmask16>((1u << (len - i)) - 1u);
       const __m512i a = _mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, p + i)), mag);
       mb = _mm512_max_epu32(mb, a);
-      mf = _mm512_max_ps(_mm512_castsi512_ps(a), mf);
+      if constexpr (kFloat) mf = _mm512_max_ps(_mm512_castsi512_ps(a), mf);
     }
     bits[b] = static_cast<std::uint32_t>(_mm512_reduce_max_epu32(mb));
-    if (want_float) fmax[b] = _mm512_reduce_max_ps(mf);
+    if constexpr (kFloat) fmax[b] = _mm512_reduce_max_ps(mf);
   }
+}
+
+void block_amax_avx512(const float* src, std::size_t n, std::size_t block, float* fmax, std::uint32_t* bits) {
+  if (fmax != nullptr) block_amax_spec<true>(src, n, block, fmax, bits);
+  else block_amax_spec<false>(src, n, block, fmax, bits);
 }
 
 // Exact decode of 16 E4M3 codes (NaN code 0x7F -> the quiet NaN).
