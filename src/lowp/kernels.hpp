@@ -74,6 +74,22 @@ inline void block_amax_one(const float* p, std::size_t n, float& max_ignoring_na
   max_bits = b;
 }
 
+// max_ignoring_nan of each block from its max_bits (block_amax_one's two results): for a block
+// without NaN the same number (magnitudes at most inf's compare as unsigned bits as they do as
+// floats); a block holding a NaN is read again by block_amax_one. The SIMD back ends take the
+// bits alone and derive the float max this way: one max per vector instead of two.
+inline void max_ignoring_nan_from_bits(const float* src, std::size_t n, std::size_t block, const std::uint32_t* max_bits,
+                                       float* max_ignoring_nan) noexcept {
+  for (std::size_t b = 0; b * block < n; ++b) {
+    if (max_bits[b] <= 0x7f800000u) {
+      max_ignoring_nan[b] = std::bit_cast<float>(max_bits[b]);
+    } else {
+      std::uint32_t unused;
+      block_amax_one(src + b * block, n - b * block < block ? n - b * block : block, max_ignoring_nan[b], unused);
+    }
+  }
+}
+
 // min(v, FLT_MAX) keeping NaN (torch.min's rule, which TE's reference quantizer uses).
 inline float min_flt_max(float v) noexcept { return v > kFltMax ? kFltMax : v; }
 

@@ -348,107 +348,64 @@ void encode_scaled_avx2(Element e, const float* src, std::size_t n, std::size_t 
   }
 }
 
-inline float hmax_ps(__m256 v) {  // no NaN lanes here
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_shuffle_ps(m, m, _MM_SHUFFLE(1, 0, 3, 2)));
-  m = _mm_max_ps(m, _mm_shuffle_ps(m, m, _MM_SHUFFLE(2, 3, 0, 1)));
-  return _mm_cvtss_f32(m);
-}
-
 inline __m256 max_u32(__m256 x, __m256 y) {
   return _mm256_castsi256_ps(_mm256_max_epu32(_mm256_castps_si256(x), _mm256_castps_si256(y)));
 }
-inline __m256 max_f32(__m256 x, __m256 y) { return _mm256_max_ps(x, y); }  // no NaN lanes here
 
-// Lane j of the result: the max over the lanes of v[j] (two horizontal-max steps within
-// 128-bit halves on pairs of vectors, then the halves). Max: max_u32 or max_f32.
-template <__m256 (*Max)(__m256, __m256)>
+// Lane j of the result: the unsigned max over the lanes of v[j] (two horizontal-max steps
+// within 128-bit halves on pairs of vectors, then the halves).
 inline __m256 pair_max(__m256 a, __m256 b) {
-  return Max(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+  return max_u32(_mm256_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm256_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
 }
-template <__m256 (*Max)(__m256, __m256)>
 inline __m256 transpose_max8(const __m256* v) {
-  const __m256 lo = pair_max<Max>(pair_max<Max>(v[0], v[1]), pair_max<Max>(v[2], v[3]));  // per half: v0..v3's
-  const __m256 hi = pair_max<Max>(pair_max<Max>(v[4], v[5]), pair_max<Max>(v[6], v[7]));
-  return Max(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
+  const __m256 lo = pair_max(pair_max(v[0], v[1]), pair_max(v[2], v[3]));  // per half: v0..v3's
+  const __m256 hi = pair_max(pair_max(v[4], v[5]), pair_max(v[6], v[7]));
+  return max_u32(_mm256_permute2f128_ps(lo, hi, 0x20), _mm256_permute2f128_ps(lo, hi, 0x31));
 }
 
-// Eight whole blocks of kVecs vectors each (16, 32, 128 elements): the maxima per block in
-// lanes, then one transpose-reduction for the eight instead of a horizontal max each.
-// kFloat: the float max too (fmax), else the bits alone.
-template <std::size_t kVecs, bool kFloat>
-void block_amax8(const float* src, float* fmax, std::uint32_t* bits) {
+// Eight whole blocks of kVecs vectors each (16, 32, 128 elements): the magnitude-bits max per
+// block in lanes, then one transpose-reduction for the eight instead of a horizontal max each.
+template <std::size_t kVecs>
+void block_bits8(const float* src, std::uint32_t* bits) {
   const __m256i mag = set1(0x7fffffffu);
-  __m256 vb[8], vf[8];
+  __m256 vb[8];
   for (std::size_t j = 0; j < 8; ++j) {
     const float* p = src + j * kVecs * 8;
     __m256i mb = _mm256_setzero_si256();
-    __m256 mf = _mm256_setzero_ps();
-    for (std::size_t i = 0; i < kVecs; ++i) {
-      const __m256i a = _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(p + 8 * i)), mag);
-      mb = _mm256_max_epu32(mb, a);
-      if constexpr (kFloat) mf = _mm256_max_ps(_mm256_castsi256_ps(a), mf);  // NaN lane: mf kept
-    }
+    for (std::size_t i = 0; i < kVecs; ++i)
+      mb = _mm256_max_epu32(mb, _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(p + 8 * i)), mag));
     vb[j] = _mm256_castsi256_ps(mb);
-    vf[j] = mf;
   }
-  _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits), _mm256_castps_si256(transpose_max8<&max_u32>(vb)));
-  if constexpr (kFloat) _mm256_storeu_ps(fmax, transpose_max8<&max_f32>(vf));
+  _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits), _mm256_castps_si256(transpose_max8(vb)));
 }
 
-using Eight = void (*)(const float*, float*, std::uint32_t*);
-template <bool kFloat>
-Eight eight_for(std::size_t block) {
-  return block == 16    ? &block_amax8<2, kFloat>
-         : block == 32  ? &block_amax8<4, kFloat>
-         : block == 128 ? &block_amax8<16, kFloat>
-                        : nullptr;
-}
-
+// The magnitude-bits max of every block; the float max (if asked for) from it.
 void block_amax_avx2(const float* src, std::size_t n, std::size_t block, float* fmax, std::uint32_t* bits) {
   const __m256i mag = set1(0x7fffffffu);
-  const bool want_float = fmax != nullptr;
   std::size_t b = 0;
-  const Eight eight = want_float ? eight_for<true>(block) : eight_for<false>(block);
+  void (*eight)(const float*, std::uint32_t*) =
+      block == 16 ? &block_bits8<2> : block == 32 ? &block_bits8<4> : block == 128 ? &block_bits8<16> : nullptr;
   if (eight != nullptr) {
-    for (; (b + 8) * block <= n; b += 8) eight(src + b * block, want_float ? fmax + b : nullptr, bits + b);
+    for (; (b + 8) * block <= n; b += 8) eight(src + b * block, bits + b);
   }
   for (; b * block < n; ++b) {
     const float* p = src + b * block;
     const std::size_t len = n - b * block < block ? n - b * block : block;
-    __m256i mb = _mm256_setzero_si256();
-    __m256 mf = _mm256_setzero_ps();
+    // Four accumulators for long blocks (a whole tensor or chunk): one max chain would bound
+    // the loop by its latency, not by the loads.
+    __m256i m[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
     std::size_t i = 0;
-    // Two accumulator pairs for long blocks (the whole tensor): vmaxps' latency, not the
-    // loads, would bound one chain.
-    __m256i mb2 = _mm256_setzero_si256();
-    __m256 mf2 = _mm256_setzero_ps();
-    for (; i + 16 <= len; i += 16) {
-      const __m256i a = _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(p + i)), mag);
-      const __m256i a2 = _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(p + i + 8)), mag);
-      mb = _mm256_max_epu32(mb, a);
-      mb2 = _mm256_max_epu32(mb2, a2);
-      mf = _mm256_max_ps(_mm256_castsi256_ps(a), mf);  // NaN lane: mf kept
-      mf2 = _mm256_max_ps(_mm256_castsi256_ps(a2), mf2);
+    for (; i + 32 <= len; i += 32) {
+      for (int k = 0; k < 4; ++k)
+        m[k] = _mm256_max_epu32(m[k], _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(p + i + 8 * k)), mag));
     }
-    mb = _mm256_max_epu32(mb, mb2);
-    mf = _mm256_max_ps(mf2, mf);  // neither holds a NaN
-    for (; i + 8 <= len; i += 8) {
-      const __m256i a = _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(p + i)), mag);
-      mb = _mm256_max_epu32(mb, a);
-      mf = _mm256_max_ps(_mm256_castsi256_ps(a), mf);  // NaN lane: mf kept
-    }
+    __m256i mb = _mm256_max_epu32(_mm256_max_epu32(m[0], m[1]), _mm256_max_epu32(m[2], m[3]));
+    for (; i + 8 <= len; i += 8) mb = _mm256_max_epu32(mb, _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(p + i)), mag));
     std::uint32_t bm = hmax_epu32(mb);
-    float fm = hmax_ps(mf);
-    for (; i < len; ++i) {
-      const std::uint32_t a = std::bit_cast<std::uint32_t>(p[i]) & 0x7fffffffu;
-      bm = a > bm ? a : bm;
-      const float f = std::bit_cast<float>(a);
-      fm = f > fm ? f : fm;
-    }
+    for (; i < len; ++i) bm = std::max(bm, std::bit_cast<std::uint32_t>(p[i]) & 0x7fffffffu);
     bits[b] = bm;
-    if (want_float) fmax[b] = fm;
   }
+  if (fmax != nullptr) max_ignoring_nan_from_bits(src, n, block, bits, fmax);
 }
 
 inline __m256 decode_e4m3_8(__m256i c) {

@@ -253,74 +253,54 @@ void encode_scaled_avx512(Element e, const float* src, std::size_t n, std::size_
   }
 }
 
-// Block maxima: 16 lanes of |x| bits (unsigned max: NaN wins) and of |x| as floats
-// (vmaxps(x, m) returns m when x is NaN: TE's fmaxf from 0).
+// Block maxima: 16 lanes of |x| bits (unsigned max: a NaN, above inf, wins).
 inline __m512 max_u32(__m512 x, __m512 y) {
   return _mm512_castsi512_ps(_mm512_max_epu32(_mm512_castps_si512(x), _mm512_castps_si512(y)));
 }
-inline __m512 max_f32(__m512 x, __m512 y) { return _mm512_max_ps(x, y); }  // no NaN lanes here
 
 // Lane j of the result: the max over the lanes of v[j], for 16 vectors: two horizontal-max
 // steps within 128-bit lanes on pairs of vectors, then two across them.
-template <__m512 (*Max)(__m512, __m512)>
 inline __m512 pair_max(__m512 a, __m512 b) {
-  return Max(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+  return max_u32(_mm512_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
 }
-template <__m512 (*Max)(__m512, __m512)>
 inline __m512 lane_pair_max(__m512 a, __m512 b) {
-  return Max(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
+  return max_u32(_mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_f32x4(a, b, _MM_SHUFFLE(3, 1, 3, 1)));
 }
-template <__m512 (*Max)(__m512, __m512)>
 inline __m512 transpose_max16(const __m512* v) {
   __m512 r[4];  // r[k], 128-bit lane L: lane L's max of v[4k..4k+3], one per 32-bit element
-  for (int k = 0; k < 4; ++k)
-    r[k] = pair_max<Max>(pair_max<Max>(v[4 * k], v[4 * k + 1]), pair_max<Max>(v[4 * k + 2], v[4 * k + 3]));
-  return lane_pair_max<Max>(lane_pair_max<Max>(r[0], r[1]), lane_pair_max<Max>(r[2], r[3]));
+  for (int k = 0; k < 4; ++k) r[k] = pair_max(pair_max(v[4 * k], v[4 * k + 1]), pair_max(v[4 * k + 2], v[4 * k + 3]));
+  return lane_pair_max(lane_pair_max(r[0], r[1]), lane_pair_max(r[2], r[3]));
 }
 
-// Up to sixteen whole blocks of kVecs vectors each (16, 32, 128 elements): the maxima per
-// block in lanes, then one transpose-reduction for all of them instead of a reduction each
-// (the missing blocks' lanes are zero; their results are not stored). kFloat: the float max
-// too (fmax), else the bits alone.
-template <std::size_t kVecs, bool kFloat>
-void block_amax16(const float* src, std::size_t count, float* fmax, std::uint32_t* bits) {
+// Up to sixteen whole blocks of kVecs vectors each (16, 32, 128 elements): the magnitude-bits
+// max per block in lanes, then one transpose-reduction for all of them instead of a reduction
+// each (the missing blocks' lanes are zero; their results are not stored).
+template <std::size_t kVecs>
+void block_bits16(const float* src, std::size_t count, std::uint32_t* bits) {
   const __m512i mag = set1(0x7fffffffu);
-  __m512 vb[16], vf[16];
-  for (std::size_t j = count; j < 16; ++j) vb[j] = vf[j] = _mm512_setzero_ps();
+  __m512 vb[16];
+  for (std::size_t j = count; j < 16; ++j) vb[j] = _mm512_setzero_ps();
   for (std::size_t j = 0; j < count; ++j) {
     const float* p = src + j * kVecs * 16;
     __m512i mb = _mm512_setzero_si512();
-    __m512 mf = _mm512_setzero_ps();
     for (std::size_t i = 0; i < kVecs; ++i) {
-      const __m512i a = _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(p + 16 * i)), mag);
-      mb = _mm512_max_epu32(mb, a);
-      if constexpr (kFloat) mf = _mm512_max_ps(_mm512_castsi512_ps(a), mf);  // NaN lane: mf kept
+      mb = _mm512_max_epu32(mb, _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(p + 16 * i)), mag));
     }
     vb[j] = _mm512_castsi512_ps(mb);
-    vf[j] = mf;
   }
   const __mmask16 keep = static_cast<__mmask16>((1u << count) - 1u);
-  _mm512_mask_storeu_epi32(bits, keep, _mm512_castps_si512(transpose_max16<&max_u32>(vb)));
-  if constexpr (kFloat) _mm512_mask_storeu_ps(fmax, keep, transpose_max16<&max_f32>(vf));
+  _mm512_mask_storeu_epi32(bits, keep, _mm512_castps_si512(transpose_max16(vb)));
 }
 
-using Sixteen = void (*)(const float*, std::size_t, float*, std::uint32_t*);
-template <bool kFloat>
-Sixteen sixteen_for(std::size_t block) {
-  return block == 16    ? &block_amax16<1, kFloat>
-         : block == 32  ? &block_amax16<2, kFloat>
-         : block == 128 ? &block_amax16<8, kFloat>
-                        : nullptr;
-}
-
-template <bool kFloat>
-void block_amax_spec(const float* src, std::size_t n, std::size_t block, float* fmax, std::uint32_t* bits) {
+// The magnitude-bits max of every block; the float max (if asked for) from it.
+void block_amax_avx512(const float* src, std::size_t n, std::size_t block, float* fmax, std::uint32_t* bits) {
   const __m512i mag = set1(0x7fffffffu);
   std::size_t b = 0;
-  const Sixteen sixteen = sixteen_for<kFloat>(block);
+  void (*sixteen)(const float*, std::size_t, std::uint32_t*) =
+      block == 16 ? &block_bits16<1> : block == 32 ? &block_bits16<2> : block == 128 ? &block_bits16<8> : nullptr;
   const std::size_t whole = n / block;
   if (sixteen != nullptr && whole >= 2) {
-    for (; b < whole; b += 16) sixteen(src + b * block, whole - b < 16 ? whole - b : 16, kFloat ? fmax + b : nullptr, bits + b);
+    for (; b < whole; b += 16) sixteen(src + b * block, whole - b < 16 ? whole - b : 16, bits + b);
     b = whole;
   }
   for (; b * block < n; ++b) {
@@ -328,37 +308,21 @@ void block_amax_spec(const float* src, std::size_t n, std::size_t block, float* 
     const std::size_t len = n - b * block < block ? n - b * block : block;
     // Four accumulators for long blocks (a whole tensor or chunk): one max chain would bound
     // the loop by its latency, not by the loads.
-    __m512i mbs[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
-    __m512 mfs[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
+    __m512i m[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
     std::size_t i = 0;
     for (; i + 64 <= len; i += 64) {
-      for (int k = 0; k < 4; ++k) {
-        const __m512i a = _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(p + i + 16 * k)), mag);
-        mbs[k] = _mm512_max_epu32(mbs[k], a);
-        if constexpr (kFloat) mfs[k] = _mm512_max_ps(_mm512_castsi512_ps(a), mfs[k]);  // NaN lane: kept
-      }
+      for (int k = 0; k < 4; ++k)
+        m[k] = _mm512_max_epu32(m[k], _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(p + i + 16 * k)), mag));
     }
-    __m512i mb = _mm512_max_epu32(_mm512_max_epu32(mbs[0], mbs[1]), _mm512_max_epu32(mbs[2], mbs[3]));
-    __m512 mf = _mm512_max_ps(_mm512_max_ps(mfs[0], mfs[1]), _mm512_max_ps(mfs[2], mfs[3]));  // no NaN lanes
-    for (; i + 16 <= len; i += 16) {
-      const __m512i a = _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(p + i)), mag);
-      mb = _mm512_max_epu32(mb, a);
-      if constexpr (kFloat) mf = _mm512_max_ps(_mm512_castsi512_ps(a), mf);
-    }
+    __m512i mb = _mm512_max_epu32(_mm512_max_epu32(m[0], m[1]), _mm512_max_epu32(m[2], m[3]));
+    for (; i + 16 <= len; i += 16) mb = _mm512_max_epu32(mb, _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(p + i)), mag));
     if (i < len) {
-      const __mmask16 m = static_cast<__mmask16>((1u << (len - i)) - 1u);
-      const __m512i a = _mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, p + i)), mag);
-      mb = _mm512_max_epu32(mb, a);
-      if constexpr (kFloat) mf = _mm512_max_ps(_mm512_castsi512_ps(a), mf);
+      const __mmask16 k = static_cast<__mmask16>((1u << (len - i)) - 1u);
+      mb = _mm512_max_epu32(mb, _mm512_and_si512(_mm512_castps_si512(_mm512_maskz_loadu_ps(k, p + i)), mag));
     }
     bits[b] = static_cast<std::uint32_t>(_mm512_reduce_max_epu32(mb));
-    if constexpr (kFloat) fmax[b] = _mm512_reduce_max_ps(mf);
   }
-}
-
-void block_amax_avx512(const float* src, std::size_t n, std::size_t block, float* fmax, std::uint32_t* bits) {
-  if (fmax != nullptr) block_amax_spec<true>(src, n, block, fmax, bits);
-  else block_amax_spec<false>(src, n, block, fmax, bits);
+  if (fmax != nullptr) max_ignoring_nan_from_bits(src, n, block, bits, fmax);
 }
 
 // Exact decode of 16 E4M3 codes (NaN code 0x7F -> the quiet NaN).
