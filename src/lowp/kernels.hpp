@@ -128,7 +128,8 @@ struct LowpKernels {
   Isa isa;
   // Per block of `block` elements (the last may be shorter): both maxima of block_amax_one;
   // max_ignoring_nan may be nullptr where only the bits are needed (nvfp4's scales, a tensor's
-  // amax), which spares the float max and its reduction.
+  // amax). The SIMD back ends take the bits and derive the float max from them
+  // (max_ignoring_nan_from_bits).
   void (*block_amax)(const float* src, std::size_t n, std::size_t block, float* max_ignoring_nan,
                      std::uint32_t* max_bits);
   // Element i is encode_element(src[i], factors[i / block]) into format e: one byte per
