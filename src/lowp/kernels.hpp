@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
 #include <vector>
 
 #include "mixprec/core/isa.hpp"
@@ -121,6 +122,19 @@ inline void rht16_one(float* v) noexcept {
     }
   }
   for (int i = 0; i < 16; ++i) v[i] *= 0.25f;
+}
+
+// f(std::bool_constant<a>{}, std::bool_constant<b>{}): two run-time options of a kernel call
+// (stochastic rounding, the fused amax) as template arguments of its loop, chosen once.
+template <class F>
+inline void with_options(bool a, bool b, F&& f) {
+  if (a) {
+    if (b) f(std::true_type{}, std::true_type{});
+    else f(std::true_type{}, std::false_type{});
+  } else {
+    if (b) f(std::false_type{}, std::true_type{});
+    else f(std::false_type{}, std::false_type{});
+  }
 }
 
 // Kernels: pure loops over raw pointers; they never allocate, log or check arguments.

@@ -327,13 +327,10 @@ void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, cons
 template <const MiniFloatSpec& S>
 void encode_scaled_sr(const float* src, std::size_t n, std::size_t block, const float* factors, std::uint8_t* dst,
                       const std::uint32_t* random, float max_value, EncodeCounts* counts, std::uint32_t* max_bits) {
-  if (random != nullptr) {
-    if (max_bits != nullptr) encode_scaled_spec<S, true, true>(src, n, block, factors, dst, random, max_value, counts, max_bits);
-    else encode_scaled_spec<S, true, false>(src, n, block, factors, dst, random, max_value, counts, max_bits);
-  } else {
-    if (max_bits != nullptr) encode_scaled_spec<S, false, true>(src, n, block, factors, dst, random, max_value, counts, max_bits);
-    else encode_scaled_spec<S, false, false>(src, n, block, factors, dst, random, max_value, counts, max_bits);
-  }
+  with_options(random != nullptr, max_bits != nullptr, [&](auto stochastic, auto amax) {
+    encode_scaled_spec<S, decltype(stochastic)::value, decltype(amax)::value>(src, n, block, factors, dst, random, max_value,
+                                                                               counts, max_bits);
+  });
 }
 
 void encode_scaled_avx2(Element e, const float* src, std::size_t n, std::size_t block, const float* factors,
