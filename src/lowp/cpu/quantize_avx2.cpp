@@ -2,9 +2,9 @@
 // store of fp8 codes, 16 of e2m1 pairs). Round to nearest even uses the integer/fp32-add
 // trick of formats/cpu/bulk_avx2.cpp (encode8_rne); stochastic rounding is encode_full in
 // vector form with per-lane shifts (encode8). Counts accumulate in 32-bit lanes, summed
-// once per call; block maxima of 8 blocks share one transpose-reduction; the RHT is
-// in-register butterflies (16-element groups span two registers). Heads and tails go
-// through the scalar rules.
+// once per call; block maxima (magnitude bits; the float max derived from them) of 8 blocks
+// share one transpose-reduction; the RHT is in-register butterflies of one fma each
+// (16-element groups span two registers). Heads and tails go through the scalar rules.
 //
 // Compiled for AVX2+FMA per function (target pragma, no -m flags), called only after
 // isa_available(Isa::avx2).

@@ -6,8 +6,9 @@
 // vector form (encode16): the fp32 significand shifted right by a per-lane distance (vpsrlvd)
 // after adding the caller's random bits, then the format's exponent base, saturated with an
 // unsigned min. Both equal the scalar rule bit for bit (tests/lowp). Counts are lane masks
-// (popcount). Block maxima of 16 blocks share one transpose-reduction. The RHT is four
-// in-register butterflies. Heads and tails go through the scalar rules of lowp/kernels.hpp.
+// (popcount). Block maxima (magnitude bits; the float max derived from them) of 16 blocks
+// share one transpose-reduction. The RHT is four in-register butterflies of one fma each.
+// Heads and tails go through the scalar rules of lowp/kernels.hpp.
 //
 // Compiled for AVX-512 F/BW/DQ/VL per function (target pragma, no -m flags), called only
 // after isa_available(Isa::avx512).
