@@ -1,8 +1,9 @@
 // AVX-512 back end of the 16-bit encodes (f16 and bf16): encode, encode_counted,
 // encode_round and encode_round_counted, 32 elements an iteration in 32-bit lanes,
 // with mask registers for the NaN fix, saturation and flush, and vector lanes for the
-// counters. Every other kernel (decodes, fp8, stochastic rounding, block scaling, amax)
-// is the AVX2 back end's: they were measured memory-bound there already. Heads and tails go
+// counters; and the tensor amax (amax_bits), which the FP8 and lowp recipes and amax_f32 run
+// on data in cache too. Every other kernel (decodes, fp8, stochastic rounding, block scaling,
+// block amax) is the AVX2 back end's: they were measured memory-bound there already. Heads and tails go
 // through the scalar loops, so every element matches the reference bit for bit
 // (tests/formats: every input class, and all 2^32 inputs against the reference).
 //
@@ -303,6 +304,23 @@ ConversionStats encode_round_kernel(float* v, void* dst_v, std::size_t n, const 
   }
 }
 
+// max |src[i]| as magnitude bits (AmaxKernels::amax_bits): four independent maxima (the
+// loads, not the max chain, set the pace in cache), the tail one masked load (its cleared
+// lanes read as +0, which raises no max).
+std::uint32_t amax_bits_kernel(const float* src, std::size_t n) {
+  __m512i m0 = _mm512_setzero_si512(), m1 = m0, m2 = m0, m3 = m0;
+  std::size_t i = 0;
+  for (; i + 64 <= n; i += 64) {
+    m0 = _mm512_max_epu32(m0, abs_bits(_mm512_loadu_ps(src + i)));
+    m1 = _mm512_max_epu32(m1, abs_bits(_mm512_loadu_ps(src + i + 16)));
+    m2 = _mm512_max_epu32(m2, abs_bits(_mm512_loadu_ps(src + i + 32)));
+    m3 = _mm512_max_epu32(m3, abs_bits(_mm512_loadu_ps(src + i + 48)));
+  }
+  for (; i + 16 <= n; i += 16) m0 = _mm512_max_epu32(m0, abs_bits(_mm512_loadu_ps(src + i)));
+  if (i < n) m1 = _mm512_max_epu32(m1, abs_bits(_mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << (n - i)) - 1u), src + i)));
+  return static_cast<std::uint32_t>(_mm512_reduce_max_epu32(_mm512_max_epu32(_mm512_max_epu32(m0, m1), _mm512_max_epu32(m2, m3))));
+}
+
 }  // namespace
 }  // namespace mixprec::detail
 
@@ -331,6 +349,7 @@ void with_avx512_encodes(FormatKernels& k) {
 KernelTable make(bool bf16_instructions) {
   KernelTable t = *avx2_kernels();
   t.isa = Isa::avx512;
+  t.amax.amax_bits = &amax_bits_kernel;
   with_avx512_encodes<kF16Spec>(t.f16);
   if (bf16_instructions) with_avx512_encodes<kBF16Spec, true>(t.bf16);
   else with_avx512_encodes<kBF16Spec, false>(t.bf16);
