@@ -12,6 +12,7 @@
 
 #include "core/select_kernels.hpp"
 #include "lowp/kernels.hpp"
+#include "mixprec/formats/kernel_table.hpp"
 #include "mixprec/fp8/recipes.hpp"
 
 namespace mixprec::lowp {
@@ -354,6 +355,12 @@ struct Run {
 // this buffer first, while it is in cache: the transformed grid is never written out.
 constexpr std::size_t kRhtChunk = kChunkElements;
 
+// The magnitude-bits max of a whole tensor or chunk: the formats table's amax_bits of the same
+// back end (the FP8 recipes' amax kernel), not a second loop of lowp's own.
+std::uint32_t tensor_amax_bits(const LowpKernels& k, const float* src, std::size_t n) {
+  return kernel_table(k.isa)->amax.amax_bits(src, n);
+}
+
 // One chunk's 16-point transform into t (len % 16 == 0: the groups are the whole grid's).
 const float* rht_chunk(const LowpKernels& k, const float* src, std::size_t len, float* t) {
   k.rht16(src, t, len);
@@ -485,14 +492,11 @@ void quantize_with(const LowpKernels& k, std::span<const float> src, std::size_t
       alignas(64) float t[kRhtChunk];
       for (std::size_t i = 0; i < n; i += kRhtChunk) {
         const std::size_t len = std::min(n - i, kRhtChunk);
-        std::uint32_t bi, bt;
-        k.block_amax(g + i, len, len, nullptr, &bi);
-        k.block_amax(rht_chunk(k, g + i, len, t), len, len, nullptr, &bt);
-        input_amax_bits = std::max(input_amax_bits, bi);
-        b = std::max(b, bt);
+        input_amax_bits = std::max(input_amax_bits, tensor_amax_bits(k, g + i, len));
+        b = std::max(b, tensor_amax_bits(k, rht_chunk(k, g + i, len, t), len));
       }
     } else {
-      k.block_amax(g, n, n, nullptr, &b);
+      b = tensor_amax_bits(k, g, n);
     }
     q.tensor_amax = canonical_amax(b);
     q.tensor_scale = c.flavour == Flavour::torchao ? q.tensor_amax / 2688.0f : nvfp4_tensor_scale(q.tensor_amax);
@@ -510,7 +514,7 @@ void quantize_with(const LowpKernels& k, std::span<const float> src, std::size_t
   } else if (info.block == 0) {
     // Current scaling: the scale needs the whole tensor's amax before the first code, so the
     // input is read twice (TE runs an amax kernel, then the cast).
-    k.block_amax(g, n, n, nullptr, &amax_bits);
+    amax_bits = tensor_amax_bits(k, g, n);
     const float scale = scale_from_amax(canonical_amax(amax_bits), max_finite(c.element),
                                         effective_power_of_2_scales(c), c.amax_epsilon, c.value_for_inf);
     q.tensor_scale = scale;

@@ -388,15 +388,8 @@ void block_amax_avx2(const float* src, std::size_t n, std::size_t block, float* 
   for (; b * block < n; ++b) {
     const float* p = src + b * block;
     const std::size_t len = n - b * block < block ? n - b * block : block;
-    // Four accumulators for long blocks (a whole tensor or chunk): one max chain would bound
-    // the loop by its latency, not by the loads.
-    __m256i m[4] = {_mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256(), _mm256_setzero_si256()};
+    __m256i mb = _mm256_setzero_si256();
     std::size_t i = 0;
-    for (; i + 32 <= len; i += 32) {
-      for (int k = 0; k < 4; ++k)
-        m[k] = _mm256_max_epu32(m[k], _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(p + i + 8 * k)), mag));
-    }
-    __m256i mb = _mm256_max_epu32(_mm256_max_epu32(m[0], m[1]), _mm256_max_epu32(m[2], m[3]));
     for (; i + 8 <= len; i += 8) mb = _mm256_max_epu32(mb, _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(p + i)), mag));
     std::uint32_t bm = hmax_epu32(mb);
     for (; i < len; ++i) bm = std::max(bm, std::bit_cast<std::uint32_t>(p[i]) & 0x7fffffffu);

@@ -304,15 +304,8 @@ void block_amax_avx512(const float* src, std::size_t n, std::size_t block, float
   for (; b * block < n; ++b) {
     const float* p = src + b * block;
     const std::size_t len = n - b * block < block ? n - b * block : block;
-    // Four accumulators for long blocks (a whole tensor or chunk): one max chain would bound
-    // the loop by its latency, not by the loads.
-    __m512i m[4] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+    __m512i mb = _mm512_setzero_si512();
     std::size_t i = 0;
-    for (; i + 64 <= len; i += 64) {
-      for (int k = 0; k < 4; ++k)
-        m[k] = _mm512_max_epu32(m[k], _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(p + i + 16 * k)), mag));
-    }
-    __m512i mb = _mm512_max_epu32(_mm512_max_epu32(m[0], m[1]), _mm512_max_epu32(m[2], m[3]));
     for (; i + 16 <= len; i += 16) mb = _mm512_max_epu32(mb, _mm512_and_si512(_mm512_castps_si512(_mm512_loadu_ps(p + i)), mag));
     if (i < len) {
       const __mmask16 k = static_cast<__mmask16>((1u << (len - i)) - 1u);
