@@ -615,7 +615,7 @@ void write_file(const fs::path& path, std::span<const TensorRef> tensors,
   const std::string header = build_header(tensors, metadata, src, options.header_checksum).first;
   if (path.filename().empty()) throw std::invalid_argument(src + ": expected a file name, found a folder path");
 
-  io::AtomicFile file(path, io::AtomicWriteOptions{options.fsync, options.fail_after_bytes}, src);
+  io::AtomicFile file(path, io::AtomicWriteOptions{options.fsync, options.fail_after_bytes, {}}, src);
   std::byte len[8];
   put_u64_le(len, header.size());
   file.write(len, sizeof len);

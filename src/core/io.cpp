@@ -6,10 +6,13 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 
 #include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -36,7 +39,7 @@ AtomicFile::AtomicFile(fs::path path, AtomicWriteOptions options, std::string so
   const fs::path dir = path_.has_parent_path() ? path_.parent_path() : fs::path(".");
   // Built by append: GCC 12 warns falsely (-Wrestrict) on "literal" + std::string at -O3.
   std::string stem(1, '.');
-  stem.append(path_.filename().string()).append(".tmp-").append(std::to_string(::getpid())).append("-");
+  stem.append(options_.temporary_name.empty() ? path_.filename().string() : options_.temporary_name).append(".tmp-").append(std::to_string(::getpid())).append("-");
   for (int attempt = 0;; ++attempt) {
     tmp_ = dir / (stem + std::to_string(g_tmp_counter.fetch_add(1)));
     fd_ = ::open(tmp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
@@ -136,7 +139,7 @@ const char* non_regular_kind(unsigned mode) noexcept {
                        : "not a regular file";
 }
 
-std::string read_regular_file(const fs::path& path) {
+std::string read_regular_file(const fs::path& path, std::uint64_t max_bytes) {
   const std::string q = text::squote(path.string());
   // O_NONBLOCK: opening a FIFO for reading does not wait for a writer; fstat then refuses it.
   const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY);
@@ -151,6 +154,11 @@ std::string read_regular_file(const fs::path& path) {
     ::close(fd);
     throw std::runtime_error(q + " is " + kind + ", not a regular file");
   }
+  if (static_cast<std::uint64_t>(st.st_size) > max_bytes) {
+    ::close(fd);
+    throw std::runtime_error(q + " is " + std::to_string(st.st_size) + " bytes; the limit is " +
+                             std::to_string(max_bytes) + " bytes");
+  }
   std::string out;
   out.reserve(static_cast<std::size_t>(st.st_size));
   char buf[1 << 16];
@@ -164,6 +172,11 @@ std::string read_regular_file(const fs::path& path) {
     }
     if (r == 0) break;
     out.append(buf, static_cast<std::size_t>(r));
+    if (out.size() > max_bytes) {  // grew while being read
+      ::close(fd);
+      throw std::runtime_error(q + " is more than " + std::to_string(max_bytes) + " bytes; the limit is " +
+                               std::to_string(max_bytes) + " bytes");
+    }
   }
   ::close(fd);
   return out;
@@ -199,6 +212,67 @@ std::optional<long> atomic_temporary_pid(std::string_view name, std::string_view
     return std::nullopt;
   if (target != nullptr) *target = name.substr(1, tmp - 1);
   return std::stol(std::string(pid_text));
+}
+
+namespace {
+
+void sync_folder(const fs::path& dir) {
+  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dfd >= 0) {
+    (void)::fsync(dfd);  // best effort: the swap itself is atomic either way
+    ::close(dfd);
+  }
+}
+
+}  // namespace
+
+fs::path make_staging_folder(const fs::path& target) {
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  const std::string name = target.filename().string();
+  std::error_code ec;
+  // Staging folders of this target whose process is gone (killed mid-write): never read by
+  // anything, removed here so that they do not pile up.
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    std::string_view of;
+    const std::string entry = e.path().filename().string();
+    const std::optional<long> pid = atomic_temporary_pid(entry, &of);
+    if (pid && of == name && *pid != ::getpid() && ::kill(static_cast<pid_t>(*pid), 0) != 0 && errno == ESRCH)
+      fs::remove_all(e.path(), ec);
+  }
+  const std::string stem = "." + name + ".tmp-" + std::to_string(::getpid()) + "-";
+  for (int attempt = 0;; ++attempt) {
+    const fs::path p = dir / (stem + std::to_string(g_tmp_counter.fetch_add(1)));
+    if (::mkdir(p.c_str(), 0777) == 0) return p;
+    const int e = errno;
+    if (e == EINTR || (e == EEXIST && attempt < 100)) continue;
+    throw std::runtime_error("cannot create the staging folder '" + p.string() + "': " + errno_text(e));
+  }
+}
+
+void replace_folder(const fs::path& staged, const fs::path& target) {
+  const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(target, ec))) {
+    if (::rename(staged.c_str(), target.c_str()) != 0)
+      throw std::runtime_error("cannot rename '" + staged.string() + "' to '" + target.string() + "': " + errno_text(errno));
+  } else {
+    if (::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) == 0) {
+      fs::remove_all(staged, ec);  // now the old contents; a crash here leaves a staging folder, removed next time
+    } else if (errno == EINVAL || errno == ENOSYS || errno == ENOTSUP) {
+      // A file system without the exchange (NFS, some FUSE): the old folder is moved aside
+      // first, so for a moment there is neither; still never a mix of the two.
+      const fs::path aside = make_staging_folder(target);
+      fs::remove(aside, ec);
+      if (::rename(target.c_str(), aside.c_str()) != 0 || ::rename(staged.c_str(), target.c_str()) != 0)
+        throw std::runtime_error("cannot replace '" + target.string() + "' with '" + staged.string() + "': " +
+                                 errno_text(errno));
+      fs::remove_all(aside, ec);
+    } else {
+      throw std::runtime_error("cannot swap '" + staged.string() + "' with '" + target.string() + "': " +
+                               errno_text(errno));
+    }
+  }
+  sync_folder(dir);
 }
 
 }  // namespace mixprec::io

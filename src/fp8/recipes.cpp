@@ -1,6 +1,6 @@
 // FP8 scaling recipes: delayed scaling state and JSON, current and MX scales.
 #include "mixprec/fp8/recipes.hpp"
-#include "mixprec/core/json_depth.hpp"
+#include "mixprec/core/json_read.hpp"
 #include "mixprec/core/text.hpp"
 
 #include <algorithm>
@@ -253,13 +253,7 @@ std::string DelayedScalingState::to_json() const {
 
 DelayedScalingState DelayedScalingState::from_json(std::string_view text) {
   const std::string top = "fp8 delayed-scaling state: ";
-  if (const std::string deep = json_depth_problem(text); !deep.empty()) fail(top + deep);
-  json j;
-  try {
-    j = json::parse(text.begin(), text.end());
-  } catch (const json::parse_error& e) {
-    fail(top + "not valid JSON: " + std::string(text::json_error_detail(e.what())));
-  }
+  const json j = io::parse_json(text, "fp8 delayed-scaling state");
   if (!j.is_object()) fail(top + "expected an object");
   only_fields(j, {"format", "version", "config", "tensors"}, top);
   const std::string format = text_field(j, "format", top);

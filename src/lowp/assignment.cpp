@@ -2,6 +2,8 @@
 // private to the library.
 #include "mixprec/lowp/assignment.hpp"
 
+#include "mixprec/core/json_read.hpp"
+
 #include <nlohmann/json.hpp>
 
 #include <set>
@@ -233,26 +235,8 @@ std::optional<LinearRecipe> resolve(const RecipeChoice& choice, const RecipeChoi
   return o;
 }
 
-RecipeChoice parse_choice(std::string_view json_entry, std::string_view where) {
-  json j;
-  try {
-    j = json::parse(json_entry);
-  } catch (const json::parse_error&) {
-    // A bare recipe name.
-    j = std::string(json_entry);
-  }
-  RecipeChoice c = choice_from(j, std::string(where), true);
-  resolve(c);  // checks that the options fit the recipe
-  return c;
-}
-
 Assignment parse_assignment(std::string_view text) {
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    fail(std::string("recipe file: not JSON (") + e.what() + ")");
-  }
+  const json j = io::parse_json(text, "recipe file");
   if (!j.is_object()) fail("recipe file: expected a JSON object, found " + dump(j));
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& k = it.key();
@@ -299,6 +283,15 @@ Assignment parse_assignment(std::string_view text) {
     }
   }
   return a;
+}
+
+Assignment read_assignment(const std::string& path) {
+  const std::string text = io::read_json_text(path);  // std::runtime_error names the path
+  try {
+    return parse_assignment(text);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(path + ": " + e.what());
+  }
 }
 
 std::string to_json(const Assignment& a) {

@@ -459,7 +459,7 @@ NpyArray read_npy(const std::filesystem::path& path, std::uint64_t max_file_byte
     ~Fd() {
       if (fd >= 0) ::close(fd);
     }
-  } fd{::open(path.c_str(), O_RDONLY | O_CLOEXEC)};
+  } fd{::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC)};  // a FIFO: no wait for a writer; fstat refuses it
   if (fd.fd < 0) throw error(std::string("cannot be opened: ").append(errno_text(errno)));
   struct stat st {};
   if (::fstat(fd.fd, &st) != 0) throw error(std::string("cannot be read: ").append(errno_text(errno)));

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "mixprec/core/io.hpp"
-#include "mixprec/core/json_depth.hpp"
+#include "mixprec/core/json_read.hpp"
 #include "mixprec/core/keys.hpp"
 #include "mixprec/core/text.hpp"
 #include "mixprec/nn/precision.hpp"
@@ -1173,11 +1173,10 @@ ReportRun load_run(const std::string& dir, const std::string& name) {
     const std::optional<std::string> text = train::read_run_file(p, file);
     if (!text) return std::nullopt;
     const std::string where = squote((p / file).string());
-    if (const std::string deep = json_depth_problem(*text); !deep.empty()) throw std::runtime_error(where + ": " + deep);
     try {
-      return ojson::parse(*text);
-    } catch (const ojson::exception& e) {
-      throw std::runtime_error(where + ": " + text::malformed_json(e.what()));
+      return io::parse_ordered_json(*text, where);
+    } catch (const std::invalid_argument& e) {
+      throw std::runtime_error(e.what());
     }
   };
   auto text_of = [](const ojson& v) -> std::string {

@@ -10,7 +10,7 @@
 #include <numbers>
 #include <stdexcept>
 
-#include "mixprec/core/json_depth.hpp"
+#include "mixprec/core/json_read.hpp"
 #include "mixprec/core/text.hpp"
 #include "mixprec/formats/types.hpp"
 
@@ -250,13 +250,7 @@ std::string LayerwiseScales::to_json() const {
 }
 
 LayerwiseScales LayerwiseScales::from_json(std::string_view text) {
-  if (const std::string deep = json_depth_problem(text); !deep.empty()) bad_state(deep);
-  json j;
-  try {
-    j = json::parse(text);
-  } catch (const json::parse_error& e) {
-    bad_state("not valid JSON: " + std::string(text::json_error_detail(e.what())));
-  }
+  const json j = io::parse_json(text, "layerwise state");
   if (!j.is_object()) bad_state("expected an object");
   for (const auto& [k, v] : j.items())
     if (k != "config" && k != "layers") bad_state("unknown field '" + k + "'");

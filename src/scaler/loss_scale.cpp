@@ -4,7 +4,7 @@
 #include "mixprec/scaler/loss_scale.hpp"
 
 #include "../core/key_table.hpp"
-#include "mixprec/core/json_depth.hpp"
+#include "mixprec/core/json_read.hpp"
 #include "mixprec/core/text.hpp"
 
 #include <nlohmann/json.hpp>
@@ -737,13 +737,7 @@ LossScaleConfig read_config_fields(Fields& f, const std::string& prefix) {
 }  // namespace
 
 LossScaleConfig loss_scale_config_from_json(std::string_view text) {
-  if (const std::string deep = json_depth_problem(text); !deep.empty()) fail(deep);
-  json j;
-  try {
-    j = json::parse(text.begin(), text.end());
-  } catch (const json::exception& e) {
-    fail("not valid JSON: " + std::string(text::json_error_detail(e.what())));
-  }
+  const json j = io::parse_json(text, "");
   Fields f(j, "", "");
   LossScaleConfig c = read_config_fields(f, "");
   validate(c);
@@ -771,13 +765,7 @@ std::string LossScaleState::to_json() const {
 }
 
 LossScaleState LossScaleState::from_json(std::string_view text) {
-  if (const std::string deep = json_depth_problem(text); !deep.empty()) fail("loss-scale state: " + deep);
-  json j;
-  try {
-    j = json::parse(text.begin(), text.end());
-  } catch (const json::exception& e) {  // parse_error, and out_of_range for 1e400
-    fail("loss-scale state: not valid JSON: " + std::string(text::json_error_detail(e.what())));
-  }
+  const json j = io::parse_json(text, "loss-scale state");
   Fields top(j, "");
   const std::string format = top.text("format");
   if (format != "mixprec.loss_scale")

@@ -10,7 +10,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "mixprec/core/json_depth.hpp"
+#include "mixprec/core/json_read.hpp"
 #include "mixprec/core/text.hpp"
 #include "mixprec/optim/clip.hpp"
 
@@ -448,12 +448,11 @@ std::string ScalerProtocol::state_json() const {
 
 void ScalerProtocol::load_state_json(std::string_view text) {
   require_between_steps();
-  if (const std::string deep = json_depth_problem(text); !deep.empty()) bad_state(deep);
   json j;
   try {
-    j = json::parse(text);
-  } catch (const json::exception& e) {  // parse_error, and out_of_range for 1e400
-    bad_state("not valid JSON: " + std::string(text::json_error_detail(e.what())));
+    j = io::parse_json(text, "");
+  } catch (const std::invalid_argument& e) {
+    bad_state(e.what());
   }
   if (!j.is_object()) bad_state("expected a JSON object");
   if (j.empty()) misuse(Misuse::load_empty_state);

@@ -6,8 +6,6 @@
 #include <ATen/autocast_mode.h>
 
 #include <cmath>
-#include <fstream>
-#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -234,14 +232,10 @@ LowPrecision LowPrecision::from_assignment(lowp::Assignment assignment) {
 }
 
 LowPrecision LowPrecision::from_file(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) fail(path + ": cannot open the recipe file");
-  std::stringstream text;
-  text << f.rdbuf();
   try {
-    return from_assignment(lowp::parse_assignment(text.str()));
-  } catch (const std::invalid_argument& e) {
-    fail(path + ": " + e.what());
+    return from_assignment(lowp::read_assignment(path));
+  } catch (const std::runtime_error& e) {  // the file itself: missing, a FIFO, too large
+    fail(std::string("recipe file: ") + e.what());
   }
 }
 

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "mixprec/core/json_depth.hpp"
+#include "mixprec/core/json_read.hpp"
 #include "mixprec/core/text.hpp"
 #include "mixprec/checkpoint/safetensors.hpp"
 #include "trainer_impl.hpp"
@@ -82,12 +82,10 @@ json totals_json(const RunTotals& t) {
 // Reads a JSON metadata entry, naming the file and key on any problem.
 json metadata_json(const ckpt::SafetensorsFile& f, const char* key) {
   const std::string text = f.require_metadata(key);
-  if (const std::string deep = json_depth_problem(text); !deep.empty())
-    bad(f.source(), std::string("metadata '") + key + "': " + deep);
   try {
-    return json::parse(text);
-  } catch (const json::exception& e) {
-    bad(f.source(), std::string("metadata '") + key + "' is not valid JSON: " + std::string(text::json_error_detail(e.what())));
+    return io::parse_json(text, "");
+  } catch (const std::invalid_argument& e) {
+    bad(f.source(), std::string("metadata '") + key + "': " + e.what());
   }
 }
 

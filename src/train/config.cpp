@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "../core/key_table.hpp"
-#include "mixprec/core/json_depth.hpp"
+#include "mixprec/core/json_read.hpp"
 #include "mixprec/core/text.hpp"
 #include "mixprec/nn/data.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
@@ -512,25 +512,10 @@ void validate(const TrainConfig& c) {
 
 TrainConfig apply_json(const TrainConfig& base, std::string_view json_text, std::string_view source) {
   const std::string src(source);
-  json doc;
-  std::set<std::string> seen;
-  std::string duplicate;
-  if (const std::string deep = json_depth_problem(json_text); !deep.empty())
-    throw std::invalid_argument(src + ": " + deep);
-  try {
-    doc = json::parse(json_text, [&](int depth, json::parse_event_t event, json& parsed) {
-      if (depth == 1 && event == json::parse_event_t::key && parsed.is_string() &&
-          !seen.insert(parsed.get<std::string>()).second && duplicate.empty())
-        duplicate = parsed.get<std::string>();
-      return true;
-    });
-  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number a double cannot hold (1e400)
-    throw std::invalid_argument(src + ": " + text::malformed_json(e.what()));
-  }
+  const json doc = io::parse_json(json_text, src);  // depth, duplicate keys, BOM, malformed JSON
   if (!doc.is_object())
     throw std::invalid_argument(src + ": expected a JSON object of settings (flag names without the dashes), found " +
                                 std::string(doc.type_name()));
-  if (!duplicate.empty()) throw std::invalid_argument(src + ": key '" + duplicate + "' is given twice");
   TrainConfig c = base;
   for (const auto& [key, value] : doc.items()) {
     try {

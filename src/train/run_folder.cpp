@@ -15,8 +15,8 @@
 #include <map>
 #include <stdexcept>
 
+#include "mixprec/core/json_read.hpp"
 #include "mixprec/core/io.hpp"
-#include "mixprec/core/json_depth.hpp"
 #include "mixprec/core/text.hpp"
 #include "mixprec/train/run_log.hpp"
 
@@ -140,13 +140,7 @@ std::string run_config_text(const TrainConfig& c, RunWriter writer, const std::v
 
 RunConfig parse_run_config(std::string_view text, std::string_view where_) {
   const std::string where(where_);
-  if (const std::string deep = json_depth_problem(text); !deep.empty()) throw std::invalid_argument(where + ": " + deep);
-  ojson doc;
-  try {
-    doc = ojson::parse(text);
-  } catch (const ojson::exception& e) {  // parse_error, and out_of_range for a number a double cannot hold
-    throw std::invalid_argument(where + ": " + text::malformed_json(e.what()));
-  }
+  ojson doc = io::parse_ordered_json(text, where);
   if (!doc.is_object())
     throw std::invalid_argument(where + ": expected a JSON object of settings, found " + std::string(doc.type_name()));
   RunConfig rc;

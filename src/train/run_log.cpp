@@ -1,8 +1,8 @@
 // Run-log lines and the run summary as JSON (see run_log.hpp).
 #include "mixprec/train/run_log.hpp"
 #include "mixprec/core/io.hpp"
+#include "mixprec/core/json_read.hpp"
 #include "mixprec/core/text.hpp"
-#include "mixprec/core/json_depth.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -404,13 +404,7 @@ std::string step_record_json(const StepRecord& r) {
 }
 
 StepRecord parse_step_record(std::string_view line) {
-  if (const std::string deep = json_depth_problem(line); !deep.empty()) throw std::invalid_argument(deep);
-  json j;
-  try {
-    j = json::parse(line);
-  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number a double cannot hold (1e400)
-    throw std::invalid_argument(text::malformed_json(e.what()));
-  }
+  const json j = io::parse_json(line, "");  // the reader names the file and line
   if (!j.is_object()) throw std::invalid_argument("expected a JSON object, found " + std::string(j.type_name()));
   StepRecord r;
   r.step = get_uint(j, "step");

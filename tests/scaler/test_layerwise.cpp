@@ -315,7 +315,7 @@ TEST(Layerwise, StateRoundTripAndErrors) {
     return k.dump();
   };
   refuse("[]", "expected an object");
-  refuse("{", "not valid JSON");
+  refuse("{", "malformed JSON");
   refuse(with([](json& k) { k["extra"] = 1; }), "unknown field 'extra'");
   refuse(with([](json& k) { k["config"]["n_uf"] = 2; }), "n_uf");
   refuse(with([](json& k) { k["config"].erase("u_max"); }), "'u_max' is missing");

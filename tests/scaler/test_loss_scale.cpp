@@ -1175,7 +1175,7 @@ TEST(LossScaleSaveLoad, LoadValidatesEverythingFirst) {
     std::string json, expect;
   };
   const Case cases[] = {
-      {"{", "not valid JSON"},
+      {"{", "malformed JSON"},
       {"[]", "loss-scale state: expected an object, found array"},
       {replaced("\"format\":\"mixprec.loss_scale\"", "\"format\":\"other\""), "format: expected"},
       {replaced("\"version\":1", "\"version\":2"), "version: expected 1, found 2"},

@@ -4,7 +4,7 @@
 
 #include <fmt/core.h>
 
-#include <charconv>
+#include <optional>
 #include <cmath>
 #include <memory>
 #include <string>
@@ -19,19 +19,19 @@ namespace {
 
 using text::grouped;
 
-// A parameter count: a whole number written as an integer or in scientific notation.
+// A parameter count: a whole number in the core's number grammar (keys::parse_number), written
+// as an integer or in scientific notation.
 std::uint64_t parse_params(const std::string& text) {
   constexpr double kMax = 9007199254740992.0;  // 2^53: every count up to here is exact
-  double v = 0;
-  const char* end = text.data() + text.size();
-  const auto [ptr, ec] = std::from_chars(text.data(), end, v, std::chars_format::general);
-  if (text.empty() || ec == std::errc::invalid_argument || ptr != end)
+  keys::NumberProblem problem = keys::NumberProblem::none;
+  const std::optional<double> v = keys::parse_number(text, &problem);
+  if ((!v && problem != keys::NumberProblem::out_of_range) || (v && std::isnan(*v)))
     throw CLI::ValidationError("--params", "'" + text + "' is not a number; give a whole number such as 7e9 or 125000000");
-  if (ec == std::errc::result_out_of_range || !std::isfinite(v) || v > kMax)
+  if (!v || !std::isfinite(*v) || *v > kMax)
     throw CLI::ValidationError("--params", "'" + text + "' is out of range; expected a whole number from 0 to 2^53");
-  if (v < 0 || v != std::floor(v))
+  if (*v < 0 || *v != std::floor(*v))
     throw CLI::ValidationError("--params", "'" + text + "' is not a whole number >= 0");
-  return static_cast<std::uint64_t>(v);
+  return static_cast<std::uint64_t>(*v);
 }
 
 int print_plan(std::uint64_t params, OptimizerKind opt, nn::Precision prec) {

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "mixprec/core/io.hpp"
+#include "mixprec/core/json_read.hpp"
 #include "mixprec/core/keys.hpp"
 #include "mixprec/core/text.hpp"
 #include "mixprec/dist/communicator.hpp"
@@ -128,10 +129,11 @@ train::RunRequest run_request(const std::vector<Flag>& flags, const std::string&
 
 // ---- files ------------------------------------------------------------------------------
 
-// A file the command line names: one it cannot read is a usage error.
+// A JSON file the command line names (a regular file: a FIFO or a device is refused, not
+// waited on): one it cannot read is a usage error.
 std::string read_text(const fs::path& p, const std::string& what) {
   try {
-    return io::read_file(p);
+    return io::read_json_text(p);
   } catch (const std::runtime_error& e) {
     throw UsageError(what + ": " + e.what());
   }

@@ -20,6 +20,10 @@ struct AtomicWriteOptions {
   bool fsync = true;
   // Fault injection: fail with ENOSPC once this many bytes have been written.
   std::optional<std::uint64_t> fail_after_bytes;
+  // The temporary is ".NAME.tmp-PID-N" with NAME this (default: the target's file name).
+  // A TensorBoard event file's temporary must not hold "tfevents": TensorBoard loads any
+  // such file, and a crash would leave one behind.
+  std::string temporary_name;
 };
 
 // A new version of `path`, written to a temporary ".NAME.tmp-PID-N" in the same folder
@@ -62,7 +66,9 @@ std::string read_file(const std::filesystem::path& path);
 // socket or a folder is refused before anything blocks on it (the open does not wait for a
 // FIFO's writer), with std::runtime_error "'P' is a FIFO (named pipe), not a regular file".
 // The run folder's readers use it: a FIFO or /dev/zero in a run folder would hang them.
-std::string read_regular_file(const std::filesystem::path& path);
+// A file larger than `max_bytes` is refused before it is read: "'P' is N bytes; the limit
+// is M bytes".
+std::string read_regular_file(const std::filesystem::path& path, std::uint64_t max_bytes = UINT64_MAX);
 
 // What kind of file `st_mode` is, in words ("a FIFO (named pipe)", "a folder", ...); nullptr for
 // a regular file.
@@ -73,6 +79,16 @@ const char* non_regular_kind(unsigned mode) noexcept;
 // regular file (it is replaced, never written through)" (a symbolic link, a folder, a device
 // too), or "cannot inspect 'P': REASON". Its folder is checked separately.
 std::string output_file_problem(const std::string& path);
+
+// Folders replaced whole: a command that writes several files that belong together
+// (`mixprec advise`: recipe.json and advice.json) fills a staging folder and swaps it in,
+// so a crash at any moment leaves the old set or the new one, never a mix.
+// make_staging_folder: a new empty folder ".NAME.tmp-PID-N" beside `target` (NAME its
+// file name), after removing the staging folders of `target` that dead processes left.
+std::filesystem::path make_staging_folder(const std::filesystem::path& target);
+// Puts `staged` in the place of `target` in one rename (renameat2 RENAME_EXCHANGE when
+// `target` exists, then the old contents are removed), and syncs the parent folder.
+void replace_folder(const std::filesystem::path& staged, const std::filesystem::path& target);
 
 // The (device, inode) of what `path` names, symlinks followed; nullopt when it does not exist.
 std::optional<std::pair<std::uint64_t, std::uint64_t>> file_identity(const std::filesystem::path& path);

@@ -85,10 +85,12 @@ struct Assignment {
 };
 
 // Reads and checks the whole file (format, version, fields, every entry resolved) before
-// returning; std::invalid_argument says which field and what was expected.
+// returning; std::invalid_argument says which field and what was expected. The text is read
+// through the core's JSON reader (io::parse_json: depth, duplicate keys, BOM).
 Assignment parse_assignment(std::string_view json);
+// The recipe file at `path` (a regular file, io::read_json_text), parsed by parse_assignment;
+// errors are prefixed with the path.
+Assignment read_assignment(const std::string& path);
 std::string to_json(const Assignment& a);
-// One entry alone (a recipe name, "bf16", or a JSON object) as it appears in "modules".
-RecipeChoice parse_choice(std::string_view json_entry, std::string_view where);
 
 }  // namespace mixprec::lowp
