@@ -15,6 +15,7 @@
 #include <exception>
 #include <filesystem>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -22,6 +23,8 @@
 #include <vector>
 
 #include "mixprec/core/io.hpp"
+#include "mixprec/core/json_read.hpp"
+#include "mixprec/core/keys.hpp"
 #include "mixprec/monitor/advise.hpp"
 
 namespace mixprec::cli {
@@ -44,7 +47,7 @@ adv::AdviseConfig configuration(const AdviseInputs& in) {
   std::string source = "--config";
   if (!in.config.empty()) {
     source = in.config;
-    text = io::read_file(in.config);
+    text = io::read_json_text(in.config);  // a regular file: a FIFO or /dev/zero is refused, not waited on
   }
   adv::AdviseConfig c = adv::parse_config(text, source);
   if (!in.candidates.empty()) {
@@ -54,19 +57,22 @@ adv::AdviseConfig configuration(const AdviseInputs& in) {
     while (std::getline(ss, name, ',')) list += (list.size() > 1 ? ",\"" : "\"") + name + "\"";
     c.candidates = adv::parse_config("{\"candidates\": " + list + "]}", "--candidates").candidates;
   }
-  if (!in.budget.empty()) {
-    double v = 0;
-    std::size_t used = 0;
-    try {
-      v = std::stod(in.budget, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    if (used != in.budget.size()) throw std::invalid_argument("--budget: expected a number, found '" + in.budget + "'");
-    c.budget.max_rel_rms_error = adv::parse_config("{\"budget\": " + in.budget + "}", "--budget").budget.max_rel_rms_error;
-    (void)v;
+  if (!in.budget.empty()) {  // the core's number grammar, then the config's range for a budget
+    const std::optional<double> v = keys::parse_number(in.budget);
+    if (!v) throw std::invalid_argument("--budget: expected a number, found '" + in.budget + "'");
+    if (!(*v >= 0 && *v <= 1e300))
+      throw std::invalid_argument("--budget: expected a number in [0, 1e+300], found '" + in.budget + "'");
+    c.budget.max_rel_rms_error.fill(*v);
   }
   return c;
+}
+
+// The folder `out` names, as a path whose last part is its own name: "o/" and "." become
+// absolute and lose the trailing separator, so that the folder can be swapped whole.
+fs::path folder_path(const fs::path& out) {
+  fs::path p = fs::absolute(out).lexically_normal();
+  if (p.filename().empty() && p.has_parent_path() && p != p.root_path()) p = p.parent_path();
+  return p;
 }
 
 int run_advise(const AdviseInputs& in) {
@@ -84,15 +90,32 @@ int run_advise(const AdviseInputs& in) {
     views.reserve(owned.size());
     for (const adv::OwnedSample& s : owned) views.push_back(s.view());
     const adv::Advice a = adv::advise(views, config);
+    // recipe.json and advice.json belong together: both are written into a staging folder that
+    // replaces `out` in one rename, so a kill at any moment leaves the old pair or the new one.
     std::error_code ec;
-    if (fs::exists(out, ec) && !fs::is_directory(out, ec))
-      throw std::runtime_error("--out: '" + out.string() + "' is not a folder");
-    fs::create_directories(out);
-    for (const char* name : {"recipe.json", "advice.json"})
-      if (const std::string problem = io::output_file_problem((out / name).string()); !problem.empty())
-        throw std::runtime_error("--out: " + problem);
-    io::write_file_atomic(out / "advice.json", adv::advice_json(a));
-    io::write_file_atomic(out / "recipe.json", adv::recipe_file_json(a));
+    const fs::path target = folder_path(out);
+    if (fs::is_symlink(target, ec))
+      throw std::runtime_error("--out: '" + out.string() + "' is a symbolic link; expected a folder (it is replaced whole)");
+    if (fs::exists(target, ec)) {
+      if (!fs::is_directory(target, ec)) throw std::runtime_error("--out: '" + out.string() + "' is not a folder");
+      for (const fs::directory_entry& e : fs::directory_iterator(out)) {
+        const std::string name = e.path().filename().string();
+        if (name != "recipe.json" && name != "advice.json" && !io::atomic_temporary_pid(name))
+          throw std::runtime_error("--out: '" + out.string() + "' holds '" + name +
+                                   "'; expected a new folder or one that mixprec advise wrote (recipe.json and "
+                                   "advice.json, replaced together)");
+      }
+    }
+    fs::create_directories(target.parent_path());
+    const fs::path staged = io::make_staging_folder(target);
+    try {
+      io::write_file_atomic(staged / "advice.json", adv::advice_json(a));
+      io::write_file_atomic(staged / "recipe.json", adv::recipe_file_json(a));
+      io::replace_folder(staged, target);
+    } catch (...) {
+      fs::remove_all(staged, ec);
+      throw;
+    }
     fmt::print("{}", adv::advice_table(a));
     for (const adv::LayerAdvice& l : a.layers) fmt::print("{}: {}\n", l.layer, l.reason);
     fmt::print("recipe file: {}\nevidence: {}\n", (out / "recipe.json").string(), (out / "advice.json").string());

@@ -7,8 +7,11 @@
 #include "cmd_export.hpp"
 
 #include <fmt/core.h>
+#include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <cmath>
 #include <exception>
 #include <filesystem>
@@ -61,14 +64,25 @@ std::vector<fs::path> previous_exports(const fs::path& out) {
   return mine;
 }
 
+// The temporaries of exports that were killed: hidden, never loaded, removed here.
+void remove_dead_temporaries(const fs::path& out) {
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(out, ec)) {
+    std::string_view target;
+    const std::string name = e.path().filename().string();
+    const auto pid = io::atomic_temporary_pid(name, &target);
+    if (pid && (target == "mixprec-export" || is_event_file(std::string(target))) && *pid != ::getpid() &&
+        ::kill(static_cast<pid_t>(*pid), 0) != 0 && errno == ESRCH)
+      fs::remove(e.path(), ec);
+  }
+}
+
 int run_export(const ExportInputs& in) {
   try {
     const fs::path dir(in.dir);
     std::error_code ec;
-    if (!fs::is_directory(dir, ec)) throw std::runtime_error("run folder '" + in.dir + "' does not exist or is not a folder");
+    train::check_run_folder(dir);  // a folder with a log.jsonl, and a config.json of a schema version this mixprec reads
     const fs::path log = dir / train::run_files::log;
-    if (!fs::exists(log, ec))
-      throw std::runtime_error("'" + in.dir + "' is not a run folder: it has no " + std::string(train::run_files::log));
     const std::vector<train::StepRecord> records = train::read_run_log(log.string());
     const fs::path out = in.out.empty() ? dir / "tensorboard" : fs::path(in.out);
     const std::vector<fs::path> old = previous_exports(out);
@@ -85,12 +99,20 @@ int run_export(const ExportInputs& in) {
 
     fs::create_directories(out, ec);
     if (ec) throw std::runtime_error("--out: cannot create '" + out.string() + "': " + ec.message());
+    // A later export of the run replaces the earlier one under its name, in one rename:
+    // TensorBoard then sees the old file or the new one, never both (it would show each
+    // step twice). The temporary's name holds no "tfevents", so a killed export leaves
+    // nothing TensorBoard loads.
     const fs::path file =
-        out / fmt::format("events.out.tfevents.{:010d}{}", static_cast<long long>(start), kExportSuffix);
+        !old.empty() ? old.front()
+                     : out / fmt::format("events.out.tfevents.{:010d}{}", static_cast<long long>(start), kExportSuffix);
     const std::string bytes = monitor::event_file(records, start);
-    io::write_file_atomic(file, bytes, {}, "event file '" + file.string() + "'");
+    io::AtomicWriteOptions options;
+    options.temporary_name = "mixprec-export";
+    io::write_file_atomic(file, bytes, options, "event file '" + file.string() + "'");
     for (const fs::path& p : old)
-      if (p != file) fs::remove(p, ec);  // a stale export of this run; the new file has every step
+      if (p != file) fs::remove(p, ec);  // more than one: left by an older mixprec; the new file has every step
+    remove_dead_temporaries(out);
 
     std::size_t scalars = 0;
     monitor::StepScalars count;
