@@ -13,10 +13,12 @@ import math
 import numbers
 import operator
 import os
+import struct
 from typing import Any, Optional
 
 _INT64_MAX = 2**63 - 1
 _UINT64_MAX = 2**64 - 1
+_FLT_MAX = 3.4028234663852886e38
 
 
 def _shown(v: Any) -> str:
@@ -24,6 +26,21 @@ def _shown(v: Any) -> str:
     if len(text) > 60:
         text = text[:57] + "..."
     return f"{type(v).__name__} {text}" if not isinstance(v, (int, float)) else text
+
+
+def flag(name: str, v: Any) -> bool:
+    """v as a bool: True or False (NumPy's bool_ too); TypeError naming `name` otherwise (1, "yes",
+    None are not flags)."""
+    if isinstance(v, bool) or type(v).__name__ == "bool_":
+        return bool(v)
+    raise TypeError(f"{name}: expected True or False, found {_shown(v)}")
+
+
+def word(name: str, v: Any) -> str:
+    """v as a str (a name from a list the core checks next); TypeError naming `name` otherwise."""
+    if isinstance(v, str):
+        return v
+    raise TypeError(f"{name}: expected a str, found {_shown(v)}")
 
 
 def real(name: str, v: Any) -> float:
@@ -76,6 +93,43 @@ def uint64(name: str, v: Any) -> int:
 
 def optional_real(name: str, v: Any) -> Optional[float]:
     return None if v is None else real(name, v)
+
+
+def float32(name: str, v: Any, positive: bool) -> float:
+    """v as a float32 parameter takes a Python float (TE's float parameters): the nearest float32
+    (0.1, 1e-12). The rule (finite, > 0 or >= 0, within float32's range, and a positive value
+    not rounding to 0) is checked on the value as given, and the message shows it as given."""
+    f = real(name, v)
+    ok = math.isfinite(f) and (f > 0 if positive else f >= 0) and f <= _FLT_MAX
+    f32 = struct.unpack("f", struct.pack("f", f))[0] if ok else 0.0
+    if not ok or (positive and f32 == 0.0):
+        held = "[1.4e-45, 3.4028235e+38]" if positive else "[0, 3.4028235e+38]"
+        raise ValueError(f"{name}: expected a finite number {'> 0' if positive else '>= 0'} that float32 holds "
+                         f"(in {held}), found {f!r}")
+    return f32
+
+
+def module_names(name: str, v: Any, once: str) -> list:
+    """v as a list of distinct module names: an iterable of str. A str alone is refused (iterating
+    it would give its characters: modules="fc" is not ["f", "c"]), as are other items and a name
+    given twice (`once` says why it must be unique). A predicate is the caller's to take first."""
+    if isinstance(v, (str, bytes)):
+        raise TypeError(f"{name}: expected an iterable of module names or a predicate, found the str "
+                        f"{v!r} (one module: [{v!r}])")
+    try:
+        names = list(v)
+    except TypeError:
+        raise TypeError(f"{name}: expected None, an iterable of module names or a predicate (name, module) "
+                        f"-> bool, found {type(v).__name__}") from None
+    for w in names:
+        if not isinstance(w, str):
+            raise TypeError(f"{name}: expected module names (str), found {type(w).__name__} {w!r}")
+    seen = set()
+    for w in names:
+        if w in seen:
+            raise ValueError(f"{name}: {w!r} is given twice ({once})")
+        seen.add(w)
+    return names
 
 
 def utf8_text(v: str) -> str:

@@ -17,7 +17,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
-from . import _core
+from . import _args, _core
 
 #: The recipe names, one table shared by every door (the core's ``lowp::recipe_table``).
 RECIPES: Tuple[str, ...] = tuple(r["name"] for r in _core.recipe_table())
@@ -122,18 +122,33 @@ def quantize(
     scale_rounding     MX: "rceil" (TE, cuBLAS, torchao RCEIL) or "floor" (OCP MX).
     power_of_2_scales  fp8-current (default False), fp8-block (default True).
     amax_epsilon, value_for_inf   fp8-current / fp8-block (TE's compute_scale_from_amax).
+                       amax_epsilon >= 0, value_for_inf and scale > 0, each taken as the
+                       nearest float32 (as TE's float parameters take a Python float).
     rht                nvfp4: the 16-point random Hadamard transform first.
     stochastic_rounding, seed, random   nvfp4 / mxfp4: one uint32 random word per element,
                        given as ``random`` or drawn from numpy's default_rng(seed).
     flavour            "te" (default) or "torchao" (mxfp8, mxfp4, nvfp4): torchao's order of
                        operations (docs/low_precision.md lists the differences).
     """
+    # Types first: the core's binding would answer a wrong one with its argument dump.
+    recipe, layout, scale_rounding, flavour = (_args.word(n, v) for n, v in (
+        ("recipe", recipe), ("layout", layout), ("scale_rounding", scale_rounding), ("flavour", flavour)))
+    element = None if element is None else _args.word("element", element)
+    tile_2d, rht, stochastic_rounding = (_args.flag(n, v) for n, v in (
+        ("tile_2d", tile_2d), ("rht", rht), ("stochastic_rounding", stochastic_rounding)))
+    power_of_2_scales = None if power_of_2_scales is None else _args.flag("power_of_2_scales", power_of_2_scales)
+    seed = None if seed is None else _args.integer("seed", seed, 0, 2**63 - 1)
     torch = _torch()
     as_torch = torch is not None and isinstance(x, torch.Tensor)
+    if not hasattr(x, "shape"):
+        raise TypeError(f"x: expected a float32 NumPy array or a CPU torch tensor, found {type(x).__name__}")
     shape = tuple(x.shape)
     if as_torch:
         if x.device.type != "cpu":
             raise ValueError(f"x: expected a CPU tensor, found device {x.device}")
+        # A view with the negative bit (.imag of a .conj()) holds its values negated in memory,
+        # which the core would read as they lie: resolved to the values it shows (a copy).
+        x = x.resolve_neg()
         if x.dtype in (torch.bfloat16, torch.float16):
             if value_for_inf is None and recipe == "fp8-block":
                 value_for_inf = _BF16_MAX if x.dtype == torch.bfloat16 else _F16_MAX
@@ -141,8 +156,9 @@ def quantize(
         elif x.dtype != torch.float32:
             raise TypeError(f"x: expected a float32, bfloat16 or float16 tensor, found {x.dtype}")
         x = x.detach()
-    if value_for_inf is None:
-        value_for_inf = _FLT_MAX
+    amax_epsilon = _args.float32("amax_epsilon", amax_epsilon, positive=False)
+    value_for_inf = _FLT_MAX if value_for_inf is None else _args.float32("value_for_inf", value_for_inf, positive=True)
+    scale = _args.float32("scale", scale, positive=True)
     if stochastic_rounding:
         if random is None:
             if seed is None:
@@ -152,7 +168,7 @@ def quantize(
     elif random is not None or seed is not None:
         raise ValueError("random/seed: only used with stochastic_rounding=True")
     q = _core.quantize(x, recipe, element, layout, bool(tile_2d), scale_rounding, power_of_2_scales,
-                       float(amax_epsilon), float(value_for_inf), float(scale), bool(rht), random, flavour)
+                       amax_epsilon, value_for_inf, scale, bool(rht), random, flavour)
     return QuantizedTensor(q, shape, as_torch)
 
 
@@ -162,6 +178,11 @@ def dequantize(q: QuantizedTensor, out: Any = None):
     operands). ``out``: an optional C-contiguous float32 array written in place."""
     if not isinstance(q, QuantizedTensor):
         raise TypeError(f"q: expected the QuantizedTensor that mixprec.quantize returned, found {type(q).__name__}")
+    torch = _torch()
+    if out is not None and torch is not None and isinstance(out, torch.Tensor) and out.is_neg():
+        # Written as the memory lies, it would read back negated.
+        raise ValueError("out: expected a tensor without the negative bit, found a negative view (.imag of a "
+                         ".conj()); pass a plain float32 tensor")
     arr = _core.dequantize(q._q, out)
     if out is not None:
         return out

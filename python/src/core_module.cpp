@@ -24,6 +24,7 @@
 #include <tuple>
 #include <vector>
 
+#include "mixprec/core/json_read.hpp"
 #include "mixprec/formats/bulk.hpp"
 #include "mixprec/formats/types.hpp"
 #include "mixprec/kernels/unscale.hpp"
@@ -608,6 +609,15 @@ NB_MODULE(_core, m) {
         "The core's fused check + unscale (mixprec::unscale_and_check) in place over CPU tensors; "
         "returns (found_inf, first_nonfinite, sum_squares)");
 
+  // The core's one reader of JSON files (core/json_read.hpp): a regular file of at most 64 MiB (a
+  // FIFO or a device is refused, not waited on); Python then parses what the core checked.
+  m.def(
+      "read_json_text",
+      [](const std::string& path) {
+        const std::string text = mixprec::io::read_json_text(path);
+        return nb::bytes(text.data(), text.size());  // bytes: Python decodes them and says where UTF-8 fails
+      },
+      nb::arg("path"));
   m.def("loss_scale_preset_names", [] { return mixprec::loss_scale_preset_names(); });
   m.def("loss_scale_config_keys", [] { return mixprec::loss_scale_config_keys(); });
 

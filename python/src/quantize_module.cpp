@@ -11,11 +11,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
 #include <string_view>
 
+#include "mixprec/core/text.hpp"
 #include "mixprec/fp8/recipes.hpp"
 #include "mixprec/lowp/assignment.hpp"
 #include "mixprec/lowp/quantize.hpp"
@@ -95,12 +97,13 @@ lowp::Quantized quantize(nb::handle x_obj, std::string_view recipe, std::optiona
   c.scale_rounding = parse(lowp::parse_scale_rounding(scale_rounding), "scale_rounding", scale_rounding, "'rceil' or 'floor'");
   c.power_of_2_scales = power_of_2_scales;
   c.flavour = parse(lowp::parse_flavour(flavour), "flavour", flavour, "'te' or 'torchao'");
-  // Doubles that are not fp32 values would be rounded silently: refuse them.
+  // A Python float becomes the nearest float32, as TE's float parameters take it (0.1, 1e-12);
+  // a finite value beyond float32's range would become inf: refused, shown as given.
   auto to_float = [](double v, const char* what) {
-    const auto f = static_cast<float>(v);
-    if (std::isfinite(v) && static_cast<double>(f) != v)
-      value_error(std::string(what) + ": expected a float32 value, found " + std::to_string(v) + " (not exact in float32)");
-    return f;
+    if (std::isfinite(v) && std::fabs(v) > static_cast<double>(std::numeric_limits<float>::max()))
+      value_error(std::string(what) + ": expected a number within float32's range (|x| <= 3.40282347e+38), found " +
+                  mixprec::text::num(v));
+    return static_cast<float>(v);
   };
   c.amax_epsilon = to_float(amax_epsilon, "amax_epsilon");
   c.value_for_inf = to_float(value_for_inf, "value_for_inf");
@@ -210,18 +213,18 @@ void register_quantize(nb::module_& m) {
   }, nb::arg("q"), nb::arg("out").none());
   // One step of TE's delayed scaling for one tensor (docs/fp8.md): fold this step's amax into
   // history[0], roll the history, and return the new scale from the chosen amax.
-  m.def("delayed_update", [](nb::handle history_obj, float amax, std::string_view algo, float fp8_max, int margin,
+  m.def("delayed_update", [](nb::handle history_obj, double amax, std::string_view algo, float fp8_max, int margin,
                              float previous_scale) {
     MutArray h = array_arg<MutArray>(history_obj, "amax_history", nb::dtype<float>(), "float32");
     if (h.size() == 0) value_error("amax_history: expected at least one slot, found 0");
-    if (!(amax >= 0.0f || std::isnan(amax))) value_error("amax: expected >= 0, inf or NaN, found " + std::to_string(amax));
+    if (!(amax >= 0.0 || std::isnan(amax))) value_error("amax: expected >= 0, inf or NaN, found " + mixprec::text::num(amax));
     if (margin < -64 || margin > 64) value_error("margin: expected an integer in [-64, 64], found " + std::to_string(margin));
     mixprec::fp8::AmaxAlgo a;
     if (algo == "max") a = mixprec::fp8::AmaxAlgo::max;
     else if (algo == "most_recent") a = mixprec::fp8::AmaxAlgo::most_recent;
     else value_error("amax_compute_algo: expected 'max' or 'most_recent', found '" + std::string(algo) + "'");
     const std::span<float> hist(static_cast<float*>(h.data()), h.size());
-    hist[0] = mixprec::fp8::fold_amax(hist[0], amax);
+    hist[0] = mixprec::fp8::fold_amax(hist[0], static_cast<float>(amax));
     const float chosen = mixprec::fp8::roll_history(hist, a);
     return mixprec::fp8::delayed_scale(chosen, previous_scale, fp8_max, margin);
   }, nb::arg("amax_history"), nb::arg("amax"), nb::arg("algo"), nb::arg("fp8_max"), nb::arg("margin"),

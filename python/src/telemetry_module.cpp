@@ -170,7 +170,8 @@ class PyTelemetryRecorder {
                      float scale, float next_scale, bool found_inf, bool applied, double grad_norm, float clip_coef,
                      std::string overflow_param, const std::vector<std::optional<float>>& unclipped_grad_amax,
                      const std::vector<std::optional<float>>& grad_amax, nb::list grads,
-                     const std::vector<std::optional<float>>& weight_amax, nb::list layers, nb::list quantized) {
+                     const std::vector<std::optional<float>>& weight_amax, nb::list layers, nb::list quantized,
+                     std::uint64_t step) {
     const std::size_t n = names_.size();
     auto sized = [n](std::size_t size, const char* what) {
       if (size != 0 && size != n)
@@ -206,6 +207,7 @@ class PyTelemetryRecorder {
     s.grad_norm = grad_norm;
     s.clip_coef = clip_coef;
     s.overflow_param = std::move(overflow_param);
+    s.step = step;  // 0: after the previous record
     for (nb::handle item : layers) {  // preset layerwise: (name, factor, chain, backoff, outcome)
       const auto [name, factor, chain, backoff, outcome] =
           nb::cast<std::tuple<std::string, double, double, std::int64_t, std::string>>(item);
@@ -288,7 +290,8 @@ void mixprec_python::register_telemetry(nb::module_& m) {
            nb::arg("seconds"), nb::arg("val_loss").none(), nb::arg("scale"), nb::arg("next_scale"),
            nb::arg("found_inf"), nb::arg("applied"), nb::arg("grad_norm"), nb::arg("clip_coef"),
            nb::arg("overflow_param"), nb::arg("unclipped_grad_amax"), nb::arg("grad_amax"), nb::arg("grads"),
-           nb::arg("weight_amax"), nb::arg("layers") = nb::list(), nb::arg("quantized") = nb::list())
+           nb::arg("weight_amax"), nb::arg("layers") = nb::list(), nb::arg("quantized") = nb::list(),
+           nb::arg("step") = 0)
       .def("finish", &PyTelemetryRecorder::finish)
       .def("seconds", &PyTelemetryRecorder::seconds)
       .def("add_seconds", &PyTelemetryRecorder::add_seconds, nb::arg("seconds"))

@@ -63,10 +63,43 @@ std::string grouped(std::uint64_t v) {
   return out;
 }
 
-std::string_view json_error_detail(std::string_view what) {
+std::string json_error_detail(std::string_view what) {
   if (const auto pos = what.find("] "); what.starts_with("[json.exception") && pos != std::string_view::npos)
     what.remove_prefix(pos + 2);
-  return what;
+  return utf8_shown(what);
+}
+
+std::string utf8_shown(std::string_view s) {
+  std::string out;
+  out.reserve(s.size());
+  static constexpr char kHex[] = "0123456789abcdef";
+  std::size_t i = 0;
+  while (i < s.size()) {
+    const auto b = static_cast<unsigned char>(s[i]);
+    // The length of the sequence b starts, and the smallest code point that needs it
+    // (overlong forms and surrogates are not valid UTF-8).
+    std::size_t n = b < 0x80 ? 1 : (b >> 5) == 0x6 ? 2 : (b >> 4) == 0xE ? 3 : (b >> 3) == 0x1E ? 4 : 0;
+    bool ok = n > 0 && i + n <= s.size();
+    char32_t cp = n == 1 ? b : n == 2 ? (b & 0x1Fu) : n == 3 ? (b & 0x0Fu) : (b & 0x07u);
+    for (std::size_t k = 1; ok && k < n; ++k) {
+      const auto c = static_cast<unsigned char>(s[i + k]);
+      ok = (c >> 6) == 0x2;
+      cp = (cp << 6) | (c & 0x3Fu);
+    }
+    if (ok) {
+      static constexpr char32_t kMin[] = {0, 0, 0x80, 0x800, 0x10000};
+      ok = cp >= kMin[n] && cp <= 0x10FFFF && !(cp >= 0xD800 && cp <= 0xDFFF);
+    }
+    if (ok) {
+      out.append(s.substr(i, n));
+      i += n;
+    } else {
+      out.append("\\x").push_back(kHex[b >> 4]);
+      out.push_back(kHex[b & 0xF]);
+      ++i;
+    }
+  }
+  return out;
 }
 
 std::string malformed_json(std::string_view what) { return std::string("malformed JSON: ").append(json_error_detail(what)); }

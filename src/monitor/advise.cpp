@@ -13,9 +13,9 @@
 #include <string>
 
 #include "mixprec/core/io.hpp"
-#include "mixprec/core/json_depth.hpp"
 #include "mixprec/formats/bulk.hpp"
 #include "mixprec/fp8/recipes.hpp"
+#include "mixprec/core/json_read.hpp"
 #include "mixprec/monitor/npy.hpp"
 
 namespace mixprec::monitor::advisor {
@@ -68,14 +68,31 @@ std::string fmt_g(double v, int digits = 3) {
 
 std::string percent(double f) { return fmt_g(100.0 * f) + "%"; }
 
-// The amax of a sample as the recipes see it: inf when it holds an inf, NaN skipped.
+// The amax of a sample's finite values (inf / NaN are not measured: they set no scale).
 float amax_of(std::span<const float> v) {
   float m = 0.0f;
   for (float x : v) {
     const float a = std::fabs(x);
-    if (a > m) m = a;
+    if (a > m && std::isfinite(a)) m = a;
   }
   return m;
+}
+
+bool any_finite(std::span<const float> v) {
+  return std::any_of(v.begin(), v.end(), [](float x) { return std::isfinite(x); });
+}
+
+// The pooled error from the sums: NaN when no value was finite (nothing was measured, which
+// must not read as no error), inf when a finite value became inf, 0 for all-zero values.
+double rel_error(const Measurement& m) {
+  if (m.elements == m.nonfinite) return std::numeric_limits<double>::quiet_NaN();
+  if (m.ref_sq > 0) return std::sqrt(m.err_sq / m.ref_sq);
+  return m.err_sq > 0 ? std::numeric_limits<double>::infinity() : 0.0;
+}
+
+double saturated_fraction(const Measurement& m) {
+  const std::uint64_t finite = m.elements - m.nonfinite;
+  return finite ? static_cast<double>(m.saturated_count) / static_cast<double>(finite) : 0.0;
 }
 
 }  // namespace
@@ -129,8 +146,12 @@ Measurement measure(std::span<const float> values, std::size_t rows, std::size_t
   Measurement m;
   m.samples = 1;
   m.elements = values.size();
-  m.amax = amax_of(values);
+  // Only the finite values are measured: an inf / NaN is quantized as a zero, so that it sets
+  // no scale (a block's, the tensor's) and no amax, and is counted apart.
   std::vector<float> q(values.begin(), values.end());
+  for (float& x : q)
+    if (!std::isfinite(x)) x = 0.0f, ++m.nonfinite;
+  m.amax = amax_of(q);
   double max_at_scale = std::numeric_limits<double>::quiet_NaN();  // the format's largest finite at the scale used
   if (c == Candidate::bf16 || c == Candidate::fp16) {
     ConvertOptions o;
@@ -151,7 +172,7 @@ Measurement measure(std::span<const float> values, std::size_t rows, std::size_t
   } else {
     lowp::QuantizeConfig cfg = *role_config(c, r);
     if (c == Candidate::fp8_delayed) cfg.scale = delayed_scale;
-    const lowp::Quantized qq = lowp::quantize(values, rows, cols, cfg);
+    const lowp::Quantized qq = lowp::quantize(q, rows, cols, cfg);
     lowp::dequantize(qq, q);
     m.saturated_count = qq.counts.saturated;
     const double elem_max = lowp::max_finite(cfg.element);
@@ -160,10 +181,7 @@ Measurement measure(std::span<const float> values, std::size_t rows, std::size_t
   }
   for (std::size_t i = 0; i < values.size(); ++i) {
     const float x = values[i];
-    if (!std::isfinite(x)) {
-      ++m.nonfinite;
-      continue;
-    }
+    if (!std::isfinite(x)) continue;  // counted above
     const double xd = x, d = static_cast<double>(q[i]) - xd;
     m.ref_sq += xd * xd;
     m.err_sq += std::isfinite(d) ? d * d : std::numeric_limits<double>::infinity();
@@ -172,15 +190,14 @@ Measurement measure(std::span<const float> values, std::size_t rows, std::size_t
       if (q[i] == 0.0f) ++m.flushed_count;
     }
   }
-  m.rel_rms_error = m.ref_sq > 0 ? std::sqrt(m.err_sq / m.ref_sq) : (m.err_sq > 0 ? std::numeric_limits<double>::infinity() : 0.0);
+  m.rel_rms_error = rel_error(m);
   m.worst_rel_rms_error = m.rel_rms_error;
-  m.saturated = m.elements ? static_cast<double>(m.saturated_count) / static_cast<double>(m.elements) : 0.0;
+  m.saturated = saturated_fraction(m);
   m.flushed = m.nonzero ? static_cast<double>(m.flushed_count) / static_cast<double>(m.nonzero) : 0.0;
-  const double finite_amax = m.amax;
-  m.headroom_log2 = std::isnan(max_at_scale)     ? max_at_scale
-                    : !(finite_amax > 0)         ? std::numeric_limits<double>::infinity()
-                    : std::isinf(finite_amax)    ? -std::numeric_limits<double>::infinity()
-                                                 : std::log2(max_at_scale / finite_amax);
+  const double amax = m.amax;  // finite
+  m.headroom_log2 = std::isnan(max_at_scale) ? max_at_scale
+                    : !(amax > 0)            ? std::numeric_limits<double>::infinity()
+                                             : std::log2(max_at_scale / amax);
   return m;
 }
 
@@ -203,9 +220,8 @@ void pool(Measurement& into, const Measurement& m) {
   into.worst_rel_rms_error = std::max(into.worst_rel_rms_error, m.worst_rel_rms_error);
   if (std::isnan(m.rel_rms_error)) into.worst_rel_rms_error = m.rel_rms_error;
   into.headroom_log2 = std::isnan(into.headroom_log2) ? into.headroom_log2 : std::min(into.headroom_log2, m.headroom_log2);
-  into.rel_rms_error = into.ref_sq > 0 ? std::sqrt(into.err_sq / into.ref_sq)
-                                       : (into.err_sq > 0 ? std::numeric_limits<double>::infinity() : 0.0);
-  into.saturated = into.elements ? static_cast<double>(into.saturated_count) / static_cast<double>(into.elements) : 0.0;
+  into.rel_rms_error = rel_error(into);
+  into.saturated = saturated_fraction(into);
   into.flushed = into.nonzero ? static_cast<double>(into.flushed_count) / static_cast<double>(into.nonzero) : 0.0;
 }
 
@@ -269,12 +285,41 @@ void choose(LayerAdvice& L, const Advice& a) {
   const Budget& b = a.config.budget;
   std::vector<Candidate> order = a.candidates;
   std::stable_sort(order.begin(), order.end(), [&](Candidate p, Candidate q) { return L.cost[idx(p)] < L.cost[idx(q)]; });
-  std::string missing;
-  for (std::size_t r = 0; r < kRoles; ++r)
-    if (b.roles[r] && !L.sampled[r]) missing.append(missing.empty() ? "" : ", ").append(kRoleNames[r]);
-  if (!missing.empty()) {
-    L.reason = "no recommendation: the budget requires " + missing + ", which had no samples";
+  std::string missing, unmeasured;
+  for (std::size_t r = 0; r < kRoles; ++r) {
+    if (!b.roles[r] || L.sampled[r]) continue;
+    if (L.unmeasured[r] == 0) {
+      missing.append(missing.empty() ? "" : ", ").append(kRoleNames[r]);
+    } else {
+      unmeasured.append(unmeasured.empty() ? "" : ", ")
+          .append(kRoleNames[r])
+          .append(" (")
+          .append(std::to_string(L.unmeasured[r]))
+          .append(L.unmeasured[r] == 1 ? " sample" : " samples")
+          .append(", every value inf or NaN)");
+    }
+  }
+  if (!unmeasured.empty() || !missing.empty()) {
+    L.reason = "no recommendation:";
+    if (!unmeasured.empty())
+      L.reason += " not measured: " + unmeasured + "; a sampled step with finite values measures it";
+    if (!missing.empty())
+      L.reason += std::string(unmeasured.empty() ? "" : ";") + " the budget requires " + missing + ", which had no samples";
     return;
+  }
+  // Values left out of a measurement are said: the choice rests on the finite ones.
+  std::string left_out;
+  for (std::size_t r = 0; r < kRoles; ++r) {
+    if (!L.sampled[r] || a.candidates.empty()) continue;
+    const Measurement& m = L.measurements[idx(a.candidates.front())][r];
+    if (m.nonfinite == 0) continue;
+    left_out.append("; ")
+        .append(kRoleNames[r])
+        .append(": ")
+        .append(std::to_string(m.nonfinite))
+        .append(" inf/NaN of ")
+        .append(std::to_string(m.elements))
+        .append(" values left out");
   }
   const double bf16_cost = L.cost[idx(Candidate::bf16)];
   for (Candidate c : order) {
@@ -298,10 +343,10 @@ void choose(LayerAdvice& L, const Advice& a) {
             .append(fmt_g(b.max_rel_rms_error[r]));
     L.reason = std::string(candidate_name(c)) + ": the cheapest candidate within the budget (error " + errs +
                "), modeled cost " + fmt_g(bf16_cost > 0 ? L.cost[idx(c)] / bf16_cost : 1.0) + "x bf16's" +
-               (L.rejected.empty() ? "" : "; " + std::to_string(L.rejected.size()) + " cheaper rejected");
+               (L.rejected.empty() ? "" : "; " + std::to_string(L.rejected.size()) + " cheaper rejected") + left_out;
     return;
   }
-  L.reason = "no candidate within the budget: kept unquantized (\"bf16\" in the recipe file)";
+  L.reason = "no candidate within the budget: kept unquantized (\"bf16\" in the recipe file)" + left_out;
 }
 
 }  // namespace
@@ -358,6 +403,13 @@ Advice advise(std::span<const SampleView> samples, const AdviseConfig& config) {
                   " rows, found " + std::to_string(s->rows));
         if (role == Role::x) L.tokens = std::max(L.tokens, s->rows_total ? s->rows_total : s->rows);
       }
+    }
+    // A sample without a finite value is not a measurement (every dy of a step whose gradients
+    // overflowed, a diverged weight): left out, counted; its shape still counts above.
+    for (std::size_t r = 0; r < kRoles; ++r) {
+      const auto kept = std::remove_if(g[r].begin(), g[r].end(), [](const SampleView* s) { return !any_finite(s->values); });
+      L.unmeasured[r] = static_cast<std::uint64_t>(g[r].end() - kept);
+      g[r].erase(kept, g[r].end());
       L.sampled[r] = !g[r].empty();
     }
     for (Candidate c : a.candidates) {
@@ -396,15 +448,6 @@ Advice advise(std::span<const SampleView> samples, const AdviseConfig& config) {
 
 namespace {
 
-ojson parse_json_text(std::string_view text, std::string_view source) {
-  if (const std::string p = json_depth_problem(text); !p.empty()) invalid(std::string(source) + ": " + p);
-  try {
-    return ojson::parse(text);
-  } catch (const nlohmann::json::exception& e) {
-    invalid(std::string(source) + ": not valid JSON (" + e.what() + ")");
-  }
-}
-
 double number(const ojson& j, const std::string& where, double lo, double hi) {
   if (!j.is_number()) invalid(where + ": expected a number, found " + j.dump());
   const double v = j.get<double>();
@@ -433,7 +476,7 @@ Candidate candidate_of(const ojson& j, const std::string& where) {
 }  // namespace
 
 AdviseConfig parse_config(std::string_view text, std::string_view source) {
-  const ojson j = parse_json_text(text, source);
+  const ojson j = io::parse_ordered_json(text, source);
   const std::string src(source);
   only_keys(j, src, {"candidates", "budget", "cost", "amax_history_len", "margin"});
   AdviseConfig c;
@@ -590,6 +633,16 @@ std::string advice_json(const Advice& a) {
     l["chosen"] = L.chosen ? ojson(std::string(candidate_name(*L.chosen))) : ojson(nullptr);
     l["reason"] = L.reason;
     l["rejected"] = L.rejected;
+    // Samples without a finite value, left out; roles with samples of which none was measured.
+    ojson unmeasured = ojson::object();
+    ojson not_measured = ojson::array();
+    for (std::size_t r = 0; r < kRoles; ++r) {
+      if (L.unmeasured[r] == 0) continue;
+      unmeasured[std::string(kRoleNames[r])] = L.unmeasured[r];
+      if (!L.sampled[r]) not_measured.push_back(std::string(kRoleNames[r]));
+    }
+    l["not_measured"] = not_measured;
+    l["unmeasured_samples"] = unmeasured;
     ojson cands;
     for (Candidate c : a.candidates) {
       ojson e;
@@ -613,7 +666,7 @@ std::string advice_json(const Advice& a) {
 }
 
 Advice parse_advice_json(std::string_view text, std::string_view source) {
-  const ojson j = parse_json_text(text, source);
+  const ojson j = io::parse_ordered_json(text, source);
   const std::string src(source);
   if (!j.is_object() || !j.contains("format") || j["format"] != std::string(kAdviceFormat))
     invalid(src + ": format: expected \"" + std::string(kAdviceFormat) + "\", found " +
@@ -650,6 +703,16 @@ Advice parse_advice_json(std::string_view text, std::string_view source) {
     for (const ojson& r : rej) {
       if (!r.is_string()) invalid(w + ".rejected: expected a list of strings");
       L.rejected.push_back(r.get<std::string>());
+    }
+    // Optional (evidence written before they existed): not_measured follows from them.
+    if (l.contains("unmeasured_samples")) {
+      const ojson& u = l["unmeasured_samples"];
+      if (!u.is_object()) invalid(w + ".unmeasured_samples: expected an object {role: count}, found " + u.dump());
+      for (const auto& [k, v] : u.items()) {
+        const auto r = parse_role(k);
+        if (!r) invalid(w + ".unmeasured_samples: expected roles x, w, dy, dw, found '" + k + "'");
+        L.unmeasured[idx(*r)] = count_of(v, w + ".unmeasured_samples." + k);
+      }
     }
     const ojson& cands = field(l, "candidates", w);
     for (Candidate c : a.candidates) {
@@ -691,7 +754,12 @@ std::string recipe_file_json(const Advice& a) {
     const bool quantized = L.chosen && candidate_info(*L.chosen).recipe;
     modules[L.layer] = quantized ? std::string(candidate_name(*L.chosen)) : std::string("bf16");
     if (L.chosen == Candidate::fp16) kept.push_back(L.layer + " (fp16)");
-    if (!L.chosen) kept.push_back(L.layer + " (none within the budget)");
+    if (!L.chosen) {
+      const char* why = " (none within the budget)";
+      for (std::size_t r = 0; r < kRoles; ++r)
+        if (a.config.budget.roles[r] && !L.sampled[r]) why = L.unmeasured[r] ? " (not measured)" : " (no samples)";
+      kept.push_back(L.layer + why);
+    }
   }
   j["modules"] = modules;
   std::string notes = "written by the mixprec precision advisor from " + std::to_string(a.steps) +
@@ -712,19 +780,38 @@ std::string advice_table(const Advice& a) {
   auto pad = [](std::string s, std::size_t n) { return s.size() < n ? s + std::string(n - s.size(), ' ') : s; };
   o << pad("layer", w) << "  " << pad("tokens x in -> out", 22) << "  " << pad("choice", 12) << "  "
     << pad("cost/bf16", 9) << "  error x / w / dy / dW\n";
+  std::vector<std::string> notes;  // roles not measured, values left out
   for (const LayerAdvice& L : a.layers) {
     const Candidate c = L.chosen.value_or(Candidate::bf16);
     const double bf = L.cost[idx(Candidate::bf16)];
     std::string errs;
-    for (std::size_t r = 0; r < kRoles; ++r)
-      errs.append(r ? " / " : "").append(L.sampled[r] ? fmt_g(L.measurements[idx(c)][r].rel_rms_error) : "-");
+    bool required_unmeasured = false;
+    for (std::size_t r = 0; r < kRoles; ++r) {
+      const bool not_measured = !L.sampled[r] && L.unmeasured[r] > 0;
+      required_unmeasured = required_unmeasured || (not_measured && a.config.budget.roles[r]);
+      errs.append(r ? " / " : "").append(L.sampled[r] ? fmt_g(L.measurements[idx(c)][r].rel_rms_error) : not_measured ? "n/m" : "-");
+      const std::string who = L.layer + "." + std::string(kRoleNames[r]);
+      if (not_measured)
+        notes.push_back("not measured: " + who + " (" + std::to_string(L.unmeasured[r]) +
+                        (L.unmeasured[r] == 1 ? " sample" : " samples") + ", every value inf or NaN)");
+      else if (L.sampled[r] && L.unmeasured[r] > 0)
+        notes.push_back("left out: " + who + ", " + std::to_string(L.unmeasured[r]) +
+                        (L.unmeasured[r] == 1 ? " sample" : " samples") + " with every value inf or NaN");
+      if (L.sampled[r] && !a.candidates.empty()) {
+        const Measurement& m = L.measurements[idx(a.candidates.front())][r];
+        if (m.nonfinite > 0)
+          notes.push_back("left out: " + who + ", " + std::to_string(m.nonfinite) + " inf/NaN of " +
+                          std::to_string(m.elements) + " values");
+      }
+    }
     o << pad(L.layer, w) << "  "
       << pad(std::to_string(L.tokens) + " x " + std::to_string(L.in) + " -> " + std::to_string(L.out), 22) << "  "
-      << pad(L.chosen ? std::string(candidate_name(*L.chosen)) : "none", 12) << "  "
+      << pad(L.chosen ? std::string(candidate_name(*L.chosen)) : required_unmeasured ? "not measured" : "none", 12) << "  "
       << pad(bf > 0 && L.chosen ? fmt_g(L.cost[idx(c)] / bf) : "-", 9) << "  " << errs << "\n";
   }
   o << "modeled cost: " << fmt_g(a.cost_bf16 > 0 ? a.cost_chosen / a.cost_bf16 : 1.0) << "x all-bf16 ("
     << a.layers.size() << " layers, " << a.steps << " sampled steps)\n";
+  for (const std::string& n : notes) o << n << "\n";
   return o.str();
 }
 
@@ -789,10 +876,10 @@ std::vector<OwnedSample> read_samples(const std::filesystem::path& run_dir) {
   for (const auto& dir : steps) {
     const auto index = dir / "index.json";
     const std::string src = index.string();
-    const std::string text = io::read_file(index);
+    const std::string text = io::read_json_text(index);  // a FIFO or a device is refused, not waited on
     ojson j;
     try {
-      j = parse_json_text(text, src);
+      j = io::parse_ordered_json(text, src);
     } catch (const std::invalid_argument& e) {
       throw std::runtime_error(e.what());
     }

@@ -214,9 +214,12 @@ bool TelemetryRecorder::check_activation(std::string_view name, const GradTensor
 StepRecord TelemetryRecorder::record(const TelemetryStep& step, std::span<const NamedParam> params) {
   const auto t0 = std::chrono::steady_clock::now();
   check_step(step);
-  const bool histograms = histogram_step();
+  if (step.step != 0 && step.step <= step_)
+    throw std::invalid_argument("telemetry: record(): step: expected a number above the previous step " +
+                                std::to_string(step_) + ", found " + std::to_string(step.step));
+  const bool histograms = histogram_step();  // as the hooks were told: the coming step's plan
   StepRecord r;
-  r.step = step_ + 1;
+  r.step = step.step != 0 ? step.step : step_ + 1;
   r.lr = step.lr;
   r.loss = step.loss;
   r.loss_finite = std::isfinite(step.loss);
@@ -288,7 +291,7 @@ StepRecord TelemetryRecorder::record(const TelemetryStep& step, std::span<const 
     r.overflow_activation = first_nonfinite_grad_;
     r.forward_nonfinite = first_nonfinite_forward_;
     folder_.append_log(step_record_json(r));
-    ++step_;
+    step_ = r.step;
     hist_ = {};
     act_.clear();
     act_total_ = {};

@@ -15,6 +15,7 @@
 #include "../support.hpp"
 #include "../temp_dir.hpp"
 #include "mixprec/core/json_read.hpp"
+#include "mixprec/core/text.hpp"
 #include "mixprec/fp8/recipes.hpp"
 #include "mixprec/lowp/assignment.hpp"
 #include "mixprec/monitor/advise.hpp"
@@ -55,6 +56,11 @@ TEST(JsonRead, RefusesWhatTheLibraryWouldTakeOrCrashOn) {
                   .starts_with("f.json: malformed JSON: parse error at line 1, column 9: syntax error while parsing "
                                "value - invalid string: ill-formed UTF-8 byte"))
       << err("{\"a\": \"\xE9t\xE9\"}");
+  // The bytes the parser quotes are shown as \xNN: the message stays valid UTF-8.
+  EXPECT_NE(err("{\"a\": \"\xE9t\xE9\"}").find("last read: '\"\\xe9t'"), std::string::npos)
+      << err("{\"a\": \"\xE9t\xE9\"}");
+  EXPECT_EQ(text::utf8_shown("ok \xC3\xA9 \xE9 \xC0\x80 \xED\xA0\x80 \xF0\x9F\x98\x80"),
+            "ok \xC3\xA9 \\xe9 \\xc0\\x80 \\xed\\xa0\\x80 \xF0\x9F\x98\x80");
   EXPECT_TRUE(err("{\"a\": 1e400}").starts_with("f.json: malformed JSON: ")) << err("{\"a\": 1e400}");
   EXPECT_NE(err("{\"a\": 1e400}").find("1e400"), std::string::npos);
   EXPECT_EQ(err("{\n  \"a\": x}"), "f.json: malformed JSON: parse error at line 2, column 8: syntax error while parsing "

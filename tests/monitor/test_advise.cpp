@@ -392,7 +392,135 @@ TEST(Advise, ConfigParsesAndRefusesBadInput) {
   refused(R"({"cost": {"candidates": {"nvfp4": {"tflops": 0}}}})", "cost.candidates.nvfp4.tflops");
   refused(R"({"margin": 1.5})", "margin: expected an integer");
   refused(R"([1])", "cfg.json: expected an object");
-  refused("{", "not valid JSON");
+  refused("{", "malformed JSON");
+}
+
+// The measurements of one candidate and role, field by field, but the fraction of saturated
+// values (over the finite elements, whose count differs when inf / NaN were left out).
+void expect_same_measurement(const Measurement& m, const Measurement& z, const std::string& at) {
+  EXPECT_DOUBLE_EQ(m.rel_rms_error, z.rel_rms_error) << at;
+  EXPECT_DOUBLE_EQ(m.worst_rel_rms_error, z.worst_rel_rms_error) << at;
+  EXPECT_EQ(m.saturated_count, z.saturated_count) << at;
+  EXPECT_EQ(m.flushed_count, z.flushed_count) << at;
+  EXPECT_EQ(m.nonzero, z.nonzero) << at;
+  EXPECT_EQ(m.amax, z.amax) << at;
+  EXPECT_EQ(m.samples, z.samples) << at;
+  if (std::isnan(z.headroom_log2)) {
+    EXPECT_TRUE(std::isnan(m.headroom_log2)) << at;
+  } else {
+    EXPECT_DOUBLE_EQ(m.headroom_log2, z.headroom_log2) << at;
+  }
+}
+
+TEST(Advise, SamplesWithoutAFiniteValueAreNotMeasured) {
+  // A sampled step whose gradients overflowed (every dy inf or NaN, what a loss scaler's
+  // skipped step leaves) or a weight gone NaN: no finite value is no measurement (it used to
+  // read as zero error and recommend the cheapest candidate). The role is "not measured", in
+  // the table, the evidence and the recipe file's notes, and the layer gets no recommendation.
+  const auto layers = synthetic_layers(2);
+  const Layer& l = layers[1];  // fp8_safe
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> all_inf(kT * kOut, inf), nan_w(kOut * kIn, nan);
+  std::vector<float> inf_and_nan(kT * kOut);
+  for (std::size_t i = 0; i < inf_and_nan.size(); ++i) inf_and_nan[i] = i % 3 ? -inf : nan;
+  const auto x = [&](std::uint64_t step, std::size_t k) { return SampleView{"l", Role::x, step, 1, kT, kIn, 0, l.steps[k][0]}; };
+  const auto w = [&](std::uint64_t step, const std::vector<float>& v) { return SampleView{"l", Role::w, step, 1, kOut, kIn, 0, v}; };
+  const auto dy = [&](std::uint64_t step, const std::vector<float>& v) { return SampleView{"l", Role::dy, step, 1, kT, kOut, 0, v}; };
+  for (const std::vector<float>* bad : {&all_inf, static_cast<const std::vector<float>*>(&inf_and_nan)}) {
+    const Advice a = advise(std::vector<SampleView>{x(1, 0), w(1, l.steps[0][1]), dy(1, *bad)}, compute_bound());
+    const LayerAdvice& L = a.layers.at(0);
+    EXPECT_FALSE(L.chosen.has_value()) << L.reason;
+    EXPECT_FALSE(L.sampled[2]);
+    EXPECT_EQ(L.unmeasured[2], 1u);
+    EXPECT_EQ(L.reason, "no recommendation: not measured: dy (1 sample, every value inf or NaN); a sampled step with "
+                        "finite values measures it");
+    EXPECT_EQ(a.cost_chosen, a.cost_bf16);
+    const std::string table = advice_table(a);
+    EXPECT_NE(table.find("not measured  "), std::string::npos) << table;
+    EXPECT_NE(table.find(" / n/m / -"), std::string::npos) << table;
+    EXPECT_NE(table.find("not measured: l.dy (1 sample, every value inf or NaN)"), std::string::npos) << table;
+    const auto j = nlohmann::json::parse(advice_json(a));
+    EXPECT_EQ(j["layers"][0]["not_measured"], nlohmann::json::array({"dy"}));
+    EXPECT_EQ(j["layers"][0]["unmeasured_samples"]["dy"], 1);
+    EXPECT_FALSE(j["layers"][0]["candidates"]["bf16"].contains("dy"));
+    EXPECT_EQ(advice_json(parse_advice_json(advice_json(a))), advice_json(a));
+    const auto recipe = nlohmann::json::parse(recipe_file_json(a));
+    EXPECT_EQ(recipe["modules"]["l"], "bf16");
+    EXPECT_NE(recipe["notes"].get<std::string>().find("l (not measured)"), std::string::npos) << recipe["notes"];
+  }
+  // A NaN weight: the same for w.
+  {
+    const Advice a = advise(std::vector<SampleView>{x(1, 0), w(1, nan_w), dy(1, l.steps[0][2])}, compute_bound());
+    EXPECT_FALSE(a.layers.at(0).chosen.has_value()) << a.layers[0].reason;
+    EXPECT_NE(a.layers[0].reason.find("not measured: w (1 sample, every value inf or NaN)"), std::string::npos)
+        << a.layers[0].reason;
+  }
+  // measure() itself: nothing finite is no error of 0 but NaN (never within a budget).
+  EXPECT_TRUE(std::isnan(measure(all_inf, kT, kOut, Candidate::fp8_delayed, Role::dy).rel_rms_error));
+  EXPECT_EQ(measure(all_inf, kT, kOut, Candidate::fp8_delayed, Role::dy).nonfinite, kT * kOut);
+
+  // A later step with finite values measures the role: its measurement is that step's alone
+  // (the overflowed step is not in fp8-delayed's amax history either), and the layer is chosen
+  // for as without the overflowed step; the evidence counts the sample left out.
+  const std::vector<SampleView> with = {x(1, 0), w(1, l.steps[0][1]), dy(1, all_inf), x(2, 1), w(2, l.steps[1][1]),
+                                        dy(2, l.steps[1][2])};
+  const std::vector<SampleView> without = {x(1, 0), w(1, l.steps[0][1]), x(2, 1), w(2, l.steps[1][1]), dy(2, l.steps[1][2])};
+  const Advice a = advise(with, compute_bound());
+  const Advice b = advise(without, compute_bound());
+  const LayerAdvice& L = a.layers.at(0);
+  ASSERT_TRUE(L.chosen.has_value()) << L.reason;
+  EXPECT_EQ(L.chosen, b.layers.at(0).chosen);
+  EXPECT_EQ(L.reason, b.layers[0].reason);
+  EXPECT_TRUE(L.sampled[2]);
+  EXPECT_EQ(L.unmeasured[2], 1u);
+  for (Candidate c : a.candidates)
+    for (std::size_t r = 0; r < kRoles; ++r)
+      expect_same_measurement(L.measurements[static_cast<std::size_t>(c)][r], b.layers[0].measurements[static_cast<std::size_t>(c)][r],
+                              std::string(candidate_name(c)) + " " + std::string(role_name(static_cast<Role>(r))));
+  EXPECT_NE(advice_table(a).find("left out: l.dy, 1 sample with every value inf or NaN"), std::string::npos) << advice_table(a);
+  EXPECT_EQ(nlohmann::json::parse(advice_json(a))["layers"][0]["not_measured"], nlohmann::json::array());
+}
+
+TEST(Advise, SomeNonFiniteValuesAreLeftOutAndCounted) {
+  // Values partly inf / NaN: the finite ones are measured as if the others were zeros (they set
+  // no scale, no block scale, no amax) and the others are counted, in the evidence and the reason.
+  const auto layers = synthetic_layers(2);
+  const Layer& l = layers[1];  // fp8_safe
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  std::vector<float> dy = l.steps[0][2], zeroed = dy;
+  for (std::size_t i : {5u, 40u, 100u}) zeroed[i] = 0.0f;
+  dy[5] = inf;
+  dy[40] = nan;
+  dy[100] = -inf;
+  for (const CandidateInfo& info : candidate_table()) {
+    const Candidate c = info.candidate;
+    const Measurement m = measure(dy, kT, kOut, c, Role::dy), z = measure(zeroed, kT, kOut, c, Role::dy);
+    EXPECT_EQ(m.nonfinite, 3u);
+    EXPECT_EQ(m.elements, kT * kOut);
+    expect_same_measurement(m, z, std::string(candidate_name(c)));
+    EXPECT_DOUBLE_EQ(m.saturated, static_cast<double>(z.saturated_count) / static_cast<double>(kT * kOut - 3));
+  }
+  // Through advise: the choice of the zeroed values, the count said; fp8-delayed's history over
+  // two steps takes the finite amax of the first (an inf there would zero the second's scale).
+  const auto sample = [&](Role r, std::uint64_t step, const std::vector<float>& v) {
+    const bool wide = r == Role::w;
+    return SampleView{"l", r, step, 1, wide ? kOut : kT, r == Role::dy ? kOut : kIn, 0, v};
+  };
+  const std::vector<SampleView> with = {sample(Role::x, 1, l.steps[0][0]), sample(Role::w, 1, l.steps[0][1]),
+                                        sample(Role::dy, 1, dy), sample(Role::dy, 2, l.steps[1][2])};
+  const std::vector<SampleView> zero = {sample(Role::x, 1, l.steps[0][0]), sample(Role::w, 1, l.steps[0][1]),
+                                        sample(Role::dy, 1, zeroed), sample(Role::dy, 2, l.steps[1][2])};
+  const Advice a = advise(with, compute_bound());
+  const Advice b = advise(zero, compute_bound());
+  ASSERT_TRUE(a.layers.at(0).chosen.has_value()) << a.layers[0].reason;
+  EXPECT_EQ(a.layers[0].chosen, b.layers.at(0).chosen);
+  for (Candidate c : a.candidates)
+    expect_same_measurement(a.layers[0].measurements[static_cast<std::size_t>(c)][2],
+                            b.layers[0].measurements[static_cast<std::size_t>(c)][2], std::string(candidate_name(c)));
+  EXPECT_EQ(a.layers[0].measurements[static_cast<std::size_t>(Candidate::fp8_delayed)][2].nonfinite, 3u);
+  EXPECT_EQ(a.layers[0].unmeasured[2], 0u);
+  EXPECT_NE(a.layers[0].reason.find("; dy: 3 inf/NaN of 4096 values left out"), std::string::npos) << a.layers[0].reason;
+  EXPECT_NE(advice_table(a).find("left out: l.dy, 3 inf/NaN of 4096 values"), std::string::npos) << advice_table(a);
 }
 
 TEST(Advise, InconsistentSamplesAreRefused) {

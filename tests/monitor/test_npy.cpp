@@ -3,6 +3,7 @@
 // exact cross-check against convert_counted at every scale).
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <bit>
@@ -457,6 +458,11 @@ TEST_F(NpyFiles, ErrorsNameTheFile) {
   EXPECT_NE(message(p).find(p.string() + ": npy header: unsupported dtype '<i8'"), std::string::npos) << message(p);
   const fs::path q = write("h.npy", npy_file(dict_of("<f4", "(3,)"), f4({1, 2, 3})));
   EXPECT_EQ(message(q, 50), q.string() + ": the file is 140 bytes; the limit is 50 bytes");
+  // A FIFO in place of a sample (the advisor reads samples/step-N/*.npy): refused, not waited
+  // on for a writer (the open waited forever before).
+  const fs::path fifo = dir_ / "fifo.npy";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_EQ(message(fifo), fifo.string() + ": is not a regular file; expected an .npy file");
 }
 
 // ---- the analysis ----------------------------------------------------------------------

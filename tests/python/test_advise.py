@@ -303,3 +303,198 @@ def test_a_step_of_micro_batches_gives_one_sample_per_layer_and_role_the_first()
             np.testing.assert_array_equal(v, model.gs[i].numpy())  # the first loss's scale, 1
         if r == "dw":
             np.testing.assert_array_equal(v, (model.gs[i].T @ first_x[i]).numpy())
+
+
+# ---- issue 43: samples without finite values, per-layer loss scaling, Conv1D -----------------
+
+def _scaled_steps(model: Three, scales, scaler):
+    """A step_fn whose i-th call multiplies the loss by scales[i] (inf: every gradient inf or
+    NaN, the step the scaler skips) and steps through the scaler."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    outcomes = []
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        (model.loss(scales[len(outcomes)]) * scaler.get_scale()).backward()
+        outcomes.append(scaler.step(opt))
+        scaler.update()
+    return step, outcomes
+
+
+def test_r4_a_step_whose_gradients_are_all_inf_is_not_measured(tmp_path):
+    # The scaler skipped the sampled step (every dy and dW inf or NaN): that is no measurement,
+    # not an error of 0. No recommendation until a step with finite values is sampled; then
+    # the measurement is that step's alone.
+    model = Three()
+    scaler = mt.GradScaler("cpu", 256.0, preset="static")
+    step, outcomes = _scaled_steps(model, [math.inf], scaler)
+    a = mt.advise(model, step, steps=1, scaler=scaler, cost=COMPUTE_BOUND, out=tmp_path / "recipe.json",
+                  evidence=tmp_path / "advice.json")
+    assert outcomes[0].found_inf and not outcomes[0].applied
+    assert a.assignment == {k: None for k in KINDS}, a.table()
+    assert a.not_measured == {k: ["dy", "dw"] for k in KINDS}
+    for l in a.layers:
+        assert l["reason"] == ("no recommendation: not measured: dy (1 sample, every value inf or NaN); a sampled step "
+                               "with finite values measures it")
+        assert l["unmeasured_samples"] == {"dy": 1, "dw": 1}
+        assert all("dy" not in per and "x" in per for per in l["candidates"].values())
+    table = a.table()
+    assert table.count("not measured  ") == 3
+    assert "not measured: fp8_safe.dy (1 sample, every value inf or NaN)" in table
+    assert json.loads((tmp_path / "advice.json").read_text())["layers"][1]["not_measured"] == ["dy", "dw"]
+    recipe = json.loads((tmp_path / "recipe.json").read_text())
+    assert recipe["modules"] == {k: "bf16" for k in KINDS}
+    assert "fp8_safe (not measured)" in recipe["notes"]
+    # Then a step with finite values: its measurement alone, the layers chosen as without the
+    # overflowed step.
+    model = Three()
+    scaler = mt.GradScaler("cpu", 256.0, preset="static")
+    step, outcomes = _scaled_steps(model, [math.inf, 1.0], scaler)
+    both = mt.advise(model, step, steps=2, scaler=scaler, cost=COMPUTE_BOUND)
+    finite = run_advise(Three(), steps=1, loss_scale=256.0, _scale=256.0)
+    assert [o.applied for o in outcomes] == [False, True]
+    assert both.assignment == finite.assignment == {"needs_bf16": "bf16", "fp8_safe": "fp8-delayed",
+                                                    "nvfp4_safe": "nvfp4"}, both.table()
+    assert both.not_measured == {}
+    for l1, l2 in zip(both.layers, finite.layers):
+        assert l1["unmeasured_samples"] == {"dy": 1, "dw": 1}
+        for cand in l1["candidates"]:
+            assert l1["candidates"][cand]["dy"] == l2["candidates"][cand]["dy"], (l1["layer"], cand)
+            assert l1["candidates"][cand]["dw"] == l2["candidates"][cand]["dw"], (l1["layer"], cand)
+
+
+def test_r4_a_nan_weight_is_not_measured():
+    model = Three()
+    with torch.no_grad():
+        model.fp8_safe.weight.fill_(math.nan)
+    a = run_advise(model, steps=1)
+    assert a.assignment == {"needs_bf16": "bf16", "fp8_safe": None, "nvfp4_safe": "nvfp4"}, a.table()
+    assert a.not_measured == {"fp8_safe": ["w"]}
+    fp8 = a.layers[1]
+    assert fp8["reason"].startswith("no recommendation: not measured: w (1 sample, every value inf or NaN)")
+
+
+def test_r4_some_inf_values_are_left_out_and_counted():
+    # One overflowed dy value: the finite ones are measured, the count said.
+    model = Three()
+    model.gs[1][3, 5] = math.inf
+    a = run_advise(model, steps=1)
+    fp8 = a.layers[1]
+    assert fp8["chosen"] == "fp8-delayed", a.table()
+    assert fp8["candidates"]["fp8-delayed"]["dy"]["nonfinite"] == 1
+    assert "; dy: 1 inf/NaN of 2048 values left out" in fp8["reason"], fp8["reason"]
+    assert "left out: fp8_safe.dy, 1 inf/NaN of 2048 values" in a.table()
+
+
+class Chain(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.a = torch.nn.Linear(IN, IN)
+        self.b = torch.nn.Linear(IN, IN)
+        self.c = torch.nn.Linear(IN, OUT)
+
+    def forward(self, x):
+        return self.c(torch.nn.functional.gelu(self.b(torch.nn.functional.gelu(self.a(x)))))
+
+
+@pytest.mark.parametrize("order", ["sampler, then watch", "watch, then sampler"])
+def test_r4_samples_under_layerwise_scaling_are_the_unscaled_gradients(order):
+    # A layerwise scaler multiplies each layer's output gradient by its factors (chained
+    # through the links, up to 1024): the samples are the true gradients, whichever hooks came first.
+    Sampler = mt.advise.__globals__["Sampler"]
+    g = torch.Generator().manual_seed(6)
+    x, target = torch.randn(T, IN, generator=g), torch.randn(T, OUT, generator=g)
+    ref = Chain()
+    want = {}
+
+    def keep_dy(name):
+        def hook(module, inputs, out):
+            out.register_hook(lambda gr: want.__setitem__((name, "dy"), gr.clone()))
+        return hook
+    for name in ("a", "b", "c"):
+        getattr(ref, name).register_forward_hook(keep_dy(name))
+    (((ref(x) - target) ** 2).mean() * 1e-10).backward()
+    for name in ("a", "b", "c"):
+        want[(name, "dw")] = getattr(ref, name).weight.grad
+    model = Chain()
+    scaler = mt.GradScaler("cpu", preset="layerwise")
+    if order == "sampler, then watch":
+        sampler = Sampler(model)
+        scaler.watch(model)
+    else:
+        scaler.watch(model)
+        sampler = Sampler(model)
+    sampler.active = True
+    scaler.scale(((model(x) - target) ** 2).mean() * 1e-10).backward()
+    got = {(n, r): v for n, r, _, _, _, v in sampler.take(1, scaler.get_scale())}
+    sampler.remove()
+    chains = [d["chain"] for d in scaler.layer_scales()]
+    assert max(chains) >= 256, chains  # factors and links: the samples would be off by them
+    for key, v in want.items():
+        np.testing.assert_allclose(got[key], v.numpy(), rtol=1e-6, atol=0, err_msg=str(key))
+
+
+def test_r4_advise_under_layerwise_scaling_measures_the_true_gradients():
+    g = torch.Generator().manual_seed(7)
+    x, target = torch.randn(T, IN, generator=g), torch.randn(T, OUT, generator=g)
+    runs = []
+    for scaler in (None, mt.GradScaler("cpu", preset="layerwise")):
+        model = Chain()
+        if scaler is not None:
+            scaler.watch(model)
+
+        def step(model=model, scaler=scaler):
+            model.zero_grad(set_to_none=True)
+            loss = ((model(x) - target) ** 2).mean() * 1e-10
+            (loss if scaler is None else scaler.scale(loss)).backward()
+        runs.append(mt.advise(model, step, steps=1, scaler=scaler, candidates=["bf16", "fp8-current", "nvfp4"]))
+    for l1, l2 in zip(*(r.layers for r in runs)):
+        for cand in ("bf16", "fp8-current", "nvfp4"):
+            for role in ("dy", "dw"):
+                m1, m2 = l1["candidates"][cand][role], l2["candidates"][cand][role]
+                assert m1["amax"] == pytest.approx(m2["amax"], rel=1e-6), (l1["layer"], cand, role)
+                assert m1["rel_rms_error"] == pytest.approx(m2["rel_rms_error"], rel=1e-4), (l1["layer"], cand, role)
+
+
+def test_r4_gpt2_conv1d_layers_are_sampled_as_linear_layers():
+    # transformers' Conv1D (GPT-2) keeps its weight as [in, out]: sampled like a Linear's, w and
+    # dW as [out, in].
+    transformers = pytest.importorskip("transformers")
+    Sampler = mt.advise.__globals__["Sampler"]
+    cfg = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=1, n_head=2, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg)
+    names = ["transformer.h.0.attn.c_attn", "transformer.h.0.attn.c_proj", "transformer.h.0.mlp.c_fc",
+             "transformer.h.0.mlp.c_proj"]
+    sampler = Sampler(model)
+    assert sampler.layers == names + ["lm_head"]
+    sampler.active = True
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(8))
+    model(ids, labels=ids).loss.backward()
+    got = {(n, r): v for n, r, _, _, _, v in sampler.take(1, 1.0)}
+    sampler.remove()
+    modules = dict(model.named_modules())
+    for n in names:
+        w = modules[n].weight
+        np.testing.assert_array_equal(got[(n, "w")], w.detach().t().numpy())
+        np.testing.assert_array_equal(got[(n, "dw")], w.grad.t().numpy())
+        assert got[(n, "x")].shape == (32, w.shape[0]) and got[(n, "dy")].shape == (32, w.shape[1])
+    a = mt.advise(model, lambda: model(ids, labels=ids).loss.backward(), steps=1, candidates=["bf16", "mxfp8"])
+    shapes = {l["layer"]: (l["tokens"], l["in"], l["out"]) for l in a.layers}
+    assert shapes["transformer.h.0.attn.c_attn"] == (32, 32, 96)
+    assert shapes["transformer.h.0.mlp.c_proj"] == (32, 128, 32)
+
+
+def test_r4_a_frozen_layer_is_sampled_without_its_weight_gradient():
+    # A frozen first Linear (a LoRA base, partial fine-tuning): no hook error; it has x and w,
+    # no dW, and no dy either (nothing below it needs a gradient).
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(IN, IN), torch.nn.GELU(), torch.nn.Linear(IN, OUT))
+    model[0].requires_grad_(False)
+    x = torch.randn(T, IN)
+    a = mt.advise(model, lambda: model(x).square().mean().backward(), steps=1, candidates=["bf16", "mxfp8"])
+    roles = {l["layer"]: sorted(l["candidates"]["bf16"]) for l in a.layers}
+    assert roles == {"0": ["cost", "w", "x"], "2": ["cost", "dw", "dy", "w", "x"]}
+    assert a.assignment["0"] is None and "the budget requires dy, which had no samples" in a.layers[0]["reason"]

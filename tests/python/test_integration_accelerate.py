@@ -7,7 +7,9 @@ report` on the folder, and the weights bit for bit those of the same loop on tor
 
 from __future__ import annotations
 
+import math
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -140,3 +142,76 @@ def test_a_compiled_model_is_watched_under_its_own_names(tmp_path, how):
     for line in read_log(tmp_path / "run"):
         assert [p["name"] for p in line["params"]] == ["0.weight", "0.bias", "2.weight", "2.bias"]
         assert [t["name"] for t in line["act_grad_tensors"]] == ["2", "1", "0"]
+
+
+# ---- issue 43: a resumed loop's run folder continues the step numbers --------------------------
+
+def tiny_loop(tmp_path, out, steps, inject_at, load=None, save=None, set_step=None, precision="fp16"):
+    """A Linear model's loop: inf into 0.weight's gradient at the given (global) steps."""
+    AcceleratorState._reset_state(True)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+    accelerator = Accelerator(cpu=True, mixed_precision=precision)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # fp16 made real on a CPU: said once per Accelerator
+        mp = MixprecAccelerate(accelerator, out=str(tmp_path / out), report=False)
+    step = {"now": 0}
+    net[0].weight.register_hook(lambda g: g * math.inf if step["now"] in inject_at else g)
+    model, optimizer = accelerator.prepare(net, torch.optim.SGD(net.parameters(), lr=0.1))
+    first = 1
+    if load is not None:
+        accelerator.load_state(load)
+        done = int(Path(load).name.split("-")[1])  # the loop's own count
+        first = done + 1
+        if set_step:
+            mp.set_step(done)
+    figures = []
+    for k in range(first, first + steps):
+        step["now"] = k
+        accelerator.backward(model(torch.randn(4, 4)).float().pow(2).mean())
+        optimizer.step()
+        optimizer.zero_grad()
+        figures.append(mp.log_figures())
+    if save is not None:
+        accelerator.save_state(str(tmp_path / save))
+    mp.close()
+    return read_log(tmp_path / out), figures
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_r4_resumed_loop_continues_the_step_numbers(tmp_path, precision):
+    # fp16: numbered by the scaler's update count, restored by load_state (nothing added to the
+    # loop); bf16 (no scaler): by mp.set_step(the checkpoint's step).
+    first, _ = tiny_loop(tmp_path, "first", 3, {2} if precision == "fp16" else set(), save="ckpt-3",
+                         precision=precision)
+    assert [r["step"] for r in first] == [1, 2, 3]
+    log, figures = tiny_loop(tmp_path, "resumed", 3, {5} if precision == "fp16" else set(),
+                             load=str(tmp_path / "ckpt-3"), set_step=precision == "bf16", precision=precision)
+    assert [r["step"] for r in log] == [4, 5, 6]
+    if precision == "fp16":
+        assert [r["skipped"] for r in log] == [False, True, False]
+        assert figures[1]["overflow"] == "0.weight (step 5)"
+
+
+def test_r4_telemetry_record_takes_the_step_number(tmp_path):
+    # What the doors use: record(step=N) numbers the line N (a resumed run's global step); a
+    # number not above the previous one is refused before anything is written or consumed.
+    import mixprec.torch
+
+    net = torch.nn.Linear(2, 2)
+    tel = mixprec.torch.Telemetry(net, out=str(tmp_path / "run"), precision="fp32")
+    for step in (11, None, 14):
+        net(torch.randn(3, 2)).sum().backward()
+        tel.record(loss=1.0, step=step)
+    for bad, error in ((14, ValueError), (0, ValueError), (True, TypeError)):
+        with pytest.raises(error, match=r"step: expected"):
+            tel.record(loss=1.0, step=bad)
+    with pytest.raises(ValueError, match=r"step: expected a number above the previous step 14, found 13"):
+        tel.record(loss=1.0, step=13)
+    assert tel.steps == 14  # the last step's number
+    tel.close()
+    assert [r["step"] for r in read_log(tmp_path / "run")] == [11, 12, 14]
+    mp = MixprecAccelerate(Accelerator(cpu=True), out=str(tmp_path / "acc"), report=False)
+    for bad, error in ((-1, ValueError), (2.5, ValueError), (True, TypeError)):
+        with pytest.raises(error, match=r"set_step: step: expected an integer in \[0, 2\*\*63\), found"):
+            mp.set_step(bad)

@@ -1,15 +1,19 @@
 """Per-layer loss scaling in mixprec.torch (preset "layerwise", docs/loss_scaling.md):
 the core's erfinv and approx_range rule against an independent computation in plain Python
 (math only), the links the hooks find in a GPT block, bitwise equality with one scale where
-nothing underflows, and one layer's overflow skipping that layer only."""
+nothing underflows, and one layer's overflow skipping that layer only; the true gradient of a
+layer called twice, of models with frozen parameters and of GPT-2's Conv1D layers, no torch
+warning, nothing leaked at exit."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import random
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -18,6 +22,7 @@ torch = pytest.importorskip("torch", reason="mixprec.torch needs PyTorch (pip in
 
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+import torch.utils.checkpoint  # noqa: E402
 
 import mixprec  # noqa: E402
 import mixprec.torch  # noqa: E402
@@ -318,6 +323,263 @@ def test_a_watched_model_alive_at_exit_leaks_no_core_object(tmp_path):
         "with torch.autocast('cpu', dtype=torch.float16):\n"
         "    loss = model(torch.randn(4, 8)).float().sum()\n"
         "scaler.scale(loss).backward()\n")
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "leaked" not in r.stderr, r.stderr
+
+
+# ---- issue 43: a layer called twice, frozen parameters, Conv1D, torch's warning, exit ----------
+
+def _grads_equal(model, ref, what):
+    """Every .grad of `model` (after unscale_) is the float64 reference's gradient of the
+    unscaled loss, to float32's rounding."""
+    for (n, p), q in zip(model.named_parameters(), ref.parameters()):
+        if q.grad is None:
+            assert p.grad is None, f"{what}: {n} has a gradient, the reference has none"
+            continue
+        assert p.grad is not None, f"{what}: {n} has no gradient"
+        torch.testing.assert_close(p.grad.double(), q.grad, rtol=1e-5, atol=1e-5 * float(q.grad.abs().max()),
+                                   msg=lambda m, n=n: f"{what}: {n}: {m}")
+
+
+def _looped(seed=0):
+    """The issue's model: one Linear called twice per forward (a weight-tied loop)."""
+    torch.manual_seed(seed)
+    lin = nn.Linear(16, 16)
+    return nn.Sequential(nn.Linear(16, 16), lin, nn.GELU(), lin, nn.GELU(), nn.Linear(16, 4))
+
+
+@pytest.mark.parametrize("loss_factor, init", [(1e-10, 65536.0), (1.0, 2.0 ** -8)])
+def test_r4_a_layer_called_twice_gets_its_true_gradient(loss_factor, init):
+    # Its weight gradient is the sum of both calls': it runs at the base scale that pass (a
+    # warning names it) while the others keep their factors; every .grad is the true one.
+    model = _looped()
+    ref = _looped().double()
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randn(32, 16, generator=g), torch.randn(32, 4, generator=g)
+    (F.mse_loss(ref(x.double()), y.double()) * loss_factor).backward()
+    scaler = GradScaler(preset="layerwise", init_scale=init, min_scale=min(init, 1.0))
+    scaler.watch(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scaler.scale(F.mse_loss(model(x), y) * loss_factor).backward()
+    scaler.unscale_(opt)
+    _grads_equal(model, ref, "step 1")
+    assert [str(w.message) for w in caught] == [
+        "watch: module '1' (Linear) ran 2 times in the forward of one backward pass; its weight gradient is the sum "
+        "of every call's, so it takes its gradients at the base scale (no per-layer factor)"]
+    scales = {d["name"]: d for d in scaler.layer_scales()}
+    assert (scales["1"]["calls"], scales["1"]["factor"], scales["1"]["chain"]) == (2, 1.0, 1.0)
+    assert scales["5"]["factor"] > 1 and scales["0"]["factor"] > 1, scales  # the others are scaled
+    assert scaler.step(opt).applied
+    scaler.update()
+    # The next step: the same, and the warning is not repeated.
+    opt.zero_grad(set_to_none=True)
+    ref.zero_grad(set_to_none=True)
+    (F.mse_loss(ref(x.double()), y.double()) * loss_factor).backward()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scaler.scale(F.mse_loss(model(x), y) * loss_factor).backward()
+    scaler.unscale_(opt)
+    _grads_equal(model, ref, "step 2")
+
+
+def test_r4_two_micro_batches_in_one_backward_get_their_true_gradient():
+    # Two forwards summed into one loss: every layer's weight gradient sums two calls.
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
+    ref = copy.deepcopy(model).double()
+    g = torch.Generator().manual_seed(2)
+    x1, x2 = torch.randn(8, 16, generator=g), torch.randn(8, 16, generator=g)
+    # Gradients far apart in size: alone, the first micro-batch's layers would take factors
+    # above 1 and the second's 1.
+    (ref(x1.double()).square().mean() * 1e-12 + ref(x2.double()).square().mean() * 1e-3).backward()
+    scaler = GradScaler(preset="layerwise")
+    scaler.watch(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scaler.scale(model(x1).square().mean() * 1e-12 + model(x2).square().mean() * 1e-3).backward()
+    scaler.unscale_(torch.optim.SGD(model.parameters(), lr=0.0))
+    _grads_equal(model, ref, "one backward of two forwards")
+    assert sorted(str(w.message).split(" (")[0] for w in caught) == [f"watch: module '{i}'" for i in (0, 2, 4)]
+    assert {d["calls"] for d in scaler.layer_scales()} == {2}
+
+
+def _mlp(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 32), nn.GELU(), nn.Linear(32, 4))
+
+
+@pytest.mark.parametrize("frozen", ["first layer", "middle layer", "a bias"])
+def test_r4_frozen_parameters_are_watched(frozen):
+    # A frozen Linear (a LoRA base, partial fine-tuning) or a frozen bias: watch() takes the
+    # model, frozen parameters get no hook and no gradient, layer_scales() names them, every
+    # other .grad is the true one; a parameter unfrozen later gets its hook at the next forward.
+    model, ref = _mlp(), _mlp().double()
+    frozen_params = {"first layer": ["0.weight", "0.bias"], "middle layer": ["2.weight", "2.bias"],
+                     "a bias": ["2.bias"]}[frozen]
+    for m in (model, ref):
+        named = dict(m.named_parameters())
+        for n in frozen_params:
+            named[n].requires_grad_(False)
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(32, 16, generator=g), torch.randn(32, 4, generator=g)
+    (F.mse_loss(ref(x.double()), y.double()) * 1e-10).backward()
+    scaler = GradScaler(preset="layerwise")
+    scaler.watch(model)
+    opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.0)
+    scaler.scale(F.mse_loss(model(x), y) * 1e-10).backward()
+    scaler.unscale_(opt)
+    _grads_equal(model, ref, frozen)
+    scales = {d["name"]: d for d in scaler.layer_scales()}
+    layer = frozen_params[0].split(".")[0]
+    assert scales[layer]["frozen"] == [n.split(".")[1] for n in frozen_params]
+    assert max(d["factor"] for d in scales.values()) > 1
+    assert scaler.step(opt).applied
+    scaler.update()
+    # Unfrozen: its gradient (at the next forward's hook) is the true one too.
+    for m in (model, ref):
+        m.zero_grad(set_to_none=True)
+        m.requires_grad_(True)
+    (F.mse_loss(ref(x.double()), y.double()) * 1e-10).backward()
+    scaler.scale(F.mse_loss(model(x), y) * 1e-10).backward()
+    scaler.unscale_(torch.optim.SGD(model.parameters(), lr=0.0))
+    _grads_equal(model, ref, frozen + ", unfrozen")
+    assert all(d["frozen"] == [] for d in scaler.layer_scales())
+
+
+def test_r4_gpt2_conv1d_layers_are_watched():
+    # transformers' GPT-2 projects with Conv1D (weight [in, out]), not nn.Linear: watched as
+    # linear layers, linked as in the example GPT, every .grad the true one.
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg)
+    ref = copy.deepcopy(model).double()
+    ids = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(4))
+    ref(ids, labels=ids).loss.backward()
+    scaler = GradScaler(preset="layerwise", init_scale=2.0 ** -8, min_scale=2.0 ** -8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scaler.watch(model)
+        scaler.scale(model(ids, labels=ids).loss).backward()
+    scaler.unscale_(torch.optim.SGD(model.parameters(), lr=0.0))
+    names = [f"transformer.h.{i}.{m}" for i in range(2)
+             for m in ("attn.c_attn", "attn.c_proj", "mlp.c_fc", "mlp.c_proj")]
+    scales = scaler.layer_scales()
+    assert [d["name"] for d in scales] == names
+    assert [d["fan_in"] for d in scales] == [96, 32, 128, 32] * 2  # the output widths
+    assert max(d["factor"] for d in scales) > 1
+    links = {layer.name: (layer.feeds.name if layer.feeds else None) for layer in scaler._lw.layers}
+    assert links["transformer.h.0.attn.c_proj"] == "transformer.h.0.attn.c_attn"
+    assert links["transformer.h.0.mlp.c_proj"] == "transformer.h.0.mlp.c_fc"
+    _grads_equal(model, ref, "GPT-2")
+
+
+class _Checkpointed(nn.Module):
+    def __init__(self, reentrant):
+        super().__init__()
+        torch.manual_seed(0)
+        self.reentrant = reentrant
+        self.a, self.b, self.c = nn.Linear(16, 32), nn.Linear(32, 32), nn.Linear(32, 4)
+
+    def forward(self, x):
+        h = torch.utils.checkpoint.checkpoint(lambda t: self.b(F.gelu(t)), self.a(x), use_reentrant=self.reentrant)
+        return self.c(F.gelu(h))
+
+
+@pytest.mark.parametrize("reentrant", [False, True])
+def test_r4_activation_checkpointing_gets_the_true_gradient(reentrant):
+    # A recomputed forward is not a second call; reentrant checkpointing runs its segment's
+    # backward (with a watched layer in it) inside a custom autograd Function: no link crosses it.
+    model, ref = _Checkpointed(reentrant), _Checkpointed(reentrant).double()
+    g = torch.Generator().manual_seed(9)
+    x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+    (F.mse_loss(ref(x.double()), y.double()) * 1e-10).backward()
+    scaler = GradScaler(preset="layerwise")
+    scaler.watch(model)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        scaler.scale(F.mse_loss(model(x), y) * 1e-10).backward()
+    scaler.unscale_(torch.optim.SGD(model.parameters(), lr=0.0))
+    _grads_equal(model, ref, f"checkpoint (reentrant={reentrant})")
+    assert not [w for w in caught if "ran 2 times" in str(w.message)]
+    assert min(d["factor"] for d in scaler.layer_scales()) > 1
+
+
+def test_r4_watch_warns_when_there_is_nothing_to_watch():
+    class ConvNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+
+        def forward(self, x):
+            return self.conv(x)
+
+    with pytest.warns(UserWarning, match="watch: nothing to watch in ConvNet: it has no torch.nn.Linear or "
+                                         "transformers Conv1D module"):
+        GradScaler(preset="layerwise").watch(ConvNet())
+    tied = nn.Linear(4, 4)
+    shared = nn.ModuleDict({"a": tied, "b": nn.Linear(4, 4)})
+    shared["b"].weight = tied.weight
+    with pytest.warns(UserWarning, match=r"nothing to watch in ModuleDict: its linear layers \('a', 'b'\) share"):
+        GradScaler(preset="layerwise").watch(shared)
+
+
+def test_r4_no_torch_warning_when_the_first_layers_input_needs_no_gradient():
+    # torch's "Full backward hook is firing when gradients are computed with respect to module
+    # outputs since no inputs require gradients": no full backward hook, no warning; the
+    # results are one scale's, bit for bit (fp32 at 2^-8: factors above 1 and links).
+    runs = []
+    for preset in ("mixprec", "layerwise"):
+        model = _mlp()
+        scaler = GradScaler(preset=preset, init_scale=2.0 ** -8, min_scale=2.0 ** -8)
+        if preset == "layerwise":
+            scaler.watch(model)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        g = torch.Generator().manual_seed(5)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            for _ in range(3):
+                x, y = torch.randn(32, 16, generator=g), torch.randn(32, 4, generator=g)
+                scaler.scale(F.mse_loss(model(x), y)).backward()
+                assert scaler.step(opt).applied
+                scaler.update()
+                opt.zero_grad(set_to_none=True)
+        if preset == "layerwise":
+            assert max(d["factor"] for d in scaler.layer_scales()) > 1
+        runs.append(weights(model))
+    for a, b in zip(*runs):
+        assert torch.equal(a, b)
+
+
+def test_r4_a_module_level_scaler_leaks_no_core_object(tmp_path):
+    # A module-level scaler that watched a model and stepped, while each step's loss is still
+    # alive at exit (its graph holds the layers' hooks), then watches again, is replaced by a new
+    # scaler, is deleted: every layer's cached core object is dropped at exit, also of hooks
+    # that were replaced or whose scaler is gone (each of the three leaked before).
+    script = tmp_path / "module_level.py"
+    script.write_text(
+        "import torch, mixprec.torch as mt\n"
+        "model = torch.nn.Sequential(torch.nn.Linear(8, 8))\n"
+        "opt = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "losses = []\n"
+        "def step():\n"
+        "    losses.append(model(torch.randn(4, 8)).square().mean())\n"
+        "    scaler.scale(losses[-1]).backward()\n"
+        "    scaler.step(opt)\n"
+        "    scaler.update()\n"
+        "scaler = mt.GradScaler('cpu', preset='layerwise')\n"
+        "scaler.watch(model)\n"
+        "step()\n"
+        "scaler.watch(model)\n"
+        "step()\n"
+        "scaler = mt.GradScaler('cpu', preset='layerwise')\n"
+        "scaler.watch(model)\n"
+        "step()\n"
+        "del scaler\n")
     r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "leaked" not in r.stderr, r.stderr

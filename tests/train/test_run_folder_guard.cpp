@@ -318,6 +318,28 @@ TEST(TelemetryRecorderGuard, EveryValueIsCheckedAtTheCallAndNothingIsWritten) {
   EXPECT_FALSE(log[0].loss_finite);
 }
 
+// A resumed run's front end gives the global step: the folder continues its numbering
+// (issue 43: a Trainer resumed at step 10 logged step 4); a number not above the last is refused.
+TEST(TelemetryRecorderGuard, GivenStepNumbersContinueAndMustGrow) {
+  const TempDir dir;
+  TelemetryRecorder rec((dir.path() / "run").string(), {.precision = "fp16", .loss_scale = "torch"});
+  TelemetryStep s = good_step();
+  s.step = 11;
+  EXPECT_EQ(rec.record(s, {}).step, 11u);
+  EXPECT_EQ(rec.steps(), 11u);
+  EXPECT_EQ(rec.record(good_step(), {}).step, 12u);  // 0: after the previous record
+  s.step = 12;
+  EXPECT_EQ(error_of<std::invalid_argument>([&] { rec.record(s, {}); }),
+            "telemetry: record(): step: expected a number above the previous step 12, found 12");
+  s.step = 20;
+  EXPECT_EQ(rec.record(s, {}).step, 20u);
+  const auto log = read_run_log((dir.path() / "run" / "log.jsonl").string());
+  ASSERT_EQ(log.size(), 3u);
+  EXPECT_EQ(log[0].step, 11u);
+  EXPECT_EQ(log[1].step, 12u);
+  EXPECT_EQ(log[2].step, 20u);
+}
+
 TEST(TelemetryRecorderGuard, AFailedWriteKeepsTheStepNumberAndItsCounts) {
   const TempDir dir;
   const int rc = in_child([&] {

@@ -28,9 +28,14 @@ std::string grouped(std::uint64_t v);
 
 // A JSON parser's exception text as messages show it: "malformed JSON: parse error at
 // line 1, column 7: ..." (the library's "[json.exception.parse_error.101] " prefix
-// dropped). Every JSON reader of mixprec reports bad JSON through this.
+// dropped, and the bytes it quotes ("last read: '...'") as valid UTF-8: see utf8_shown).
+// Every JSON reader of mixprec reports bad JSON through this.
 std::string malformed_json(std::string_view exception_what);
 // The same text without "malformed JSON: ", for readers that say it their own way.
-std::string_view json_error_detail(std::string_view exception_what);
+std::string json_error_detail(std::string_view exception_what);
+
+// s with every byte that is not part of a valid UTF-8 sequence written as \xNN: a message
+// that quotes a file's bytes stays text (Python could not even raise it otherwise).
+std::string utf8_shown(std::string_view s);
 
 }  // namespace mixprec::text

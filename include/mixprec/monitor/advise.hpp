@@ -67,24 +67,27 @@ std::optional<Candidate> parse_candidate(std::string_view s) noexcept;
 std::string candidate_names();  // "bf16, fp16, fp8-delayed, ..."
 
 // What quantizing one tensor (or the pooled samples of one layer and role) in one candidate
-// did. rel_rms_error = sqrt(sum (q - x)^2 / sum x^2) over the finite inputs (inf when a finite
-// input became inf, 0 for an all-zero tensor); saturated: finite inputs clamped (or, fp16 /
-// bf16, that overflowed to inf) / elements; flushed: finite nonzero inputs that became zero /
-// finite nonzero inputs; headroom_log2: log2(largest finite of the format at the scale used /
-// amax) for candidates with one scale per tensor (bf16, fp16 at the loss scale, fp8-delayed,
-// fp8-current, nvfp4's tensor scale), NaN for the block-only recipes (mxfp8, fp8-block, mxfp4),
-// whose scales follow each block's amax. Pooled over samples: the error from the summed squares,
-// fractions from the summed counts, the smallest headroom, the largest per-sample error.
+// did. Only the finite inputs are measured: an inf / NaN input (an overflowed gradient, a
+// diverged weight) is counted in `nonfinite` and quantized as a zero, so that it sets no scale
+// and no amax. rel_rms_error = sqrt(sum (q - x)^2 / sum x^2) over the finite inputs (inf when a
+// finite input became inf, 0 for an all-zero tensor, NaN when no input is finite: nothing was
+// measured); saturated: finite inputs clamped (or, fp16 / bf16, that overflowed to inf) /
+// finite inputs; flushed: finite nonzero inputs that became zero / finite nonzero inputs;
+// headroom_log2: log2(largest finite of the format at the scale used / amax) for candidates
+// with one scale per tensor (bf16, fp16 at the loss scale, fp8-delayed, fp8-current, nvfp4's
+// tensor scale), NaN for the block-only recipes (mxfp8, fp8-block, mxfp4), whose scales follow
+// each block's amax. Pooled over samples: the error from the summed squares, fractions from the
+// summed counts, the smallest headroom, the largest per-sample error.
 struct Measurement {
   double rel_rms_error = 0;
   double worst_rel_rms_error = 0;  // the largest over the pooled samples
   double saturated = 0;
   double flushed = 0;
   double headroom_log2 = 0;
-  float amax = 0;
+  float amax = 0;                  // over the finite inputs
   std::uint64_t elements = 0;
   std::uint64_t nonzero = 0;      // finite nonzero inputs
-  std::uint64_t nonfinite = 0;    // inf / NaN inputs (left out of the error)
+  std::uint64_t nonfinite = 0;    // inf / NaN inputs (left out of the measurement)
   std::uint64_t samples = 0;
   // The sums behind the pooled values.
   double err_sq = 0, ref_sq = 0;
@@ -164,8 +167,13 @@ double layer_cost(const CostModel& m, Candidate c, std::size_t tokens, std::size
 struct LayerAdvice {
   std::string layer;
   std::size_t tokens = 0, in = 0, out = 0;     // the GEMM shape the cost is modeled at
-  std::array<bool, kRoles> sampled{};           // which roles had samples
-  // measurements[candidate][role], for the configured candidates and sampled roles
+  std::array<bool, kRoles> sampled{};           // which roles were measured: had a sample holding a finite value
+  // Per role, the samples that held no finite value (every value inf or NaN: a step whose
+  // gradients overflowed, a diverged weight). Such a sample is not a measurement: it is left
+  // out (of the pooled measurement and of fp8-delayed's amax history). A role with samples, all
+  // of them left out, is "not measured"; a required one leaves the layer without a recommendation.
+  std::array<std::uint64_t, kRoles> unmeasured{};
+  // measurements[candidate][role], for the configured candidates and measured roles
   std::array<std::array<Measurement, kRoles>, kCandidates> measurements{};
   std::array<double, kCandidates> cost{};       // layer_cost per candidate (seconds)
   std::optional<Candidate> chosen;              // nullopt: no candidate within the budget
@@ -185,8 +193,10 @@ struct Advice {
 // Measures every sample in every configured candidate, pools them per layer and role, and
 // chooses. Samples of a layer and role are taken in step order (fp8-delayed's amax history
 // runs over them: the scale of a sample comes from the earlier samples' amaxes, the first
-// from its own, a warmed-up history). A layer needs a weight sample (its shape) and an x
-// sample (its tokens). std::invalid_argument for inconsistent samples (shapes that disagree).
+// from its own, a warmed-up history). A sample without a finite value is left out
+// (LayerAdvice::unmeasured); a layer with a required role not measured gets no choice. A layer
+// needs a weight sample (its shape) and an x sample (its tokens). std::invalid_argument for
+// inconsistent samples (shapes that disagree).
 Advice advise(std::span<const SampleView> samples, const AdviseConfig& config);
 
 // The evidence (every measurement, cost, choice and reason) as JSON, and back (the report).
@@ -195,13 +205,15 @@ Advice parse_advice_json(std::string_view json, std::string_view source = "advic
 
 // The recipe file of the choice (docs/low_precision.md, "The recipe file"): format
 // "mixprec.low_precision", version 1, default "bf16", modules {layer: recipe name | "bf16"}.
-// A layer whose choice is fp16, or that has none within the budget, is written "bf16" (not
-// quantized); notes says so.
+// A layer whose choice is fp16, that has none within the budget or that was not measured is
+// written "bf16" (not quantized); notes says which and why.
 inline constexpr std::string_view kRecipeFileFormat = "mixprec.low_precision";
 inline constexpr int kRecipeFileVersion = 1;
 std::string recipe_file_json(const Advice& a);
 
-// A text table: layer, shape, choice, cost against bf16, the chosen candidate's error per role.
+// A text table: layer, shape, choice ("not measured" where a required role was not), cost
+// against bf16, the chosen candidate's error per role ("n/m": not measured, "-": no samples),
+// then a line per role that was not measured or had inf / NaN values left out.
 std::string advice_table(const Advice& a);
 
 // ---- samples in a run folder (docs/run_folder.md, "Advisor samples") ----------------------

@@ -82,6 +82,10 @@ struct TelemetryStep {
   // name and a recipe; scale >= 0; saturated + flushed and nonzero at most elements;
   // rel_rms_error >= 0 when given.
   std::vector<nn::Fp8TensorStats> quantized = {};
+  // This step's number: 0 numbers it after the previous record (1 first); a front end that
+  // records a resumed run gives its global step, above the previous record's (a run folder of
+  // steps 11-20 continues the one of steps 1-10).
+  std::uint64_t step = 0;
 };
 
 // A parameter as the step left it: its gradient (data == nullptr or size 0: none) as
@@ -136,13 +140,16 @@ class TelemetryRecorder {
   // One log line for this step; resets the step's counts. Returns the record written.
   // All or nothing: a value refused (std::invalid_argument) or a write that failed
   // (std::runtime_error: the log is left as it was) changes nothing here either; the step's
-  // counts are kept, and the next record() takes the same step number.
+  // counts are kept, and the next record() takes the same step number. A step number given
+  // (TelemetryStep::step) not above the previous record's is refused likewise.
   StepRecord record(const TelemetryStep& step, std::span<const NamedParam> params);
   // Writes summary.json (the run's totals and alerts, as mixprec train's); returns the
   // alerts raised. Records may follow; a later finish() rewrites it.
   std::vector<monitor::Alert> finish();
 
   const std::string& dir() const noexcept { return dir_; }
+  // The number of the last step recorded (0 before the first): the count of records unless
+  // record() was given step numbers.
   std::uint64_t steps() const noexcept { return step_; }
   // Wall time spent inside the recorder so far (counting, checks, record()): what the
   // telemetry costs a step, with the front end's own time added by the front end.

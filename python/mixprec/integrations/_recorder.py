@@ -62,6 +62,7 @@ class StepRecorder:
         self.who = who
         self.telemetry: Optional[Telemetry] = None
         self._loss: Optional[torch.Tensor] = None
+        self._shared: Optional[float] = None  # the last step's loss (shared_loss)
         self._tokens = 0
         self._hooks: List[Any] = []
         # For the library's logs: totals, and what happened since its last log line.
@@ -99,18 +100,23 @@ class StepRecorder:
             value = torch.tensor(float(loss))
         self._loss = value if self._loss is None else self._loss + value
 
-    def record(self, lr: float, outcome: Optional[StepOutcome]) -> Dict[str, Any]:
-        """One optimizer step (after it, before zero_grad)."""
+    def record(self, lr: float, outcome: Optional[StepOutcome], *, step: Optional[int] = None,
+               shared_loss: bool = False) -> Dict[str, Any]:
+        """One optimizer step (after it, before zero_grad). step: its number in the training
+        (a resumed run continues the numbers of the one it resumes); None: the previous + 1.
+        shared_loss: a step without a backward of its own (one backward, several optimizers)
+        records the previous step's loss."""
         if self.telemetry is None:
             raise RuntimeError(f"{self.who}: an optimizer step before the run started (no model to watch yet)")
-        if self._loss is None:
+        if self._loss is None and not (shared_loss and self._shared is not None):
             raise RuntimeError(f"{self.who}: an optimizer step without a loss: back-propagate through the library "
                                "(accelerator.backward, the Trainer, Lightning) so that the step's loss is recorded")
-        loss = float(self._loss.cpu())
-        self._loss = None
+        loss = float(self._loss.cpu()) if self._loss is not None else self._shared
         if self.scaler is None or not self.scaler.is_enabled():
             outcome = None
-        line = self.telemetry.record(outcome, loss=loss, lr=float(lr), tokens=self._tokens)
+        line = self.telemetry.record(outcome, loss=loss, lr=float(lr), tokens=self._tokens, step=step)
+        self._loss = None
+        self._shared = loss
         self._tokens = 0
         self.steps += 1
         if line.get("skipped"):

@@ -17,17 +17,24 @@ What it changes in the Accelerator, before prepare():
   warning saying so. bf16 and fp32 runs keep their Accelerator as it is (no loss scaling).
 - accelerator.backward(loss) hands each loss to the recorder (the step's loss is their sum:
   Accelerate divides by its accumulation steps).
-- Once prepare() has given it one model and one optimizer, Telemetry watches the model and each
-  step of the optimizer that really steps (sync_gradients) is recorded.
+- Once prepare() has given it one model and one optimizer, Telemetry watches the model (and a
+  `layerwise` scaler watches it too, scaler.watch(model), unless the script watched it already)
+  and each step of the optimizer that really steps (sync_gradients) is recorded.
+- Step numbers continue the training's: for fp16, the scaler's update count (its state is in
+  accelerator.save_state()'s scaler.pt, so a loop resumed with load_state() goes on from there);
+  mp.set_step(n) gives the loop's own count (bf16 and fp32 runs, or a checkpoint without the
+  scaler's state).
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import types
 import warnings
-from typing import Any, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
+from .. import _args
 from ._recorder import StepRecorder, make_scaler, precision_of, require, split_options
 
 _accelerate = require("accelerate", "accelerate", "mixprec.integrations.accelerate")
@@ -81,6 +88,9 @@ class MixprecAccelerate:
     overrides    GradScaler keywords (init_scale, growth_interval, the core's config keys)
     modules, sample_every, histogram_every, check_forward, tensorboard: Telemetry's
     report       render the report (report.html) when closing
+
+    The run folder numbers the steps as the training does (set_step(); a resumed fp16 loop: the
+    restored scaler's count), so that a folder recording a resumed run continues the numbers.
     """
 
     def __init__(self, accelerator: Any, out: str, preset: Optional[str] = None, *, report: bool = True,
@@ -104,6 +114,10 @@ class MixprecAccelerate:
                                      who="mixprec") if main else None
         self._started = False
         self._optimizer: Optional[AcceleratedOptimizer] = None
+        self._last_step = 0            # the number of the last step recorded (or given by set_step)
+        self._user_steps = False       # set_step() was called: the loop counts, not the scaler
+        # The Hugging Face Trainer's door: the step being taken, from the Trainer's own state.
+        self._step_of: Optional[Callable[[], int]] = None
         backward, prepare = accelerator.backward, accelerator.prepare
 
         @functools.wraps(prepare)
@@ -137,9 +151,14 @@ class MixprecAccelerate:
                                "optimizer (prepare them before the first backward)")
         self._started = True
         self._hook(optimizers[0])
+        # The module itself (not DDP's or torch.compile's wrapper): Telemetry's names are its own.
+        model = acc.unwrap_model(models[0], keep_torch_compile=False)
+        if self.scaler is not None and self.scaler.preset == "layerwise" and self.scaler._lw is None:
+            # Without watch() a layerwise scaler is its base scale alone (every rank watches: the
+            # per-layer scaling is in each rank's backward). A script's own watch() is kept.
+            self.scaler.watch(model)
         if self.recorder is not None:
-            # The module itself (not DDP's or torch.compile's wrapper): Telemetry's names are its own.
-            self.recorder.start(acc.unwrap_model(models[0], keep_torch_compile=False))
+            self.recorder.start(model)
 
     def _hook(self, opt: AcceleratedOptimizer) -> None:
         if self.scaler is not None and opt.scaler is not self.scaler:
@@ -161,7 +180,31 @@ class MixprecAccelerate:
         if self.recorder is None:
             return None
         outcome = self.scaler.last_outcome if self.scaler is not None else None
-        return self.recorder.record(opt.param_groups[0]["lr"], outcome)
+        line = self.recorder.record(opt.param_groups[0]["lr"], outcome, step=self._step_number())
+        self._last_step = line["step"]
+        return line
+
+    def _step_number(self) -> int:
+        """The number of the step just taken in the training (not in this folder)."""
+        if self._step_of is not None:
+            return self._step_of()
+        if self._user_steps or self.scaler is None or not self.scaler.is_enabled():
+            return self._last_step + 1
+        # update() ran inside the optimizer's step: the count includes this step, and it comes
+        # back with the scaler's state (accelerator.load_state). Never below the last recorded.
+        updates = int(json.loads(self.scaler._p.loss_scale_json())["counters"]["steps"])
+        return max(updates, self._last_step + 1)
+
+    def set_step(self, step: int) -> None:
+        """The optimizer steps the loop has taken (a resumed loop: the checkpoint's step): the
+        next one recorded is step + 1, and so on from there. Without it an fp16 loop is numbered
+        by its scaler's update count (restored by accelerator.load_state), other runs from 1."""
+        step = _args.integer("MixprecAccelerate.set_step: step", step, 0, 2**63 - 1)
+        if step < self._last_step:
+            raise ValueError(f"MixprecAccelerate.set_step: step: expected an integer >= {self._last_step} "
+                             f"(the last step recorded), found {step}")
+        self._last_step = step
+        self._user_steps = True
 
     # ---- what the loop reads -----------------------------------------------------------------
 
@@ -171,7 +214,8 @@ class MixprecAccelerate:
 
     def log_figures(self) -> Dict[str, Any]:
         """skipped_steps (since the last call), skipped_steps_total, loss_scale and, after a skip,
-        overflow ("<parameter> (step N)"): for accelerator.log(...) or a progress line."""
+        overflow ("<parameter> (step N)", N the training's step number): for accelerator.log(...)
+        or a progress line."""
         return self.recorder.log_figures() if self.recorder is not None else {}
 
     def close(self) -> Optional[str]:

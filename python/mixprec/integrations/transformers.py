@@ -13,8 +13,16 @@ without saying so, autocast(cpu, float16) with the scaler (a warning says so); t
 the model, one record per optimizer step with the scaler's outcome. Each of the Trainer's log
 lines gets skipped_steps (since the previous line), skipped_steps_total, loss_scale and, after a
 skip, overflow ("<parameter> (step N)"); the callback goes first among the callbacks that read
-the logs, so the progress bar, TensorBoard and the rest show them. At the end of training the
-run folder is closed and its report's path printed.
+the logs, so the progress bar, TensorBoard and the rest show them. The run folder numbers steps
+as the Trainer does (state.global_step): a run resumed from a checkpoint at step 10 records steps
+11, 12, ... With preset="layerwise" the scaler watches the model (scaler.watch). At the end of
+training the run folder is closed and its report's path printed.
+
+A skipped step advances no LR schedule (Accelerate's scheduler holds when the optimizer's step
+was skipped, and mixprec's scaler never calls the optimizer on an overflow). torch.amp's scaler
+calls a fused optimizer (the Trainer's default adamw_torch_fused) on every step and lets it skip
+inside, so there Accelerate sees no skip and the schedule advances: runs that skip a step then
+differ from torch.amp's by the schedule, not by the scaling.
 
 The Trainer does not hand its callbacks the Trainer itself: the callback finds the Trainer that
 calls on_init_end on the call stack. Give it in `callbacks=[...]` (trainer.add_callback() comes
@@ -57,8 +65,9 @@ class MixprecCallback(TrainerCallback):
                     check_forward=True, tensorboard=None, report=True, **overrides)
 
     out        the run folder (new or empty), written by the main process
-    preset     the scaler's policy (mixprec.preset_names()); None = torch.amp.GradScaler's rule,
-               so the run equals one on torch.amp.GradScaler bit for bit
+    preset     the scaler's policy (mixprec.preset_names()); None = torch.amp.GradScaler's rule:
+               the same scales and skips as torch.amp.GradScaler, the same weights bit for bit
+               where the LR schedule does not tell them apart (module docstring)
     overrides  GradScaler keywords (init_scale, growth_interval, ..., the core's config keys)
     modules, sample_every, histogram_every, check_forward, tensorboard: Telemetry's
     report     render report.html when training ends
@@ -82,6 +91,9 @@ class MixprecCallback(TrainerCallback):
                                "pass the callback to Trainer(callbacks=[...])")
         self.trainer = trainer
         self.mixprec = MixprecAccelerate(trainer.accelerator, self._out, self._preset, **self._kwargs)
+        # The step being taken: the Trainer counts it (state.global_step) once the optimizer
+        # stepped, and restores the count with a checkpoint.
+        self.mixprec._step_of = lambda: trainer.state.global_step + 1
         # First among the callbacks that read logs (after the flow callback, which reads none).
         callbacks = trainer.callback_handler.callbacks
         callbacks.remove(self)

@@ -6,13 +6,14 @@
     mixprec.torch.low_precision(model, "recipe.json")   # train with the assignment
 
 ``step_fn()`` runs one real training step (forward, backward, optimizer step) of your loop.
-While it runs, hooks on every watched ``nn.Linear`` keep its input x, its weight w, the
-gradient of its output dy and its weight gradient dW (of x and dy at most ``max_rows`` evenly
-spaced rows): x and dy by reference, w and dW as copies; after the steps they become float32
-copies, gradients divided by the loss scale of their step. The measurement (each candidate
-quantized by the C++ core's own kernels), the cost model and the choice are the core's
-(``mixprec::monitor::advisor``, the code behind ``mixprec advise RUN_DIR`` too); this module
-only collects the tensors and hands them over.
+While it runs, hooks on every watched linear layer (``nn.Linear``, transformers ``Conv1D``)
+keep its input x, its weight w, the gradient of its output dy and its weight gradient dW (of x
+and dy at most ``max_rows`` evenly spaced rows): x and dy by reference, w and dW as copies;
+after the steps they become float32 copies, gradients divided by the loss scale of their step
+(and, under per-layer loss scaling, by the layer's own factors: every sample is the true
+value). The measurement (each candidate quantized by the C++ core's own kernels), the cost
+model and the choice are the core's (``mixprec::monitor::advisor``, the code behind ``mixprec
+advise RUN_DIR`` too); this module only collects the tensors and hands them over.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import stat
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -27,6 +29,8 @@ import numpy as np
 import torch
 
 from .. import _core
+from . import layerwise as _layerwise
+from .low_precision import is_linear_like
 
 #: The candidates, in the core's table order.
 CANDIDATES: Tuple[str, ...] = tuple(_core.advise_candidates())
@@ -36,17 +40,29 @@ Sample = Tuple[str, str, int, float, int, np.ndarray]
 
 
 def _linear_like(m: torch.nn.Module) -> bool:
-    """nn.Linear, or a module that stands for one (mixprec.torch.low_precision's Linear)."""
-    if isinstance(m, torch.nn.Linear):
+    """nn.Linear, transformers' Conv1D, or a module that stands for one (mixprec.torch.low_precision's
+    Linear)."""
+    if is_linear_like(m):
         return True
     w = getattr(m, "weight", None)
     return (isinstance(w, torch.nn.Parameter) and w.dim() == 2 and hasattr(m, "in_features")
             and hasattr(m, "out_features"))
 
 
+def _weight_in_out(m: torch.nn.Module) -> bool:
+    """The weight is stored [in, out] (transformers' Conv1D, y = x W + b, and a low_precision
+    Linear made from one): its samples are transposed to the [out, in] of the others."""
+    if isinstance(m, torch.nn.Linear):
+        return False
+    if is_linear_like(m):
+        return True
+    return getattr(m, "transposed", False) is True
+
+
 def watched_modules(model: torch.nn.Module, modules: Any = None) -> List[Tuple[str, torch.nn.Module]]:
-    """The linear layers to watch: None = every nn.Linear of the model (named_modules order), a
-    list of names, or a predicate (name, module) -> bool over the linear layers."""
+    """The linear layers to watch: None = every nn.Linear and transformers Conv1D of the model
+    (named_modules order), a list of names, or a predicate (name, module) -> bool over the
+    linear layers."""
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"model: expected a torch.nn.Module, found {type(model).__name__}")
     linears = [(n, m) for n, m in model.named_modules() if n and _linear_like(m)]
@@ -61,7 +77,8 @@ def watched_modules(model: torch.nn.Module, modules: Any = None) -> List[Tuple[s
             if n not in known:
                 raise ValueError(f"modules: {n!r} is not a module of the model")
             if not _linear_like(known[n]):
-                raise ValueError(f"modules: {n!r} is a {type(known[n]).__name__}; expected an nn.Linear")
+                raise ValueError(f"modules: {n!r} is a {type(known[n]).__name__}; expected an nn.Linear or a "
+                                 "transformers Conv1D")
             chosen.append((n, known[n]))
     else:
         raise TypeError(f"modules: expected None, a list of names or a predicate, found {type(modules).__name__}")
@@ -112,7 +129,9 @@ class Sampler:
     dW and an x that autograd did not produce (an input batch a loop may refill) as copies.
     ``take(step, loss_scale)`` returns what was kept since the last take as float32 arrays, the
     gradients divided by loss_scale, as (layer, role, step, loss_scale, rows_total, values);
-    ``take_held`` the same without converting (``to_arrays`` converts later)."""
+    ``take_held`` the same without converting (``to_arrays`` converts later). Under a layerwise
+    GradScaler (watch()), dy and dW carry no layer factor: dy is divided by the chain its layer
+    gave it, dW is read where the layer's hook hands it to .grad (at the base scale)."""
 
     def __init__(self, model: torch.nn.Module, modules: Any = None, *, max_rows: int = 4096) -> None:
         if isinstance(max_rows, bool) or not isinstance(max_rows, int) or max_rows < 1:
@@ -123,25 +142,44 @@ class Sampler:
         self._pending: List[Tuple[str, str, int, torch.Tensor, int]] = []
         self._seen: set = set()  # since the last take: layers whose forward and (layer, "dw") whose dW was taken
         self._handles = []
+        self._weight_hooked: set = set()  # id of each weight with a gradient hook (frozen ones have none)
         ref = weakref.ref(self)
         for name, m in self._watched:
             self._handles.append(m.register_forward_hook(Sampler._forward_hook(ref, name)))
-            self._handles.append(m.weight.register_hook(Sampler._grad_hook(ref, name, "dw")))
+            self._hook_weight(name, m)
+            _layerwise.add_weight_grad_reader(m, id(self), Sampler._layerwise_dw(ref, name, weakref.ref(m)))
 
     @property
     def layers(self) -> List[str]:
         return [n for n, _ in self._watched]
 
-    def _keep(self, name: str, role: str, t: torch.Tensor) -> None:
+    def _hook_weight(self, name: str, m: torch.nn.Module) -> None:
+        # A frozen weight (requires_grad=False) takes no hook and has no dW; it gets one once trainable.
+        w = m.weight
+        if w.requires_grad and id(w) not in self._weight_hooked:
+            self._handles.append(w.register_hook(Sampler._grad_hook(weakref.ref(self), name, "dw", weakref.ref(m))))
+            self._weight_hooked.add(id(w))
+
+    def _keep(self, name: str, role: str, t: torch.Tensor, carried: float = 1.0) -> None:
         # x and dy may be subsampled by rows (tokens); w and dW are kept whole (their shape is
         # the layer's, and 2-D tiles need every row). Copied: the weight (the optimizer's step
         # writes it), dW (autograd may hand this very tensor to .grad, where a scaler unscales
         # it in place), an x autograd did not produce (a buffer the loop may refill) and
         # subsampled rows (their view would keep the whole tensor alive).
         values, total = _rows(t, self.max_rows if role in ("x", "dy") else t.shape[0])
-        if role in ("w", "dw") or (role == "x" and t.grad_fn is None) or values.shape[0] < total:
+        if carried != 1.0:
+            # A gradient that carries a layer's factors above the loss scale (per-layer scaling):
+            # divided out now, in float32 (exact: a power of two, and nothing underflows).
+            values = values.to(torch.float32) * (1.0 / carried)
+        elif role in ("w", "dw") or (role == "x" and t.grad_fn is None) or values.shape[0] < total:
             values = values.clone()
         self._pending.append((name, role, total, values, values._version))
+
+    def _keep_dw(self, name: str, module: torch.nn.Module, grad: torch.Tensor) -> None:
+        if (name, "dw") in self._seen:  # the first backward's (dy is taken from the first forward's output)
+            return
+        self._seen.add((name, "dw"))
+        self._keep(name, "dw", grad.t() if _weight_in_out(module) else grad)
 
     @staticmethod
     def _forward_hook(ref: "weakref.ref[Sampler]", name: str):
@@ -152,25 +190,37 @@ class Sampler:
             if s is None or not s.active or not torch.is_grad_enabled() or name in s._seen:
                 return
             s._seen.add(name)
+            s._hook_weight(name, module)
             if inputs and isinstance(inputs[0], torch.Tensor):
                 s._keep(name, "x", inputs[0])
-            s._keep(name, "w", module.weight)
+            s._keep(name, "w", module.weight.t() if _weight_in_out(module) else module.weight)
             if isinstance(output, torch.Tensor) and output.requires_grad:
-                output.register_hook(Sampler._grad_hook(ref, name, "dy"))
+                output.register_hook(Sampler._grad_hook(ref, name, "dy", weakref.ref(module)))
         return hook
 
     @staticmethod
-    def _grad_hook(ref: "weakref.ref[Sampler]", name: str, role: str):
+    def _grad_hook(ref: "weakref.ref[Sampler]", name: str, role: str, mref: Any):
         def hook(grad: torch.Tensor) -> None:
             s = ref()
-            if s is None or not s.active:
+            module = mref()
+            if s is None or not s.active or module is None:
                 return
-            if role == "dw":  # the first backward's (dy is taken from the first forward's output)
-                if (name, role) in s._seen:
-                    return
-                s._seen.add((name, role))
-            s._keep(name, role, grad)
+            if role == "dw":
+                if _layerwise.watched_layer(module) is None:  # else the layer's own hook hands it over
+                    s._keep_dw(name, module, grad)
+                return
+            # dy, read after the layer's pre-hook: it carries the layer's chain of this pass.
+            s._keep(name, role, grad, _layerwise.gradient_factor(module))
         return hook
+
+    @staticmethod
+    def _layerwise_dw(ref: "weakref.ref[Sampler]", name: str, mref: Any):
+        def read(grad: torch.Tensor) -> None:
+            s = ref()
+            module = mref()
+            if s is not None and s.active and module is not None:
+                s._keep_dw(name, module, grad)
+        return read
 
     def take(self, step: int, loss_scale: float = 1.0) -> List[Sample]:
         """The samples kept since the last take as float32 arrays, gradients unscaled by loss_scale."""
@@ -197,17 +247,24 @@ class Sampler:
         for h in self._handles:
             h.remove()
         self._handles = []
+        self._weight_hooked = set()
+        for _, m in self._watched:
+            _layerwise.remove_weight_grad_reader(m, id(self))
         self.active = False
 
 
 class Advice:
     """What the advisor chose and every measurement behind it (the core's Advice).
 
-    assignment  {layer: candidate name, or None where no candidate was within the budget}
+    assignment  {layer: candidate name, or None where no candidate was within the budget or a
+                required role was not measured}
     recipe      the recipe file (a dict) that mixprec.torch.low_precision reads
-    layers      per layer: tokens, in, out, chosen, reason, rejected, and per candidate its
-                cost and per role rel_rms_error, worst_rel_rms_error, saturated, flushed,
-                headroom_log2, amax, elements, nonzero, nonfinite, samples
+    layers      per layer: tokens, in, out, chosen, reason, rejected, not_measured (roles whose
+                samples held no finite value), unmeasured_samples ({role: samples left out for
+                holding no finite value}), and per candidate its cost and per measured role
+                rel_rms_error, worst_rel_rms_error, saturated, flushed, headroom_log2, amax,
+                elements, nonzero, nonfinite (inf/NaN values left out), samples
+    not_measured  {layer: [roles]} for the layers with a role not measured
     cost_ratio  modeled cost of the assignment / all-bf16
     """
 
@@ -222,6 +279,10 @@ class Advice:
     @property
     def assignment(self) -> Dict[str, Optional[str]]:
         return {l["layer"]: l["chosen"] for l in self.data["layers"]}
+
+    @property
+    def not_measured(self) -> Dict[str, List[str]]:
+        return {l["layer"]: list(l["not_measured"]) for l in self.data["layers"] if l.get("not_measured")}
 
     @property
     def recipe(self) -> Dict[str, Any]:
@@ -241,6 +302,7 @@ class Advice:
     def save(self, path: Union[None, str, os.PathLike], evidence: Union[None, str, os.PathLike] = None) -> None:
         """Writes the recipe file to ``path`` and the evidence (advice.json, what `mixprec report`
         shows) to ``evidence``, each when given (a temporary file renamed over it)."""
+        check_outputs(path, evidence)
         for p, text in ((path, self._core.recipe_file()), (evidence, self._core.json())):
             if p is None:
                 continue
@@ -251,6 +313,36 @@ class Advice:
 
     def __repr__(self) -> str:
         return f"Advice({len(self.layers)} layers, cost {self.cost_ratio:.3g}x all-bf16, {self.assignment})"
+
+
+def _output_problem(what: str, p: Union[None, str, os.PathLike]) -> Optional[str]:
+    if p is None:
+        return None
+    p = os.fspath(p)
+    parent = os.path.dirname(p) or "."
+    if not os.path.isdir(parent):
+        return f"{what}: {p!r}: its folder {parent!r} does not exist"
+    if os.path.islink(p):
+        return f"{what}: {p!r} is a symbolic link; expected a new file name or a regular file (it is replaced, never written through)"
+    if os.path.exists(p):
+        mode = os.stat(p).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "not a regular file"
+            return f"{what}: {p!r} is {kind}; expected a new file name or a regular file (it is replaced, never written through)"
+    return None
+
+
+def check_outputs(out: Union[None, str, os.PathLike], evidence: Union[None, str, os.PathLike] = None) -> None:
+    """The outputs of advise()/save() checked before anything runs: a refused ``out`` after the
+    sampled steps would lose them. ValueError naming the argument and the rule."""
+    for what, p in (("out", out), ("evidence", evidence)):
+        if p is not None and not isinstance(p, (str, os.PathLike)):
+            raise TypeError(f"{what}: expected a file path (str or os.PathLike), found {type(p).__name__}")
+        problem = _output_problem(what, p)
+        if problem:
+            raise ValueError(problem)
+    if out is not None and evidence is not None and os.path.abspath(os.fspath(out)) == os.path.abspath(os.fspath(evidence)):
+        raise ValueError(f"evidence: {os.fspath(evidence)!r} is also out; give the recipe file and the evidence two names")
 
 
 def config_json(candidates: Optional[Sequence[str]] = None, budget: Any = None, cost: Optional[Mapping[str, Any]] = None,
@@ -322,6 +414,7 @@ def advise(model: torch.nn.Module, step_fn: Callable[[], Any], steps: int = 1, *
                                        and loss_scale > 0):
         raise ValueError(f"loss_scale: expected a finite number > 0, found {loss_scale!r}")
     cfg = config_json(candidates, budget, cost, amax_history_len, margin)
+    check_outputs(out, evidence)  # before the steps: they are not run again for a bad path
     sampler = Sampler(model, modules, max_rows=max_rows)
     held: List[Held] = []
     try:

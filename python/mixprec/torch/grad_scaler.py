@@ -142,11 +142,14 @@ class GradScaler:
     # ---- per-layer scaling (preset "layerwise") ------------------------------------------------
 
     def watch(self, model: torch.nn.Module, modules: Any = None) -> None:
-        """Preset "layerwise": scale `model`'s torch.nn.Linear modules per layer in backward
-        (mixprec.torch.layerwise; docs/loss_scaling.md, "Per-layer loss scaling"). modules: None
-        (every Linear), names from model.named_modules(), or a predicate (name, module) -> bool.
-        Modules whose weight another module shares (a tied LM head) stay at the base scale.
-        Without watch() a layerwise scaler is its base scale alone."""
+        """Preset "layerwise": scale `model`'s torch.nn.Linear and transformers Conv1D modules per
+        layer in backward (mixprec.torch.layerwise; docs/loss_scaling.md, "Per-layer loss
+        scaling"). modules: None (every such module), names from model.named_modules(), or a
+        predicate (name, module) -> bool. Modules whose weight another module shares (a tied LM
+        head) stay at the base scale; so does, for that backward pass, a module called more than
+        once in its forward (a warning names it). Frozen parameters (requires_grad=False) are
+        left alone. A model with nothing to watch gets a warning naming its class. Without
+        watch() a layerwise scaler is its base scale alone."""
         from .layerwise import LayerwiseHooks
         if self._p.layerwise is None:
             raise ValueError(f"watch: per-layer scaling needs preset 'layerwise', this scaler's preset is "
@@ -157,7 +160,9 @@ class GradScaler:
 
     def layer_scales(self) -> List[Dict[str, Any]]:
         """Preset "layerwise": per watched layer this step's factor, chain (what its weight
-        gradient carried above the base scale), backoff, outcome and counters."""
+        gradient carried above the base scale), backoff, outcome and counters; calls (its
+        forward calls in the last backward pass: above 1, it ran at the base scale) and frozen
+        (its parameters that require no gradient)."""
         return [] if self._lw is None else self._lw.scales()
 
     def _finish_layers(self) -> Tuple[str, ...]:

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+import warnings
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Mapping, Optional, Union
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import torch
 
-from .. import _core
+from .. import _args, _core
 from ..quantize import RECIPES
 
 #: The recipe file's format tag and the versions this reader accepts.
@@ -95,12 +97,22 @@ class RecipeOptions:
 
 def load_assignment(path: Union[str, os.PathLike]) -> Dict[str, Any]:
     """Read a recipe file (docs/low_precision.md, "The recipe file"), checked whole by the core."""
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"recipe file: {os.fspath(path)!r} does not exist")
     try:
-        _core.plan_assignment(text)
+        # The core's reader: a FIFO or a device is refused (open() would wait on a FIFO forever).
+        raw = _core.read_json_text(os.fspath(path))
+    except RuntimeError as e:
+        raise ValueError(f"recipe file: {e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{os.fspath(path)}: recipe file: not UTF-8 text: byte 0x{raw[e.start]:02x} at offset "
+                         f"{e.start}") from None
+    try:
+        _core.plan_assignment(text)  # depth, duplicate keys, UTF-8, every entry: before Python parses it
     except ValueError as e:
-        raise ValueError(f"{path}: {e}") from None
+        raise ValueError(f"{os.fspath(path)}: {e}") from None
     return json.loads(text)
 
 
@@ -124,7 +136,7 @@ def save_assignment(path: Union[str, os.PathLike], modules: Mapping[str, Any], *
 def _fake(t: torch.Tensor, opts: RecipeOptions, role: str, layout: str, *, scale: float = 1.0,
           tile_2d: bool = False, rht: bool = False, random: Optional[np.ndarray] = None):
     """Quantize a 2-D fp32 tensor and return (the dequantized fp32 tensor, the core's result)."""
-    a = t.detach().contiguous().numpy()
+    a = t.detach().resolve_neg().contiguous().numpy()  # a negative-bit view (.imag of a conj) as its values
     recipe = opts.recipe
     q = _core.quantize(a, recipe, opts.element(role), layout, bool(tile_2d), opts.scale_rounding or "rceil",
                        opts.power_of_2_scales, 0.0, float(np.finfo(np.float32).max),
@@ -183,7 +195,7 @@ class _LowPrecisionLinearFn(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], mod: "LowPrecisionLinear"):
         out_dtype = x.dtype
         x2 = x.detach().reshape(-1, x.shape[-1]).float()
-        w = weight.detach().float()
+        w = mod._gemm_weight(weight.detach())
         o = mod.options
         sample = mod._sample_error or mod._sample_step
         sx, sw = mod._scale("x"), mod._scale("w")
@@ -214,7 +226,7 @@ class _LowPrecisionLinearFn(torch.autograd.Function):
         o = mod.options
         sw, rht_x = ctx.scales
         dy2 = dy.detach().reshape(-1, dy.shape[-1]).float()
-        w = mod.weight.detach().float()
+        w = mod._gemm_weight(mod.weight.detach())
         sdy = mod._scale("dy")
         n = dy2.shape[0]
         sr = bool(o.stochastic_rounding)
@@ -232,35 +244,58 @@ class _LowPrecisionLinearFn(torch.autograd.Function):
         rht = rht_x and n % 16 == 0
         random_col = mod._random(dy2.numel()) if sr and not _per_tensor(o) else None
         dyc = dyq if _per_tensor(o) else _fake(dy2, o, "dy", "columnwise", scale=sdy, rht=rht, random=random_col)[0]
-        dw = (dyc.t() @ xc).to(ctx.w_dtype)
+        dw = dyc.t() @ xc
+        dw = (dw.t().contiguous() if mod.transposed else dw).to(ctx.w_dtype)
         db = dy2.sum(0).to(ctx.w_dtype) if ctx.has_bias else None
         mod._after_backward()
         return dx, dw, db, None
 
 
-class LowPrecisionLinear(torch.nn.Module):
-    """An ``nn.Linear`` whose GEMMs run on quantized operands (see the module docstring). It
-    holds the original module's parameters; fp8-delayed adds the buffers ``amax_history``
-    ([3, amax_history_len]: x, w, dy) and ``scale`` ([3]), saved in ``state_dict``."""
+def _keep_called(module: torch.nn.Module, args: Any) -> None:
+    """A no-op forward pre-hook (see LowPrecisionLinear.__init__)."""
 
-    def __init__(self, linear: torch.nn.Linear, options: RecipeOptions, name: str = "", seed: int = 0):
+
+class LowPrecisionLinear(torch.nn.Module):
+    """An ``nn.Linear`` (or transformers ``Conv1D``) whose GEMMs run on quantized operands (see
+    the module docstring). It holds the original module's parameters; fp8-delayed adds the
+    buffers ``amax_history`` ([3, amax_history_len]: x, w, dy) and ``scale`` ([3]), and
+    stochastic rounding the buffer ``sr_draws`` (the random streams drawn so far), all saved in
+    ``state_dict``."""
+
+    def __init__(self, linear: torch.nn.Module, options: RecipeOptions, name: str = "", seed: int = 0):
         super().__init__()
-        if not isinstance(linear, torch.nn.Linear):
-            raise TypeError(f"{name or 'module'}: expected an nn.Linear, found {type(linear).__name__}")
-        self.in_features = linear.in_features
-        self.out_features = linear.out_features
+        if not is_linear_like(linear):
+            raise TypeError(f"{name or 'module'}: expected an nn.Linear or a transformers Conv1D, found "
+                            f"{type(linear).__name__}")
+        # transformers' Conv1D keeps its weight as [in, out] (y = x W + b): the GEMMs take Wᵀ, the
+        # nn.Linear weight of the same function, and its gradient goes back transposed.
+        self.transposed = not isinstance(linear, torch.nn.Linear)
+        self.in_features, self.out_features = (tuple(linear.weight.shape) if self.transposed
+                                               else (linear.in_features, linear.out_features))
         self.weight = linear.weight
         self.bias = linear.bias
         self.options = options.resolved()
         self.name = name
         self._seed = int(seed)
-        self._draws = 0
         self._sample_error = False  # measure the next forward and backward (sample_quantization_error)
         self._sample_step = False   # measure every call until cleared (Telemetry's sampled steps)
         self.stats = {r: _Stats() for r in _ROLES}
         if self.options.recipe == "fp8-delayed":
             self.register_buffer("amax_history", torch.zeros(3, self.options.amax_history_len, dtype=torch.float32))
             self.register_buffer("scale", torch.ones(3, dtype=torch.float32))
+        if self.options.stochastic_rounding:
+            # How many random streams stochastic rounding has drawn: saved in state_dict, so
+            # that a resumed run draws the words the uninterrupted run would have drawn.
+            self.register_buffer("sr_draws", torch.zeros((), dtype=torch.int64))
+        # torch's TransformerEncoderLayer has an inference fast path (torch._transformer_encoder_layer_fwd)
+        # that reads linear1's and linear2's weights and never calls them; it is not taken while a
+        # submodule has a forward hook: this no-op one keeps the module called.
+        self.register_forward_pre_hook(_keep_called)
+
+    def _gemm_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        """The [out, in] fp32 weight of the GEMMs."""
+        w = weight.float()
+        return w.t() if self.transposed else w
 
     def _scale(self, role: str) -> float:
         if self.options.recipe != "fp8-delayed":
@@ -281,24 +316,96 @@ class LowPrecisionLinear(torch.nn.Module):
 
     def _random(self, n: int) -> np.ndarray:
         # Caller-supplied random words for stochastic rounding: a fixed stream per module.
-        rng = np.random.default_rng([self._seed, self._draws])
-        self._draws += 1
+        draws = int(self.sr_draws)
+        if draws < 0:
+            raise ValueError(f"{self.name or 'LowPrecisionLinear'}: sr_draws: expected an integer >= 0, found {draws} "
+                             "(a state_dict edited by hand?)")
+        rng = np.random.default_rng([self._seed, draws])
+        self.sr_draws.fill_(draws + 1)
         return rng.integers(0, 2**32, n, dtype=np.uint32)
 
     def _after_backward(self) -> None:
         self._sample_error = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_nested:
+            raise TypeError(f"{self.name or 'LowPrecisionLinear'}: expected a dense tensor, found a nested one "
+                            "(the quantized GEMMs take [..., in_features] tensors)")
         with torch.autocast(device_type=x.device.type, enabled=False):
             return _LowPrecisionLinearFn.apply(x, self.weight, self.bias, self)
 
     def extra_repr(self) -> str:
+        conv1d = ", weight [in, out] (transformers Conv1D)" if self.transposed else ""
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"recipe={self.options.recipe}")
+                f"recipe={self.options.recipe}{conv1d}")
 
 
-def _linear_names(model: torch.nn.Module) -> List[str]:
-    return [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+# ---- which modules ---------------------------------------------------------------------------
+
+def _conv1d_class() -> Optional[type]:
+    """transformers' Conv1D once transformers is loaded (a model holding one has loaded it),
+    looked up without importing transformers (seconds)."""
+    return getattr(sys.modules.get("transformers.pytorch_utils"), "Conv1D", None)
+
+
+def is_linear_like(module: Any) -> bool:
+    """An ``nn.Linear`` (or a subclass), or transformers' ``Conv1D`` (GPT-2's layers: weight
+    [in, out], y = x W + b, the Linear of weight Wᵀ): the modules low_precision can swap."""
+    if isinstance(module, torch.nn.Linear):
+        return True
+    conv1d = _conv1d_class()
+    return conv1d is not None and isinstance(module, conv1d)
+
+
+def _linear_groups(model: torch.nn.Module) -> List[Tuple[torch.nn.Module, List[str]]]:
+    """The linear-like modules in named_modules order, each once with every name it has (one
+    object registered in two places, model.a is model.b, is one module with two names)."""
+    groups: Dict[int, Tuple[torch.nn.Module, List[str]]] = {}
+    for n, m in model.named_modules(remove_duplicate=False):
+        if is_linear_like(m):
+            groups.setdefault(id(m), (m, []))[1].append(n)
+    return list(groups.values())
+
+
+_MHA_OUT_PROJ = ("nn.MultiheadAttention reads out_proj.weight and out_proj.bias itself "
+                 "(F.multi_head_attention_forward) and never calls out_proj, so a LowPrecisionLinear there "
+                 "would never run")
+
+
+def _not_swappable(model: torch.nn.Module, groups: List[Tuple[torch.nn.Module, List[str]]]) -> Dict[int, str]:
+    """id(module) -> why a LowPrecisionLinear in its place would not compute what the model runs."""
+    why: Dict[int, str] = {}
+    for m in model.modules():
+        if isinstance(m, torch.nn.MultiheadAttention) and m.out_proj is not None:
+            why[id(m.out_proj)] = _MHA_OUT_PROJ
+    for m, names in groups:
+        if id(m) in why:
+            continue
+        base = torch.nn.Linear if isinstance(m, torch.nn.Linear) else _conv1d_class()
+        params = [m.weight] + ([] if m.bias is None else [m.bias])
+        if "" in names:
+            why[id(m)] = "it is the model itself (low_precision replaces submodules: wrap it, e.g. in nn.Sequential)"
+        elif type(m).forward is not base.forward:
+            why[id(m)] = (f"its class {type(m).__name__} has a forward of its own, which a LowPrecisionLinear "
+                          "would not run")
+        elif not all(isinstance(t, torch.nn.Parameter) for t in params):
+            why[id(m)] = "its weight or bias is computed (a parametrization or weight_norm), not a parameter of its own"
+        elif any(isinstance(t, torch.nn.parameter.UninitializedParameter) for t in params):
+            why[id(m)] = "its weight is not initialized yet (a lazy module: run one forward first)"
+        elif next(m.children(), None) is not None:
+            why[id(m)] = "it holds submodules, which a LowPrecisionLinear would drop"
+    return why
+
+
+def _is_recipe_file(recipe: Any) -> bool:
+    """A recipe name is always that recipe, whatever the working folder holds (a file called
+    nvfp4 there changes nothing); a recipe file is an os.PathLike, or a str that ends in .json or
+    holds a path separator ("./nvfp4")."""
+    if isinstance(recipe, os.PathLike):
+        return True
+    if not isinstance(recipe, str) or recipe in RECIPES:
+        return False
+    return recipe.endswith(".json") or any(sep and sep in recipe for sep in (os.sep, os.altsep))
 
 
 def _set_module(model: torch.nn.Module, name: str, new: torch.nn.Module) -> None:
@@ -309,25 +416,37 @@ def _set_module(model: torch.nn.Module, name: str, new: torch.nn.Module) -> None
 
 def low_precision(model: torch.nn.Module, recipe: Any, *, modules: Any = None, seed: int = 0,
                   **options: Any) -> torch.nn.Module:
-    """Swap chosen ``nn.Linear`` modules of ``model`` (in place) for ``LowPrecisionLinear``.
+    """Swap chosen linear modules of ``model`` (in place) for ``LowPrecisionLinear``.
 
-    recipe   a recipe name (one of mixprec.RECIPES) for every chosen module; or a mixed
-             assignment: a dict {module name: recipe name | "bf16" | {"recipe": ..., options}}
-             or the path of a recipe file (docs/low_precision.md), in which case ``modules``
-             must be None.
-    modules  with a recipe name: None (every nn.Linear but the first and the last, in
+    The linear modules are ``nn.Linear`` and transformers' ``Conv1D`` (is_linear_like), but those
+    a LowPrecisionLinear cannot stand in for (docs/low_precision.md): ``nn.MultiheadAttention``'s
+    ``out_proj`` (the attention reads its weight and never calls it), classes with a forward of
+    their own, computed (parametrized) weights, lazy or nested modules. A default or a predicate
+    passes over those with a warning naming them; naming one is a ValueError.
+
+    recipe   a recipe name (one of mixprec.RECIPES; always the recipe, never a file of that
+             name) for every chosen module; or a mixed assignment: a dict {module name: recipe
+             name | "bf16" | {"recipe": ..., options}} or a recipe file (docs/low_precision.md):
+             an os.PathLike, or a str ending in .json or holding a path separator; with an
+             assignment ``modules`` must be None.
+    modules  with a recipe name: None (every linear module but the first and the last, in
              ``named_modules`` order, as the field keeps them in higher precision), a list of
-             module names, or a callable (name, module) -> bool.
+             distinct module names (a str alone is refused), or a callable (name, module) -> bool.
     options  RecipeOptions fields: with a recipe name, for every chosen module (each must fit
              the recipe); with an assignment, shared options that reach the recipes having them.
-    Returns the model. Unknown or non-Linear module names, unknown recipes and options are
-    errors (ValueError), raised before any module is swapped.
+    A module registered under several names is swapped everywhere by one LowPrecisionLinear and
+    may be named by any one of them (naming two is an error). Returns the model. Unknown or
+    non-linear module names, unknown recipes and options are errors (ValueError), raised before
+    any module is swapped: a refused call leaves the model as it was.
     """
-    names = _linear_names(model)
     unknown = sorted(set(options) - set(_OPTION_FIELDS))
     if unknown:
         raise ValueError(f"options: unknown {unknown}; expected some of {list(_OPTION_FIELDS)}")
-    if isinstance(recipe, (str, os.PathLike)) and (str(recipe).endswith(".json") or os.path.exists(str(recipe))):
+    groups = _linear_groups(model)
+    why = _not_swappable(model, groups)
+    by_name = {n: m for m, names in groups for n in names}
+    passed_over: List[str] = []  # not swappable, left out of a default or a predicate's choice: warned
+    if _is_recipe_file(recipe):
         if modules is not None:
             raise ValueError("modules: a recipe file names its modules itself; pass modules=None")
         doc = load_assignment(recipe)
@@ -345,35 +464,70 @@ def low_precision(model: torch.nn.Module, recipe: Any, *, modules: Any = None, s
         where = "assignment"
     elif isinstance(recipe, str):
         if recipe not in RECIPES:
-            raise ValueError(f"recipe: expected one of {', '.join(RECIPES)}, found {recipe!r}")
+            hint = (f" (a file of that name is in the working folder: give it as {os.path.join('.', recipe)!r})"
+                    if os.path.exists(recipe) else "")
+            raise ValueError(f"recipe: expected one of {', '.join(RECIPES)}, a dict or a recipe file path (ending "
+                             f"in .json or holding a path separator), found {recipe!r}{hint}")
         if modules is None:
-            chosen = names[1:-1]
+            swappable = [names[0] for m, names in groups if id(m) not in why]
+            chosen = swappable[1:-1]
+            passed_over = [names[0] for m, names in groups if id(m) in why]
         elif callable(modules):
-            chosen = [n for n in names if modules(n, model.get_submodule(n))]
-        elif isinstance(modules, Iterable):
-            chosen = list(modules)
+            picked = [(m, names) for m, names in groups if any(modules(n, m) for n in names)]
+            chosen = [names[0] for m, names in picked if id(m) not in why]
+            passed_over = [names[0] for m, names in picked if id(m) in why]
         else:
-            raise ValueError(f"modules: expected None, a list of names or a callable, found {type(modules).__name__}")
+            chosen = _args.module_names("modules", modules, "each module is swapped once")
         doc = {"default": HIGH, "modules": {n: {"recipe": recipe, **options} for n in chosen}}
         where = "recipe"
     else:
         raise ValueError(f"recipe: expected a recipe name, a dict or a recipe file path, found {type(recipe).__name__}")
-    known = set(names)
+    named_as: Dict[int, str] = {}
     for name in doc["modules"]:
-        if name not in known:
+        if name not in by_name:
             found = type(model.get_submodule(name)).__name__ if _has_module(model, name) else "no such module"
             raise ValueError(f"{where}: module {name!r}: expected an nn.Linear of the model, found {found}")
+        first = named_as.setdefault(id(by_name[name]), name)
+        if first != name:
+            raise ValueError(f"{where}: modules {first!r} and {name!r} are one module (the same object registered "
+                             "under both names): name it once")
     try:
         p = _plan(doc)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
     plan: Dict[str, RecipeOptions] = {n: RecipeOptions(**r) for n, r in p["modules"] if r is not None}
+    for name in plan:
+        if id(by_name[name]) in why:
+            raise ValueError(f"{where}: module {name!r}: cannot run in low precision: {why[id(by_name[name])]}; "
+                             "leave it out (it stays in higher precision)")
     if p["default"] is not None:
-        for n in names:
-            if n not in doc["modules"]:
-                plan[n] = RecipeOptions(**p["default"])
-    for i, (name, o) in enumerate(plan.items()):
-        _set_module(model, name, LowPrecisionLinear(model.get_submodule(name), o, name, seed=seed * 1000003 + i))
+        for m, names in groups:
+            if id(m) in named_as:
+                continue
+            if id(m) in why:
+                passed_over.append(names[0])
+            else:
+                plan[names[0]] = RecipeOptions(**p["default"])
+    # Every replacement is built before the first is put in place: a refusal changes nothing.
+    swaps = [(by_name[name], LowPrecisionLinear(by_name[name], o, name, seed=seed * 1000003 + i))
+             for i, (name, o) in enumerate(plan.items())]
+    all_names = {id(m): names for m, names in groups}
+    for old, new in swaps:
+        for name in all_names[id(old)]:
+            _set_module(model, name, new)
+    if swaps:
+        # torch's TransformerEncoder runs its inference fast path on nested tensors, which the
+        # quantized GEMMs do not take: off for the encoders holding a swapped module.
+        for m in model.modules():
+            if (isinstance(m, torch.nn.TransformerEncoder) and getattr(m, "use_nested_tensor", False)
+                    and any(isinstance(s, LowPrecisionLinear) for s in m.modules())):
+                m.use_nested_tensor = False
+    if passed_over:
+        by_reason: Dict[str, List[str]] = {}
+        for name in passed_over:
+            by_reason.setdefault(why[id(by_name[name])], []).append(name)
+        warnings.warn("low_precision: kept in higher precision, not swapped: " + "; ".join(
+            f"{', '.join(repr(n) for n in names)}: {reason}" for reason, names in by_reason.items()), stacklevel=2)
     return model
 
 

@@ -41,6 +41,8 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import shutil
 import time
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -198,30 +200,64 @@ class Telemetry:
         self._check_forward = check_forward
         # The core creates the folder, takes its lock and checks precision and loss_scale
         # (ValueError / RuntimeError with its message) before anything else happens here.
+        existed = {p: os.path.lexists(p) for p in (out, tensorboard) if p is not None}
         self._rec = _core.TelemetryRecorder(out, precision, loss_scale, histogram_every, loss_scale_state)
         self._dir = out
-        self._plan_next_step()
-        # The advisor's sampler (mixprec.torch.advise): active on every advisor_every-th step
-        # (after the folder exists: a refused folder leaves no hooks on the model).
-        self._advisor = _AdvisorSampler(model) if advisor_every else None
-        self._advisor_every = advisor_every
-        self._tb = None if tensorboard is None else TensorBoardWriter(tensorboard)
-        self._seconds = 0.0  # time in the hooks and in record(), the core's counting included
-        self._last_record = time.perf_counter()
-        self._torch_counting = counting == "torch"
-        # Device results waiting for record()'s one host read: (kind, label, dtype, numel, tensor).
-        self._pending: List[Tuple[str, Any, str, int, torch.Tensor]] = []
-        self._host_reads = 0  # copies of device results to the host: one per record() and device
-        self._weight_ptrs: List[int] = []  # each weight's data_ptr() when it was handed to the core
-        self._on_torch: List[int] = []    # parameters counted by torch operations (other devices)
-        self._set_params()
-        if scaler is not None:
-            scaler._telemetry_amax = True  # its unscale pass measures the gradient |max| for record()
-        self._handles = []
-        for name, module in watched:
-            self._handles.append(module.register_forward_hook(self._forward_hook(name)))
+        self._advisor = None
+        self._tb = None
+        try:
+            self._plan_next_step()
+            # The advisor's sampler (mixprec.torch.advise): active on every advisor_every-th step
+            # (after the folder exists: a refused folder leaves no hooks on the model).
+            self._advisor = _AdvisorSampler(model) if advisor_every else None
+            self._advisor_every = advisor_every
+            self._tb = None if tensorboard is None else TensorBoardWriter(tensorboard)
+            self._seconds = 0.0  # time in the hooks and in record(), the core's counting included
+            self._last_record = time.perf_counter()
+            self._torch_counting = counting == "torch"
+            # Device results waiting for record()'s one host read: (kind, label, dtype, numel, tensor).
+            self._pending: List[Tuple[str, Any, str, int, torch.Tensor]] = []
+            self._host_reads = 0  # copies of device results to the host: one per record() and device
+            self._weight_ptrs: List[int] = []  # each weight's data_ptr() when it was handed to the core
+            self._on_torch: List[int] = []    # parameters counted by torch operations (other devices)
+            self._set_params()
+            if scaler is not None:
+                scaler._telemetry_amax = True  # its unscale pass measures the gradient |max| for record()
+            self._handles = []
+            for name, module in watched:
+                self._handles.append(module.register_forward_hook(self._forward_hook(name)))
+            if self._advisor is not None:
+                self._advisor.active = True  # steps 1, 1 + N, 1 + 2N, ...
+        except BaseException:
+            # Refused after the folder was made (no Linear for advisor_every, a tensorboard
+            # folder that cannot be written): the folder goes again, so that the retry is not
+            # refused as "exists and is not empty".
+            self._abandon(existed)
+            raise
+
+    def _abandon(self, existed: Dict[str, bool]) -> None:
+        """Undoes a construction that failed after the core made the run folder: hooks removed,
+        the lock released, and what this Telemetry created removed (a folder that existed was
+        empty, or the core would have refused it: it is emptied)."""
+        for h in getattr(self, "_handles", []):
+            h.remove()
         if self._advisor is not None:
-            self._advisor.active = True  # steps 1, 1 + N, 1 + 2N, ...
+            self._advisor.remove()
+        if self._tb is not None:
+            self._tb.close()
+        if self._scaler is not None:
+            self._scaler._telemetry_amax = False
+        self._rec = None  # releases the lock
+        for path, was_there in existed.items():
+            if not was_there:
+                shutil.rmtree(path, ignore_errors=True)
+            elif path == self._dir and os.path.isdir(path) and not os.path.islink(path):
+                for entry in os.listdir(path):
+                    e = os.path.join(path, entry)
+                    if os.path.isdir(e) and not os.path.islink(e):
+                        shutil.rmtree(e, ignore_errors=True)
+                    else:
+                        os.remove(e)
 
     # ---- which modules ---------------------------------------------------------------------
 
@@ -235,22 +271,9 @@ class Telemetry:
                       and not isinstance(m, torch.nn.modules.loss._Loss)]
         elif callable(modules):
             chosen = [(n, m) for n, m in named if modules(n, m)]
-        elif isinstance(modules, (str, bytes)):
-            raise TypeError(f"modules: expected an iterable of module names or a predicate, found the str "
-                            f"{modules!r} (one module: [{modules!r}])")
         else:
-            try:
-                wanted = list(modules)
-            except TypeError:
-                raise TypeError("modules: expected None, an iterable of module names or a predicate (name, module) "
-                                f"-> bool, found {type(modules).__name__}") from None
+            wanted = _args.module_names("modules", modules, "each module is watched once")
             known = dict(named)
-            for w in wanted:
-                if not isinstance(w, str):
-                    raise TypeError(f"modules: expected module names (str), found {type(w).__name__} {w!r}")
-            dup = next((w for i, w in enumerate(wanted) if w in wanted[:i]), None)
-            if dup is not None:
-                raise ValueError(f"modules: {dup!r} is given twice (each module is watched once)")
             unknown = [w for w in wanted if w not in known]
             if unknown:
                 raise ValueError(f"modules: {unknown[0]!r} is not a module of the model; "
@@ -408,17 +431,29 @@ class Telemetry:
 
     def record(self, outcome: Optional[StepOutcome] = None, *, loss: float, lr: float = 0.0, tokens: int = 0,
                seconds: Optional[float] = None, val_loss: Optional[float] = None,
-               clip_coef: float = 1.0) -> Dict[str, Any]:
+               clip_coef: float = 1.0, step: Optional[int] = None) -> Dict[str, Any]:
         """One log line for this optimizer step: after scaler.step() (its StepOutcome), before
         optimizer.zero_grad(); before or after scaler.update(). Without a scaler, outcome may be
         None (an fp32 or bf16 run without loss scaling: every step applied, scale 1).
         seconds: the step's wall time (default: the time since the previous record()).
         clip_coef: the coefficient your clipping applied (max_norm / (norm + 1e-6), capped at 1),
-        so that the recorded gradient |max| is the unclipped one. Returns the line as a dict."""
+        so that the recorded gradient |max| is the unclipped one.
+        step: this step's number, above the previous record's: the training's global step when
+        the folder records a resumed run (its first line is then that step, not 1); None: the
+        previous record's + 1 (1 first). Sampling, histograms and advisor samples follow the
+        numbers given. Returns the line as a dict."""
         if self._rec is None:
             raise RuntimeError(f"telemetry: the run folder '{self._dir}' is closed; record() after close() "
                                "would write to a finished run")
         loss, lr, tokens, seconds, val_loss, clip_coef = _record_values(loss, lr, tokens, seconds, val_loss, clip_coef)
+        numbered: Dict[str, int] = {}  # the core numbers a step as the previous + 1 by itself
+        if step is not None:
+            number = _args.integer("step", step, 1, 2**64 - 1)
+            if number <= self._rec.steps:  # before anything is consumed (the core checks it too)
+                raise ValueError(f"record(): step: expected a number above the previous step {self._rec.steps}, "
+                                 f"found {number}")
+            if number != self._rec.steps + 1:
+                numbered["step"] = number
         now = time.perf_counter()
         if seconds is None:
             seconds = now - self._last_record
@@ -467,7 +502,7 @@ class Telemetry:
         quantized = _measured_tensors(self._lowp)  # the step's last quantization of each role
         line = self._rec.record(loss, lr, tokens, float(seconds), val_loss, float(scale), float(next_scale),
                                 bool(found_inf), bool(applied), float(grad_norm), clip_coef, first,
-                                unclipped, grad_amax, grads, weight_amax, layers, quantized)
+                                unclipped, grad_amax, grads, weight_amax, layers, quantized, **numbered)
         _taken(self._lowp.values())
         _sample_step(self._lowp.values(), False)
         self._last_record = now  # a record() that raised changed nothing: its time counts to the next
@@ -523,6 +558,8 @@ class Telemetry:
 
     @property
     def steps(self) -> int:
+        """The number of the last step recorded (0 before the first): the count of records
+        unless record() was given step numbers."""
         return 0 if self._rec is None else self._rec.steps
 
     def seconds(self) -> float:
