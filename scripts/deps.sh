@@ -49,6 +49,7 @@ DEEPSPEED_PACKAGES=(deepspeed==0.19.8  # sdist; with --no-deps, so its dependenc
 
 packages=(
   g++ cmake ninja-build make pkg-config
+  ccache                          # rebuilds (a second clone, the ASan and Python builds of make test) from its cache
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev libcli11-dev nlohmann-json3-dev
   libdnnl-dev ocl-icd-opencl-dev  # oneDNN; its CMake config (GPU runtime OCL) needs OpenCL dev files

@@ -27,6 +27,14 @@ std::string num(double v) {
   return std::string(buf, r.ptr);
 }
 
+std::string num_f32(float v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  char buf[32];
+  const auto r = std::to_chars(buf, buf + sizeof buf, v);
+  return std::string(buf, r.ptr);
+}
+
 std::string percent(double fraction, int decimals) {
   if (!std::isfinite(fraction)) return "-";
   char buf[64];

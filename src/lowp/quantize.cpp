@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <array>
 #include <bit>
-#include <charconv>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -13,6 +12,7 @@
 
 #include "core/select_kernels.hpp"
 #include "lowp/kernels.hpp"
+#include "mixprec/core/text.hpp"
 #include "mixprec/formats/kernel_table.hpp"
 #include "mixprec/fp8/recipes.hpp"
 
@@ -36,16 +36,6 @@ constexpr std::array<RecipeInfo, 6> kRecipes{{
 }};
 
 [[noreturn]] void fail(const std::string& message) { throw std::invalid_argument(message); }
-
-// A float in a message as its shortest text that reads back ("1e-12", "0.1"), never
-// std::to_string's six decimals, which show a small value as "0.000000".
-std::string float_text(float v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0.0f ? "inf" : "-inf";
-  char buf[32];
-  const auto r = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, r.ptr);
-}
 
 bool is_fp8_recipe(Recipe r) {
   return r == Recipe::fp8_delayed || r == Recipe::fp8_current || r == Recipe::mxfp8 || r == Recipe::fp8_block;
@@ -147,13 +137,13 @@ void validate(const QuantizeConfig& c) {
   if (c.power_of_2_scales.has_value() && c.recipe != Recipe::fp8_current && c.recipe != Recipe::fp8_block)
     fail(r + "power_of_2_scales: only fp8-current and fp8-block have it");
   if (!(std::isfinite(c.amax_epsilon) && c.amax_epsilon >= 0.0f))
-    fail(r + "amax_epsilon: expected a finite number >= 0, found " + float_text(c.amax_epsilon));
+    fail(r + "amax_epsilon: expected a finite number >= 0, found " + text::num_f32(c.amax_epsilon));
   if (c.amax_epsilon != 0.0f && c.recipe != Recipe::fp8_current && c.recipe != Recipe::fp8_block)
     fail(r + "amax_epsilon: only fp8-current and fp8-block have it");
   if (!(std::isfinite(c.value_for_inf) && c.value_for_inf > 0.0f))
-    fail(r + "value_for_inf: expected a finite number > 0, found " + float_text(c.value_for_inf));
+    fail(r + "value_for_inf: expected a finite number > 0, found " + text::num_f32(c.value_for_inf));
   if (!(std::isfinite(c.scale) && c.scale > 0.0f))
-    fail(r + "scale: expected a finite number > 0, found " + float_text(c.scale));
+    fail(r + "scale: expected a finite number > 0, found " + text::num_f32(c.scale));
   if (c.scale != 1.0f && c.recipe != Recipe::fp8_delayed) fail(r + "scale: only fp8-delayed takes a given scale");
   if (c.rht && c.recipe != Recipe::nvfp4) fail(r + "rht: only nvfp4 has the random Hadamard transform");
   if (c.rht && c.tile_2d) fail(r + "rht: TE applies it to 1x16 blocks only (not to 16x16 weight tiles)");

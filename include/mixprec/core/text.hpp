@@ -14,6 +14,9 @@ std::string squote(std::string_view s);
 // The shortest text that reads back as the same double (std::to_chars): "10", "0.0003",
 // "1e-05", "-1", "nan", "inf".
 std::string num(double v);
+// The same for a float: its own shortest text ("1e-12", "0.1"), not the double's
+// ("9.999999960041972e-13"); never std::to_string's six decimals ("0.000000").
+std::string num_f32(float v);
 
 // A fraction as a percentage with `decimals` decimals ("12.50%"); a nonzero fraction
 // that would print as zero gets two significant digits instead ("0.0012%"); NaN and
