@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "mixprec/core/text.hpp"
 #include "core/select_kernels.hpp"
 #include "formats/kernels.hpp"
 #include "mixprec/formats/kernel_table.hpp"
@@ -21,7 +22,7 @@ void check(std::size_t src_n, std::size_t dst_n, const ConvertOptions& o, const 
                                 "; they must match");
   }
   if (!std::isfinite(o.scale) || !(o.scale > 0.0f)) {
-    throw std::invalid_argument(std::string(what) + ": scale " + std::to_string(o.scale) +
+    throw std::invalid_argument(std::string(what) + ": scale " + text::num_f32(o.scale) +
                                 " is not allowed; it must be finite and > 0");
   }
 }

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/select_kernels.hpp"
+#include "mixprec/core/text.hpp"
 #include "kernels/unscale_kernels.hpp"
 #include "mixprec/kernels/unscale.hpp"
 
@@ -28,7 +29,7 @@ void validate(std::span<const GradTensor> grads, float inv_scale, const UnscaleO
               std::span<float> amax_out) {
   if (!std::isfinite(inv_scale) || !(inv_scale > 0.0f)) {
     throw std::invalid_argument("unscale_and_check: inv_scale must be finite and > 0, got " +
-                                std::to_string(inv_scale));
+                                text::num_f32(inv_scale));
   }
   if (o.amax && amax_out.size() != grads.size()) {
     throw std::invalid_argument("unscale_and_check: options.amax needs amax_out with one float per tensor (" +

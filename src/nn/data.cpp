@@ -386,7 +386,7 @@ std::string Vocabulary::decode(std::span<const TokenId> ids) const {
 std::size_t min_tokens_for(std::size_t context, double validation_fraction) {
   if (!(validation_fraction > 0.0 && validation_fraction <= 0.5))
     throw std::invalid_argument("validation fraction: expected a number in (0, 0.5], found " +
-                                std::to_string(validation_fraction));
+                                text::num(validation_fraction));
   if (context < 1 || context > (std::size_t{1} << 30))
     throw std::invalid_argument("context: expected 1 to 2^30 tokens, found " + std::to_string(context));
   const double need = static_cast<double>(context + 1);

@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "mixprec/core/text.hpp"
 #include "nn/layer_kernels.hpp"
 
 namespace mixprec::nn {
@@ -246,7 +247,7 @@ void layernorm_forward(std::span<float> out, std::span<float> mean, std::span<fl
   check_size(fn, "inp", inp.size(), N * C, "N*C");
   check_size(fn, "weight", weight.size(), C, "C");
   check_size(fn, "bias", bias.size(), C, "C");
-  if (!(eps > 0.0f)) fail(fn, "eps: expected > 0, found " + std::to_string(eps));
+  if (!(eps > 0.0f)) fail(fn, "eps: expected > 0, found " + text::num_f32(eps));
 
   const LayerKernels& k = active_layer_kernels();
   for_range(N, N * C, [&](std::size_t n) {

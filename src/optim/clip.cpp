@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "mixprec/core/text.hpp"
 #include "mixprec/core/parallel.hpp"
 #include "mixprec/kernels/unscale.hpp"
 
@@ -15,7 +16,7 @@ namespace {
 void check_inv_scale(float inv_scale, const char* who) {
   if (!std::isfinite(inv_scale) || !(inv_scale > 0.0f))
     throw std::invalid_argument(std::string(who) + ": expected inv_scale finite and > 0, found " +
-                                std::to_string(inv_scale));
+                                text::num_f32(inv_scale));
 }
 
 // The norm is unscale_and_check's sum of squares (check only): one definition
@@ -51,7 +52,7 @@ double global_grad_norm(std::span<const GradTensor> unscaled) {
 
 float clip_coefficient(double total_norm, float max_norm) {
   if (!std::isfinite(max_norm) || !(max_norm > 0.0f))
-    throw std::invalid_argument("clip_coefficient: expected max_norm finite and > 0, found " + std::to_string(max_norm));
+    throw std::invalid_argument("clip_coefficient: expected max_norm finite and > 0, found " + text::num_f32(max_norm));
   if (!std::isfinite(total_norm)) return std::numeric_limits<float>::quiet_NaN();
   const double coef = static_cast<double>(max_norm) / (total_norm + 1e-6);
   return static_cast<float>(std::min(coef, 1.0));

@@ -1,4 +1,5 @@
 #include "mixprec/optim/schedule.hpp"
+#include "mixprec/core/text.hpp"
 
 #include <cmath>
 #include <numbers>
@@ -9,9 +10,9 @@ namespace mixprec {
 
 void WarmupCosine::validate() const {
   if (!std::isfinite(base_lr) || base_lr < 0)
-    throw std::invalid_argument("WarmupCosine: expected base_lr finite and >= 0, found " + std::to_string(base_lr));
+    throw std::invalid_argument("WarmupCosine: expected base_lr finite and >= 0, found " + text::num(base_lr));
   if (!std::isfinite(min_lr) || min_lr < 0 || min_lr > base_lr)
-    throw std::invalid_argument("WarmupCosine: expected 0 <= min_lr <= base_lr, found min_lr " + std::to_string(min_lr));
+    throw std::invalid_argument("WarmupCosine: expected 0 <= min_lr <= base_lr, found min_lr " + text::num(min_lr));
   if (total_steps < 1)
     throw std::invalid_argument("WarmupCosine: expected total_steps >= 1, found " + std::to_string(total_steps));
   if (warmup_steps < 0 || warmup_steps > total_steps)

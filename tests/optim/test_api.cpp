@@ -201,6 +201,11 @@ TEST(Clip, CoefficientFollowsPyTorchAndNeverHidesAnOverflow) {
   EXPECT_NE(error_of<std::invalid_argument>([] { clip_coefficient(1.0, 0.0f); }).find("expected max_norm finite and > 0, found 0"),
             std::string::npos);
   EXPECT_NE(error_of<std::invalid_argument>([] { clip_coefficient(1.0, kInf); }).find("max_norm"), std::string::npos);
+  // Small values as given, not std::to_string's "-0.000000".
+  EXPECT_EQ(error_of<std::invalid_argument>([] { clip_coefficient(1.0, -1e-12f); }),
+            "clip_coefficient: expected max_norm finite and > 0, found -1e-12");
+  EXPECT_EQ(error_of<std::invalid_argument>([] { WarmupCosine{.base_lr = 1e-7, .min_lr = 2e-7}.validate(); }),
+            "WarmupCosine: expected 0 <= min_lr <= base_lr, found min_lr 2e-07");
 }
 
 TEST(Clip, GradStatsFlagsInfAndNaNAndComputesTheUnscaledNorm) {
