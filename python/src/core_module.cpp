@@ -24,6 +24,7 @@
 #include <tuple>
 #include <vector>
 
+#include "mixprec/core/io.hpp"
 #include "mixprec/core/json_read.hpp"
 #include "mixprec/formats/bulk.hpp"
 #include "mixprec/formats/types.hpp"
@@ -618,6 +619,9 @@ NB_MODULE(_core, m) {
         return nb::bytes(text.data(), text.size());  // bytes: Python decodes them and says where UTF-8 fails
       },
       nb::arg("path"));
+  // Why a path cannot be an output replaced atomically ("" when it can): the CLI's rule
+  // (core/io.hpp), for the Python doors' outputs.
+  m.def("output_file_problem", &mixprec::io::output_file_problem, nb::arg("path"));
   m.def("loss_scale_preset_names", [] { return mixprec::loss_scale_preset_names(); });
   m.def("loss_scale_config_keys", [] { return mixprec::loss_scale_config_keys(); });
 

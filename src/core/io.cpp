@@ -226,6 +226,10 @@ void sync_folder(const fs::path& dir) {
 
 }  // namespace
 
+bool writer_gone(long pid) noexcept {
+  return pid != ::getpid() && ::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH;
+}
+
 fs::path make_staging_folder(const fs::path& target) {
   const fs::path dir = target.has_parent_path() ? target.parent_path() : fs::path(".");
   const std::string name = target.filename().string();
@@ -236,8 +240,7 @@ fs::path make_staging_folder(const fs::path& target) {
     std::string_view of;
     const std::string entry = e.path().filename().string();
     const std::optional<long> pid = atomic_temporary_pid(entry, &of);
-    if (pid && of == name && *pid != ::getpid() && ::kill(static_cast<pid_t>(*pid), 0) != 0 && errno == ESRCH)
-      fs::remove_all(e.path(), ec);
+    if (pid && of == name && writer_gone(*pid)) fs::remove_all(e.path(), ec);
   }
   const std::string stem = "." + name + ".tmp-" + std::to_string(::getpid()) + "-";
   for (int attempt = 0;; ++attempt) {

@@ -19,7 +19,11 @@ std::string squote(std::string_view s) {
   return out;
 }
 
-std::string num(double v) {
+namespace {
+
+// The shortest text that reads back as the same T (std::to_chars); nan and the infinities by name.
+template <class T>
+std::string shortest(T v) {
   if (std::isnan(v)) return "nan";
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
   char buf[64];
@@ -27,13 +31,11 @@ std::string num(double v) {
   return std::string(buf, r.ptr);
 }
 
-std::string num_f32(float v) {
-  if (std::isnan(v)) return "nan";
-  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  char buf[32];
-  const auto r = std::to_chars(buf, buf + sizeof buf, v);
-  return std::string(buf, r.ptr);
-}
+}  // namespace
+
+std::string num(double v) { return shortest(v); }
+
+std::string num_f32(float v) { return shortest(v); }
 
 std::string percent(double fraction, int decimals) {
   if (!std::isfinite(fraction)) return "-";

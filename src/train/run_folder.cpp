@@ -416,8 +416,7 @@ std::vector<fs::path> RunFolder::remove_stale_temporaries() {
     const bool ours = target == run_files::config || target == run_files::log || target == run_files::summary ||
                       checkpoint_step(target).has_value();
     if (!ours) continue;
-    if (*pid != ::getpid() && !(::kill(static_cast<pid_t>(*pid), 0) != 0 && errno == ESRCH))
-      continue;  // its writer may still run
+    if (!io::writer_gone(*pid)) continue;  // its writer may still run
     std::error_code rm;
     if (fs::remove(e.path(), rm)) removed.push_back(e.path());
   }

@@ -7,11 +7,8 @@
 #include "cmd_export.hpp"
 
 #include <fmt/core.h>
-#include <signal.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
-#include <cerrno>
 #include <cmath>
 #include <exception>
 #include <filesystem>
@@ -71,8 +68,7 @@ void remove_dead_temporaries(const fs::path& out) {
     std::string_view target;
     const std::string name = e.path().filename().string();
     const auto pid = io::atomic_temporary_pid(name, &target);
-    if (pid && (target == "mixprec-export" || is_event_file(std::string(target))) && *pid != ::getpid() &&
-        ::kill(static_cast<pid_t>(*pid), 0) != 0 && errno == ESRCH)
+    if (pid && (target == "mixprec-export" || is_event_file(std::string(target))) && io::writer_gone(*pid))
       fs::remove(e.path(), ec);
   }
 }

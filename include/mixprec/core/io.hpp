@@ -80,6 +80,10 @@ const char* non_regular_kind(unsigned mode) noexcept;
 // too), or "cannot inspect 'P': REASON". Its folder is checked separately.
 std::string output_file_problem(const std::string& path);
 
+// Whether the process that made a temporary (its PID from atomic_temporary_pid) is gone, so
+// that the temporary can be removed: not this process, and kill(pid, 0) says no such process.
+bool writer_gone(long pid) noexcept;
+
 // Folders replaced whole: a command that writes several files that belong together
 // (`mixprec advise`: recipe.json and advice.json) fills a staging folder and swaps it in,
 // so a crash at any moment leaves the old set or the new one, never a mix.

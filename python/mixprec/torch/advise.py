@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import stat
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -315,32 +314,21 @@ class Advice:
         return f"Advice({len(self.layers)} layers, cost {self.cost_ratio:.3g}x all-bf16, {self.assignment})"
 
 
-def _output_problem(what: str, p: Union[None, str, os.PathLike]) -> Optional[str]:
-    if p is None:
-        return None
-    p = os.fspath(p)
-    parent = os.path.dirname(p) or "."
-    if not os.path.isdir(parent):
-        return f"{what}: {p!r}: its folder {parent!r} does not exist"
-    if os.path.islink(p):
-        return f"{what}: {p!r} is a symbolic link; expected a new file name or a regular file (it is replaced, never written through)"
-    if os.path.exists(p):
-        mode = os.stat(p).st_mode
-        if not stat.S_ISREG(mode):
-            kind = "a folder" if stat.S_ISDIR(mode) else "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "not a regular file"
-            return f"{what}: {p!r} is {kind}; expected a new file name or a regular file (it is replaced, never written through)"
-    return None
-
-
 def check_outputs(out: Union[None, str, os.PathLike], evidence: Union[None, str, os.PathLike] = None) -> None:
     """The outputs of advise()/save() checked before anything runs: a refused ``out`` after the
     sampled steps would lose them. ValueError naming the argument and the rule."""
     for what, p in (("out", out), ("evidence", evidence)):
-        if p is not None and not isinstance(p, (str, os.PathLike)):
+        if p is None:
+            continue
+        if not isinstance(p, (str, os.PathLike)):
             raise TypeError(f"{what}: expected a file path (str or os.PathLike), found {type(p).__name__}")
-        problem = _output_problem(what, p)
+        p = os.fspath(p)
+        parent = os.path.dirname(p) or "."
+        if not os.path.isdir(parent):
+            raise ValueError(f"{what}: {p!r}: its folder {parent!r} does not exist")
+        problem = _core.output_file_problem(p)  # the CLI's rule: a FIFO, a folder, a link refused
         if problem:
-            raise ValueError(problem)
+            raise ValueError(f"{what}: {problem}")
     if out is not None and evidence is not None and os.path.abspath(os.fspath(out)) == os.path.abspath(os.fspath(evidence)):
         raise ValueError(f"evidence: {os.fspath(evidence)!r} is also out; give the recipe file and the evidence two names")
 
