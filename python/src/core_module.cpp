@@ -426,10 +426,28 @@ class PyScalerProtocol {
     });
   }
 
-  // (applied?, found_inf, scale, first_overflow or -1, grad_norm)
-  nb::tuple decide(std::uint64_t id) {
-    const mixprec::StepDecision d = p_.decide(id);
-    return nb::make_tuple(d.apply, d.found_inf, d.scale, d.first_overflow, d.grad_norm);
+  // (applied?, found_inf, scale, first_overflow or -1, grad_norm, skip reason, (loss, loss_z, grad_z))
+  nb::tuple decide(std::uint64_t id, bool user_skip) {
+    mixprec::DecideOptions o;
+    o.user_skip = user_skip;
+    const mixprec::StepDecision d = p_.decide(id, o);
+    return nb::make_tuple(d.apply, d.found_inf, d.scale, d.first_overflow, d.grad_norm,
+                          std::string(mixprec::skip_reason_name(d.reason)),
+                          nb::make_tuple(d.guard.loss, d.guard.loss_z, d.guard.grad_z));
+  }
+
+  // (loss, grad_norm, loss_z, grad_z): what decide() would give the guards.
+  nb::tuple guard_view(std::uint64_t id) const {
+    const mixprec::GuardView v = p_.guard_view(id);
+    return nb::make_tuple(v.loss, v.grad_norm, v.loss_z, v.grad_z);
+  }
+
+  // The guard keys (skip_nonfinite, skip_loss_z, skip_grad_z, skip_window) as text.
+  void set_guard(const std::vector<std::pair<std::string, std::string>>& pairs) {
+    mixprec::GuardConfig c = p_.guard();
+    for (const auto& [k, v] : pairs) mixprec::set(c, k, v);
+    mixprec::validate(c);
+    p_.set_guard(c);
   }
 
   void record(std::uint64_t id, nb::tuple check) {
@@ -662,7 +680,11 @@ NB_MODULE(_core, m) {
            },
            nb::arg("id"))
       .def("record", &P::record, nb::arg("id"), nb::arg("check"))
-      .def("decide", &P::decide, nb::arg("id"))
+      .def("decide", &P::decide, nb::arg("id"), nb::arg("user_skip") = false)
+      .def("guard_view", &P::guard_view, nb::arg("id"))
+      .def("set_guard", &P::set_guard, nb::arg("pairs"))
+      .def("guard_json", [](P& p) { return mixprec::guard_config_json(p.get().guard()); })
+      .def("observe_loss", [](P& p, double loss) { p.get().observe_loss(loss); }, nb::arg("loss"))
       .def("step_done", [](P& p, std::uint64_t id) { p.get().step_done(id); }, nb::arg("id"))
       .def("stage", [](P& p, std::uint64_t id) { return std::string(mixprec::stage_name(p.get().stage(id))); },
            nb::arg("id"))

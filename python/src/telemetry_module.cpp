@@ -18,6 +18,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -171,7 +172,7 @@ class PyTelemetryRecorder {
                      std::string overflow_param, const std::vector<std::optional<float>>& unclipped_grad_amax,
                      const std::vector<std::optional<float>>& grad_amax, nb::list grads,
                      const std::vector<std::optional<float>>& weight_amax, nb::list layers, nb::list quantized,
-                     std::uint64_t step) {
+                     std::uint64_t step, std::string skip_reason, double loss_z, double grad_z) {
     const std::size_t n = names_.size();
     auto sized = [n](std::size_t size, const char* what) {
       if (size != 0 && size != n)
@@ -208,6 +209,9 @@ class PyTelemetryRecorder {
     s.clip_coef = clip_coef;
     s.overflow_param = std::move(overflow_param);
     s.step = step;  // 0: after the previous record
+    s.skip_reason = std::move(skip_reason);
+    s.loss_z = loss_z;
+    s.grad_z = grad_z;
     for (nb::handle item : layers) {  // preset layerwise: (name, factor, chain, backoff, outcome)
       const auto [name, factor, chain, backoff, outcome] =
           nb::cast<std::tuple<std::string, double, double, std::int64_t, std::string>>(item);
@@ -291,7 +295,8 @@ void mixprec_python::register_telemetry(nb::module_& m) {
            nb::arg("found_inf"), nb::arg("applied"), nb::arg("grad_norm"), nb::arg("clip_coef"),
            nb::arg("overflow_param"), nb::arg("unclipped_grad_amax"), nb::arg("grad_amax"), nb::arg("grads"),
            nb::arg("weight_amax"), nb::arg("layers") = nb::list(), nb::arg("quantized") = nb::list(),
-           nb::arg("step") = 0)
+           nb::arg("step") = 0, nb::arg("skip_reason") = "", nb::arg("loss_z") = std::nan(""),
+           nb::arg("grad_z") = std::nan(""))
       .def("finish", &PyTelemetryRecorder::finish)
       .def("seconds", &PyTelemetryRecorder::seconds)
       .def("add_seconds", &PyTelemetryRecorder::add_seconds, nb::arg("seconds"))

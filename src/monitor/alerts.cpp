@@ -91,6 +91,7 @@ std::string_view alert_id(AlertKind k) noexcept {
     case AlertKind::scale_pinned: return "scale-pinned";
     case AlertKind::nonfinite_input: return "nonfinite-input";
     case AlertKind::loss_divergence: return "loss-divergence";
+    case AlertKind::guarded_skip: return "guarded-skip";
   }
   return "?";
 }
@@ -99,7 +100,7 @@ const std::vector<AlertKind>& alert_kinds() {
   static const std::vector<AlertKind> kinds = {AlertKind::persistent_overflow, AlertKind::scale_collapse,
                                                AlertKind::underflow_plateau,   AlertKind::forward_overflow,
                                                AlertKind::scale_pinned,        AlertKind::nonfinite_input,
-                                               AlertKind::loss_divergence};
+                                               AlertKind::loss_divergence,     AlertKind::guarded_skip};
   return kinds;
 }
 
@@ -203,7 +204,8 @@ std::string_view AlertMonitor::say(std::string_view engine, std::string_view tor
 
 bool AlertMonitor::run_problem() {
   return find(AlertKind::persistent_overflow) != nullptr || find(AlertKind::forward_overflow) != nullptr ||
-         find(AlertKind::nonfinite_input) != nullptr || find(AlertKind::loss_divergence) != nullptr;
+         find(AlertKind::nonfinite_input) != nullptr || find(AlertKind::loss_divergence) != nullptr ||
+         find(AlertKind::guarded_skip) != nullptr;
 }
 
 Alert* AlertMonitor::find(AlertKind k) {
@@ -251,7 +253,8 @@ std::vector<Alert> AlertMonitor::observe(const train::StepRecord& r) {
   s.step = r.step;
   s.loss = r.loss;
   s.loss_finite = r.loss_finite && std::isfinite(r.loss);
-  s.skipped = r.skipped;
+  // Skipped for inf/NaN gradients (the overflow rules' skips; a guard's skip is not an overflow).
+  s.skipped = r.skipped && r.skip_reason == SkipReason::nonfinite_grad;
   s.injected = r.injected;
   s.forward = !r.loss_finite;
   s.scale = r.scale;
@@ -333,6 +336,54 @@ std::vector<Alert> AlertMonitor::observe(const train::StepRecord& r) {
     if (losses_.size() > t_.divergence_window) losses_.pop_front();
   }
 
+  // ---- guarded skip: a step guard refused the step; what the step's numbers say about why.
+  if (r.skipped && r.skip_reason != SkipReason::none && r.skip_reason != SkipReason::nonfinite_grad) {
+    if (find(AlertKind::guarded_skip) != nullptr) {
+      hold(AlertKind::guarded_skip, r.step);
+    } else {
+      std::string why;
+      switch (r.skip_reason) {
+        case SkipReason::loss_spike:
+          why = cat("the loss, ", fmt_g(r.loss, 4), ", was ", fmt_g(r.loss_z, 3),
+                    " standard deviations above the mean of the guard's window");
+          break;
+        case SkipReason::grad_spike:
+          why = cat("the gradient norm, ", fmt_g(r.grad_norm, 4), ", was ", fmt_g(r.grad_z, 3),
+                    " standard deviations above the mean of the guard's window");
+          break;
+        case SkipReason::nonfinite_loss: why = "the loss was not finite while every gradient was"; break;
+        default: why = "the run's own predicate (skip_if) refused it"; break;
+      }
+      std::string msg = cat("at step ", at, " a step guard skipped the update (", skip_reason_name(r.skip_reason),
+                            "): ", why);
+      // Where: the first non-finite activation, the largest gradient, the most saturated
+      // quantized tensor of the step.
+      if (!r.forward_nonfinite.empty()) msg += cat("; the forward pass first went non-finite in ", squote(r.forward_nonfinite));
+      if (!r.overflow_activation.empty())
+        msg += cat("; the backward pass first overflowed in ", squote(r.overflow_activation));
+      const train::StepRecord::ParamStats* top = nullptr;
+      for (const auto& p : r.params)
+        if (std::isfinite(p.grad_amax) && (top == nullptr || p.grad_amax > top->grad_amax)) top = &p;
+      if (top != nullptr) msg += cat("; the largest gradient was ", squote(top->name), "'s (|max| ", fmt_g(top->grad_amax), ")");
+      const nn::Fp8TensorStats* sat = nullptr;
+      for (const auto& f : r.fp8)
+        if (f.saturated > 0 && (sat == nullptr || f.saturated * std::max<std::uint64_t>(sat->nonzero, 1) >
+                                                      sat->saturated * std::max<std::uint64_t>(f.nonzero, 1)))
+          sat = &f;
+      std::string advice =
+          "one guarded skip the run recovers from is a bad batch: check the data of that step; repeated spikes "
+          "mean the optimizer's steps are too large: " +
+          lr_advice(peak_lr_) + " or lengthen the warmup";
+      if (sat != nullptr) {
+        msg += cat("; ", squote(sat->name), " saturated ", num(sat->saturated), " of ", num(sat->nonzero),
+                   " nonzero values in its low-precision format");
+        advice += cat("; ", squote(sat->name), " saturates: its recipe is too coarse for it (give that layer a "
+                      "finer recipe, e.g. as mixprec advise proposes)");
+      }
+      hold(AlertKind::guarded_skip, r.step, raised, std::move(msg), std::move(advice));
+    }
+  }
+
   // ---- persistent overflow: skip rate over the last window of steps after the warm-up.
   if (r.step > t_.warmup_steps) {
     overflow_win_.push_back(s);
@@ -400,7 +451,7 @@ std::vector<Alert> AlertMonitor::observe(const train::StepRecord& r) {
       held = true;
       msg = cat("the loss scale fell below ", fmt_g(t_.collapse_floor), " (to ", scale_text(next_scale), " at step ",
                 at, "): the gradients overflow even unscaled");
-    } else if (r.skipped && !r.injected && scale <= t_.collapse_floor) {
+    } else if (s.skipped && !r.injected && scale <= t_.collapse_floor) {
       held = true;
       msg = cat("at step ", at, " the gradients overflowed with the loss scale already at ", scale_text(scale),
                 ": they overflow without any scaling, so lowering the scale cannot help");

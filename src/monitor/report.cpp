@@ -784,8 +784,15 @@ std::string tiles(const ReportRun& r, const RunNumbers& n) {
   std::string out = "<div class=\"tiles\">";
   out += tile("validation loss", n.val_loss ? loss_text(*n.val_loss) : "\u2013");
   out += tile("final training loss", loss_text(n.final_loss));
+  // The skips by reason (docs/spike_guards.md), when any step was skipped.
+  std::string reasons;
+  for (std::size_t i = 1; i < kSkipReasons; ++i) {
+    if (n.skipped_by[i] == 0) continue;
+    reasons += (reasons.empty() ? ": " : ", ") + std::to_string(n.skipped_by[i]) + " " +
+               std::string(skip_reason_name(static_cast<SkipReason>(i)));
+  }
   out += tile("steps", std::to_string(n.steps) + " <small" + (n.skipped > 0 ? " class=\"warn\"" : "") + ">" +
-                           std::to_string(n.skipped) + " skipped</small>");
+                           std::to_string(n.skipped) + " skipped" + reasons + "</small>");
   out += tile("final loss scale", number(static_cast<double>(n.final_scale), 7));
   out += tile("act-grad underflow", percent(n.underflow_fraction));
   out += tile("subnormal", percent(n.subnormal_fraction));

@@ -29,6 +29,8 @@ StepOutcome GradScaler::step(Optimizer& opt, const StepOptions& options) {
   }
   d.found_inf_elsewhere = options.found_inf_elsewhere;
   d.global_grad_norm = options.global_grad_norm;
+  if (options.loss) protocol_.observe_loss(*options.loss);
+  if (options.skip_if) d.user_skip = options.skip_if(protocol_.guard_view(id, d));
   const StepDecision decision = protocol_.decide(id, d);
 
   StepOutcome out;
@@ -38,6 +40,8 @@ StepOutcome GradScaler::step(Optimizer& opt, const StepOptions& options) {
   if (out.first_overflow >= 0) out.first_overflow_name = opt.store().spec(static_cast<std::size_t>(out.first_overflow)).name;
   out.grad_norm = decision.grad_norm;
   out.clip_coef = decision.clip_coef;
+  out.reason = decision.reason;
+  out.guard = decision.guard;
   if (decision.apply) {
     StepControls c;
     c.inv_scale = decision.carried_inv_scale;

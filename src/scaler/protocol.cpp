@@ -267,7 +267,7 @@ void ScalerProtocol::begin_unscale(OptimizerId id) const {
 }
 
 StepPlan ScalerProtocol::begin_step(OptimizerId id) const {
-  if (!enabled_ && !dialect_rules(dialect_).disabled_checks_gradients) return StepPlan::pass_through;
+  if (!enabled_ && !dialect_rules(dialect_).disabled_checks_gradients && !guard_.any()) return StepPlan::pass_through;
   const OptimizerStage s = stage(id);
   if (s == OptimizerStage::stepped) misuse(Misuse::step_twice);
   if (enabled_) require_window_complete("step()");
@@ -281,7 +281,10 @@ void ScalerProtocol::record(OptimizerId id, const GradientCheck& check) {
     c.found_inf = c.found_inf || all.found_inf;
     c.checked = c.checked || all.checked;
   }
+  const bool fresh = records_.find(id) == records_.end();
+  const std::size_t order = records_.size();
   Record& r = records_[id];
+  if (fresh) r.order = order;
   r.check = c;
   r.stage = OptimizerStage::unscaled;
 }
@@ -293,7 +296,31 @@ void ScalerProtocol::validate_options(const DecideOptions& options) {
   }
 }
 
-StepDecision ScalerProtocol::decide(OptimizerId id, const DecideOptions& options) const {
+GuardView ScalerProtocol::guard_view(OptimizerId id, const DecideOptions& options) const {
+  const auto it = records_.find(id);
+  if (it == records_.end() || it->second.stage != OptimizerStage::unscaled)
+    throw std::logic_error("GradScaler protocol: guard_view() before the optimizer's gradients were checked");
+  const Record& r = it->second;
+  if (r.seen) return *r.seen;
+  GuardView v;
+  v.grad_norm = options.global_grad_norm ? *options.global_grad_norm : std::sqrt(r.check.sum_squares);
+  if (step_loss_) v.loss = *step_loss_;
+  if (!guard_.spikes()) return v;
+  if (step_loss_) v.loss_z = step_loss_z_ ? *step_loss_z_ : loss_detector_.peek(*step_loss_);
+  v.grad_z = r.order < grad_detectors_.size() ? grad_detectors_[r.order].peek(v.grad_norm)
+                                              : ZScoreDetector(guard_.window).peek(v.grad_norm);
+  return v;
+}
+
+namespace {
+// llm.c's test: the z-score as a float, finite and above a threshold that is on.
+bool spike(double z, double threshold) {
+  const float zf = static_cast<float>(z);
+  return threshold > 0 && std::isfinite(zf) && zf > static_cast<float>(threshold);
+}
+}  // namespace
+
+StepDecision ScalerProtocol::decide(OptimizerId id, const DecideOptions& options) {
   validate_options(options);
   const auto it = records_.find(id);
   if (it == records_.end() || it->second.stage != OptimizerStage::unscaled)
@@ -318,8 +345,48 @@ StepDecision ScalerProtocol::decide(OptimizerId id, const DecideOptions& options
     d.grad_norm = it->second.clipped->second;
     d.clip_pending = false;
   }
-  d.apply = !d.found_inf;
+  // The guards: fed once per optimizer and step (the loss once per step), in llm.c's order
+  // (the value is pushed, then judged against the window that holds it).
+  Record& r = it->second;
+  if (!r.seen) {
+    GuardView v = guard_view(id, options);
+    if (guard_.spikes()) {
+      if (step_loss_ && !step_loss_z_) step_loss_z_ = loss_detector_.push(*step_loss_);
+      if (step_loss_z_) v.loss_z = *step_loss_z_;
+      while (grad_detectors_.size() <= r.order) grad_detectors_.emplace_back(guard_.window);
+      v.grad_z = grad_detectors_[r.order].push(v.grad_norm);
+    }
+    r.seen = v;
+  }
+  d.guard = *r.seen;
+  if (d.found_inf) d.reason = SkipReason::nonfinite_grad;
+  else if (step_loss_ && !std::isfinite(*step_loss_)) d.reason = SkipReason::nonfinite_loss;
+  else if (spike(d.guard.loss_z, guard_.loss_z)) d.reason = SkipReason::loss_spike;
+  else if (spike(d.guard.grad_z, guard_.grad_z)) d.reason = SkipReason::grad_spike;
+  else if (options.user_skip) d.reason = SkipReason::user;
+  d.apply = d.reason == SkipReason::none;
+  if (!d.apply) d.clip_pending = false;
   return d;
+}
+
+void ScalerProtocol::set_guard(const GuardConfig& config) {
+  validate(config);
+  require_between_steps();
+  if (config.window != guard_.window || !config.spikes()) {
+    loss_detector_ = ZScoreDetector(config.window);
+    grad_detectors_.clear();
+  }
+  guard_ = config;
+}
+
+void ScalerProtocol::observe_loss(double loss) {
+  if (step_loss_z_) return;  // already fed to the detector: this step's loss is decided
+  step_loss_ = loss;
+}
+
+void ScalerProtocol::end_guard_step() noexcept {
+  step_loss_.reset();
+  step_loss_z_.reset();
 }
 
 void ScalerProtocol::clip_applied(OptimizerId id, float clip_coef, double grad_norm) {
@@ -330,7 +397,7 @@ void ScalerProtocol::clip_applied(OptimizerId id, float clip_coef, double grad_n
 }
 
 void ScalerProtocol::step_done(OptimizerId id) {
-  if (enabled_) {
+  if (keeps_records()) {
     records_[id].stage = OptimizerStage::stepped;
   } else {
     records_.erase(id);  // a disabled scaler keeps no records: update() has nothing to do
@@ -338,7 +405,11 @@ void ScalerProtocol::step_done(OptimizerId id) {
 }
 
 void ScalerProtocol::update() {
-  if (!enabled_) return;
+  if (!enabled_) {  // no scale; a guarded scaler's step ends here
+    records_.clear();
+    end_guard_step();
+    return;
+  }
   require_window_complete("update()");
   bool any_checked = false, found_inf = false;
   for (const auto& [id, r] : records_) {
@@ -348,6 +419,7 @@ void ScalerProtocol::update() {
   }
   if (!any_checked) misuse(Misuse::update_without_checks);
   records_.clear();  // the step is over even if the scale throws
+  end_guard_step();
   window_passes_ = 0;
   if (layerwise_) layerwise_->update();
   scale_->update(found_inf);  // may throw ScaleCollapseError (the scale stays as it was)
@@ -362,6 +434,7 @@ void ScalerProtocol::update_to(double new_scale) {
   if (s.config.rule == LossScaleRule::static_scale) s.config.init_scale = s.scale;
   scale_->load(s);  // validates: std::invalid_argument naming the scale, nothing changed
   records_.clear();
+  end_guard_step();
   window_passes_ = 0;
   if (layerwise_) layerwise_->update();
 }
@@ -443,6 +516,14 @@ std::string ScalerProtocol::state_json() const {
   j["accumulation_steps"] = window_steps_;
   j["loss_scale"] = json::parse(s.to_json());
   if (layerwise_) j["layerwise"] = json::parse(layerwise_->to_json());
+  if (guard_.any()) {
+    json g = json::object();
+    g["config"] = json::parse(guard_config_json(guard_));
+    g["loss"] = json::parse(loss_detector_.to_json());
+    g["grad"] = json::array();
+    for (const ZScoreDetector& d : grad_detectors_) g["grad"].push_back(json::parse(d.to_json()));
+    j["guard"] = g;
+  }
   return j.dump();
 }
 
@@ -523,8 +604,38 @@ void ScalerProtocol::load_state_json(std::string_view text) {
     bad_state("not a GradScaler state (mixprec's has 'format', torch.amp's the keys scale, growth_factor, "
               "backoff_factor, growth_interval, _growth_tracker): missing " + missing);
   }
+  // The guards' part (any format may carry it): the state's config and detectors replace
+  // this scaler's; a state without one keeps this scaler's guards, their windows empty.
+  std::optional<GuardConfig> guard;
+  std::optional<ZScoreDetector> loss_detector;
+  std::vector<ZScoreDetector> grad_detectors;
+  if (j.contains("guard")) {
+    const json& g = j["guard"];
+    if (!g.is_object()) bad_state("field 'guard' must be an object");
+    for (const auto& item : g.items())
+      if (item.key() != "config" && item.key() != "loss" && item.key() != "grad")
+        bad_state("guard: unknown field '" + item.key() + "'");
+    if (!g.contains("config") || !g.contains("loss") || !g.contains("grad") || !g["grad"].is_array())
+      bad_state("guard: expected fields config, loss and grad (an array)");
+    guard = guard_config_from_json(g["config"].dump(), "GradScaler state: guard.config");
+    loss_detector = ZScoreDetector::from_json(g["loss"].dump(), "GradScaler state: guard.loss");
+    for (std::size_t i = 0; i < g["grad"].size(); ++i)
+      grad_detectors.push_back(ZScoreDetector::from_json(g["grad"][i].dump(),
+                                                         "GradScaler state: guard.grad[" + std::to_string(i) + "]"));
+    bool windows_agree = loss_detector->window() == guard->window;
+    for (const ZScoreDetector& d : grad_detectors) windows_agree = windows_agree && d.window() == guard->window;
+    if (!windows_agree) bad_state("guard: every detector's window must be config.skip_window");
+  }
   std::unique_ptr<LossScale> fresh = make_loss_scale(state.config);
   fresh->load(state);
+  if (guard) {
+    guard_ = *guard;
+    loss_detector_ = std::move(*loss_detector);
+    grad_detectors_ = std::move(grad_detectors);
+  } else {
+    loss_detector_ = ZScoreDetector(guard_.window);
+    grad_detectors_.clear();
+  }
   // Everything checked: commit. Layers the door registered keep their indices; a state
   // without a per-layer part (torch.amp's, the first Python format) leaves them as they are.
   scale_ = std::move(fresh);

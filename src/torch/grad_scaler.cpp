@@ -229,6 +229,8 @@ StepOutcome GradScaler::step(::torch::optim::Optimizer& opt, const StepOptions& 
   ScalerProtocol::validate_options(d);  // before anything is read or written
   const OptimizerId id = id_of(opt);
   if (protocol_.begin_step(id) == StepPlan::check) protocol_.record(id, check(opt));
+  if (options.loss) protocol_.observe_loss(*options.loss);
+  if (options.skip_if) d.user_skip = options.skip_if(protocol_.guard_view(id, d));
   const StepDecision decision = protocol_.decide(id, d);
 
   StepOutcome out;
@@ -238,6 +240,8 @@ StepOutcome GradScaler::step(::torch::optim::Optimizer& opt, const StepOptions& 
   if (out.first_overflow >= 0) out.first_overflow_name = name_of(opt, out.first_overflow);
   out.grad_norm = decision.grad_norm;
   out.clip_coef = decision.clip_coef;
+  out.reason = decision.reason;
+  out.guard = decision.guard;
   if (decision.apply) {
     if (decision.clip_pending) {
       ::torch::NoGradGuard no_grad;

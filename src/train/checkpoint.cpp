@@ -4,7 +4,8 @@
 //
 // Tensors: "<param>" (the fp32 master weights, or the weights themselves in a pure
 // store, in their dtype), "exp_avg.<param>" / "exp_avg_sq.<param>" (Adam, AdamW) or
-// "momentum_buffer.<param>" (SGD with momentum): PyTorch's names. The low-precision
+// "momentum_buffer.<param>" (SGD with momentum): PyTorch's names; with --ema, "ema.<param>"
+// (fp32). The low-precision
 // model copy is not saved: it is round-to-nearest-even of the master weights and is
 // recomputed bitwise on load.
 #include <algorithm>
@@ -69,6 +70,10 @@ json totals_json(const RunTotals& t) {
          {"act_grads", {t.act_grads.elements, t.act_grads.nonzero, t.act_grads.nonfinite_input,
                         t.act_grads.underflow, t.act_grads.subnormal, t.act_grads.overflow}}};
   j["val_loss"] = t.val_loss ? total_value(*t.val_loss) : json(nullptr);
+  if (t.val_loss_ema) j["val_loss_ema"] = total_value(*t.val_loss_ema);
+  json by = json::object();
+  for (std::size_t i = 1; i < kSkipReasons; ++i) by[std::string(skip_reason_name(static_cast<SkipReason>(i)))] = t.skipped_by[i];
+  j["skipped_by"] = by;
   // fp8 counters per role (forward, backward): [nonzero, saturated, flushed].
   j["fp8"] = {{t.fp8_nonzero[0], t.fp8_saturated[0], t.fp8_flushed[0]},
               {t.fp8_nonzero[1], t.fp8_saturated[1], t.fp8_flushed[1]}};
@@ -125,7 +130,8 @@ json trajectory_settings(const TrainConfig& c) {
   for (const char* k : {"steps", "data", "out", "resume", "checkpoint-every", "keep-checkpoints", "eval-every",
                         "eval-windows", "histogram-every", "threads", "inject-overflow-at", "inject-overflow-tensor",
                         // a run may resume on another number of ranks, or another reduction (docs/distributed.md)
-                        "distributed", "zero", "grad-reduce", "dist-timeout", "inject-overflow-rank"}) {
+                        "distributed", "zero", "grad-reduce", "dist-timeout", "inject-overflow-rank",
+                        "inject-bad-batch-at", "inject-bad-batch"}) {
     j.erase(k);
   }
   return j;
@@ -159,6 +165,10 @@ void Trainer::save_checkpoint(const std::string& path) const {
     for (unsigned k = 0; k < slots.size(); ++k) {
       const auto* st = reinterpret_cast<const std::byte*>(state_of(k) + s.offset(i));
       tensors.push_back({slots[k] + spec.name, ckpt::DType::f32, shape, {st, n * 4}});
+    }
+    if (!m.ema.empty()) {
+      const auto* e = reinterpret_cast<const std::byte*>(m.ema.data() + s.offset(i));
+      tensors.push_back({"ema." + spec.name, ckpt::DType::f32, shape, {e, n * 4}});
     }
   }
   OptimizerState os = m.optimizer->state();
@@ -215,14 +225,15 @@ void Trainer::load_checkpoint(const std::string& path) {
   const bool master = m.zero ? m.zero->store->has_master() : s.has_master();
   const DType wt = master ? DType::f32 : s.model_dtype();
   const std::vector<std::string> slots = state_names(m.optimizer->kind());
-  std::vector<std::span<const std::byte>> weights, states;
+  std::vector<std::span<const std::byte>> weights, states, emas;  // emas: --ema's "ema.<param>"
   for (std::size_t i = 0; i < s.tensor_count(); ++i) {
     const ParamSpec& spec = s.spec(i);
     const std::vector<std::uint64_t> shape(spec.shape.begin(), spec.shape.end());
     weights.push_back(f.expect(spec.name, ckpt_dtype(wt), shape));
     for (const std::string& slot : slots) states.push_back(f.expect(slot + spec.name, ckpt::DType::f32, shape));
+    if (!m.ema.empty()) emas.push_back(f.expect("ema." + spec.name, ckpt::DType::f32, shape));
   }
-  std::unique_ptr<GradScaler> scaler = make_scaler(m.config.loss_scale, m.config.distributed ? m.comm : nullptr);
+  std::unique_ptr<GradScaler> scaler = make_scaler(m.config, m.config.distributed ? m.comm : nullptr);
   try {
     scaler->load_state_json(f.require_metadata("mixprec.scaler"));
   } catch (const std::exception& e) {
@@ -279,6 +290,25 @@ void Trainer::load_checkpoint(const std::string& path) {
   if (ag.size() != 6) bad(src, "metadata 'mixprec.totals': field 'act_grads' must hold 6 counts");
   t.act_grads = {ag[0], ag[1], ag[2], ag[3], ag[4], ag[5]};
   if (tj.contains("val_loss") && !tj["val_loss"].is_null()) t.val_loss = total_field(f, tj, "val_loss");
+  if (tj.contains("val_loss_ema")) t.val_loss_ema = total_field(f, tj, "val_loss_ema");
+  if (tj.contains("skipped_by")) {  // absent in checkpoints written before the step guards
+    const json& by = tj["skipped_by"];
+    if (!by.is_object()) bad(src, "metadata 'mixprec.totals': field 'skipped_by' must be an object of counts");
+    std::uint64_t sum = 0;
+    for (const auto& item : by.items()) {
+      const std::optional<SkipReason> reason = parse_skip_reason(item.key());
+      if (!reason || *reason == SkipReason::none || !item.value().is_number_unsigned())
+        bad(src, "metadata 'mixprec.totals': skipped_by: expected counts of the skip reasons, found '" + item.key() +
+                     "': " + item.value().dump());
+      t.skipped_by[static_cast<std::size_t>(*reason)] = item.value().get<std::uint64_t>();
+      sum += item.value().get<std::uint64_t>();
+    }
+    if (sum != t.skipped)
+      bad(src, "metadata 'mixprec.totals': skipped_by sums to " + std::to_string(sum) + ", skipped is " +
+                   std::to_string(t.skipped));
+  } else {
+    t.skipped_by[static_cast<std::size_t>(SkipReason::nonfinite_grad)] = t.skipped;  // the only reason there was
+  }
   if (tj.contains("fp8")) {  // absent in checkpoints written before the fp8 presets
     const auto f8 = field<std::vector<std::vector<std::uint64_t>>>(f, tj, "mixprec.totals", "fp8");
     if (f8.size() != 2 || f8[0].size() != 3 || f8[1].size() != 3)
@@ -361,6 +391,7 @@ void Trainer::load_checkpoint(const std::string& path) {
       }
     }
   }
+  for (std::size_t i = 0; i < emas.size(); ++i) std::memcpy(m.ema.data() + st.offset(i), emas[i].data(), emas[i].size());
   st.refresh_model();
   st.zero_grads();
   m.model->weights_updated();

@@ -5,6 +5,7 @@
 // mechanism every config shares (src/core/key_table.hpp). Reading a key from text or JSON
 // checks its range; validate() runs every key's check, then the checks across keys.
 #include "mixprec/train/config.hpp"
+#include "mixprec/scaler/step_guard.hpp"
 
 #include <nlohmann/json.hpp>
 
@@ -181,6 +182,22 @@ Key enum_row(Spec s, Ref ref, Parse parse, Check check = {}, TrainExtra x = {}) 
   return keys::enum_key<TrainConfig, TrainExtra>(std::move(s), ref, parse, std::move(check), x);
 }
 
+}  // namespace
+
+std::vector<std::string> bad_batch_kinds(const std::string& text) {
+  std::vector<std::string> kinds;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', start);
+    kinds.push_back(text.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return kinds;
+}
+
+namespace {
+
 const Table& table() {
   static const Table t([] {
     std::vector<Key> k;
@@ -294,6 +311,19 @@ const Table& table() {
                                                          [](auto& c) -> auto& { return c.eps; }));
     k.push_back(num_row(
         number("clip", "Max global gradient norm; 0 = no clipping", 0, false), [](auto& c) -> auto& { return c.clip; }));
+    // step guards and the EMA
+    k.push_back(num_row(number("skip-loss-z", "Skip a step whose loss z-score over the window exceeds Z; 0 = off", 0,
+                               false),
+                        [](auto& c) -> auto& { return c.skip_loss_z; }));
+    k.push_back(num_row(number("skip-grad-z", "Skip a step whose gradient-norm z-score over the window exceeds Z; 0 = off",
+                               0, false),
+                        [](auto& c) -> auto& { return c.skip_grad_z; }));
+    k.push_back(int_row(integer("skip-window", "N", "Steps in the z-score windows of --skip-loss-z and --skip-grad-z", 2,
+                                1000000),
+                        [](auto& c) -> auto& { return c.skip_window; }));
+    k.push_back(num_row(number("ema", "Decay of an EMA of the weights over applied steps, in [0, 1); 0 = none", 0, false,
+                               1, true),
+                        [](auto& c) -> auto& { return c.ema; }));
     k.push_back(int_row(
         integer("steps", "N", "Optimizer steps, applied or skipped", 1, kMaxSteps), [](auto& c) -> auto& { return c.steps; },
         {}, kMoves));
@@ -367,6 +397,25 @@ const Table& table() {
         text_spec("inject-overflow-tensor", "NAME",
                   "Testing: the parameter whose gradient --inject-overflow-at writes (default: the first)"),
         [](auto& c) -> auto& { return c.inject_overflow_tensor; }, {}, kMoves));
+    {
+      Spec s = integer("inject-bad-batch-at", "LIST", "Testing: a bad batch (--inject-bad-batch) at these steps", 1);
+      k.push_back(list_row(s, [](auto& c) -> auto& { return c.inject_bad_batch_at; }, {}, kMoves));
+    }
+    {
+      Spec s = text_spec("inject-bad-batch", "KINDS",
+                         "Testing: the kind of each --inject-bad-batch-at step: labels (random targets) or scaled "
+                         "(loss gradient x1000), one for all or one per step, comma-separated");
+      s.expected = "labels or scaled, one or one per --inject-bad-batch-at step, comma-separated";
+      k.push_back(text_row(
+          s, [](auto& c) -> auto& { return c.inject_bad_batch; },
+          [](const TrainConfig& c) {
+            const std::vector<std::string> kinds = bad_batch_kinds(c.inject_bad_batch);
+            for (const std::string& kind : kinds)
+              if (kind != "labels" && kind != "scaled")
+                fail("inject-bad-batch", "labels or scaled (comma-separated)", squote(c.inject_bad_batch));
+          },
+          kMoves));
+    }
     k.push_back(int_row(
         integer("threads", "N", "Threads; 0 = all cores (MIXPREC_THREADS / OMP_NUM_THREADS respected)", 0, kMaxThreads),
         [](auto& c) -> auto& { return c.threads; }));
@@ -488,6 +537,30 @@ void validate(const TrainConfig& c) {
   for (const std::size_t s : c.inject_overflow_at)
     if (s > c.steps)
       fail("inject-overflow-at", "an integer in [1, " + std::to_string(c.steps) + "]", std::to_string(s));
+  {
+    // The guards' own rules (a threshold below the reach of its window), in the flags' names.
+    GuardConfig g;
+    g.loss_z = c.skip_loss_z;
+    g.grad_z = c.skip_grad_z;
+    g.window = static_cast<int>(c.skip_window);
+    try {
+      validate(g);
+    } catch (const std::invalid_argument& e) {
+      std::string m = e.what();
+      for (std::size_t i = 0; i < m.size() && m[i] != ':'; ++i)
+        if (m[i] == '_') m[i] = '-';
+      std::size_t at = 0;
+      while ((at = m.find("skip_window", at)) != std::string::npos) m.replace(at, 11, "skip-window");
+      throw std::invalid_argument(m);
+    }
+  }
+  if (const std::size_t n = bad_batch_kinds(c.inject_bad_batch).size(); n != 1 && n != c.inject_bad_batch_at.size())
+    fail("inject-bad-batch", "one kind, or one per --inject-bad-batch-at step (" +
+                                 std::to_string(c.inject_bad_batch_at.size()) + ")",
+         squote(c.inject_bad_batch));
+  for (const std::size_t s : c.inject_bad_batch_at)
+    if (s > c.steps)
+      fail("inject-bad-batch-at", "an integer in [1, " + std::to_string(c.steps) + "]", std::to_string(s));
   if (c.grad_reduce == "low") {
     if (!c.distributed) fail("grad-reduce", "fp32 unless --distributed (low is a way of all-reducing)", "low");
     if (nn::policy_of(c.precision).weights == DType::f32)

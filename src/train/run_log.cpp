@@ -2,6 +2,7 @@
 #include "mixprec/train/run_log.hpp"
 #include "mixprec/core/io.hpp"
 #include "mixprec/core/json_read.hpp"
+#include "mixprec/core/keys.hpp"
 #include "mixprec/core/text.hpp"
 
 #include <nlohmann/json.hpp>
@@ -373,6 +374,9 @@ std::string step_record_json(const StepRecord& r) {
   w.field("next_scale", r.next_scale);
   w.field("found_inf", r.found_inf);
   w.field("skipped", r.skipped);
+  w.field("skip_reason", skip_reason_name(r.skip_reason));
+  if (!std::isnan(r.loss_z)) w.field("loss_z", r.loss_z);
+  if (!std::isnan(r.grad_z)) w.field("grad_z", r.grad_z);
   w.field("injected", r.injected);
   w.field("grad_norm", r.grad_norm);
   w.field("clip_coef", r.clip_coef);
@@ -384,6 +388,7 @@ std::string step_record_json(const StepRecord& r) {
   w.field("seconds", r.seconds);
   w.field("scaler_seconds", r.scaler_seconds);
   if (r.val_loss) w.field("val_loss", *r.val_loss);
+  if (r.val_loss_ema) w.field("val_loss_ema", *r.val_loss_ema);
   // Telemetry (docs/telemetry.md); non-finite amax values are written as null.
   w.field("act_grad_amax", r.act_grad_amax);
   w.field("headroom_log2", r.headroom_log2);
@@ -417,6 +422,25 @@ StepRecord parse_step_record(std::string_view line) {
   r.next_scale = get_float(j, "next_scale");
   r.found_inf = get_bool(j, "found_inf");
   r.skipped = get_bool(j, "skipped");
+  // The skip reason (logs written before the step guards have none: an overflow was the
+  // only reason a step was skipped).
+  if (j.contains("skip_reason")) {
+    const std::string reason = get_string(j, "skip_reason");
+    const std::optional<SkipReason> parsed = parse_skip_reason(reason);
+    if (!parsed) {
+      std::vector<std::string> names;
+      for (std::string_view n : skip_reason_names()) names.emplace_back(n);
+      bad("skip_reason", keys::join(names), j["skip_reason"]);
+    }
+    r.skip_reason = *parsed;
+  } else {
+    r.skip_reason = r.skipped ? SkipReason::nonfinite_grad : SkipReason::none;
+  }
+  if ((r.skip_reason != SkipReason::none) != r.skipped)
+    bad("skip_reason", r.skipped ? "a reason other than none (the step was skipped)" : "none (the step was applied)",
+        j["skip_reason"]);
+  if (j.contains("loss_z")) r.loss_z = get_number(j, "loss_z", true);
+  if (j.contains("grad_z")) r.grad_z = get_number(j, "grad_z", true);
   r.injected = get_bool(j, "injected");
   r.grad_norm = get_number(j, "grad_norm", true);
   r.clip_coef = get_float(j, "clip_coef");
@@ -439,6 +463,7 @@ StepRecord parse_step_record(std::string_view line) {
   r.seconds = get_number(j, "seconds", false);
   r.scaler_seconds = get_number(j, "scaler_seconds", false);
   if (j.contains("val_loss")) r.val_loss = get_number(j, "val_loss", true);
+  if (j.contains("val_loss_ema")) r.val_loss_ema = get_number(j, "val_loss_ema", true);
   parse_telemetry(j, r);
   return r;
 }
@@ -460,12 +485,18 @@ std::string summary_json(const TrainSummary& s, std::string_view config_json) {
   w.field("steps", s.steps);
   w.field("applied", s.applied);
   w.field("skipped", s.skipped);
+  std::string by;
+  ObjectWriter b(by);
+  for (std::size_t i = 1; i < kSkipReasons; ++i) b.field(skip_reason_name(static_cast<SkipReason>(i)), s.skipped_by[i]);
+  b.close();
+  w.raw("skipped_by", by);
   w.field("final_loss", s.final_loss);
   if (s.val_loss) {
     w.field("val_loss", *s.val_loss);
   } else {
     w.raw("val_loss", "null");
   }
+  if (s.val_loss_ema) w.field("val_loss_ema", *s.val_loss_ema);
   w.field("final_scale", s.final_scale);
   w.field("underflow_fraction", s.underflow_fraction);
   w.field("subnormal_fraction", s.subnormal_fraction);

@@ -10,6 +10,7 @@ namespace mixprec::train {
 void RunTotals::add(const StepRecord& r) {
   ++steps;
   (r.skipped ? skipped : applied) += 1;
+  if (r.skipped) ++skipped_by[static_cast<std::size_t>(r.skip_reason)];
   if (!r.skipped && std::isfinite(r.lost_update_fraction)) {
     lost_update_sum += r.lost_update_fraction;
     ++lost_update_steps;
@@ -26,6 +27,7 @@ void RunTotals::add(const StepRecord& r) {
   final_loss = r.loss;
   final_loss_finite = r.loss_finite;
   if (r.val_loss) val_loss = r.val_loss;
+  if (r.val_loss_ema) val_loss_ema = r.val_loss_ema;
   final_scale = r.next_scale;
   step_ms.push_back(r.seconds * 1e3);
 }
@@ -38,8 +40,10 @@ TrainSummary RunTotals::summary() const {
   s.steps = steps;
   s.applied = applied;
   s.skipped = skipped;
+  std::copy(std::begin(skipped_by), std::end(skipped_by), std::begin(s.skipped_by));
   s.final_loss = final_loss;
   s.val_loss = val_loss;
+  s.val_loss_ema = val_loss_ema;
   s.final_scale = final_scale;
   s.underflow_fraction = fraction(act_grads.underflow, act_grads.nonzero);
   s.subnormal_fraction = fraction(act_grads.subnormal, act_grads.nonzero);

@@ -69,6 +69,17 @@ void check_step(const TelemetryStep& s) {
   if (std::isnan(s.scale) || s.scale < 0) bad_step("scale", "a number >= 0", s.scale);
   if (std::isnan(s.next_scale) || s.next_scale < 0) bad_step("next_scale", "a number >= 0", s.next_scale);
   if (s.grad_norm < 0) bad_step("grad_norm", "a number >= 0 (inf or NaN for an overflow)", s.grad_norm);
+  if (!s.skip_reason.empty()) {
+    const std::optional<SkipReason> r = parse_skip_reason(s.skip_reason);
+    if (!r || (*r == SkipReason::none) != s.applied) {
+      std::string names;
+      for (std::string_view n : skip_reason_names()) names += (names.empty() ? "" : ", ") + std::string(n);
+      throw std::invalid_argument("telemetry: record(): skip_reason: expected " +
+                                  std::string(s.applied ? "none or \"\" (the step was applied)"
+                                                        : "a reason the step was skipped (" + names + ")") +
+                                  ", found '" + s.skip_reason + "'");
+    }
+  }
   for (const nn::Fp8TensorStats& t : s.quantized) {
     const std::string where = "quantized '" + t.name + "'";
     if (t.name.empty()) throw std::invalid_argument("telemetry: record(): quantized: a tensor without a name");
@@ -228,6 +239,10 @@ StepRecord TelemetryRecorder::record(const TelemetryStep& step, std::span<const 
   r.next_scale = step.next_scale;
   r.found_inf = step.found_inf;
   r.skipped = !step.applied;
+  if (!step.skip_reason.empty()) r.skip_reason = *parse_skip_reason(step.skip_reason);
+  else r.skip_reason = step.applied ? SkipReason::none : step.found_inf ? SkipReason::nonfinite_grad : SkipReason::user;
+  r.loss_z = step.loss_z;
+  r.grad_z = step.grad_z;
   r.grad_norm = step.found_inf ? std::numeric_limits<double>::quiet_NaN() : step.grad_norm;
   r.clip_coef = step.clip_coef;
   r.overflow_param = step.overflow_param;

@@ -185,10 +185,19 @@ void to_f32(const void* src, DType t, std::span<float> out) {
   }
 }
 
-std::unique_ptr<GradScaler> make_scaler(const std::string& spec, dist::Communicator* comm) {
+std::unique_ptr<GradScaler> make_scaler(const TrainConfig& config, dist::Communicator* comm) {
+  const std::string& spec = config.loss_scale;
   const std::optional<LossScaleConfig> c = loss_scale_config(spec);
   auto scaler = c ? std::make_unique<GradScaler>(*c, true, spec == "layerwise" ? spec : std::string())
                   : std::make_unique<GradScaler>(LossScaleConfig{}, false);
+  if (config.skip_loss_z > 0 || config.skip_grad_z > 0) {
+    GuardConfig g;
+    g.nonfinite = true;  // the mixprec dialect skips inf/NaN without a scale anyway
+    g.loss_z = config.skip_loss_z;
+    g.grad_z = config.skip_grad_z;
+    g.window = static_cast<int>(config.skip_window);
+    scaler->set_guard(g);
+  }
   if (comm != nullptr && comm->size() > 1) {
     scaler->set_rank_agreement([comm](RankFlags f) {
       float flags[2] = {f.found_inf ? 1.0f : 0.0f, f.checked ? 1.0f : 0.0f};
@@ -236,7 +245,7 @@ void Trainer::init(const TrainConfig& config, dist::Communicator* comm) {
     }
   }
   if (threads > 0) omp_set_num_threads(static_cast<int>(threads));
-  std::unique_ptr<GradScaler> scaler = make_scaler(config.loss_scale, config.distributed ? comm : nullptr);
+  std::unique_ptr<GradScaler> scaler = make_scaler(config, config.distributed ? comm : nullptr);
   nn::Dataset data = load_data(config);
   impl_ = std::make_unique<Impl>(config, std::move(data));
   Impl& m = *impl_;
@@ -272,6 +281,12 @@ void Trainer::init(const TrainConfig& config, dist::Communicator* comm) {
   m.inputs.assign(m.model->tokens_per_batch(), 0);
   m.targets.assign(m.model->tokens_per_batch(), 0);
   m.snapshot.resize(weights_of_record(m.model->params()).size());
+  if (config.ema > 0) {
+    m.ema.resize(m.model->params().flat_size());
+    const ParamStore& s = m.model->params();
+    to_f32(s.has_master() ? static_cast<const void*>(s.master_data()) : s.model_data(),
+           s.has_master() ? DType::f32 : s.model_dtype(), m.ema);
+  }
   m.scratch.assign(m.model->params().flat_size(), 0.0f);
   m.amax.assign(m.model->params().tensor_count(), 0.0f);
   m.totals.step_ms.reserve(config.steps);
@@ -339,6 +354,7 @@ StepRecord Trainer::train_step() {
     ParamStore& store = m.model->params();
     if (m.zero) zero_share_weights(*m.zero, *m.comm, store);  // the updated slices, everywhere
     m.model->weights_updated();
+    if (!m.ema.empty()) m.update_ema();
     // Not measured under ZeRO (the optimizer state of the other slices is elsewhere).
     if (!m.zero)
       r.lost_update_fraction =
@@ -347,8 +363,70 @@ StepRecord Trainer::train_step() {
   m.record_weight_telemetry(r);
   r.seconds = seconds_since(t0);
   m.totals.add(r);
-  if ((m.config.eval_every > 0 && r.step % m.config.eval_every == 0) || done()) r.val_loss = evaluate();
+  if ((m.config.eval_every > 0 && r.step % m.config.eval_every == 0) || done()) {
+    r.val_loss = evaluate();
+    if (!m.ema.empty()) {
+      const double raw = m.totals.val_loss.value_or(std::numeric_limits<double>::quiet_NaN());
+      m.load_ema();
+      r.val_loss_ema = evaluate();
+      m.restore_weights();
+      m.totals.val_loss = raw;  // the run's validation loss stays the trained weights'
+      m.totals.val_loss_ema = r.val_loss_ema;
+    }
+  }
   return r;
+}
+
+void Trainer::Impl::update_ema() {
+  const ParamStore& s = model->params();
+  const float decay = static_cast<float>(config.ema);
+  const float rate = 1.0f - decay;
+  if (s.has_master()) {
+    const float* w = s.master_data();
+    pool->parallel_for(ema.size(), 64, kParallelElements, [&](std::size_t b, std::size_t e, unsigned) {
+      for (std::size_t i = b; i < e; ++i) ema[i] += rate * (w[i] - ema[i]);
+    });
+    return;
+  }
+  std::span<float> w(scratch);
+  to_f32(s.model_data(), s.model_dtype(), w);
+  pool->parallel_for(ema.size(), 64, kParallelElements, [&](std::size_t b, std::size_t e, unsigned) {
+    for (std::size_t i = b; i < e; ++i) ema[i] += rate * (w[i] - ema[i]);
+  });
+}
+
+void Trainer::Impl::load_ema() {
+  // The weights of record kept bytewise in the snapshot buffer (free between steps), the EMA
+  // written in their place (rounded to the model's dtype without a master copy).
+  ParamStore& s = model->params();
+  const std::span<const std::byte> w = weights_of_record(s);
+  std::memcpy(snapshot.data(), w.data(), w.size());
+  if (s.has_master()) {
+    std::copy(ema.begin(), ema.end(), s.master_data());
+    s.refresh_model();
+  } else {
+    switch (s.model_dtype()) {
+      case DType::f32: std::memcpy(s.model_data(), ema.data(), ema.size() * 4); break;
+      case DType::f16:
+        convert(std::span<const float>(ema), std::span<f16>(static_cast<f16*>(s.model_data()), ema.size()));
+        break;
+      case DType::bf16:
+        convert(std::span<const float>(ema), std::span<bf16>(static_cast<bf16*>(s.model_data()), ema.size()));
+        break;
+    }
+  }
+  model->weights_updated();
+}
+
+void Trainer::Impl::restore_weights() {
+  ParamStore& s = model->params();
+  if (s.has_master()) {
+    std::memcpy(s.master_data(), snapshot.data(), s.flat_size() * 4);
+    s.refresh_model();
+  } else {
+    std::memcpy(s.model_data(), snapshot.data(), s.flat_size() * dtype_size(s.model_dtype()));
+  }
+  model->weights_updated();
 }
 
 StepRecord Trainer::Impl::begin_step() {
@@ -373,9 +451,26 @@ StepLoss Trainer::Impl::forward_backward(StepRecord& r) {
   const std::size_t micro = config.accum * (dp ? static_cast<std::size_t>(comm->size()) : 1);
   StepLoss loss;
   loss.count = micro * model->losses_per_batch();
-  const float dloss = static_cast<float>(static_cast<double>(r.scale) / static_cast<double>(loss.count));
+  float dloss = static_cast<float>(static_cast<double>(r.scale) / static_cast<double>(loss.count));
+  const std::vector<std::size_t>& bad_at = config.inject_bad_batch_at;
+  const auto hit = std::find(bad_at.begin(), bad_at.end(), r.step);
+  const bool bad = hit != bad_at.end();
+  std::string kind;
+  if (bad) {
+    const std::vector<std::string> kinds = bad_batch_kinds(config.inject_bad_batch);
+    kind = kinds.size() == 1 ? kinds[0] : kinds[static_cast<std::size_t>(hit - bad_at.begin())];
+  }
+  if (kind == "scaled") dloss *= 1000.0f;
+  std::uint64_t noise = config.seed ^ (0x9E3779B97F4A7C15ull * r.step);  // this step's random labels
   for (std::size_t k = 0; k < micro; ++k) {
     sampler.next_batch(config.model.batch, config.model.context, inputs, targets);
+    if (kind == "labels") {
+      const std::uint64_t vocab = model->config().vocab;
+      for (nn::TokenId& t : targets) {
+        noise = noise * 6364136223846793005ull + 1442695040888963407ull;  // PCG's LCG step
+        t = static_cast<nn::TokenId>((noise >> 33) % vocab);
+      }
+    }
     if (dp && k / config.accum != static_cast<std::size_t>(comm->rank())) continue;
     const nn::ForwardResult f = model->forward(inputs, targets);
     loss.sum += f.loss_sum;
@@ -398,6 +493,7 @@ StepLoss Trainer::Impl::forward_backward(StepRecord& r) {
     scaler->backward_done();
   }
   r.tokens = micro * model->tokens_per_batch();
+  r.injected = r.injected || bad;
   r.act_grads = model->stats().activation_grads;
   return loss;
 }
@@ -481,9 +577,13 @@ StepOutcome Trainer::Impl::step_or_skip(StepRecord& r, bool found_inf_elsewhere,
   so.pool = pool.get();
   so.found_inf_elsewhere = found_inf_elsewhere;
   so.global_grad_norm = global_norm;
+  so.loss = r.loss;  // the guards' (a non-finite loss is skipped even when the gradients are finite)
   const StepOutcome out = scaler->step(*optimizer, so);
   r.found_inf = out.found_inf;
   r.skipped = !out.applied;
+  r.skip_reason = out.reason;
+  r.loss_z = out.guard.loss_z;
+  r.grad_z = out.guard.grad_z;
   r.grad_norm = out.grad_norm;
   r.clip_coef = out.clip_coef;
   r.overflow_param = out.first_overflow_name;

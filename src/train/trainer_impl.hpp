@@ -56,6 +56,8 @@ struct Trainer::Impl {
   LayerwiseScales* layerwise = nullptr;
   std::vector<std::size_t> skipped;
   std::vector<std::byte> skipped_saved;
+  // --ema: the fp32 average of the weights of record over applied steps (empty when off).
+  std::vector<float> ema;
 
   Impl(const TrainConfig& c, nn::Dataset d);
 
@@ -83,16 +85,22 @@ struct Trainer::Impl {
   void finish_layers(StepRecord& r);
   void restore_skipped();
   void record_weight_telemetry(StepRecord& r);  // amaxes and histograms after the step
+  void update_ema();                            // after an applied step: ema += (1 - decay) (w - ema)
+  // Evaluation with the EMA: the weights of record saved (snapshot) and the EMA written in
+  // their place (rounded to the model's dtype without a master copy); then put back bytewise.
+  void load_ema();
+  void restore_weights();
 };
 
 // Flat fp32 values of a store region of dtype t (out.size() elements) into out.
 void to_f32(const void* src, DType t, std::span<float> out);
 
-// "none" -> disabled scaler; "dynamic" -> the mixprec preset; "static:S"; a preset name.
-// With a communicator (data parallel), the protocol's rank hook MAX-reduces found_inf over
-// the ranks at every check: a ZeRO shard whose unscaled values overflow their dtype (a check
-// no norm sees) makes every rank skip.
-std::unique_ptr<GradScaler> make_scaler(const std::string& spec, dist::Communicator* comm);
+// c.loss_scale: "none" -> disabled scaler; "dynamic" -> the mixprec preset; "static:S"; a
+// preset name; with c's step guards (skip-loss-z, skip-grad-z, skip-window). With a
+// communicator (data parallel), the protocol's rank hook MAX-reduces found_inf over the ranks
+// at every check: a ZeRO shard whose unscaled values overflow their dtype (a check no norm
+// sees) makes every rank skip.
+std::unique_ptr<GradScaler> make_scaler(const TrainConfig& c, dist::Communicator* comm);
 
 // Preset layerwise: std::invalid_argument unless the precision keeps fp32 weight gradients
 // and scales fp32 GEMM operands (fp16, fp32) and the run is not distributed.

@@ -280,8 +280,18 @@ class Progress {
     s += fmt::format(" scale {} skipped {} tok/s {:.0f} eta {}", r.next_scale, skipped_, tokens_per_second(),
                      duration_text(eta()));
     if (r.skipped) {
-      s += r.injected ? " (skipped: injected overflow" : " (skipped: overflow";
-      if (!r.overflow_param.empty()) s += " in " + r.overflow_param;
+      s += " (skipped: ";
+      if (r.injected) s += "injected, ";
+      switch (r.skip_reason) {
+        case SkipReason::loss_spike: s += fmt::format("loss spike, z {:.2f}", r.loss_z); break;
+        case SkipReason::grad_spike: s += fmt::format("gradient-norm spike, z {:.2f}", r.grad_z); break;
+        case SkipReason::nonfinite_loss: s += "non-finite loss"; break;
+        case SkipReason::user: s += "the guard's predicate"; break;
+        default:
+          s += "overflow";
+          if (!r.overflow_param.empty()) s += " in " + r.overflow_param;
+          break;
+      }
       if (!r.loss_finite) s += ", forward pass non-finite at " + r.forward_nonfinite;
       s += ")";
     }
@@ -394,7 +404,13 @@ void print_alerts_summary(const std::vector<monitor::Alert>& alerts) {
 void print_summary(Trainer& t, const TrainSummary& s, const TrainConfig& c, const fs::path& dir,
                    const std::string& json_path, const std::vector<monitor::Alert>& alerts) {
   const nn::Dataset& d = t.data();
-  fmt::print("mixprec train: {} steps ({} applied, {} skipped)\n", s.steps, s.applied, s.skipped);
+  std::string reasons;  // the skips by reason (docs/spike_guards.md)
+  for (std::size_t i = 1; i < kSkipReasons; ++i)
+    if (s.skipped_by[i] > 0)
+      reasons += fmt::format("{}{} {}", reasons.empty() ? ": " : ", ", s.skipped_by[i],
+                             skip_reason_name(static_cast<SkipReason>(i)));
+  fmt::print("mixprec train: {} steps ({} applied, {} skipped{})\n", s.steps, s.applied, s.skipped, reasons);
+  if (s.val_loss_ema) fmt::print("ema: validation loss of the EMA weights (decay {}) {}\n", c.ema, loss_text(*s.val_loss_ema));
   fmt::print("model: {}\n", t.model().describe());
   fmt::print("data: {}; {} training and {} validation tokens, vocab {}\n", d.source(), grouped(d.train().size()),
              grouped(d.validation().size()), d.vocab().size());

@@ -12,7 +12,7 @@
 // Each kind is raised at most once per run, at the first step its rule holds; all() keeps
 // counting the steps on which it held afterwards (Alert::last_step, Alert::steps). Once the
 // run has shown a learning-rate or data problem (persistent-overflow, forward-overflow,
-// nonfinite-input, loss-divergence), the rules that point at the scaler's settings
+// nonfinite-input, loss-divergence, guarded-skip), the rules that point at the scaler's settings
 // (underflow-plateau, scale-pinned) are no longer raised: the underflow then follows from
 // that problem.
 // observe() keeps a few numbers of the last window of each rule, never the records; its
@@ -42,10 +42,11 @@ enum class AlertKind : std::uint8_t {
   scale_pinned,         // a dynamic scale stuck below what the gradients allow while values still flush to zero
   nonfinite_input,      // inf/NaN already in the first tensor the data produce (the embedding)
   loss_divergence,      // the loss jumped well above its recent level: learning rate (or a bad batch)
+  guarded_skip,         // a step guard refused a step (loss or gradient-norm spike, non-finite loss, skip_if)
 };
 
 // "persistent-overflow", "scale-collapse", "underflow-plateau", "forward-overflow",
-// "scale-pinned", "nonfinite-input", "loss-divergence".
+// "scale-pinned", "nonfinite-input", "loss-divergence", "guarded-skip".
 std::string_view alert_id(AlertKind k) noexcept;
 // Every kind, in the order above.
 const std::vector<AlertKind>& alert_kinds();

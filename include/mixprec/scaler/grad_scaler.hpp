@@ -38,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -67,6 +68,10 @@ struct StepOptions {
   // combined across ranks; it replaces this optimizer's own for clipping and the
   // record, and a non-finite value is found_inf.
   std::optional<double> global_grad_norm;
+  // Step guards (set_guard(); docs/spike_guards.md): this step's loss (unscaled, the mean over
+  // its window) for the loss guards, and a predicate asked after the check (true: skip).
+  std::optional<double> loss{};
+  std::function<bool(const GuardView&)> skip_if{};
 };
 
 // What step() did, so that schedules, logs and users can see skipped steps.
@@ -78,6 +83,8 @@ struct StepOutcome {
   std::string first_overflow_name;      // its name in the parameter store
   double grad_norm = std::numeric_limits<double>::quiet_NaN();  // global norm of the unscaled gradients
   float clip_coef = 1.0f;               // applied clip coefficient (1: none)
+  SkipReason reason = SkipReason::none; // why the step was skipped (none when applied)
+  GuardView guard;                      // the loss, norm and z-scores the guards saw
 };
 
 class GradScaler : public ScalerDoor {

@@ -43,6 +43,7 @@
 
 #include "mixprec/scaler/layerwise.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
+#include "mixprec/scaler/step_guard.hpp"
 
 namespace mixprec {
 
@@ -119,6 +120,7 @@ struct DecideOptions {
   std::optional<float> max_grad_norm;      // clip the unscaled gradients to this global norm
   bool found_inf_elsewhere = false;        // the engine's MPI agreement (another rank overflowed)
   std::optional<double> global_grad_norm;  // ZeRO: the norm over every rank's slice
+  bool user_skip = false;                  // the door's predicate (skip_if) asked to skip this step
 };
 
 struct StepDecision {
@@ -130,6 +132,8 @@ struct StepDecision {
   float clip_coef = 1.0f;             // 1: no clipping
   bool clip_pending = false;          // the door must still multiply the gradients by clip_coef
   float carried_inv_scale = 1.0f;     // as GradientCheck's
+  SkipReason reason = SkipReason::none;  // why apply is false (none when it is true)
+  GuardView guard;                    // the loss, norm and z-scores the guards saw
 };
 
 class ScalerProtocol {
@@ -162,7 +166,21 @@ class ScalerProtocol {
   void begin_unscale(OptimizerId id) const;  // throws ScalerMisuse; changes nothing
   StepPlan begin_step(OptimizerId id) const;
   void record(OptimizerId id, const GradientCheck& check);  // READY -> UNSCALED
-  StepDecision decide(OptimizerId id, const DecideOptions& options = {}) const;
+  // The skip decision, in this order: a non-finite gradient (found_inf, here or on another
+  // rank), a non-finite loss, the loss spike, the gradient-norm spike, the door's predicate
+  // (scaler/step_guard.hpp). The first decide() of an optimizer in a step feeds the guards'
+  // detectors (a retried step decides again without feeding them twice).
+  StepDecision decide(OptimizerId id, const DecideOptions& options = {});
+  // What decide() would give the guards and the door's predicate, changing nothing.
+  GuardView guard_view(OptimizerId id, const DecideOptions& options = {}) const;
+
+  // Step guards (scaler/step_guard.hpp), set between steps; with any guard on, a disabled
+  // scaler checks its gradients and keeps its records until update(), as an enabled one.
+  void set_guard(const GuardConfig& config);
+  const GuardConfig& guard() const noexcept { return guard_; }
+  // This step's loss (the mean over its accumulation window, unscaled), once per step before
+  // the first decide(): the loss guards read it. Not given: the loss guards stay silent.
+  void observe_loss(double loss);
   // std::invalid_argument for options decide() would refuse (max_grad_norm not finite and > 0):
   // a door calls it before it checks anything, so that a bad call changes nothing.
   static void validate_options(const DecideOptions& options);
@@ -212,7 +230,11 @@ class ScalerProtocol {
     OptimizerStage stage = OptimizerStage::ready;
     GradientCheck check;
     std::optional<std::pair<float, double>> clipped;  // (coefficient, norm) applied in place
+    std::size_t order = 0;                   // optimizers checked before it this step (its norm detector)
+    std::optional<GuardView> seen;           // what its first decide() fed the guards
   };
+  bool keeps_records() const noexcept { return enabled_ || guard_.any(); }
+  void end_guard_step() noexcept;
   std::string_view text_of(Misuse m) const;  // the misuse's text in this dialect (kMisuseTable)
   [[noreturn]] void misuse(Misuse m, const std::string& detail = {}) const;
   void require_window_complete(std::string_view call) const;
@@ -228,6 +250,11 @@ class ScalerProtocol {
   std::map<OptimizerId, Record> records_;
   RankAgreement agree_;
   std::optional<LayerwiseScales> layerwise_;
+  GuardConfig guard_;
+  ZScoreDetector loss_detector_{guard_.window};
+  std::vector<ZScoreDetector> grad_detectors_;  // one per optimizer, in the order they are checked
+  std::optional<double> step_loss_;             // observe_loss() of this step
+  std::optional<double> step_loss_z_;           // its z-score, once fed to the detector
 };
 
 // What every C++ GradScaler door (mixprec::GradScaler over ParamStore views,
@@ -263,6 +290,9 @@ class ScalerDoor {
   // The one state format (the same for every door; it carries torch.amp's keys too).
   std::string state_json() const { return protocol_.state_json(); }
   void load_state_json(std::string_view json) { protocol_.load_state_json(json); }
+  // Step guards (scaler/step_guard.hpp), set between steps.
+  void set_guard(const GuardConfig& config) { protocol_.set_guard(config); }
+  const GuardConfig& guard() const noexcept { return protocol_.guard(); }
   // One loss-scale config key changed in place (torch's set_growth_factor & co.).
   void reconfigure(std::string_view key, std::string_view value) { protocol_.reconfigure(key, value); }
 

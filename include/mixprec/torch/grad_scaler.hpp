@@ -35,6 +35,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <optional>
@@ -76,6 +77,10 @@ enum class GradientPath : std::uint8_t { automatic, aten };
 struct StepOptions {
   std::optional<float> max_grad_norm;  // clip the unscaled gradients to this global L2 norm
   ClipNorm clip_norm = ClipNorm::exact;
+  // Step guards (set_guard(); docs/spike_guards.md): this step's loss (unscaled, the mean over
+  // its window) for the loss guards, and a predicate asked after the check (true: skip).
+  std::optional<double> loss{};
+  std::function<bool(const GuardView&)> skip_if{};
 };
 
 // What step() did.
@@ -87,6 +92,8 @@ struct StepOutcome {
   std::string first_overflow_name;   // its name (set_names), else "param[<index>]"; "" when none
   double grad_norm = std::numeric_limits<double>::quiet_NaN();  // global L2 norm of the unscaled gradients
   float clip_coef = 1.0f;            // applied clip coefficient (1: none)
+  SkipReason reason = SkipReason::none;  // why the step was skipped (none when applied)
+  GuardView guard;                   // the loss, norm and z-scores the guards saw
 };
 
 class GradScaler : public ScalerDoor {

@@ -49,6 +49,12 @@ struct TrainConfig {
   double weight_decay = 0.1;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double clip = 1.0;                           // max global grad norm; 0 = no clipping
+  // step guards (docs/spike_guards.md): a step is skipped when its loss or gradient norm
+  // is more than Z standard deviations above the mean of the last skip_window steps (0: off)
+  double skip_loss_z = 0;
+  double skip_grad_z = 0;
+  std::size_t skip_window = 128;
+  double ema = 0;                              // decay of an EMA of the weights over applied steps; 0 = none
   std::size_t steps = 150;                     // optimizer steps (applied or skipped)
   std::size_t accum = 32;                      // micro-batches per step; loss averaged over all of their tokens
   std::uint64_t seed = 1;                      // weights, batch order, corpus
@@ -68,6 +74,11 @@ struct TrainConfig {
   // gradient element, as if the backward pass had overflowed.
   std::vector<std::size_t> inject_overflow_at;
   std::string inject_overflow_tensor;          // testing: the parameter it writes into ("" = the first)
+  // testing: these steps (1-based) draw a bad batch of kind inject_bad_batch: "labels"
+  // (every target replaced by a random token) or "scaled" (the loss gradient times 1000);
+  // one kind for every step, or a comma-separated kind per step.
+  std::vector<std::size_t> inject_bad_batch_at;
+  std::string inject_bad_batch = "labels";
   unsigned threads = 0;                        // 0 = all cores (MIXPREC_THREADS / OMP_NUM_THREADS respected)
 
   // data parallelism over the ranks of a communicator (docs/distributed.md)
@@ -89,6 +100,8 @@ void validate(const TrainConfig& c);
 // std::invalid_argument as validate gives it for any other text.
 std::optional<LossScaleConfig> loss_scale_config(const std::string& spec);
 
+// inject_bad_batch's kinds, split at commas ("labels,scaled" -> labels, scaled).
+std::vector<std::string> bad_batch_kinds(const std::string& text);
 // The fp8 recipe options of c (validated by validate()).
 nn::Fp8Config fp8_config(const TrainConfig& c);
 // The config keys of the fp8 recipe options ("fp8-format", ..., "mx-rounding"): those of

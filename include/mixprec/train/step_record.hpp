@@ -11,6 +11,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <optional>
 #include <span>
 #include <string>
@@ -20,6 +21,7 @@
 #include "mixprec/formats/bulk.hpp"
 #include "mixprec/kernels/unscale.hpp"
 #include "mixprec/nn/model.hpp"
+#include "mixprec/scaler/step_guard.hpp"
 
 namespace mixprec::train {
 
@@ -34,7 +36,11 @@ struct StepRecord {
   float next_scale = 1;          // loss scale after the update
   bool found_inf = false;        // inf/NaN among the gradients
   bool skipped = false;          // no optimizer update this step
-  bool injected = false;         // --inject-overflow-at hit this step
+  SkipReason skip_reason = SkipReason::none;  // why (docs/spike_guards.md); none when applied
+  // The guards' z-scores (NaN while the window fills or with no spike guard on).
+  double loss_z = std::numeric_limits<double>::quiet_NaN();
+  double grad_z = std::numeric_limits<double>::quiet_NaN();
+  bool injected = false;         // a testing injection (--inject-overflow-at, --inject-bad-batch-at) hit this step
   double grad_norm = 0;          // global norm of the unscaled gradients (NaN when skipped)
   float clip_coef = 1;
   std::string overflow_param;    // first parameter gradient holding inf/NaN
@@ -45,6 +51,7 @@ struct StepRecord {
   double seconds = 0;            // wall time of the whole step
   double scaler_seconds = 0;     // of which check + unscale + clip + optimizer step + scale update
   std::optional<double> val_loss;  // when this step evaluated
+  std::optional<double> val_loss_ema;  // ... and with --ema, the EMA weights' validation loss
 
   // Telemetry (docs/telemetry.md).
   float act_grad_amax = 0;       // largest |activation gradient| before rounding, scaled domain (inf if non-finite)
@@ -81,8 +88,10 @@ struct StepRecord {
 // A run's figures (summary.json, train::summary_json; the report's summary table).
 struct TrainSummary {
   std::uint64_t steps = 0, applied = 0, skipped = 0;
+  std::uint64_t skipped_by[kSkipReasons] = {};  // skipped steps by SkipReason (index none: 0)
   double final_loss = 0;             // last step's training loss
   std::optional<double> val_loss;    // last evaluation
+  std::optional<double> val_loss_ema;  // last evaluation of the EMA weights (--ema)
   float final_scale = 1;
   double underflow_fraction = 0;     // activation-gradient elements flushed to zero / all nonzero ones, whole run
   double subnormal_fraction = 0;     // ... left subnormal
@@ -107,6 +116,7 @@ struct TrainSummary {
 // figures too).
 struct RunTotals {
   std::uint64_t steps = 0, applied = 0, skipped = 0, tokens = 0;
+  std::uint64_t skipped_by[kSkipReasons] = {};  // by SkipReason
   ConversionStats act_grads;
   // fp8 tensors, per role (0 forward, 1 backward): nonzero, saturated, flushed values.
   std::uint64_t fp8_nonzero[2] = {0, 0}, fp8_saturated[2] = {0, 0}, fp8_flushed[2] = {0, 0};
@@ -116,6 +126,7 @@ struct RunTotals {
   double final_loss = 0;                 // the last step's loss as recorded
   bool final_loss_finite = false;        // ... and its loss_finite
   std::optional<double> val_loss;        // last evaluation
+  std::optional<double> val_loss_ema;    // last evaluation of the EMA weights
   float final_scale = 1;                 // the last step's next_scale
   std::vector<double> step_ms;           // this process's step times (the median; not in checkpoints)
 

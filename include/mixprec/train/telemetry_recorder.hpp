@@ -76,6 +76,11 @@ struct TelemetryStep {
   double grad_norm = 0;                     // of the unscaled gradients, before clipping
   float clip_coef = 1;                      // the clipping applied to the gradients (1: none)
   std::string overflow_param = {};          // the first parameter holding inf/NaN
+  // Why the step was skipped (a SkipReason's name; docs/spike_guards.md); "": none when
+  // applied, else nonfinite_grad when found_inf, else user. The guards' z-scores (NaN: none).
+  std::string skip_reason = {};
+  double loss_z = std::numeric_limits<double>::quiet_NaN();
+  double grad_z = std::numeric_limits<double>::quiet_NaN();
   std::vector<StepRecord::LayerScale> layers = {};  // preset layerwise: each watched layer's scaling
   // Tensors a low-precision recipe quantized this step (mixprec.torch.low_precision's Linear
   // modules: "<module>.input", ".weight", ".grad_output"), the log's "fp8" array: each needs a

@@ -16,12 +16,14 @@ except ImportError as e:  # pragma: no cover - exercised by a test in a subproce
     ) from e
 
 from .advise import Advice, advise, advise_run
-from .grad_scaler import GradScaler, StepOutcome
+from .ema import EMA
+from .grad_scaler import GradScaler, GuardView, StepGuard, StepOutcome
 from .low_precision import (LowPrecisionLinear, RecipeOptions, load_assignment, low_precision,
                             low_precision_modules, quantization_stats, sample_quantization_error,
                             save_assignment)
 from .telemetry import Telemetry
 
-__all__ = ["Advice", "GradScaler", "LowPrecisionLinear", "RecipeOptions", "StepOutcome", "Telemetry", "advise",
+__all__ = ["Advice", "EMA", "GradScaler", "GuardView", "LowPrecisionLinear", "RecipeOptions", "StepGuard", "StepOutcome",
+           "Telemetry", "advise",
            "advise_run", "load_assignment", "low_precision", "low_precision_modules", "quantization_stats",
            "sample_quantization_error", "save_assignment"]

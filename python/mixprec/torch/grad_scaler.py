@@ -38,7 +38,7 @@ import warnings
 import weakref
 from collections import abc
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -49,6 +49,18 @@ from ..loss_scale import LossScale, _state_json, _value_text, preset_names
 
 _CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _FLOAT_MAX = float(np.finfo(np.float32).max)
+
+
+@dataclass(frozen=True)
+class GuardView:
+    """What a GradScaler's skip_if predicate is given, after the gradients were checked:
+    the step's loss (the sum of its scale() inputs; NaN when not given), the unscaled
+    gradient norm and both z-scores (NaN while a window fills or its guard is off)."""
+
+    loss: float
+    grad_norm: float
+    loss_z: float
+    grad_z: float
 
 
 @dataclass(frozen=True)
@@ -67,6 +79,12 @@ class StepOutcome:
     scale: float                         # the scale the gradients carried
     result: Any = None                   # optimizer.step()'s return value (None when skipped)
     skipped_layers: Tuple[str, ...] = ()  # preset layerwise: watched layers whose update was skipped alone
+    # Why the step was skipped (docs/spike_guards.md): "none" when applied, else
+    # "nonfinite_grad", "nonfinite_loss", "loss_spike", "grad_spike" or "user".
+    reason: str = "none"
+    loss: float = math.nan      # the step's loss as the guards saw it (NaN: no loss guard asked for it)
+    loss_z: float = math.nan    # z-scores over the guards' windows (NaN while they fill, or guards off)
+    grad_z: float = math.nan
     # For mixprec.torch.Telemetry: id(parameter) -> its gradient's unscaled |max| as stored,
     # measured by the check's own pass (the core's; only when a Telemetry asked for it).
     _grad_amax: Optional[Dict[int, float]] = field(default=None, repr=False, compare=False)
@@ -99,7 +117,9 @@ class GradScaler:
                  growth_factor: Optional[float] = None, backoff_factor: Optional[float] = None,
                  growth_interval: Optional[int] = None, enabled: bool = True, *,
                  preset: Optional[str] = None, reduce_found_inf: Optional[bool] = None,
-                 process_group: Any = None, **overrides: Any) -> None:
+                 process_group: Any = None, skip_nonfinite: Optional[bool] = None,
+                 skip_loss_z: float = 0.0, skip_grad_z: float = 0.0, skip_window: int = 128,
+                 skip_if: Optional[Callable[[GuardView], bool]] = None, **overrides: Any) -> None:
         self._device = device
         # None: MAX-reduce found_inf over the process group whenever torch.distributed is
         # initialized (sharded optimizers see different gradients on each rank).
@@ -123,8 +143,24 @@ class GradScaler:
                 raise TypeError(f"GradScaler: {k} given twice")
             chosen[k] = v
         pairs = [(k, _value_text(k, v)) for k, v in chosen.items()]
+        if skip_if is not None and not callable(skip_if):
+            raise TypeError(f"skip_if: expected a callable (GuardView -> bool), found {type(skip_if).__name__}")
+        guard = [("skip_loss_z", _value_text("skip_loss_z", skip_loss_z)),
+                 ("skip_grad_z", _value_text("skip_grad_z", skip_grad_z)),
+                 ("skip_window", _value_text("skip_window", skip_window))]
+        if skip_nonfinite is not None:
+            if not isinstance(skip_nonfinite, bool):
+                raise TypeError(f"skip_nonfinite: expected True, False or None, found {skip_nonfinite!r}")
+            if enabled and not skip_nonfinite:
+                raise ValueError("skip_nonfinite: expected True or None with a loss scale (an enabled scaler "
+                                 "always skips a step whose gradients hold inf/NaN), found False")
+            guard.append(("skip_nonfinite", "true" if skip_nonfinite else "false"))
         self._p = _core.ScalerProtocol(preset, pairs, enabled)  # validates (the core's messages)
+        self._p.set_guard(guard)  # validates (the core's messages); nothing is kept on error
+        self._refresh_guard()
         self._p.set_rank_agreement(_rank_hook(self))
+        self._skip_if = skip_if
+        self._losses: List[torch.Tensor] = []  # this step's scale() inputs, for the loss guards
         self._last_device: Optional[torch.device] = None  # of the last check (for the all-reduce)
         self._names: Dict[int, Tuple[Any, str]] = {}  # id(param) -> (weakref to it, name)
         # What the last step() returned: Accelerate and Lightning call step() and drop it.
@@ -219,6 +255,8 @@ class GradScaler:
         """outputs * scale, with the scale as a 0-dim float32 tensor on each output's device
         (torch's own type promotion); tensors in nested lists/tuples (other iterables: a map
         object) as torch does. Disabled: outputs unchanged."""
+        if self._wants_loss():
+            self._keep_loss(outputs)
         if not self._p.enabled:
             return outputs
         if self._lw is not None:
@@ -259,7 +297,16 @@ class GradScaler:
         if plan == "check":
             self._finish_layers()
             self._p.record(key, self._check(optimizer))
-        apply, found_inf, scale, first, grad_norm = self._p.decide(key)
+        if self._losses:
+            # The loss guards' value: the sum of this step's scale() inputs (with the usual
+            # loss / k per micro-batch, the window's mean; z-scores do not depend on the factor).
+            self._p.observe_loss(float(sum(float(t.detach().float().sum()) for t in self._losses)))
+            self._losses = []
+        user_skip = False
+        if self._skip_if is not None:
+            loss, norm, loss_z, grad_z = self._p.guard_view(key)
+            user_skip = bool(self._skip_if(GuardView(loss, norm, loss_z, grad_z)))
+        apply, found_inf, scale, first, grad_norm, reason, (g_loss, loss_z, grad_z) = self._p.decide(key, user_skip)
         amax = self._amax_by_opt.pop(key, None)
         # If the optimizer raises, the stage stays "unscaled": a retry steps without unscaling again.
         result = optimizer.step(*args, **kwargs) if apply else None
@@ -273,7 +320,7 @@ class GradScaler:
         index = None if first < 0 else first
         name = None if index is None else self._name_at(optimizer, index)
         self.last_outcome = StepOutcome(apply, found_inf, name, index, grad_norm, scale, result,
-                                        self._lw_skipped or (), _grad_amax=amax)
+                                        self._lw_skipped or (), reason, g_loss, loss_z, grad_z, _grad_amax=amax)
         return self.last_outcome
 
     def update(self, new_scale: Union[float, torch.Tensor, None] = None) -> None:
@@ -282,8 +329,11 @@ class GradScaler:
         The mixprec preset raises mixprec.ScaleCollapseError when its scale collapsed (the
         step is over all the same; the scale stays as it was)."""
         if not self._p.enabled:
+            self._p.update()  # a guarded disabled scaler ends its step (nothing to do otherwise)
+            self._losses = []
             return
         self._lw_skipped = None
+        self._losses = []
         if new_scale is None:
             self._p.update()
             return
@@ -360,8 +410,9 @@ class GradScaler:
         """The protocol's one state format as a dict: torch's keys (scale, growth_factor,
         backoff_factor, growth_interval, _growth_tracker: torch.amp.GradScaler.load_state_dict
         takes this dict) and mixprec's (format, version, enabled, preset, accumulation_steps,
-        loss_scale: the exact scale, the config, every counter). {} when disabled, as torch."""
-        if not self._p.enabled:
+        loss_scale: the exact scale, the config, every counter; with step guards, `guard`: their
+        config and windows). {} when disabled without guards, as torch."""
+        if not self._p.enabled and not self._guarded():
             return {}
         state = json.loads(self._p.state_json())
         if state["scale"] == "inf":
@@ -372,11 +423,12 @@ class GradScaler:
         """A state_dict() of any mixprec door (Python, libtorch, the engine), or one of
         torch.amp.GradScaler (into a scaler whose rule is torch's). The core validates all of it
         first; on error nothing changes."""
-        if not self._p.enabled:
+        if not self._p.enabled and not self._guarded():
             return
         if not isinstance(state_dict, dict):
             raise TypeError(f"load_state_dict: expected a dict, found {type(state_dict).__name__}")
         self._p.load_state_json(_state_json(state_dict, "load_state_dict"))
+        self._refresh_guard()
 
     def __getstate__(self) -> Dict[str, Any]:
         if not self._p.between_steps():
@@ -394,8 +446,8 @@ class GradScaler:
         preset, enabled, saved = state["_p"]
         self.__dict__.update(state)
         self._p = _core.ScalerProtocol(preset, [], enabled)
-        if enabled:
-            self._p.load_state_json(saved)
+        self._p.load_state_json(saved)  # the scale (when enabled) and the guards
+        self._refresh_guard()
         self._p.set_rank_agreement(_rank_hook(self))
 
     def __repr__(self) -> str:
@@ -404,7 +456,25 @@ class GradScaler:
         return (f"GradScaler(preset={self.preset!r}, scale={self.get_scale()!r}, "
                 f"enabled={self.is_enabled()})")
 
-    # ---- internals: the next scale, the all-reduce, the routing of gradients -------------
+    # ---- internals: the guards' loss, the next scale, the all-reduce, the gradients -------
+
+    def _refresh_guard(self) -> None:
+        """The guards' config as the core holds it (after construction and every load)."""
+        self._guard = json.loads(self._p.guard_json())
+
+    def _guarded(self) -> bool:
+        g = self._guard
+        return bool(g["skip_nonfinite"]) or g["skip_loss_z"] > 0 or g["skip_grad_z"] > 0
+
+    def _wants_loss(self) -> bool:
+        return self._skip_if is not None or self._guard["skip_loss_z"] > 0
+
+    def _keep_loss(self, outputs: Any) -> None:
+        if isinstance(outputs, torch.Tensor):
+            self._losses.append(outputs.detach())
+        elif isinstance(outputs, (list, tuple)):
+            for o in outputs:
+                self._keep_loss(o)
 
     def _next_scale(self) -> float:
         """The scale update() leaves (or left, when it has run since step()), changing nothing:
@@ -526,6 +596,31 @@ class GradScaler:
             _core.check_gradients([to_dlpack(g) for g in core], scale, True)
             _check_gradients_aten(aten, scale, True)
         return merged
+
+
+class StepGuard(GradScaler):
+    """Step guards without loss scaling (bf16, fp32): a GradScaler with enabled=False that
+    still checks every gradient and skips the step on inf/NaN, on a loss or gradient-norm
+    spike or when skip_if says so (docs/spike_guards.md). The same calls as a scaler:
+
+        guard = mixprec.torch.StepGuard(skip_loss_z=6.0, skip_grad_z=6.0)
+        guard.scale(loss).backward()     # the loss itself, kept for the loss guard
+        outcome = guard.step(optimizer)  # outcome.applied, outcome.reason
+        guard.update()                   # ends the step (required)
+    """
+
+    def __init__(self, *, skip_loss_z: float = 0.0, skip_grad_z: float = 0.0, skip_window: int = 128,
+                 skip_if: Optional[Callable[[GuardView], bool]] = None, reduce_found_inf: Optional[bool] = None,
+                 process_group: Any = None) -> None:
+        super().__init__("cpu", enabled=False, reduce_found_inf=reduce_found_inf, process_group=process_group,
+                         skip_nonfinite=True, skip_loss_z=skip_loss_z, skip_grad_z=skip_grad_z,
+                         skip_window=skip_window, skip_if=skip_if)
+
+    def __repr__(self) -> str:
+        if "_guard" not in self.__dict__:
+            return "StepGuard(<not constructed>)"
+        g = self._guard
+        return f"StepGuard(skip_loss_z={g['skip_loss_z']!r}, skip_grad_z={g['skip_grad_z']!r}, skip_window={g['skip_window']!r})"
 
 
 def _rank_hook(scaler: "GradScaler"):
