@@ -254,7 +254,7 @@ std::vector<Alert> AlertMonitor::observe(const train::StepRecord& r) {
   s.loss = r.loss;
   s.loss_finite = r.loss_finite && std::isfinite(r.loss);
   // Skipped for inf/NaN gradients (the overflow rules' skips; a guard's skip is not an overflow).
-  s.skipped = r.skipped && r.skip_reason == SkipReason::nonfinite_grad;
+  s.skipped = skip_reason_of(r) == SkipReason::nonfinite_grad;
   s.injected = r.injected;
   s.forward = !r.loss_finite;
   s.scale = r.scale;
@@ -337,12 +337,12 @@ std::vector<Alert> AlertMonitor::observe(const train::StepRecord& r) {
   }
 
   // ---- guarded skip: a step guard refused the step; what the step's numbers say about why.
-  if (r.skipped && r.skip_reason != SkipReason::none && r.skip_reason != SkipReason::nonfinite_grad) {
+  if (const SkipReason reason = skip_reason_of(r); reason != SkipReason::none && reason != SkipReason::nonfinite_grad) {
     if (find(AlertKind::guarded_skip) != nullptr) {
       hold(AlertKind::guarded_skip, r.step);
     } else {
       std::string why;
-      switch (r.skip_reason) {
+      switch (skip_reason_of(r)) {
         case SkipReason::loss_spike:
           why = cat("the loss, ", fmt_g(r.loss, 4), ", was ", fmt_g(r.loss_z, 3),
                     " standard deviations above the mean of the guard's window");
@@ -354,7 +354,7 @@ std::vector<Alert> AlertMonitor::observe(const train::StepRecord& r) {
         case SkipReason::nonfinite_loss: why = "the loss was not finite while every gradient was"; break;
         default: why = "the run's own predicate (skip_if) refused it"; break;
       }
-      std::string msg = cat("at step ", at, " a step guard skipped the update (", skip_reason_name(r.skip_reason),
+      std::string msg = cat("at step ", at, " a step guard skipped the update (", skip_reason_name(skip_reason_of(r)),
                             "): ", why);
       // Where: the first non-finite activation, the largest gradient, the most saturated
       // quantized tensor of the step.

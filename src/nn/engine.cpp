@@ -207,6 +207,7 @@ std::span<float> Engine::target(std::size_t a, std::size_t slot, std::size_t n) 
 }
 
 void Engine::commit(std::size_t a, std::span<float> v) {
+  if (a == fault_act_ && !v.empty()) v[0] = std::numeric_limits<float>::quiet_NaN();
   const Act& act = acts_.act(a);
   if (hist_ != nullptr) hist_->activations.add(v, kHistogramStride);
   if (act.dtype == DType::f32) {
@@ -217,6 +218,7 @@ void Engine::commit(std::size_t a, std::span<float> v) {
 }
 
 void Engine::commit_operand(std::size_t a, std::span<float> v) {
+  if (a == fault_act_ && !v.empty()) v[0] = std::numeric_limits<float>::quiet_NaN();
   const Act& act = acts_.act(a);
   if (!(native_ && act.dtype == DType::bf16)) return commit(a, v);
   if (hist_ != nullptr) hist_->activations.add(v, kHistogramStride);
@@ -233,6 +235,7 @@ void Engine::commit_grad(std::size_t a, std::span<float> v, BackwardStats& stats
 
 void Engine::commit_grad_impl(std::size_t a, std::span<float> v, BackwardStats& stats, std::size_t label,
                               bool decode_back) {
+  if (label == fault_label_ && !v.empty()) v[0] = std::numeric_limits<float>::infinity();
   const Act& act = acts_.act(a);
   if (hist_ != nullptr) hist_->activation_grads.add(v, kHistogramStride);
   float m = 0;
@@ -301,6 +304,11 @@ void Engine::commit_block(const Stage& st, std::size_t r0, std::size_t r1, Conve
   const std::span<float> v = st.v.subspan(b, (r1 - r0) * st.cols);
   std::byte* dst = acts_.data(st.act);
   const bool native = native_ && act.dtype == DType::bf16;
+  if (r0 == 0 && !v.empty()) {  // a planted fault (testing): in the block that holds element 0
+    const bool grad_kind = st.kind == Commit::grad || st.kind == Commit::grad_operand;
+    if (!grad_kind && st.act == fault_act_) v[0] = std::numeric_limits<float>::quiet_NaN();
+    if (grad_kind && st.label == fault_label_) v[0] = std::numeric_limits<float>::infinity();
+  }
   switch (st.kind) {
     case Commit::value:
     case Commit::operand:

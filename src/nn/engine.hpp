@@ -67,6 +67,14 @@ class Engine {
   Arena& acts() noexcept { return acts_; }
   const Arena& acts() const noexcept { return acts_; }
 
+  // Testing (Model::set_fault): NaN into element 0 of activation `act` as it is committed,
+  // +inf into element 0 of the activation gradient of stats label `label`; kNoFault: none.
+  static constexpr std::size_t kNoFault = static_cast<std::size_t>(-1);
+  void set_fault(std::size_t act, std::size_t label) noexcept {
+    fault_act_ = act;
+    fault_label_ = label;
+  }
+
   // Scratch slot `slot`, first n elements.
   std::span<float> scratch(std::size_t slot, std::size_t n);
   // The same, set to zero (split over the OpenMP threads when large, as copy()).
@@ -187,6 +195,7 @@ class Engine {
   std::vector<float> grad_acc_;     // fp32 accumulator (only when weight grads are low precision)
   ModelHistograms* hist_ = nullptr;
   bool native_ = false;
+  std::size_t fault_act_ = kNoFault, fault_label_ = kNoFault;
 };
 
 

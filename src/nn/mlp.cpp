@@ -242,6 +242,7 @@ class Mlp final : public Model {
     return "losses";
   }
 
+  Engine& engine() noexcept override { return *engine_; }
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Fp8Linears> fp8_;  // the hidden Linears fc<i> (id i), fp8 presets only
   std::size_t wte_ = 0, headw_ = 0, headb_ = 0;

@@ -7,6 +7,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "engine.hpp"
 #include "fp8_linear.hpp"
 #include "mixprec/scaler/layerwise.hpp"
 #include "model_impl.hpp"
@@ -253,4 +254,34 @@ void write_initial_weights(ParamStore& store, std::span<const float> flat) {
 }
 
 }  // namespace detail
+void Model::set_fault(const std::string& name, bool backward) {
+  detail::Engine& e = engine();
+  if (name.empty()) {
+    e.set_fault(detail::Engine::kNoFault, detail::Engine::kNoFault);
+    return;
+  }
+  std::vector<std::string> names;
+  if (backward) {
+    for (std::size_t i = 0; i < stats_.tensors.size(); ++i) {
+      if (stats_.tensors[i].name == name) {
+        e.set_fault(detail::Engine::kNoFault, i);
+        return;
+      }
+      names.push_back(stats_.tensors[i].name);
+    }
+  } else {
+    for (std::size_t a = 0; a < e.acts().count(); ++a) {
+      if (e.acts().act(a).name == name) {
+        e.set_fault(a, detail::Engine::kNoFault);
+        return;
+      }
+      names.push_back(e.acts().act(a).name);
+    }
+  }
+  std::string list;
+  for (const std::string& n : names) list += (list.empty() ? "" : ", ") + n;
+  throw std::invalid_argument(std::string(backward ? "activation gradient" : "activation") + ": expected one of " +
+                              list + ", found '" + name + "'");
+}
+
 }  // namespace mixprec::nn

@@ -131,7 +131,7 @@ json trajectory_settings(const TrainConfig& c) {
                         "eval-windows", "histogram-every", "threads", "inject-overflow-at", "inject-overflow-tensor",
                         // a run may resume on another number of ranks, or another reduction (docs/distributed.md)
                         "distributed", "zero", "grad-reduce", "dist-timeout", "inject-overflow-rank",
-                        "inject-bad-batch-at", "inject-bad-batch"}) {
+                        "inject-bad-batch-at", "inject-bad-batch", "inject-fault-at", "inject-fault"}) {
     j.erase(k);
   }
   return j;

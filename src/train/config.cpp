@@ -412,7 +412,26 @@ const Table& table() {
             const std::vector<std::string> kinds = bad_batch_kinds(c.inject_bad_batch);
             for (const std::string& kind : kinds)
               if (kind != "labels" && kind != "scaled")
-                fail("inject-bad-batch", "labels or scaled (comma-separated)", squote(c.inject_bad_batch));
+                fail("inject-bad-batch", "labels or scaled, one or one per --inject-bad-batch-at step, comma-separated",
+                     squote(c.inject_bad_batch));
+          },
+          kMoves));
+    }
+    {
+      Spec s = integer("inject-fault-at", "LIST", "Testing: a planted fault (--inject-fault) at these steps", 1);
+      k.push_back(list_row(s, [](auto& c) -> auto& { return c.inject_fault_at; }, {}, kMoves));
+    }
+    {
+      Spec s = text_spec("inject-fault", "SPEC",
+                         "Testing: forward:NAME (NaN into activation NAME) or backward:NAME (+inf into activation "
+                         "gradient NAME)");
+      s.expected = "forward:NAME or backward:NAME";
+      k.push_back(text_row(
+          s, [](auto& c) -> auto& { return c.inject_fault; },
+          [](const TrainConfig& c) {
+            const std::string& f = c.inject_fault;
+            if (!f.empty() && !((f.starts_with("forward:") && f.size() > 8) || (f.starts_with("backward:") && f.size() > 9)))
+              fail("inject-fault", "forward:NAME or backward:NAME", squote(f));
           },
           kMoves));
     }
@@ -558,6 +577,11 @@ void validate(const TrainConfig& c) {
     fail("inject-bad-batch", "one kind, or one per --inject-bad-batch-at step (" +
                                  std::to_string(c.inject_bad_batch_at.size()) + ")",
          squote(c.inject_bad_batch));
+  if (c.inject_fault.empty() != c.inject_fault_at.empty())
+    fail(c.inject_fault.empty() ? "inject-fault" : "inject-fault-at",
+         "both --inject-fault and --inject-fault-at, or neither", c.inject_fault.empty() ? "none" : "none");
+  for (const std::size_t s : c.inject_fault_at)
+    if (s > c.steps) fail("inject-fault-at", "an integer in [1, " + std::to_string(c.steps) + "]", std::to_string(s));
   for (const std::size_t s : c.inject_bad_batch_at)
     if (s > c.steps)
       fail("inject-bad-batch-at", "an integer in [1, " + std::to_string(c.steps) + "]", std::to_string(s));

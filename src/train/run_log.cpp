@@ -374,7 +374,7 @@ std::string step_record_json(const StepRecord& r) {
   w.field("next_scale", r.next_scale);
   w.field("found_inf", r.found_inf);
   w.field("skipped", r.skipped);
-  w.field("skip_reason", skip_reason_name(r.skip_reason));
+  w.field("skip_reason", skip_reason_name(skip_reason_of(r)));
   if (!std::isnan(r.loss_z)) w.field("loss_z", r.loss_z);
   if (!std::isnan(r.grad_z)) w.field("grad_z", r.grad_z);
   w.field("injected", r.injected);

@@ -10,7 +10,7 @@ namespace mixprec::train {
 void RunTotals::add(const StepRecord& r) {
   ++steps;
   (r.skipped ? skipped : applied) += 1;
-  if (r.skipped) ++skipped_by[static_cast<std::size_t>(r.skip_reason)];
+  if (r.skipped) ++skipped_by[static_cast<std::size_t>(skip_reason_of(r))];
   if (!r.skipped && std::isfinite(r.lost_update_fraction)) {
     lost_update_sum += r.lost_update_fraction;
     ++lost_update_steps;

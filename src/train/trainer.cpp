@@ -263,6 +263,15 @@ void Trainer::init(const TrainConfig& config, dist::Communicator* comm) {
                              fp8_config(config));
     m.optimizer = make_optimizer(config, m.model->params());
   }
+  if (!config.inject_fault.empty()) {  // the name checked now, against the model built
+    const bool backward = config.inject_fault.starts_with("backward:");
+    try {
+      m.model->set_fault(config.inject_fault.substr(backward ? 9 : 8), backward);
+      m.model->set_fault("", false);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("inject-fault: " + std::string(e.what()));
+    }
+  }
   if (!config.inject_overflow_tensor.empty()) {
     const ParamStore& store = m.model->params();
     bool known = false;
@@ -322,6 +331,7 @@ const GradScaler& Trainer::scaler() const noexcept { return *impl_->scaler; }
 const Optimizer& Trainer::optimizer() const noexcept { return *impl_->optimizer; }
 dist::Communicator& Trainer::communicator() noexcept { return *impl_->comm; }
 std::uint64_t Trainer::steps_done() const noexcept { return impl_->totals.steps; }
+std::span<const float> Trainer::ema() const noexcept { return impl_->ema; }
 bool Trainer::done() const noexcept { return impl_->totals.steps >= impl_->config.steps; }
 
 StepRecord Trainer::train_step() {
@@ -461,6 +471,12 @@ StepLoss Trainer::Impl::forward_backward(StepRecord& r) {
     kind = kinds.size() == 1 ? kinds[0] : kinds[static_cast<std::size_t>(hit - bad_at.begin())];
   }
   if (kind == "scaled") dloss *= 1000.0f;
+  const std::vector<std::size_t>& fault_at = config.inject_fault_at;
+  const bool fault = std::find(fault_at.begin(), fault_at.end(), r.step) != fault_at.end();
+  if (fault) {
+    const bool backward = config.inject_fault.starts_with("backward:");
+    model->set_fault(config.inject_fault.substr(backward ? 9 : 8), backward);
+  }
   std::uint64_t noise = config.seed ^ (0x9E3779B97F4A7C15ull * r.step);  // this step's random labels
   for (std::size_t k = 0; k < micro; ++k) {
     sampler.next_batch(config.model.batch, config.model.context, inputs, targets);
@@ -492,8 +508,9 @@ StepLoss Trainer::Impl::forward_backward(StepRecord& r) {
     }
     scaler->backward_done();
   }
+  if (fault) model->set_fault("", false);
   r.tokens = micro * model->tokens_per_batch();
-  r.injected = r.injected || bad;
+  r.injected = r.injected || bad || fault;
   r.act_grads = model->stats().activation_grads;
   return loss;
 }

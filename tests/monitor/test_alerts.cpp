@@ -176,7 +176,7 @@ TEST(AlertMonitor, AlertIdsAndJson) {
   for (AlertKind k : alert_kinds()) all.emplace_back(alert_id(k));
   EXPECT_EQ(all, (std::vector<std::string>{"persistent-overflow", "scale-collapse", "underflow-plateau",
                                            "forward-overflow", "scale-pinned", "nonfinite-input",
-                                           "loss-divergence"}));
+                                           "loss-divergence", "guarded-skip"}));
   Alert a;
   a.kind = AlertKind::forward_overflow;
   a.id = "forward-overflow";
@@ -633,6 +633,50 @@ TEST(Alerts, IncrementalEqualsEvaluate) {
     EXPECT_EQ(raised[i].steps, 1u);  // when raised
   }
   EXPECT_GT(all[0].steps, 1u);        // counted afterwards
+}
+
+}  // namespace
+}  // namespace mixprec::monitor
+
+namespace mixprec::monitor {
+namespace {
+
+// A step guard's skips: the guarded-skip alert names the reason, the z-score, the largest
+// gradient and the most saturated quantized tensor; guard skips are not overflows.
+TEST(Alerts, GuardedSkipNamesReasonWhereAndAdvice) {
+  const std::vector<StepRecord> log = run(120, [](StepRecord& r) {
+    r.params = {{"wte", 0.5f, 1.0f}, {"h1.mlp.fc.weight", r.step == 60 ? 900.0f : 0.2f, 1.0f}};
+    if (r.step == 60 || (r.step > 60 && r.step % 3 == 0)) {  // one spike, then many guarded skips
+      r.skipped = true;
+      r.skip_reason = SkipReason::grad_spike;
+      r.grad_norm = 1234.0;
+      r.grad_z = 9.5;
+    }
+    if (r.step == 60) {
+      nn::Fp8TensorStats f;
+      f.name = "h1.mlp.fc.input";
+      f.elements = 100;
+      f.nonzero = 100;
+      f.saturated = 40;
+      r.fp8.push_back(f);
+    }
+  });
+  const std::vector<Alert> alerts = evaluate(log, ctx("none", "bf16"));
+  const Alert* g = nullptr;
+  for (const Alert& a : alerts) {
+    EXPECT_NE(a.id, "persistent-overflow") << "a guard's skips are not overflows: " << a.message;
+    if (a.id == "guarded-skip") g = &a;
+  }
+  ASSERT_NE(g, nullptr);
+  EXPECT_EQ(g->step, 60u);
+  EXPECT_EQ(g->steps, 21u);
+  EXPECT_NE(g->message.find("(grad_spike): the gradient norm, 1234, was 9.5 standard deviations"), std::string::npos)
+      << g->message;
+  EXPECT_NE(g->message.find("the largest gradient was 'h1.mlp.fc.weight''s (|max| 900)"), std::string::npos)
+      << g->message;
+  EXPECT_NE(g->message.find("'h1.mlp.fc.input' saturated 40 of 100"), std::string::npos) << g->message;
+  EXPECT_NE(g->advice.find("bad batch"), std::string::npos) << g->advice;
+  EXPECT_NE(g->advice.find("its recipe is too coarse"), std::string::npos) << g->advice;
 }
 
 }  // namespace

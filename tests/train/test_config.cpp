@@ -294,9 +294,11 @@ TEST(TrainConfigJson, UnknownKeysListTheKnownOnes) {
                     "fp8-amax-history, fp8-amax-algo, fp8-margin, fp8-power2-scales, fp8-amax-epsilon, mx-rounding, "
                     "layers, "
                     "heads, channels, context, batch, depth, hidden, data, vocab, corpus-tokens, val-fraction, "
-                    "optimizer, lr, min-lr, warmup, weight-decay, beta1, beta2, eps, clip, steps, accum, seed, "
+                    "optimizer, lr, min-lr, warmup, weight-decay, beta1, beta2, eps, clip, skip-loss-z, skip-grad-z, "
+                    "skip-window, ema, steps, accum, seed, "
                     "eval-every, eval-windows, histogram-every, out, checkpoint-every, keep-checkpoints, resume, distributed, "
-                    "zero, grad-reduce, dist-timeout, inject-overflow-rank, inject-overflow-at, inject-overflow-tensor, threads",
+                    "zero, grad-reduce, dist-timeout, inject-overflow-rank, inject-overflow-at, inject-overflow-tensor, "
+                    "inject-bad-batch-at, inject-bad-batch, inject-fault-at, inject-fault, threads",
                     0),
             0u)
       << e;
@@ -422,7 +424,13 @@ TEST(TrainConfigJson, KeysInFlagOrder) {
             0u)
       << j;
   EXPECT_NE(j.find(R"("lr":0.003,"min-lr":0.0003,)"), std::string::npos) << j;
-  EXPECT_NE(j.find(R"("inject-overflow-at":[],"inject-overflow-tensor":"","threads":0})"), std::string::npos) << j;
+  EXPECT_NE(j.find(R"("inject-overflow-at":[],"inject-overflow-tensor":"","inject-bad-batch-at":[],)"
+                   R"("inject-bad-batch":"labels","inject-fault-at":[],"inject-fault":"","threads":0})"),
+            std::string::npos)
+      << j;
+  EXPECT_NE(j.find(R"("clip":1.0,"skip-loss-z":0.0,"skip-grad-z":0.0,"skip-window":128,"ema":0.0,"steps":150,)"),
+            std::string::npos)
+      << j;
   EXPECT_NE(to_json(TrainConfig{}, 2).find("{\n  \"model\": \"gpt\",\n"), std::string::npos);
 }
 
@@ -507,6 +515,14 @@ std::vector<KeyCase> key_cases() {
        "eps: expected a finite number > 0, found string \"1e-8\""},
       {"clip", "0", "", "-1", "clip: expected a finite number >= 0, found -1", "", "false",
        "clip: expected a finite number >= 0, found boolean false"},
+      {"skip-loss-z", "3.5", "", "-1", "skip-loss-z: expected a finite number >= 0, found -1", "z", R"("3")",
+       "skip-loss-z: expected a finite number >= 0, found string \"3\""},
+      {"skip-grad-z", "0", "", "inf", "skip-grad-z: expected a finite number >= 0, found inf", "", "null",
+       "skip-grad-z: expected a finite number >= 0, found null"},
+      {"skip-window", "1000000", "", "1", "skip-window: expected an integer in [2, 1000000], found 1", "", "64.5",
+       "skip-window: expected an integer in [2, 1000000], found 64.5"},
+      {"ema", "0.999", "", "1", "ema: expected a number in [0, 1), found 1", "", "true",
+       "ema: expected a number in [0, 1), found boolean true"},
       {"steps", "20.0", "20", "0", "steps: expected an integer in [1, 1000000000], found 0", "2.9", R"("10")",
        "steps: expected an integer in [1, 1000000000], found string \"10\""},
       {"accum", "1e6", "1000000", "1000001", "accum: expected an integer in [1, 1000000], found 1000001", "", "1e300",
@@ -539,6 +555,18 @@ std::vector<KeyCase> key_cases() {
        "inject-overflow-at: expected an array of integers >= 1, found 5"},
       {"inject-overflow-tensor", "h0.mlp.fc.weight", "", "", "", "", "7",
        "inject-overflow-tensor: expected a string, found 7"},
+      {"inject-bad-batch-at", "3,9", "", "0", "inject-bad-batch-at: expected an integer >= 1, found 0", "3;9", "3",
+       "inject-bad-batch-at: expected an array of integers >= 1, found 3"},
+      {"inject-bad-batch", "labels,scaled", "", "labels,gradients",
+       "inject-bad-batch: expected labels or scaled, one or one per --inject-bad-batch-at step, comma-separated, found "
+       "'labels,gradients'",
+       "", "[]",
+       "inject-bad-batch: expected labels or scaled, one or one per --inject-bad-batch-at step, comma-separated, found "
+       "array []"},
+      {"inject-fault-at", "4", "", "-4", "inject-fault-at: expected an integer >= 1, found -4", "", "{}",
+       "inject-fault-at: expected an array of integers >= 1, found object {}"},
+      {"inject-fault", "backward:h0.attn.grad", "", "sideways:h0", "inject-fault: expected forward:NAME or backward:NAME, "
+       "found 'sideways:h0'", "", "1", "inject-fault: expected forward:NAME or backward:NAME, found 1"},
       {"threads", "1024", "", "1025", "threads: expected an integer in [0, 1024], found 1025", "", "-1",
        "threads: expected an integer in [0, 1024], found -1"},
   };

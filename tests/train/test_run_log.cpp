@@ -85,7 +85,7 @@ void expect_same(const StepRecord& a, const StepRecord& b) {
 TEST(RunLog, LineText) {
   EXPECT_EQ(step_record_json(sample()),
             R"({"step":7,"lr":0.003,"loss":4.25,"loss_finite":true,"forward_nonfinite":"","scale":65536,)"
-            R"("next_scale":32768,"found_inf":true,"skipped":true,"injected":true,"grad_norm":null,"clip_coef":0.1,)"
+            R"("next_scale":32768,"found_inf":true,"skipped":true,"skip_reason":"nonfinite_grad","injected":true,"grad_norm":null,"clip_coef":0.1,)"
             R"("overflow_param":"h0.attn.w","overflow_activation":"h1.mlp \"gelu\"","act_grads":{"elements":100,)"
             R"("nonzero":90,"underflow":3,"subnormal":4,"overflow":2,"nonfinite_input":1},"lost_update_fraction":0.25,)"
             R"("tokens":2048,"seconds":0.5,"scaler_seconds":0.125,"act_grad_amax":0,"headroom_log2":0,)"
@@ -384,6 +384,7 @@ TEST(RunSummary, Json) {
   s.steps = 10;
   s.applied = 9;
   s.skipped = 1;
+  s.skipped_by[static_cast<std::size_t>(SkipReason::loss_spike)] = 1;
   s.final_loss = 3.25;
   s.final_scale = 32768;
   s.underflow_fraction = 0.001;
@@ -395,7 +396,9 @@ TEST(RunSummary, Json) {
   TrainConfig c;
   c.steps = 10;
   std::string j = summary_json(s, c);
-  EXPECT_EQ(j.rfind("{\n  \"steps\": 10,\n  \"applied\": 9,\n  \"skipped\": 1,\n  \"final_loss\": 3.25,\n"
+  EXPECT_EQ(j.rfind("{\n  \"steps\": 10,\n  \"applied\": 9,\n  \"skipped\": 1,\n  \"skipped_by\": {\n"
+                    "    \"nonfinite_grad\": 0,\n    \"nonfinite_loss\": 0,\n    \"loss_spike\": 1,\n"
+                    "    \"grad_spike\": 0,\n    \"user\": 0\n  },\n  \"final_loss\": 3.25,\n"
                     "  \"val_loss\": null,\n  \"final_scale\": 32768,\n  \"underflow_fraction\": 0.001,\n",
                     0),
             0u)

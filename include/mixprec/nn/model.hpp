@@ -138,6 +138,7 @@ struct Fp8TensorStats {
 
 namespace detail {
 class Fp8Linears;
+class Engine;
 }
 
 struct ForwardResult {
@@ -220,6 +221,12 @@ class Model {
   // what was expected and found; nothing changes on error).
   void load_fp8_delayed(const fp8::DelayedScalingState& state);
   void check_fp8_delayed(const fp8::DelayedScalingState& state) const;  // the checks of load_fp8_delayed
+  // Testing (docs/spike_guards.md, localisation): from now on, forward passes write NaN into
+  // the first element of activation `name` as they store it (backward = false), or backward
+  // passes write +inf into the first element of activation gradient `name` (backward =
+  // true), as a fault there would; "" clears. std::invalid_argument naming the tensors the
+  // model has for a name it has not. The names are those stats() and ForwardResult report.
+  void set_fault(const std::string& name, bool backward);
   // One line, e.g. "gpt: 2 layers, 4 heads, 64 channels, context 64, vocab 1024 (200,448 parameters)".
   virtual std::string describe() const = 0;
 
@@ -245,6 +252,8 @@ class Model {
   virtual void histograms_changed() noexcept {}
   // The fp8 Linear machinery of an fp8 preset, nullptr otherwise.
   virtual detail::Fp8Linears* fp8_linears() const noexcept { return nullptr; }
+  // The engine that stores this model's activations (set_fault plants its faults there).
+  virtual detail::Engine& engine() noexcept = 0;
   // Per-layer loss scaling in backward. scaled_layer(): the constructor's list. scale_layer():
   // at scaled layer `slot`, whose incoming gradient g carries `chain` above the base scale,
   // the layer's factor f (1 when scaling is off); g is multiplied by f and the layer's

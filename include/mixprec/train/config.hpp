@@ -79,6 +79,11 @@ struct TrainConfig {
   // one kind for every step, or a comma-separated kind per step.
   std::vector<std::size_t> inject_bad_batch_at;
   std::string inject_bad_batch = "labels";
+  // testing: at these steps a fault in one stored tensor: "forward:NAME" writes NaN into
+  // activation NAME as the forward pass stores it, "backward:NAME" +inf into activation
+  // gradient NAME (the names the run log's forward_nonfinite / overflow_activation use).
+  std::vector<std::size_t> inject_fault_at;
+  std::string inject_fault;
   unsigned threads = 0;                        // 0 = all cores (MIXPREC_THREADS / OMP_NUM_THREADS respected)
 
   // data parallelism over the ranks of a communicator (docs/distributed.md)

@@ -85,6 +85,14 @@ struct StepRecord {
   std::vector<LayerScale> layers;
 };
 
+// Why r was skipped, as every reader counts it: its skip_reason, or for a skipped record
+// that gives none (a writer before the step guards, a test's record) nonfinite_grad, the one
+// reason there was; none for an applied step.
+inline SkipReason skip_reason_of(const StepRecord& r) noexcept {
+  if (!r.skipped) return SkipReason::none;
+  return r.skip_reason == SkipReason::none ? SkipReason::nonfinite_grad : r.skip_reason;
+}
+
 // A run's figures (summary.json, train::summary_json; the report's summary table).
 struct TrainSummary {
   std::uint64_t steps = 0, applied = 0, skipped = 0;

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -48,6 +49,8 @@ class Trainer {
   dist::Communicator& communicator() noexcept;
 
   std::uint64_t steps_done() const noexcept;
+  // --ema: the fp32 average of the weights of record over applied steps (empty when off).
+  std::span<const float> ema() const noexcept;
   bool done() const noexcept;
   // One optimizer step (accum micro-batches). Evaluates too when the step is a
   // multiple of eval_every or the last one.

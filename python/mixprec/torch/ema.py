@@ -18,10 +18,11 @@ The update, for every tracked tensor p with shadow s (float32; float64 for a flo
 
     s <- s.lerp_(p.to(s.dtype), w),  w = 1 - d,  d = decay (or the warm-up's smaller value)
 
-i.e. torch.lerp's formula, element by element, with w rounded once to the shadow's dtype
-(1 - d computed in float64): for w < 0.5, s + w * (p - s), the product and the sum fused (one
-rounding, as torch's CPU and CUDA kernels compute it); for w >= 0.5 (d <= 0.5),
-p - (p - s) * (1 - w). A shadow equal to its parameter stays bit for bit equal (no drift).
+i.e. torch.lerp's formula, element by element: for w < 0.5, s + w * (p - s), the product and
+the sum fused (one rounding, as torch's CPU and CUDA kernels compute it); for w >= 0.5
+(d <= 0.5), p - (p - s) * (1 - w). For float32 shadows w = 1 - d in float32 arithmetic with d
+rounded to float32 first (as `mixprec train --ema` computes its rate); for float64 ones in
+float64. A shadow equal to its parameter stays bit for bit equal (no drift).
 
 A step counts only when it was applied: update(outcome) with a StepOutcome whose `applied` is
 False (mixprec.torch.GradScaler skipped it: inf/NaN gradients, or a skip guard) changes no
@@ -35,6 +36,7 @@ from __future__ import annotations
 import contextlib
 import math
 import numbers
+import struct
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Tuple, Union
 
 import torch
@@ -56,20 +58,24 @@ def _decay(v: Any) -> float:
     return d
 
 
+def _f32(x: float) -> float:
+    """x rounded to the nearest float32."""
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
 def _shadow_dtype(dtype: torch.dtype) -> torch.dtype:
     """float32 for float16/bfloat16/float32 (and fp8) tensors, float64 for float64, complex64/128
     for complex ones: never narrower than the tensor."""
     return torch.promote_types(dtype, torch.float32)
 
 
-def _named_tensors(source: Any, buffers: bool) -> Tuple[List[Tuple[str, torch.Tensor]], Optional[torch.nn.Module]]:
+def _named_tensors(source: Any, buffers: bool) -> List[Tuple[str, torch.Tensor]]:
     """(name, tensor) pairs to follow, checked: a module's parameters (and its floating buffers
     when asked), or an iterable of (str, floating tensor) pairs with distinct names."""
     if isinstance(source, torch.nn.Module):
         named = list(source.named_parameters())
         if buffers:
             named += [(n, b) for n, b in source.named_buffers() if b.is_floating_point() or b.is_complex()]
-        module: Optional[torch.nn.Module] = source
     else:
         if buffers:
             raise TypeError("buffers: expected False when following (name, tensor) pairs (list the buffers among "
@@ -88,7 +94,6 @@ def _named_tensors(source: Any, buffers: bool) -> Tuple[List[Tuple[str, torch.Te
             if not isinstance(t, torch.Tensor):
                 raise TypeError(f"model_or_named_params: '{n}': expected a tensor, found {type(t).__name__}")
             named.append((n, t))
-        module = None
     seen = set()
     for n, t in named:
         if n in seen:
@@ -103,7 +108,7 @@ def _named_tensors(source: Any, buffers: bool) -> Tuple[List[Tuple[str, torch.Te
                              "device (materialize the model first)")
     if not named:
         raise ValueError("model_or_named_params: expected at least one parameter to average, found none")
-    return named, module
+    return named
 
 
 class EMA:
@@ -123,8 +128,9 @@ class EMA:
                            (num_batches_tracked) are never followed. Default False: parameters only
 
     The shadows start as float32 copies of the tensors as they are now (float64 for float64
-    ones), on each tensor's device. update() reads the tensors it was given (the same
-    Parameter objects; a parameter replaced by a new one afterwards is not followed).
+    ones), on each tensor's device: make the EMA after moving the model to its device
+    (update() refuses a tensor whose device or shape changed). update() reads the tensors it
+    was given (the same Parameter objects; a parameter replaced by a new one is not followed).
     """
 
     def __init__(self, model_or_named_params: Union[torch.nn.Module, Iterable[Tuple[str, torch.Tensor]]],
@@ -132,7 +138,7 @@ class EMA:
         decay = _decay(decay)
         warmup = _args.flag("warmup", warmup)
         buffers = _args.flag("buffers", buffers)
-        named, _ = _named_tensors(model_or_named_params, buffers)
+        named = _named_tensors(model_or_named_params, buffers)
         self._decay = decay
         self._warmup = warmup
         self._names: List[str] = [n for n, _ in named]
@@ -143,6 +149,10 @@ class EMA:
                 for t in self._sources]
         self._num_updates = 0
         self._last_outcome: Optional[StepOutcome] = None  # the StepOutcome the last update() took
+        # Shadows by width: float64/complex128 ones (True) take w in float64, the others in float32.
+        self._groups: Dict[bool, List[int]] = {}
+        for i, sh in enumerate(self._shadows):
+            self._groups.setdefault(sh.dtype in (torch.float64, torch.complex128), []).append(i)
 
     # ---- the average ---------------------------------------------------------------------
 
@@ -229,9 +239,12 @@ class EMA:
             return False
         d = self.current_decay()
         with torch.no_grad():
-            ends = [p.detach() if p.dtype == s.dtype else p.detach().to(s.dtype)
-                    for s, p in zip(self._shadows, self._sources)]
-            torch._foreach_lerp_(self._shadows, ends, 1.0 - d)
+            for wide, idx in self._groups.items():
+                w = 1.0 - d if wide else _f32(1.0 - _f32(d))  # float32 1 - d: the exact difference, rounded once
+                shadows = [self._shadows[i] for i in idx]
+                ends = [self._sources[i].detach() for i in idx]
+                ends = [e if e.dtype == s.dtype else e.to(s.dtype) for s, e in zip(shadows, ends)]
+                torch._foreach_lerp_(shadows, ends, w)
         self._num_updates += 1
         return True
 
@@ -307,7 +320,8 @@ class EMA:
         names (none missing, none extra), each tensor's shape and dtype (the average's; values
         are copied onto the average's device)."""
         if not isinstance(state, dict):
-            raise TypeError(f"load_state_dict(): state: expected a dict (EMA.state_dict()), found {_args._shown(state)}")
+            raise TypeError("load_state_dict(): state: expected a dict (EMA.state_dict()), found "
+                            f"{_args._shown(state)}")
         missing = [k for k in _STATE_KEYS if k not in state]
         extra = [k for k in state if k not in _STATE_KEYS]
         if missing or extra:
@@ -320,7 +334,8 @@ class EMA:
         num_updates = _args.integer("load_state_dict(): num_updates", state["num_updates"], 0, 2**63 - 1)
         shadow = state["shadow"]
         if not isinstance(shadow, dict):
-            raise TypeError(f"load_state_dict(): shadow: expected a dict of name -> tensor, found {_args._shown(shadow)}")
+            raise TypeError("load_state_dict(): shadow: expected a dict of name -> tensor, found "
+                            f"{_args._shown(shadow)}")
         missing = [n for n in self._names if n not in shadow]
         extra = [n for n in shadow if n not in self._names]
         if missing or extra:

@@ -23,6 +23,13 @@ Module hooks (docs/python.md, "Telemetry"):
   counts, |max|; for an fp32 or bf16 gradient what fp16 would flush at the current scale, for
   an fp16 gradient its values as stored; one read-only pass over the tensor's own codes
   (formats/count.hpp; fp16 and bf16 are never widened);
+- localisation (localise=, last_localisation): at every step, one torch.aminmax per output
+  of the repeated blocks (transformer layers) and of the watched modules outside them, kept
+  on the device as 0-dim tensors and read with record()'s other results (exact: a NaN makes
+  min and max NaN, an inf makes |max| inf; a finite tensor never looks non-finite); the first
+  that held inf/NaN is the log's forward_nonfinite at every step. The backward is localised
+  from the parameter gradients record() measures anyway (no hook); localise="full" also hooks
+  every watched output gradient and counts inf/NaN elements exactly (isfinite);
 - record() adds per parameter the gradient |max| (unscaled, before clipping) and the weight
   |max|, then writes one log line, in one core call. The gradient |max| comes from the
   scaler's own unscale pass when it read the gradient (StepOutcome carries it: no second
@@ -43,6 +50,7 @@ import json
 import math
 import os
 import shutil
+import struct
 import time
 import weakref
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple, Union
@@ -60,6 +68,9 @@ from .low_precision import _measured_tensors, _sample_step, _taken, low_precisio
 _CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _PRECISIONS = ("fp32", "fp16", "bf16")
 _COUNTING = ("auto", "torch")
+_LOCALISE = ("auto", "full", "off")
+_OUTLIERS = 3  # module outputs with the largest |max| named in last_localisation["outliers"]
+_ROUGH = (torch.float32, torch.float16, torch.bfloat16, torch.float64)  # what torch.aminmax reads as it is
 
 
 def _capsule(t: torch.Tensor):
@@ -118,6 +129,45 @@ def _on_gradient(t: torch.Tensor, hook: Callable[[Optional[torch.Tensor]], None]
     node.register_prehook(lambda grads: hook(grads[index]))
 
 
+def _reduced(t: torch.Tensor, full: bool) -> Optional[Tuple[torch.Tensor, ...]]:
+    """What localisation keeps of one tensor, left on its device (no host read, no sync):
+    torch.aminmax, one read-only pass whose min and max are NaN when any element is NaN, and
+    give |max| = max(max, -min), inf when an element is inf: exact (a finite tensor never
+    looks non-finite, as an fp32 sum of large bf16 values could). localise="full" adds the
+    exact count of inf/NaN elements (torch.isfinite). None: nothing to check (no elements,
+    not a dense tensor)."""
+    d = _local(t.detach())
+    if d.layout != torch.strided or d.numel() == 0:
+        return None
+    if d.dtype not in _ROUGH:
+        d = d.float()  # fp8 and others: aminmax has no kernel for them everywhere
+    if not full:
+        return torch.aminmax(d)
+    lo, hi = torch.aminmax(d)
+    return lo, hi, torch.isfinite(d).logical_not_().sum()
+
+
+def _decoded(values: List[int], n: int) -> Tuple[float, ...]:
+    """The first n values, float32 bits (int64 values of an int32 view), as floats."""
+    return struct.unpack(f"<{n}f", struct.pack(f"<{n}I", *(v & 0xFFFFFFFF for v in values[:n])))
+
+
+def _merged(entries: List[Tuple[str, str, float, int]]) -> List[List[Any]]:
+    """[name, |max|, inf/NaN count] per module, in the order of its first entry: the largest
+    |max| of its outputs and micro-batches (NaN when any held NaN, else inf when any held inf),
+    the counts summed."""
+    table: Dict[str, List[Any]] = {}
+    for name, _, amax, count in entries:
+        row = table.get(name)
+        if row is None:
+            table[name] = [name, amax, count]
+            continue
+        a = row[1]
+        row[1] = a if math.isnan(a) else amax if math.isnan(amax) else max(a, amax)
+        row[2] += count
+    return list(table.values())
+
+
 def _tensors_of(output: Any) -> List[torch.Tensor]:
     """The floating-point tensors of a module's output (a tensor, or a tuple/list/dict of them)."""
     if isinstance(output, torch.Tensor):
@@ -127,6 +177,29 @@ def _tensors_of(output: Any) -> List[torch.Tensor]:
     if isinstance(output, dict):
         return [t for o in output.values() for t in _tensors_of(o)]
     return []
+
+
+def _blocks(model: torch.nn.Module, root_name: str) -> List[Tuple[str, torch.nn.Module]]:
+    """The model's repeated blocks, outermost ones: the children of an nn.ModuleList or
+    nn.Sequential that have children themselves and share their class with another child of
+    it (transformer layers, ResNet blocks), in the order the model holds them."""
+    found: List[Tuple[str, torch.nn.Module]] = []
+
+    def visit(prefix: str, module: torch.nn.Module) -> None:
+        kids = list(module.named_children())
+        repeated: Dict[type, int] = {}
+        if isinstance(module, (torch.nn.ModuleList, torch.nn.Sequential)):
+            for _, m in kids:
+                if any(True for _ in m.children()):
+                    repeated[type(m)] = repeated.get(type(m), 0) + 1
+        for n, m in kids:
+            if repeated.get(type(m), 0) >= 2 and any(True for _ in m.children()):
+                found.append((prefix + n, m))
+            else:
+                visit(prefix + n + ".", m)
+
+    visit("", model)
+    return [(_args.utf8_text(n or root_name), m) for n, m in found]
 
 
 class Telemetry:
@@ -157,6 +230,14 @@ class Telemetry:
     advisor_every   0 (default) or N: at steps 1, 1 + N, ..., write x, w, dy and dW of every
                     nn.Linear (its first micro-batch of the step) into the run folder's
                     samples/ for `mixprec advise RUN_DIR` (docs/advisor.md)
+    localise        where a non-finite value began, at every step (last_localisation):
+                    "auto" (default, cheap): the outputs of the model's repeated blocks
+                    (transformer layers) and of the watched modules outside them, each
+                    reduced to its |max| on its device (one torch.aminmax, read with the step's
+                    other results at record()); the backward from the parameter gradients
+                    record() measures anyway, per watched module. "full" (debugging): every
+                    watched module's output and output gradient, with the exact count of
+                    inf/NaN elements and the whole table. "off": nothing
 
     Low-precision Linear modules (mixprec.torch.low_precision) are found by themselves: at each
     sampled step they measure their quantization (x, w, dy: amax, scale, counts, relative RMS
@@ -167,7 +248,8 @@ class Telemetry:
                  loss_scale: Optional[str] = None, scaler: Optional[GradScaler] = None,
                  modules: Union[None, Iterable[str], Callable[[str, torch.nn.Module], bool]] = None,
                  sample_every: int = 4, histogram_every: int = 50, check_forward: bool = True,
-                 tensorboard: Optional[str] = None, counting: str = "auto", advisor_every: int = 0) -> None:
+                 tensorboard: Optional[str] = None, counting: str = "auto", advisor_every: int = 0,
+                 localise: str = "auto") -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module, found {type(model).__name__}")
         if not isinstance(precision, str) or precision not in _PRECISIONS:
@@ -177,6 +259,8 @@ class Telemetry:
         advisor_every = _args.integer("advisor_every", advisor_every, 0, 2**63 - 1)
         if not isinstance(counting, str) or counting not in _COUNTING:
             raise ValueError(f"counting: expected one of {', '.join(_COUNTING)}, found {counting!r}")
+        if not isinstance(localise, str) or localise not in _LOCALISE:
+            raise ValueError(f"localise: expected one of {', '.join(_LOCALISE)}, found {localise!r}")
         if scaler is not None and not isinstance(scaler, GradScaler):
             raise TypeError("scaler: expected a mixprec.torch.GradScaler (torch.amp.GradScaler does not say "
                             f"what its update will do), found {type(scaler).__name__}")
@@ -194,10 +278,31 @@ class Telemetry:
         if tensorboard is not None:
             require_tensorboard(tensorboard)  # likewise: a missing package leaves nothing
         self._model = model
+        self._watched = watched
         self._scaler = scaler
         self._precision = precision
         self._sample_every = sample_every
         self._check_forward = check_forward
+        self._localise = {"off": 0, "auto": 1, "full": 2}[localise]
+        # The step's reductions (module name, label, _reduced()) in forward / backward order,
+        # and those read already (name, label, |max|, inf/NaN count) of a step whose record()
+        # failed to write (kept for the retry, as the core keeps its counts).
+        self._loc_queue: Tuple[List[Any], List[Any]] = ([], [])
+        self._loc_read: Tuple[List[Any], List[Any]] = ([], [])
+        self._last_localisation: Optional[Dict[str, Any]] = None
+        # The watched modules in the order their outputs appeared in the last sampled step's
+        # forward (whose hooks run on all of them): the weight-gradient rule's backward order.
+        self._order_now: List[str] = []
+        self._forward_order: List[str] = []
+        # What localise="auto" reduces: the repeated blocks and the watched modules outside them
+        # (blocks that are not watched get a hook of their own); "full": the watched modules.
+        blocks = _blocks(model, type(model).__name__) if self._localise == 1 else []
+        inside = {id(m) for _, b in blocks for m in b.modules()}
+        self._loc_units = {n for n, m in watched
+                           if self._localise == 2 or (self._localise == 1 and id(m) not in inside)}
+        watched_ids = {id(m) for _, m in watched}
+        self._loc_blocks = [(n, m) for n, m in blocks if id(m) not in watched_ids]
+        self._loc_units.update(n for n, m in blocks if id(m) in watched_ids)
         # The core creates the folder, takes its lock and checks precision and loss_scale
         # (ValueError / RuntimeError with its message) before anything else happens here.
         existed = {p: os.path.lexists(p) for p in (out, tensorboard) if p is not None}
@@ -225,7 +330,8 @@ class Telemetry:
                 scaler._telemetry_amax = True  # its unscale pass measures the gradient |max| for record()
             self._handles = []
             for name, module in watched:
-                self._handles.append(module.register_forward_hook(self._forward_hook(name)))
+                self._handles.append(module.register_forward_hook(self._forward_hook(name, name in self._loc_units)))
+            self._loc_handles = [m.register_forward_hook(self._block_hook(n)) for n, m in self._loc_blocks]
             if self._advisor is not None:
                 self._advisor.active = True  # steps 1, 1 + N, 1 + 2N, ...
         except BaseException:
@@ -239,7 +345,7 @@ class Telemetry:
         """Undoes a construction that failed after the core made the run folder: hooks removed,
         the lock released, and what this Telemetry created removed (a folder that existed was
         empty, or the core would have refused it: it is emptied)."""
-        for h in getattr(self, "_handles", []):
+        for h in getattr(self, "_handles", []) + getattr(self, "_loc_handles", []):
             h.remove()
         if self._advisor is not None:
             self._advisor.remove()
@@ -306,18 +412,35 @@ class Telemetry:
         """Whether t is counted by torch operations where it lies (not by the core)."""
         return self._torch_counting or not t.is_cpu
 
-    def _forward_hook(self, name: str):
+    def _forward_hook(self, name: str, unit: bool):
+        """The hook of a watched module: its sampled work, and localisation's reduction of its
+        output at every step when it is one of localisation's units."""
         ref = weakref.ref(self)
+        unit = unit and self._localise != 0
 
         def hook(module: torch.nn.Module, inputs: Any, output: Any) -> None:
             tel = ref()
-            if tel is None or tel._rec is None or not torch.is_grad_enabled() or not tel._sample_next:
-                return  # gone, evaluation, or a step that is not sampled: nothing to do
+            if tel is None or tel._rec is None or not torch.is_grad_enabled():
+                return  # gone, or evaluation: nothing to do
+            sampled = tel._sample_next
+            if not (sampled or unit):
+                return  # a step that is not sampled, nothing localised here
             t0 = time.perf_counter()
             tensors = _tensors_of(output)
             histogram = tel._histogram_next
+            full = tel._localise == 2
+            if sampled:
+                tel._order_now.append(name)
             for i, t in enumerate(tensors):
                 label = name if len(tensors) == 1 else f"{name}[{i}]"
+                if unit:
+                    r = _reduced(t, full)
+                    if r is not None:
+                        tel._loc_queue[0].append((name, label, r))
+                if not sampled:
+                    if full and t.requires_grad and t.dim() > 0:
+                        _on_gradient(t, Telemetry._grad_hook(ref, name, label, False))
+                    continue
                 if tel._check_forward or histogram:
                     if tel._on_device(t):
                         c = dev.counted(t)
@@ -328,25 +451,49 @@ class Telemetry:
                     else:
                         tel._rec.check_activation(label, _capsule(t))
                 if t.requires_grad and t.dim() > 0:  # a 0-dim output is a loss: its gradient is the scale
-                    _on_gradient(t, Telemetry._grad_hook(ref, label))
+                    _on_gradient(t, Telemetry._grad_hook(ref, name, label, True))
+            tel._seconds += time.perf_counter() - t0
+        return hook
+
+    def _block_hook(self, name: str):
+        """localise="auto"'s hook on a repeated block no watched module is: its outputs reduced."""
+        ref = weakref.ref(self)
+
+        def hook(module: torch.nn.Module, inputs: Any, output: Any) -> None:
+            tel = ref()
+            if tel is None or tel._rec is None or not torch.is_grad_enabled():
+                return
+            t0 = time.perf_counter()
+            tensors = _tensors_of(output)
+            for i, t in enumerate(tensors):
+                r = _reduced(t, False)
+                if r is not None:
+                    tel._loc_queue[0].append((name, name if len(tensors) == 1 else f"{name}[{i}]", r))
             tel._seconds += time.perf_counter() - t0
         return hook
 
     @staticmethod
-    def _grad_hook(ref: "weakref.ref[Telemetry]", label: str):
+    def _grad_hook(ref: "weakref.ref[Telemetry]", name: str, label: str, count: bool):
+        """The hook of one watched output's gradient: counted at sampled steps (count), reduced
+        for localise="full" (the gradient flowing into the module from the loss's side: the
+        tensor overflow_activation names too)."""
         def hook(grad: Optional[torch.Tensor]) -> None:
             tel = ref()
             if tel is None or tel._rec is None or grad is None:  # None: this output received no gradient
                 return
             t0 = time.perf_counter()
-            if tel._on_device(grad):
+            if tel._localise == 2:
+                r = _reduced(grad, True)
+                if r is not None:
+                    tel._loc_queue[1].append((name, label, r))  # list.append: atomic on autograd's device threads
+            if count and tel._on_device(grad):
                 # Autograd may run this on its device thread: list.append is atomic.
                 g = dev.counted(grad)
                 tel._pending.append(("grad", label, dev.dtype_name(g), g.numel(), dev.profile(g)))
                 if tel._histogram_next:
                     tel._pending.append(("histogram", "activation_grads", "", 0,
                                          dev.histogram(g, dev.HISTOGRAM_STRIDE)))
-            else:
+            elif count:
                 tel._rec.count_activation_grad(label, _capsule(grad))
             tel._seconds += time.perf_counter() - t0
         return hook
@@ -361,6 +508,29 @@ class Telemetry:
         self._param_ids = [id(p) for p in self._params]
         self._rec.set_params([_args.utf8_text(n) for n, _ in named])
         self._weight_ptrs = []
+        self._owners = self._param_owners()
+
+    def _param_owners(self) -> List[Optional[str]]:
+        """For each parameter (record()'s order), the deepest watched module holding it, whose
+        name localise's weight-gradient rule gives; None for one no watched module holds or
+        one that two unrelated watched modules share (tied embeddings: its gradient sums both
+        uses, so it says nothing about where the inf/NaN began)."""
+        shared = object()
+        owner: Dict[int, Any] = {}
+        inside: Dict[str, set] = {}
+        for name, module in self._watched:
+            inside[name] = {id(m) for m in module.modules()}
+            for p in module.parameters():
+                prev = owner.get(id(p))
+                if prev is None:
+                    owner[id(p)] = (name, module)
+                elif prev is shared or id(prev[1]) in inside[name]:
+                    continue  # ambiguous already, or a deeper watched module holds it
+                elif id(module) in inside[prev[0]]:
+                    owner[id(p)] = (name, module)  # deeper than the previous holder
+                else:
+                    owner[id(p)] = shared
+        return [None if o is None or o is shared else o[0] for o in (owner.get(id(p)) for p in self._params)]
 
     def _bind_weights(self, ptrs: List[int]) -> None:
         """Hands the core a view of each weight whose data changed (all of them at first): CPU
@@ -398,6 +568,81 @@ class Telemetry:
                 if hists:
                     self._pending.append(("histogram", kind, "", 0, torch.stack(hists).sum(0)))
 
+    # ---- localisation: where a non-finite value began ---------------------------------------
+
+    def _loc_collect(self) -> None:
+        """The step's queued reductions, per direction and device, as one stacked tensor of
+        (min, max) pairs (and with localise="full" one of inf/NaN counts): CPU ones read at once
+        (no copy), the others (and all with counting="torch", the GPU's path run on the CPU)
+        as float32 bits joining _flush's one host read per device."""
+        full = self._localise == 2
+        for direction, queue in enumerate(self._loc_queue):
+            if not queue:
+                continue
+            base = len(self._loc_read[direction])
+            self._loc_read[direction].extend([name, label, math.nan, 0] for name, label, _ in queue)
+            by_device: Dict[Any, List[int]] = {}
+            for k, (_, _, r) in enumerate(queue):
+                by_device.setdefault(r[0].device, []).append(k)
+            for device, ks in by_device.items():
+                pairs = torch.stack([x for k in ks for x in queue[k][2][:2]])  # promoted: outputs of several dtypes
+                counts = torch.stack([queue[k][2][2] for k in ks]) if full else None
+                where = (direction, [base + k for k in ks], full)
+                if device.type == "cpu" and not self._torch_counting:
+                    self._loc_store(where, pairs.tolist() + (counts.tolist() if full else []))
+                else:
+                    bits = pairs.float().view(torch.int32).to(torch.int64)
+                    self._pending.append(("loc", where, "", 0, bits if counts is None else torch.cat([bits, counts])))
+            queue.clear()
+
+    def _loc_store(self, where: Tuple[int, List[int], bool], values: List[Any]) -> None:
+        """Entry i's |max| = max(-min, max) (NaN when either is: aminmax's NaN) and count."""
+        direction, rows, full = where
+        n = len(rows)
+        read = self._loc_read[direction]
+        for j, i in enumerate(rows):
+            lo, hi = values[2 * j], values[2 * j + 1]
+            read[i][2] = math.nan if lo != lo or hi != hi else max(-lo, hi)
+            read[i][3] = int(values[2 * n + j]) if full else 0
+
+    def _loc_feed(self) -> None:
+        """The log's forward_nonfinite at every step: the first watched output, in forward
+        order, that held inf/NaN (at a sampled step the check of the same outputs named it
+        already: the core keeps the first name it is given)."""
+        first = next((e for e in self._loc_read[0] if not math.isfinite(e[2])), None)
+        if first is not None:
+            self._rec.forward_nonfinite(first[1])
+
+    def _loc_result(self, read: Tuple[List[Any], List[Any]], line: Dict[str, Any]) -> Dict[str, Any]:
+        """last_localisation of the step just written (the property says what it holds)."""
+        forward, backward = read
+        full = self._localise == 2
+        first_forward = next((e[0] for e in forward if not math.isfinite(e[2])), None)
+        # Weight gradients, as the line measured them (null: inf/NaN), in backward order: the
+        # reverse of the order in which their modules' outputs appeared in this step's forward.
+        bad = {self._owners[i] for i, p in enumerate(line["params"])
+               if p["grad_amax"] is None and i < len(self._owners)}
+        bad.discard(None)
+        first_backward = None
+        if bad:
+            seen = set(self._forward_order)
+            order = self._forward_order + [n for n, _ in self._watched if n not in seen]  # never seen: as held
+            first_backward = next((n for n in reversed(order) if n in bad), None)
+        rows = _merged(forward)
+        spoiled = first_forward is not None or first_backward is not None
+        outliers = [[name, amax] for name, amax, _ in sorted((r for r in rows if math.isfinite(r[1])),
+                                                             key=lambda r: -r[1])[:_OUTLIERS]]
+        result: Dict[str, Any] = {
+            "step": line["step"],
+            "nonfinite_forward": first_forward,
+            "nonfinite_backward": first_backward,
+            "outliers": outliers if full or spoiled else []}
+        if full:
+            result["nonfinite_output_grad"] = next((e[0] for e in backward if not math.isfinite(e[2])), None)
+            result["forward"] = rows
+            result["backward"] = _merged(backward)
+        return result
+
     def _flush(self, grad_amax: List[Optional[float]], weight_amax: List[Optional[float]]) -> None:
         """Reads every queued device result, one host copy per device, and hands them to the
         core in the order they were queued."""
@@ -423,6 +668,9 @@ class Telemetry:
                     self._rec.forward_nonfinite(label)
             elif kind == "histogram":
                 self._rec.add_histogram(label, values)
+            elif kind == "loc":
+                pairs = 2 * len(label[1])
+                self._loc_store(label, list(_decoded(values, pairs)) + values[pairs:])
             else:  # amax: (role, parameter) per value
                 for (role, i), bits in zip(label, values):
                     (grad_amax if role == "grad" else weight_amax)[i] = dev.f32_from_bits(bits)
@@ -462,6 +710,7 @@ class Telemetry:
                 raise ValueError("record(): pass the StepOutcome scaler.step() returned (the scaler is enabled)")
             scale = next_scale = 1.0
             found_inf, applied, grad_norm, first = False, True, math.nan, ""
+            guard = {}
         else:
             if not isinstance(outcome, StepOutcome):
                 raise TypeError(f"outcome: expected the StepOutcome of mixprec.torch.GradScaler.step(), "
@@ -469,6 +718,9 @@ class Telemetry:
             scale = outcome.scale if not math.isnan(outcome.scale) else 1.0
             found_inf, applied = outcome.found_inf, outcome.applied
             grad_norm = outcome.grad_norm
+            # Why a step was skipped and the guards' z-scores (docs/spike_guards.md); a pass-through
+            # outcome's "none" is an applied step's.
+            guard = {"skip_reason": outcome.reason, "loss_z": float(outcome.loss_z), "grad_z": float(outcome.grad_z)}
             first = _args.utf8_text(outcome.first_overflow or "")
             next_scale = self._scaler._next_scale() if self._scaler is not None else scale
         if [id(p) for p in self._model.parameters()] != self._param_ids:
@@ -484,7 +736,11 @@ class Telemetry:
         if self._on_torch:
             grad_amax, weight_amax = [None] * n, [None] * n
             self._params_on_torch(histogram)
+        if self._localise:
+            self._loc_collect()
         self._flush(grad_amax, weight_amax)
+        if self._localise:
+            self._loc_feed()
         # The scaler's unscale pass measured the gradients it read (not on an overflow step:
         # there the gradients as step() left them are measured, as they always were).
         fused = None if outcome is None or outcome.found_inf else outcome._grad_amax
@@ -502,12 +758,16 @@ class Telemetry:
         quantized = _measured_tensors(self._lowp)  # the step's last quantization of each role
         line = self._rec.record(loss, lr, tokens, float(seconds), val_loss, float(scale), float(next_scale),
                                 bool(found_inf), bool(applied), float(grad_norm), clip_coef, first,
-                                unclipped, grad_amax, grads, weight_amax, layers, quantized, **numbered)
+                                unclipped, grad_amax, grads, weight_amax, layers, quantized, **numbered, **guard)
         _taken(self._lowp.values())
         _sample_step(self._lowp.values(), False)
+        read, self._loc_read = self._loc_read, ([], [])
+        if self._order_now:
+            self._forward_order, self._order_now = list(dict.fromkeys(self._order_now)), []
         self._last_record = now  # a record() that raised changed nothing: its time counts to the next
         self._plan_next_step()
         result = json.loads(line)
+        self._last_localisation = self._loc_result(read, result) if self._localise else None
         if self._advisor is not None:
             if self._advisor.active:  # this step's tensors, unscaled by the scale its backward used
                 _write_advisor_samples(self._dir, result["step"], float(scale), self._advisor.take(result["step"], float(scale)))
@@ -534,15 +794,19 @@ class Telemetry:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
-        for h in self._handles:
+        for h in self._handles + self._loc_handles:
             h.remove()
         self._handles = []
+        self._loc_handles = []
         if self._scaler is not None:
             self._scaler._telemetry_amax = False
         if self._advisor is not None:
             self._advisor.remove()
         _sample_step(self._lowp.values(), False)  # low-precision modules stop measuring
         self._lowp = {}
+        self._loc_queue = ([], [])
+        self._loc_read = ([], [])
+        self._order_now = []
         self._rec = None  # the core's recorder goes: its lock on the folder with it
         return alerts
 
@@ -561,6 +825,40 @@ class Telemetry:
         """The number of the last step recorded (0 before the first): the count of records
         unless record() was given step numbers."""
         return 0 if self._rec is None else self._rec.steps
+
+    @property
+    def last_localisation(self) -> Optional[Dict[str, Any]]:
+        """Where the last recorded step's non-finite values began (None before the first record()
+        and with localise="off"); a new dict at each record(). Modules are named as
+        model.named_modules() names them; "units" are what the mode reduces at every step
+        (auto: the repeated blocks, e.g. transformer.h.3, and the watched modules outside
+        them, e.g. the embeddings and the LM head; full: every watched module).
+
+        step                   the step's number
+        nonfinite_forward      the first unit, in forward order, whose output held inf/NaN
+                               (None when none did); the log's forward_nonfinite names it too,
+                               but at sampled steps, where the sampled check names the first
+                               watched output itself (a module inside the block)
+        nonfinite_backward     the first watched module, in backward order (the reverse of the
+                               order its output appeared in the last sampled forward), whose
+                               parameters' gradients, as record() measured them, held inf/NaN:
+                               its output gradient held inf/NaN (it came from the backward of a
+                               module that reads this output), or its weight-gradient product
+                               overflowed. Parameters two unrelated watched modules share (tied
+                               embeddings) are left out: their gradient sums both uses
+        outliers               [[unit, |max|], ...]: the (up to 3) units whose outputs had the
+                               largest finite |max| in the step, largest first; with "auto" only
+                               at a step that held inf/NaN ([] otherwise), with "full" always
+        nonfinite_output_grad  localise="full" only: the first watched module, in backward order,
+                               whose output gradient held inf/NaN (the tensor overflow_activation
+                               counts at sampled steps)
+        forward, backward      localise="full" only: [module, |max|, inf/NaN elements] for every
+                               watched module (output / output gradient) in the order it ran;
+                               |max| is NaN when a value was NaN, inf when one was inf and none NaN
+
+        Outputs and gradients of every micro-batch of the step are included; evaluation forwards
+        (torch.no_grad()) are not."""
+        return self._last_localisation
 
     def seconds(self) -> float:
         """Wall time spent in the telemetry so far (its hooks, the core's counting and record())."""
