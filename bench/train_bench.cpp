@@ -18,6 +18,7 @@
 
 #include "bench_common.hpp"
 #include "mixprec/nn/gemm.hpp"
+#include "mixprec/scaler/protocol.hpp"
 #include "mixprec/train/trainer.hpp"
 
 namespace mixprec::bench {
@@ -95,6 +96,67 @@ double scaler_share(const Case& c, std::size_t steps, double* step_ms, Telemetry
   return share[share.size() / 2];
 }
 
+// The step guards' cost (docs/spike_guards.md), two ways: their own work per step (the
+// protocol's decide + update with llm.c's two detectors on, minus the same without them,
+// timed over many steps), and whole default fp16 steps (32 micro-batches) with the guards on
+// and off, alternated, as the median of the paired ratios. The engine's localisation adds no
+// pass: the backward store already counts non-finite values, and the forward scan runs only
+// after a non-finite loss.
+struct GuardCost {
+  double own_us = 0;        // per step
+  double paired_ratio = 0;  // guarded step / plain step, median of pairs
+  std::size_t pairs = 0;
+};
+
+GuardCost guard_cost(std::size_t pairs) {
+  GuardCost out;
+  const auto protocol_us = [](bool guarded) {
+    ScalerProtocol p(loss_scale_preset("torch"));
+    GuardConfig g;
+    g.loss_z = guarded ? 6 : 0;
+    g.grad_z = guarded ? 6 : 0;
+    if (guarded) p.set_guard(g);
+    GradientCheck c;
+    c.checked = true;
+    constexpr int kSteps = 200000;
+    const auto t0 = std::chrono::steady_clock::now();
+    double sink = 0;
+    for (int i = 0; i < kSteps; ++i) {
+      c.sum_squares = 1.0 + 1e-3 * (i % 17);
+      p.record(1, c);
+      p.observe_loss(4.0 + 1e-3 * (i % 13));
+      const StepDecision d = p.decide(1);
+      sink += d.grad_norm;
+      p.step_done(1);
+      p.update();
+    }
+    benchmark::DoNotOptimize(sink);
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / kSteps;
+  };
+  std::vector<double> own;
+  for (int r = 0; r < 5; ++r) own.push_back(protocol_us(true) - protocol_us(false));
+  std::sort(own.begin(), own.end());
+  out.own_us = own[own.size() / 2];
+  train::TrainConfig plain = config_for({nn::Precision::fp16, "dynamic", "fp16"}, train::TrainConfig{}.accum);
+  train::TrainConfig guarded = plain;
+  guarded.skip_loss_z = 6;
+  guarded.skip_grad_z = 6;
+  guarded.skip_window = 64;
+  train::Trainer a(plain), b(guarded);
+  a.train_step();
+  b.train_step();
+  std::vector<double> ratios;
+  for (std::size_t i = 0; i < pairs; ++i) {
+    const double ta = a.train_step().seconds;  // alternated: the machine's drift hits both
+    const double tb = b.train_step().seconds;
+    ratios.push_back(tb / ta);
+  }
+  std::sort(ratios.begin(), ratios.end());
+  out.paired_ratio = ratios[ratios.size() / 2];
+  out.pairs = pairs;
+  return out;
+}
+
 void print_table(const Collector& col, const std::vector<Case>& cases, const std::string& model,
                  double tokens_per_step) {
   const nn::GemmBackendInfo& info = nn::gemm_backend_info();
@@ -139,6 +201,12 @@ void print_table(const Collector& col, const std::vector<Case>& cases, const std
              "  at histogram steps only (default every 50th step)\n",
              tel.amax_ms, tel_share * 100, tel.histogram_step_extra_ms, tel.histogram_step_extra_ms / step_ms * 100);
   speed.add(tel_share < 0.03, fmt::format("telemetry share {:.2f}% (target < 3%)", tel_share * 100));
+  const GuardCost guards = guard_cost(12);
+  fmt::print("Step guards (loss and gradient-norm z-scores, window 64) and localisation: their own work {:.3f} us "
+             "= {:.4f}% of the step;\n  whole steps with guards / without, median of {} alternated pairs: {:.3f}\n",
+             guards.own_us, guards.own_us / (step_ms * 1e3) * 100, guards.pairs, guards.paired_ratio);
+  speed.add(guards.own_us / (step_ms * 1e3) < 0.01,
+            fmt::format("guards' own share {:.4f}% (target <= 1%)", guards.own_us / (step_ms * 1e3) * 100));
   speed.print("Targets");
 }
 

@@ -93,8 +93,19 @@ ZScoreDetector::ZScoreDetector(int window) : window_(window) {
 }
 
 double ZScoreDetector::peek(double x) const noexcept {
-  ZScoreDetector copy = *this;
-  return copy.push(x);
+  // push()'s arithmetic in the same order, on copies of the sums (no copy of the window).
+  if (!std::isfinite(x) || count_ < window_) return std::numeric_limits<double>::quiet_NaN();
+  const double old = buffer_[static_cast<std::size_t>(index_)];
+  double sum = sum_, sum_sq = sum_sq_;
+  sum -= old;
+  sum_sq -= old * old;
+  sum += x;
+  sum_sq += x * x;
+  const double n = static_cast<double>(window_);
+  const double mean = sum / n;
+  const double deviation = std::sqrt(sum_sq / n - mean * mean);
+  if (deviation == 0.0) return 0.0;
+  return (x - mean) / deviation;
 }
 
 double ZScoreDetector::push(double x) noexcept {

@@ -579,7 +579,8 @@ void validate(const TrainConfig& c) {
          squote(c.inject_bad_batch));
   if (c.inject_fault.empty() != c.inject_fault_at.empty())
     fail(c.inject_fault.empty() ? "inject-fault" : "inject-fault-at",
-         "both --inject-fault and --inject-fault-at, or neither", c.inject_fault.empty() ? "none" : "none");
+         "both --inject-fault and --inject-fault-at, or neither",
+         c.inject_fault.empty() ? "--inject-fault-at without --inject-fault" : "--inject-fault without --inject-fault-at");
   for (const std::size_t s : c.inject_fault_at)
     if (s > c.steps) fail("inject-fault-at", "an integer in [1, " + std::to_string(c.steps) + "]", std::to_string(s));
   for (const std::size_t s : c.inject_bad_batch_at)

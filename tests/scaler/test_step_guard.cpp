@@ -72,7 +72,9 @@ void expect_same_as_llmc(const std::vector<double>& series, float threshold) {
   int flagged = 0;
   for (std::size_t i = 0; i < series.size(); ++i) {
     const double a = ref.update(series[i]);
+    const double peeked = mine.peek(series[i]);
     const double b = mine.push(series[i]);
+    ASSERT_EQ(std::bit_cast<std::uint64_t>(peeked), std::bit_cast<std::uint64_t>(b)) << "step " << i << ": peek != push";
     ASSERT_EQ(std::isnan(a), std::isnan(b)) << "step " << i;
     if (!std::isnan(a)) {
       ASSERT_EQ(std::bit_cast<std::uint64_t>(a), std::bit_cast<std::uint64_t>(b))

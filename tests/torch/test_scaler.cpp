@@ -405,3 +405,72 @@ TEST(TorchGradScaler, RankAgreementSkipsWhenAnotherRankOverflowed) {
 }
 
 }  // namespace
+
+namespace {
+
+// Step guards through the libtorch door (docs/spike_guards.md): each reason skips the step and
+// leaves the parameters and Adam's state (moments and step) byte for byte; only an overflow
+// backs the scale off.
+TEST(TorchGradScalerGuards, EachReasonSkipsAndTouchesNothing) {
+  using mixprec::SkipReason;
+  for (const SkipReason want : {SkipReason::loss_spike, SkipReason::grad_spike, SkipReason::nonfinite_grad,
+                                SkipReason::nonfinite_loss, SkipReason::user}) {
+    SCOPED_TRACE(std::string(mixprec::skip_reason_name(want)));
+    ::torch::manual_seed(0);
+    Tiny m;
+    ::torch::optim::Adam opt(m->parameters(), ::torch::optim::AdamOptions(1e-3));
+    mixprec::LossScaleConfig c = mixprec::loss_scale_preset("torch");
+    c.init_scale = 64;
+    GradScaler scaler(c);
+    mixprec::GuardConfig g;
+    g.loss_z = 3;
+    g.grad_z = 3;
+    g.window = 16;
+    scaler.set_guard(g);
+    for (int step = 1; step <= 20; ++step) {
+      const bool bad = step == 18;
+      const float S = scaler.get_scale();
+      float grad = 0.01f * (1.0f + 0.05f * static_cast<float>(step % 3));
+      double loss = 2.0 + 0.01 * (step % 4);
+      if (bad && want == SkipReason::grad_spike) grad = 50.0f;
+      if (bad && want == SkipReason::loss_spike) loss = 40.0;
+      if (bad && want == SkipReason::nonfinite_loss) loss = std::nan("");
+      set_grads(m, grad * S);
+      if (bad && want == SkipReason::nonfinite_grad) m->w.mutable_grad()[0][0] = INFINITY;
+      mixprec::torch::StepOptions o;
+      o.loss = loss;
+      if (want == SkipReason::user) o.skip_if = [&](const mixprec::GuardView&) { return bad; };
+      std::vector<Tensor> before;
+      for (const auto& p : m->parameters()) before.push_back(p.detach().clone());
+      for (const auto& p : m->parameters()) {
+        auto it = opt.state().find(p.unsafeGetTensorImpl());
+        if (it == opt.state().end()) continue;
+        const auto& st = static_cast<const ::torch::optim::AdamParamState&>(*it->second);
+        before.push_back(st.exp_avg().clone());
+        before.push_back(st.exp_avg_sq().clone());
+        before.push_back(::torch::tensor(static_cast<double>(st.step())));
+      }
+      const mixprec::torch::StepOutcome out = scaler.step(opt, o);
+      scaler.update();
+      if (!bad) {
+        EXPECT_TRUE(out.applied) << "step " << step << ": " << mixprec::skip_reason_name(out.reason);
+        continue;
+      }
+      EXPECT_FALSE(out.applied);
+      EXPECT_EQ(out.reason, want) << mixprec::skip_reason_name(out.reason);
+      std::vector<Tensor> after;
+      for (const auto& p : m->parameters()) after.push_back(p.detach().clone());
+      for (const auto& p : m->parameters()) {
+        const auto& st = static_cast<const ::torch::optim::AdamParamState&>(*opt.state().at(p.unsafeGetTensorImpl()));
+        after.push_back(st.exp_avg().clone());
+        after.push_back(st.exp_avg_sq().clone());
+        after.push_back(::torch::tensor(static_cast<double>(st.step())));
+      }
+      ASSERT_EQ(before.size(), after.size());
+      for (std::size_t i = 0; i < before.size(); ++i) EXPECT_TRUE(before[i].equal(after[i])) << "tensor " << i;
+      EXPECT_EQ(scaler.get_scale(), want == SkipReason::nonfinite_grad ? S / 2 : S);
+    }
+  }
+}
+
+}  // namespace
