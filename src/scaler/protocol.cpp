@@ -307,8 +307,8 @@ GuardView ScalerProtocol::guard_view(OptimizerId id, const DecideOptions& option
   if (step_loss_) v.loss = *step_loss_;
   if (!guard_.spikes()) return v;
   if (step_loss_) v.loss_z = step_loss_z_ ? *step_loss_z_ : loss_detector_.peek(*step_loss_);
-  v.grad_z = r.order < grad_detectors_.size() ? grad_detectors_[r.order].peek(v.grad_norm)
-                                              : ZScoreDetector(guard_.window).peek(v.grad_norm);
+  // No detector yet for this optimizer: its window is empty, so no z-score (and no allocation).
+  if (r.order < grad_detectors_.size()) v.grad_z = grad_detectors_[r.order].peek(v.grad_norm);
   return v;
 }
 

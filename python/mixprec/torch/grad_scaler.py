@@ -440,6 +440,8 @@ class GradScaler:
         state["_lw"] = None  # hooks stay with the model: watch() again after unpickling
         state["_lw_skipped"] = None
         state["_lw_last"] = []
+        state["_losses"] = []
+        state["_skip_if"] = None  # a function of the user's (often a lambda): give it again after unpickling
         return state
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
