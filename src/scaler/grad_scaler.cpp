@@ -12,7 +12,7 @@ GradScaler::GradScaler(std::unique_ptr<LossScale> scale, bool enabled)
     : ScalerDoor(ScalerProtocol(std::move(scale), enabled)) {}
 
 void GradScaler::unscale(Optimizer& opt, ThreadPool* pool) {
-  if (!enabled()) return;
+  if (!protocol_.checks_on_unscale()) return;
   protocol_.begin_unscale(id_of(opt));
   protocol_.record(id_of(opt), check_gradients(opt.store().grad_tensors(), get_scale(), true, pool));
 }

@@ -259,11 +259,13 @@ bool ScalerProtocol::between_steps() const noexcept {
 }
 
 void ScalerProtocol::begin_unscale(OptimizerId id) const {
-  if (!enabled_) return;  // nothing to unscale: the door does nothing
+  // Disabled: nothing to unscale, the door does nothing; unless guarded, when the door checks
+  // here as an enabled one does (a clip after unscale then sees the guards' norm first).
+  if (!enabled_ && !guard_.any()) return;
   const OptimizerStage s = stage(id);
   if (s == OptimizerStage::unscaled) misuse(Misuse::unscale_twice);
   if (s == OptimizerStage::stepped) misuse(Misuse::unscale_after_step);
-  require_window_complete("unscale");
+  if (enabled_) require_window_complete("unscale");
 }
 
 StepPlan ScalerProtocol::begin_step(OptimizerId id) const {

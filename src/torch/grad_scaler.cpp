@@ -218,7 +218,7 @@ GradientCheck GradScaler::check(::torch::optim::Optimizer& opt) {
 }
 
 void GradScaler::unscale(::torch::optim::Optimizer& opt) {
-  if (!enabled()) return;
+  if (!protocol_.checks_on_unscale()) return;
   protocol_.begin_unscale(id_of(opt));
   protocol_.record(id_of(opt), check(opt));
 }

@@ -147,6 +147,10 @@ train::StepRecord Telemetry::record(const ::torch::OrderedDict<std::string, at::
   s.grad_norm = outcome.grad_norm;
   s.clip_coef = outcome.clip_coef;
   s.overflow_param = outcome.first_overflow_name;
+  // docs/spike_guards.md; none: the recorder's own reading (an outcome built by hand says none)
+  if (outcome.reason != SkipReason::none) s.skip_reason = std::string(skip_reason_name(outcome.reason));
+  s.loss_z = outcome.guard.loss_z;
+  s.grad_z = outcome.guard.grad_z;
   std::vector<train::NamedParam> params;
   std::vector<at::Tensor> keep;
   std::vector<Pending> pending;

@@ -131,7 +131,7 @@ def test_accelerate_guard_refusals(tmp_path):
         MixprecAccelerate(acc, out=str(tmp_path / "x"), skip_loss_z=Z, growth_interval=3)
     with pytest.raises(ValueError, match=r"skip_loss_z"):          # the core's range: below sqrt(window - 1)
         MixprecAccelerate(acc, out=str(tmp_path / "x"), skip_loss_z=5.0, skip_window=WINDOW)
-    with pytest.raises(ValueError, match=r"skip_if: expected skip_nonfinite True or None"):
+    with pytest.raises(ValueError, match=r"skip_nonfinite: expected True or None with skip_if"):
         MixprecAccelerate(acc, out=str(tmp_path / "x"), skip_nonfinite=False, skip_if=lambda view: True)
     assert acc.scaler is None and not (tmp_path / "x").exists()
     with pytest.raises(ValueError, match="a loss scaler is for fp16"):

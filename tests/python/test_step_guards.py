@@ -195,3 +195,36 @@ def test_a_guarded_disabled_scaler_needs_update_between_steps():
     guard.step(opt)
     with pytest.raises(RuntimeError, match="step\\(\\) has already been called since the last update"):
         guard.step(opt)
+
+
+def test_a_guarded_disabled_scaler_checks_at_unscale_before_clipping():
+    """unscale_() of a guarded disabled scaler checks: the gradient-norm guard sees the norm
+    before clip_grad_norm_ clips it, as an enabled scaler's does."""
+    m, opt, _ = model_and_opt()
+    guard = mt.StepGuard(skip_grad_z=3.0, skip_window=16)
+    norms = []
+    for step in range(20):
+        opt.zero_grad()
+        x = torch.randn(64, 8) * (1e3 if step == 18 else 1.0)
+        guard.scale(m(x).pow(2).mean()).backward()
+        guard.unscale_(opt)
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        out = guard.step(opt)
+        guard.update()
+        norms.append((out.grad_norm, out.reason))
+    assert norms[18][1] == "grad_spike" and norms[18][0] > 1e3, norms[18]
+    assert all(r == "none" for _, r in norms[:18])
+
+
+def test_skip_if_alone_makes_a_disabled_scaler_check():
+    m, opt, _ = model_and_opt()
+    asked = []
+    scaler = mt.GradScaler("cpu", enabled=False, skip_if=lambda v: asked.append(v) or True)
+    scaler.scale(m(torch.randn(4, 8)).sum()).backward()
+    out = scaler.step(opt)
+    scaler.update()
+    assert (out.applied, out.reason, len(asked)) == (False, "user", 1)
+    for kw in (dict(skip_if=lambda v: True), dict(skip_loss_z=3.0), dict(skip_grad_z=3.0)):
+        with pytest.raises(ValueError, match="skip_nonfinite: expected True or None with skip_if, skip_loss_z"):
+            mt.GradScaler("cpu", enabled=False, skip_nonfinite=False, **kw)
+    assert mt.GradScaler("cpu", enabled=False, skip_nonfinite=False).state_dict() == {}  # torch's pass-through

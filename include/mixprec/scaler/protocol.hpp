@@ -164,6 +164,9 @@ class ScalerProtocol {
   const LayerwiseScales* layerwise() const noexcept { return layerwise_ ? &*layerwise_ : nullptr; }
 
   void begin_unscale(OptimizerId id) const;  // throws ScalerMisuse; changes nothing
+  // Whether unscale() checks the gradients: an enabled scaler, or a disabled one with guards
+  // (which keeps its records until update() as an enabled one does).
+  bool checks_on_unscale() const noexcept { return enabled_ || guard_.any(); }
   StepPlan begin_step(OptimizerId id) const;
   void record(OptimizerId id, const GradientCheck& check);  // READY -> UNSCALED
   // The skip decision, in this order: a non-finite gradient (found_inf, here or on another

@@ -11,12 +11,18 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..torch import GradScaler, StepOutcome, Telemetry
+from ..torch import GradScaler, StepGuard, StepOutcome, Telemetry
 
 # The Telemetry options an integration passes on (Telemetry's keywords but what the
 # integration itself decides: the model, the folder, the precision, the scaler).
 TELEMETRY_OPTIONS = tuple(n for n in inspect.signature(Telemetry).parameters
                           if n not in ("model", "out", "precision", "loss_scale", "scaler"))
+
+
+# The step guards' keywords (GradScaler's and StepGuard's; docs/spike_guards.md), and why a
+# step is skipped (StepOutcome.reason other than "none"), in the order of the run's summary.
+GUARD_OPTIONS = ("skip_nonfinite", "skip_loss_z", "skip_grad_z", "skip_window", "skip_if")
+SKIP_REASONS = ("nonfinite_grad", "nonfinite_loss", "loss_spike", "grad_spike", "user")
 
 
 def require(module: str, extra: str, what: str):
@@ -34,10 +40,51 @@ def make_scaler(preset: Optional[str], overrides: Dict[str, Any]) -> GradScaler:
     return GradScaler("cpu", preset=preset, **overrides)
 
 
+def split_guard_options(kwargs: Dict[str, Any]) -> Dict[str, Any]:
+    """Takes the step guards' keywords out of kwargs."""
+    return {k: kwargs.pop(k) for k in list(kwargs) if k in GUARD_OPTIONS}
+
+
+def make_guard(options: Dict[str, Any]) -> Optional[GradScaler]:
+    """A bf16 or fp32 run's step guards (no loss scaling): mixprec.torch.StepGuard with the given
+    keywords. None when no keyword was given, or only skip_nonfinite=False (such a run keeps its
+    library's plain optimizer step). The door validates every value (the core's messages;
+    skip_nonfinite=False beside another guard is refused there)."""
+    if not options:
+        return None
+    options = dict(options)
+    nonfinite = options.pop("skip_nonfinite", None)
+    if nonfinite is None or nonfinite is True:
+        return StepGuard(**options)
+    guard = GradScaler("cpu", enabled=False, skip_nonfinite=nonfinite, **options)  # refuses other guards
+    return guard if guard._guarded() else None
+
+
+def guarded(scaler: Optional[GradScaler]) -> bool:
+    """The scaler checks the steps: a loss scale, or step guards without one (StepGuard)."""
+    return scaler is not None and (scaler.is_enabled() or scaler._guarded())
+
+
+def skip_why(outcome: StepOutcome, overflow_param: Optional[str] = None) -> str:
+    """Why a skipped step was skipped, in words: its reason (StepOutcome.reason) and what the
+    guard saw, e.g. "loss_spike (z 7.3)", "nonfinite_grad in h.0.weight"."""
+    reason = outcome.reason if outcome.reason != "none" else "nonfinite_grad"
+    if reason == "nonfinite_grad":
+        return f"nonfinite_grad in {overflow_param or outcome.first_overflow or '(another rank)'}"
+    if reason == "nonfinite_loss":
+        return f"nonfinite_loss (loss {outcome.loss})"
+    if reason == "loss_spike":
+        return f"loss_spike (z {outcome.loss_z:.1f})"
+    if reason == "grad_spike":
+        return f"grad_spike (z {outcome.grad_z:.1f})"
+    return f"{reason} (skip_if)"
+
+
 def check_telemetry_options(options: Dict[str, Any]) -> Dict[str, Any]:
     unknown = sorted(set(options) - set(TELEMETRY_OPTIONS))
     if unknown:
-        raise TypeError(f"unknown Telemetry option {unknown[0]!r}; expected {', '.join(TELEMETRY_OPTIONS)}")
+        raise TypeError(f"unknown Telemetry option {unknown[0]!r}; expected {', '.join(TELEMETRY_OPTIONS)} "
+                        f"(or a step guard's: {', '.join(GUARD_OPTIONS)})")
     return dict(options)
 
 
@@ -68,8 +115,10 @@ class StepRecorder:
         # For the library's logs: totals, and what happened since its last log line.
         self.steps = 0
         self.skipped = 0
+        self.skipped_by: Dict[str, int] = {r: 0 for r in SKIP_REASONS}  # the run's skips by reason
         self.window_skipped = 0
         self.window_overflow: Optional[str] = None
+        self.window_why: List[str] = []  # each skip since the last log line: "<why> at step N"
         self.last: Optional[Dict[str, Any]] = None
         self.report_path: Optional[str] = None
 
@@ -112,8 +161,8 @@ class StepRecorder:
             raise RuntimeError(f"{self.who}: an optimizer step without a loss: back-propagate through the library "
                                "(accelerator.backward, the Trainer, Lightning) so that the step's loss is recorded")
         loss = float(self._loss.cpu()) if self._loss is not None else self._shared
-        if self.scaler is None or not self.scaler.is_enabled():
-            outcome = None
+        if not guarded(self.scaler):
+            outcome = None  # a pass-through step: applied, nothing checked
         line = self.telemetry.record(outcome, loss=loss, lr=float(lr), tokens=self._tokens, step=step)
         self._loss = None
         self._shared = loss
@@ -122,20 +171,30 @@ class StepRecorder:
         if line.get("skipped"):
             self.skipped += 1
             self.window_skipped += 1
-            self.window_overflow = f"{line.get('overflow_param') or '(another rank)'} (step {line['step']})"
+            reason = line.get("skip_reason", "nonfinite_grad")
+            self.skipped_by[reason] = self.skipped_by.get(reason, 0) + 1
+            if reason == "nonfinite_grad":  # an overflow: the parameter that held inf/NaN
+                self.window_overflow = f"{line.get('overflow_param') or '(another rank)'} (step {line['step']})"
+            self.window_why.append(f"{skip_why(outcome, line.get('overflow_param'))} at step {line['step']}")
         self.last = line
         return line
 
     def log_figures(self) -> Dict[str, Any]:
-        """What the library's next log line gets: the skips since the last one, the run's total,
-        the scale the next step uses and, when a step was skipped, the parameter that overflowed."""
+        """What the library's next log line gets: the skips since the last one, the run's total
+        and its totals by reason (skipped_<reason>_total), the scale the next step uses and, when
+        a step was skipped, why (skip_reason: "loss_spike (z 7.3) at step 12", several joined by
+        "; ") and, for an overflow, the parameter that held inf/NaN (overflow)."""
         figures: Dict[str, Any] = {"skipped_steps": self.window_skipped, "skipped_steps_total": self.skipped}
+        figures.update({f"skipped_{r}_total": n for r, n in self.skipped_by.items()})
         if self.scaler is not None and self.scaler.is_enabled():
             figures["loss_scale"] = self.scaler.get_scale()
         if self.window_overflow is not None:
             figures["overflow"] = self.window_overflow
+        if self.window_why:
+            figures["skip_reason"] = "; ".join(self.window_why)
         self.window_skipped = 0
         self.window_overflow = None
+        self.window_why = []
         return figures
 
     def close(self) -> Optional[str]:
@@ -153,7 +212,9 @@ class StepRecorder:
             from ..report import report
             path = report([self.out])
         self.report_path = path
-        print(f"{self.who}: run folder {self.out} ({self.steps} steps, {self.skipped} skipped); "
+        by = ", ".join(f"{r} {n}" for r, n in self.skipped_by.items() if n)
+        skipped = f"{self.skipped} skipped" + (f": {by}" if by else "")
+        print(f"{self.who}: run folder {self.out} ({self.steps} steps, {skipped}); "
               f"{'report: ' + path if self.report else 'render it with: mixprec report ' + self.out}",
               file=sys.stderr)
         return path

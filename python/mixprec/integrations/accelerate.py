@@ -12,14 +12,21 @@
 
 What it changes in the Accelerator, before prepare():
 - fp16: its scaler is mixprec.torch.GradScaler (torch.amp.GradScaler's rule unless a preset is
-  named); on a CPU, where Accelerate turns fp16 into fp32 without saying so (no autocast, no
-  scaler: `native_amp` False), autocast(cpu, float16) and the scaler are switched on, with a
-  warning saying so. bf16 and fp32 runs keep their Accelerator as it is (no loss scaling).
+  named; the step guards' keywords skip_loss_z, skip_grad_z, skip_window, skip_if, skip_nonfinite
+  go to it too); on a CPU, where Accelerate turns fp16 into fp32 without saying so (no autocast,
+  no scaler: `native_amp` False), autocast(cpu, float16) and the scaler are switched on, with a
+  warning saying so. bf16 and fp32 runs keep their Accelerator as it is (no loss scaling), unless
+  step-guard keywords are given: then mixprec.torch.StepGuard with them is the Accelerator's
+  scaler (it scales nothing; it checks each step and skips a bad one: inf/NaN gradients, a loss
+  or gradient-norm spike, skip_if). Its state goes into accelerator.save_state() as a scaler's.
 - accelerator.backward(loss) hands each loss to the recorder (the step's loss is their sum:
   Accelerate divides by its accumulation steps).
 - Once prepare() has given it one model and one optimizer, Telemetry watches the model (and a
   `layerwise` scaler watches it too, scaler.watch(model), unless the script watched it already)
   and each step of the optimizer that really steps (sync_gradients) is recorded.
+- A step skipped for any reason (an overflow, a guard) is not applied: the scaler does not call
+  the optimizer, so Accelerate's step_was_skipped is True and a prepared LR scheduler holds.
+  log_figures() says why (skip_reason) and counts the skips by reason.
 - Step numbers continue the training's: for fp16, the scaler's update count (its state is in
   accelerator.save_state()'s scaler.pt, so a loop resumed with load_state() goes on from there);
   mp.set_step(n) gives the loop's own count (bf16 and fp32 runs, or a checkpoint without the
@@ -35,7 +42,9 @@ import warnings
 from typing import Any, Callable, Dict, Optional
 
 from .. import _args
-from ._recorder import StepRecorder, make_scaler, precision_of, require, split_options
+from ..torch import GradScaler
+from ._recorder import (StepRecorder, make_guard, make_scaler, precision_of, require, split_guard_options,
+                        split_options)
 
 _accelerate = require("accelerate", "accelerate", "mixprec.integrations.accelerate")
 from accelerate.optimizer import AcceleratedOptimizer  # noqa: E402
@@ -46,21 +55,36 @@ __all__ = ["MixprecAccelerate", "install_scaler"]
 _UNSUPPORTED = (DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM, DistributedType.XLA)
 
 
+def _step_guard_only(scaler: Any) -> bool:
+    """mixprec.torch.StepGuard (or a disabled GradScaler with step guards): no loss scale."""
+    return isinstance(scaler, GradScaler) and not scaler.is_enabled() and scaler._guarded()
+
+
 def install_scaler(accelerator: Any, scaler: Any) -> bool:
     """Makes `scaler` (mixprec.torch.GradScaler, or torch.amp.GradScaler) the Accelerator's, before
-    accelerator.prepare(). For fp16 only. Where Accelerate left fp16 off (a CPU: native_amp False,
+    accelerator.prepare(). For fp16; a bf16 or fp32 Accelerator takes mixprec.torch.StepGuard
+    (step guards without loss scaling: accelerator.backward() hands it the loss, the optimizer's
+    step() asks it whether to step). Where Accelerate left fp16 off (a CPU: native_amp False,
     no scaler, fp32 outputs from autocast()), switches it on: prepare() then wraps the model's
     forward in autocast(device, float16) and gives the optimizer this scaler, as on a GPU.
     Returns True when fp16 was off and is now on."""
     if accelerator._models or accelerator._optimizers:
         raise RuntimeError("install_scaler: call it before accelerator.prepare(...) (the prepared model and "
                            "optimizer keep the scaler and autocast they were prepared with)")
-    if accelerator.mixed_precision != "fp16":
+    guard_only = _step_guard_only(scaler)
+    if accelerator.mixed_precision != "fp16" and not guard_only:
         raise ValueError(f"install_scaler: the Accelerator's mixed precision is {accelerator.mixed_precision!r}; "
-                         "a loss scaler is for fp16 (Accelerator(mixed_precision=\"fp16\"))")
+                         "a loss scaler is for fp16 (Accelerator(mixed_precision=\"fp16\")); a bf16 or fp32 "
+                         "run takes mixprec.torch.StepGuard(...) (step guards without loss scaling)")
+    if accelerator.mixed_precision == "fp16" and guard_only:
+        raise ValueError("install_scaler: scaler: expected a loss scaler for the fp16 run, found a step guard "
+                         "without one; mixprec.torch.GradScaler(skip_loss_z=..., ...) scales and guards")
     if accelerator.distributed_type in _UNSUPPORTED:
         raise ValueError(f"install_scaler: {accelerator.distributed_type} brings its own loss scaling; "
                          "mixprec's GradScaler does not replace it")
+    if guard_only:
+        accelerator.scaler = scaler  # autocast stays as Accelerate set it (bf16) or off (fp32)
+        return False
     was_off = not accelerator.native_amp
     accelerator.native_amp = True
     accelerator.scaler = scaler
@@ -80,12 +104,15 @@ class MixprecAccelerate:
     """mixprec.torch.GradScaler and Telemetry in an Accelerate loop.
 
     MixprecAccelerate(accelerator, out, preset=None, *, modules=None, sample_every=4, histogram_every=50,
-                      check_forward=True, tensorboard=None, report=True, **overrides)
+                      check_forward=True, tensorboard=None, report=True, skip_nonfinite=None,
+                      skip_loss_z=0.0, skip_grad_z=0.0, skip_window=128, skip_if=None, **overrides)
 
     accelerator  an accelerate.Accelerator, before prepare()
     out          the run folder (Telemetry's rules: new or empty); written by the main process
     preset       the scaler's policy (mixprec.preset_names()); None = torch.amp.GradScaler's rule
     overrides    GradScaler keywords (init_scale, growth_interval, the core's config keys)
+    skip_*       the step guards (docs/spike_guards.md): fp16, GradScaler's keywords; bf16 and
+                 fp32, a mixprec.torch.StepGuard with them becomes the Accelerator's scaler
     modules, sample_every, histogram_every, check_forward, tensorboard: Telemetry's
     report       render the report (report.html) when closing
 
@@ -100,15 +127,20 @@ class MixprecAccelerate:
         self.accelerator = accelerator
         self.scaler = None
         if precision == "fp16":
-            self.scaler = make_scaler(preset, kwargs)
+            self.scaler = make_scaler(preset, kwargs)  # the step guards' keywords included
             if install_scaler(accelerator, self.scaler):
                 warnings.warn(_fp16_off_message(accelerator.device), stacklevel=2)
-        elif preset is not None or kwargs:
-            given = ", ".join((["preset"] if preset is not None else []) + list(kwargs))
-            raise ValueError(f"MixprecAccelerate: {given}: GradScaler options, but the run is {precision} "
-                             "(loss scaling is for fp16)")
-        elif accelerator._models or accelerator._optimizers:
-            raise RuntimeError("MixprecAccelerate: create it before accelerator.prepare(...)")
+        else:
+            guard = split_guard_options(kwargs)
+            if preset is not None or kwargs:
+                given = ", ".join((["preset"] if preset is not None else []) + list(kwargs))
+                raise ValueError(f"MixprecAccelerate: {given}: GradScaler options, but the run is {precision} "
+                                 "(loss scaling is for fp16; the step guards' skip_* keywords are for any run)")
+            if accelerator._models or accelerator._optimizers:
+                raise RuntimeError("MixprecAccelerate: create it before accelerator.prepare(...)")
+            self.scaler = make_guard(guard)  # None without guard keywords: the Accelerator as it was
+            if self.scaler is not None:
+                install_scaler(accelerator, self.scaler)
         main = accelerator.is_main_process
         self.recorder = StepRecorder(out, precision, self.scaler, options, report=report,
                                      who="mixprec") if main else None
@@ -213,9 +245,11 @@ class MixprecAccelerate:
         return self.recorder.out if self.recorder is not None else ""
 
     def log_figures(self) -> Dict[str, Any]:
-        """skipped_steps (since the last call), skipped_steps_total, loss_scale and, after a skip,
-        overflow ("<parameter> (step N)", N the training's step number): for accelerator.log(...)
-        or a progress line."""
+        """skipped_steps (since the last call), skipped_steps_total, skipped_<reason>_total for each
+        reason (nonfinite_grad, nonfinite_loss, loss_spike, grad_spike, user), loss_scale (fp16)
+        and, after a skip, skip_reason (why: "loss_spike (z 7.3) at step N", several joined by
+        "; ") and, after an overflow, overflow ("<parameter> (step N)"), N the training's step
+        number: for accelerator.log(...) or a progress line."""
         return self.recorder.log_figures() if self.recorder is not None else {}
 
     def close(self) -> Optional[str]:

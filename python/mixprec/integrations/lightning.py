@@ -17,17 +17,27 @@ wrapped while fitting: step() is called by the plugin; the outcome is the scaler
 every optimizer of a manual optimization included, numbered as Lightning counts them
 (trainer.global_step: a fit resumed from a checkpoint continues the numbers). It logs
 mixprec/skipped (the steps of this batch skipped: 0 or 1 with one optimizer),
-mixprec/skipped_steps_total and mixprec/loss_scale with the LightningModule's log() (so they are
-in trainer.logged_metrics, the progress bar and every logger), logs each skip with the parameter
-that overflowed to the `mixprec` logger, and closes the run folder when fitting ends (its
-report's path printed). bf16 and fp32 runs are recorded without a scaler.
+mixprec/skipped_steps_total, mixprec/skipped_<reason>_total (the fit's skips by reason:
+nonfinite_grad, nonfinite_loss, loss_spike, grad_spike, user) and mixprec/loss_scale (fp16) with
+the LightningModule's log() (so they are in trainer.logged_metrics, the progress bar and every
+logger), logs each skip and why to the `mixprec` logger (the parameter that overflowed; a guard's
+reason and z-score), and closes the run folder when fitting ends (its report's path printed).
+bf16 and fp32 runs are recorded without a scaler (with the callback's step guards, if given).
 
-A skipped step advances no LR scheduler and no weight average: Lightning steps its "step"
-interval schedulers after every optimizer step, skipped or not, and WeightAveraging
+Step guards (docs/spike_guards.md): an fp16 run's are its scaler's, given to the plugin
+(mixprec.torch.GradScaler(skip_loss_z=..., ...)). A bf16 or fp32 run has no scaler: the
+callback's skip_* keywords give it a mixprec.torch.StepGuard, which the callback puts into the
+precision plugin's optimizer step (the loss from pre_backward; after the closure and its
+clipping, the guard's step() steps the optimizer or skips), its state in the callback's state
+in Lightning's checkpoints.
+
+A skipped step (any reason) advances no LR scheduler and no weight average: Lightning steps its
+"step" interval schedulers after every optimizer step, skipped or not, and WeightAveraging
 (EMAWeightAveraging included) averages after every step. While fitting, the scheduler of an
 optimizer whose step was skipped skips its next step() (the "step" interval ones Lightning
 steps; in manual optimization every scheduler, stepped by the module), and a WeightAveraging
-callback is not updated after a batch with a skipped step.
+callback is not updated after a batch with a skipped step. trainer.global_step counts every
+optimizer step, skipped ones too (Lightning's own count, as with torch.amp's scaler).
 """
 
 from __future__ import annotations
@@ -35,8 +45,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable, Dict, List, Optional, Set
 
+import torch
+
 from ..torch import GradScaler
-from ._recorder import StepRecorder, check_telemetry_options, precision_of, require
+from ._recorder import (SKIP_REASONS, StepRecorder, check_telemetry_options, make_guard, precision_of, require,
+                        skip_why, split_guard_options)
 
 _lightning = require("lightning", "lightning", "mixprec.integrations.lightning")
 from lightning.pytorch import Callback  # noqa: E402
@@ -51,22 +64,30 @@ class MixprecCallback(Callback):
     """Telemetry and the scaler's outcomes in a Lightning fit.
 
     MixprecCallback(out, *, modules=None, sample_every=4, histogram_every=50, check_forward=True,
-                    tensorboard=None, report=True, log_metrics=True)
+                    tensorboard=None, report=True, log_metrics=True, skip_nonfinite=None, skip_loss_z=0.0,
+                    skip_grad_z=0.0, skip_window=128, skip_if=None)
 
     out          the run folder (new or empty), written by global rank 0
-    log_metrics  log mixprec/skipped, mixprec/skipped_steps_total, mixprec/loss_scale each step
+    log_metrics  log mixprec/skipped, mixprec/skipped_steps_total, mixprec/skipped_<reason>_total,
+                 mixprec/loss_scale each step
+    skip_*       a bf16 or fp32 run's step guards (mixprec.torch.StepGuard's keywords, the guard
+                 then in `guard`); an fp16 run's are its scaler's (refused here)
     """
 
     def __init__(self, out: str, *, report: bool = True, log_metrics: bool = True, **telemetry: Any) -> None:
         if not isinstance(out, str) or not out:
             raise TypeError(f"MixprecCallback: out: expected a folder name, found {out!r}")
         self._out = out
+        self._guard_options = split_guard_options(telemetry)
         self._options = check_telemetry_options(telemetry)
         self._report = report
         self._log_metrics = log_metrics
-        self.scaler: Optional[GradScaler] = None
+        self.scaler: Optional[GradScaler] = None   # the fp16 run's, from the plugin
+        # A bf16 or fp32 run's step guards (built now: bad values are refused before the fit).
+        self.guard: Optional[GradScaler] = make_guard(self._guard_options)
         self.recorder: Optional[StepRecorder] = None
         self._skipped = 0
+        self._skipped_by: Dict[str, int] = {r: 0 for r in SKIP_REASONS}
         self._batch_steps = 0       # optimizer steps taken in this batch
         self._batch_skipped = 0     # ... and skipped
         # What the callback changed while fitting, undone in teardown: the plugin's methods,
@@ -90,10 +111,19 @@ class MixprecCallback(Callback):
                                     "mixprec.torch.GradScaler; give Lightning's plugin "
                                     "mixprec's: plugins=[MixedPrecision(\"16-mixed\", device, "
                                     "scaler=mixprec.torch.GradScaler())]")
+                if self._guard_options:
+                    given = ", ".join(self._guard_options)
+                    raise ValueError(f"mixprec MixprecCallback: {given}: expected on the fp16 run's scaler "
+                                     "(plugins=[MixedPrecision(\"16-mixed\", device, scaler=mixprec.torch."
+                                     f"GradScaler({given}=...))]), found on the callback (its step guards are "
+                                     "for bf16 and fp32 runs, which have no scaler)")
                 self.scaler = scaler
+            elif scaler is not None and self.guard is not None:
+                raise ValueError(f"mixprec MixprecCallback: the {precision} run's plugin has a scaler of its own "
+                                 f"({type(scaler).__qualname__}); the callback's step guards need a plugin without one")
             if trainer.is_global_zero:
-                self.recorder = StepRecorder(self._out, precision, self.scaler, self._options, report=self._report,
-                                             who="mixprec")
+                self.recorder = StepRecorder(self._out, precision, self._stepper(), self._options,
+                                             report=self._report, who="mixprec")
         self._wrap_plugin(trainer)
         for c in trainer.callbacks:
             if isinstance(c, WeightAveraging) and c not in self._averages:
@@ -103,24 +133,45 @@ class MixprecCallback(Callback):
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
         if self.recorder is not None:
             self.recorder.start(pl_module)
+        elif self.guard is not None:
+            self.guard.set_names(pl_module)  # other ranks: the outcome's parameter names
+
+    def _stepper(self) -> Optional[GradScaler]:
+        """What decides each step: the fp16 run's scaler, or the bf16 / fp32 run's guard."""
+        return self.scaler if self.scaler is not None else self.guard
+
+    # ---- the guard's state in Lightning's checkpoints --------------------------------------
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"guard": self.guard.state_dict()} if self.guard is not None else {}
+
+    def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
+        if self.guard is not None and "guard" in state_dict:
+            self.guard.load_state_dict(state_dict["guard"])
 
     # ---- each optimizer step, as the precision plugin takes it --------------------------------
 
     def _wrap_plugin(self, trainer: Any) -> None:
         """Wraps this fit's precision plugin (every rank: the schedulers hold on each): its
-        pre_backward hands over each loss, its optimizer_step records the step it took."""
+        pre_backward hands over each loss, its optimizer_step records the step it took. With
+        the callback's guard, the plugin's optimizer_step is the guard's (_guarded_step)."""
         plugin = trainer.precision_plugin
         if self._plugin is plugin:
             return
         self._plugin = plugin
         step, pre_backward = plugin.optimizer_step, plugin.pre_backward
-        scaler = self.scaler
+        guard = self.guard if self.scaler is None else None
+        if guard is not None:
+            step = self._guarded_step(plugin, guard)
+        scaler = self._stepper()
 
         def recorded_pre_backward(tensor: Any, module: Any) -> Any:
             # The loss as Lightning back-propagates it: divided by the accumulation (automatic
             # optimization), the module's own in manual_backward.
             if self.recorder is not None:
                 self.recorder.add_loss(tensor)
+            if guard is not None:
+                tensor = guard.scale(tensor)  # the loss guard's value (the loss itself comes back)
             return pre_backward(tensor, module)
 
         def recorded_step(optimizer: Any, *args: Any, **kwargs: Any) -> Any:
@@ -135,21 +186,49 @@ class MixprecCallback(Callback):
         plugin.pre_backward = recorded_pre_backward  # this plugin only, until teardown
         plugin.optimizer_step = recorded_step
 
+    @staticmethod
+    def _guarded_step(plugin: Any, guard: GradScaler) -> Callable[..., Any]:
+        """A bf16 or fp32 plugin's optimizer_step with the guard deciding: what Lightning's
+        MixedPrecision does with a scaler (closure, then clipping and on_before_optimizer_step,
+        then the scaler's step() and update()), the guard in the scaler's place."""
+
+        def guarded_step(optimizer: Any, model: Any, closure: Callable[[], Any], **kwargs: Any) -> Any:
+            if isinstance(optimizer, torch.optim.LBFGS):
+                raise ValueError("mixprec MixprecCallback: optimizer: expected one that steps without a closure, "
+                                 "found LBFGS (the step guards check the gradients before the optimizer's step)")
+            closure_result = closure()
+            plugin._after_closure(model, optimizer)
+            if closure_result is None and model.automatic_optimization:
+                return None  # training_step returned None: no backward, no step (Lightning's rule)
+            outcome = guard.step(optimizer, **kwargs)
+            guard.update()
+            return outcome
+
+        return guarded_step
+
     def _stepped(self, trainer: Any, optimizer: Any, outcome: Any) -> None:
-        skipped = outcome is not None and not outcome.applied
+        skipped = outcome is not None and not outcome.applied  # any reason: the weights did not move
         self._hold_schedulers(trainer, optimizer, skipped)
         self._batch_steps += 1
         self._batch_skipped += skipped
         self._skipped += skipped
+        if skipped:
+            reason = outcome.reason if outcome.reason != "none" else "nonfinite_grad"
+            self._skipped_by[reason] = self._skipped_by.get(reason, 0) + 1
         if self.recorder is None:
             return
         # Lightning counts the step once the plugin returns: this one is global_step + 1, in a
         # resumed fit too. The LR is the one the step used (the schedulers step after it).
         line = self.recorder.record(optimizer.param_groups[0]["lr"], outcome, step=trainer.global_step + 1,
                                     shared_loss=not trainer.lightning_module.automatic_optimization)
-        if line.get("skipped"):
-            _log.warning("mixprec: step %d skipped: inf/NaN in the gradient of %s; scale %s -> %s", line["step"],
-                         line.get("overflow_param") or "(another rank)", line.get("scale"), line.get("next_scale"))
+        if not line.get("skipped"):
+            return
+        scale = f"; scale {line.get('scale')} -> {line.get('next_scale')}" if self.scaler is not None else ""
+        if line.get("skip_reason", "nonfinite_grad") == "nonfinite_grad":
+            _log.warning("mixprec: step %d skipped: inf/NaN in the gradient of %s%s", line["step"],
+                         line.get("overflow_param") or "(another rank)", scale)
+        else:
+            _log.warning("mixprec: step %d skipped: %s%s", line["step"], skip_why(outcome), scale)
 
     # ---- what a skipped step holds ------------------------------------------------------------
 
@@ -205,6 +284,7 @@ class MixprecCallback(Callback):
         if self._log_metrics:
             metrics = {"mixprec/skipped": float(self._batch_skipped),
                        "mixprec/skipped_steps_total": float(self._skipped)}
+            metrics.update({f"mixprec/skipped_{r}_total": float(n) for r, n in self._skipped_by.items()})
             if self.scaler is not None:
                 metrics["mixprec/loss_scale"] = float(self.scaler.get_scale())
             # The same on every rank (the scaler's skips agree across ranks): no reduction.

@@ -11,15 +11,24 @@ mixprec.torch.GradScaler as its scaler (so the Trainer's checkpoints save and re
 scaler.pt) and, on a CPU, where `TrainingArguments(use_cpu=True, fp16=True)` trains in fp32
 without saying so, autocast(cpu, float16) with the scaler (a warning says so); then Telemetry on
 the model, one record per optimizer step with the scaler's outcome. Each of the Trainer's log
-lines gets skipped_steps (since the previous line), skipped_steps_total, loss_scale and, after a
-skip, overflow ("<parameter> (step N)"); the callback goes first among the callbacks that read
-the logs, so the progress bar, TensorBoard and the rest show them. The run folder numbers steps
+lines gets skipped_steps (since the previous line), skipped_steps_total, skipped_<reason>_total
+(the run's skips by reason: nonfinite_grad, nonfinite_loss, loss_spike, grad_spike, user),
+loss_scale (fp16) and, after a skip, skip_reason (why: "loss_spike (z 7.3) at step 12") and, after
+an overflow, overflow ("<parameter> (step N)"); the callback goes first among the callbacks that
+read the logs, so the progress bar, TensorBoard and the rest show them. The run folder numbers steps
 as the Trainer does (state.global_step): a run resumed from a checkpoint at step 10 records steps
 11, 12, ... With preset="layerwise" the scaler watches the model (scaler.watch). At the end of
 training the run folder is closed and its report's path printed.
 
-A skipped step advances no LR schedule (Accelerate's scheduler holds when the optimizer's step
-was skipped, and mixprec's scaler never calls the optimizer on an overflow). torch.amp's scaler
+Step guards (docs/spike_guards.md): skip_loss_z, skip_grad_z, skip_window, skip_if and
+skip_nonfinite go to the fp16 run's GradScaler; in a bf16 or fp32 run they make a
+mixprec.torch.StepGuard the Accelerator's scaler (no loss scaling; its state is saved in the
+checkpoints' scaler.pt and restored on resume, as a scaler's).
+
+A skipped step, whatever the reason, advances no LR schedule (Accelerate's scheduler holds when
+the optimizer's step was skipped, and mixprec's scaler or guard never calls the optimizer on a
+skipped step). The Trainer's own count (state.global_step) counts every optimizer step, skipped
+ones too, as it does with torch.amp's scaler. torch.amp's scaler
 calls a fused optimizer (the Trainer's default adamw_torch_fused) on every step and lets it skip
 inside, so there Accelerate sees no skip and the schedule advances: runs that skip a step then
 differ from torch.amp's by the schedule, not by the scaling.
@@ -62,13 +71,15 @@ class MixprecCallback(TrainerCallback):
     """mixprec.torch.GradScaler and Telemetry in a transformers.Trainer run.
 
     MixprecCallback(out, preset=None, *, modules=None, sample_every=4, histogram_every=50,
-                    check_forward=True, tensorboard=None, report=True, **overrides)
+                    check_forward=True, tensorboard=None, report=True, skip_nonfinite=None,
+                    skip_loss_z=0.0, skip_grad_z=0.0, skip_window=128, skip_if=None, **overrides)
 
     out        the run folder (new or empty), written by the main process
     preset     the scaler's policy (mixprec.preset_names()); None = torch.amp.GradScaler's rule:
                the same scales and skips as torch.amp.GradScaler, the same weights bit for bit
                where the LR schedule does not tell them apart (module docstring)
     overrides  GradScaler keywords (init_scale, growth_interval, ..., the core's config keys)
+    skip_*     the step guards: fp16, GradScaler's keywords; bf16 and fp32, a mixprec.torch.StepGuard's
     modules, sample_every, histogram_every, check_forward, tensorboard: Telemetry's
     report     render report.html when training ends
     """

@@ -148,6 +148,11 @@ class GradScaler:
         guard = [("skip_loss_z", _value_text("skip_loss_z", skip_loss_z)),
                  ("skip_grad_z", _value_text("skip_grad_z", skip_grad_z)),
                  ("skip_window", _value_text("skip_window", skip_window))]
+        if skip_if is not None and not enabled and skip_nonfinite is None:
+            skip_nonfinite = True  # a disabled scaler with a predicate checks its gradients to ask it
+        if skip_nonfinite is False and (skip_if is not None or _positive(skip_loss_z) or _positive(skip_grad_z)):
+            raise ValueError("skip_nonfinite: expected True or None with skip_if, skip_loss_z or skip_grad_z (a "
+                             "scaler that checks its gradients for them always skips inf/NaN), found False")
         if skip_nonfinite is not None:
             if not isinstance(skip_nonfinite, bool):
                 raise TypeError(f"skip_nonfinite: expected True, False or None, found {skip_nonfinite!r}")
@@ -276,8 +281,10 @@ class GradScaler:
         return apply(outputs)
 
     def unscale_(self, optimizer: torch.optim.Optimizer) -> None:
-        """Check and unscale the optimizer's gradients in place (once per update())."""
-        if not self._p.enabled:
+        """Check and unscale the optimizer's gradients in place (once per update()). A disabled
+        scaler does nothing, unless it has guards: then it checks them here (the gradient-norm
+        guard sees the norm before any clipping that follows)."""
+        if not self._p.enabled and not self._guarded():
             return
         self._p.begin_unscale(id(optimizer))
         self._finish_layers()
@@ -623,6 +630,11 @@ class StepGuard(GradScaler):
             return "StepGuard(<not constructed>)"
         g = self._guard
         return f"StepGuard(skip_loss_z={g['skip_loss_z']!r}, skip_grad_z={g['skip_grad_z']!r}, skip_window={g['skip_window']!r})"
+
+
+def _positive(v: Any) -> bool:
+    """A guard threshold that is on (the core checks its range; anything else reaches it as given)."""
+    return isinstance(v, numbers.Real) and not isinstance(v, bool) and v > 0
 
 
 def _rank_hook(scaler: "GradScaler"):

@@ -720,7 +720,8 @@ class Telemetry:
             grad_norm = outcome.grad_norm
             # Why a step was skipped and the guards' z-scores (docs/spike_guards.md); a pass-through
             # outcome's "none" is an applied step's.
-            guard = {"skip_reason": outcome.reason, "loss_z": float(outcome.loss_z), "grad_z": float(outcome.grad_z)}
+            guard = {"skip_reason": "" if outcome.reason == "none" else outcome.reason,
+                     "loss_z": float(outcome.loss_z), "grad_z": float(outcome.grad_z)}
             first = _args.utf8_text(outcome.first_overflow or "")
             next_scale = self._scaler._next_scale() if self._scaler is not None else scale
         if [id(p) for p in self._model.parameters()] != self._param_ids:
