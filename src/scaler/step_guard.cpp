@@ -55,6 +55,18 @@ const keys::KeyTable<GuardConfig>& guard_table() {
   throw std::invalid_argument(std::string(where) + ": " + what);
 }
 
+// One JSON object of a saved state (`where` opens every message).
+json object_of(std::string_view text, std::string_view where) {
+  json j;
+  try {
+    j = io::parse_json(text, "");
+  } catch (const std::invalid_argument& e) {
+    bad_detector(where, e.what());
+  }
+  if (!j.is_object()) bad_detector(where, "expected an object, found " + std::string(j.type_name()));
+  return j;
+}
+
 }  // namespace
 
 std::string_view skip_reason_name(SkipReason r) noexcept {
@@ -146,13 +158,7 @@ std::string ZScoreDetector::to_json() const {
 }
 
 ZScoreDetector ZScoreDetector::from_json(std::string_view text, std::string_view where) {
-  json j;
-  try {
-    j = io::parse_json(text, "");
-  } catch (const std::invalid_argument& e) {
-    bad_detector(where, e.what());
-  }
-  if (!j.is_object()) bad_detector(where, "expected an object, found " + std::string(j.type_name()));
+  const json j = object_of(text, where);
   for (const auto& item : j.items()) {
     const std::string& k = item.key();
     if (k != "window" && k != "count" && k != "index" && k != "sum" && k != "sum_sq" && k != "values")
@@ -219,13 +225,7 @@ const std::vector<std::string_view>& guard_config_keys() {
 std::string guard_config_json(const GuardConfig& c) { return guard_table().to_json<json>(c).dump(); }
 
 GuardConfig guard_config_from_json(std::string_view text, std::string_view where) {
-  json j;
-  try {
-    j = io::parse_json(text, "");
-  } catch (const std::invalid_argument& e) {
-    bad_detector(where, e.what());
-  }
-  if (!j.is_object()) bad_detector(where, "expected an object, found " + std::string(j.type_name()));
+  const json j = object_of(text, where);
   GuardConfig c;
   for (const auto& item : j.items())
     if (guard_table().find(item.key()) == nullptr) bad_detector(where, "unknown field '" + item.key() + "'");

@@ -115,34 +115,30 @@ TEST(TrainerGuards, WithoutGuardsTheBadBatchesAreApplied) {
 }
 
 TEST(TrainerGuards, PlantedFaultsAreNamedForwardAndBackward) {
+  // Six steps with a fault planted at step 4; the log of the run.
+  const auto run_with_fault = [](nn::Precision p, const std::string& fault) {
+    TrainConfig c = guarded(p, "dynamic");
+    c.steps = 6;
+    c.inject_bad_batch_at = {};
+    c.inject_bad_batch = "labels";
+    c.inject_overflow_at = {};
+    c.inject_fault_at = {4};
+    c.inject_fault = fault;
+    Trainer t(c);
+    std::vector<StepRecord> log;
+    while (!t.done()) log.push_back(t.train_step());
+    return log;
+  };
   for (nn::Precision p : {nn::Precision::bf16, nn::Precision::fp16}) {
     for (const char* name : {"h0.mlp.fc", "h1.attn.qkv", "h1.mlp.gelu"}) {
-      TrainConfig c = guarded(p, "dynamic");
-      c.steps = 6;
-      c.inject_bad_batch_at = {};
-      c.inject_bad_batch = "labels";
-      c.inject_overflow_at = {};
-      c.inject_fault_at = {4};
-      c.inject_fault = std::string("forward:") + name;
-      Trainer t(c);
-      std::vector<StepRecord> log;
-      while (!t.done()) log.push_back(t.train_step());
+      const std::vector<StepRecord> log = run_with_fault(p, std::string("forward:") + name);
       EXPECT_TRUE(log[3].skipped);
       EXPECT_EQ(log[3].forward_nonfinite, name) << nn::precision_name(p);
       EXPECT_TRUE(log[2].forward_nonfinite.empty());
       EXPECT_FALSE(log[4].skipped) << "the fault was planted at step 4 only";
     }
     for (const char* name : {"h1.mlp.gelu.grad", "h0.attn.grad", "h0.ln1.grad"}) {
-      TrainConfig c = guarded(p, "dynamic");
-      c.steps = 6;
-      c.inject_bad_batch_at = {};
-      c.inject_bad_batch = "labels";
-      c.inject_overflow_at = {};
-      c.inject_fault_at = {4};
-      c.inject_fault = std::string("backward:") + name;
-      Trainer t(c);
-      std::vector<StepRecord> log;
-      while (!t.done()) log.push_back(t.train_step());
+      const std::vector<StepRecord> log = run_with_fault(p, std::string("backward:") + name);
       EXPECT_TRUE(log[3].skipped);
       EXPECT_EQ(log[3].overflow_activation, name) << nn::precision_name(p);
       EXPECT_TRUE(log[3].forward_nonfinite.empty());
