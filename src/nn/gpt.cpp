@@ -547,7 +547,7 @@ class Gpt final : public Model {
       else if (n.ends_with("proj.weight")) init_normal(w, residual_std, config_.seed, i);
       else init_normal(w, 0.02f, config_.seed, i);
     }
-    write_initial_weights(*store_, flat);
+    store_->set_weights_of_record(flat);
   }
 
   // Creates every GEMM primitive now, so training allocates nothing later.

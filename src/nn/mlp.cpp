@@ -111,7 +111,7 @@ class Mlp final : public Model {
       in = H;
     }
     init_normal(w(headw_), 1.0f / std::sqrt(static_cast<float>(H)), c.seed, headw_);
-    write_initial_weights(*store_, flat);
+    store_->set_weights_of_record(flat);
     engine_->weights_updated();
   }
 

@@ -238,22 +238,6 @@ std::uint64_t Log2Histogram::total() const noexcept {
   return t;
 }
 
-namespace detail {
-
-void write_initial_weights(ParamStore& store, std::span<const float> flat) {
-  if (store.has_master()) {
-    std::memcpy(store.master_data(), flat.data(), flat.size() * sizeof(float));
-    store.refresh_model();
-    return;
-  }
-  switch (store.model_dtype()) {
-    case DType::f32: std::memcpy(store.model_data(), flat.data(), flat.size() * sizeof(float)); return;
-    case DType::f16: convert(flat, std::span<f16>(static_cast<f16*>(store.model_data()), flat.size())); return;
-    case DType::bf16: convert(flat, std::span<bf16>(static_cast<bf16*>(store.model_data()), flat.size())); return;
-  }
-}
-
-}  // namespace detail
 void Model::set_fault(const std::string& name, bool backward) {
   detail::Engine& e = engine();
   if (name.empty()) {

@@ -14,8 +14,4 @@ std::unique_ptr<Model> make_gpt(const ModelConfig& c, PrecisionPolicy p, unsigne
 std::unique_ptr<Model> make_mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, Fp8Recipe recipe,
                                 const Fp8Config& fp8);
 
-// Writes fp32 initial values (flat, store layout) as the store's weights of record:
-// the master weights (and their rounded model copy), or the model weights themselves.
-void write_initial_weights(ParamStore& store, std::span<const float> flat);
-
 }  // namespace mixprec::nn::detail

@@ -150,4 +150,20 @@ void ParamStore::refresh_model() {
   }
 }
 
+void ParamStore::set_weights_of_record(std::span<const float> flat) {
+  if (flat.size() != flat_size_)
+    throw std::invalid_argument("ParamStore::set_weights_of_record: expected " + std::to_string(flat_size_) +
+                                " values, found " + std::to_string(flat.size()));
+  if (options_.master) {
+    std::memcpy(master_, flat.data(), flat_size_ * 4);
+    refresh_model();
+    return;
+  }
+  switch (options_.model) {
+    case DType::f32: std::memcpy(model_, flat.data(), flat_size_ * 4); break;
+    case DType::f16: convert(flat, std::span<f16>(reinterpret_cast<f16*>(model_), flat_size_)); break;
+    case DType::bf16: convert(flat, std::span<bf16>(reinterpret_cast<bf16*>(model_), flat_size_)); break;
+  }
+}
+
 }  // namespace mixprec

@@ -17,8 +17,6 @@ namespace {
 
 using json = nlohmann::json;
 
-constexpr int kMaxWindow = 1000000;
-
 const keys::KeyTable<GuardConfig>& guard_table() {
   using keys::Spec;
   using C = GuardConfig;
@@ -44,7 +42,7 @@ const keys::KeyTable<GuardConfig>& guard_table() {
              .doc = "Steps in the loss and gradient-norm windows of the z-scores (llm.c: 128)",
              .type = "N",
              .int_min = 2,
-             .int_max = kMaxWindow},
+             .int_max = kMaxGuardWindow},
         [](auto& c) -> auto& { return c.window; }));
     return k;
   }());
@@ -98,11 +96,21 @@ std::optional<SkipReason> parse_skip_reason(std::string_view name) noexcept {
 // ---- the detector ----------------------------------------------------------------------
 
 ZScoreDetector::ZScoreDetector(int window) : window_(window) {
-  if (window < 2 || window > kMaxWindow)
-    throw std::invalid_argument("skip_window: expected an integer in [2, " + std::to_string(kMaxWindow) + "], found " +
+  if (window < 2 || window > kMaxGuardWindow)
+    throw std::invalid_argument("skip_window: expected an integer in [2, " + std::to_string(kMaxGuardWindow) + "], found " +
                                 std::to_string(window));
   buffer_.assign(static_cast<std::size_t>(window), 0.0);
 }
+
+namespace {
+// llm.c's z-score of x over a full window of n values with running sums sum, sum_sq (x among them).
+double z_score(double x, double sum, double sum_sq, int n) noexcept {
+  const double mean = sum / static_cast<double>(n);
+  const double deviation = std::sqrt(sum_sq / static_cast<double>(n) - mean * mean);
+  if (deviation == 0.0) return 0.0;
+  return (x - mean) / deviation;
+}
+}  // namespace
 
 double ZScoreDetector::peek(double x) const noexcept {
   // push()'s arithmetic in the same order, on copies of the sums (no copy of the window).
@@ -113,11 +121,7 @@ double ZScoreDetector::peek(double x) const noexcept {
   sum_sq -= old * old;
   sum += x;
   sum_sq += x * x;
-  const double n = static_cast<double>(window_);
-  const double mean = sum / n;
-  const double deviation = std::sqrt(sum_sq / n - mean * mean);
-  if (deviation == 0.0) return 0.0;
-  return (x - mean) / deviation;
+  return z_score(x, sum, sum_sq, window_);
 }
 
 double ZScoreDetector::push(double x) noexcept {
@@ -138,12 +142,7 @@ double ZScoreDetector::push(double x) noexcept {
   sum_ += x;
   sum_sq_ += x * x;
   index_ = (index_ + 1) % window_;
-  const double n = static_cast<double>(window_);
-  const double mean = sum_ / n;
-  const double variance = sum_sq_ / n - mean * mean;
-  const double deviation = std::sqrt(variance);
-  if (deviation == 0.0) return 0.0;
-  return (x - mean) / deviation;
+  return z_score(x, sum_, sum_sq_, window_);
 }
 
 std::string ZScoreDetector::to_json() const {
@@ -178,7 +177,7 @@ ZScoreDetector ZScoreDetector::from_json(std::string_view text, std::string_view
     if (!std::isfinite(v)) bad_detector(where, std::string(key) + ": expected a finite number");
     return v;
   };
-  ZScoreDetector d(integer("window", 2, kMaxWindow));
+  ZScoreDetector d(integer("window", 2, kMaxGuardWindow));
   d.count_ = integer("count", 0, d.window_);
   d.index_ = integer("index", 0, d.window_ - 1);
   if (d.count_ < d.window_ && d.index_ != 0) bad_detector(where, "index: expected 0 while the window fills");
@@ -197,18 +196,23 @@ ZScoreDetector ZScoreDetector::from_json(std::string_view text, std::string_view
 
 // ---- the config ------------------------------------------------------------------------
 
-void validate(const GuardConfig& c) {
-  guard_table().check(c);
+void check_guard_reach(double z, int window, std::string_view z_key, std::string_view window_key) {
   // The z-score of a value over a window that holds it is at most sqrt(window - 1) (one
   // outlier among window - 1 equal values): a threshold at or above it could never fire.
-  const double reach = std::sqrt(static_cast<double>(c.window) - 1.0);
-  for (const auto& [key, z] : {std::pair{"skip_loss_z", c.loss_z}, std::pair{"skip_grad_z", c.grad_z}}) {
-    if (z > 0 && z >= reach)
-      keys::fail(key,
-                 "0 (off) or a number below sqrt(skip_window - 1) = " + text::num(reach) + " (skip_window " +
-                     std::to_string(c.window) + ": no z-score reaches it, the guard would never fire)",
-                 text::num(z));
+  const double reach = std::sqrt(static_cast<double>(window) - 1.0);
+  if (z > 0 && z >= reach) {
+    const std::string w(window_key);
+    keys::fail(z_key,
+               "0 (off) or a number below sqrt(" + w + " - 1) = " + text::num(reach) + " (" + w + " " +
+                   std::to_string(window) + ": no z-score reaches it, the guard would never fire)",
+               text::num(z));
   }
+}
+
+void validate(const GuardConfig& c) {
+  guard_table().check(c);
+  check_guard_reach(c.loss_z, c.window, "skip_loss_z", "skip_window");
+  check_guard_reach(c.grad_z, c.window, "skip_grad_z", "skip_window");
 }
 
 void set(GuardConfig& c, std::string_view key, std::string_view value) { guard_table().set_text(c, key, value); }

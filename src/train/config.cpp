@@ -319,7 +319,7 @@ const Table& table() {
                                0, false),
                         [](auto& c) -> auto& { return c.skip_grad_z; }));
     k.push_back(int_row(integer("skip-window", "N", "Steps in the z-score windows of --skip-loss-z and --skip-grad-z", 2,
-                                1000000),
+                                kMaxGuardWindow),
                         [](auto& c) -> auto& { return c.skip_window; }));
     k.push_back(num_row(number("ema", "Decay of an EMA of the weights over applied steps, in [0, 1); 0 = none", 0, false,
                                1, true),
@@ -556,23 +556,9 @@ void validate(const TrainConfig& c) {
   for (const std::size_t s : c.inject_overflow_at)
     if (s > c.steps)
       fail("inject-overflow-at", "an integer in [1, " + std::to_string(c.steps) + "]", std::to_string(s));
-  {
-    // The guards' own rules (a threshold below the reach of its window), in the flags' names.
-    GuardConfig g;
-    g.loss_z = c.skip_loss_z;
-    g.grad_z = c.skip_grad_z;
-    g.window = static_cast<int>(c.skip_window);
-    try {
-      validate(g);
-    } catch (const std::invalid_argument& e) {
-      std::string m = e.what();
-      for (std::size_t i = 0; i < m.size() && m[i] != ':'; ++i)
-        if (m[i] == '_') m[i] = '-';
-      std::size_t at = 0;
-      while ((at = m.find("skip_window", at)) != std::string::npos) m.replace(at, 11, "skip-window");
-      throw std::invalid_argument(m);
-    }
-  }
+  // The guards' rule across keys (a threshold below the reach of its window), in the flags' names.
+  check_guard_reach(c.skip_loss_z, static_cast<int>(c.skip_window), "skip-loss-z", "skip-window");
+  check_guard_reach(c.skip_grad_z, static_cast<int>(c.skip_window), "skip-grad-z", "skip-window");
   if (const std::size_t n = bad_batch_kinds(c.inject_bad_batch).size(); n != 1 && n != c.inject_bad_batch_at.size())
     fail("inject-bad-batch", "one kind, or one per --inject-bad-batch-at step (" +
                                  std::to_string(c.inject_bad_batch_at.size()) + ")",

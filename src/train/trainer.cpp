@@ -389,17 +389,12 @@ StepRecord Trainer::train_step() {
 
 void Trainer::Impl::update_ema() {
   const ParamStore& s = model->params();
-  const float decay = static_cast<float>(config.ema);
-  const float rate = 1.0f - decay;
-  if (s.has_master()) {
-    const float* w = s.master_data();
-    pool->parallel_for(ema.size(), 64, kParallelElements, [&](std::size_t b, std::size_t e, unsigned) {
-      for (std::size_t i = b; i < e; ++i) ema[i] += rate * (w[i] - ema[i]);
-    });
-    return;
+  const float rate = 1.0f - static_cast<float>(config.ema);
+  const float* w = s.master_data();
+  if (!s.has_master()) {  // 16-bit (or fp32) weights of record, decoded
+    to_f32(s.model_data(), s.model_dtype(), scratch);
+    w = scratch.data();
   }
-  std::span<float> w(scratch);
-  to_f32(s.model_data(), s.model_dtype(), w);
   pool->parallel_for(ema.size(), 64, kParallelElements, [&](std::size_t b, std::size_t e, unsigned) {
     for (std::size_t i = b; i < e; ++i) ema[i] += rate * (w[i] - ema[i]);
   });
@@ -408,23 +403,9 @@ void Trainer::Impl::update_ema() {
 void Trainer::Impl::load_ema() {
   // The weights of record kept bytewise in the snapshot buffer (free between steps), the EMA
   // written in their place (rounded to the model's dtype without a master copy).
-  ParamStore& s = model->params();
-  const std::span<const std::byte> w = weights_of_record(s);
+  const std::span<const std::byte> w = weights_of_record(model->params());
   std::memcpy(snapshot.data(), w.data(), w.size());
-  if (s.has_master()) {
-    std::copy(ema.begin(), ema.end(), s.master_data());
-    s.refresh_model();
-  } else {
-    switch (s.model_dtype()) {
-      case DType::f32: std::memcpy(s.model_data(), ema.data(), ema.size() * 4); break;
-      case DType::f16:
-        convert(std::span<const float>(ema), std::span<f16>(static_cast<f16*>(s.model_data()), ema.size()));
-        break;
-      case DType::bf16:
-        convert(std::span<const float>(ema), std::span<bf16>(static_cast<bf16*>(s.model_data()), ema.size()));
-        break;
-    }
-  }
+  model->params().set_weights_of_record(ema);
   model->weights_updated();
 }
 

@@ -110,6 +110,9 @@ class ParamStore {
   void zero_state() noexcept;
   // Model copy := round-to-nearest-even(master). Call after writing the master weights.
   void refresh_model();
+  // The weights of record := flat (flat_size() fp32 values): the master weights and the model
+  // copy rounded from them, or in a pure store the model weights rounded to their dtype.
+  void set_weights_of_record(std::span<const float> flat);
 
 
  private:

@@ -80,6 +80,10 @@ struct GuardConfig {
 // and each threshold that is on below sqrt(window - 1), the largest z-score a window that holds
 // the value can give (window 128: 11.27).
 void validate(const GuardConfig& c);
+// That last rule alone, for one threshold z over a window, its keys named as the caller's
+// config names them (the engine's flags: skip-loss-z, skip-window).
+void check_guard_reach(double z, int window, std::string_view z_key, std::string_view window_key);
+inline constexpr int kMaxGuardWindow = 1000000;  // skip_window's largest value
 // One key ("skip_loss_z", ...) set from its text; std::invalid_argument for an unknown key or
 // a value it does not allow. The config is unchanged on error.
 void set(GuardConfig& c, std::string_view key, std::string_view value);

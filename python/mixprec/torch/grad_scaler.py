@@ -354,7 +354,7 @@ class GradScaler:
             value = _number("new_scale", new_scale)
         self._p.update_to(value)
 
-    # ---- accumulation windows (optional) ---------------------------------------------------
+    # ---- accumulation windows: ScalerProtocol's, reached from here -------------------------
 
     def set_accumulation_steps(self, k: int) -> None:
         """k backward passes share one scale: call backward_done() after each; unscale_, step

@@ -12,7 +12,7 @@ The rule and every decision are the core's (mixprec::LayerwiseScales, docs/loss_
   the weight), so that its input gradient and its weight gradient are computed at S0 * chain * s;
 - a hook on the layer's weight and bias multiplies their gradient (this backward pass's
   contribution, before it is accumulated into .grad) by 1 / (chain * s): .grad carries the
-  base scale S0 only, as with one scale, and accumulation windows work unchanged. Parameters
+  base scale S0 only, as with one scale (the protocol's windows see nothing else). Parameters
   that do not require gradients (frozen) get no hook; one that begins to require them gets its
   hook at the next forward;
 - an identity node in front of the layer's input (only where that input requires a gradient,
