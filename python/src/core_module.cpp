@@ -707,6 +707,17 @@ NB_MODULE(_core, m) {
 
   register_layerwise(m);
   m.def("write_report", &write_report, nb::arg("dirs"), nb::arg("out"), nb::arg("title"));
+  // The step guards' vocabulary (scaler/step_guard.hpp): the skip reasons and the config keys.
+  m.def("skip_reason_names", [] {
+    std::vector<std::string> v;
+    for (std::string_view n : mixprec::skip_reason_names()) v.emplace_back(n);
+    return v;
+  });
+  m.def("guard_config_keys", [] {
+    std::vector<std::string> v;
+    for (std::string_view n : mixprec::guard_config_keys()) v.emplace_back(n);
+    return v;
+  });
   m.def("dataset", &dataset, nb::arg("text").none(), nb::arg("seed"), nb::arg("tokens"), nb::arg("vocab"),
         nb::arg("validation_fraction"), nb::arg("context"));
 }

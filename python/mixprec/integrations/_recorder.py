@@ -11,6 +11,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from .. import _core
 from ..torch import GradScaler, StepGuard, StepOutcome, Telemetry
 
 # The Telemetry options an integration passes on (Telemetry's keywords but what the
@@ -19,10 +20,11 @@ TELEMETRY_OPTIONS = tuple(n for n in inspect.signature(Telemetry).parameters
                           if n not in ("model", "out", "precision", "loss_scale", "scaler"))
 
 
-# The step guards' keywords (GradScaler's and StepGuard's; docs/spike_guards.md), and why a
-# step is skipped (StepOutcome.reason other than "none"), in the order of the run's summary.
-GUARD_OPTIONS = ("skip_nonfinite", "skip_loss_z", "skip_grad_z", "skip_window", "skip_if")
-SKIP_REASONS = ("nonfinite_grad", "nonfinite_loss", "loss_spike", "grad_spike", "user")
+# The step guards' keywords (GradScaler's and StepGuard's: the core's config keys and the
+# predicate; docs/spike_guards.md), and why a step is skipped (the core's reasons but "none"),
+# in the core's order.
+GUARD_OPTIONS = tuple(_core.guard_config_keys()) + ("skip_if",)
+SKIP_REASONS = tuple(r for r in _core.skip_reason_names() if r != "none")
 
 
 def require(module: str, extra: str, what: str):
