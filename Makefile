@@ -160,7 +160,7 @@ clean:
 .PHONY: tsan test-tsan
 TSAN       := build/tsan
 TSAN_TESTS := test_core_parallel test_kernels_unscale test_optim test_scaler_grad_scaler test_formats_bulk \
-              test_monitor_npy
+              test_inspect_npy
 
 $(TSAN)/CMakeCache.txt: | deps
 	cmake -S . -B $(TSAN) $(CMAKE_GEN) -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMIXPREC_TSAN=ON \

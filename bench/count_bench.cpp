@@ -15,7 +15,7 @@
 
 #include "mixprec/formats/bulk.hpp"
 #include "mixprec/formats/count.hpp"
-#include "mixprec/train/step_record.hpp"
+#include "mixprec/run/step_record.hpp"
 
 namespace {
 

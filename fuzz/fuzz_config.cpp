@@ -16,8 +16,8 @@
 
 #include "mixprec/scaler/grad_scaler.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
-#include "mixprec/train/config.hpp"
-#include "mixprec/train/run_log.hpp"
+#include "mixprec/run/config.hpp"
+#include "mixprec/run/run_log.hpp"
 
 namespace {
 

@@ -9,8 +9,8 @@
 #include <exception>
 #include <span>
 
-#include "mixprec/monitor/inspect.hpp"
-#include "mixprec/monitor/npy.hpp"
+#include "mixprec/inspect/inspect.hpp"
+#include "mixprec/inspect/npy.hpp"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   namespace monitor = mixprec::monitor;

@@ -24,12 +24,12 @@
 #include <string_view>
 #include <vector>
 
-#include "mixprec/monitor/report.hpp"
-#include "mixprec/monitor/simulate.hpp"
+#include "mixprec/report/report.hpp"
+#include "mixprec/advise/simulate.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
 #include "mixprec/train/run.hpp"
-#include "mixprec/train/run_folder.hpp"
-#include "mixprec/train/run_log.hpp"
+#include "mixprec/run/run_folder.hpp"
+#include "mixprec/run/run_log.hpp"
 
 namespace {
 

@@ -23,8 +23,8 @@
 #include "mixprec/checkpoint/safetensors.hpp"
 #include "mixprec/scaler/grad_scaler.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
-#include "mixprec/train/config.hpp"
-#include "mixprec/train/run_log.hpp"
+#include "mixprec/run/config.hpp"
+#include "mixprec/run/run_log.hpp"
 
 namespace {
 

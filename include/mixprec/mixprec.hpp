@@ -1,7 +1,7 @@
 // mixprec: mixed-precision training toolkit. Umbrella header for the public API.
 #pragma once
 
-#include "mixprec/core/dtype.hpp"
+#include "mixprec/formats/dtype.hpp"
 #include "mixprec/core/isa.hpp"
 #include "mixprec/core/parallel.hpp"
 #include "mixprec/formats/bulk.hpp"
@@ -16,7 +16,7 @@
 #include "mixprec/nn/gemm.hpp"
 #include "mixprec/nn/layers.hpp"
 #include "mixprec/optim/clip.hpp"
-#include "mixprec/optim/memory.hpp"
+#include "mixprec/nn/memory.hpp"
 #include "mixprec/optim/optimizer.hpp"
 #include "mixprec/optim/param_store.hpp"
 #include "mixprec/optim/schedule.hpp"

@@ -11,7 +11,7 @@
 #include <string>
 #include <vector>
 
-#include "mixprec/monitor/advise.hpp"
+#include "mixprec/advise/advise.hpp"
 
 namespace nb = nanobind;
 

@@ -29,13 +29,13 @@
 #include "mixprec/formats/bulk.hpp"
 #include "mixprec/formats/types.hpp"
 #include "mixprec/kernels/unscale.hpp"
-#include "mixprec/monitor/report.hpp"
+#include "mixprec/report/report.hpp"
 #include "mixprec/nn/data.hpp"
 #include "mixprec/scaler/check_gradients.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
 #include "mixprec/scaler/protocol.hpp"
 #include "binding.hpp"
-#include "mixprec/train/run_log.hpp"
+#include "mixprec/run/run_log.hpp"
 
 namespace nb = nanobind;
 

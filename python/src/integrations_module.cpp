@@ -15,8 +15,8 @@
 
 #include "mixprec/core/isa.hpp"
 #include "mixprec/formats/kernel_table.hpp"
-#include "mixprec/monitor/tensorboard.hpp"
-#include "mixprec/train/run_log.hpp"
+#include "mixprec/report/tensorboard.hpp"
+#include "mixprec/run/run_log.hpp"
 #include "mixprec/version.hpp"
 
 namespace nb = nanobind;

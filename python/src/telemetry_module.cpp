@@ -31,7 +31,7 @@
 #include "mixprec/formats/count.hpp"
 #include "mixprec/nn/model.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
-#include "mixprec/train/run_log.hpp"
+#include "mixprec/run/run_log.hpp"
 #include "mixprec/train/telemetry_recorder.hpp"
 
 namespace nb = nanobind;

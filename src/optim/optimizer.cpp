@@ -11,6 +11,7 @@
 #include "mixprec/core/parallel.hpp"
 #include "mixprec/formats/kernel_table.hpp"
 #include "mixprec/optim/clip.hpp"
+#include "mixprec/kernels/unscale.hpp"
 #include "optim/kernels.hpp"
 
 namespace mixprec {

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "mixprec/core/dtype.hpp"
+#include "mixprec/formats/dtype.hpp"
 
 namespace mixprec::torch::detail {
 

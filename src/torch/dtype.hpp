@@ -5,7 +5,7 @@
 
 #include <optional>
 
-#include "mixprec/core/dtype.hpp"
+#include "mixprec/formats/dtype.hpp"
 
 namespace mixprec::torch::detail {
 

@@ -8,12 +8,12 @@
 #include <span>
 #include <vector>
 
-#include "mixprec/dist/communicator.hpp"
+#include "mixprec/distributed/communicator.hpp"
 #include "mixprec/kernels/exact_sum.hpp"
 #include "mixprec/kernels/unscale.hpp"
 #include "mixprec/nn/model.hpp"
 #include "mixprec/optim/param_store.hpp"
-#include "mixprec/train/config.hpp"
+#include "mixprec/run/config.hpp"
 
 namespace mixprec::train {
 

@@ -14,7 +14,7 @@
 #include "mixprec/core/text.hpp"
 #include "mixprec/nn/data.hpp"
 #include "mixprec/nn/precision.hpp"
-#include "mixprec/train/run_log.hpp"
+#include "mixprec/run/run_log.hpp"
 
 namespace mixprec::train {
 namespace fs = std::filesystem;

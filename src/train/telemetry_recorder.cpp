@@ -7,7 +7,7 @@
 
 #include "mixprec/core/text.hpp"
 #include "mixprec/formats/types.hpp"
-#include "mixprec/train/run_log.hpp"
+#include "mixprec/run/run_log.hpp"
 
 namespace mixprec::train {
 namespace {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "data_parallel.hpp"
-#include "mixprec/dist/communicator.hpp"
+#include "mixprec/distributed/communicator.hpp"
 #include "mixprec/core/parallel.hpp"
 #include "mixprec/kernels/unscale.hpp"
 #include "mixprec/nn/data.hpp"

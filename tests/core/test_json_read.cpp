@@ -18,13 +18,13 @@
 #include "mixprec/core/text.hpp"
 #include "mixprec/fp8/recipes.hpp"
 #include "mixprec/lowp/assignment.hpp"
-#include "mixprec/monitor/advise.hpp"
+#include "mixprec/advise/advise.hpp"
 #include "mixprec/scaler/layerwise.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
 #include "mixprec/scaler/protocol.hpp"
-#include "mixprec/train/config.hpp"
-#include "mixprec/train/run_folder.hpp"
-#include "mixprec/train/run_log.hpp"
+#include "mixprec/run/config.hpp"
+#include "mixprec/run/run_folder.hpp"
+#include "mixprec/run/run_log.hpp"
 
 namespace mixprec {
 namespace {

@@ -1,6 +1,6 @@
 // The number grammar every config key reads (core/keys.hpp), as a table of texts and what
 // each reads as, and the words and checks of a key's description (allowed, text_of,
-// parse_text, check). Each config's own keys are tested with it (tests/train/test_config.cpp,
+// parse_text, check). Each config's own keys are tested with it (tests/run/test_config.cpp,
 // tests/scaler/test_loss_scale.cpp).
 #include <gtest/gtest.h>
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "backends.hpp"
-#include "mixprec/core/dtype.hpp"
+#include "mixprec/formats/dtype.hpp"
 #include "mixprec/formats/format_table.hpp"
 #include "mixprec/formats/kernel_table.hpp"
 #include "mixprec/formats/types.hpp"

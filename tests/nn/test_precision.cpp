@@ -9,7 +9,7 @@
 #include <string>
 
 #include "mixprec/nn/precision.hpp"
-#include "mixprec/optim/memory.hpp"
+#include "mixprec/nn/memory.hpp"
 #include "mixprec/optim/param_store.hpp"
 #include "mixprec/train/trainer.hpp"
 

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "mixprec/optim/clip.hpp"
-#include "mixprec/optim/memory.hpp"
+#include "mixprec/nn/memory.hpp"
 #include "mixprec/optim/optimizer.hpp"
 #include "mixprec/optim/schedule.hpp"
 #include "mlp.hpp"

@@ -1,6 +1,6 @@
 """mixprec.encode / mixprec.decode against NumPy, ml_dtypes and the references of reference.py.
 
-Inputs (docs/python.md, "Tests"): for every format, every fp32 value that an f16 code decodes
+Inputs (docs/testing.md, "Python"): for every format, every fp32 value that an f16 code decodes
 to; every rounding boundary of the format (the midpoint between each pair of neighbouring
 codes, and the fp32 values one ulp either side), the overflow midpoint above max finite;
 fp32 specials (zeros, infinities, quiet and signalling NaNs with payloads, subnormals); a

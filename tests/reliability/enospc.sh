@@ -29,7 +29,7 @@ if [ "${MIXPREC_ENOSPC_NS:-}" != 1 ]; then
     MIXPREC_ENOSPC_NS=1 exec unshare --user --map-root-user --mount bash "$0" "$@"
   else
     echo "enospc: SKIPPED: this machine permits neither 'mount -t tmpfs' nor user namespaces (unshare -rm),"
-    echo "so no small file system can be made full; the RLIMIT_FSIZE tests (test_train_run_folder_guard,"
+    echo "so no small file system can be made full; the RLIMIT_FSIZE tests (test_run_folder_guard,"
     echo "test_reliability_run_folder.py) still cut appends short for real"
     exit 77
   fi

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "mixprec/train/run_log.hpp"
+#include "mixprec/run/run_log.hpp"
 #include "mixprec/train/telemetry_recorder.hpp"
 
 int main(int argc, char** argv) {

@@ -11,7 +11,7 @@
 
 #include "mixprec/torch/grad_scaler.hpp"
 #include "mixprec/torch/telemetry.hpp"
-#include "mixprec/train/run_log.hpp"
+#include "mixprec/run/run_log.hpp"
 
 int main(int argc, char** argv) {
   if (argc != 2) {

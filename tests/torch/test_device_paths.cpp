@@ -21,7 +21,7 @@
 #include "mixprec/torch/autocast.hpp"
 #include "mixprec/torch/grad_scaler.hpp"
 #include "mixprec/torch/telemetry.hpp"
-#include "mixprec/train/run_log.hpp"
+#include "mixprec/run/run_log.hpp"
 
 namespace {
 

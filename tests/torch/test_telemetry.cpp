@@ -13,13 +13,13 @@
 
 #include "mixprec/core/io.hpp"
 #include "mixprec/formats/bulk.hpp"
-#include "mixprec/monitor/report.hpp"
+#include "mixprec/report/report.hpp"
 #include "mixprec/torch/autocast.hpp"
 #include "mixprec/torch/grad_scaler.hpp"
 #include "mixprec/torch/telemetry.hpp"
-#include "mixprec/train/config.hpp"
-#include "mixprec/train/run_folder.hpp"
-#include "mixprec/train/run_log.hpp"
+#include "mixprec/run/config.hpp"
+#include "mixprec/run/run_folder.hpp"
+#include "mixprec/run/run_log.hpp"
 
 namespace {
 

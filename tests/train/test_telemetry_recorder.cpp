@@ -16,8 +16,8 @@
 
 #include "mixprec/core/io.hpp"
 #include "mixprec/formats/bulk.hpp"
-#include "mixprec/train/run_folder.hpp"
-#include "mixprec/train/run_log.hpp"
+#include "mixprec/run/run_folder.hpp"
+#include "mixprec/run/run_log.hpp"
 #include "mixprec/train/telemetry_recorder.hpp"
 #include "support.hpp"
 #include "temp_dir.hpp"

@@ -3,7 +3,7 @@
 // docs/run_folder.md): every candidate measured per layer and role, the cheapest within the
 // budget chosen, written as OUT/recipe.json (the recipe file mixprec.torch.low_precision reads)
 // and OUT/advice.json (the evidence `mixprec report` shows); the table printed. The measurement,
-// cost model and choice are the core's (monitor/advise.hpp); this file parses flags.
+// cost model and choice are the core's (advise/advise.hpp); this file parses flags.
 //
 // Exit codes: 0 written; 1 the run folder's samples cannot be read or the files cannot be
 // written (nothing is left half-written); 2 a bad command line or configuration.
@@ -25,7 +25,7 @@
 #include "mixprec/core/io.hpp"
 #include "mixprec/core/json_read.hpp"
 #include "mixprec/core/keys.hpp"
-#include "mixprec/monitor/advise.hpp"
+#include "mixprec/advise/advise.hpp"
 
 namespace mixprec::cli {
 namespace {

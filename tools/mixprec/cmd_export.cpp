@@ -18,9 +18,9 @@
 #include <vector>
 
 #include "mixprec/core/io.hpp"
-#include "mixprec/monitor/tensorboard.hpp"
-#include "mixprec/train/run_folder.hpp"
-#include "mixprec/train/run_log.hpp"
+#include "mixprec/report/tensorboard.hpp"
+#include "mixprec/run/run_folder.hpp"
+#include "mixprec/run/run_log.hpp"
 
 namespace mixprec::cli {
 namespace {

@@ -12,9 +12,9 @@
 #include <string_view>
 #include <vector>
 
-#include "mixprec/monitor/inspect.hpp"
+#include "mixprec/inspect/inspect.hpp"
 #include "mixprec/core/text.hpp"
-#include "mixprec/monitor/npy.hpp"
+#include "mixprec/inspect/npy.hpp"
 
 namespace mixprec::cli {
 namespace {

@@ -12,7 +12,7 @@
 #include "mixprec/core/keys.hpp"
 #include "mixprec/core/text.hpp"
 #include "mixprec/nn/precision.hpp"
-#include "mixprec/optim/memory.hpp"
+#include "mixprec/nn/memory.hpp"
 
 namespace mixprec::cli {
 namespace {

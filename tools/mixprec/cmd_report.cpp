@@ -16,8 +16,8 @@
 #include <system_error>
 #include <vector>
 
-#include "mixprec/monitor/report.hpp"
-#include "mixprec/train/run_folder.hpp"
+#include "mixprec/report/report.hpp"
+#include "mixprec/run/run_folder.hpp"
 
 namespace mixprec::cli {
 namespace {

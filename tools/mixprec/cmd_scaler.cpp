@@ -17,12 +17,12 @@
 #include <vector>
 
 #include "mixprec/core/text.hpp"
-#include "mixprec/monitor/simulate.hpp"
+#include "mixprec/advise/simulate.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
 #include "mixprec/scaler/protocol.hpp"
-#include "mixprec/train/config.hpp"
-#include "mixprec/train/run_folder.hpp"
-#include "mixprec/train/run_log.hpp"
+#include "mixprec/run/config.hpp"
+#include "mixprec/run/run_folder.hpp"
+#include "mixprec/run/run_log.hpp"
 
 namespace mixprec::cli {
 namespace {

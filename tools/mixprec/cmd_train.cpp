@@ -3,8 +3,8 @@
 // `mixprec compare`: the same run under each precision / loss-scale arrangement, and a
 // table of what each one did.
 // This file is the command line: flags, progress, signals and printing. The run's
-// lifecycle is the library's: the key table (train/config.hpp), the run folder
-// (train/run_folder.hpp), and the plan, resume, communicator, loop and summary
+// lifecycle is the library's: the key table (run/config.hpp), the run folder
+// (run/run_folder.hpp), and the plan, resume, communicator, loop and summary
 // (train/run.hpp).
 //
 // Exit codes: 0 done, 1 runtime failure (data, files, training; a run folder in use by
@@ -41,17 +41,17 @@
 #include "mixprec/core/json_read.hpp"
 #include "mixprec/core/keys.hpp"
 #include "mixprec/core/text.hpp"
-#include "mixprec/dist/communicator.hpp"
+#include "mixprec/distributed/communicator.hpp"
 #ifdef MIXPREC_WITH_MPI
-#include "mixprec/dist/mpi.hpp"
+#include "mixprec/distributed/mpi.hpp"
 #endif
-#include "mixprec/monitor/alerts.hpp"
+#include "mixprec/run/alerts.hpp"
 #include "mixprec/nn/data.hpp"
 #include "mixprec/nn/precision.hpp"
-#include "mixprec/train/config.hpp"
+#include "mixprec/run/config.hpp"
 #include "mixprec/train/run.hpp"
-#include "mixprec/train/run_folder.hpp"
-#include "mixprec/train/run_log.hpp"
+#include "mixprec/run/run_folder.hpp"
+#include "mixprec/run/run_log.hpp"
 #include "mixprec/train/trainer.hpp"
 
 namespace mixprec::cli {

@@ -1,6 +1,6 @@
 // Checkpoint files in the safetensors format (https://github.com/huggingface/safetensors):
 // an atomic writer and a reader that validates the whole file before handing out any
-// byte. See docs/checkpoints.md; a run folder's checkpoints are named in train/run_folder.hpp.
+// byte. See docs/checkpoints.md; a run folder's checkpoints are named in run/run_folder.hpp.
 //
 // Files are plain safetensors, so Python's safetensors.safe_open reads them. mixprec
 // adds two kinds of metadata: "mixprec.format" = "mixprec-safetensors" and, for every

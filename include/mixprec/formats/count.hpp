@@ -29,7 +29,7 @@
 #include <cstdint>
 #include <span>
 
-#include "mixprec/core/dtype.hpp"
+#include "mixprec/formats/dtype.hpp"
 #include "mixprec/core/isa.hpp"
 #include "mixprec/formats/bulk.hpp"
 #include "mixprec/formats/types.hpp"

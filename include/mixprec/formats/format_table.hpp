@@ -1,7 +1,7 @@
 // Every number format, one row each: its names, its layout, its facts (max finite, min
 // normal, ...), its codes and which conversion kernels it has. Everything that lists
 // formats reads these rows: format_traits<T> (types.hpp), the reference codec's specs
-// (scalar.hpp), DType's names and sizes (core/dtype.hpp), `mixprec formats`, `mixprec
+// (scalar.hpp), DType's names and sizes (formats/dtype.hpp), `mixprec formats`, `mixprec
 // inspect --formats`, the report's format bands, the headroom of a run's steps and the
 // Python package's format names. tests/formats/test_format_table.cpp checks every row
 // against the codec over all of the format's codes.

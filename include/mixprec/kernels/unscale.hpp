@@ -69,19 +69,12 @@
 #include <limits>
 #include <span>
 
-#include "mixprec/core/dtype.hpp"
+#include "mixprec/formats/dtype.hpp"
 #include "mixprec/core/parallel.hpp"
 #include "mixprec/core/isa.hpp"
 #include "mixprec/kernels/exact_sum.hpp"
 
 namespace mixprec {
-
-// One gradient tensor: `size` elements of `dtype` at `data` (contiguous).
-struct GradTensor {
-  void* data = nullptr;
-  std::size_t size = 0;
-  DType dtype = DType::f32;
-};
 
 // Chunk length (elements) of the fixed summation order, and the unit of the
 // thread split inside a tensor.

@@ -18,7 +18,7 @@
 #include <memory>
 #include <string>
 
-#include "mixprec/core/dtype.hpp"
+#include "mixprec/formats/dtype.hpp"
 #include "mixprec/formats/bulk.hpp"
 #include "mixprec/formats/types.hpp"
 

@@ -11,13 +11,13 @@
 #include <string_view>
 #include <vector>
 
-#include "mixprec/core/dtype.hpp"
+#include "mixprec/formats/dtype.hpp"
 #include "mixprec/fp8/recipes.hpp"
 
 namespace mixprec::nn {
 
 // The presets, one row each in the precision table (src/nn/precision.cpp): the engine's
-// `--precision`, the memory planner's (optim/memory.hpp) and every list of their names read
+// `--precision`, the memory planner's (nn/memory.hpp) and every list of their names read
 // its rows. A new preset is an enumerator and a row (its storage formats and fp8 recipe).
 enum class Precision : std::uint8_t {
   fp32,       // everything fp32 (the baseline)

@@ -21,9 +21,9 @@
 #include <type_traits>
 #include <vector>
 
-#include "mixprec/core/dtype.hpp"
+#include "mixprec/formats/dtype.hpp"
 #include "mixprec/formats/types.hpp"
-#include "mixprec/kernels/unscale.hpp"
+#include "mixprec/formats/dtype.hpp"
 
 namespace mixprec {
 

@@ -30,7 +30,7 @@
 #include <string_view>
 #include <vector>
 
-#include "mixprec/kernels/unscale.hpp"
+#include "mixprec/formats/dtype.hpp"
 
 namespace mixprec {
 

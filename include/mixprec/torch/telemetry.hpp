@@ -51,7 +51,7 @@
 #include <ATen/core/Tensor.h>
 #include <torch/ordered_dict.h>
 
-#include "mixprec/monitor/alerts.hpp"
+#include "mixprec/run/alerts.hpp"
 #include "mixprec/torch/grad_scaler.hpp"
 #include "mixprec/train/telemetry_recorder.hpp"
 

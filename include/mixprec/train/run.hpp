@@ -31,10 +31,10 @@
 #include <utility>
 #include <vector>
 
-#include "mixprec/dist/communicator.hpp"
-#include "mixprec/monitor/alerts.hpp"
-#include "mixprec/train/config.hpp"
-#include "mixprec/train/run_folder.hpp"
+#include "mixprec/distributed/communicator.hpp"
+#include "mixprec/run/alerts.hpp"
+#include "mixprec/run/config.hpp"
+#include "mixprec/run/run_folder.hpp"
 #include "mixprec/train/trainer.hpp"
 
 namespace mixprec::train {

@@ -38,11 +38,11 @@
 
 #include "mixprec/formats/bulk.hpp"
 #include "mixprec/formats/count.hpp"
-#include "mixprec/kernels/unscale.hpp"
-#include "mixprec/monitor/alerts.hpp"
-#include "mixprec/train/config.hpp"
-#include "mixprec/train/run_folder.hpp"
-#include "mixprec/train/step_record.hpp"
+#include "mixprec/formats/dtype.hpp"
+#include "mixprec/run/alerts.hpp"
+#include "mixprec/run/config.hpp"
+#include "mixprec/run/run_folder.hpp"
+#include "mixprec/run/step_record.hpp"
 
 namespace mixprec::train {
 

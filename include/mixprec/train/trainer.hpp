@@ -17,13 +17,13 @@
 #include <string>
 #include <vector>
 
-#include "mixprec/dist/communicator.hpp"
+#include "mixprec/distributed/communicator.hpp"
 #include "mixprec/nn/data.hpp"
 #include "mixprec/nn/model.hpp"
 #include "mixprec/optim/optimizer.hpp"
 #include "mixprec/scaler/grad_scaler.hpp"
-#include "mixprec/train/config.hpp"
-#include "mixprec/train/step_record.hpp"
+#include "mixprec/run/config.hpp"
+#include "mixprec/run/step_record.hpp"
 
 namespace mixprec::train {
 

@@ -20,7 +20,7 @@
 #include <string>
 #include <vector>
 
-#include "mixprec/core/dtype.hpp"
+#include "mixprec/formats/dtype.hpp"
 #include "mixprec/formats/types.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
 #include "mixprec/scaler/protocol.hpp"
