@@ -1,9 +1,9 @@
-// FP8 quantize / dequantize benchmarks and their ratio table (docs/performance.md).
+// lowp::quantize benchmarks per recipe and their ratio table (docs/performance.md).
 //
-// Every kernel moves 4 bytes of fp32 and 1 byte of fp8 per element (MX adds one
-// E8M0 byte per 32; the lowp/ recipes their codes and scales: fp4 half a byte); each is
+// Every recipe moves 4 bytes of fp32 and its codes and scales per element (fp8: 1 byte, MX
+// adds one E8M0 byte per 32, fp4 half a byte); each is
 // timed next to a copy of the same byte volume, and in
-// cache next to the scalar reference of fp8::reference, in the same run. The table
+// cache next to the scalar reference of lowp::reference, in the same run. The table
 // reports ratios of medians.
 #include "fp8_bench.hpp"
 
@@ -19,7 +19,6 @@
 
 #include "bench_common.hpp"
 #include "mixprec/core/isa.hpp"
-#include "mixprec/fp8/quantize.hpp"
 #include "mixprec/lowp/quantize.hpp"
 
 namespace mixprec::bench {
@@ -28,24 +27,15 @@ namespace {
 constexpr std::size_t kOutOfCache = std::size_t{64} << 20;  // 64 Mi elements
 constexpr std::size_t kInCache = std::size_t{8} << 10;      // 8 Ki elements
 constexpr int kThreadCounts[] = {1, 2};
-constexpr double kCopyTarget = 0.85;  // issue 7: quantize / dequantize vs memory bandwidth
 constexpr float kScale = 448.0f / 4.0f;
 
-enum class Op { memcpy, stream, quantize_e4m3, quantize_e5m2, dequantize_e4m3, mx_quantize_e4m3, mx_dequantize_e4m3,
-                amax,
-                // lowp::quantize (docs/low_precision.md) on rows of kLowpCols, into a reused result
-                lowp_fp8_delayed, lowp_fp8_current, lowp_fp8_block, lowp_mxfp8, lowp_nvfp4, lowp_nvfp4_rht, lowp_mxfp4 };
+// lowp::quantize (docs/low_precision.md) on rows of kLowpCols, into a reused result.
+enum class Op { memcpy, stream, lowp_fp8_delayed, lowp_fp8_current, lowp_fp8_block, lowp_mxfp8, lowp_nvfp4, lowp_nvfp4_rht, lowp_mxfp4 };
 constexpr std::size_t kLowpCols = 4096;
 const char* op_name(Op op) {
   switch (op) {
     case Op::memcpy: return "copy/memcpy";
     case Op::stream: return "copy/stream";
-    case Op::quantize_e4m3: return "quantize/e4m3";
-    case Op::quantize_e5m2: return "quantize/e5m2";
-    case Op::dequantize_e4m3: return "dequantize/e4m3";
-    case Op::mx_quantize_e4m3: return "mx_quantize/e4m3";
-    case Op::mx_dequantize_e4m3: return "mx_dequantize/e4m3";
-    case Op::amax: return "amax";
     case Op::lowp_fp8_delayed: return "lowp/fp8-delayed";
     case Op::lowp_fp8_current: return "lowp/fp8-current";
     case Op::lowp_fp8_block: return "lowp/fp8-block";
@@ -95,9 +85,6 @@ lowp::QuantizeConfig lowp_config(Op op) {
 // Bytes read + written per element (a copy of 2.5 B/element moves the quantize's 5 B).
 double bytes_per_element(Op op) {
   switch (op) {
-    case Op::amax: return 4.0;
-    case Op::mx_quantize_e4m3:
-    case Op::mx_dequantize_e4m3:
     case Op::lowp_mxfp8: return 5.0 + 1.0 / 32.0;
     case Op::lowp_fp8_block: return 5.0 + 4.0 / 128.0;
     case Op::lowp_nvfp4:
@@ -109,32 +96,26 @@ double bytes_per_element(Op op) {
 
 struct Case {
   Op op;
-  bool reference;  // fp8::reference (scalar loops) instead of the dispatched kernels
+  bool reference;  // lowp::reference (scalar loops) instead of the dispatched kernels
   std::size_t n;
   std::string name;
 };
 
 struct Buffers {
-  Buffer f32_in, f32_out, codes, scales;
+  Buffer f32_in, f32_out;
   float* in() const { return reinterpret_cast<float*>(f32_in.get()); }
   float* out() const { return reinterpret_cast<float*>(f32_out.get()); }
-  f8e4m3* e4m3() const { return reinterpret_cast<f8e4m3*>(codes.get()); }
-  f8e5m2* e5m2() const { return reinterpret_cast<f8e5m2*>(codes.get()); }
-  e8m0* mx() const { return reinterpret_cast<e8m0*>(scales.get()); }
 };
 
 Buffers make_buffers() {
   Buffers b;
   b.f32_in = allocate(kOutOfCache * sizeof(float));
   b.f32_out = allocate(kOutOfCache * sizeof(float));
-  b.codes = allocate(kOutOfCache);
-  b.scales = allocate(kOutOfCache / fp8::kMxBlock);
   constexpr std::size_t kBlock = std::size_t{1} << 20;  // typical activations, tiled
   std::mt19937 rng(2024);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (std::size_t i = 0; i < kBlock; ++i) b.in()[i] = normal(rng);
   for (std::size_t i = kBlock; i < kOutOfCache; i += kBlock) std::memcpy(b.in() + i, b.in(), kBlock * sizeof(float));
-  fp8::mx_quantize<f8e4m3>({b.in(), kOutOfCache}, {b.e4m3(), kOutOfCache}, {b.mx(), kOutOfCache / fp8::kMxBlock});
   return b;
 }
 
@@ -143,9 +124,6 @@ void run_case(benchmark::State& state, const Case& c, const Buffers& b) {
   const std::size_t per = c.n / threads;  // a multiple of 32 for every case
   const std::size_t lo = per * static_cast<std::size_t>(state.thread_index());
   const std::span<const float> in(b.in() + lo, per);
-  const std::span<float> out(b.out() + lo, per);
-  const std::span<f8e4m3> q4(b.e4m3() + lo, per);
-  const std::span<e8m0> mx(b.mx() + lo / fp8::kMxBlock, per / fp8::kMxBlock);
   lowp::Quantized lq;  // reused: after the first iteration lowp::quantize allocates nothing
   const lowp::QuantizeConfig lc = lowp_config(c.op);
   for (auto _ : state) {
@@ -166,31 +144,6 @@ void run_case(benchmark::State& state, const Case& c, const Buffers& b) {
         else stream_copy(dst, src, bytes);
         break;
       }
-      case Op::quantize_e4m3:
-        benchmark::DoNotOptimize(c.reference ? fp8::reference::quantize<f8e4m3>(in, q4, kScale)
-                                             : fp8::quantize<f8e4m3>(in, q4, kScale));
-        break;
-      case Op::quantize_e5m2: {
-        const std::span<f8e5m2> q5(b.e5m2() + lo, per);
-        benchmark::DoNotOptimize(c.reference ? fp8::reference::quantize<f8e5m2>(in, q5, kScale)
-                                             : fp8::quantize<f8e5m2>(in, q5, kScale));
-        break;
-      }
-      case Op::dequantize_e4m3:
-        if (c.reference) fp8::reference::dequantize<f8e4m3>(q4, out, 1.0f / kScale);
-        else fp8::dequantize<f8e4m3>(q4, out, 1.0f / kScale);
-        break;
-      case Op::mx_quantize_e4m3:
-        benchmark::DoNotOptimize(c.reference ? fp8::reference::mx_quantize<f8e4m3>(in, q4, mx)
-                                             : fp8::mx_quantize<f8e4m3>(in, q4, mx));
-        break;
-      case Op::mx_dequantize_e4m3:
-        if (c.reference) fp8::reference::mx_dequantize<f8e4m3>(q4, mx, out);
-        else fp8::mx_dequantize<f8e4m3>(q4, mx, out);
-        break;
-      case Op::amax:
-        benchmark::DoNotOptimize(c.reference ? fp8::reference::amax(in) : fp8::amax(in));
-        break;
       default: break;  // the lowp cases ran above
     }
     benchmark::ClobberMemory();
@@ -207,8 +160,7 @@ std::string case_name(Op op, bool reference, std::size_t n) {
 void print_table(const Collector& col, const std::vector<Case>& cases) {
   fmt::print("\nmixprec bench fp8: ratios of medians from this run (SIMD path: {})\n", isa_name(best_isa()));
   fmt::print("GB/s = bytes read + written; copy = the faster of memcpy and a streaming copy of 2.5 B/element\n");
-  fmt::print("(the same bytes as a 5 B/element quantize), same threads. amax only reads: its copy ratio is\n");
-  fmt::print("shown for scale and not judged.\n\n");
+  fmt::print("(the same bytes as a 5 B/element quantize), same threads.\n\n");
   fmt::print("{:<22} {:>5} {:>3} {:>8} {:>7} {:>9} {:>8} {:>10} {:>5}  {}\n", "kernel", "size", "thr", "Gelem/s",
              "GB/s", "copy GB/s", "vs copy", "vs scalar", "cv%", "target");
   Tally tally;
@@ -226,8 +178,8 @@ void print_table(const Collector& col, const std::vector<Case>& cases) {
       }
       const double vs_copy = copy ? r->bytes_per_s / copy->bytes_per_s : 0;
       std::string target, vs_scalar = "-";
-      const double want = is_lowp(c.op) ? lowp_target(c.op) : kCopyTarget;
-      if (copy && c.op != Op::amax && want > 0) {
+      const double want = lowp_target(c.op);
+      if (copy && want > 0) {
         const bool ok = vs_copy >= want;
         tally.add(ok, fmt::format("{} {} thr at {:.3f} of copy", op_name(c.op), t, vs_copy));
         target = fmt::format(">= {:.2f} copy: {}", want, ok ? "met" : "NOT MET");
@@ -243,10 +195,10 @@ void print_table(const Collector& col, const std::vector<Case>& cases) {
                  r->cv >= 0 ? fmt::format("{:.1f}", r->cv * 100) : "-", target);
     }
   }
-  fmt::print("\nTargets (issue 7; issue 28 for lowp/: nvfp4+rht >= 0.5, fp8-delayed, fp8-current and fp8-block\n"
-             ">= 0.8 of copy, stated for AVX-512; fp8-current reads its input twice, amax then encode: at\n"
-             "most 5/9 of a copy), judged on the medians above:\n");
-  tally.print("out of cache, fp8 quantize (fused amax) and dequantize >= 85% of copy; lowp recipes as stated");
+  fmt::print("\nTargets (nvfp4+rht >= 0.5, fp8-delayed, fp8-current and fp8-block >= 0.8 of copy, stated for\n"
+             "AVX-512; fp8-current reads its input twice, amax then encode: at most 5/9 of a copy), judged\n"
+             "on the medians above:\n");
+  tally.print("out of cache, the lowp recipes as stated");
 }
 
 }  // namespace
@@ -255,8 +207,7 @@ int run_fp8(int argc, char** argv) {
   if (!initialize(argc, argv, "bench_fp8", default_flags())) return 1;
   std::vector<Case> cases;
   for (Op op : {Op::memcpy, Op::stream}) cases.push_back({op, false, kOutOfCache, case_name(op, false, kOutOfCache)});
-  for (Op op : {Op::quantize_e4m3, Op::quantize_e5m2, Op::dequantize_e4m3, Op::mx_quantize_e4m3,
-                Op::mx_dequantize_e4m3, Op::amax, Op::lowp_fp8_delayed, Op::lowp_fp8_current, Op::lowp_fp8_block,
+  for (Op op : {Op::lowp_fp8_delayed, Op::lowp_fp8_current, Op::lowp_fp8_block,
                 Op::lowp_mxfp8, Op::lowp_nvfp4, Op::lowp_nvfp4_rht, Op::lowp_mxfp4}) {
     for (std::size_t n : {kOutOfCache, kInCache}) cases.push_back({op, false, n, case_name(op, false, n)});
     cases.push_back({op, true, kInCache, case_name(op, true, kInCache)});

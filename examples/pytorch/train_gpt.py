@@ -187,7 +187,7 @@ def main(argv=None) -> int:
             skipped += 1
         step_ms.append(ms)
         if tel is not None and not outcome.applied:
-            print(f"step {step}: skipped, inf/NaN in the gradient of {outcome.first_overflow}; "
+            print(f"step {step}: skipped, inf/NaN in the gradient of {outcome.first_overflow_name}; "
                   f"scale {outcome.scale:g} -> {scaler.get_scale():g}")
         if tel is not None and outcome.skipped_layers:
             print(f"step {step}: applied, except the layers {', '.join(outcome.skipped_layers)} (per-layer scaling)")

@@ -5,6 +5,7 @@
 // protocol or DLPack, so NumPy arrays today and CPU tensors later, without importing torch).
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
+#include <nanobind/stl/function.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
@@ -32,6 +33,7 @@
 #include "mixprec/report/report.hpp"
 #include "mixprec/nn/data.hpp"
 #include "mixprec/scaler/check_gradients.hpp"
+#include "mixprec/scaler/grad_route.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
 #include "mixprec/scaler/protocol.hpp"
 #include "binding.hpp"
@@ -403,6 +405,75 @@ std::tuple<bool, std::int64_t, double> unscale_tensors(nb::list tensors, float i
 
 // ---- the GradScaler protocol (mixprec.torch.GradScaler is an adapter over it) -------------
 
+// A GradientCheck as Python holds it: (checked, found_inf, first_overflow or -1, sum_squares,
+// carried_inv_scale).
+mixprec::GradientCheck gradient_check_of(nb::handle check) {
+  const nb::tuple t = nb::cast<nb::tuple>(check);
+  mixprec::GradientCheck c;
+  c.checked = nb::cast<bool>(t[0]);
+  c.found_inf = nb::cast<bool>(t[1]);
+  c.first_overflow = nb::cast<std::int64_t>(t[2]);
+  c.sum_squares = nb::cast<double>(t[3]);
+  c.carried_inv_scale = nb::cast<float>(t[4]);
+  return c;
+}
+
+nb::tuple tuple_of(const mixprec::GradientCheck& c) {
+  return nb::make_tuple(c.checked, c.found_inf, c.first_overflow, c.sum_squares, c.carried_inv_scale);
+}
+
+// A gradient as mixprec.torch describes it (grad_scaler.py's _describe): (str(dtype),
+// dtype.is_floating_point, str(layout), str(device), sizes, strides), torch's own words.
+using PyGradDescriptor = std::tuple<std::string, bool, std::string, std::string, std::vector<std::int64_t>,
+                                    std::vector<std::int64_t>>;
+
+mixprec::GradDescriptor descriptor_of(const PyGradDescriptor& g) {
+  mixprec::GradDescriptor d;
+  d.dtype = std::get<0>(g);
+  if (d.dtype.starts_with("torch.")) d.dtype.remove_prefix(6);
+  d.floating_point = std::get<1>(g);
+  d.layout = mixprec::layout_from_torch_name(std::get<2>(g));
+  d.device = std::get<3>(g);
+  d.sizes = std::get<4>(g);
+  d.strides = std::get<5>(g);
+  return d;
+}
+
+// (route name, coalesce first)
+std::pair<std::string, bool> route_tuple(const mixprec::GradRouting& r) {
+  return {std::string(mixprec::route_name(r.route)), r.coalesce};
+}
+
+// mixprec::route_gradients over one optimizer's gradients; a refused one raises TypeError (its
+// dtype) or ValueError with the core's message, names from name_of(index).
+std::vector<std::pair<std::string, bool>> route_gradient_list(const std::vector<PyGradDescriptor>& grads,
+                                                              const std::vector<std::int64_t>& index, bool aten_only,
+                                                              nb::callable name_of) {
+  std::vector<mixprec::GradDescriptor> d;
+  d.reserve(grads.size());
+  for (const PyGradDescriptor& g : grads) d.push_back(descriptor_of(g));
+  std::vector<mixprec::GradRouting> routes;
+  try {
+    routes = mixprec::route_gradients(d, index, aten_only,
+                                      [&](std::int64_t i) { return nb::cast<std::string>(name_of(i)); });
+  } catch (const mixprec::GradientRefused& e) {
+    if (e.wrong_type()) throw nb::type_error(e.what());
+    throw nb::value_error(e.what());
+  }
+  std::vector<std::pair<std::string, bool>> out;
+  out.reserve(routes.size());
+  for (const mixprec::GradRouting& r : routes) out.push_back(route_tuple(r));
+  return out;
+}
+
+// mixprec::check_in_two_reads with the door's reader read(core, write) -> a check tuple.
+nb::tuple check_in_two_reads(float scale, const std::vector<std::int64_t>& core_index,
+                             const std::vector<std::int64_t>& aten_index, nb::callable read) {
+  return tuple_of(mixprec::check_in_two_reads(scale, core_index, aten_index, [&](bool core, bool write) {
+    return gradient_check_of(read(core, write));
+  }));
+}
+
 // mixprec::ScalerProtocol, torch dialect: the Python drop-in keeps only torch's API shape,
 // the device routing of gradients and the torch.distributed callback.
 class PyScalerProtocol {
@@ -450,15 +521,7 @@ class PyScalerProtocol {
     p_.set_guard(c);
   }
 
-  void record(std::uint64_t id, nb::tuple check) {
-    mixprec::GradientCheck c;
-    c.checked = nb::cast<bool>(check[0]);
-    c.found_inf = nb::cast<bool>(check[1]);
-    c.first_overflow = nb::cast<std::int64_t>(check[2]);
-    c.sum_squares = nb::cast<double>(check[3]);
-    c.carried_inv_scale = nb::cast<float>(check[4]);
-    p_.record(id, c);
-  }
+  void record(std::uint64_t id, nb::tuple check) { p_.record(id, gradient_check_of(check)); }
 
  private:
   mixprec::ScalerProtocol p_;
@@ -479,7 +542,7 @@ nb::tuple check_gradient_arrays(nb::list tensors, float scale, bool write, bool 
   }
   if (amax)
     return nb::make_tuple(c.checked, c.found_inf, c.first_overflow, c.sum_squares, c.carried_inv_scale, amax_out);
-  return nb::make_tuple(c.checked, c.found_inf, c.first_overflow, c.sum_squares, c.carried_inv_scale);
+  return tuple_of(c);
 }
 
 PyObject* g_misuse_runtime = nullptr;    // mixprec._core.ScalerMisuseError(RuntimeError)
@@ -658,6 +721,18 @@ NB_MODULE(_core, m) {
         nb::arg("amax") = false,
         "mixprec::check_gradients in place over CPU arrays; returns (checked, found_inf, first_overflow, "
         "sum_squares, carried_inv_scale[, amax per tensor])");
+
+  // How mixprec.torch.GradScaler reads each gradient (scaler/grad_route.hpp).
+  m.def("route_gradients", &route_gradient_list, nb::arg("grads"), nb::arg("index"), nb::arg("aten_only"),
+        nb::arg("name_of"),
+        "mixprec::route_gradients: each (dtype, is_floating_point, layout, device, sizes, strides) validated, "
+        "then [(route, coalesce)]; TypeError or ValueError with the core's message for a refused one");
+  m.def("route_gradient",
+        [](const PyGradDescriptor& g, bool aten_only) { return route_tuple(mixprec::route_gradient(descriptor_of(g), aten_only)); },
+        nb::arg("grad"), nb::arg("aten_only") = false, "mixprec::route_gradient: (route, coalesce)");
+  m.def("check_in_two_reads", &check_in_two_reads, nb::arg("scale"), nb::arg("core_index"), nb::arg("aten_index"),
+        nb::arg("read"), "mixprec::check_in_two_reads with read(core, write) -> a check tuple");
+  m.def("default_parameter_name", &mixprec::default_parameter_name, nb::arg("index"));
 
   using P = PyScalerProtocol;
   nb::class_<PyScalerProtocol>(m, "ScalerProtocol")

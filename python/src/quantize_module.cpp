@@ -18,7 +18,7 @@
 #include <string_view>
 
 #include "mixprec/core/text.hpp"
-#include "mixprec/fp8/recipes.hpp"
+#include "mixprec/lowp/scaling.hpp"
 #include "mixprec/lowp/assignment.hpp"
 #include "mixprec/lowp/quantize.hpp"
 
@@ -135,9 +135,9 @@ nb::object recipe_dict(const std::optional<lowp::LinearRecipe>& r) {
   auto when = [](bool has, nb::object v) { return has ? v : nb::none(); };
   nb::dict d;
   d["recipe"] = std::string(lowp::recipe_name(k));
-  d["fp8_format"] = when(!fp4, nb::str(r->fp8_format == mixprec::fp8::Format::hybrid ? "hybrid" : "e4m3"));
+  d["fp8_format"] = when(!fp4, nb::str(r->fp8_format == mixprec::lowp::Format::hybrid ? "hybrid" : "e4m3"));
   d["amax_history_len"] = when(k == R::fp8_delayed, nb::int_(r->amax_history_len));
-  d["amax_compute_algo"] = when(k == R::fp8_delayed, nb::str(std::string(mixprec::fp8::amax_algo_name(r->amax_compute_algo)).c_str()));
+  d["amax_compute_algo"] = when(k == R::fp8_delayed, nb::str(std::string(mixprec::lowp::amax_algo_name(r->amax_compute_algo)).c_str()));
   d["margin"] = when(k == R::fp8_delayed, nb::int_(r->margin));
   d["power_of_2_scales"] = r->power_of_2_scales ? nb::object(nb::bool_(*r->power_of_2_scales)) : nb::none();
   d["scale_rounding"] = when(mx, nb::str(std::string(lowp::scale_rounding_name(r->scale_rounding)).c_str()));
@@ -219,14 +219,14 @@ void register_quantize(nb::module_& m) {
     if (h.size() == 0) value_error("amax_history: expected at least one slot, found 0");
     if (!(amax >= 0.0 || std::isnan(amax))) value_error("amax: expected >= 0, inf or NaN, found " + mixprec::text::num(amax));
     if (margin < -64 || margin > 64) value_error("margin: expected an integer in [-64, 64], found " + std::to_string(margin));
-    mixprec::fp8::AmaxAlgo a;
-    if (algo == "max") a = mixprec::fp8::AmaxAlgo::max;
-    else if (algo == "most_recent") a = mixprec::fp8::AmaxAlgo::most_recent;
+    mixprec::lowp::AmaxAlgo a;
+    if (algo == "max") a = mixprec::lowp::AmaxAlgo::max;
+    else if (algo == "most_recent") a = mixprec::lowp::AmaxAlgo::most_recent;
     else value_error("amax_compute_algo: expected 'max' or 'most_recent', found '" + std::string(algo) + "'");
     const std::span<float> hist(static_cast<float*>(h.data()), h.size());
-    hist[0] = mixprec::fp8::fold_amax(hist[0], static_cast<float>(amax));
-    const float chosen = mixprec::fp8::roll_history(hist, a);
-    return mixprec::fp8::delayed_scale(chosen, previous_scale, fp8_max, margin);
+    hist[0] = mixprec::lowp::fold_amax(hist[0], static_cast<float>(amax));
+    const float chosen = mixprec::lowp::roll_history(hist, a);
+    return mixprec::lowp::delayed_scale(chosen, previous_scale, fp8_max, margin);
   }, nb::arg("amax_history"), nb::arg("amax"), nb::arg("algo"), nb::arg("fp8_max"), nb::arg("margin"),
      nb::arg("previous_scale"));
   // A recipe file's text (or a dict assignment written as one), checked whole, every entry

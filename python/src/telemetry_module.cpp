@@ -227,12 +227,12 @@ class PyTelemetryRecorder {
       t.name = name;
       if (role != "forward" && role != "backward")
         throw nb::value_error(("quantized '" + name + "': role: expected forward or backward, found '" + role + "'").c_str());
-      t.role = role == "forward" ? mixprec::fp8::Role::forward : mixprec::fp8::Role::backward;
+      t.role = role == "forward" ? mixprec::lowp::Role::forward : mixprec::lowp::Role::backward;
       t.recipe = recipe;
       const auto e = mixprec::lowp::parse_element(element);
       if (!e) throw nb::value_error(("quantized '" + name + "': element: expected e4m3, e5m2 or e2m1, found '" + element + "'").c_str());
       t.element = *e;
-      t.dtype = *e == mixprec::lowp::Element::e5m2 ? mixprec::fp8::Dtype::e5m2 : mixprec::fp8::Dtype::e4m3;
+      t.dtype = *e == mixprec::lowp::Element::e5m2 ? mixprec::lowp::Element::e5m2 : mixprec::lowp::Element::e4m3;
       t.scale = scale;
       t.amax = amax;
       t.elements = elements;

@@ -14,7 +14,7 @@
 
 #include "mixprec/core/io.hpp"
 #include "mixprec/formats/bulk.hpp"
-#include "mixprec/fp8/recipes.hpp"
+#include "mixprec/lowp/scaling.hpp"
 #include "mixprec/core/json_read.hpp"
 #include "mixprec/inspect/npy.hpp"
 
@@ -424,7 +424,7 @@ Advice advise(std::span<const SampleView> samples, const AdviseConfig& config) {
           if (c == Candidate::fp8_delayed) {
             float amax = history.empty() ? amax_of(s->values) : 0.0f;
             for (float h : history) amax = std::max(amax, h);
-            scale = fp8::delayed_scale(amax, scale, fp8_max, config.margin);
+            scale = lowp::delayed_scale(amax, scale, fp8_max, config.margin);
           }
           const Measurement m = measure(s->values, s->rows, s->cols, c, role, s->loss_scale, scale);
           pool(pooled, m);
@@ -601,7 +601,7 @@ double num_of(const ojson& j, const std::string& where) {
   invalid(where + ": expected a number, \"inf\", \"-inf\" or \"nan\", found " + j.dump());
 }
 std::uint64_t count_of(const ojson& j, const std::string& where) {
-  if (!j.is_number_unsigned()) invalid(where + ": expected a count, found " + j.dump());
+  if (!j.is_number_unsigned()) invalid(where + ": expected an integer >= 0, found " + j.dump());
   return j.get<std::uint64_t>();
 }
 const ojson& field(const ojson& j, const char* key, const std::string& where) {
@@ -889,7 +889,8 @@ std::vector<OwnedSample> read_samples(const std::filesystem::path& run_dir) {
       if (field(j, "version", src) != 1) invalid(src + ": version: expected 1, found " + j["version"].dump());
       const std::uint64_t step = count_of(field(j, "step", src), src + ": step");
       const double ls = num_of(field(j, "loss_scale", src), src + ": loss_scale");
-      if (!(ls > 0) || !std::isfinite(ls)) invalid(src + ": loss_scale: expected a finite positive number");
+      if (!(ls > 0) || !std::isfinite(ls))
+        invalid(src + ": loss_scale: expected a finite number > 0, found " + j["loss_scale"].dump());
       const ojson& ts = field(j, "tensors", src);
       if (!ts.is_array()) invalid(src + ": tensors: expected a list");
       for (std::size_t i = 0; i < ts.size(); ++i) {

@@ -629,12 +629,13 @@ void write_file(const fs::path& path, std::span<const TensorRef> tensors,
 
 SafetensorsFile SafetensorsFile::open(const fs::path& path, const ReadLimits& limits) {
   const std::string src = "checkpoint '" + path.string() + "'";
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  // O_NONBLOCK: opening a FIFO does not wait for a writer; fstat then refuses it.
+  Fd fd(::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOCTTY));
   if (fd.fd < 0) throw std::runtime_error(src + " cannot be opened: " + errno_text(errno));
   struct stat st {};
   if (::fstat(fd.fd, &st) != 0) throw std::runtime_error(src + " cannot be read: " + errno_text(errno));
-  if (S_ISDIR(st.st_mode)) throw std::runtime_error(src + " is a folder; expected a safetensors file");
-  if (!S_ISREG(st.st_mode)) throw std::runtime_error(src + " is not a regular file; expected a safetensors file");
+  if (const char* kind = io::non_regular_kind(st.st_mode))
+    throw std::runtime_error(src + " is " + kind + "; expected a safetensors file");
   const auto size = static_cast<std::uint64_t>(st.st_size);
   if (size > limits.max_file_bytes)
     throw std::runtime_error(src + " is " + std::to_string(size) + " bytes; the limit is " +
@@ -690,9 +691,14 @@ SafetensorsFile SafetensorsFile::parse(std::vector<std::byte> bytes, std::string
                                    /*ignore_comments=*/false);
   } catch (const nlohmann::json::exception& e) {
     // sax_parse reports through the handler; this is only a safety net.
-    throw bad(std::string("the header is not valid JSON: ") + clip(e.what(), 300));
+    throw bad(std::string("the header is not valid JSON: ") + clip(text::json_error_detail(e.what()), 300));
   }
   if (!ok || !h.complete()) throw bad(h.error.empty() ? "the header is not a complete JSON object" : h.error);
+  // The JSON library takes a NUL byte outside a string for the end of its input: what follows
+  // would go unread ("{...}\0junk" read as "{...}").
+  if (const void* nul = std::memchr(hdr, 0, static_cast<std::size_t>(n)))
+    throw bad("the header holds a NUL byte (0x00) at byte " + std::to_string(static_cast<const char*>(nul) - hdr) +
+              " of the header; expected JSON text without one");
 
   SafetensorsFile f;
   if (const auto hc = h.metadata.find(std::string(kHeaderChecksumKey)); hc != h.metadata.end()) {

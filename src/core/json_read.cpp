@@ -80,6 +80,9 @@ std::string json_text_problem(std::string_view text) {
     return "starts with a UTF-8 byte-order mark (bytes 0xef 0xbb 0xbf); expected JSON text without one";
   if (text.starts_with("\xFF\xFE") || text.starts_with("\xFE\xFF"))
     return "looks like UTF-16 (a byte-order mark at offset 0); expected UTF-8 JSON text";
+  // The JSON library takes a NUL byte for the end of the input: "{}\0garbage" would be read as {}.
+  if (const std::size_t nul = text.find('\0'); nul != std::string_view::npos)
+    return "a NUL byte (0x00) at byte " + std::to_string(nul) + "; expected JSON text without one";
   return json_depth_problem(text);
 }
 

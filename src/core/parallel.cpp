@@ -1,10 +1,13 @@
 #include "mixprec/core/parallel.hpp"
 
+#include "mixprec/core/keys.hpp"
+
 #include <cstdint>
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <variant>
 
 #if defined(MIXPREC_POOL_STD_THREADS)
 #include <condition_variable>
@@ -18,12 +21,9 @@ namespace mixprec {
 
 unsigned ThreadPool::environment_threads() {
   if (const char* env = std::getenv("MIXPREC_THREADS"); env != nullptr && *env != '\0') {
-    char* end = nullptr;
-    const long v = std::strtol(env, &end, 10);
-    if (*end != '\0' || v < 1 || v > 1024) {
-      throw std::invalid_argument(std::string("MIXPREC_THREADS='") + env + "' must be an integer in [1, 1024]");
-    }
-    return static_cast<unsigned>(v);
+    // The number grammar of every key and flag (--threads): "MIXPREC_THREADS: expected ..., found 'abc'".
+    static const keys::Spec spec{.name = "MIXPREC_THREADS", .kind = keys::Kind::integer, .int_min = 1, .int_max = 1024};
+    return static_cast<unsigned>(std::get<keys::Integer>(keys::parse_text(spec, env)).magnitude);
   }
   return 0;
 }

@@ -40,9 +40,9 @@ long long get_int(const json& v, const std::string& where) {
   return v.get<long long>();
 }
 
-fp8::Format parse_format(const std::string& s, const std::string& where) {
-  if (s == "hybrid" || s == "HYBRID") return fp8::Format::hybrid;
-  if (s == "e4m3" || s == "E4M3") return fp8::Format::e4m3;
+lowp::Format parse_format(const std::string& s, const std::string& where) {
+  if (s == "hybrid" || s == "HYBRID") return lowp::Format::hybrid;
+  if (s == "e4m3" || s == "E4M3") return lowp::Format::e4m3;
   fail(where + ": expected \"hybrid\" or \"e4m3\", found \"" + s + "\"");
 }
 
@@ -81,8 +81,8 @@ RecipeChoice choice_from(const json& entry, const std::string& where, bool recip
       c.amax_history_len = static_cast<std::size_t>(n);
     } else if (k == "amax_compute_algo") {
       const std::string s = get_string(v, w);
-      if (s == "max") c.amax_compute_algo = fp8::AmaxAlgo::max;
-      else if (s == "most_recent") c.amax_compute_algo = fp8::AmaxAlgo::most_recent;
+      if (s == "max") c.amax_compute_algo = lowp::AmaxAlgo::max;
+      else if (s == "most_recent") c.amax_compute_algo = lowp::AmaxAlgo::most_recent;
       else fail(w + ": expected \"max\" or \"most_recent\", found \"" + s + "\"");
     } else if (k == "margin") {
       const long long m = get_int(v, w);
@@ -127,9 +127,9 @@ json choice_to_json(const RecipeChoice& c, bool with_recipe) {
   if (with_recipe && only_recipe) return name;
   json o = json::object();
   if (with_recipe) o["recipe"] = name;
-  if (c.fp8_format) o["fp8_format"] = *c.fp8_format == fp8::Format::hybrid ? "hybrid" : "e4m3";
+  if (c.fp8_format) o["fp8_format"] = *c.fp8_format == lowp::Format::hybrid ? "hybrid" : "e4m3";
   if (c.amax_history_len) o["amax_history_len"] = *c.amax_history_len;
-  if (c.amax_compute_algo) o["amax_compute_algo"] = std::string(fp8::amax_algo_name(*c.amax_compute_algo));
+  if (c.amax_compute_algo) o["amax_compute_algo"] = std::string(lowp::amax_algo_name(*c.amax_compute_algo));
   if (c.margin) o["margin"] = *c.margin;
   if (c.power_of_2_scales) o["power_of_2_scales"] = *c.power_of_2_scales;
   if (c.scale_rounding) o["scale_rounding"] = std::string(scale_rounding_name(*c.scale_rounding));
@@ -144,7 +144,7 @@ json choice_to_json(const RecipeChoice& c, bool with_recipe) {
 
 Element LinearRecipe::element(bool gradient) const noexcept {
   if (recipe == Recipe::nvfp4 || recipe == Recipe::mxfp4) return Element::e2m1;
-  return fp8::dtype_for(fp8_format, gradient ? fp8::Role::backward : fp8::Role::forward) == fp8::Dtype::e5m2
+  return lowp::dtype_for(fp8_format, gradient ? lowp::Role::backward : lowp::Role::forward) == lowp::Element::e5m2
              ? Element::e5m2
              : Element::e4m3;
 }
@@ -206,13 +206,13 @@ std::optional<LinearRecipe> resolve(const RecipeChoice& choice, const RecipeChoi
   LinearRecipe o;
   o.recipe = r;
   only(m.fp8_format.has_value(), !fp4, "fp8_format", "the fp8 recipes");
-  o.fp8_format = m.fp8_format.value_or(r == Recipe::fp8_delayed || r == Recipe::fp8_current ? fp8::Format::hybrid
-                                                                                             : fp8::Format::e4m3);
+  o.fp8_format = m.fp8_format.value_or(r == Recipe::fp8_delayed || r == Recipe::fp8_current ? lowp::Format::hybrid
+                                                                                             : lowp::Format::e4m3);
   const bool delayed = r == Recipe::fp8_delayed;
   only(m.amax_history_len.has_value() || m.amax_compute_algo.has_value() || m.margin.has_value(), delayed,
        "amax_history_len/amax_compute_algo/margin", "fp8-delayed");
   o.amax_history_len = m.amax_history_len.value_or(1024);
-  o.amax_compute_algo = m.amax_compute_algo.value_or(fp8::AmaxAlgo::max);
+  o.amax_compute_algo = m.amax_compute_algo.value_or(lowp::AmaxAlgo::max);
   o.margin = m.margin.value_or(0);
   only(m.power_of_2_scales.has_value(), r == Recipe::fp8_current || r == Recipe::fp8_block, "power_of_2_scales",
        "fp8-current and fp8-block");

@@ -14,7 +14,7 @@
 #include "lowp/kernels.hpp"
 #include "mixprec/core/text.hpp"
 #include "mixprec/formats/kernel_table.hpp"
-#include "mixprec/fp8/recipes.hpp"
+#include "mixprec/lowp/scaling.hpp"
 
 namespace mixprec::lowp {
 
@@ -101,14 +101,6 @@ std::optional<Flavour> parse_flavour(std::string_view name) noexcept {
 
 std::string_view layout_name(Layout l) noexcept { return l == Layout::rowwise ? "rowwise" : "columnwise"; }
 
-float max_finite(Element e) noexcept {
-  switch (e) {
-    case Element::e4m3: return 448.0f;
-    case Element::e5m2: return 57344.0f;
-    case Element::e2m1: return 6.0f;
-  }
-  return 0.0f;
-}
 
 bool effective_power_of_2_scales(const QuantizeConfig& c) noexcept {
   return c.power_of_2_scales.value_or(c.recipe == Recipe::fp8_block);
@@ -157,7 +149,7 @@ void validate(const QuantizeConfig& c) {
 }
 
 float scale_from_amax(float amax, float fp8_max, bool power_of_2, float epsilon, float value_for_inf) noexcept {
-  return fp8::current_scale(amax, fp8_max, power_of_2, epsilon, value_for_inf);
+  return lowp::current_scale(amax, fp8_max, power_of_2, epsilon, value_for_inf);
 }
 
 float nvfp4_tensor_scale(float amax) noexcept {
@@ -275,7 +267,7 @@ void fp8_block_scales(const QuantizeConfig& c, const float* max_ignoring_nan, st
   const float fp8_max = max_finite(c.element);
   const bool pow2 = effective_power_of_2_scales(c);
   for (std::size_t b = 0; b < n; ++b) {
-    const float s = fp8::current_scale(max_ignoring_nan[b], fp8_max, pow2, c.amax_epsilon, c.value_for_inf);
+    const float s = lowp::current_scale(max_ignoring_nan[b], fp8_max, pow2, c.amax_epsilon, c.value_for_inf);
     factors[b] = s;
     scale_inv[b] = 1.0f / s;
   }
@@ -283,25 +275,25 @@ void fp8_block_scales(const QuantizeConfig& c, const float* max_ignoring_nan, st
 
 BlockScale mx_block_scale(const QuantizeConfig& c, float max_ignoring_nan, std::uint32_t max_bits) noexcept {
   if (c.flavour == Flavour::torchao) return torchao_mx_scale(c, canonical_amax(max_bits));
-  const fp8::MxRounding rounding =
-      c.scale_rounding == ScaleRounding::rceil ? fp8::MxRounding::transformer_engine : fp8::MxRounding::ocp;
-  const float amax = rounding == fp8::MxRounding::transformer_engine ? max_ignoring_nan : canonical_amax(max_bits);
+  const lowp::ScaleRounding rounding =
+      c.scale_rounding == ScaleRounding::rceil ? lowp::ScaleRounding::rceil : lowp::ScaleRounding::floor;
+  const float amax = rounding == lowp::ScaleRounding::rceil ? max_ignoring_nan : canonical_amax(max_bits);
   const int emax = c.element == Element::e4m3 ? 8 : c.element == Element::e5m2 ? 15 : 2;
-  const e8m0 scale = fp8::mx_scale(amax, max_finite(c.element), emax, rounding);
+  const e8m0 scale = lowp::mx_scale(amax, max_finite(c.element), emax, rounding);
   // A NaN factor makes the counts those of the canonical NaN-block codes written after the cast.
   if (scale.bits() == 0xFF) return {std::numeric_limits<float>::quiet_NaN(), 1.0f, 0xFF};
-  return {fp8::mx_quantize_factor(scale, rounding), 1.0f, scale.bits()};
+  return {lowp::mx_quantize_factor(scale, rounding), 1.0f, scale.bits()};
 }
 
 bool mx_block_scales(const QuantizeConfig& c, const float* max_ignoring_nan, const std::uint32_t* max_bits,
                      std::size_t n, float* factors, std::uint8_t* codes) noexcept {
   bool any_nan = false;
   if (c.flavour == Flavour::te && c.scale_rounding == ScaleRounding::rceil) {
-    const float rcp = fp8::mx_max_norm_rcp(max_finite(c.element));
+    const float rcp = lowp::mx_max_norm_rcp(max_finite(c.element));
     for (std::size_t b = 0; b < n; ++b) {
-      const std::uint8_t code = fp8::mx_scale_code_te(max_ignoring_nan[b], rcp);
+      const std::uint8_t code = lowp::mx_scale_code_te(max_ignoring_nan[b], rcp);
       codes[b] = code;
-      factors[b] = fp8::mx_factor_te(code);  // NaN for 0xFF: the counts of the NaN-block codes
+      factors[b] = lowp::mx_factor_te(code);  // NaN for 0xFF: the counts of the NaN-block codes
       any_nan = any_nan || code == 0xFF;
     }
     return any_nan;

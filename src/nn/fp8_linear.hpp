@@ -8,9 +8,11 @@
 // The backward uses the X saved by the forward as fp8 codes plus scale(s) (1 byte per
 // element), as Transformer Engine does, and dequantizes them into fp32 work memory right
 // before its GEMM; the weight is re-quantized from W (unchanged between a forward and its
-// backward) with the forward's scale, so no copy of it is kept. mxfp8 quantizes each
-// operand along the GEMM's reduction dimension, like TE: rowwise for the forward GEMM,
-// columnwise for dgrad (Wq) and wgrad (Xq, dYq); only X's columnwise codes are saved.
+// backward) with the forward's scale, so no copy of it is kept. The block-scaled presets
+// (mxfp8, fp8-block, nvfp4, mxfp4) run lowp::quantize, the one quantizer of every door, and
+// quantize each operand along its GEMM's reduction dimension, like TE: rowwise for the
+// forward GEMM, columnwise for dgrad (Wq) and wgrad (Xq, dYq); only X's columnwise
+// quantization is kept.
 //
 // Everything is allocated by finish(); forward/backward allocate nothing. The fp32 work
 // memory for the dequantized operands is either the caller's (spans of scratch it does
@@ -24,7 +26,6 @@
 #include <vector>
 
 #include "mixprec/formats/bulk.hpp"
-#include "mixprec/fp8/recipes.hpp"
 #include "mixprec/lowp/assignment.hpp"
 #include "mixprec/lowp/quantize.hpp"
 #include "mixprec/nn/gemm.hpp"
@@ -35,35 +36,18 @@ namespace mixprec::nn::detail {
 
 // ---- fake quantization (quantize, then dequantize) -------------------------------------
 
-// out[i] = decode(encode_sat<dtype>(x[i] * scale)) * scale_inv: fp8::quantize followed by
-// fp8::dequantize, bit for bit (RNE, saturating, subnormals kept). out may alias x.
+// out[i] = decode(encode_sat<dtype>(x[i] * scale)) * scale_inv: lowp::quantize followed by
+// lowp::dequantize, bit for bit (RNE, saturating, subnormals kept). out may alias x.
 // codes: scratch of at least x.size() bytes. Returns what the cast destroyed (overflow =
 // saturated, underflow = flushed).
-ConversionStats fake_quantize(std::span<const float> x, std::span<float> out, fp8::Dtype dtype, float scale,
+ConversionStats fake_quantize(std::span<const float> x, std::span<float> out, lowp::Element dtype, float scale,
                               float scale_inv, std::span<std::uint8_t> codes);
 // fake_quantize in two halves, for values kept as codes in between: codes[i] =
 // encode_sat<dtype>(x[i] * scale) (returns what the cast destroyed), then out[i] =
 // decode(codes[i]) * scale_inv. codes holds at least x.size() (out.size()) bytes.
-ConversionStats quantize_codes(std::span<const float> x, std::span<std::uint8_t> codes, fp8::Dtype dtype,
+ConversionStats quantize_codes(std::span<const float> x, std::span<std::uint8_t> codes, lowp::Element dtype,
                                float scale);
-void dequantize_codes(std::span<const std::uint8_t> codes, std::span<float> out, fp8::Dtype dtype, float scale_inv);
-
-struct MxFakeQuantized {
-  ConversionStats stats;  // overflow = saturated, underflow = flushed
-  float min_factor = 0;   // smallest multiplier of any block (of the largest block scale); 0 when empty
-};
-// MX: x holds rows of row_len values; each row is cut into blocks of 32 from its start (the
-// last may be shorter) with one E8M0 scale each: every row as fp8::mx_quantize then
-// fp8::mx_dequantize, bit for bit. out may alias x. codes: x.size() bytes of scratch.
-MxFakeQuantized fake_quantize_mx(std::span<const float> x, std::span<float> out, std::size_t row_len,
-                                 fp8::Dtype dtype, fp8::MxRounding rounding, std::span<std::uint8_t> codes);
-// fake_quantize_mx in two halves: the codes (x.size() bytes) and the E8M0 scales of every
-// row's blocks (rows * fp8::mx_blocks(row_len)), then out = their dequantization
-// (fp8::mx_dequantize per row). Together bit for bit fake_quantize_mx.
-MxFakeQuantized quantize_mx_codes(std::span<const float> x, std::size_t row_len, fp8::Dtype dtype,
-                                  fp8::MxRounding rounding, std::span<std::uint8_t> codes, std::span<e8m0> scales);
-void dequantize_mx_codes(std::span<const std::uint8_t> codes, std::span<const e8m0> scales, std::size_t row_len,
-                         fp8::Dtype dtype, std::span<float> out);
+void dequantize_codes(std::span<const std::uint8_t> codes, std::span<float> out, lowp::Element dtype, float scale_inv);
 
 // ---- the Linear layers of one model ----------------------------------------------------
 
@@ -82,8 +66,8 @@ class Fp8Linears {
   // fp32 work memory of one call: the dequantized operands are carved out of these spans
   // (first fit), which the caller does not read or write during the call; empty: this
   // object's own (finish(true)). Too little is a std::logic_error. Needed: forward
-  // rows*in floats in one span; backward N*OC (dYq) and N*C (Xq), mxfp8 another N*OC
-  // (the columnwise dYq), each in one span.
+  // rows*in floats in one span; backward N*OC (dYq) and N*C (Xq), the block-scaled
+  // presets another N*OC (the columnwise dYq), each in one span.
   using Work = std::span<const std::span<float>>;
 
   // y[rows, out] = Xq Wq^T + b for the first `rows` rows of x; saves X's codes for the
@@ -100,12 +84,12 @@ class Fp8Linears {
   void step_done();           // fp8-delayed: DelayedScaling::update()
   void reset_stats() noexcept;  // the per-step counts; scales and histories stay
   std::span<const Fp8TensorStats> stats() const noexcept { return stats_; }
-  fp8::DelayedScaling* delayed() noexcept { return recipe_ == Fp8Recipe::delayed ? &delayed_ : nullptr; }
+  lowp::DelayedScaling* delayed() noexcept { return recipe_ == Fp8Recipe::delayed ? &delayed_ : nullptr; }
   Fp8Recipe recipe() const noexcept { return recipe_; }
-  // What is kept from a forward to its backward: X's fp8 codes and scales (mxfp8: E8M0
-  // block scales), 1 byte per element plus scales.
+  // What is kept from a forward to its backward: X's codes and scales (per tensor: 1 byte
+  // per element; block-scaled presets: lowp's codes and block scales).
   std::size_t saved_bytes() const noexcept;
-  std::size_t scratch_bytes() const noexcept;  // the weight, codes on their way, mxfp8 tile, own work
+  std::size_t scratch_bytes() const noexcept;  // the weight, codes on their way, own work
 
  private:
   // What one quantization did, before it is committed to the step's stats.
@@ -117,9 +101,8 @@ class Fp8Linears {
   struct Linear {
     std::size_t rows = 0, in = 0, out = 0;
     std::size_t tensor = 0;          // index of "<layer>.input"; weight and grad_output follow
-    // X's codes: offset into saved_codes_ (rows * in bytes; mxfp8: columnwise, [in][rows])
-    // and, mxfp8, into saved_scales_ (in * mx_blocks(rows)).
-    std::size_t x_codes = 0, x_scales = 0;
+    // per-tensor recipes: X's codes, an offset into saved_codes_ (rows * in bytes).
+    std::size_t x_codes = 0;
     float x_scale_inv = 1;             // per-tensor: what X's codes are dequantized with
     float w_scale = 1, w_scale_inv = 1;  // per-tensor: W's, for the backward's re-quantization
     std::size_t forward_rows = 0;    // rows of the last forward
@@ -127,20 +110,12 @@ class Fp8Linears {
     Pending input, weight;
   };
 
-  // Quantizes x (rows x cols, reduction along cols) for tensor t: codes, then their
-  // dequantization into out (rowwise). scale_inv: what out was dequantized with (per-tensor).
-  Pending quantize(std::size_t t, std::span<const float> x, std::span<float> out, std::size_t cols,
-                   std::span<std::uint8_t> codes, float& scale_inv);
-  // mxfp8's columnwise copies: blocks along the rows of x[rows, cols] (the other GEMM's
-  // reduction dimension), kMxBlock columns at a time through tile_.
-  void fake_quantize_columnwise(std::size_t t, std::span<const float> x, std::span<float> out, std::size_t rows,
-                                std::size_t cols);
-  void save_columnwise(std::size_t t, std::span<const float> x, std::uint8_t* codes, e8m0* scales,
-                       std::size_t rows, std::size_t cols);
-  void load_columnwise(std::size_t t, const std::uint8_t* codes, const e8m0* scales, std::span<float> out,
-                       std::size_t rows, std::size_t cols);
+  // The per-tensor recipes: x's codes with tensor t's scale, then their dequantization into
+  // out. scale_inv: what out was dequantized with.
+  Pending quantize(std::size_t t, std::span<const float> x, std::span<float> out, std::span<std::uint8_t> codes,
+                   float& scale_inv);
   void commit(std::size_t t, const Pending& p);
-  // fp8-block, nvfp4, mxfp4: the operands through lowp::quantize (docs/low_precision.md), the
+  // mxfp8, fp8-block, nvfp4, mxfp4: the operands through lowp::quantize (docs/low_precision.md), the
   // same GEMM layouts as TE and as mixprec.torch.low_precision; X's columnwise quantization is
   // kept for the backward as lowp's codes and scales.
   bool lowp() const noexcept;
@@ -152,14 +127,12 @@ class Fp8Linears {
 
   Fp8Recipe recipe_;
   Fp8Config config_;
-  fp8::DelayedScaling delayed_;
+  lowp::DelayedScaling delayed_;
   std::vector<Linear> linears_;
   std::vector<Fp8TensorStats> stats_;
   std::vector<std::uint8_t> saved_codes_;  // per Linear: X's codes
-  std::vector<e8m0> saved_scales_;         // mxfp8, per Linear: X's columnwise block scales
-  std::size_t saved_code_bytes_ = 0, saved_scale_count_ = 0;
+  std::size_t saved_code_bytes_ = 0;
   std::vector<float> wq_;                  // the weight being multiplied (forward or backward)
-  std::vector<float> tile_;                // mxfp8: kMxBlock columns, transposed
   std::vector<float> work_;                // own work memory (finish(true))
   std::vector<std::uint8_t> codes_;        // codes of W and dY on their way to fp32
   lowp::LinearRecipe lowp_recipe_;         // the lowp recipes' settings
@@ -167,7 +140,7 @@ class Fp8Linears {
   lowp::Quantized work_q_;                 // lowp: the other operands' codes on their way
   std::vector<std::uint32_t> random_;      // nvfp4: stochastic rounding's words (splitmix64)
   std::uint64_t draws_ = 0;
-  std::size_t max_act_ = 0, max_weight_ = 0, max_work_ = 0, max_tile_rows_ = 0;
+  std::size_t max_act_ = 0, max_weight_ = 0, max_work_ = 0;
   bool finished_ = false;
 };
 

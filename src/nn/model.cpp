@@ -67,7 +67,7 @@ std::unique_ptr<Model> make_model(const ModelConfig& config, Precision precision
   const Fp8Recipe recipe = fp8_recipe_of(precision);
   const Fp8Config& fp8 = options.fp8;
   if (recipe == Fp8Recipe::delayed) {
-    fp8::validate(fp8::DelayedScalingConfig{fp8.margin, fp8.amax_history_len, fp8.amax_compute_algo, fp8.format});
+    lowp::validate(lowp::DelayedScalingConfig{fp8.margin, fp8.amax_history_len, fp8.amax_compute_algo, fp8.format});
   }
   return config.kind == ModelKind::gpt ? detail::make_gpt(config, p, options.state_slots, recipe, fp8)
                                        : detail::make_mlp(config, p, options.state_slots, recipe, fp8);
@@ -120,7 +120,7 @@ std::span<const Fp8TensorStats> Model::fp8_stats() const noexcept {
 void Model::fp8_step_done(const std::function<void(std::span<float>)>& reduce_amaxes) {
   detail::Fp8Linears* f = fp8_linears();
   if (f == nullptr) return;
-  if (fp8::DelayedScaling* d = f->delayed(); d != nullptr && reduce_amaxes) {
+  if (lowp::DelayedScaling* d = f->delayed(); d != nullptr && reduce_amaxes) {
     std::vector<float> amaxes = d->current_amaxes();
     reduce_amaxes(amaxes);
     d->set_current_amaxes(amaxes);
@@ -128,35 +128,35 @@ void Model::fp8_step_done(const std::function<void(std::span<float>)>& reduce_am
   f->step_done();
 }
 
-const fp8::DelayedScaling* Model::fp8_delayed() const noexcept {
+const lowp::DelayedScaling* Model::fp8_delayed() const noexcept {
   detail::Fp8Linears* f = fp8_linears();
   return f == nullptr ? nullptr : f->delayed();
 }
 
-void Model::load_fp8_delayed(const fp8::DelayedScalingState& state) {
+void Model::load_fp8_delayed(const lowp::DelayedScalingState& state) {
   check_fp8_delayed(state);  // throws unless this model has delayed scaling
   if (detail::Fp8Linears* f = fp8_linears()) {
-    if (fp8::DelayedScaling* d = f->delayed()) d->load(state);
+    if (lowp::DelayedScaling* d = f->delayed()) d->load(state);
   }
 }
 
-void Model::check_fp8_delayed(const fp8::DelayedScalingState& state) const {
+void Model::check_fp8_delayed(const lowp::DelayedScalingState& state) const {
   detail::Fp8Linears* f = fp8_linears();
-  const fp8::DelayedScaling* d = f == nullptr ? nullptr : f->delayed();
+  const lowp::DelayedScaling* d = f == nullptr ? nullptr : f->delayed();
   if (d == nullptr) {
     throw std::invalid_argument(std::string("fp8 delayed-scaling state: expected none (this model's precision has "
                                             "no delayed scaling), found a state of ")
                                     .append(std::to_string(state.tensors.size()))
                                     .append(" tensors"));
   }
-  const fp8::DelayedScalingState& have = d->state();
-  const fp8::DelayedScalingConfig& a = have.config;
-  const fp8::DelayedScalingConfig& b = state.config;
+  const lowp::DelayedScalingState& have = d->state();
+  const lowp::DelayedScalingConfig& a = have.config;
+  const lowp::DelayedScalingConfig& b = state.config;
   if (!(a == b)) {
-    auto text = [](const fp8::DelayedScalingConfig& c) {
+    auto text = [](const lowp::DelayedScalingConfig& c) {
       return std::string("margin ").append(std::to_string(c.margin)).append(", amax history ")
           .append(std::to_string(c.amax_history_len)).append(", algorithm ")
-          .append(fp8::amax_algo_name(c.amax_compute_algo)).append(", format ").append(fp8::format_name(c.format));
+          .append(lowp::amax_algo_name(c.amax_compute_algo)).append(", format ").append(lowp::format_name(c.format));
     };
     throw std::invalid_argument("fp8 delayed-scaling config: expected " + text(a) + ", found " + text(b));
   }
@@ -165,12 +165,12 @@ void Model::check_fp8_delayed(const fp8::DelayedScalingState& state) const {
                                 " tensors, found " + std::to_string(state.tensors.size()));
   }
   for (std::size_t i = 0; i < state.tensors.size(); ++i) {
-    const fp8::DelayedTensorState& x = have.tensors[i];
-    const fp8::DelayedTensorState& y = state.tensors[i];
+    const lowp::DelayedTensorState& x = have.tensors[i];
+    const lowp::DelayedTensorState& y = state.tensors[i];
     if (x.name != y.name || x.role != y.role) {
       throw std::invalid_argument("fp8 delayed-scaling state: tensor " + std::to_string(i) + ": expected " + x.name +
-                                  " (" + std::string(fp8::role_name(x.role)) + "), found " + y.name + " (" +
-                                  std::string(fp8::role_name(y.role)) + ")");
+                                  " (" + std::string(lowp::role_name(x.role)) + "), found " + y.name + " (" +
+                                  std::string(lowp::role_name(y.role)) + ")");
     }
     if (y.amax_history.size() != x.amax_history.size()) {
       throw std::invalid_argument("fp8 delayed-scaling state: tensor " + y.name + ": expected an amax history of " +
@@ -178,7 +178,7 @@ void Model::check_fp8_delayed(const fp8::DelayedScalingState& state) const {
                                   std::to_string(y.amax_history.size()));
     }
   }
-  fp8::validate(state);
+  lowp::validate(state);
 }
 
 std::size_t Model::grad_label(std::string name) {

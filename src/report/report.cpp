@@ -466,7 +466,7 @@ std::string fp8_fraction_chart(const std::vector<ReportRun>& runs, bool flushed)
         if (r.fp8.empty()) continue;  // a step that recorded none (Telemetry's unsampled steps): no point
         std::uint64_t part = 0, nonzero = 0;
         for (const nn::Fp8TensorStats& t : r.fp8) {
-          if ((t.role == fp8::Role::forward) != (role == 0)) continue;
+          if ((t.role == lowp::Role::forward) != (role == 0)) continue;
           part += flushed ? t.flushed : t.saturated;
           nonzero += t.nonzero;
         }
@@ -483,7 +483,7 @@ std::array<double, 4> fp8_fractions(const ReportRun& run) {
   std::uint64_t sat[2] = {0, 0}, fl[2] = {0, 0}, nz[2] = {0, 0};
   for (const StepRecord& r : run.records)
     for (const nn::Fp8TensorStats& t : r.fp8) {
-      const int k = t.role == fp8::Role::forward ? 0 : 1;
+      const int k = t.role == lowp::Role::forward ? 0 : 1;
       sat[k] += t.saturated;
       fl[k] += t.flushed;
       nz[k] += t.nonzero;
@@ -1232,7 +1232,11 @@ ReportRun load_run(const std::string& dir, const std::string& name) {
         if (al.severity.empty()) al.severity = str("level");
         auto count = [&](const char* key) -> std::optional<std::uint64_t> {
           const auto it = e.find(key);
-          if (it == e.end() || !it->is_number_unsigned()) return std::nullopt;
+          if (it == e.end() || it->is_null()) return std::nullopt;
+          if (!it->is_number_unsigned())
+            throw std::runtime_error(where + ": alerts[" + std::to_string(i) + "]." + key +
+                                     ": expected an integer >= 0, found " +
+                                     it->dump(-1, ' ', false, ojson::error_handler_t::replace));
           return it->get<std::uint64_t>();
         };
         al.step = count("step");

@@ -175,23 +175,21 @@ AlertMonitor::AlertMonitor(AlertThresholds thresholds, RunContext context)
   const auto p = nn::parse_precision(ctx_.precision);
   if (!p) bad("precision", keys::join(nn::precision_names()), squote(ctx_.precision));
   format_max_ = static_cast<double>(format_row(format_of(nn::policy_of(*p).activations)).max_finite);
+  // The spec through the one parser of TrainConfig's loss-scale key (train::loss_scale_config).
   const std::string& s = ctx_.loss_scale;
-  if (s == "none") {
-    scaled_ = false;
-  } else if (s.starts_with("static:")) {
-    scaled_ = true;
-  } else {
+  std::optional<LossScaleConfig> spec;
+  try {
+    spec = train::loss_scale_config(s);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string("alerts: ") + e.what());
+  }
+  scaled_ = spec.has_value();
+  if (spec && spec->rule != LossScaleRule::static_scale) {  // a dynamic preset
     policy_ = s == "dynamic" ? "mixprec" : s;
-    LossScaleConfig cfg;
-    try {
-      cfg = loss_scale_preset(policy_);
-    } catch (const std::invalid_argument&) {
-      bad("loss_scale", "none, dynamic, static:S or a preset", squote(s));
-    }
-    if (ctx_.loss_scale_config) cfg = *ctx_.loss_scale_config;  // the run's own, overrides included
-    scaled_ = true;
+    // The run's own config, overrides included, when known.
+    const LossScaleConfig cfg = ctx_.loss_scale_config ? *ctx_.loss_scale_config : *spec;
     dynamic_ = cfg.rule != LossScaleRule::static_scale;
-    if (!dynamic_) bad("loss_scale", "none, dynamic, static:S or a dynamic preset", squote(s));
+    if (!dynamic_) bad("loss_scale_config", "a dynamic rule (loss-scale " + squote(s) + ")", "rule static");
     max_scale_ = cfg.max_scale;
     growth_interval_ = cfg.growth_interval;
   }

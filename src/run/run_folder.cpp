@@ -528,7 +528,7 @@ std::optional<std::string> read_run_file(const fs::path& dir, std::string_view n
   const fs::path p = dir / name;
   std::error_code ec;
   if (!fs::exists(p, ec)) return std::nullopt;
-  return io::read_regular_file(p);
+  return io::read_json_text(p);  // every caller reads JSON: the JSON reader's size limit
 }
 
 }  // namespace mixprec::train

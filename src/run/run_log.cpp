@@ -151,9 +151,9 @@ std::string fp8_json(const std::vector<nn::Fp8TensorStats>& ts) {
     if (i > 0) out += ',';
     ObjectWriter w(out);
     w.field("name", ts[i].name);
-    w.field("role", fp8::role_name(ts[i].role));
+    w.field("role", lowp::role_name(ts[i].role));
     if (ts[i].recipe.empty()) {
-      w.field("dtype", fp8::dtype_name(ts[i].dtype));
+      w.field("dtype", lowp::element_label(ts[i].dtype));
     } else {
       w.field("recipe", ts[i].recipe);
       w.field("dtype", element_dtype(ts[i].element));
@@ -294,8 +294,8 @@ void parse_telemetry(const json& j, StepRecord& r) {
       nn::Fp8TensorStats f;
       f.name = get_string(t, "name");
       const std::string role = get_string(t, "role"), dtype = get_string(t, "dtype");
-      if (role == fp8::role_name(fp8::Role::forward)) f.role = fp8::Role::forward;
-      else if (role == fp8::role_name(fp8::Role::backward)) f.role = fp8::Role::backward;
+      if (role == lowp::role_name(lowp::Role::forward)) f.role = lowp::Role::forward;
+      else if (role == lowp::role_name(lowp::Role::backward)) f.role = lowp::Role::backward;
       else bad("fp8[].role", "forward or backward", t["role"]);
       if (t.contains("recipe")) {  // a low-precision recipe's tensor: any element format
         f.recipe = get_string(t, "recipe");
@@ -305,11 +305,11 @@ void parse_telemetry(const json& j, StepRecord& r) {
                                      [&](lowp::Element x) { return element_dtype(x) == dtype; });
         if (e == std::end(elements)) bad("fp8[].dtype", "E4M3, E5M2 or E2M1", t["dtype"]);
         f.element = *e;
-        f.dtype = *e == lowp::Element::e5m2 ? fp8::Dtype::e5m2 : fp8::Dtype::e4m3;
-      } else if (dtype == fp8::dtype_name(fp8::Dtype::e4m3)) {
-        f.dtype = fp8::Dtype::e4m3;
-      } else if (dtype == fp8::dtype_name(fp8::Dtype::e5m2)) {
-        f.dtype = fp8::Dtype::e5m2;
+        f.dtype = *e == lowp::Element::e5m2 ? lowp::Element::e5m2 : lowp::Element::e4m3;
+      } else if (dtype == lowp::element_label(lowp::Element::e4m3)) {
+        f.dtype = lowp::Element::e4m3;
+      } else if (dtype == lowp::element_label(lowp::Element::e5m2)) {
+        f.dtype = lowp::Element::e5m2;
       } else {
         bad("fp8[].dtype", "E4M3 or E5M2 (E2M1 only with a recipe)", t["dtype"]);
       }

@@ -19,7 +19,7 @@ void RunTotals::add(const StepRecord& r) {
   tokens += r.tokens;
   act_grads += r.act_grads;
   for (const nn::Fp8TensorStats& f : r.fp8) {
-    const int role = f.role == fp8::Role::forward ? 0 : 1;
+    const int role = f.role == lowp::Role::forward ? 0 : 1;
     fp8_nonzero[role] += f.nonzero;
     fp8_saturated[role] += f.saturated;
     fp8_flushed[role] += f.flushed;

@@ -17,6 +17,18 @@ void GradScaler::unscale(Optimizer& opt, ThreadPool* pool) {
   protocol_.record(id_of(opt), check_gradients(opt.store().grad_tensors(), get_scale(), true, pool));
 }
 
+StepOutcome step_outcome(const StepDecision& decision) {
+  StepOutcome out;
+  out.scale = decision.scale;
+  out.found_inf = decision.found_inf;
+  out.first_overflow = decision.first_overflow;
+  out.grad_norm = decision.grad_norm;
+  out.clip_coef = decision.clip_coef;
+  out.reason = decision.reason;
+  out.guard = decision.guard;
+  return out;
+}
+
 StepOutcome GradScaler::step(Optimizer& opt, const StepOptions& options) {
   mixprec::DecideOptions d;
   d.max_grad_norm = options.max_grad_norm;
@@ -33,15 +45,8 @@ StepOutcome GradScaler::step(Optimizer& opt, const StepOptions& options) {
   if (options.skip_if) d.user_skip = options.skip_if(protocol_.guard_view(id, d));
   const StepDecision decision = protocol_.decide(id, d);
 
-  StepOutcome out;
-  out.scale = decision.scale;
-  out.found_inf = decision.found_inf;
-  out.first_overflow = decision.first_overflow;
+  StepOutcome out = step_outcome(decision);
   if (out.first_overflow >= 0) out.first_overflow_name = opt.store().spec(static_cast<std::size_t>(out.first_overflow)).name;
-  out.grad_norm = decision.grad_norm;
-  out.clip_coef = decision.clip_coef;
-  out.reason = decision.reason;
-  out.guard = decision.guard;
   if (decision.apply) {
     StepControls c;
     c.inv_scale = decision.carried_inv_scale;

@@ -43,21 +43,28 @@ TensorMoments moments_of_values(const T* p, std::size_t n) noexcept {
   return m;
 }
 
-double number_at(const json& j, const char* key) {
-  if (!j.contains(key)) bad_state(std::string("field '") + key + "' is missing");
-  const json& v = j.at(key);
-  if (v.is_boolean() || !v.is_number()) bad_state(std::string("field '") + key + "' must be a number");
-  return v.get<double>();
+// "layerwise state: WHERE.KEY: expected ALLOWED, found VALUE" (WHERE: "config." or "layers[i].").
+[[noreturn]] void bad_field(const std::string& where, const char* key, const std::string& allowed, const json* found) {
+  bad_state(where + key + ": expected " + allowed + ", found " +
+            (found == nullptr ? std::string("nothing") : found->dump(-1, ' ', false, json::error_handler_t::replace)));
 }
 
-std::int64_t integer_at(const json& j, const char* key, std::int64_t lo, std::int64_t hi) {
-  if (!j.contains(key)) bad_state(std::string("field '") + key + "' is missing");
-  const json& v = j.at(key);
-  if (!v.is_number_integer()) bad_state(std::string("field '") + key + "' must be an integer");
-  const std::int64_t x = v.get<std::int64_t>();
-  if (x < lo || x > hi)
-    bad_state(std::string("field '") + key + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
-              "], found " + std::to_string(x));
+double number_at(const json& j, const char* key, const std::string& where) {
+  const auto it = j.find(key);
+  if (it == j.end() || it->is_boolean() || !it->is_number())
+    bad_field(where, key, "a number", it == j.end() ? nullptr : &*it);
+  return it->get<double>();
+}
+
+std::int64_t integer_at(const json& j, const char* key, std::int64_t lo, std::int64_t hi, const std::string& where) {
+  const std::string allowed = "an integer in [" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer()) bad_field(where, key, allowed, it == j.end() ? nullptr : &*it);
+  // An unsigned value past int64 (nlohmann keeps it unsigned) is out of every range here.
+  if (it->is_number_unsigned() && it->get<std::uint64_t>() > static_cast<std::uint64_t>(hi))
+    bad_field(where, key, allowed, &*it);
+  const std::int64_t x = it->get<std::int64_t>();
+  if (x < lo || x > hi) bad_field(where, key, allowed, &*it);
   return x;
 }
 
@@ -254,7 +261,8 @@ LayerwiseScales LayerwiseScales::from_json(std::string_view text) {
   if (!j.is_object()) bad_state("expected an object");
   for (const auto& [k, v] : j.items())
     if (k != "config" && k != "layers") bad_state("unknown field '" + k + "'");
-  if (!j.contains("config") || !j["config"].is_object()) bad_state("field 'config' must be an object");
+  if (!j.contains("config") || !j["config"].is_object())
+    bad_field("", "config", "an object", j.contains("config") ? &j["config"] : nullptr);
   const json& c = j["config"];
   static const char* const kConfigKeys[] = {"u_min", "u_max", "n_uf", "max_factor", "max_chain", "recovery_interval",
                                             "max_backoff"};
@@ -265,36 +273,41 @@ LayerwiseScales LayerwiseScales::from_json(std::string_view text) {
       bad_state("config: unknown field '" + k + "'");
   }
   LayerwiseConfig cfg;
-  cfg.u_min = number_at(c, "u_min");
-  cfg.u_max = number_at(c, "u_max");
-  cfg.n_uf = number_at(c, "n_uf");
-  cfg.max_factor = number_at(c, "max_factor");
-  cfg.max_chain = number_at(c, "max_chain");
-  cfg.recovery_interval = integer_at(c, "recovery_interval", 1, kMaxInt);
-  cfg.max_backoff = integer_at(c, "max_backoff", 0, 64);
+  cfg.u_min = number_at(c, "u_min", "config.");
+  cfg.u_max = number_at(c, "u_max", "config.");
+  cfg.n_uf = number_at(c, "n_uf", "config.");
+  cfg.max_factor = number_at(c, "max_factor", "config.");
+  cfg.max_chain = number_at(c, "max_chain", "config.");
+  cfg.recovery_interval = integer_at(c, "recovery_interval", 1, kMaxInt, "config.");
+  cfg.max_backoff = integer_at(c, "max_backoff", 0, 64, "config.");
   try {
     validate(cfg);
   } catch (const std::invalid_argument& e) {
     bad_state(std::string("config: ") + e.what());
   }
   LayerwiseScales out(cfg);
-  if (!j.contains("layers") || !j["layers"].is_array()) bad_state("field 'layers' must be an array");
-  for (const json& l : j["layers"]) {
-    if (!l.is_object()) bad_state("layers[]: expected objects");
+  if (!j.contains("layers") || !j["layers"].is_array())
+    bad_field("", "layers", "an array", j.contains("layers") ? &j["layers"] : nullptr);
+  const json& layers = j["layers"];
+  for (std::size_t i = 0; i < layers.size(); ++i) {
+    const json& l = layers[i];
+    const std::string w = "layers[" + std::to_string(i) + "].";
+    if (!l.is_object())
+      bad_state("layers[" + std::to_string(i) + "]: expected an object, found " + std::string(l.type_name()));
     for (const auto& [k, v] : l.items())
       if (k != "name" && k != "fan_in" && k != "backoff" && k != "clean_steps" && k != "overflows" && k != "skipped")
-        bad_state("layers[]: unknown field '" + k + "'");
+        bad_state(w.substr(0, w.size() - 1) + ": unknown field '" + k + "'");
     if (!l.contains("name") || !l["name"].is_string() || l["name"].get<std::string>().empty())
-      bad_state("layers[]: field 'name' must be a non-empty string");
+      bad_field(w, "name", "a non-empty string", l.contains("name") ? &l["name"] : nullptr);
     const std::string name = l["name"].get<std::string>();
-    if (out.find(name)) bad_state("layers[]: layer '" + name + "' appears twice");
+    if (out.find(name)) bad_state(w + "name: layer '" + name + "' appears twice");
     LayerState s;
     s.name = name;
-    s.fan_in = integer_at(l, "fan_in", 1, kMaxInt);
-    s.backoff = integer_at(l, "backoff", 0, cfg.max_backoff);
-    s.clean_steps = integer_at(l, "clean_steps", 0, cfg.recovery_interval - 1);
-    s.skipped = integer_at(l, "skipped", 0, std::numeric_limits<std::int64_t>::max());
-    s.overflows = integer_at(l, "overflows", 0, s.skipped);
+    s.fan_in = integer_at(l, "fan_in", 1, kMaxInt, w);
+    s.backoff = integer_at(l, "backoff", 0, cfg.max_backoff, w);
+    s.clean_steps = integer_at(l, "clean_steps", 0, cfg.recovery_interval - 1, w);
+    s.skipped = integer_at(l, "skipped", 0, std::numeric_limits<std::int64_t>::max(), w);
+    s.overflows = integer_at(l, "overflows", 0, s.skipped, w);
     if (s.backoff == 0 && s.clean_steps != 0) bad_state("layer '" + name + "': clean_steps counts only while backoff > 0");
     out.layers_.push_back(std::move(s));
   }

@@ -1,5 +1,6 @@
-// mixprec::torch::GradScaler: ScalerProtocol over libtorch tensors and optimizers. What this
-// file decides is only where a gradient is read: the core's check on its memory, or ATen.
+// mixprec::torch::GradScaler: ScalerProtocol over libtorch tensors and optimizers. Where a
+// gradient is read (the core's check on its memory, or ATen) is the core's decision
+// (scaler/grad_route.hpp); this file describes the tensors and carries it out.
 #include "mixprec/torch/grad_scaler.hpp"
 
 #include <ATen/ATen.h>
@@ -13,23 +14,38 @@
 #include <vector>
 
 #include "mixprec/scaler/check_gradients.hpp"
-#include "dtype.hpp"
+#include "mixprec/scaler/grad_route.hpp"
 
 namespace mixprec::torch {
 namespace {
 
-using detail::mixprec_dtype;
+TensorLayout layout_of(at::Layout layout) noexcept {
+  switch (layout) {
+    case at::kStrided: return TensorLayout::strided;
+    case at::kSparse: return TensorLayout::sparse_coo;
+    case at::kSparseCsr: return TensorLayout::sparse_csr;
+    case at::kSparseCsc: return TensorLayout::sparse_csc;
+    case at::kSparseBsr: return TensorLayout::sparse_bsr;
+    case at::kSparseBsc: return TensorLayout::sparse_bsc;
+    case at::kMkldnn: return TensorLayout::mkldnn;
+    case at::kJagged: return TensorLayout::jagged;
+    default: return TensorLayout::other;
+  }
+}
 
-// One gradient to check: its index over the optimizer's parameters and the tensor read
-// (a sparse gradient's values).
-struct Entry {
-  std::int64_t index;
-  at::Tensor grad;
-};
-
-// Read by the core: CPU fp32/fp16/bf16 over one block of memory (any dense layout).
-bool core_readable(const at::Tensor& g) {
-  return g.device().is_cpu() && mixprec_dtype(g.scalar_type()) && g.is_non_overlapping_and_dense();
+// `g` as the core's routing reads it; `device` holds its device's name for the descriptor.
+GradDescriptor describe(const at::Tensor& g, std::string& device) {
+  device = g.device().str();
+  GradDescriptor d;
+  d.dtype = c10::getDtypeNames(g.scalar_type()).first;
+  d.floating_point = at::isFloatingType(g.scalar_type());
+  d.layout = layout_of(g.layout());
+  d.device = device;
+  if (g.layout() == at::kStrided) {
+    d.sizes = {g.sizes().data(), g.sizes().size()};
+    d.strides = {g.strides().data(), g.strides().size()};
+  }
+  return d;
 }
 
 // Which element of `grads` first holds inf/NaN; -1 when none.
@@ -91,19 +107,6 @@ GradientCheck check_gradients_aten(const std::vector<at::Tensor>& grads, float s
   return c;
 }
 
-GradientCheck merge(const GradientCheck& a, const std::vector<std::int64_t>& a_index, const GradientCheck& b,
-                    const std::vector<std::int64_t>& b_index) {
-  GradientCheck m;
-  m.checked = a.checked || b.checked;
-  m.found_inf = a.found_inf || b.found_inf;
-  const std::int64_t ia = a.first_overflow >= 0 ? a_index[static_cast<std::size_t>(a.first_overflow)] : -1;
-  const std::int64_t ib = b.first_overflow >= 0 ? b_index[static_cast<std::size_t>(b.first_overflow)] : -1;
-  m.first_overflow = ia < 0 ? ib : (ib < 0 ? ia : std::min(ia, ib));
-  m.sum_squares = (a.checked ? a.sum_squares : 0.0) + (b.checked ? b.sum_squares : 0.0);
-  m.carried_inv_scale = 1.0f;
-  return m;
-}
-
 }  // namespace
 
 GradScaler::GradScaler(const LossScaleConfig& config, bool enabled) : ScalerDoor(ScalerProtocol(config, enabled)) {}
@@ -130,91 +133,59 @@ std::string GradScaler::name_of(const ::torch::optim::Optimizer& opt, std::int64
       if (i++ != index) continue;
       const auto it = names_.find(p.unsafeGetTensorImpl());
       if (it != names_.end()) return it->second;
-      return "param[" + std::to_string(index) + "]";
+      break;
     }
   }
-  return "param[" + std::to_string(index) + "]";
+  return default_parameter_name(index);
 }
 
-// Validates every gradient of `opt` (nothing is touched before all are checked), then checks
-// and unscales them in place: libtorch's optimizers read the gradients as they are.
+// Routes every gradient of `opt` (the core validates all before anything is touched), then
+// checks and unscales them in place: libtorch's optimizers read the gradients as they are.
 GradientCheck GradScaler::check(::torch::optim::Optimizer& opt) {
-  std::vector<Entry> entries;
-  std::int64_t index = 0;
-  std::optional<std::pair<at::Device, std::int64_t>> first_device;
-  std::vector<std::pair<at::Tensor*, std::int64_t>> to_coalesce;  // fp16 sparse gradients
+  std::vector<at::Tensor*> grads;
+  std::vector<std::int64_t> index;
+  std::int64_t i = 0;
   for (auto& group : opt.param_groups()) {
     for (auto& p : group.params()) {
-      const std::int64_t i = index++;
-      const at::Tensor& g = p.grad();
-      if (!g.defined()) continue;  // took no part in the loss: skipped, as PyTorch does
-      auto who = [&] { return "the gradient of " + name_of(opt, i); };
-      if (g.is_meta()) {
-        throw std::invalid_argument(who() + " is a meta tensor (no values to check); mixprec::torch::GradScaler "
-                                    "checks gradients on CPU, CUDA or another device with memory");
+      if (p.grad().defined()) {  // else it took no part in the loss: skipped, as PyTorch does
+        grads.push_back(&p.mutable_grad());
+        index.push_back(i);
       }
-      if (g.layout() != at::kStrided && g.layout() != at::kSparse) {
-        throw std::invalid_argument(who() + " has layout " + c10::str(g.layout()) +
-                                    "; mixprec::torch::GradScaler takes strided and sparse COO gradients, as "
-                                    "torch.amp.GradScaler does");
-      }
-      if (!at::isFloatingType(g.scalar_type())) {
-        throw std::invalid_argument(who() + " has dtype " + std::string(c10::toString(g.scalar_type())) +
-                                    "; gradients must be floating point");
-      }
-      if (!first_device) {
-        first_device = std::make_pair(g.device(), i);
-      } else if (first_device->first != g.device()) {
-        throw std::invalid_argument("gradients on more than one device: " + name_of(opt, first_device->second) +
-                                    " on " + first_device->first.str() + ", " + name_of(opt, i) + " on " +
-                                    g.device().str() + "; use one GradScaler step per device's optimizer");
-      }
-      if (g.is_sparse() && g.scalar_type() == at::kHalf) to_coalesce.emplace_back(&p.mutable_grad(), i);
-      entries.push_back({i, g});
+      ++i;
     }
   }
-  // Everything validated: torch's sparse rule (fp16 duplicates summed before the check, where
-  // they may overflow), then each sparse gradient read through its values.
-  for (auto& [grad, i] : to_coalesce) *grad = grad->coalesce();
+  std::vector<std::string> devices(grads.size());
+  std::vector<GradDescriptor> described;
+  described.reserve(grads.size());
+  for (std::size_t k = 0; k < grads.size(); ++k) described.push_back(describe(*grads[k], devices[k]));
+  const bool aten_only = path_ == GradientPath::aten;
+  const std::vector<GradRouting> routes =
+      route_gradients(described, index, aten_only, [&](std::int64_t j) { return name_of(opt, j); });
+  for (std::size_t k = 0; k < grads.size(); ++k)
+    if (routes[k].coalesce) *grads[k] = grads[k]->coalesce();
   std::vector<GradTensor> views;
   std::vector<std::int64_t> view_index, aten_index;
   std::vector<at::Tensor> aten;
-  for (Entry& e : entries) {
-    at::Tensor g = e.grad;
-    if (g.is_sparse()) {
-      for (const auto& [grad, i] : to_coalesce)
-        if (i == e.index) g = *grad;
+  for (std::size_t k = 0; k < grads.size(); ++k) {
+    at::Tensor g = *grads[k];
+    GradRouting r = routes[k];
+    if (r.route == GradRoute::sparse_values) {
       g = g._values();
+      std::string device;
+      r = route_gradient(describe(g, device), aten_only);
     }
-    if (path_ == GradientPath::automatic && core_readable(g)) {
-      views.push_back({g.numel() ? g.data_ptr() : nullptr, static_cast<std::size_t>(g.numel()),
-                       *mixprec_dtype(g.scalar_type())});
-      view_index.push_back(e.index);
+    if (r.route == GradRoute::core) {
+      views.push_back({g.numel() ? g.data_ptr() : nullptr, static_cast<std::size_t>(g.numel()), r.dtype});
+      view_index.push_back(index[k]);
     } else {
       aten.push_back(g);
-      aten_index.push_back(e.index);
+      aten_index.push_back(index[k]);
     }
   }
   const float scale = get_scale();
-  if (aten.empty()) {
-    GradientCheck c = check_gradients(views, scale, true);
-    if (c.first_overflow >= 0) c.first_overflow = view_index[static_cast<std::size_t>(c.first_overflow)];
-    return c;
-  }
-  if (views.empty()) {
-    GradientCheck c = check_gradients_aten(aten, scale, true);
-    if (c.first_overflow >= 0) c.first_overflow = aten_index[static_cast<std::size_t>(c.first_overflow)];
-    return c;
-  }
-  // Both kinds: at a scale below 1 nothing is written until both have been read.
-  const bool read_first = inv_scale_of(scale) > 1.0f;
-  GradientCheck c = merge(check_gradients(views, scale, !read_first), view_index,
-                          check_gradients_aten(aten, scale, !read_first), aten_index);
-  if (read_first && !c.found_inf) {
-    (void)check_gradients(views, scale, true);
-    (void)check_gradients_aten(aten, scale, true);
-  }
-  return c;
+  return check_in_two_reads(scale, view_index, aten_index, [&](bool core, bool write) {
+    return core ? check_gradients(views, scale, write) : check_gradients_aten(aten, scale, write);
+  });
 }
 
 void GradScaler::unscale(::torch::optim::Optimizer& opt) {
@@ -233,15 +204,8 @@ StepOutcome GradScaler::step(::torch::optim::Optimizer& opt, const StepOptions& 
   if (options.skip_if) d.user_skip = options.skip_if(protocol_.guard_view(id, d));
   const StepDecision decision = protocol_.decide(id, d);
 
-  StepOutcome out;
-  out.scale = decision.scale;
-  out.found_inf = decision.found_inf;
-  out.first_overflow = decision.first_overflow;
+  StepOutcome out = step_outcome(decision);
   if (out.first_overflow >= 0) out.first_overflow_name = name_of(opt, out.first_overflow);
-  out.grad_norm = decision.grad_norm;
-  out.clip_coef = decision.clip_coef;
-  out.reason = decision.reason;
-  out.guard = decision.guard;
   if (decision.apply) {
     if (decision.clip_pending) {
       ::torch::NoGradGuard no_grad;

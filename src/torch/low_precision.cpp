@@ -9,7 +9,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "mixprec/fp8/recipes.hpp"
+#include "mixprec/lowp/scaling.hpp"
 
 namespace mixprec::torch {
 
@@ -196,11 +196,11 @@ void LowPrecisionLinearImpl::record(OperandRole r, const lowp::Quantized& q, flo
     const int i = index_of(r);
     float* h = amax_history[i].data_ptr<float>();
     const std::span<float> hist(h, recipe_.amax_history_len);
-    hist[0] = fp8::fold_amax(hist[0], q.counts.amax);
-    const float chosen = fp8::roll_history(hist, recipe_.amax_compute_algo);
+    hist[0] = lowp::fold_amax(hist[0], q.counts.amax);
+    const float chosen = lowp::roll_history(hist, recipe_.amax_compute_algo);
     const float fp8_max = lowp::max_finite(recipe_.element(r == OperandRole::dy));
     float* sc = scale.data_ptr<float>();
-    sc[i] = fp8::delayed_scale(chosen, sc[i], fp8_max, recipe_.margin);
+    sc[i] = lowp::delayed_scale(chosen, sc[i], fp8_max, recipe_.margin);
   }
 }
 

@@ -9,7 +9,6 @@
 #include <cmath>
 #include <stdexcept>
 
-#include "mixprec/scaler/loss_scale.hpp"
 #include "device_counts.hpp"
 #include "dtype.hpp"
 #include "mixprec/formats/count.hpp"
@@ -132,16 +131,9 @@ train::StepRecord Telemetry::record(const ::torch::OrderedDict<std::string, at::
   s.seconds = info.seconds;
   s.val_loss = info.val_loss;
   s.scale = outcome.scale;
-  // The scale after this step's update, without touching the scaler: a copy of its policy.
-  auto next = make_loss_scale(scaler.loss_scale().config());
-  next->load(scaler.loss_scale().state());
-  if (scaler.enabled()) {
-    try {
-      next->update(outcome.found_inf);
-    } catch (const ScaleCollapseError&) {
-    }
-  }
-  s.next_scale = scaler.enabled() ? next->scale() : 1.0f;
+  // The scale update() will set, as the protocol decides it (found_inf over every optimizer
+  // of the step and every rank), without touching the scaler.
+  s.next_scale = scaler.next_scale();
   s.found_inf = outcome.found_inf;
   s.applied = outcome.applied;
   s.grad_norm = outcome.grad_norm;

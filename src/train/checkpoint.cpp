@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "mixprec/core/json_read.hpp"
+#include "mixprec/core/keys.hpp"
 #include "mixprec/core/text.hpp"
 #include "mixprec/checkpoint/safetensors.hpp"
 #include "trainer_impl.hpp"
@@ -84,24 +85,74 @@ json totals_json(const RunTotals& t) {
   throw std::runtime_error("checkpoint '" + file + "': " + what);
 }
 
-// Reads a JSON metadata entry, naming the file and key on any problem.
+// Reads a JSON metadata entry (an object), naming the file and key on any problem.
 json metadata_json(const ckpt::SafetensorsFile& f, const char* key) {
   const std::string text = f.require_metadata(key);
+  json j;
   try {
-    return io::parse_json(text, "");
+    j = io::parse_json(text, "");
   } catch (const std::invalid_argument& e) {
     bad(f.source(), std::string("metadata '") + key + "': " + e.what());
   }
+  if (!j.is_object())
+    bad(f.source(), std::string("metadata '") + key + "': expected a JSON object, found " + std::string(j.type_name()));
+  return j;
 }
 
-template <class T>
-T field(const ckpt::SafetensorsFile& f, const json& j, const char* key, const char* name) {
-  try {
-    return j.at(name).get<T>();
-  } catch (const json::exception& e) {
-    bad(f.source(), std::string("metadata '") + key + "': field '" + name + "' missing or of the wrong type (" +
-                        e.what() + ")");
-  }
+// "checkpoint 'P': metadata 'KEY': NAME: expected ALLOWED, found VALUE".
+[[noreturn]] void bad_field(const ckpt::SafetensorsFile& f, const char* key, const char* name,
+                            std::string_view allowed, const json* found) {
+  const std::string value =
+      found == nullptr ? std::string("nothing") : found->dump(-1, ' ', false, json::error_handler_t::replace);
+  bad(f.source(), std::string("metadata '") + key + "': " + name + ": expected " + std::string(allowed) + ", found " + value);
+}
+
+const json& member(const ckpt::SafetensorsFile& f, const json& j, const char* key, const char* name,
+                   std::string_view allowed) {
+  const auto it = j.find(name);
+  if (it == j.end()) bad_field(f, key, name, allowed, nullptr);
+  return *it;
+}
+
+// A count: a JSON integer >= 0 (or a number whose value is one, as keys::integer_of reads it).
+std::uint64_t count_of(const ckpt::SafetensorsFile& f, const json& v, const char* key, const char* name) {
+  constexpr std::string_view allowed = "an integer >= 0";
+  if (v.is_number_unsigned()) return v.get<std::uint64_t>();
+  if (v.is_number_float())
+    if (const auto i = keys::integer_of(v.get<double>()); i && !i->negative) return i->magnitude;
+  bad_field(f, key, name, allowed, &v);
+}
+
+std::uint64_t count_field(const ckpt::SafetensorsFile& f, const json& j, const char* key, const char* name) {
+  return count_of(f, member(f, j, key, name, "an integer >= 0"), key, name);
+}
+
+double number_field(const ckpt::SafetensorsFile& f, const json& j, const char* key, const char* name) {
+  const json& v = member(f, j, key, name, "a number");
+  if (!v.is_number()) bad_field(f, key, name, "a number", &v);
+  return v.get<double>();  // finite: the reader refuses what a double cannot hold
+}
+
+bool bool_field(const ckpt::SafetensorsFile& f, const json& j, const char* key, const char* name) {
+  const json& v = member(f, j, key, name, "true or false");
+  if (!v.is_boolean()) bad_field(f, key, name, "true or false", &v);
+  return v.get<bool>();
+}
+
+std::string string_field(const ckpt::SafetensorsFile& f, const json& j, const char* key, const char* name) {
+  const json& v = member(f, j, key, name, "a string");
+  if (!v.is_string()) bad_field(f, key, name, "a string", &v);
+  return v.get<std::string>();
+}
+
+// A list of `n` counts.
+std::vector<std::uint64_t> counts_of(const ckpt::SafetensorsFile& f, const json& v, const char* key, const char* name,
+                                     std::size_t n) {
+  const std::string allowed = "a list of " + std::to_string(n) + " integers >= 0";
+  if (!v.is_array() || v.size() != n) bad_field(f, key, name, allowed, &v);
+  std::vector<std::uint64_t> out;
+  for (const json& e : v) out.push_back(count_of(f, e, key, name));
+  return out;
 }
 
 // What total_value writes: a number, "nan", "inf" or "-inf"; null (how checkpoints of
@@ -118,8 +169,7 @@ double total_field(const ckpt::SafetensorsFile& f, const json& j, const char* na
       if (v == "-inf") return -std::numeric_limits<double>::infinity();
     }
   }
-  bad(f.source(), std::string("metadata 'mixprec.totals': field '") + name + "': expected a number, \"nan\", " +
-                      "\"inf\", \"-inf\" or null, found " + (it == j.end() ? std::string("none") : it->dump()));
+  bad_field(f, "mixprec.totals", name, "a number, \"nan\", \"inf\", \"-inf\" or null", it == j.end() ? nullptr : &*it);
 }
 
 // The settings a resumed run must share with the run that wrote the checkpoint
@@ -186,7 +236,7 @@ void Trainer::save_checkpoint(const std::string& path) const {
       {"mixprec.step", std::to_string(m.totals.steps)},
   };
   // fp8-delayed: the amax histories and scales (the only fp8 state that carries over steps).
-  if (const fp8::DelayedScaling* d = m.model->fp8_delayed()) meta["mixprec.fp8"] = d->to_json();
+  if (const lowp::DelayedScaling* d = m.model->fp8_delayed()) meta["mixprec.fp8"] = d->to_json();
   ckpt::WriteOptions options;
   options.header_checksum = true;  // every metadata entry is covered (format version 2)
   ckpt::write_file(path, tensors, meta, options);
@@ -241,20 +291,22 @@ void Trainer::load_checkpoint(const std::string& path) {
   }
   const json oj = metadata_json(f, "mixprec.optimizer");
   OptimizerState os = m.optimizer->state();
-  const std::string kind = field<std::string>(f, oj, "mixprec.optimizer", "kind");
+  const std::string kind = string_field(f, oj, "mixprec.optimizer", "kind");
   if (kind != optimizer_name(os.kind)) bad(src, "optimizer: expected " + std::string(optimizer_name(os.kind)) + ", found " + kind);
-  os.step = field<std::int64_t>(f, oj, "mixprec.optimizer", "step");
-  os.lr = field<double>(f, oj, "mixprec.optimizer", "lr");
-  os.beta1 = field<double>(f, oj, "mixprec.optimizer", "beta1");
-  os.beta2 = field<double>(f, oj, "mixprec.optimizer", "beta2");
-  os.eps = field<double>(f, oj, "mixprec.optimizer", "eps");
-  os.weight_decay = field<double>(f, oj, "mixprec.optimizer", "weight_decay");
-  os.momentum = field<double>(f, oj, "mixprec.optimizer", "momentum");
-  os.dampening = field<double>(f, oj, "mixprec.optimizer", "dampening");
-  os.nesterov = field<bool>(f, oj, "mixprec.optimizer", "nesterov");
-  os.flat_size = field<std::size_t>(f, oj, "mixprec.optimizer", "flat_size");
-  os.param_count = field<std::size_t>(f, oj, "mixprec.optimizer", "param_count");
-  if (os.step < 0) bad(src, "optimizer: step must be >= 0, found " + std::to_string(os.step));
+  const std::uint64_t step = count_field(f, oj, "mixprec.optimizer", "step");
+  if (step > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+    bad_field(f, "mixprec.optimizer", "step", "an integer in [0, 2^63 - 1]", &oj["step"]);
+  os.step = static_cast<std::int64_t>(step);
+  os.lr = number_field(f, oj, "mixprec.optimizer", "lr");
+  os.beta1 = number_field(f, oj, "mixprec.optimizer", "beta1");
+  os.beta2 = number_field(f, oj, "mixprec.optimizer", "beta2");
+  os.eps = number_field(f, oj, "mixprec.optimizer", "eps");
+  os.weight_decay = number_field(f, oj, "mixprec.optimizer", "weight_decay");
+  os.momentum = number_field(f, oj, "mixprec.optimizer", "momentum");
+  os.dampening = number_field(f, oj, "mixprec.optimizer", "dampening");
+  os.nesterov = bool_field(f, oj, "mixprec.optimizer", "nesterov");
+  os.flat_size = count_field(f, oj, "mixprec.optimizer", "flat_size");
+  os.param_count = count_field(f, oj, "mixprec.optimizer", "param_count");
   if (m.zero) {  // a checkpoint holds the full layout; this rank's optimizer steps its slice
     if (os.flat_size != s.flat_size() || os.param_count != s.param_count())
       bad(src, "optimizer: expected the layout of " + std::to_string(s.param_count()) + " parameters (" +
@@ -264,30 +316,29 @@ void Trainer::load_checkpoint(const std::string& path) {
     os.param_count = m.optimizer->state().param_count;
   }
   std::int64_t position = 0;
-  try {
-    std::size_t used = 0;
+  {
     const std::string p = f.require_metadata("mixprec.schedule_position");
-    position = std::stoll(p, &used);
-    if (used != p.size() || position < 0) throw std::invalid_argument(p);
-  } catch (const std::exception&) {
-    bad(src, "schedule_position: expected an integer >= 0");
+    const std::optional<keys::Integer> i = keys::parse_integer(p);  // the number grammar of every key
+    if (!i || i->negative || i->magnitude > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      bad(src, "metadata 'mixprec.schedule_position': expected an integer in [0, 2^63 - 1], found " + text::squote(p));
+    position = static_cast<std::int64_t>(i->magnitude);
   }
   const json sj = metadata_json(f, "mixprec.sampler");
-  const nn::SamplerState sampler{field<std::uint64_t>(f, sj, "mixprec.sampler", "seed"),
-                                 field<std::uint64_t>(f, sj, "mixprec.sampler", "counter")};
+  const nn::SamplerState sampler{count_field(f, sj, "mixprec.sampler", "seed"),
+                                 count_field(f, sj, "mixprec.sampler", "counter")};
   const json tj = metadata_json(f, "mixprec.totals");
   RunTotals t;
-  t.steps = field<std::uint64_t>(f, tj, "mixprec.totals", "steps");
-  t.applied = field<std::uint64_t>(f, tj, "mixprec.totals", "applied");
-  t.skipped = field<std::uint64_t>(f, tj, "mixprec.totals", "skipped");
-  t.tokens = field<std::uint64_t>(f, tj, "mixprec.totals", "tokens");
+  t.steps = count_field(f, tj, "mixprec.totals", "steps");
+  t.applied = count_field(f, tj, "mixprec.totals", "applied");
+  t.skipped = count_field(f, tj, "mixprec.totals", "skipped");
+  t.tokens = count_field(f, tj, "mixprec.totals", "tokens");
   t.lost_update_sum = total_field(f, tj, "lost_update_sum");
   t.seconds = total_field(f, tj, "seconds");
   t.final_loss = total_field(f, tj, "final_loss");
   t.final_loss_finite = std::isfinite(t.final_loss);
   t.lost_update_steps = t.applied;  // the Trainer's fractions are always finite
-  const auto ag = field<std::vector<std::uint64_t>>(f, tj, "mixprec.totals", "act_grads");
-  if (ag.size() != 6) bad(src, "metadata 'mixprec.totals': field 'act_grads' must hold 6 counts");
+  const auto ag = counts_of(f, member(f, tj, "mixprec.totals", "act_grads", "a list of 6 integers >= 0"),
+                            "mixprec.totals", "act_grads", 6);
   t.act_grads = {ag[0], ag[1], ag[2], ag[3], ag[4], ag[5]};
   if (tj.contains("val_loss") && !tj["val_loss"].is_null()) t.val_loss = total_field(f, tj, "val_loss");
   if (tj.contains("val_loss_ema")) t.val_loss_ema = total_field(f, tj, "val_loss_ema");
@@ -310,19 +361,19 @@ void Trainer::load_checkpoint(const std::string& path) {
     t.skipped_by[static_cast<std::size_t>(SkipReason::nonfinite_grad)] = t.skipped;  // the only reason there was
   }
   if (tj.contains("fp8")) {  // absent in checkpoints written before the fp8 presets
-    const auto f8 = field<std::vector<std::vector<std::uint64_t>>>(f, tj, "mixprec.totals", "fp8");
-    if (f8.size() != 2 || f8[0].size() != 3 || f8[1].size() != 3)
-      bad(src, "metadata 'mixprec.totals': field 'fp8' must hold 2 rows of 3 counts");
-    for (int role = 0; role < 2; ++role) {
-      t.fp8_nonzero[role] = f8[role][0];
-      t.fp8_saturated[role] = f8[role][1];
-      t.fp8_flushed[role] = f8[role][2];
+    const json& f8 = tj["fp8"];
+    if (!f8.is_array() || f8.size() != 2) bad_field(f, "mixprec.totals", "fp8", "2 rows of 3 integers >= 0", &f8);
+    for (std::size_t role = 0; role < 2; ++role) {
+      const auto row = counts_of(f, f8[role], "mixprec.totals", "fp8", 3);
+      t.fp8_nonzero[role] = row[0];
+      t.fp8_saturated[role] = row[1];
+      t.fp8_flushed[role] = row[2];
     }
   }
   // fp8-delayed state: present exactly when this run uses delayed scaling, and matching
   // its tensors (checked here, loaded with the rest after every check).
-  std::optional<fp8::DelayedScalingState> fp8_state;
-  const fp8::DelayedScaling* delayed = m.model->fp8_delayed();
+  std::optional<lowp::DelayedScalingState> fp8_state;
+  const lowp::DelayedScaling* delayed = m.model->fp8_delayed();
   const bool has_fp8 = f.metadata_value("mixprec.fp8").has_value();
   if (delayed != nullptr && !has_fp8) bad(src, "fp8 delayed-scaling state: expected metadata 'mixprec.fp8', found none");
   if (delayed == nullptr && has_fp8) {
@@ -331,7 +382,7 @@ void Trainer::load_checkpoint(const std::string& path) {
   }
   if (delayed != nullptr) {
     try {
-      fp8_state = fp8::DelayedScalingState::from_json(f.require_metadata("mixprec.fp8"));
+      fp8_state = lowp::DelayedScalingState::from_json(f.require_metadata("mixprec.fp8"));
       m.model->check_fp8_delayed(*fp8_state);
     } catch (const std::invalid_argument& e) {
       bad(src, std::string("metadata 'mixprec.fp8': ") + e.what());

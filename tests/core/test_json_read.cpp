@@ -16,7 +16,7 @@
 #include "../temp_dir.hpp"
 #include "mixprec/core/json_read.hpp"
 #include "mixprec/core/text.hpp"
-#include "mixprec/fp8/recipes.hpp"
+#include "mixprec/lowp/scaling.hpp"
 #include "mixprec/lowp/assignment.hpp"
 #include "mixprec/advise/advise.hpp"
 #include "mixprec/scaler/layerwise.hpp"
@@ -110,7 +110,7 @@ std::vector<Reader> readers() {
       {"loss-scale state", "loss-scale state", [](const std::string& t) { (void)LossScaleState::from_json(t); }},
       {"loss-scale config", "", [](const std::string& t) { (void)loss_scale_config_from_json(t); }},
       {"layerwise state", "layerwise state", [](const std::string& t) { (void)LayerwiseScales::from_json(t); }},
-      {"fp8 state", "fp8 delayed-scaling state", [](const std::string& t) { (void)fp8::DelayedScalingState::from_json(t); }},
+      {"fp8 state", "fp8 delayed-scaling state", [](const std::string& t) { (void)lowp::DelayedScalingState::from_json(t); }},
       {"GradScaler state", "GradScaler state", [](const std::string& t) {
          ScalerProtocol p;
          p.load_state_json(t);

@@ -1,6 +1,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <optional>
+#include <stdexcept>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -96,6 +99,35 @@ TEST(ThreadPool, IndependentPoolsOnIndependentThreads) {
   a.join();
   b.join();
   EXPECT_EQ(done.load(), 1000);
+}
+
+// MIXPREC_THREADS is read by the number grammar of every key (--threads): its message, and
+// no text strtol would take and the grammar does not (" 8", "8 ").
+TEST(ThreadPool, EnvironmentThreadsFollowTheNumberGrammar) {
+  const char* before = std::getenv("MIXPREC_THREADS");
+  const std::optional<std::string> saved = before ? std::optional<std::string>(before) : std::nullopt;
+  auto with = [](const char* v) {
+    ::setenv("MIXPREC_THREADS", v, 1);
+    try {
+      return std::to_string(ThreadPool::environment_threads());
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+  };
+  EXPECT_EQ(with("8"), "8");
+  EXPECT_EQ(with("1e1"), "10");  // a whole number, as --threads 1e1
+  for (const char* v : {"abc", "nan", "inf", "1e999", " 8", "8 ", "0x8", "2.5"})
+    EXPECT_EQ(with(v), "MIXPREC_THREADS: expected an integer in [1, 1024], found '" + std::string(v) + "'" +
+                           (std::string(v) == "1e999" ? " (past the range of a double)"
+                            : std::string(v) == "0x8"
+                                ? " (integers are written in decimal: digits, or a whole number such as 2e6 or 20.0)"
+                                : ""))
+        << v;
+  EXPECT_EQ(with("-1"), "MIXPREC_THREADS: expected an integer in [1, 1024], found -1");
+  EXPECT_EQ(with("0"), "MIXPREC_THREADS: expected an integer in [1, 1024], found 0");
+  EXPECT_EQ(with("1025"), "MIXPREC_THREADS: expected an integer in [1, 1024], found 1025");
+  if (saved) ::setenv("MIXPREC_THREADS", saved->c_str(), 1);
+  else ::unsetenv("MIXPREC_THREADS");
 }
 
 TEST(ThreadPool, NamesItsRuntime) {

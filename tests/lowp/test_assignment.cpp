@@ -18,10 +18,10 @@ LinearRecipe resolved(Recipe r, RecipeChoice c = {}) {
 }
 
 TEST(LowpResolve, TeDefaultsPerRecipe) {
-  EXPECT_EQ(resolved(Recipe::fp8_delayed).fp8_format, fp8::Format::hybrid);
-  EXPECT_EQ(resolved(Recipe::fp8_current).fp8_format, fp8::Format::hybrid);
-  EXPECT_EQ(resolved(Recipe::mxfp8).fp8_format, fp8::Format::e4m3);
-  EXPECT_EQ(resolved(Recipe::fp8_block).fp8_format, fp8::Format::e4m3);
+  EXPECT_EQ(resolved(Recipe::fp8_delayed).fp8_format, lowp::Format::hybrid);
+  EXPECT_EQ(resolved(Recipe::fp8_current).fp8_format, lowp::Format::hybrid);
+  EXPECT_EQ(resolved(Recipe::mxfp8).fp8_format, lowp::Format::e4m3);
+  EXPECT_EQ(resolved(Recipe::fp8_block).fp8_format, lowp::Format::e4m3);
   EXPECT_TRUE(resolved(Recipe::fp8_block).weight_2d);
   const LinearRecipe n = resolved(Recipe::nvfp4);
   EXPECT_TRUE(n.weight_2d && n.rht && n.stochastic_rounding);

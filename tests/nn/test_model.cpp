@@ -628,7 +628,7 @@ TEST(Model, Fp8GradientsTrackBf16) {
       ASSERT_EQ(s.size(), 3 * linears);
       for (const Fp8TensorStats& t : s) {
         EXPECT_GT(t.elements, 0u) << t.name;
-        EXPECT_EQ(t.dtype, t.role == fp8::Role::backward ? fp8::Dtype::e5m2 : fp8::Dtype::e4m3) << t.name;
+        EXPECT_EQ(t.dtype, t.role == lowp::Role::backward ? lowp::Element::e5m2 : lowp::Element::e4m3) << t.name;
         // Scaled: next to nothing is flushed or saturated.
         EXPECT_LE(t.flushed, t.nonzero / 50) << precision_name(p) << " " << t.name;
         EXPECT_LE(t.saturated, t.nonzero / 1000 + 1) << precision_name(p) << " " << t.name;
@@ -653,7 +653,7 @@ TEST(Model, Fp8WithoutScalingFlushesMostGradients) {
   std::uint64_t nonzero = 0, flushed = 0;
   for (const Fp8TensorStats& t : m->fp8_stats()) {
     EXPECT_EQ(t.scale, 1.0f) << t.name;
-    if (t.role != fp8::Role::backward) continue;
+    if (t.role != lowp::Role::backward) continue;
     nonzero += t.nonzero;
     flushed += t.flushed;
   }

@@ -47,7 +47,7 @@ def same(a, b) -> bool:
 
 
 def outcome(applied: bool) -> StepOutcome:
-    return StepOutcome(applied, not applied, None, None, 1.0 if applied else math.inf, 1.0)
+    return StepOutcome(applied, not applied, -1, "", 1.0 if applied else math.inf, 1.0)
 
 
 def round_f32(x: Fraction) -> np.float32:

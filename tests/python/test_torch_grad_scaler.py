@@ -111,7 +111,7 @@ def test_bit_exact_parity_with_torch_amp_grad_scaler():
     # The outcomes say the same: skipped exactly where torch skipped, naming the injection.
     assert [i for i, o in enumerate(outs) if not o.applied] == tskip
     for step, (name, _) in INJECT.items():
-        assert outs[step].found_inf and outs[step].first_overflow == name
+        assert outs[step].found_inf and outs[step].first_overflow_name == name
     # The same loop declaring its accumulation window (backward_done after each micro-batch).
     wm, wopt, wsc, wskip, wscales, _ = train(lambda: GradScaler(preset="torch", growth_interval=20), window=True)
     assert wskip == tskip and wscales == tscales
@@ -140,11 +140,12 @@ def test_skip_is_visible_and_scheduler_advances_on_applied_steps_only():
             assert isinstance(out, StepOutcome)
             if step in (0, 5, 6):
                 assert not out.applied and not out and out.found_inf
-                assert out.first_overflow == "fc2.weight"
-                assert out.first_overflow_index == 2
+                assert out.first_overflow_name == "fc2.weight"
+                assert out.first_overflow == 2
                 assert math.isinf(out.grad_norm) or math.isnan(out.grad_norm)
             else:
-                assert out.applied and out and not out.found_inf and out.first_overflow is None
+                assert out.applied and out and not out.found_inf and out.first_overflow == -1
+                assert out.first_overflow_name == ""
                 assert math.isfinite(out.grad_norm) and out.grad_norm > 0
             if out.applied:
                 sched.step()
@@ -187,7 +188,7 @@ def test_names_from_optimizer_param_names_and_fallback():
         out = scaler.step(opt)
         scaler.update()
         opt.zero_grad()
-        assert out.first_overflow == expected and out.first_overflow_index == 5
+        assert out.first_overflow_name == expected and out.first_overflow == 5
 
 
 def test_grad_norm_is_the_exact_norm_of_the_unscaled_gradients():
@@ -225,7 +226,7 @@ def test_unscale_in_place_equals_aten(dtype, scale):
         for p, t in zip(params, grads):
             p.grad = t
         out = GradScaler(init_scale=scale).step(torch.optim.SGD(params, lr=0.0))
-        assert out.found_inf and out.first_overflow_index == 2
+        assert out.found_inf and out.first_overflow == 2
         for a, b in zip(grads, before):
             assert torch.equal(a.isnan(), b.isnan()) and torch.equal(a.nan_to_num(), b.nan_to_num())
         return
@@ -256,7 +257,7 @@ def unscaled_equals_aten(grads, scale, dtype):
     out = scaler.step(opt)
     assert out.found_inf == (found.item() == 1.0)
     if out.found_inf:
-        assert out.first_overflow_index == 2
+        assert out.first_overflow == 2
 
 
 def test_core_reads_the_tensor_memory_through_dlpack():
@@ -583,7 +584,7 @@ for step in range(6):
     out = scaler.step(opt)
     scaler.update()
     opt.zero_grad()
-    log.append([out.applied, out.found_inf, out.first_overflow, scaler.get_scale()])
+    log.append([out.applied, out.found_inf, out.first_overflow_name, scaler.get_scale(), out.first_overflow])
 log.append([p.detach().flatten().tolist() for p in lin.parameters()])
 print(json.dumps(log), flush=True)
 dist.barrier()
@@ -617,8 +618,8 @@ def test_distributed_found_inf_is_max_reduced_over_two_gloo_ranks(tmp_path):
         assert [s[0] for s in log] == [True, True, False, True, False, True]  # both ranks skip 2 and 4
         assert [s[3] for s in log] == [1024.0, 1024.0, 512.0, 512.0, 256.0, 256.0]
     # each rank names what it saw itself
-    assert r1[2][2] == "weight" and r0[2][2] is None
-    assert r0[4][2] == "bias" and r1[4][2] is None
+    assert r1[2][2] == "weight" and r0[2][2] == "" and (r1[2][4], r0[2][4]) == (0, -1)
+    assert r0[4][2] == "bias" and r1[4][2] == "" and (r0[4][4], r1[4][4]) == (1, -1)
     # without the reduction the ranks part: rank 0 steps at 2, rank 1 does not
     o0, o1 = run_two_ranks(tmp_path, "off")
     o0.pop(), o1.pop()

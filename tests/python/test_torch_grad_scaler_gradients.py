@@ -168,7 +168,7 @@ def test_scale_below_one_that_overflows_is_skipped_where_torch_writes_inf(dtype,
         tp, tg, _ = run(torch.amp.GradScaler("cpu", init_scale=0.5))
         assert math.isinf(float(tp[0])), "torch applies the overflowed gradient"
     mp, mg, out = run(GradScaler(init_scale=0.5))
-    assert not out.applied and out.found_inf and out.first_overflow_index == 0
+    assert not out.applied and out.found_inf and out.first_overflow == 0
     assert torch.equal(mp, torch.zeros(2, dtype=dtype))
     assert torch.equal(mg, torch.tensor([big, 1.0], dtype=dtype)), "nothing written"
 

@@ -100,7 +100,7 @@ def test_channels_last_resnet18_trains_bitwise_equal_to_torch_amp(run):
                 skipped[kind] = not outcome.applied
                 assert outcome.found_inf == skipped[kind]
                 if step in inject:
-                    assert outcome.first_overflow == inject[step]
+                    assert outcome.first_overflow_name == inject[step]
             scaler.update()
             scale_after = scaler.get_scale()
             if kind == "mixprec":

@@ -32,6 +32,8 @@ cases=(
   stdout_full sigterm_last_step report_log_cut config_overflow env_threads_train ckpt_newest_is_dir
   report_config_invalid report_out_is_log resume_json_is_log
   resume_config_deleted resume_fewer_steps data_utf32 steps_hex
+  config_fifo advise_config_fifo report_summary_fifo report_log_fifo inspect_fifo data_fifo report_summary_number
+  ckpt_meta_negative advise_budget_empty
 )
 if [ "${1:-}" = "--list" ]; then
   printf '%s\n' "${cases[@]}"
@@ -217,7 +219,7 @@ case "$case_name" in
   static_nan) train_rejects 2 "loss-scale: expected static:S with S a number > 0 that float32 holds" --loss-scale static:nan ;;
   env_threads)  # the thread pool's environment variable, read by `mixprec inspect`
     npy values.npy '\000\000\200\077' 1
-    MIXPREC_THREADS=abc expect 1 "MIXPREC_THREADS='abc' must be an integer in [1, 1024]" "$bin" inspect values.npy ;;
+    MIXPREC_THREADS=abc expect 1 "MIXPREC_THREADS: expected an integer in [1, 1024], found 'abc'" "$bin" inspect values.npy ;;
   json_parent_missing)
     train_rejects 2 "json: folder 'nodir' does not exist" "${tiny[@]}" --json nodir/summary.json
     absent nodir ;;
@@ -519,7 +521,7 @@ case "$case_name" in
     printf '{"lr": 1e400}' > config.json
     train_rejects 2 "config file 'config.json': malformed JSON: number overflow parsing '1e400'" --config config.json ;;
   env_threads_train)
-    MIXPREC_THREADS=abc train_rejects 1 "MIXPREC_THREADS='abc' must be an integer in [1, 1024]" --steps 2 --channels 16 ;;
+    MIXPREC_THREADS=abc train_rejects 1 "MIXPREC_THREADS: expected an integer in [1, 1024], found 'abc'" --steps 2 --channels 16 ;;
   ckpt_newest_is_dir)
     make_run 2 16 run
     mkdir run/ckpt-00000003.safetensors
@@ -540,6 +542,45 @@ case "$case_name" in
   steps_hex)  # integers: decimal digits, or a whole number (2e6, 20.0); not hexadecimal
     train_rejects 2 "steps: expected an integer in [1, 1000000000], found '0x10' (integers are written in decimal: digits, or a whole number such as 2e6 or 20.0)" \
       --steps 0x10 ;;
+
+  # ---- issue 42: every reader of user input refuses a FIFO before it would wait on it,
+  # and names the key of a number out of range
+  config_fifo)
+    mkfifo pipe
+    train_rejects 2 "config: 'pipe' is a FIFO (named pipe), not a regular file" "${tiny[@]}" --config pipe ;;
+  advise_config_fifo)
+    mkfifo pipe
+    expect 2 "'pipe' is a FIFO (named pipe), not a regular file" "$bin" advise . --config pipe --out advice
+    absent advice ;;
+  report_summary_fifo)
+    make_run 2 16 run
+    rm run/summary.json && mkfifo run/summary.json
+    expect 1 "'run/summary.json' is a FIFO (named pipe), not a regular file" "$bin" report run --out report.html
+    absent report.html ;;
+  report_log_fifo)
+    make_run 2 16 run
+    rm run/log.jsonl && mkfifo run/log.jsonl
+    expect 1 "run log 'run/log.jsonl': 'run/log.jsonl' is a FIFO (named pipe), not a regular file" "$bin" report run \
+      --out report.html
+    absent report.html ;;
+  inspect_fifo)
+    mkfifo pipe.npy
+    expect 1 "pipe.npy: is not a regular file; expected an .npy file" "$bin" inspect pipe.npy ;;
+  data_fifo)
+    mkfifo pipe
+    train_rejects 1 "data file 'pipe' is not a regular file; expected a UTF-8 text file" "${tiny[@]}" --data pipe ;;
+  report_summary_number)  # was: an alert's step of -1 shown as no step
+    make_run 2 16 run
+    echo '{"alerts": [{"id": "scale-collapse", "message": "m", "step": -1}]}' > run/summary.json
+    expect 1 "'run/summary.json': alerts[0].step: expected an integer >= 0, found -1" "$bin" report run --out report.html
+    absent report.html ;;
+  advise_budget_empty)  # was: ignored (the config's budget used); an empty argument, which ctest's lists cannot pass
+    expect 2 "--budget: expected a number in [0, 1e+300], found ''" "$bin" advise . --budget "" --out advice
+    absent advice ;;
+  ckpt_meta_negative)  # was: -1 read as 2^64 - 1
+    make_run 2 16 run
+    "$tool" set-meta "$ckpt" doctored.safetensors mixprec.sampler '{"seed": 1, "counter": -1}' && mv doctored.safetensors "$ckpt"
+    resume_rejects 1 "checkpoint 'run/ckpt-00000002.safetensors': metadata 'mixprec.sampler': counter: expected an integer >= 0, found -1" ;;
 
   *)
     echo "unknown case '$case_name'; cases: ${cases[*]}"

@@ -152,8 +152,26 @@ TEST(AlertThresholds, InvalidValuesAreNamed) {
             "alerts: divergence_nats: expected a finite number >= 0, found -1");
   EXPECT_TRUE(contains(error_of<std::invalid_argument>([] { AlertMonitor m({}, ctx("dynamic", "fp12")); }),
                        "alerts: precision: expected fp32, fp16, bf16, fp16-pure, bf16-pure, fp8-noscale, fp8-delayed, fp8-current, mxfp8, fp8-block, nvfp4 or mxfp4, found 'fp12'"));
+  // The loss-scale spec is read by TrainConfig's one parser (train::loss_scale_config): its
+  // message, and no spec it refuses is taken here (static:abc was).
+  for (const char* spec : {"pytorch", "static:abc", "static:0", "static", "static:1e400"}) {
+    std::string expected;
+    try {
+      (void)train::loss_scale_config(spec);
+    } catch (const std::invalid_argument& e) {
+      expected = std::string("alerts: ") + e.what();
+    }
+    ASSERT_FALSE(expected.empty()) << spec;
+    EXPECT_EQ(error_of<std::invalid_argument>([&] { AlertMonitor m({}, ctx(spec)); }), expected);
+  }
   EXPECT_TRUE(contains(error_of<std::invalid_argument>([] { AlertMonitor m({}, ctx("pytorch")); }),
-                       "alerts: loss_scale: expected none, dynamic, static:S or a preset, found 'pytorch'"));
+                       "alerts: loss-scale: expected none, dynamic, static:S (S a finite number > 0) or a preset "
+                       "(mixprec, torch"))
+      << error_of<std::invalid_argument>([] { AlertMonitor m({}, ctx("pytorch")); });
+  RunContext c = ctx("torch");
+  c.loss_scale_config = loss_scale_preset("static");
+  EXPECT_EQ(error_of<std::invalid_argument>([&] { AlertMonitor m({}, c); }),
+            "alerts: loss_scale_config: expected a dynamic rule (loss-scale 'torch'), found rule static");
 }
 
 TEST(AlertMonitor, ContextFromConfigAndIncreasingSteps) {

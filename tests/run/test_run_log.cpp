@@ -164,9 +164,9 @@ TEST(RunLog, TelemetryRoundTrip) {
 TEST(RunLog, Fp8TensorsRoundTrip) {
   StepRecord r = sample();
   EXPECT_EQ(step_record_json(r).find("\"fp8\""), std::string::npos);  // absent for other presets
-  nn::Fp8TensorStats in{"h0.attn.qkv.input", fp8::Role::forward, fp8::Dtype::e4m3, 106.19259f, 4.21875f,
+  nn::Fp8TensorStats in{"h0.attn.qkv.input", lowp::Role::forward, lowp::Element::e4m3, 106.19259f, 4.21875f,
                         131072, 131000, 3, 111, "", lowp::Element::e4m3, std::nullopt};
-  nn::Fp8TensorStats dy{"h0.attn.qkv.grad_output", fp8::Role::backward, fp8::Dtype::e5m2, 3.6442147e8f,
+  nn::Fp8TensorStats dy{"h0.attn.qkv.grad_output", lowp::Role::backward, lowp::Element::e5m2, 3.6442147e8f,
                         std::numeric_limits<float>::infinity(), 393216, 391167, 0, 368644, "", lowp::Element::e5m2,
                         std::nullopt};
   r.fp8 = {in, dy};
@@ -218,10 +218,10 @@ TEST(RunLog, LowPrecisionTensorsRoundTrip) {
   x.rel_rms_error = 0.0987654321;
   nn::Fp8TensorStats dy = x;
   dy.name = "blocks.0.mlp.fc.grad_output";
-  dy.role = fp8::Role::backward;
+  dy.role = lowp::Role::backward;
   dy.recipe = "fp8-delayed";
   dy.element = lowp::Element::e5m2;
-  dy.dtype = fp8::Dtype::e5m2;
+  dy.dtype = lowp::Element::e5m2;
   dy.rel_rms_error.reset();  // not measured: no field
   r.fp8 = {x, dy};
   const std::string line = step_record_json(r);
@@ -237,7 +237,7 @@ TEST(RunLog, LowPrecisionTensorsRoundTrip) {
   ASSERT_TRUE(b.fp8[0].rel_rms_error.has_value());
   EXPECT_EQ(*b.fp8[0].rel_rms_error, 0.0987654321);
   EXPECT_EQ(b.fp8[1].element, lowp::Element::e5m2);
-  EXPECT_EQ(b.fp8[1].dtype, fp8::Dtype::e5m2);
+  EXPECT_EQ(b.fp8[1].dtype, lowp::Element::e5m2);
   EXPECT_FALSE(b.fp8[1].rel_rms_error.has_value());
   EXPECT_EQ(step_record_json(b), line);
   // Refused: E2M1 without a recipe, an unknown recipe, a negative error, counts past elements.

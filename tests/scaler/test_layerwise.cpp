@@ -318,12 +318,16 @@ TEST(Layerwise, StateRoundTripAndErrors) {
   refuse("{", "malformed JSON");
   refuse(with([](json& k) { k["extra"] = 1; }), "unknown field 'extra'");
   refuse(with([](json& k) { k["config"]["n_uf"] = 2; }), "n_uf");
-  refuse(with([](json& k) { k["config"].erase("u_max"); }), "'u_max' is missing");
-  refuse(with([](json& k) { k["layers"][0]["backoff"] = 99; }), "'backoff' must be in [0, 24]");
-  refuse(with([](json& k) { k["layers"][0]["overflows"] = 5; }), "'overflows' must be in [0, 1]");
+  refuse(with([](json& k) { k["config"].erase("u_max"); }),
+         "layerwise state: config.u_max: expected a number, found nothing");
+  refuse(with([](json& k) { k["layers"][0]["backoff"] = 99; }),
+         "layerwise state: layers[0].backoff: expected an integer in [0, 24], found 99");
+  refuse(with([](json& k) { k["layers"][0]["overflows"] = 5; }),
+         "layerwise state: layers[0].overflows: expected an integer in [0, 1], found 5");
   refuse(with([](json& k) { k["layers"][1]["name"] = "h0.attn.qkv"; }), "appears twice");
   refuse(with([](json& k) { k["layers"][1]["clean_steps"] = 3; }), "clean_steps counts only while backoff > 0");
-  refuse(with([](json& k) { k["layers"][0]["fan_in"] = 0; }), "'fan_in' must be in");
+  refuse(with([](json& k) { k["layers"][0]["fan_in"] = 0; }),
+         "layerwise state: layers[0].fan_in: expected an integer in [1, 2147483647], found 0");
 }
 
 // The protocol's per-layer part; a test failure (not a null dereference) when there is none.

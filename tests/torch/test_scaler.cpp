@@ -9,6 +9,7 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "mixprec/torch/grad_scaler.hpp"
@@ -224,6 +225,36 @@ TEST(TorchGradScaler, BadGradientsAreRefusedBeforeAnythingIsTouched) {
                                         "max_grad_norm -1 is not allowed");
     EXPECT_EQ(scaler.stage(opt), mixprec::OptimizerStage::ready);
   }
+}
+
+// The refusals are the core's routing (scaler/grad_route.hpp), word for word what the Python
+// door raises; the outcome is the core's one StepOutcome.
+TEST(TorchGradScaler, RefusalsAreTheCoresMessagesAndTheOutcomeIsTheCoresType) {
+  static_assert(std::is_same_v<mixprec::torch::StepOutcome, mixprec::StepOutcome>);
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const std::invalid_argument& e) {
+      return std::string(e.what());
+    }
+    return std::string("no exception");
+  };
+  Tiny m;
+  ::torch::optim::SGD opt(m->parameters(), ::torch::optim::SGDOptions(0.1));
+  GradScaler scaler;
+  scaler.set_names(*m);
+  set_grads(m, 2.0f);
+  m->b.mutable_grad() = ::torch::ones({3}, ::torch::kLong);
+  EXPECT_EQ(message([&] { scaler.step(opt); }), "the gradient of b has dtype int64; gradients must be floating point");
+  m->b.mutable_grad() = ::torch::ones({3}, ::torch::kComplexFloat);
+  EXPECT_EQ(message([&] { scaler.unscale(opt); }),
+            "the gradient of b has dtype complex64; gradients must be floating point");
+  m->b.mutable_grad() = ::torch::ones({1, 3}).to_sparse_csr();
+  EXPECT_EQ(message([&] { scaler.step(opt); }),
+            "the gradient of b has layout SparseCsr; GradScaler takes strided and sparse COO gradients, as "
+            "torch.amp.GradScaler does");
+  EXPECT_TRUE(::torch::equal(m->w.grad(), ::torch::full({4, 3}, 2.0f))) << "w was not unscaled";
+  EXPECT_EQ(scaler.stage(opt), mixprec::OptimizerStage::ready);
 }
 
 TEST(TorchGradScaler, UndefinedGradientsAreSkippedAndUnnamedParametersGetIndices) {

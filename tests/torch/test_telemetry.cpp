@@ -191,6 +191,50 @@ TEST(TorchTelemetry, AnOutputThatReceivedNoGradientIsNotCounted) {
   std::filesystem::remove_all(dir);
 }
 
+// The logged next scale is the protocol's: what update() then sets, also when another
+// optimizer of the step overflowed (the outcome recorded is a finite one's: a copy of the
+// scale updated with its found_inf alone would log a growth update() does not make), and
+// under preset layerwise (a scaler that loaded a layerwise state).
+TEST(TorchTelemetry, NextScaleIsWhatUpdateSetsWithTwoOptimizersAndPresetLayerwise) {
+  for (const bool layerwise : {false, true}) {
+    SCOPED_TRACE(layerwise ? "layerwise" : "torch");
+    const std::filesystem::path dir = std::filesystem::temp_directory_path() / "mixprec_torch_telemetry_test4";
+    std::filesystem::remove_all(dir);
+    ::torch::manual_seed(0);
+    Net net;
+    ::torch::optim::SGD opt1(net->fc1->parameters(), ::torch::optim::SGDOptions(0.01));
+    ::torch::optim::SGD opt2(net->fc2->parameters(), ::torch::optim::SGDOptions(0.01));
+    mixprec::LossScaleConfig config = mixprec::loss_scale_preset(layerwise ? "layerwise" : "torch");
+    config.growth_interval = 1;  // every finite step grows: a growth logged where update() backs off shows
+    mixprec::torch::GradScaler scaler(config);
+    if (layerwise) {
+      const mixprec::ScalerProtocol preset(config, true, mixprec::Dialect::mixprec, "layerwise");
+      scaler.load_state_json(preset.state_json());
+      ASSERT_NE(scaler.layerwise(), nullptr);
+    }
+    mixprec::torch::Telemetry tel(dir.string(), {.precision = "fp32", .loss_scale = layerwise ? "layerwise" : "torch",
+                                                 .loss_scale_config = config});
+    std::vector<float> logged, set;
+    for (int step = 1; step <= 4; ++step) {
+      const Tensor loss = net->fc2(::torch::gelu(net->fc1(::torch::randn({4, 8})))).pow(2).mean();
+      scaler.scale(loss).backward();
+      if (step == 2 || step == 3) net->fc1->weight.mutable_grad()[0][0] = INFINITY;  // opt1's, not opt2's
+      const auto out1 = scaler.step(opt1);
+      const auto out2 = scaler.step(opt2);
+      EXPECT_EQ(out1.applied, step != 2 && step != 3);
+      EXPECT_TRUE(out2.applied);
+      logged.push_back(tel.record(net->named_parameters(), out2, scaler, {.loss = loss.item<double>()}).next_scale);
+      scaler.update();
+      set.push_back(scaler.get_scale());
+      opt1.zero_grad();
+      opt2.zero_grad();
+    }
+    EXPECT_EQ(logged, set);
+    EXPECT_LT(set[1], set[0]) << "the overflow of opt1 backed the scale off";
+    std::filesystem::remove_all(dir);
+  }
+}
+
 TEST(TorchTelemetry, RefusesBadOptionsAndAFolderInUse) {
   const std::filesystem::path dir = std::filesystem::temp_directory_path() / "mixprec_torch_telemetry_test3";
   std::filesystem::remove_all(dir);

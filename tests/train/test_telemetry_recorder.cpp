@@ -176,7 +176,7 @@ TEST(TelemetryRecorder, QuantizedTensorsReachTheLogAndSummary) {
   x.rel_rms_error = 0.03;
   nn::Fp8TensorStats dy = x;
   dy.name = "fc.grad_output";
-  dy.role = fp8::Role::backward;
+  dy.role = lowp::Role::backward;
   dy.saturated = 0;
   dy.flushed = 200;
   TelemetryStep step{.loss = 2.0};

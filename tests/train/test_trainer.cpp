@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "mixprec/fp8/recipes.hpp"
+#include "mixprec/lowp/scaling.hpp"
 #include "mixprec/train/trainer.hpp"
 
 namespace mixprec::train {
@@ -58,7 +58,7 @@ Snapshot snapshot(Trainer& t) {
   r.state1 = bytes_of(s.state_data(1), s.flat_size() * 4);
   r.opt_step = t.optimizer().step_count();
   r.scaler = t.scaler().state_json();
-  if (const fp8::DelayedScaling* d = t.model().fp8_delayed()) r.fp8 = d->to_json();
+  if (const lowp::DelayedScaling* d = t.model().fp8_delayed()) r.fp8 = d->to_json();
   return r;
 }
 
@@ -277,7 +277,7 @@ TEST_F(TrainerResume, Fp8DelayedStateIsValidatedBeforeAnyChange) {
 
   // The model-level check: a state of another shape is refused with what was expected.
   Trainer same(c);
-  fp8::DelayedScalingState bad = same.model().fp8_delayed()->state();
+  lowp::DelayedScalingState bad = same.model().fp8_delayed()->state();
   bad.tensors.pop_back();
   try {
     same.model().load_fp8_delayed(bad);

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <exception>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -82,6 +83,14 @@ int CommandLine::parse(int argc, char** argv) {
     return 2;
   }
   return action_ ? -1 : 2;
+}
+
+keys::Value flag_value(const keys::Spec& spec, const std::string& text) {
+  try {
+    return keys::parse_text(spec, text);
+  } catch (const std::invalid_argument& e) {
+    throw CLI::ValidationError(e.what());
+  }
 }
 
 int CommandLine::run() {

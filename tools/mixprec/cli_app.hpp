@@ -8,7 +8,14 @@
 #include <functional>
 #include <string>
 
+#include "mixprec/core/keys.hpp"
+
 namespace mixprec::cli {
+
+// A number a flag gives, read as every config key reads one (keys::parse_text: the number
+// grammar, then the flag's range): CLI::ValidationError "FLAG: expected ALLOWED, found 'TEXT'"
+// otherwise, which the command line reports with exit 2. spec.name is the flag ("--params").
+keys::Value flag_value(const keys::Spec& spec, const std::string& text);
 
 class CommandLine {
  public:

@@ -20,6 +20,7 @@
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <variant>
 #include <vector>
 
 #include "mixprec/core/io.hpp"
@@ -38,6 +39,7 @@ struct AdviseInputs {
   std::string config;      // a JSON file of advisor keys
   std::string candidates;  // comma separated; replaces the config's
   std::string budget;      // a number; replaces the config's error bounds
+  bool budget_given = false;  // --budget, even empty (refused, not ignored)
   std::string out;         // folder of recipe.json and advice.json (default RUN_DIR/advice)
 };
 
@@ -57,12 +59,9 @@ adv::AdviseConfig configuration(const AdviseInputs& in) {
     while (std::getline(ss, name, ',')) list += (list.size() > 1 ? ",\"" : "\"") + name + "\"";
     c.candidates = adv::parse_config("{\"candidates\": " + list + "]}", "--candidates").candidates;
   }
-  if (!in.budget.empty()) {  // the core's number grammar, then the config's range for a budget
-    const std::optional<double> v = keys::parse_number(in.budget);
-    if (!v) throw std::invalid_argument("--budget: expected a number, found '" + in.budget + "'");
-    if (!(*v >= 0 && *v <= 1e300))
-      throw std::invalid_argument("--budget: expected a number in [0, 1e+300], found '" + in.budget + "'");
-    c.budget.max_rel_rms_error.fill(*v);
+  if (in.budget_given) {  // the core's number grammar, then the config's range for a budget
+    static const keys::Spec spec{.name = "--budget", .kind = keys::Kind::number, .lo = 0, .hi = 1e300};
+    c.budget.max_rel_rms_error.fill(std::get<double>(keys::parse_text(spec, in.budget)));
   }
   return c;
 }
@@ -142,7 +141,10 @@ void add_advise_command(CLI::App& app, std::function<int()>& action) {
   cmd->add_option("--budget", in->budget, "Relative RMS error bound for every role (default x 0.1, w 0.125, dy 0.1)")
       ->type_name("X");
   cmd->add_option("--out", in->out, "Folder for recipe.json and advice.json (default RUN_DIR/advice)")->type_name("DIR");
-  cmd->callback([in, &action] { action = [in] { return run_advise(*in); }; });
+  cmd->callback([cmd, in, &action] {
+    in->budget_given = cmd->count("--budget") > 0;
+    action = [in] { return run_advise(*in); };
+  });
 }
 
 }  // namespace mixprec::cli

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "mixprec/core/keys.hpp"
+#include "mixprec/core/text.hpp"
 #include "mixprec/mixprec.hpp"
 
 namespace mixprec::cli {
@@ -130,11 +131,10 @@ void add_formats_command(CLI::App& app, std::function<int()>& action) {
     // The number grammar of every key (core/keys.hpp); -0 keeps its sign here.
     keys::NumberProblem problem{};
     const auto v = keys::parse_number(*value, &problem);
-    if (!v) {
-      const std::string why = problem == keys::NumberProblem::out_of_range ? "out of the range of a double" : "not a number";
-      throw CLI::ValidationError("--value", "'" + *value + "' is " + why +
-                                                "; give a decimal, scientific (1e-7), inf, nan or hex (0x1p-24) number");
-    }
+    if (!v)
+      throw CLI::ValidationError(
+          std::string("--value: expected a number: decimal, scientific (1e-7), inf, nan or hex (0x1p-24), found ") +
+          text::squote(*value) + (problem == keys::NumberProblem::out_of_range ? " (past the range of a double)" : ""));
     action = [x = *v] { return print_value(x); };
   });
 }

@@ -2,6 +2,7 @@
 // would underflow, become subnormal or overflow in each format at scales 2^0 .. 2^max, and
 // the static scale that keeps the most values normal without overflow (docs/inspect.md).
 #include "cmd_inspect.hpp"
+#include "cli_app.hpp"
 
 #include <fmt/core.h>
 
@@ -10,6 +11,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <variant>
 #include <vector>
 
 #include "mixprec/inspect/inspect.hpp"
@@ -219,17 +221,25 @@ void add_inspect_command(CLI::App& app, std::function<int()>& action) {
       "inspect", "For a tensor saved as .npy: what each format loses at scales 2^0 .. 2^24, and the static scale to use");
   auto q = std::make_shared<Request>();
   auto formats = std::make_shared<std::string>("fp16,bf16,e4m3,e5m2");
+  // Numbers as text, read by the core's grammar in the callback (flag_value), as every key's.
+  auto max_scale_log2 = std::make_shared<std::string>("24");
+  auto every = std::make_shared<std::string>("1");
   cmd->add_option("file", q->file, "The .npy file (float32, float16 or float64)")->required();
   cmd->add_flag("--json", q->json, "Print JSON (every scale of every format) instead of a table");
   cmd->add_option("--formats", *formats, std::string("Comma-separated formats among ").append(format_list()))
       ->capture_default_str();
-  cmd->add_option("--max-scale-log2", q->max_scale_log2, "Inspect scales 2^0 .. 2^N")
-      ->check(CLI::Range(0, 127))
+  cmd->add_option("--max-scale-log2", *max_scale_log2, "Inspect scales 2^0 .. 2^N, N in [0, 127]")
+      ->type_name("N")
       ->capture_default_str();
-  cmd->add_option("--every", q->every, "Print every N-th scale in the table (JSON has all)")
-      ->check(CLI::Range(1, 127))
+  cmd->add_option("--every", *every, "Print every N-th scale in the table (JSON has all), N in [1, 127]")
+      ->type_name("N")
       ->capture_default_str();
-  cmd->callback([q, formats, &action] {
+  cmd->callback([q, formats, max_scale_log2, every, &action] {
+    static const keys::Spec max_spec{
+        .name = "--max-scale-log2", .kind = keys::Kind::integer, .int_min = 0, .int_max = 127};
+    static const keys::Spec every_spec{.name = "--every", .kind = keys::Kind::integer, .int_min = 1, .int_max = 127};
+    q->max_scale_log2 = static_cast<int>(std::get<keys::Integer>(flag_value(max_spec, *max_scale_log2)).magnitude);
+    q->every = static_cast<int>(std::get<keys::Integer>(flag_value(every_spec, *every)).magnitude);
     q->formats = parse_formats(*formats);
     action = [q] { return run_inspect(*q); };
   });

@@ -1,6 +1,7 @@
 // `mixprec memory --params 7e9`: master weights, moments, gradients and model copy
 // in bytes and GiB (mixprec::memory_plan), e.g. 4P + 8P + 4P + 2P for Adam with fp16.
 #include "cmd_memory.hpp"
+#include "cli_app.hpp"
 
 #include <fmt/core.h>
 
@@ -8,6 +9,7 @@
 #include <cmath>
 #include <memory>
 #include <string>
+#include <variant>
 
 #include "mixprec/core/keys.hpp"
 #include "mixprec/core/text.hpp"
@@ -19,19 +21,15 @@ namespace {
 
 using text::grouped;
 
-// A parameter count: a whole number in the core's number grammar (keys::parse_number), written
-// as an integer or in scientific notation.
+// A parameter count: an integer in the core's number grammar (keys::parse_integer), written in
+// digits or as a whole number in scientific notation (7e9), up to 2^53.
 std::uint64_t parse_params(const std::string& text) {
-  constexpr double kMax = 9007199254740992.0;  // 2^53: every count up to here is exact
-  keys::NumberProblem problem = keys::NumberProblem::none;
-  const std::optional<double> v = keys::parse_number(text, &problem);
-  if ((!v && problem != keys::NumberProblem::out_of_range) || (v && std::isnan(*v)))
-    throw CLI::ValidationError("--params", "'" + text + "' is not a number; give a whole number such as 7e9 or 125000000");
-  if (!v || !std::isfinite(*v) || *v > kMax)
-    throw CLI::ValidationError("--params", "'" + text + "' is out of range; expected a whole number from 0 to 2^53");
-  if (*v < 0 || *v != std::floor(*v))
-    throw CLI::ValidationError("--params", "'" + text + "' is not a whole number >= 0");
-  return static_cast<std::uint64_t>(*v);
+  static const keys::Spec spec{.name = "--params",
+                               .kind = keys::Kind::integer,
+                               .int_min = 0,
+                               .int_max = std::uint64_t{1} << 53,
+                               .expected = "a whole number in [0, 2^53] such as 7e9 or 125000000"};
+  return std::get<keys::Integer>(flag_value(spec, text)).magnitude;
 }
 
 int print_plan(std::uint64_t params, OptimizerKind opt, nn::Precision prec) {

@@ -5,8 +5,9 @@
 // - a file must be a regular file (a FIFO, a device or a folder is refused before
 //   anything blocks on it) of at most kMaxJsonFileBytes;
 // - the text must nest at most kMaxJsonDepth levels (checked before the parser, which
-//   recurses per level), must not start with a byte-order mark, and must be UTF-8
-//   (the parser checks its strings);
+//   recurses per level), must not start with a byte-order mark, must hold no NUL byte
+//   (the parser would stop there and take what came before), and must be UTF-8 (the
+//   parser checks its strings);
 // - an object must not give a key twice (the JSON library would keep the last one);
 // - a number a double cannot hold (1e400) is an error, not an infinity.
 // Errors are std::invalid_argument "SOURCE: what" for the text, with the parser's
@@ -27,8 +28,8 @@ namespace mixprec::io {
 // writes by hand, far below what would exhaust memory when parsed.
 inline constexpr std::size_t kMaxJsonFileBytes = std::size_t{64} << 20;
 
-// "" when the text can be handed to the parser; otherwise what is wrong (a BOM, too
-// deep), for the caller to prefix with its source.
+// "" when the text can be handed to the parser; otherwise what is wrong (a BOM, a NUL
+// byte, too deep), for the caller to prefix with its source.
 std::string json_text_problem(std::string_view text);
 
 // One JSON document; std::invalid_argument "SOURCE: ..." otherwise (see above); without the

@@ -61,7 +61,7 @@ class ThreadPool {
   static ThreadPool& global();
 
   // MIXPREC_THREADS: 0 when unset or empty, else its value; std::invalid_argument
-  // ("MIXPREC_THREADS='abc' must be an integer in [1, 1024]") when it is not an integer
+  // ("MIXPREC_THREADS: expected an integer in [1, 1024], found 'abc'") when it is not an integer
   // in [1, 1024]. What a pool of 0 threads uses; `mixprec train --threads 0` too.
   static unsigned environment_threads();
 

@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "mixprec/fp8/recipes.hpp"
+#include "mixprec/lowp/scaling.hpp"
 #include "mixprec/lowp/quantize.hpp"
 
 namespace mixprec::lowp {
@@ -21,9 +21,9 @@ namespace mixprec::lowp {
 // The options of one Linear's recipe as written (unset: the recipe's TE default).
 struct RecipeChoice {
   std::optional<Recipe> recipe;                 // nullopt: "bf16" (the Linear stays in high precision)
-  std::optional<fp8::Format> fp8_format;        // fp8 recipes: HYBRID or E4M3
+  std::optional<lowp::Format> fp8_format;        // fp8 recipes: HYBRID or E4M3
   std::optional<std::size_t> amax_history_len;  // fp8-delayed
-  std::optional<fp8::AmaxAlgo> amax_compute_algo;
+  std::optional<lowp::AmaxAlgo> amax_compute_algo;
   std::optional<int> margin;
   std::optional<bool> power_of_2_scales;        // fp8-current, fp8-block
   std::optional<ScaleRounding> scale_rounding;  // mxfp8, mxfp4
@@ -45,9 +45,9 @@ struct RecipeChoice {
 // (all three TE's, so off under the torchao flavour).
 struct LinearRecipe {
   Recipe recipe = Recipe::fp8_current;
-  fp8::Format fp8_format = fp8::Format::hybrid;
+  lowp::Format fp8_format = lowp::Format::hybrid;
   std::size_t amax_history_len = 1024;
-  fp8::AmaxAlgo amax_compute_algo = fp8::AmaxAlgo::max;
+  lowp::AmaxAlgo amax_compute_algo = lowp::AmaxAlgo::max;
   int margin = 0;
   std::optional<bool> power_of_2_scales;
   ScaleRounding scale_rounding = ScaleRounding::rceil;

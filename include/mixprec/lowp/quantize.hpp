@@ -27,18 +27,14 @@
 #include <string_view>
 #include <vector>
 
+#include "mixprec/lowp/scaling.hpp"
+
 namespace mixprec::lowp {
 
 enum class Recipe : std::uint8_t { fp8_delayed, fp8_current, mxfp8, fp8_block, nvfp4, mxfp4 };
-// Element formats: FP8 E4M3 / E5M2 (one byte per element) and FP4 E2M1 (two per byte,
-// the first element in the low nibble).
-enum class Element : std::uint8_t { e4m3, e5m2, e2m1 };
 // How the scales are stored: one fp32 scale_inv per block (or per tensor), or one E8M0 /
 // E4M3 code per block.
 enum class ScaleFormat : std::uint8_t { f32, e8m0, e4m3 };
-// MX shared exponent: rounded up so that nothing saturates (TE, cuBLAS, torchao RCEIL), or
-// floor(log2(amax)) - emax of the element format (the OCP MX specification).
-enum class ScaleRounding : std::uint8_t { rceil, floor };
 // Whose order of operations: Transformer Engine's (default) or torchao's (docs/low_precision.md
 // names every difference; only mxfp8, mxfp4 and nvfp4 have a torchao flavour).
 enum class Flavour : std::uint8_t { te, torchao };
@@ -136,7 +132,6 @@ std::vector<float> dequantize(const Quantized& q);
 // The scale rules, usable alone (tests, the engine, docs):
 // TE's compute_scale_from_amax (recipe_common.cuh).
 float scale_from_amax(float amax, float fp8_max, bool power_of_2, float epsilon, float value_for_inf) noexcept;
-float max_finite(Element e) noexcept;  // 448, 57344, 6
 // NVFP4's per-tensor encode scale S_enc = min(448 * 6 / amax, FLT_MAX); 1 for amax 0 or S_enc 0.
 float nvfp4_tensor_scale(float amax) noexcept;
 // E2M1 of one value: round to nearest even (or stochastically from `random`), saturating to

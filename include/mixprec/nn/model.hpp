@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "mixprec/formats/bulk.hpp"
-#include "mixprec/fp8/recipes.hpp"
+#include "mixprec/lowp/scaling.hpp"
 #include "mixprec/lowp/quantize.hpp"
 #include "mixprec/nn/data.hpp"
 #include "mixprec/nn/precision.hpp"
@@ -114,10 +114,10 @@ struct ModelHistograms {
 // micro-batches; evaluation forwards are not counted). docs/telemetry.md.
 struct Fp8TensorStats {
   std::string name;                    // "<layer>.input", "<layer>.weight", "<layer>.grad_output"
-  fp8::Role role = fp8::Role::forward;  // input and weight: forward; grad_output: backward
-  fp8::Dtype dtype = fp8::Dtype::e4m3;
+  lowp::Role role = lowp::Role::forward;  // input and weight: forward; grad_output: backward
+  lowp::Element dtype = lowp::Element::e4m3;
   float scale = 1;           // the scale used (fp8-current: of the step's last call; mxfp8: the smallest block factor)
-  float amax = 0;            // max |x| of the unscaled values this step (fp8::amax rules: NaN, then inf, win)
+  float amax = 0;            // max |x| of the unscaled values this step (lowp::amax rules: NaN, then inf, win)
   std::uint64_t elements = 0;
   std::uint64_t nonzero = 0;    // input != 0
   std::uint64_t saturated = 0;  // finite input clipped to the largest finite value by the saturating cast
@@ -215,12 +215,12 @@ class Model {
   // replica derives the same scales (TE's amax reduction); not called for other recipes.
   void fp8_step_done(const std::function<void(std::span<float>)>& reduce_amaxes = {});
   // fp8-delayed: the delayed-scaling state (amax histories, scales); nullptr otherwise.
-  const fp8::DelayedScaling* fp8_delayed() const noexcept;
+  const lowp::DelayedScaling* fp8_delayed() const noexcept;
   // Replaces the delayed-scaling state after checking it belongs to this model: same
   // recipe config, tensor names, roles and history length (std::invalid_argument naming
   // what was expected and found; nothing changes on error).
-  void load_fp8_delayed(const fp8::DelayedScalingState& state);
-  void check_fp8_delayed(const fp8::DelayedScalingState& state) const;  // the checks of load_fp8_delayed
+  void load_fp8_delayed(const lowp::DelayedScalingState& state);
+  void check_fp8_delayed(const lowp::DelayedScalingState& state) const;  // the checks of load_fp8_delayed
   // Testing (docs/spike_guards.md, localisation): from now on, forward passes write NaN into
   // the first element of activation `name` as they store it (backward = false), or backward
   // passes write +inf into the first element of activation gradient `name` (backward =

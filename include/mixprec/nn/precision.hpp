@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "mixprec/formats/dtype.hpp"
-#include "mixprec/fp8/recipes.hpp"
+#include "mixprec/lowp/scaling.hpp"
 
 namespace mixprec::nn {
 
@@ -67,13 +67,13 @@ bool is_fp8(Precision p) noexcept;
 // delayed-scaling fields (margin, history, algorithm) to fp8-delayed; power_of_2_scales and
 // amax_epsilon to fp8-current; mx_rounding to mxfp8 (mxfp4 uses TE's rounding up).
 struct Fp8Config {
-  fp8::Format format = fp8::Format::hybrid;
+  lowp::Format format = lowp::Format::hybrid;
   int margin = 0;
   std::size_t amax_history_len = 1024;
-  fp8::AmaxAlgo amax_compute_algo = fp8::AmaxAlgo::max;
+  lowp::AmaxAlgo amax_compute_algo = lowp::AmaxAlgo::max;
   bool power_of_2_scales = false;
   float amax_epsilon = 0.0f;
-  fp8::MxRounding mx_rounding = fp8::MxRounding::transformer_engine;
+  lowp::ScaleRounding mx_rounding = lowp::ScaleRounding::rceil;
   friend bool operator==(const Fp8Config&, const Fp8Config&) = default;
 };
 

@@ -170,8 +170,9 @@ class RunFolder {
 // config.json (when there is one) is of a schema version this mixprec reads.
 // std::runtime_error otherwise, saying which and what writes one.
 void check_run_folder(const std::filesystem::path& dir);
-// The text of one of its files; nullopt when the file does not exist. A FIFO, a device or a
-// folder in its place is refused (std::runtime_error) before anything blocks on it.
+// The text of one of its JSON files (config.json, summary.json, advice/advice.json); nullopt
+// when the file does not exist. A FIFO, a device or a folder in its place is refused
+// (std::runtime_error) before anything blocks on it, and so is a file over io::kMaxJsonFileBytes.
 std::optional<std::string> read_run_file(const std::filesystem::path& dir, std::string_view name);
 
 }  // namespace mixprec::train

@@ -74,18 +74,32 @@ struct StepOptions {
   std::function<bool(const GuardView&)> skip_if{};
 };
 
-// What step() did, so that schedules, logs and users can see skipped steps.
+// What step() did, so that schedules, logs and users can see skipped steps. The one
+// definition for every door: mixprec::torch::StepOutcome is this type, and Python's
+// mixprec.torch.StepOutcome carries the same fields with the same meanings (plus torch's
+// `result` and its own extras).
 struct StepOutcome {
   bool applied = false;                 // the optimizer updated the weights
   bool found_inf = false;               // some gradient was inf or NaN: the step was skipped
   float scale = 1.0f;                   // the loss scale these gradients carry
-  std::int64_t first_overflow = -1;     // index of the first tensor holding inf/NaN, or -1
-  std::string first_overflow_name;      // its name in the parameter store
+  // The first parameter whose gradient held inf/NaN (or overflowed when unscaled), as its
+  // index over the optimizer's parameters (the engine: its parameter store's order; torch:
+  // the param groups in order, each group's params in order); -1 when none, also on a rank
+  // that skipped only because another rank overflowed.
+  std::int64_t first_overflow = -1;
+  // Its name, derived from first_overflow in one place per door: the parameter store's name
+  // (engine), set_names' (torch doors) else the optimizer's param_names (Python), else
+  // default_parameter_name(index) = "param[<index>]"; "" when first_overflow is -1.
+  std::string first_overflow_name;
   double grad_norm = std::numeric_limits<double>::quiet_NaN();  // global norm of the unscaled gradients
   float clip_coef = 1.0f;               // applied clip coefficient (1: none)
   SkipReason reason = SkipReason::none; // why the step was skipped (none when applied)
   GuardView guard;                      // the loss, norm and z-scores the guards saw
 };
+
+// The protocol's decision as a door reports it, before the optimizer ran (applied false) and
+// without the name (the door's to add).
+StepOutcome step_outcome(const StepDecision& decision);
 
 class GradScaler : public ScalerDoor {
  public:

@@ -17,15 +17,15 @@
 // parameter that took no part in the loss) are skipped, as PyTorch does; an optimizer none
 // of whose parameters has a gradient cannot step ("No inf checks were recorded").
 //
-// Gradients as torch takes them (checked before anything is touched):
-//   - CPU fp32/fp16/bf16, any dense non-overlapping layout (contiguous, channels_last, any
-//     permutation): mixprec::check_gradients directly on the tensor's memory (its numel
-//     elements from data_ptr; the check is elementwise, so the layout does not matter);
-//   - everything else torch's GradScaler unscales (float64, strided or overlapping views,
-//     CUDA): ATen's _amp_foreach_non_finite_check_and_unscale_, the kernel torch runs, with
+// Gradients as torch takes them (checked before anything is touched): the route of each one,
+// and the refusals with their messages, are the core's (scaler/grad_route.hpp); this adapter
+// describes each gradient and carries the route out:
+//   - core: mixprec::check_gradients directly on the tensor's memory (its numel elements from
+//     data_ptr; the check is elementwise, so the layout does not matter);
+//   - aten: ATen's _amp_foreach_non_finite_check_and_unscale_, the kernel torch runs, with
 //     the same result as torch (an overlapping view: ATen's own error); the norm through
 //     linalg_vector_norm; one device-to-host copy per step for device tensors;
-//   - sparse COO: its values (coalesced first when fp16, as torch does);
+//   - sparse_values: its values (coalesced first when fp16, as torch does), routed in turn;
 //   - refused: meta tensors, other sparse layouts, gradients on more than one device.
 // A scale below 1 whose unscaled values overflow their dtype, or a scale that cannot be
 // inverted, is an overflow step: found_inf, nothing written (check_gradients).
@@ -36,7 +36,6 @@
 
 #include <cstdint>
 #include <functional>
-#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -83,18 +82,10 @@ struct StepOptions {
   std::function<bool(const GuardView&)> skip_if{};
 };
 
-// What step() did.
-struct StepOutcome {
-  bool applied = false;              // optimizer.step() ran
-  bool found_inf = false;            // some gradient held inf or NaN: the step was skipped
-  float scale = 1.0f;                // the loss scale these gradients carried
-  std::int64_t first_overflow = -1;  // index (over the optimizer's parameters, groups in order) or -1
-  std::string first_overflow_name;   // its name (set_names), else "param[<index>]"; "" when none
-  double grad_norm = std::numeric_limits<double>::quiet_NaN();  // global L2 norm of the unscaled gradients
-  float clip_coef = 1.0f;            // applied clip coefficient (1: none)
-  SkipReason reason = SkipReason::none;  // why the step was skipped (none when applied)
-  GuardView guard;                   // the loss, norm and z-scores the guards saw
-};
+// What step() did: the core's one StepOutcome (scaler/grad_scaler.hpp). first_overflow is the
+// index over the optimizer's parameters (groups in order), first_overflow_name its name
+// (set_names), else "param[<index>]"; "" when none.
+using mixprec::StepOutcome;
 
 class GradScaler : public ScalerDoor {
  public:

@@ -29,7 +29,8 @@
 // fp16 would flush (underflow, subnormal) or overflow at the current scale.
 // record() writes one log line through mixprec::train::step_record_json: the outcome
 // (scale, found_inf, skipped, norm, clip coefficient, first overflowing parameter), the
-// scale after the update (read from a copy of the loss scale), per named parameter the
+// scale update() will set (the protocol's next_scale(): every optimizer of the step and every
+// rank count, as update() counts them), per named parameter the
 // unscaled gradient |max| (before clipping) and the weight |max|, the activation-gradient
 // counts of this step (every micro-batch of an accumulation window), the first watched
 // activation whose gradient held inf/NaN, and headroom_log2: the fewest binades between a

@@ -72,7 +72,7 @@ def skip_why(outcome: StepOutcome, overflow_param: Optional[str] = None) -> str:
     guard saw, e.g. "loss_spike (z 7.3)", "nonfinite_grad in h.0.weight"."""
     reason = outcome.reason if outcome.reason != "none" else "nonfinite_grad"
     if reason == "nonfinite_grad":
-        return f"nonfinite_grad in {overflow_param or outcome.first_overflow or '(another rank)'}"
+        return f"nonfinite_grad in {overflow_param or outcome.first_overflow_name or '(another rank)'}"
     if reason == "nonfinite_loss":
         return f"nonfinite_loss (loss {outcome.loss})"
     if reason == "loss_spike":

@@ -7,7 +7,7 @@
     scaler.scale(loss).backward()
     scaler.unscale_(opt)                                           # optional, e.g. to clip
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    outcome = scaler.step(opt)      # StepOutcome(applied, found_inf, first_overflow, grad_norm, scale, ...)
+    outcome = scaler.step(opt)      # StepOutcome(applied, found_inf, first_overflow, first_overflow_name, ...)
     scaler.update()
     if outcome.applied:
         scheduler.step()
@@ -16,15 +16,19 @@ What runs where (docs/python.md):
 - the protocol (stages, misuse messages with torch's words, windows, found_inf over tensors,
   optimizers and ranks, the skip decision, the next scale, the state format) and the scale
   policy: the core's mixprec::ScalerProtocol, torch dialect (mixprec._core.ScalerProtocol);
-- this file: torch's API shape, the routing of each gradient, the torch.distributed callback;
-- CPU float32/float16/bfloat16 gradients in any dense layout (contiguous, channels_last, other
-  permutations): the core's check_gradients in place on the tensors' own memory (DLPack, no
-  copy): check, unscale and the exact sum of squares in one pass, element for element what
-  ATen's _amp_foreach_non_finite_check_and_unscale_ computes;
-- sparse COO gradients: their values (coalesced first when float16, as torch does);
+- where each gradient is read, what is refused with what message, and how the two readers'
+  results make one check: the core's (scaler/grad_route.hpp: _core.route_gradients,
+  _core.check_in_two_reads), from each gradient's description (_describe);
+- this file: torch's API shape, carrying the routes out, the torch.distributed callback;
+- route "core", CPU float32/float16/bfloat16 gradients in any dense layout (contiguous,
+  channels_last, other permutations): the core's check_gradients in place on the tensors' own
+  memory (DLPack, no copy): check, unscale and the exact sum of squares in one pass, element
+  for element what ATen's _amp_foreach_non_finite_check_and_unscale_ computes;
+- route "sparse_values", sparse COO gradients: their values (coalesced first when float16, as
+  torch does), routed in turn;
 - DTensor gradients (FSDP2, tensor parallelism): this rank's shard (the ranks agree on found_inf
   through the torch.distributed callback);
-- float64, strided or overlapping views and gradients on other devices: ATen's own
+- route "aten", float64, strided or overlapping views and gradients on other devices: ATen's own
   _amp_foreach_non_finite_check_and_unscale_, the kernel torch runs;
 - refused before anything is touched: meta tensors, other layouts, mixed devices.
 """
@@ -47,7 +51,6 @@ from torch.utils.dlpack import to_dlpack
 from .. import _core
 from ..loss_scale import LossScale, _state_json, _value_text, preset_names
 
-_CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _FLOAT_MAX = float(np.finfo(np.float32).max)
 
 
@@ -68,13 +71,17 @@ class StepOutcome:
     """What GradScaler.step() did for one optimizer.
 
     bool(outcome) is outcome.applied. torch.amp.GradScaler.step returns the optimizer's own
-    return value instead (None when skipped); here it is `result`.
+    return value instead (None when skipped); here it is `result`. The fields it shares with
+    the C++ doors' StepOutcome (include/mixprec/scaler/grad_scaler.hpp) mean what they mean there.
     """
 
     applied: bool                        # optimizer.step() ran
     found_inf: bool                      # a gradient held inf/NaN: the step was skipped
-    first_overflow: Optional[str]        # name of the first parameter holding inf/NaN (None if none)
-    first_overflow_index: Optional[int]  # its index over the optimizer's parameters, groups in order
+    # The first parameter whose gradient held inf/NaN: its index over the optimizer's parameters
+    # (param groups in order), -1 if none (also on a rank that skipped for another rank's).
+    first_overflow: int
+    # Its name (set_names, else the optimizer's param_names, else "param[<index>]"); "" if none.
+    first_overflow_name: str
     grad_norm: float                     # L2 norm of the unscaled gradients (before any clipping); inf/NaN on overflow
     scale: float                         # the scale the gradients carried
     result: Any = None                   # optimizer.step()'s return value (None when skipped)
@@ -222,7 +229,7 @@ class GradScaler:
 
     def set_names(self, named: Union[torch.nn.Module, Iterable[Tuple[str, torch.Tensor]],
                                      Dict[str, torch.Tensor]]) -> None:
-        """Names for step()'s first_overflow: a module (its named_parameters()), a dict or
+        """Names for step()'s first_overflow_name: a module (its named_parameters()), a dict or
         (name, parameter) pairs. Without a name, an optimizer built from named_parameters()
         gives its own (param_groups[i]["param_names"]), else param[<index>]."""
         if isinstance(named, torch.nn.Module):
@@ -243,7 +250,7 @@ class GradScaler:
         names = group.get("param_names")
         if names is not None and k < len(names):
             return str(names[k])
-        return f"param[{index}]"
+        return _core.default_parameter_name(index)
 
     def _name_at(self, optimizer: torch.optim.Optimizer, index: int) -> str:
         i = 0
@@ -252,7 +259,7 @@ class GradScaler:
                 if i == index:
                     return self._name(p, group, k, index)
                 i += 1
-        return f"param[{index}]"
+        return _core.default_parameter_name(index)
 
     # ---- torch.amp.GradScaler's API ------------------------------------------------------
 
@@ -297,7 +304,7 @@ class GradScaler:
         key = id(optimizer)
         plan = self._p.begin_step(key)
         if plan == "pass_through":
-            self.last_outcome = StepOutcome(True, False, None, None, math.nan, 1.0, optimizer.step(*args, **kwargs))
+            self.last_outcome = StepOutcome(True, False, -1, "", math.nan, 1.0, optimizer.step(*args, **kwargs))
             return self.last_outcome
         if "closure" in kwargs:
             raise RuntimeError("Closure use is not currently supported if GradScaler is enabled.")
@@ -324,9 +331,8 @@ class GradScaler:
                 if hasattr(optimizer, attr):
                     delattr(optimizer, attr)
         self._p.step_done(key)
-        index = None if first < 0 else first
-        name = None if index is None else self._name_at(optimizer, index)
-        self.last_outcome = StepOutcome(apply, found_inf, name, index, grad_norm, scale, result,
+        name = self._name_at(optimizer, first) if first >= 0 else ""  # the outcome's name, derived here only
+        self.last_outcome = StepOutcome(apply, found_inf, first, name, grad_norm, scale, result,
                                         self._lw_skipped or (), reason, g_loss, loss_z, grad_z, _grad_amax=amax)
         return self.last_outcome
 
@@ -522,60 +528,38 @@ class GradScaler:
         return found != 0.0, any_checked != 0.0
 
     def _check(self, optimizer: torch.optim.Optimizer) -> Tuple[bool, bool, int, float, float]:
-        """Validate every gradient (nothing is touched before all are checked), then check and
-        unscale them in place: the core reads dense CPU float32/float16/bfloat16 memory, ATen
-        the rest. Returns the protocol's GradientCheck as a tuple."""
-        entries: List[Tuple[int, torch.Tensor]] = []
-        coalesce: List[Tuple[Dict[str, Any], int]] = []
-        index = 0
-        first_device: Optional[Tuple[torch.device, int, Any, int]] = None
+        """Route every gradient (the core validates all before anything is touched and raises
+        its message for a refused one), then check and unscale them in place as routed: the
+        core reads dense CPU float32/float16/bfloat16 memory, ATen the rest. Returns the
+        protocol's GradientCheck as a tuple."""
+        params: List[torch.Tensor] = []
+        index: List[int] = []
+        described = []
+        i = 0
         for group in optimizer.param_groups:
-            for k, p in enumerate(group["params"]):
-                i = index
-                index += 1
-                g = p.grad
-                if g is None:
-                    continue  # took no part in the loss: skipped, as torch does
-
-                def who(p=p, group=group, k=k, i=i) -> str:
-                    return "the gradient of " + self._name(p, group, k, i)
-
-                if g.is_meta:
-                    raise ValueError(f"{who()} is a meta tensor (no values to check); mixprec.torch.GradScaler "
-                                     "checks gradients on the CPU or a device with memory")
-                if g.layout not in (torch.strided, torch.sparse_coo):
-                    raise ValueError(f"{who()} has layout {g.layout}; mixprec.torch.GradScaler takes strided and "
-                                     "sparse COO gradients, as torch.amp.GradScaler does")
-                if not g.dtype.is_floating_point:
-                    raise TypeError(f"{who()} has dtype {g.dtype}; gradients must be floating point")
-                if first_device is None:
-                    first_device = (g.device, i, group, k)
-                elif g.device != first_device[0]:
-                    d, i0, g0, k0 = first_device
-                    p0 = g0["params"][k0]
-                    raise ValueError(f"gradients on more than one device: {self._name(p0, g0, k0, i0)} on {d}, "
-                                     f"{self._name(p, group, k, i)} on {g.device}; use one GradScaler step "
-                                     "per device's optimizer")
-                if g.is_sparse and g.dtype == torch.float16:
-                    coalesce.append((group, k))
-                entries.append((i, p))
-        self._last_device = None if first_device is None else first_device[0]
-        # Everything validated: torch's sparse rule (float16 duplicates summed before the check),
-        # then each sparse gradient read through its values.
-        for group, k in coalesce:
-            p = group["params"][k]
-            p.grad = p.grad.coalesce()
+            for p in group["params"]:
+                if p.grad is not None:  # else it took no part in the loss: skipped, as torch does
+                    params.append(p)
+                    index.append(i)
+                    described.append(_describe(_local(p.grad.detach())))
+                i += 1
+        routes = _core.route_gradients(described, index, self._aten_only, lambda j: self._name_at(optimizer, j))
+        self._last_device = params[0].grad.device if params else None
+        for p, (_, coalesce) in zip(params, routes):
+            if coalesce:
+                p.grad = p.grad.coalesce()
         core: List[torch.Tensor] = []
         core_index: List[int] = []
         core_params: List[torch.Tensor] = []
         aten: List[torch.Tensor] = []
         aten_index: List[int] = []
-        for i, p in entries:
+        for p, i, (route, _) in zip(params, index, routes):
             g = _local(p.grad.detach())
-            if g.is_sparse:
+            if route == "sparse_values":
                 g = g._values()
-            if g.is_cpu and g.dtype in _CPU_DTYPES and not self._aten_only and _dense(g):
-                core.append(g if g.is_contiguous() else g.as_strided((g.numel(),), (1,)))
+                route = _core.route_gradient(_describe(g), self._aten_only)[0]
+            if route == "core":
+                core.append(_block(g))
                 core_index.append(i)
                 core_params.append(p)
             else:
@@ -583,28 +567,22 @@ class GradScaler:
                 aten_index.append(i)
         scale = self._p.scale
         self._amax_by_opt.pop(id(optimizer), None)
-        if aten and not core:
-            return _reindex(_check_gradients_aten(aten, scale, True), aten_index)
-        # The core reads DLPack capsules (torch.utils.dlpack.to_dlpack): a tenth of the cost of
-        # importing the tensors themselves, with the same checks.
-        capsules = [to_dlpack(g) for g in core]
-        read_first = bool(aten) and _inv_scale(scale) > 1.0
-        if self._telemetry_amax:
-            *check, amax = _core.check_gradients(capsules, scale, not read_first, amax=True)
-            self._amax_by_opt[id(optimizer)] = {id(p): a for p, a in zip(core_params, amax)}
-        else:
-            check = _core.check_gradients(capsules, scale, not read_first)
-        if not aten:
-            return _reindex(tuple(check), core_index)
-        # Both kinds: at a scale below 1 nothing is written until both have been read.
-        a = _reindex(tuple(check), core_index)
-        b = _reindex(_check_gradients_aten(aten, scale, not read_first), aten_index)
-        firsts = [f for f in (a[2], b[2]) if f >= 0]
-        merged = (a[0] or b[0], a[1] or b[1], min(firsts) if firsts else -1, a[3] + b[3], 1.0)
-        if read_first and not merged[1]:
-            _core.check_gradients([to_dlpack(g) for g in core], scale, True)
-            _check_gradients_aten(aten, scale, True)
-        return merged
+        amax_wanted = [self._telemetry_amax]  # measured by the core's first read
+
+        def read(on_core: bool, write: bool) -> Tuple[bool, bool, int, float, float]:
+            if not on_core:
+                return _check_gradients_aten(aten, scale, write)
+            # The core reads DLPack capsules (torch.utils.dlpack.to_dlpack, one per read): a
+            # tenth of the cost of importing the tensors themselves, with the same checks.
+            capsules = [to_dlpack(g) for g in core]
+            if amax_wanted[0]:
+                amax_wanted[0] = False
+                *check, amax = _core.check_gradients(capsules, scale, write, amax=True)
+                self._amax_by_opt[id(optimizer)] = {id(p): a for p, a in zip(core_params, amax)}
+                return tuple(check)
+            return _core.check_gradients(capsules, scale, write)
+
+        return _core.check_in_two_reads(scale, core_index, aten_index, read)
 
 
 class StepGuard(GradScaler):
@@ -677,21 +655,28 @@ def _inv_scale(scale: float) -> float:
         return float(np.float32(1.0 / scale))
 
 
-def _dense(g: torch.Tensor) -> bool:
-    """One block of numel elements from data_ptr (any permutation of a contiguous tensor)."""
-    if g.is_contiguous():
-        return True
-    expected = 1
-    for size, stride in sorted(((n, st) for n, st in zip(g.shape, g.stride()) if n != 1), key=lambda t: t[1]):
-        if stride != expected:
-            return False
-        expected *= size
-    return True
+def _describe(t: torch.Tensor) -> Tuple[str, bool, str, str, Tuple[int, ...], Tuple[int, ...]]:
+    """t in the words of the core's gradient routing (scaler/grad_route.hpp): torch's names of
+    its dtype, layout and device, whether its dtype is floating point, and a strided tensor's
+    sizes and strides."""
+    strided = t.layout == torch.strided
+    return (str(t.dtype), t.dtype.is_floating_point, str(t.layout), str(t.device),
+            t.shape if strided else (), t.stride() if strided else ())
 
 
-def _reindex(check: Tuple[bool, bool, int, float, float], index: List[int]) -> Tuple[bool, bool, int, float, float]:
-    checked, found, first, sum_squares, carried = check
-    return checked, found, (index[first] if first >= 0 else -1), sum_squares, carried
+def _block(t: torch.Tensor) -> torch.Tensor:
+    """A tensor the core reads in place (route "core") as one block of its numel elements."""
+    return t if t.is_contiguous() else t.as_strided((t.numel(),), (1,))
+
+
+def _core_block(t: torch.Tensor) -> Optional[torch.Tensor]:
+    """A dense tensor the core can read: t's elements as one block of CPU float32, float16 or
+    bfloat16 memory without a copy (any dense layout, through its storage: for reads whose
+    order does not matter); None when the core cannot read t in place. The core decides (the
+    route "core" of its gradient routing)."""
+    if _core.route_gradient(_describe(t), False)[0] != "core":
+        return None
+    return _block(t)
 
 
 def _first_nonfinite(grads: List[torch.Tensor]) -> int:

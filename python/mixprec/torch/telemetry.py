@@ -60,7 +60,7 @@ from torch.utils.dlpack import to_dlpack
 
 from .. import _args, _core
 from . import _device_counts as dev
-from .grad_scaler import GradScaler, StepOutcome, _local
+from .grad_scaler import GradScaler, StepOutcome, _core_block, _local
 from .tensorboard import TensorBoardWriter, require_tensorboard
 from .advise import Sampler as _AdvisorSampler, write_samples as _write_advisor_samples
 from .low_precision import _measured_tensors, _sample_step, _taken, low_precision_modules
@@ -83,21 +83,6 @@ def _capsule(t: torch.Tensor):
     if not t.is_contiguous():
         t = t.contiguous()
     return to_dlpack(t)
-
-
-def _flat(t: torch.Tensor) -> Optional[torch.Tensor]:
-    """t's elements as one contiguous CPU block of a dtype the core reads, without a copy (a
-    dense tensor of any layout through its storage); None when the core cannot read it in place."""
-    if not t.is_cpu or t.dtype not in _CPU_DTYPES:
-        return None
-    if t.is_contiguous():
-        return t
-    expected = 1
-    for size, stride in sorted(((n, st) for n, st in zip(t.shape, t.stride()) if n != 1), key=lambda x: x[1]):
-        if stride != expected:
-            return None
-        expected *= size
-    return t.as_strided((t.numel(),), (1,))
 
 
 def _record_values(loss: Any, lr: Any, tokens: Any, seconds: Any, val_loss: Any, clip_coef: Any):
@@ -539,7 +524,7 @@ class Telemetry:
         on_torch = []
         for i, p in enumerate(self._params):
             w = _local(p.detach())  # a DTensor (FSDP2): this rank's shard
-            flat = None if self._torch_counting else _flat(w)
+            flat = None if self._torch_counting else _core_block(w)
             if flat is None:
                 on_torch.append(i)
             if i < len(old) and old[i] == ptrs[i]:
@@ -722,7 +707,7 @@ class Telemetry:
             # outcome's "none" is an applied step's.
             guard = {"skip_reason": "" if outcome.reason == "none" else outcome.reason,
                      "loss_z": float(outcome.loss_z), "grad_z": float(outcome.grad_z)}
-            first = _args.utf8_text(outcome.first_overflow or "")
+            first = _args.utf8_text(outcome.first_overflow_name)
             next_scale = self._scaler._next_scale() if self._scaler is not None else scale
         if [id(p) for p in self._model.parameters()] != self._param_ids:
             self._set_params()  # a parameter added (or replaced) since the last record()

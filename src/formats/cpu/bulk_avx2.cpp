@@ -1,8 +1,7 @@
-// AVX2 + F16C back end. Its kernels are compiled for AVX2, F16C and FMA (the
-// target pragma below; the file gets no -m flags) and only called after
-// isa_available() has checked the CPU. Sixteen elements an iteration;
-// heads and tails go through the scalar loops, so every element matches the
-// reference bit for bit (the exhaustive tests sweep all 2^32 inputs).
+// AVX2 + F16C back end. Its kernels are compiled for AVX2, F16C and FMA (per function,
+// core/simd_target.hpp) and only called after isa_available() has checked the CPU.
+// Sixteen elements an iteration; heads and tails go through the scalar loops, so every
+// element matches the reference bit for bit (the exhaustive tests sweep all 2^32 inputs).
 //
 // How each encode rounds to nearest even:
 //   f16   vcvtps2ph, the hardware oracle;
@@ -20,19 +19,12 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-// Only the functions defined between push_options and pop_options are compiled
-// for AVX2: the inline templates of the headers above (the scalar reference the
-// tails use) stay baseline code, so the linker can never hand an AVX2 copy of
-// them to the scalar back end; and avx2_kernels(), which only fills the table,
-// is baseline code too.
-// clang has no #pragma GCC target: the same per-function target through its attribute pragma
-// (fuzz builds use clang, docs/fuzzing.md).
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,f16c,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c,fma")
-#endif
+#include "core/simd_reduce.hpp"
+#include "core/simd_target.hpp"
+
+// Only the kernels are compiled for AVX2 (core/simd_target.hpp says why); avx2_kernels(),
+// which only fills the table, is baseline code.
+MIXPREC_TARGET_AVX2_F16C_FMA_BEGIN
 
 
 
@@ -185,12 +177,8 @@ struct Counters {
   // Adds the lane counts (each < 2^16) to the totals and clears them.
   void spill(bool flush) {
     auto sum = [](__m256i v) {
-      const __m256i w = _mm256_add_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(v, 16));
-      alignas(32) std::uint32_t l[8];
-      _mm256_store_si256(reinterpret_cast<__m256i*>(l), w);
-      std::uint64_t t = 0;
-      for (std::uint32_t x : l) t += x;
-      return t;
+      return simd::hsum_epu32(
+          _mm256_add_epi32(_mm256_and_si256(v, _mm256_set1_epi32(0xffff)), _mm256_srli_epi32(v, 16)));
     };
     const std::uint64_t elems = blocks * 16;
     const std::uint64_t zin = sum(zero_in), zout = sum(zero_out), small = sum(small_out), past = sum(past_max);
@@ -320,14 +308,6 @@ std::size_t encode_blocks(const float* src, StorageOf<S>* dst, std::size_t n, co
   return i;
 }
 
-inline std::uint32_t hmax_epu32(__m256i v) {
-  alignas(32) std::uint32_t l[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(l), v);
-  std::uint32_t m = 0;
-  for (std::uint32_t x : l) m = x > m ? x : m;
-  return m;
-}
-
 template <const MiniFloatSpec& S, bool kCount>
 ConversionStats encode_kernel(const float* src, void* dst_v, std::size_t n, const ConvertOptions& o) {
   using Storage = StorageOf<S>;
@@ -371,7 +351,7 @@ std::uint32_t encode_amax_kernel(const float* src, void* dst_v, std::size_t n, c
     i = encode_blocks<S, false, false, true>(src, dst, n, o, unused, &amax);
   }
   const std::uint32_t tail = encode_amax_range<S>(src + i, dst + i, n - i, o);
-  const std::uint32_t body = hmax_epu32(amax);
+  const std::uint32_t body = simd::hmax_epu32(amax);
   m = m > tail ? m : tail;
   return m > body ? m : body;
 }
@@ -400,7 +380,7 @@ ConversionStats encode_round_kernel(float* v, void* dst_v, std::size_t n, const 
   if constexpr (kCount) {
     encode_round_counted_range<S>(v + i, dst + i, n - i, o, head_tail, m);
     counters.total += head_tail;
-    const std::uint32_t body = hmax_epu32(amax);
+    const std::uint32_t body = simd::hmax_epu32(amax);
     *amax_bits = m > body ? m : body;
   } else {
     encode_round_range<S>(v + i, dst + i, n - i, o);
@@ -449,7 +429,7 @@ std::uint32_t amax_bits_kernel(const float* src, std::size_t n) {
     a2 = _mm256_max_epu32(a2, abs_bits(_mm256_loadu_ps(src + i + 16)));
     a3 = _mm256_max_epu32(a3, abs_bits(_mm256_loadu_ps(src + i + 24)));
   }
-  const std::uint32_t body = hmax_epu32(_mm256_max_epu32(_mm256_max_epu32(a0, a1), _mm256_max_epu32(a2, a3)));
+  const std::uint32_t body = simd::hmax_epu32(_mm256_max_epu32(_mm256_max_epu32(a0, a1), _mm256_max_epu32(a2, a3)));
   const std::uint32_t tail = amax_bits_range(src + i, n - i);
   return body > tail ? body : tail;
 }
@@ -658,11 +638,7 @@ void decode_block_scaled_kernel(const void* src_v, float* dst, std::size_t n, st
 
 }  // namespace
 }  // namespace mixprec::detail
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+MIXPREC_TARGET_END
 
 namespace mixprec::detail {
 namespace {

@@ -19,8 +19,8 @@
 //         cache and from 0.99x / 0.98x to 1.11x / 1.24x out of cache; the counted and
 //         round-back forms are bound by their other work and gained nothing measurable.
 //
-// Compiled for AVX-512 F/BW/DQ/VL per function (target pragma, no -m flags), called
-// only after isa_available(Isa::avx512).
+// Compiled for AVX-512 F/BW/DQ/VL per function (core/simd_target.hpp), called only after
+// isa_available(Isa::avx512).
 #include "formats/kernels.hpp"
 #include "mixprec/core/isa.hpp"
 
@@ -29,19 +29,10 @@
 
 #include <bit>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,f16c,fma,popcnt"))), \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx512bf16,avx2,f16c,fma,popcnt")
-// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*(), a self-initialised
-// variable that -W(maybe-)uninitialized reports in every caller (as in
-// src/kernels/cpu/unscale_avx512.cpp). GCC only.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+#include "core/simd_reduce.hpp"
+#include "core/simd_target.hpp"
+
+MIXPREC_TARGET_AVX512_BF16_F16C_FMA_BEGIN
 
 namespace mixprec::detail {
 namespace {
@@ -117,15 +108,10 @@ struct Counts {
     }
   }
 
-  static std::uint64_t lane_sum(__m512i v) {  // 16 lanes of up to 2^32 - 1, summed in 64 bits
-    return static_cast<std::uint64_t>(_mm512_reduce_add_epi64(_mm512_cvtepu32_epi64(_mm512_castsi512_si256(v)))) +
-           static_cast<std::uint64_t>(_mm512_reduce_add_epi64(_mm512_cvtepu32_epi64(_mm512_extracti64x4_epi64(v, 1))));
-  }
-
   void flush(LaneCounts& l) {
-    zero_in += lane_sum(l.zero_in);
-    zero_out += lane_sum(l.zero_out);
-    small_out += lane_sum(l.small_out);
+    zero_in += simd::hsum_epu32(l.zero_in);
+    zero_out += simd::hsum_epu32(l.zero_out);
+    small_out += simd::hsum_epu32(l.small_out);
     l = zero_lanes();
   }
 
@@ -324,12 +310,7 @@ std::uint32_t amax_bits_kernel(const float* src, std::size_t n) {
 }  // namespace
 }  // namespace mixprec::detail
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#endif
+MIXPREC_TARGET_END
 
 namespace mixprec::detail {
 namespace {

@@ -9,23 +9,13 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2")
-#endif
+#include "core/simd_reduce.hpp"
+#include "core/simd_target.hpp"
+
+MIXPREC_TARGET_AVX2_BEGIN
 
 namespace mixprec::detail {
 namespace {
-
-std::uint64_t sum_lanes_i32(__m256i v) {
-  alignas(32) std::int32_t lane[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lane), v);
-  std::uint64_t s = 0;
-  for (std::int32_t x : lane) s += static_cast<std::uint32_t>(x);
-  return s;
-}
 
 void profile16_avx2(const std::uint16_t* src, std::size_t n, const std::uint16_t* bounds, MagnitudeProfile& out) {
   const __m256i mag = _mm256_set1_epi16(0x7fff);
@@ -44,11 +34,10 @@ void profile16_avx2(const std::uint16_t* src, std::size_t n, const std::uint16_t
       vmax = _mm256_max_epu16(vmax, m);
       for (int k = 0; k < kCountBounds; ++k) acc[k] = _mm256_sub_epi16(acc[k], _mm256_cmpgt_epi16(m, b[k]));
     }
-    for (int k = 0; k < kCountBounds; ++k) out.above[k] += sum_lanes_i32(_mm256_madd_epi16(acc[k], ones));
+    for (int k = 0; k < kCountBounds; ++k) out.above[k] += simd::hsum_epu32(_mm256_madd_epi16(acc[k], ones));
   }
-  alignas(32) std::uint16_t lane[16];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lane), vmax);
-  for (std::uint16_t x : lane) out.max = x > out.max ? x : out.max;
+  const std::uint32_t m = simd::hmax_epu16(vmax);
+  out.max = m > out.max ? m : out.max;
   profile_range(src + i, n - i, bounds, out);
 }
 
@@ -68,11 +57,10 @@ void profile32_avx2(const std::uint32_t* src, std::size_t n, const std::uint32_t
       vmax = _mm256_max_epu32(vmax, m);
       for (int k = 0; k < kCountBounds; ++k) acc[k] = _mm256_sub_epi32(acc[k], _mm256_cmpgt_epi32(m, b[k]));
     }
-    for (int k = 0; k < kCountBounds; ++k) out.above[k] += sum_lanes_i32(acc[k]);
+    for (int k = 0; k < kCountBounds; ++k) out.above[k] += simd::hsum_epu32(acc[k]);
   }
-  alignas(32) std::uint32_t lane[8];
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lane), vmax);
-  for (std::uint32_t x : lane) out.max = x > out.max ? x : out.max;
+  const std::uint32_t m = simd::hmax_epu32(vmax);
+  out.max = m > out.max ? m : out.max;
   profile_range(src + i, n - i, bounds, out);
 }
 
@@ -92,11 +80,7 @@ std::uint32_t max16_avx2(const std::uint16_t* src, std::size_t n) {
     m3 = _mm256_max_epu16(m3, at(i + 48));
   }
   for (; i + 16 <= n; i += 16) m0 = _mm256_max_epu16(m0, at(i));
-  alignas(32) std::uint16_t lane[16];
-  const __m256i all = _mm256_max_epu16(_mm256_max_epu16(m0, m1), _mm256_max_epu16(m2, m3));
-  _mm256_store_si256(reinterpret_cast<__m256i*>(lane), all);
-  std::uint32_t m = 0;
-  for (std::uint16_t x : lane) m = x > m ? x : m;
+  const std::uint32_t m = simd::hmax_epu16(_mm256_max_epu16(_mm256_max_epu16(m0, m1), _mm256_max_epu16(m2, m3)));
   return max_range(src + i, n - i, m);
 }
 
@@ -109,11 +93,7 @@ const CountKernels* avx2_count_kernels() noexcept {
 
 }  // namespace mixprec::detail
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+MIXPREC_TARGET_END
 
 #else  // not x86-64
 

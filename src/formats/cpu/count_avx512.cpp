@@ -12,23 +12,13 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,popcnt,avx512f,avx512bw"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,popcnt,avx512f,avx512bw")
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+#include "core/simd_reduce.hpp"
+#include "core/simd_target.hpp"
+
+MIXPREC_TARGET_AVX512F_BW_BEGIN
 
 namespace mixprec::detail {
 namespace {
-
-// The lanes of a vector of 16-bit counters, each below 2^15, summed (madd pairs them into 32 bits).
-std::uint64_t sum16(__m512i c) {
-  return static_cast<std::uint64_t>(_mm512_reduce_add_epi32(_mm512_madd_epi16(c, _mm512_set1_epi16(1))));
-}
 
 void profile16_avx512(const std::uint16_t* src, std::size_t n, const std::uint16_t* bounds, MagnitudeProfile& out) {
   const __m512i mag = _mm512_set1_epi16(0x7fff);
@@ -53,11 +43,10 @@ void profile16_avx512(const std::uint16_t* src, std::size_t n, const std::uint16
       step(_mm512_maskz_loadu_epi16(static_cast<__mmask32>((1u << (n - i)) - 1u), src + i));
       i = n;
     }
-    for (int k = 0; k < kCountBounds; ++k) out.above[k] += sum16(acc[k]);
+    for (int k = 0; k < kCountBounds; ++k) out.above[k] += simd::hsum_epu16_below_2p15(acc[k]);
   }
-  alignas(64) std::uint16_t lane[32];
-  _mm512_store_si512(lane, vmax);
-  for (std::uint16_t x : lane) out.max = x > out.max ? x : out.max;
+  const std::uint32_t m = simd::hmax_epu16(vmax);
+  out.max = m > out.max ? m : out.max;
 }
 
 void profile32_avx512(const std::uint32_t* src, std::size_t n, const std::uint32_t* bounds, MagnitudeProfile& out) {
@@ -107,11 +96,7 @@ std::uint32_t max16_avx512(const std::uint16_t* src, std::size_t n) {
     const __m512i tail = _mm512_maskz_loadu_epi16(static_cast<__mmask32>((1u << (n - i)) - 1u), src + i);
     m1 = _mm512_max_epu16(m1, _mm512_and_si512(tail, mag));
   }
-  alignas(64) std::uint16_t lane[32];
-  _mm512_store_si512(lane, _mm512_max_epu16(_mm512_max_epu16(m0, m1), _mm512_max_epu16(m2, m3)));
-  std::uint32_t m = 0;
-  for (std::uint16_t x : lane) m = x > m ? x : m;
-  return m;
+  return simd::hmax_epu16(_mm512_max_epu16(_mm512_max_epu16(m0, m1), _mm512_max_epu16(m2, m3)));
 }
 
 }  // namespace
@@ -123,12 +108,7 @@ const CountKernels* avx512_count_kernels() noexcept {
 
 }  // namespace mixprec::detail
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#endif
+MIXPREC_TARGET_END
 
 #else  // not x86-64
 

@@ -1,6 +1,6 @@
 // AVX2 + F16C back end of unscale_and_check. Its kernels are compiled for AVX2,
-// F16C and FMA (the target pragma below; the file gets no -m flags) and only
-// called after isa_available() has checked the CPU.
+// F16C and FMA (per function, core/simd_target.hpp) and only called after
+// isa_available() has checked the CPU.
 //
 // Sixteen elements a step: two vectors of 8 f32 (f16 through vcvtph2ps /
 // vcvtps2ph with round to nearest even, which is the library's f16 rounding;
@@ -21,16 +21,10 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-// Only the functions between push_options and pop_options are compiled for
-// AVX2 (see src/formats/cpu/bulk_avx2.cpp): header inline code stays baseline.
-// clang has no #pragma GCC target: the same per-function target through its attribute pragma
-// (fuzz builds use clang, docs/fuzzing.md).
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,f16c,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c,fma")
-#endif
+#include "core/simd_reduce.hpp"
+#include "core/simd_target.hpp"
+
+MIXPREC_TARGET_AVX2_F16C_FMA_BEGIN
 
 namespace mixprec::detail {
 namespace {
@@ -100,21 +94,6 @@ inline void store16(void* data, std::size_t i, __m256 y0, __m256 y1) {
   }
 }
 
-inline std::uint32_t hmax_epu32(__m256i v) {
-  __m128i m = _mm_max_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0x4e));
-  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0xb1));
-  return static_cast<std::uint32_t>(_mm_cvtsi128_si32(m));
-}
-
-inline std::uint32_t hmax_epu16(__m256i v) {
-  __m128i m = _mm_max_epu16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  m = _mm_max_epu16(m, _mm_shuffle_epi32(m, 0x4e));
-  m = _mm_max_epu16(m, _mm_shuffle_epi32(m, 0xb1));
-  m = _mm_max_epu16(m, _mm_srli_epi32(m, 16));
-  return static_cast<std::uint32_t>(_mm_cvtsi128_si32(m)) & 0xffffu;
-}
-
 inline __m256d sq_acc(__m128 y, __m256d acc) {
   const __m256d d = _mm256_cvtps_pd(y);
   return _mm256_fmadd_pd(d, d, acc);  // d * d is exact: equals the reference's d * d + acc
@@ -168,16 +147,17 @@ void segment_avx2(void* data, std::size_t n, float inv, SegmentOut& out, ExactSu
   // As fp32 bits (what the scalar tail records): f16/bf16 magnitudes decode monotonically.
   std::uint32_t mi;
   if constexpr (D == DType::f32) {
-    mi = hmax_epu32(max_in);
+    mi = simd::hmax_epu32(max_in);
   } else if constexpr (D == DType::f16) {
-    mi = std::bit_cast<std::uint32_t>(static_cast<float>(f16::from_bits(static_cast<std::uint16_t>(hmax_epu16(max_in)))));
+    mi = std::bit_cast<std::uint32_t>(
+        static_cast<float>(f16::from_bits(static_cast<std::uint16_t>(simd::hmax_epu16(max_in)))));
   } else {
-    mi = hmax_epu16(max_in) << 16;
+    mi = simd::hmax_epu16(max_in) << 16;
   }
   out.max_in = mi > out.max_in ? mi : out.max_in;
   if constexpr (kAmax) {
     std::uint32_t mo;
-    if constexpr (D == DType::f32) mo = hmax_epu32(max_out);
+    if constexpr (D == DType::f32) mo = simd::hmax_epu32(max_out);
     else mo = product_amax_bits(mi, inv);
     out.max_out = mo > out.max_out ? mo : out.max_out;
   }
@@ -185,11 +165,7 @@ void segment_avx2(void* data, std::size_t n, float inv, SegmentOut& out, ExactSu
 
 }  // namespace
 }  // namespace mixprec::detail
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+MIXPREC_TARGET_END
 
 namespace mixprec::detail {
 namespace {

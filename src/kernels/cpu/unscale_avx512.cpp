@@ -1,5 +1,5 @@
-// AVX-512 back end of unscale_and_check (AVX512F/BW/DQ/VL, the target pragma below;
-// only called after isa_available(Isa::avx512) has checked the CPU).
+// AVX-512 back end of unscale_and_check (AVX512F/BW/DQ/VL per function,
+// core/simd_target.hpp; only called after isa_available(Isa::avx512) has checked the CPU).
 //
 // f32 and f16: sixteen elements a step, one vector of 16 f32 (f16 through vcvtph2ps /
 // vcvtps2ph with round to nearest even). bf16: thirty-two a step, as pairs of 32-bit
@@ -28,18 +28,10 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,f16c,fma,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16"))), \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,f16c,fma,avx512f,avx512bw,avx512dq,avx512vl,avx512bf16")
-// GCC 12's avx512fintrin.h builds its "undefined" vectors from a self-initialised
-// variable (__Y = __Y), which -W(maybe-)uninitialized reports in every caller.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+#include "core/simd_reduce.hpp"
+#include "core/simd_target.hpp"
+
+MIXPREC_TARGET_AVX512_BF16_F16C_FMA_BEGIN
 
 namespace mixprec::detail {
 namespace {
@@ -66,14 +58,6 @@ inline void store16(void* data, std::size_t i, __m512 y) {
     const __m256i c = _mm512_cvtps_ph(y, _MM_FROUND_TO_NEAREST_INT);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(static_cast<std::uint16_t*>(data) + i), c);
   }
-}
-
-inline std::uint32_t hmax_epu16(__m256i v) {
-  __m128i m = _mm_max_epu16(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  m = _mm_max_epu16(m, _mm_shuffle_epi32(m, 0x4e));
-  m = _mm_max_epu16(m, _mm_shuffle_epi32(m, 0xb1));
-  m = _mm_max_epu16(m, _mm_srli_epi32(m, 16));
-  return static_cast<std::uint32_t>(_mm_cvtsi128_si32(m)) & 0xffffu;
 }
 
 // bf16, 32 elements a step from one 64-byte load. Each 32-bit word holds an even element
@@ -152,7 +136,7 @@ void segment_bf16_avx512(void* data, std::size_t n, float inv, SegmentOut& out, 
     if constexpr (kSum) flush_lanes(lanes, *sum);
   }
   const __m256i m = _mm256_max_epu16(_mm512_castsi512_si256(max_in16), _mm512_extracti64x4_epi64(max_in16, 1));
-  const std::uint32_t mi = hmax_epu16(m) << 16;  // as fp32 bits (SegmentOut)
+  const std::uint32_t mi = simd::hmax_epu16(m) << 16;  // as fp32 bits (SegmentOut)
   out.max_in = mi > out.max_in ? mi : out.max_in;
   if constexpr (kAmax) {
     const std::uint32_t mo = product_amax_bits(mi, inv);
@@ -206,7 +190,8 @@ void segment_avx512(void* data, std::size_t n, float inv, SegmentOut& out, Exact
   if constexpr (D == DType::f32) {
     mi = bad ? 0x7f800000u : 0u;
   } else {
-    mi = std::bit_cast<std::uint32_t>(static_cast<float>(f16::from_bits(static_cast<std::uint16_t>(hmax_epu16(max_in16)))));
+    mi = std::bit_cast<std::uint32_t>(
+        static_cast<float>(f16::from_bits(static_cast<std::uint16_t>(simd::hmax_epu16(max_in16)))));
   }
   out.max_in = mi > out.max_in ? mi : out.max_in;
   if constexpr (kAmax) {
@@ -219,12 +204,7 @@ void segment_avx512(void* data, std::size_t n, float inv, SegmentOut& out, Exact
 
 }  // namespace
 }  // namespace mixprec::detail
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#endif
+MIXPREC_TARGET_END
 
 namespace mixprec::detail {
 namespace {

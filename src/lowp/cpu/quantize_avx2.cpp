@@ -6,7 +6,7 @@
 // share one transpose-reduction; the RHT is in-register butterflies of one fma each
 // (16-element groups span two registers). Heads and tails go through the scalar rules.
 //
-// Compiled for AVX2+FMA per function (target pragma, no -m flags), called only after
+// Compiled for AVX2+FMA per function (core/simd_target.hpp), called only after
 // isa_available(Isa::avx2).
 #include "lowp/kernels.hpp"
 
@@ -17,12 +17,10 @@
 #include <bit>
 #include <cstdint>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma,popcnt"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma,popcnt")
-#endif
+#include "core/simd_reduce.hpp"
+#include "core/simd_target.hpp"
+
+MIXPREC_TARGET_AVX2_FMA_BEGIN
 
 namespace mixprec::lowp::detail {
 namespace {
@@ -128,17 +126,10 @@ inline __m256i encode8_rne(__m256 y) {
 struct LaneCounts {
   LaneCounts() : saturated(_mm256_setzero_si256()), flushed(_mm256_setzero_si256()), nonfinite(_mm256_setzero_si256()) {}
   __m256i saturated, flushed, nonfinite;
-  static std::uint64_t sum(__m256i v) {
-    alignas(32) std::uint32_t l[8];
-    _mm256_store_si256(reinterpret_cast<__m256i*>(l), v);
-    std::uint64_t t = 0;
-    for (std::uint32_t x : l) t += x;
-    return t;
-  }
   void spill(EncodeCounts& c) {
-    c.saturated += sum(saturated);
-    c.flushed += sum(flushed);
-    c.nonfinite += sum(nonfinite);
+    c.saturated += simd::hsum_epu32(saturated);
+    c.flushed += simd::hsum_epu32(flushed);
+    c.nonfinite += simd::hsum_epu32(nonfinite);
     saturated = flushed = nonfinite = _mm256_setzero_si256();
   }
 };
@@ -260,13 +251,6 @@ inline void encode_four8(const float* src, const float* f, std::uint8_t* dst, co
   }
 }
 
-inline std::uint32_t hmax_epu32(__m256i v) {
-  __m128i m = _mm_max_epu32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(1, 0, 3, 2)));
-  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, _MM_SHUFFLE(2, 3, 0, 1)));
-  return static_cast<std::uint32_t>(_mm_cvtsi128_si32(m));
-}
-
 // Element i is scaled by factors[i / block]. Blocks of 8 * 2^k elements (16, 32, 128) or one
 // block over the run: vector v's factor is factors[v >> shift], no division per vector; other
 // block lengths take the scalar rule throughout (no recipe has them).
@@ -306,7 +290,7 @@ void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, cons
     }
     lc.spill(c);
   }
-  std::uint32_t bits = kAmax ? hmax_epu32(mb) : 0u;
+  std::uint32_t bits = kAmax ? simd::hmax_epu32(mb) : 0u;
   for (; i < n; ++i) {
     if constexpr (kAmax) bits = std::max(bits, std::bit_cast<std::uint32_t>(src[i]) & 0x7fffffffu);
     const std::uint32_t code = encode_element<S>(src[i], factors[i / block], kStochastic, kStochastic ? random[i] : 0u,
@@ -391,7 +375,7 @@ void block_amax_avx2(const float* src, std::size_t n, std::size_t block, float* 
     __m256i mb = _mm256_setzero_si256();
     std::size_t i = 0;
     for (; i + 8 <= len; i += 8) mb = _mm256_max_epu32(mb, _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(p + i)), mag));
-    std::uint32_t bm = hmax_epu32(mb);
+    std::uint32_t bm = simd::hmax_epu32(mb);
     for (; i < len; ++i) bm = std::max(bm, std::bit_cast<std::uint32_t>(p[i]) & 0x7fffffffu);
     bits[b] = bm;
   }
@@ -460,11 +444,7 @@ void rht16_avx2(const float* src, float* v, std::size_t n) {
 }  // namespace
 }  // namespace mixprec::lowp::detail
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+MIXPREC_TARGET_END
 
 namespace mixprec::lowp::detail {
 namespace {

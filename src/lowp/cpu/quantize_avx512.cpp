@@ -10,8 +10,8 @@
 // share one transpose-reduction. The RHT is four in-register butterflies of one fma each.
 // Heads and tails go through the scalar rules of lowp/kernels.hpp.
 //
-// Compiled for AVX-512 F/BW/DQ/VL per function (target pragma, no -m flags), called only
-// after isa_available(Isa::avx512).
+// Compiled for AVX-512 F/BW/DQ/VL per function (core/simd_target.hpp), called only after
+// isa_available(Isa::avx512).
 #include "lowp/kernels.hpp"
 
 #if defined(__x86_64__)
@@ -21,17 +21,9 @@
 #include <bit>
 #include <cstdint>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,popcnt"))), \
-                             apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma,popcnt")
-// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() (see formats/cpu/bulk_avx512.cpp).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+#include "core/simd_target.hpp"
+
+MIXPREC_TARGET_AVX512_FMA_BEGIN
 
 namespace mixprec::lowp::detail {
 namespace {
@@ -377,12 +369,7 @@ void rht16_avx512(const float* src, float* v, std::size_t n) {
 }  // namespace
 }  // namespace mixprec::lowp::detail
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#endif
+MIXPREC_TARGET_END
 
 namespace mixprec::lowp::detail {
 namespace {

@@ -1,6 +1,6 @@
 // AVX2 + FMA back end of the layer kernels (src/nn/layer_kernels.hpp). Compiled for
-// AVX2/FMA per function (the target pragma below; the file gets no -m flags) and only
-// called after isa_available() has checked the CPU.
+// AVX2/FMA per function (core/simd_target.hpp) and only called after isa_available() has
+// checked the CPU.
 //
 // Eight floats a step; a row's tail (< 8) is a masked vector (maskload / maskstore),
 // so an element's result never depends on where it sits and the OpenMP split cannot
@@ -18,12 +18,10 @@
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx2,fma")
-#endif
+#include "core/simd_reduce.hpp"
+#include "core/simd_target.hpp"
+
+MIXPREC_TARGET_AVX2_FMA_BEGIN
 
 namespace mixprec::nn::detail {
 namespace {
@@ -91,18 +89,6 @@ inline __m256 gelu_local(__m256 x) {
   return _mm256_add_ps(_mm256_mul_ps(set1(0.5f), _mm256_add_ps(set1(1.0f), th)), right);
 }
 
-inline float hsum(__m256 v) {
-  const __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 s2 = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
-}
-
-inline float hmax(__m256 v) {
-  const __m128 s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  const __m128 s2 = _mm_max_ps(s, _mm_movehl_ps(s, s));
-  return _mm_cvtss_f32(_mm_max_ss(s2, _mm_movehdup_ps(s2)));
-}
-
 void gelu_forward(float* out, const float* inp, std::size_t n) noexcept {
   std::size_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, gelu_fwd(_mm256_loadu_ps(inp + i)));
@@ -140,7 +126,7 @@ void layernorm_forward_row(float* o, float* mean, float* rstd, const float* x, c
   __m256 acc = _mm256_setzero_ps();
   for (std::size_t i = 0; i < full; i += 8) acc = _mm256_add_ps(acc, _mm256_loadu_ps(x + i));
   if (full < C) acc = _mm256_add_ps(acc, _mm256_maskload_ps(x + full, tm));
-  const float m = hsum(acc) * inv_c;
+  const float m = simd::hsum(acc) * inv_c;
   const __m256 vm = set1(m);
   acc = _mm256_setzero_ps();
   for (std::size_t i = 0; i < full; i += 8) {
@@ -151,7 +137,7 @@ void layernorm_forward_row(float* o, float* mean, float* rstd, const float* x, c
     const __m256 d = _mm256_and_ps(_mm256_sub_ps(_mm256_maskload_ps(x + full, tm), vm), _mm256_castsi256_ps(tm));
     acc = _mm256_fmadd_ps(d, d, acc);
   }
-  const float v = hsum(acc) * inv_c;
+  const float v = simd::hsum(acc) * inv_c;
   const float s = 1.0f / std::sqrt(v + eps);
   const __m256 vs = set1(s);
   for (std::size_t i = 0; i < full; i += 8) {
@@ -186,8 +172,8 @@ void layernorm_backward_dx_row(float* dx, const float* dy, const float* x, const
     a1 = _mm256_add_ps(a1, dn);
     a2 = _mm256_fmadd_ps(dn, nrm, a2);
   }
-  const __m256 dmean = set1(hsum(a1) * inv_c);
-  const __m256 dnmean = set1(hsum(a2) * inv_c);
+  const __m256 dmean = set1(simd::hsum(a1) * inv_c);
+  const __m256 dnmean = set1(simd::hsum(a2) * inv_c);
   auto grad = [&](__m256 xv, __m256 w, __m256 d) {
     const __m256 nrm = _mm256_mul_ps(_mm256_sub_ps(xv, vm), vs);
     const __m256 dn = _mm256_mul_ps(w, d);
@@ -237,7 +223,7 @@ SoftmaxStats softmax_row(float* out, const float* in, std::size_t n, std::size_t
   __m256 mx = ninf;
   for (std::size_t i = 0; i < full; i += 8) mx = _mm256_max_ps(_mm256_loadu_ps(in + i), mx);
   if (full < valid) mx = _mm256_max_ps(_mm256_blendv_ps(ninf, _mm256_maskload_ps(in + full, tm), _mm256_castsi256_ps(tm)), mx);
-  float maxval = hmax(mx);
+  float maxval = simd::hmax(mx);
   if (maxval == -__builtin_inff() || in[0] != in[0]) maxval = in[0];  // as the reference: starts from in[0]
   const __m256 vmax = set1(maxval);
   // The sum in the reference's sixteen lanes (layer_kernels.hpp), four to a vector:
@@ -328,11 +314,7 @@ const LayerKernels* avx2_layer_kernels() noexcept {
 
 }  // namespace mixprec::nn::detail
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC pop_options
-#endif
+MIXPREC_TARGET_END
 
 #else  // not x86-64: no AVX2 back end
 

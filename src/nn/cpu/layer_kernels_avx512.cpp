@@ -4,26 +4,16 @@
 // AVX2's bit for bit (tested). The other kernels are AVX2's: the adds and row kernels
 // are memory-bound or short (docs/performance.md). (An AVX-512 softmax row was once
 // measured no faster, on the 96-token vocabulary the model had then; on today's
-// 1024-token rows it pays.) Compiled for AVX-512 F/BW/DQ/VL per function (target pragma,
-// no -m flags), called only after isa_available(Isa::avx512).
+// 1024-token rows it pays.) Compiled for AVX-512 F/BW/DQ/VL per function
+// (core/simd_target.hpp), called only after isa_available(Isa::avx512).
 #include "nn/layer_kernels.hpp"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 
-#if defined(__clang__)
-#pragma clang attribute push(__attribute__((target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma"))), apply_to = function)
-#else
-#pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512dq,avx512vl,avx2,fma")
-// GCC 12's AVX-512 intrinsics start from
-// _mm512_undefined_ps(), a self-initialised variable (__Y = __Y) that
-// -W(maybe-)uninitialized reports in every caller (as in src/kernels/cpu/unscale_avx512.cpp).
-// GCC only: clang knows no -Wmaybe-uninitialized (and -Werror rejects the unknown group).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#endif
+#include "core/simd_target.hpp"
+
+MIXPREC_TARGET_AVX512_FMA_BEGIN
 
 namespace mixprec::nn::detail {
 namespace {
@@ -172,12 +162,7 @@ const LayerKernels* avx512_layer_kernels() noexcept {
 
 }  // namespace mixprec::nn::detail
 
-#if defined(__clang__)
-#pragma clang attribute pop
-#else
-#pragma GCC diagnostic pop
-#pragma GCC pop_options
-#endif
+MIXPREC_TARGET_END
 
 #else  // not x86-64
 

@@ -1,5 +1,5 @@
 // FP8 scaling recipes: delayed scaling state and JSON, current and MX scales.
-#include "mixprec/fp8/recipes.hpp"
+#include "mixprec/lowp/scaling.hpp"
 #include "mixprec/core/json_read.hpp"
 #include "mixprec/core/text.hpp"
 
@@ -13,7 +13,7 @@
 #include <string>
 #include <utility>
 
-namespace mixprec::fp8 {
+namespace mixprec::lowp {
 
 namespace {
 
@@ -33,14 +33,12 @@ bool same_bits(float a, float b) noexcept {
 
 }  // namespace
 
-std::string_view dtype_name(Dtype d) noexcept { return d == Dtype::e4m3 ? "E4M3" : "E5M2"; }
+std::string_view element_label(Element e) noexcept {
+  return e == Element::e4m3 ? "E4M3" : e == Element::e5m2 ? "E5M2" : "E2M1";
+}
 std::string_view format_name(Format f) noexcept { return f == Format::e4m3 ? "E4M3" : "HYBRID"; }
 std::string_view role_name(Role r) noexcept { return r == Role::forward ? "forward" : "backward"; }
 std::string_view amax_algo_name(AmaxAlgo a) noexcept { return a == AmaxAlgo::max ? "max" : "most_recent"; }
-std::string_view mx_rounding_name(MxRounding r) noexcept {
-  return r == MxRounding::transformer_engine ? "te" : "ocp";
-}
-
 // ---- delayed scaling -----------------------------------------------------------
 
 void validate(const DelayedScalingConfig& c) {
@@ -130,7 +128,7 @@ const DelayedTensorState& DelayedScaling::at(std::size_t tensor) const {
   return state_.tensors[tensor];
 }
 
-Dtype DelayedScaling::dtype(std::size_t tensor) const { return dtype_for(state_.config.format, at(tensor).role); }
+Element DelayedScaling::dtype(std::size_t tensor) const { return dtype_for(state_.config.format, at(tensor).role); }
 
 void DelayedScaling::record_amax(std::size_t tensor, float amax) {
   at(tensor);
@@ -323,12 +321,12 @@ void validate(const CurrentScalingConfig& c) {
 
 // ---- MX -------------------------------------------------------------------------
 
-e8m0 mx_scale(float amax, Dtype dtype, MxRounding rounding) noexcept {
-  return mx_scale(amax, max_finite(dtype), dtype == Dtype::e4m3 ? 8 : 15, rounding);
+e8m0 mx_scale(float amax, Element element, ScaleRounding rounding) noexcept {
+  return mx_scale(amax, max_finite(element), element == Element::e4m3 ? 8 : element == Element::e5m2 ? 15 : 2, rounding);
 }
 
-e8m0 mx_scale(float amax, float elem_max, int emax_elem, MxRounding rounding) noexcept {
-  if (rounding == MxRounding::transformer_engine) {
+e8m0 mx_scale(float amax, float elem_max, int emax_elem, ScaleRounding rounding) noexcept {
+  if (rounding == ScaleRounding::rceil) {
     return e8m0::from_bits(mx_scale_code_te(amax, mx_max_norm_rcp(elem_max)));
   }
   // OCP MX emulation (microxcaling _shared_exponents, method "max").
@@ -338,11 +336,11 @@ e8m0 mx_scale(float amax, float elem_max, int emax_elem, MxRounding rounding) no
   return e8m0::from_exponent(std::max(e, -127));  // > 127 cannot happen for a finite amax
 }
 
-float mx_quantize_factor(e8m0 scale, MxRounding rounding) noexcept {
+float mx_quantize_factor(e8m0 scale, ScaleRounding rounding) noexcept {
   const std::uint32_t code = scale.bits();
-  if (rounding == MxRounding::transformer_engine) return mx_factor_te(static_cast<std::uint8_t>(code));
+  if (rounding == ScaleRounding::rceil) return mx_factor_te(static_cast<std::uint8_t>(code));
   if (code == 0xFF) return std::numeric_limits<float>::quiet_NaN();
   return std::ldexp(1.0f, -scale.exponent());
 }
 
-}  // namespace mixprec::fp8
+}  // namespace mixprec::lowp

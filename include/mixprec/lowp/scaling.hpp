@@ -1,6 +1,6 @@
-// FP8 scaling recipes with the exact rules of NVIDIA Transformer Engine (TE):
-// delayed scaling (amax history), current (just-in-time) scaling and MX block
-// scaling (one E8M0 scale per 32 values). docs/fp8.md gives every rule, where it
+// The scale rules of the low-precision recipes, with the exact rules of NVIDIA Transformer
+// Engine (TE): the element formats, delayed scaling (amax history), current (just-in-time)
+// scaling and MX block scaling (one E8M0 scale per 32 values); lowp::quantize applies them. docs/fp8.md gives every rule, where it
 // comes from, and the decisions taken where the sources are silent.
 //
 // Scale convention (TE's): quantize stores encode(x * scale), dequantize returns
@@ -21,21 +21,27 @@
 
 #include "mixprec/formats/types.hpp"
 
-namespace mixprec::fp8 {
+namespace mixprec::lowp {
 
 // The two element formats and their largest finite values (448, 57344).
-enum class Dtype : std::uint8_t { e4m3, e5m2 };
-constexpr float max_finite(Dtype d) noexcept {
-  return d == Dtype::e4m3 ? format_traits<f8e4m3>::max_finite : format_traits<f8e5m2>::max_finite;
+// Element formats: FP8 E4M3 / E5M2 (one byte per element) and FP4 E2M1 (two per byte,
+// the first element in the low nibble).
+enum class Element : std::uint8_t { e4m3, e5m2, e2m1 };
+// The largest finite value: the format table's for the FP8 formats (448, 57344); E2M1's
+// (6) is the largest of its eight magnitudes {0, 0.5, 1, 1.5, 2, 3, 4, 6}.
+constexpr float max_finite(Element e) noexcept {
+  return e == Element::e4m3   ? format_traits<f8e4m3>::max_finite
+         : e == Element::e5m2 ? format_traits<f8e5m2>::max_finite
+                              : 6.0f;
 }
-std::string_view dtype_name(Dtype d) noexcept;  // "E4M3", "E5M2"
+std::string_view element_label(Element e) noexcept;  // "E4M3", "E5M2", "E2M1" (the run log's dtype)
 
 // TE's recipe.Format: E4M3 everywhere, or HYBRID (E4M3 forward tensors, E5M2 gradients).
 enum class Format : std::uint8_t { e4m3, hybrid };
 // Which pass a tensor belongs to: forward (inputs, weights, activations) or backward (gradients).
 enum class Role : std::uint8_t { forward, backward };
-constexpr Dtype dtype_for(Format f, Role r) noexcept {
-  return f == Format::hybrid && r == Role::backward ? Dtype::e5m2 : Dtype::e4m3;
+constexpr Element dtype_for(Format f, Role r) noexcept {
+  return f == Format::hybrid && r == Role::backward ? Element::e5m2 : Element::e4m3;
 }
 std::string_view format_name(Format f) noexcept;  // "E4M3", "HYBRID"
 std::string_view role_name(Role r) noexcept;      // "forward", "backward"
@@ -112,7 +118,7 @@ class DelayedScaling {
 
   void update();  // rolls every history and updates every scale and scale_inv
 
-  Dtype dtype(std::size_t tensor) const;
+  Element dtype(std::size_t tensor) const;
   float scale(std::size_t tensor) const { return at(tensor).scale; }
   float scale_inv(std::size_t tensor) const { return at(tensor).scale_inv; }
   std::span<const float> amax_history(std::size_t tensor) const { return at(tensor).amax_history; }
@@ -161,11 +167,10 @@ inline float current_scale(float amax, float fp8_max, bool power_of_2_scales, fl
 
 inline constexpr std::size_t kMxBlock = 32;
 
-enum class MxRounding : std::uint8_t {
-  transformer_engine,  // E8M0 of amax * (1/fp8_max) rounded up (TE float_to_e8m0); saturating element cast
-  ocp,                 // floor(log2(amax)) - emax_elem, clamped to >= -127 (OCP MX emulation); saturating
-};
-std::string_view mx_rounding_name(MxRounding r) noexcept;  // "te", "ocp"
+// The MX shared exponent: rounded up so that nothing saturates (TE float_to_e8m0, cuBLAS,
+// torchao RCEIL), or floor(log2(amax)) - emax of the element format, clamped to >= -127 (the
+// OCP MX specification, torchao FLOOR). Both casts saturate.
+enum class ScaleRounding : std::uint8_t { rceil, floor };
 
 // The block scale from a block's amax (what the two rules compute; see docs/fp8.md):
 //   TE:  amax is the NaN-ignoring max |x| of the block; NaN -> 0xFF, inf -> 0xFE, 0 -> 0x00,
@@ -173,17 +178,17 @@ std::string_view mx_rounding_name(MxRounding r) noexcept;  // "te", "ocp"
 //        set (not past 0xFE; fp32 subnormals at or below 2^-127 give 0x00).
 //   OCP: amax is NaN when the block holds a NaN; NaN or inf -> 0xFF (NaN scale); 0 reads as
 //        2^-126; e = floor(log2(amax)) - emax_elem (8 for E4M3, 15 for E5M2), at least -127.
-e8m0 mx_scale(float amax, Dtype dtype, MxRounding rounding) noexcept;
+e8m0 mx_scale(float amax, Element element, ScaleRounding rounding) noexcept;
 // The same rules for any element format given its largest finite (TE: max_norm_rcp =
 // float(1 / elem_max)) and the exponent of its largest power of two (OCP: emax_elem);
 // MXFP4 (E2M1) uses 6 and 2.
-e8m0 mx_scale(float amax, float elem_max, int emax_elem, MxRounding rounding) noexcept;
+e8m0 mx_scale(float amax, float elem_max, int emax_elem, ScaleRounding rounding) noexcept;
 
 // The factor elements are multiplied by before the saturating cast:
 //   TE:  its exp2f_rcp: 1 for code 0x00 (sic), else the bits (254 - code) << 23
 //        (0 for 0xFE; the NaN scale 0xFF never reaches it, see mx_quantize);
 //   OCP: 2^-e exactly (e in [-127, 119]).
-float mx_quantize_factor(e8m0 scale, MxRounding rounding) noexcept;
+float mx_quantize_factor(e8m0 scale, ScaleRounding rounding) noexcept;
 
 // TE's Quantized_Limits<T>::max_norm_rcp: 1 / max_norm computed in double, stored as float.
 inline float mx_max_norm_rcp(float elem_max) noexcept { return static_cast<float>(1.0 / static_cast<double>(elem_max)); }
@@ -205,4 +210,4 @@ inline float mx_factor_te(std::uint8_t code) noexcept {
   return std::bit_cast<float>((254u - code) << 23);
 }
 
-}  // namespace mixprec::fp8
+}  // namespace mixprec::lowp
