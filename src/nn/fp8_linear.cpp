@@ -2,7 +2,6 @@
 #include "fp8_linear.hpp"
 
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -12,34 +11,6 @@
 
 namespace mixprec::nn::detail {
 namespace {
-
-template <class T>
-std::span<T> as_codes(std::span<std::uint8_t> codes, std::size_t n) {
-  return {reinterpret_cast<T*>(codes.data()), n};
-}
-
-template <class T>
-std::span<const T> as_codes(std::span<const std::uint8_t> codes, std::size_t n) {
-  return {reinterpret_cast<const T*>(codes.data()), n};
-}
-
-template <class T>
-ConversionStats quantize_codes_as(std::span<const float> x, std::span<std::uint8_t> codes, float scale) {
-  return convert_counted<T>(x, as_codes<T>(codes, x.size()), {Overflow::saturate, Subnormals::keep, scale});
-}
-
-template <class T>
-void dequantize_codes_as(std::span<const std::uint8_t> codes, std::span<float> out, float scale_inv) {
-  convert<T>(as_codes<T>(codes, out.size()), out, {Overflow::ieee, Subnormals::keep, scale_inv});
-}
-
-// max |x| of a tensor holding inf or NaN: the quiet NaN if some x is NaN, else +inf (the
-// amax lowp::quantize reports, Counts::amax). Only after a conversion counted one.
-float amax_nonfinite(std::span<const float> x) {
-  std::uint32_t m = 0;
-  for (const float v : x) m = std::max(m, std::bit_cast<std::uint32_t>(v) & 0x7fffffffu);
-  return m > 0x7f800000u ? std::numeric_limits<float>::quiet_NaN() : std::bit_cast<float>(m);
-}
 
 // The step's amax so far folded with another: NaN sticks, else the max.
 float fold_amax(float a, float b) {
@@ -70,27 +41,6 @@ void check_size(const char* what, std::size_t found, std::size_t expected) {
 
 }  // namespace
 
-ConversionStats fake_quantize(std::span<const float> x, std::span<float> out, lowp::Element dtype, float scale,
-                              float scale_inv, std::span<std::uint8_t> codes) {
-  check_size("fake_quantize out", out.size(), x.size());
-  const ConversionStats s = quantize_codes(x, codes, dtype, scale);
-  dequantize_codes(codes, out, dtype, scale_inv);
-  return s;
-}
-
-ConversionStats quantize_codes(std::span<const float> x, std::span<std::uint8_t> codes, lowp::Element dtype,
-                               float scale) {
-  if (codes.size() < x.size()) check_size("quantize_codes codes", codes.size(), x.size());
-  return dtype == lowp::Element::e4m3 ? quantize_codes_as<f8e4m3>(x, codes, scale)
-                                   : quantize_codes_as<f8e5m2>(x, codes, scale);
-}
-
-void dequantize_codes(std::span<const std::uint8_t> codes, std::span<float> out, lowp::Element dtype, float scale_inv) {
-  if (codes.size() < out.size()) check_size("dequantize_codes codes", codes.size(), out.size());
-  if (dtype == lowp::Element::e4m3) dequantize_codes_as<f8e4m3>(codes, out, scale_inv);
-  else dequantize_codes_as<f8e5m2>(codes, out, scale_inv);
-}
-
 // ---- Fp8Linears ------------------------------------------------------------------------
 
 Fp8Linears::Fp8Linears(Fp8Recipe recipe, const Fp8Config& config)
@@ -102,7 +52,7 @@ Fp8Linears::Fp8Linears(Fp8Recipe recipe, const Fp8Config& config)
   if (recipe == Fp8Recipe::current) {
     lowp::validate(lowp::CurrentScalingConfig{config.format, config.power_of_2_scales, config.amax_epsilon});
   }
-  if (lowp()) {
+  if (block_scaled()) {
     lowp::RecipeChoice c = lowp::RecipeChoice::of(recipe == Fp8Recipe::block   ? lowp::Recipe::fp8_block
                                                   : recipe == Fp8Recipe::mx    ? lowp::Recipe::mxfp8
                                                   : recipe == Fp8Recipe::nvfp4 ? lowp::Recipe::nvfp4
@@ -113,7 +63,7 @@ Fp8Linears::Fp8Linears(Fp8Recipe recipe, const Fp8Config& config)
   }
 }
 
-bool Fp8Linears::lowp() const noexcept {
+bool Fp8Linears::block_scaled() const noexcept {
   return recipe_ == Fp8Recipe::block || recipe_ == Fp8Recipe::mx || recipe_ == Fp8Recipe::nvfp4 ||
          recipe_ == Fp8Recipe::mx4;
 }
@@ -125,8 +75,6 @@ std::size_t Fp8Linears::add(const std::string& layer, std::size_t rows, std::siz
   l.in = in;
   l.out = out;
   l.tensor = stats_.size();
-  l.x_codes = saved_code_bytes_;
-  if (!lowp()) saved_code_bytes_ += rows * in;  // lowp recipes keep lowp::Quantized instead
   const std::pair<const char*, lowp::Role> tensors[] = {
       {".input", lowp::Role::forward}, {".weight", lowp::Role::forward}, {".grad_output", lowp::Role::backward}};
   for (const auto& [suffix, role] : tensors) {
@@ -134,7 +82,7 @@ std::size_t Fp8Linears::add(const std::string& layer, std::size_t rows, std::siz
     s.name = std::string(layer).append(suffix);
     s.role = role;
     s.dtype = lowp::dtype_for(config_.format, role);
-    if (lowp()) {
+    if (block_scaled()) {
       const bool gradient = role == lowp::Role::backward, weight = suffix == std::string_view(".weight");
       s.recipe = std::string(lowp::recipe_name(lowp_recipe_.recipe));
       s.element = lowp_recipe_.config(gradient, weight, lowp::Layout::rowwise).element;
@@ -142,76 +90,44 @@ std::size_t Fp8Linears::add(const std::string& layer, std::size_t rows, std::siz
     stats_.push_back(s);
     delayed_.add_tensor(s.name, role);
   }
-  max_act_ = std::max({max_act_, rows * in, rows * out});
   max_weight_ = std::max(max_weight_, out * in);
+  max_codes_ = std::max({max_codes_, rows * in, rows * out, out * in});
   // Own work memory holds what one backward carves (forward's rows*in is within it).
   max_work_ = std::max(max_work_, rows * out + rows * in);
-  if (lowp()) {
+  if (block_scaled()) {
     // X's columnwise grid is [in, rows]: codes and one scale per block along rows.
     const lowp::RecipeInfo& info = lowp::recipe_info(lowp_recipe_.recipe);
     const bool fp4 = info.element == lowp::Element::e2m1;
     const std::size_t scale_bytes = info.scale_format == lowp::ScaleFormat::f32 ? sizeof(float) : 1;
-    l.lowp_saved_bytes = in * (fp4 ? (rows + 1) / 2 : rows) + in * ((rows + info.block - 1) / info.block) * scale_bytes;
+    l.saved_bytes = in * (fp4 ? (rows + 1) / 2 : rows) + in * ((rows + info.block - 1) / info.block) * scale_bytes;
     max_work_ = std::max(max_work_, rows * out * 2 + rows * in);
+  } else {
+    l.saved_bytes = rows * in + sizeof(float);  // X's codes and its scale_inv
   }
   linears_.push_back(l);
   return linears_.size() - 1;
 }
 
 void Fp8Linears::finish(bool own_work) {
-  saved_codes_.assign(saved_code_bytes_, 0);
   wq_.assign(max_weight_, 0.0f);
   if (own_work) work_.assign(max_work_, 0.0f);
-  codes_.assign(std::max(max_act_, max_weight_), 0);
-  if (lowp()) saved_q_.resize(linears_.size());
+  saved_q_.resize(linears_.size());
+  work_q_.codes.reserve(max_codes_);  // the largest operand's codes (fp4 needs half)
   finished_ = true;
 }
 
-float Fp8Linears::scale_of(std::size_t t) const {
-  return recipe_ == Fp8Recipe::delayed ? delayed_.scale(t) : 1.0f;
-}
-
-float Fp8Linears::scale_inv_of(std::size_t t) const {
-  return recipe_ == Fp8Recipe::delayed ? delayed_.scale_inv(t) : 1.0f;
-}
-
-Fp8Linears::Pending Fp8Linears::quantize(std::size_t t, std::span<const float> x, std::span<float> out,
-                                         std::span<std::uint8_t> codes, float& scale_inv) {
-  const lowp::Element d = stats_[t].dtype;
-  Pending p;
-  // The vectorised amax skips NaN; with a non-finite input (counted by the conversion)
-  // the rules of a tensor's amax (NaN, then inf, win) are applied by amax_nonfinite.
-  p.amax = amax_of(x);
-  scale_inv = 1.0f;
-  switch (recipe_) {
-    case Fp8Recipe::current: {
-      // lowp::quantize_current: scale from this tensor's amax, scale_inv = 1 / scale.
-      const float fmax = lowp::max_finite(d);
-      p.scale = lowp::current_scale(p.amax, fmax, config_.power_of_2_scales, config_.amax_epsilon);
-      p.stats = quantize_codes(x, codes, d, p.scale);
-      if (p.stats.nonfinite_input > 0) {
-        p.amax = amax_nonfinite(x);
-        p.scale = lowp::current_scale(p.amax, fmax, config_.power_of_2_scales, config_.amax_epsilon);
-        p.stats = quantize_codes(x, codes, d, p.scale);
-      }
-      scale_inv = 1.0f / p.scale;
-      dequantize_codes(codes, out, d, scale_inv);
-      return p;
-    }
-    case Fp8Recipe::delayed:
-    case Fp8Recipe::noscale:
-    case Fp8Recipe::mx:     // the lowp recipes go through lowp_fake, never here
-    case Fp8Recipe::block:
-    case Fp8Recipe::nvfp4:
-    case Fp8Recipe::mx4:
-    case Fp8Recipe::none: break;
+lowp::QuantizeConfig Fp8Linears::per_tensor_config(std::size_t t) const {
+  lowp::QuantizeConfig c;
+  c.element = stats_[t].dtype;
+  if (recipe_ == Fp8Recipe::current) {
+    c.recipe = lowp::Recipe::fp8_current;
+    c.power_of_2_scales = config_.power_of_2_scales;
+    c.amax_epsilon = config_.amax_epsilon;
+  } else {
+    c.recipe = lowp::Recipe::fp8_delayed;
+    c.scale = recipe_ == Fp8Recipe::delayed ? delayed_.scale(t) : 1.0f;
   }
-  p.scale = scale_of(t);
-  scale_inv = scale_inv_of(t);
-  p.stats = quantize_codes(x, codes, d, p.scale);
-  dequantize_codes(codes, out, d, scale_inv);
-  if (p.stats.nonfinite_input > 0) p.amax = amax_nonfinite(x);
-  return p;
+  return c;
 }
 
 namespace {
@@ -271,8 +187,8 @@ Fp8Linears::Pending Fp8Linears::lowp_fake(std::span<const float> x, std::span<fl
   p.stats.underflow = q.counts.flushed;
   p.stats.nonfinite_input = q.counts.nonfinite;
   p.amax = q.counts.amax;
-  // nvfp4: S_enc; mxfp8: the smallest block factor (the largest block scale); fp8-block and
-  // mxfp4: 1 (their scales are per block).
+  // per tensor: the scale used; nvfp4: S_enc; mxfp8: the smallest block factor (the largest
+  // block scale); fp8-block and mxfp4: 1 (their scales are per block).
   p.scale = q.config.recipe == lowp::Recipe::mxfp8 ? smallest_mx_factor(q) : q.tensor_scale;
   return p;
 }
@@ -297,8 +213,7 @@ void Fp8Linears::forward(Gemm& g, std::size_t id, std::span<float> y, std::span<
   const std::span<float> own(work_);
   Carver carve(work.empty() ? Work(&own, 1) : work);
   const std::span<float> xq = carve.take(rows * l.in), wq(wq_.data(), l.out * l.in);
-  std::uint8_t* saved = saved_codes_.data() + l.x_codes;
-  if (lowp()) {
+  if (block_scaled()) {
     const lowp::LinearRecipe& r = lowp_recipe_;
     l.input = lowp_fake(x, xq, rows, l.in, r.config(false, false, lowp::Layout::rowwise), false);
     lowp::QuantizeConfig xc = r.config(false, false, lowp::Layout::columnwise);
@@ -309,9 +224,10 @@ void Fp8Linears::forward(Gemm& g, std::size_t id, std::span<float> y, std::span<
     l.forward_rows = rows;
     return;
   }
-  l.input = quantize(l.tensor, x, xq, {saved, rows * l.in}, l.x_scale_inv);
-  l.weight = quantize(l.tensor + 1, w, wq, codes_, l.w_scale_inv);
-  l.w_scale = l.weight.scale;
+  // Per tensor: one scale, so X's rowwise quantization holds the values of every layout;
+  // it is what the backward keeps.
+  l.input = lowp_fake(x, xq, rows, l.in, per_tensor_config(l.tensor), false, &saved_q_[id]);
+  l.weight = lowp_fake(w, wq, l.out, l.in, per_tensor_config(l.tensor + 1), false);
   linear_forward(g, y, xq, wq, b, rows, l.in, l.out);
   l.forward_rows = rows;
 }
@@ -334,7 +250,7 @@ void Fp8Linears::backward(Gemm& g, std::size_t id, std::span<float> dx, std::spa
   commit(l.tensor, l.input);
   commit(l.tensor + 1, l.weight);
   const std::span<float> dyq = carve.take(N * OC), wq(wq_.data(), OC * C);
-  if (lowp()) {
+  if (block_scaled()) {
     // dgrad: dYq rowwise (stochastic for nvfp4) times W columnwise; wgrad: the columnwise dYq
     // and the kept columnwise Xq (RHT on both or on neither, along N).
     const lowp::LinearRecipe& r = lowp_recipe_;
@@ -358,14 +274,16 @@ void Fp8Linears::backward(Gemm& g, std::size_t id, std::span<float> dx, std::spa
     }
     return;
   }
-  float unused = 1;
-  commit(l.tensor + 2, quantize(l.tensor + 2, dy, dyq, codes_, unused));
-  const std::uint8_t* saved = saved_codes_.data() + l.x_codes;
+  commit(l.tensor + 2, lowp_fake(dy, dyq, N, OC, per_tensor_config(l.tensor + 2), false));
   // W is what the forward multiplied, so its quantization with the forward's scale gives
-  // the forward's Wq again.
-  (void)fake_quantize(w, wq, stats_[l.tensor + 1].dtype, l.w_scale, l.w_scale_inv, codes_);
+  // the forward's Wq again (fp8-current: no second amax pass).
+  lowp::QuantizeConfig wc;
+  wc.recipe = lowp::Recipe::fp8_delayed;
+  wc.element = stats_[l.tensor + 1].dtype;
+  wc.scale = l.weight.scale;
+  (void)lowp_fake(w, wq, OC, C, wc, false);
   const std::span<float> xq = carve.take(N * C);
-  dequantize_codes({saved, N * C}, xq, stats_[l.tensor].dtype, l.x_scale_inv);
+  lowp::dequantize(saved_q_[id], xq);
   linear_backward(g, dx, dw, {}, dyq, xq, wq, N, C, OC);
   // The bias gradient from the unquantized dY (TE fuses it into dY's quantization).
   for (std::size_t n = 0; n < N && !db.empty(); ++n) {
@@ -386,16 +304,14 @@ void Fp8Linears::reset_stats() noexcept {
 }
 
 std::size_t Fp8Linears::saved_bytes() const noexcept {
-  if (lowp()) {
-    std::size_t b = 0;
-    for (const Linear& l : linears_) b += l.lowp_saved_bytes;
-    return b;
-  }
-  return saved_codes_.size();
+  std::size_t b = 0;
+  for (const Linear& l : linears_) b += l.saved_bytes;
+  return b;
 }
 
 std::size_t Fp8Linears::scratch_bytes() const noexcept {
-  return (wq_.size() + work_.size()) * sizeof(float) + codes_.size();
+  return (wq_.size() + work_.size()) * sizeof(float) + work_q_.codes.capacity() +
+         work_q_.scale_inv.capacity() * sizeof(float) + work_q_.scale_codes.capacity();
 }
 
 }  // namespace mixprec::nn::detail

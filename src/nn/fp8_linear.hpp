@@ -34,21 +34,6 @@
 
 namespace mixprec::nn::detail {
 
-// ---- fake quantization (quantize, then dequantize) -------------------------------------
-
-// out[i] = decode(encode_sat<dtype>(x[i] * scale)) * scale_inv: lowp::quantize followed by
-// lowp::dequantize, bit for bit (RNE, saturating, subnormals kept). out may alias x.
-// codes: scratch of at least x.size() bytes. Returns what the cast destroyed (overflow =
-// saturated, underflow = flushed).
-ConversionStats fake_quantize(std::span<const float> x, std::span<float> out, lowp::Element dtype, float scale,
-                              float scale_inv, std::span<std::uint8_t> codes);
-// fake_quantize in two halves, for values kept as codes in between: codes[i] =
-// encode_sat<dtype>(x[i] * scale) (returns what the cast destroyed), then out[i] =
-// decode(codes[i]) * scale_inv. codes holds at least x.size() (out.size()) bytes.
-ConversionStats quantize_codes(std::span<const float> x, std::span<std::uint8_t> codes, lowp::Element dtype,
-                               float scale);
-void dequantize_codes(std::span<const std::uint8_t> codes, std::span<float> out, lowp::Element dtype, float scale_inv);
-
 // ---- the Linear layers of one model ----------------------------------------------------
 
 class Fp8Linears {
@@ -89,7 +74,7 @@ class Fp8Linears {
   // What is kept from a forward to its backward: X's codes and scales (per tensor: 1 byte
   // per element; block-scaled presets: lowp's codes and block scales).
   std::size_t saved_bytes() const noexcept;
-  std::size_t scratch_bytes() const noexcept;  // the weight, codes on their way, own work
+  std::size_t scratch_bytes() const noexcept;  // the weight, the codes on their way, own work
 
  private:
   // What one quantization did, before it is committed to the step's stats.
@@ -101,46 +86,35 @@ class Fp8Linears {
   struct Linear {
     std::size_t rows = 0, in = 0, out = 0;
     std::size_t tensor = 0;          // index of "<layer>.input"; weight and grad_output follow
-    // per-tensor recipes: X's codes, an offset into saved_codes_ (rows * in bytes).
-    std::size_t x_codes = 0;
-    float x_scale_inv = 1;             // per-tensor: what X's codes are dequantized with
-    float w_scale = 1, w_scale_inv = 1;  // per-tensor: W's, for the backward's re-quantization
     std::size_t forward_rows = 0;    // rows of the last forward
-    std::size_t lowp_saved_bytes = 0;  // lowp: the bytes of X's kept codes and scales
+    std::size_t saved_bytes = 0;     // the bytes of X's kept codes and scales
     Pending input, weight;
   };
 
-  // The per-tensor recipes: x's codes with tensor t's scale, then their dequantization into
-  // out. scale_inv: what out was dequantized with.
-  Pending quantize(std::size_t t, std::span<const float> x, std::span<float> out, std::span<std::uint8_t> codes,
-                   float& scale_inv);
+  // fp8-noscale, fp8-delayed, fp8-current: tensor t's lowp::quantize config (fp8-delayed at
+  // this step's scale of t; fp8-noscale at 1).
+  lowp::QuantizeConfig per_tensor_config(std::size_t t) const;
   void commit(std::size_t t, const Pending& p);
-  // mxfp8, fp8-block, nvfp4, mxfp4: the operands through lowp::quantize (docs/low_precision.md), the
-  // same GEMM layouts as TE and as mixprec.torch.low_precision; X's columnwise quantization is
-  // kept for the backward as lowp's codes and scales.
-  bool lowp() const noexcept;
+  // mxfp8, fp8-block, nvfp4, mxfp4: each operand in the GEMM layout TE uses (as
+  // mixprec.torch.low_precision); X's columnwise quantization is kept for the backward.
+  bool block_scaled() const noexcept;
   Pending lowp_fake(std::span<const float> x, std::span<float> out, std::size_t rows, std::size_t cols,
                     const lowp::QuantizeConfig& c, bool random, lowp::Quantized* keep = nullptr);
   std::span<const std::uint32_t> random_words(std::size_t n);
-  float scale_of(std::size_t t) const;
-  float scale_inv_of(std::size_t t) const;
 
   Fp8Recipe recipe_;
   Fp8Config config_;
   lowp::DelayedScaling delayed_;
   std::vector<Linear> linears_;
   std::vector<Fp8TensorStats> stats_;
-  std::vector<std::uint8_t> saved_codes_;  // per Linear: X's codes
-  std::size_t saved_code_bytes_ = 0;
   std::vector<float> wq_;                  // the weight being multiplied (forward or backward)
   std::vector<float> work_;                // own work memory (finish(true))
-  std::vector<std::uint8_t> codes_;        // codes of W and dY on their way to fp32
   lowp::LinearRecipe lowp_recipe_;         // the lowp recipes' settings
-  std::vector<lowp::Quantized> saved_q_;   // lowp, per Linear: X's columnwise quantization
-  lowp::Quantized work_q_;                 // lowp: the other operands' codes on their way
+  std::vector<lowp::Quantized> saved_q_;   // per Linear: X's kept quantization (block-scaled: columnwise)
+  lowp::Quantized work_q_;                 // the other operands' codes on their way
   std::vector<std::uint32_t> random_;      // nvfp4: stochastic rounding's words (splitmix64)
   std::uint64_t draws_ = 0;
-  std::size_t max_act_ = 0, max_weight_ = 0, max_work_ = 0;
+  std::size_t max_weight_ = 0, max_work_ = 0, max_codes_ = 0;
   bool finished_ = false;
 };
 
