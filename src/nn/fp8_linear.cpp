@@ -43,29 +43,24 @@ void check_size(const char* what, std::size_t found, std::size_t expected) {
 
 // ---- Fp8Linears ------------------------------------------------------------------------
 
-Fp8Linears::Fp8Linears(Fp8Recipe recipe, const Fp8Config& config)
-    : recipe_(recipe),
+Fp8Linears::Fp8Linears(QuantizedGemms gemms, const Fp8Config& config)
+    : gemms_(gemms),
       config_(config),
       delayed_(lowp::DelayedScalingConfig{config.margin, config.amax_history_len, config.amax_compute_algo,
                                          config.format}) {
-  if (recipe == Fp8Recipe::none) throw std::logic_error("Fp8Linears: the precision has no fp8 recipe");
-  if (recipe == Fp8Recipe::current) {
+  if (gemms.recipe == lowp::Recipe::fp8_current) {
     lowp::validate(lowp::CurrentScalingConfig{config.format, config.power_of_2_scales, config.amax_epsilon});
   }
   if (block_scaled()) {
-    lowp::RecipeChoice c = lowp::RecipeChoice::of(recipe == Fp8Recipe::block   ? lowp::Recipe::fp8_block
-                                                  : recipe == Fp8Recipe::mx    ? lowp::Recipe::mxfp8
-                                                  : recipe == Fp8Recipe::nvfp4 ? lowp::Recipe::nvfp4
-                                                                               : lowp::Recipe::mxfp4);
-    if (recipe == Fp8Recipe::block || recipe == Fp8Recipe::mx) c.fp8_format = config.format;
-    if (recipe == Fp8Recipe::mx) c.scale_rounding = config.mx_rounding;
+    lowp::RecipeChoice c = lowp::RecipeChoice::of(gemms.recipe);
+    if (lowp::recipe_info(gemms.recipe).element != lowp::Element::e2m1) c.fp8_format = config.format;
+    if (gemms.recipe == lowp::Recipe::mxfp8) c.scale_rounding = config.mx_rounding;
     lowp_recipe_ = *lowp::resolve(c);
   }
 }
 
 bool Fp8Linears::block_scaled() const noexcept {
-  return recipe_ == Fp8Recipe::block || recipe_ == Fp8Recipe::mx || recipe_ == Fp8Recipe::nvfp4 ||
-         recipe_ == Fp8Recipe::mx4;
+  return lowp::recipe_info(gemms_.recipe).block > 0;
 }
 
 std::size_t Fp8Linears::add(const std::string& layer, std::size_t rows, std::size_t in, std::size_t out) {
@@ -119,13 +114,13 @@ void Fp8Linears::finish(bool own_work) {
 lowp::QuantizeConfig Fp8Linears::per_tensor_config(std::size_t t) const {
   lowp::QuantizeConfig c;
   c.element = stats_[t].dtype;
-  if (recipe_ == Fp8Recipe::current) {
+  if (gemms_.recipe == lowp::Recipe::fp8_current) {
     c.recipe = lowp::Recipe::fp8_current;
     c.power_of_2_scales = config_.power_of_2_scales;
     c.amax_epsilon = config_.amax_epsilon;
   } else {
     c.recipe = lowp::Recipe::fp8_delayed;
-    c.scale = recipe_ == Fp8Recipe::delayed ? delayed_.scale(t) : 1.0f;
+    c.scale = gemms_.delayed_scaling() ? delayed_.scale(t) : 1.0f;
   }
   return c;
 }
@@ -201,7 +196,7 @@ void Fp8Linears::commit(std::size_t t, const Pending& p) {
   s.flushed += p.stats.underflow;
   s.amax = fold_amax(s.amax, p.amax);
   s.scale = p.scale;
-  if (recipe_ == Fp8Recipe::delayed) delayed_.record_amax(t, p.amax);
+  if (gemms_.delayed_scaling()) delayed_.record_amax(t, p.amax);
 }
 
 void Fp8Linears::forward(Gemm& g, std::size_t id, std::span<float> y, std::span<const float> x,
@@ -293,7 +288,7 @@ void Fp8Linears::backward(Gemm& g, std::size_t id, std::span<float> dx, std::spa
 }
 
 void Fp8Linears::step_done() {
-  if (recipe_ == Fp8Recipe::delayed) delayed_.update();
+  if (gemms_.delayed_scaling()) delayed_.update();
 }
 
 void Fp8Linears::reset_stats() noexcept {

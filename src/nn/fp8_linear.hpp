@@ -38,7 +38,7 @@ namespace mixprec::nn::detail {
 
 class Fp8Linears {
  public:
-  Fp8Linears(Fp8Recipe recipe, const Fp8Config& config);
+  Fp8Linears(QuantizedGemms gemms, const Fp8Config& config);
 
   // Registers a Linear X[rows, in] -> Y[rows, out] named `layer` ("h0.attn.qkv"); its fp8
   // tensors are "<layer>.input", "<layer>.weight" (forward) and "<layer>.grad_output"
@@ -69,8 +69,8 @@ class Fp8Linears {
   void step_done();           // fp8-delayed: DelayedScaling::update()
   void reset_stats() noexcept;  // the per-step counts; scales and histories stay
   std::span<const Fp8TensorStats> stats() const noexcept { return stats_; }
-  lowp::DelayedScaling* delayed() noexcept { return recipe_ == Fp8Recipe::delayed ? &delayed_ : nullptr; }
-  Fp8Recipe recipe() const noexcept { return recipe_; }
+  lowp::DelayedScaling* delayed() noexcept { return gemms_.delayed_scaling() ? &delayed_ : nullptr; }
+  QuantizedGemms gemms() const noexcept { return gemms_; }
   // What is kept from a forward to its backward: X's codes and scales (per tensor: 1 byte
   // per element; block-scaled presets: lowp's codes and block scales).
   std::size_t saved_bytes() const noexcept;
@@ -102,7 +102,7 @@ class Fp8Linears {
                     const lowp::QuantizeConfig& c, bool random, lowp::Quantized* keep = nullptr);
   std::span<const std::uint32_t> random_words(std::size_t n);
 
-  Fp8Recipe recipe_;
+  QuantizedGemms gemms_;
   Fp8Config config_;
   lowp::DelayedScaling delayed_;
   std::vector<Linear> linears_;

@@ -93,7 +93,7 @@ std::vector<ParamSpec> gpt_specs(const ModelConfig& c) {
 
 class Gpt final : public Model {
  public:
-  Gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, Fp8Recipe recipe, const Fp8Config& fp8)
+  Gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, std::optional<QuantizedGemms> gemms, const Fp8Config& fp8)
       : Model(c, p) {
     store_ = std::make_unique<ParamStore>(
         gpt_specs(c), StoreOptions{p.weights, p.weight_grads, p.master, state_slots});
@@ -103,7 +103,7 @@ class Gpt final : public Model {
     engine_ = std::make_unique<Engine>(p, *store_, slot_floats_, kSlotCount);
     Arena& a = engine_->acts();
     const DType act = p.activations;
-    const bool shared_inputs = recipe != Fp8Recipe::none;  // fp8 presets (below)
+    const bool shared_inputs = gemms.has_value();  // fp8 presets (below)
     wte_ = store_->index_of("wte");
     wpe_ = store_->index_of("wpe");
     lnfw_ = store_->index_of("lnf.weight");
@@ -175,8 +175,8 @@ class Gpt final : public Model {
     a.finish();
     // fp8 presets: the four Linears of every block; the tied embedding / LM head stays
     // bf16 (TE keeps the first and last layers in higher precision).
-    if (recipe != Fp8Recipe::none) {
-      fp8_ = std::make_unique<Fp8Linears>(recipe, fp8);
+    if (gemms.has_value()) {
+      fp8_ = std::make_unique<Fp8Linears>(*gemms, fp8);
       for (std::size_t l = 0; l < L; ++l) {
         const std::string h = layer_prefix(l);
         fp8_ids_.push_back({fp8_->add(h + "attn.qkv", N, C, 3 * C), fp8_->add(h + "attn.proj", N, C, C),
@@ -625,9 +625,9 @@ class Gpt final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, Fp8Recipe recipe,
+std::unique_ptr<Model> make_gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, std::optional<QuantizedGemms> gemms,
                                 const Fp8Config& fp8) {
-  return std::make_unique<Gpt>(c, p, state_slots, recipe, fp8);
+  return std::make_unique<Gpt>(c, p, state_slots, gemms, fp8);
 }
 
 }  // namespace mixprec::nn::detail

@@ -53,7 +53,7 @@ enum BackwardSlot : std::size_t {
 
 class Mlp final : public Model {
  public:
-  Mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, Fp8Recipe recipe, const Fp8Config& fp8)
+  Mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, std::optional<QuantizedGemms> gemms, const Fp8Config& fp8)
       : Model(c, p) {
     store_ = std::make_unique<ParamStore>(mlp_specs(c), StoreOptions{p.weights, p.weight_grads, p.master, state_slots});
     const std::size_t B = c.batch, TC = c.context * c.channels, H = c.hidden, V = c.vocab;
@@ -87,8 +87,8 @@ class Mlp final : public Model {
     dhid_ = a.add("hidden.grad", act, B * std::max(H, TC));
     a.finish();
     // fp8 presets: the hidden Linears; the embedding and the head stay bf16.
-    if (recipe != Fp8Recipe::none) {
-      fp8_ = std::make_unique<Fp8Linears>(recipe, fp8);
+    if (gemms.has_value()) {
+      fp8_ = std::make_unique<Fp8Linears>(*gemms, fp8);
       for (std::size_t i = 0; i < c.depth; ++i) {
         fp8_->add(std::string("fc").append(std::to_string(i)), B, i == 0 ? TC : H, H);
       }
@@ -257,9 +257,9 @@ class Mlp final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, Fp8Recipe recipe,
+std::unique_ptr<Model> make_mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, std::optional<QuantizedGemms> gemms,
                                 const Fp8Config& fp8) {
-  return std::make_unique<Mlp>(c, p, state_slots, recipe, fp8);
+  return std::make_unique<Mlp>(c, p, state_slots, gemms, fp8);
 }
 
 }  // namespace mixprec::nn::detail

@@ -64,13 +64,13 @@ std::unique_ptr<Model> make_model(const ModelConfig& config, Precision precision
   validate(config);
   PrecisionPolicy p = policy_of(precision);
   p.master = p.master && options.master_weights;
-  const Fp8Recipe recipe = fp8_recipe_of(precision);
+  const std::optional<QuantizedGemms> gemms = quantized_gemms_of(precision);
   const Fp8Config& fp8 = options.fp8;
-  if (recipe == Fp8Recipe::delayed) {
+  if (gemms && gemms->delayed_scaling()) {
     lowp::validate(lowp::DelayedScalingConfig{fp8.margin, fp8.amax_history_len, fp8.amax_compute_algo, fp8.format});
   }
-  return config.kind == ModelKind::gpt ? detail::make_gpt(config, p, options.state_slots, recipe, fp8)
-                                       : detail::make_mlp(config, p, options.state_slots, recipe, fp8);
+  return config.kind == ModelKind::gpt ? detail::make_gpt(config, p, options.state_slots, gemms, fp8)
+                                       : detail::make_mlp(config, p, options.state_slots, gemms, fp8);
 }
 
 void Model::scaled_layer(std::string name, std::int64_t fan_in, std::vector<std::size_t> params) {

@@ -9,7 +9,7 @@ struct PrecisionRow {
   Precision precision;
   std::string_view name;
   PrecisionPolicy policy;  // activations, weights, weight gradients, master
-  Fp8Recipe fp8;
+  std::optional<QuantizedGemms> gemms;
   std::string_view doc;
 };
 
@@ -19,29 +19,29 @@ struct PrecisionRow {
 // weights) and fp32 .grad, low-precision weight copies and activations; the pure presets
 // keep nothing in fp32; the fp8 presets are the bf16 arrangement with only the Linear GEMM
 // operands in fp8 (fp8_linear.hpp).
-constexpr PrecisionRow kPrecisions[] = {
-    {Precision::fp32, "fp32", {DType::f32, DType::f32, DType::f32, false}, Fp8Recipe::none, "everything fp32"},
-    {Precision::fp16, "fp16", {DType::f16, DType::f16, DType::f32, true}, Fp8Recipe::none,
+const PrecisionRow kPrecisions[] = {
+    {Precision::fp32, "fp32", {DType::f32, DType::f32, DType::f32, false}, std::nullopt, "everything fp32"},
+    {Precision::fp16, "fp16", {DType::f16, DType::f16, DType::f32, true}, std::nullopt,
      "mixed: fp16 activations and weight copy, fp32 master weights and weight gradients"},
-    {Precision::bf16, "bf16", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::none,
+    {Precision::bf16, "bf16", {DType::bf16, DType::bf16, DType::f32, true}, std::nullopt,
      "mixed: bf16 activations and weight copy, fp32 master weights and weight gradients"},
-    {Precision::fp16_pure, "fp16-pure", {DType::f16, DType::f16, DType::f16, false}, Fp8Recipe::none,
+    {Precision::fp16_pure, "fp16-pure", {DType::f16, DType::f16, DType::f16, false}, std::nullopt,
      "fp16 weights (no master copy), weight gradients and activations"},
-    {Precision::bf16_pure, "bf16-pure", {DType::bf16, DType::bf16, DType::bf16, false}, Fp8Recipe::none,
+    {Precision::bf16_pure, "bf16-pure", {DType::bf16, DType::bf16, DType::bf16, false}, std::nullopt,
      "bf16 weights (no master copy), weight gradients and activations"},
-    {Precision::fp8_noscale, "fp8-noscale", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::noscale,
+    {Precision::fp8_noscale, "fp8-noscale", {DType::bf16, DType::bf16, DType::f32, true}, QuantizedGemms{lowp::Recipe::fp8_delayed, true},
      "bf16 mixed, block Linears in fp8 with every scale 1"},
-    {Precision::fp8_delayed, "fp8-delayed", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::delayed,
+    {Precision::fp8_delayed, "fp8-delayed", {DType::bf16, DType::bf16, DType::f32, true}, QuantizedGemms{lowp::Recipe::fp8_delayed},
      "bf16 mixed, block Linears in fp8 with per-tensor delayed scaling"},
-    {Precision::fp8_current, "fp8-current", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::current,
+    {Precision::fp8_current, "fp8-current", {DType::bf16, DType::bf16, DType::f32, true}, QuantizedGemms{lowp::Recipe::fp8_current},
      "bf16 mixed, block Linears in fp8 with per-tensor current scaling"},
-    {Precision::mxfp8, "mxfp8", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::mx,
+    {Precision::mxfp8, "mxfp8", {DType::bf16, DType::bf16, DType::f32, true}, QuantizedGemms{lowp::Recipe::mxfp8},
      "bf16 mixed, block Linears in fp8 MX blocks of 32 with E8M0 scales"},
-    {Precision::fp8_block, "fp8-block", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::block,
+    {Precision::fp8_block, "fp8-block", {DType::bf16, DType::bf16, DType::f32, true}, QuantizedGemms{lowp::Recipe::fp8_block},
      "bf16 mixed, block Linears in fp8 blocks of 1x128 (weights 128x128) with fp32 scales"},
-    {Precision::nvfp4, "nvfp4", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::nvfp4,
+    {Precision::nvfp4, "nvfp4", {DType::bf16, DType::bf16, DType::f32, true}, QuantizedGemms{lowp::Recipe::nvfp4},
      "bf16 mixed, block Linears in fp4 (E2M1) blocks of 16 with E4M3 scales and a tensor scale"},
-    {Precision::mxfp4, "mxfp4", {DType::bf16, DType::bf16, DType::f32, true}, Fp8Recipe::mx4,
+    {Precision::mxfp4, "mxfp4", {DType::bf16, DType::bf16, DType::f32, true}, QuantizedGemms{lowp::Recipe::mxfp4},
      "bf16 mixed, block Linears in fp4 (E2M1) MX blocks of 32 with E8M0 scales"},
 };
 
@@ -92,11 +92,11 @@ PrecisionPolicy policy_of(Precision p) noexcept {
   return r ? r->policy : PrecisionPolicy{};
 }
 
-Fp8Recipe fp8_recipe_of(Precision p) noexcept {
+std::optional<QuantizedGemms> quantized_gemms_of(Precision p) noexcept {
   const PrecisionRow* r = row_of(p);
-  return r ? r->fp8 : Fp8Recipe::none;
+  return r ? r->gemms : std::nullopt;
 }
 
-bool is_fp8(Precision p) noexcept { return fp8_recipe_of(p) != Fp8Recipe::none; }
+bool is_fp8(Precision p) noexcept { return quantized_gemms_of(p).has_value(); }
 
 }  // namespace mixprec::nn

@@ -146,14 +146,18 @@ Spec choice(std::string name, std::string doc, std::vector<std::string> choices)
 
 // ConfigKey::only_for of an fp8 option: the precisions whose fp8 recipe is one of `recipes`
 // (every fp8 precision when empty), read from the precision table.
-std::uint32_t fp8_only(std::initializer_list<nn::Fp8Recipe> recipes) {
+template <class Pred>
+std::uint32_t fp8_only(Pred takes) {
   std::uint32_t bits = 0;
   for (const nn::Precision p : nn::all_precisions()) {
-    const nn::Fp8Recipe r = nn::fp8_recipe_of(p);
-    if (r != nn::Fp8Recipe::none && (recipes.size() == 0 || std::find(recipes.begin(), recipes.end(), r) != recipes.end()))
-      bits |= precision_bits({p});
+    const std::optional<nn::QuantizedGemms> g = nn::quantized_gemms_of(p);
+    if (g && takes(*g)) bits |= precision_bits({p});
   }
   return bits;
+}
+// The presets of one lowp recipe (fp8-delayed: only the scaled one).
+std::uint32_t fp8_only(lowp::Recipe r) {
+  return fp8_only([r](const nn::QuantizedGemms& g) { return g.recipe == r && !g.unit_scale; });
 }
 
 // The key-table binders for a TrainConfig row: (spec, member, own rule, TrainExtra).
@@ -222,29 +226,30 @@ const Table& table() {
     }
     // fp8 recipe options
     // The fp4 presets (nvfp4, mxfp4) have E2M1 operands everywhere: no fp8 format to choose.
-    const std::uint32_t fp8_elements = fp8_only({nn::Fp8Recipe::noscale, nn::Fp8Recipe::delayed, nn::Fp8Recipe::current,
-                                                 nn::Fp8Recipe::mx, nn::Fp8Recipe::block});
+    const std::uint32_t fp8_elements = fp8_only([](const nn::QuantizedGemms& g) {
+      return lowp::recipe_info(g.recipe).element != lowp::Element::e2m1;  // the FP8 presets
+    });
     k.push_back(text_row(
         choice("fp8-format", "fp8 presets: hybrid (E4M3 forward, E5M2 gradients) or e4m3", {"hybrid", "e4m3"}),
         [](auto& c) -> auto& { return c.fp8_format; }, {}, {.only_for = fp8_elements}));
     k.push_back(int_row(
         integer("fp8-amax-history", "N", "fp8-delayed: amax history length", 1, kMaxAmaxHistory),
-        [](auto& c) -> auto& { return c.fp8_amax_history; }, {}, {.only_for = fp8_only({nn::Fp8Recipe::delayed})}));
+        [](auto& c) -> auto& { return c.fp8_amax_history; }, {}, {.only_for = fp8_only(lowp::Recipe::fp8_delayed)}));
     k.push_back(text_row(
         choice("fp8-amax-algo", "fp8-delayed: max or most_recent", {"max", "most_recent"}),
-        [](auto& c) -> auto& { return c.fp8_amax_algo; }, {}, {.only_for = fp8_only({nn::Fp8Recipe::delayed})}));
+        [](auto& c) -> auto& { return c.fp8_amax_algo; }, {}, {.only_for = fp8_only(lowp::Recipe::fp8_delayed)}));
     {
       Spec s = integer("fp8-margin", "M", "fp8-delayed: scale = fp8_max * 2^-M / amax, M in [-64, 64]");
       s.int_min = -64;
       s.int_max = 64;
       k.push_back(int_row(
-          s, [](auto& c) -> auto& { return c.fp8_margin; }, {}, {.only_for = fp8_only({nn::Fp8Recipe::delayed})}));
+          s, [](auto& c) -> auto& { return c.fp8_margin; }, {}, {.only_for = fp8_only(lowp::Recipe::fp8_delayed)}));
     }
     {
       Spec s = text_spec("fp8-power2-scales", "[BOOL]", "fp8-current: scales rounded down to powers of two");
       k.push_back(bool_row(
           s, [](auto& c) -> auto& { return c.fp8_power2_scales; }, {},
-          {.only_for = fp8_only({nn::Fp8Recipe::current})}));
+          {.only_for = fp8_only(lowp::Recipe::fp8_current)}));
     }
     k.push_back(num_row(
         number("fp8-amax-epsilon", "fp8-current: amax floor", 0, false), [](auto& c) -> auto& { return c.fp8_amax_epsilon; },
@@ -254,10 +259,10 @@ const Table& table() {
           if (c.fp8_amax_epsilon > kFloatMax || (c.fp8_amax_epsilon > 0 && static_cast<float>(c.fp8_amax_epsilon) == 0.0f))
             fail("fp8-amax-epsilon", "0, or a finite number float32 holds (1.4e-45 to 3.4e38)", num(c.fp8_amax_epsilon));
         },
-        {.only_for = fp8_only({nn::Fp8Recipe::current})}));
+        {.only_for = fp8_only(lowp::Recipe::fp8_current)}));
     k.push_back(text_row(
         choice("mx-rounding", "mxfp8: E8M0 block-scale rounding, te (round up) or ocp (floor)", {"te", "ocp"}),
-        [](auto& c) -> auto& { return c.mx_rounding; }, {}, {.only_for = fp8_only({nn::Fp8Recipe::mx})}));
+        [](auto& c) -> auto& { return c.mx_rounding; }, {}, {.only_for = fp8_only(lowp::Recipe::mxfp8)}));
     // the model's shape
     k.push_back(int_row(integer("layers", "N", "gpt: transformer blocks", 1, kMaxLayers),
                                                           [](auto& c) -> auto& { return c.model.layers; }));

@@ -1,7 +1,7 @@
-// FP8 scaling recipes (docs/fp8.md): delayed scaling with hand-computed scales
-// for histories with zeros, infs, NaNs, a spike and the margin; state save/load;
-// current scaling; MX block scales under both roundings on edge blocks; the
-// quantize/dequantize references bit-exact against the library's encode.
+// The scale rules of lowp/scaling.hpp (docs/fp8.md): delayed scaling with hand-computed
+// scales for histories with zeros, infs, NaNs, a spike and the margin; state save/load;
+// current scaling; MX block scales under both roundings on edge blocks, through
+// lowp::quantize; its per-tensor codes bit-exact against the library's encode.
 #include <gtest/gtest.h>
 
 #include <bit>

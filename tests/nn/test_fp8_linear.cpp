@@ -24,6 +24,10 @@ namespace mixprec::nn::detail {
 namespace {
 
 using lowp::Element;
+// The engine's presets' GEMM quantization (nn/precision.hpp's rows).
+constexpr QuantizedGemms kNoscale{lowp::Recipe::fp8_delayed, true}, kDelayed{lowp::Recipe::fp8_delayed},
+    kCurrent{lowp::Recipe::fp8_current}, kMx{lowp::Recipe::mxfp8}, kBlock{lowp::Recipe::fp8_block},
+    kNvfp4{lowp::Recipe::nvfp4}, kMx4{lowp::Recipe::mxfp4};
 
 // Values over many binades (2^-30 .. 2^6), signs mixed, a few exact zeros.
 std::vector<float> spread(std::size_t n, std::uint32_t seed, float scale = 1.0f) {
@@ -270,7 +274,7 @@ TEST(Fp8Linear, PerTensorRecipesMatchTheNaiveReference) {
   const LinearCase t;
   // fp8-noscale: scale 1 everywhere.
   {
-    Fp8Linears f(Fp8Recipe::noscale, {});
+    Fp8Linears f(kNoscale, {});
     f.add("l", kN, kC, kOC);
     f.finish();
     const auto xq = reference_qdq(Dtype::e4m3, t.x, 1, 1), wq = reference_qdq(Dtype::e4m3, t.w, 1, 1);
@@ -281,7 +285,7 @@ TEST(Fp8Linear, PerTensorRecipesMatchTheNaiveReference) {
   for (bool pow2 : {false, true}) {
     Fp8Config cfg;
     cfg.power_of_2_scales = pow2;
-    Fp8Linears f(Fp8Recipe::current, cfg);
+    Fp8Linears f(kCurrent, cfg);
     f.add("l", kN, kC, kOC);
     f.finish();
     auto current = [&](Dtype d, const std::vector<float>& v) {
@@ -323,7 +327,7 @@ TEST(Fp8Linear, MxQuantizesAlongEachGemmsReductionDimension) {
   for (lowp::ScaleRounding r : {lowp::ScaleRounding::rceil, lowp::ScaleRounding::floor}) {
     Fp8Config cfg;
     cfg.mx_rounding = r;
-    Fp8Linears f(Fp8Recipe::mx, cfg);
+    Fp8Linears f(kMx, cfg);
     f.add("l", kN, kC, kOC);
     f.finish();
     // Rowwise: blocks along C (x, w) and OC (dy); columnwise: along OC for w (dgrad), along
@@ -366,10 +370,10 @@ TEST(Fp8Linear, LowpRecipesQuantizeAsTe) {
   for (std::size_t n = 0; n < kN; ++n)
     for (std::size_t c = 0; c < kC; ++c) t.x[n * kC + c] *= std::ldexp(1.0f, static_cast<int>(n % 8) * 3 - 12);
   const struct {
-    Fp8Recipe recipe;
+    QuantizedGemms recipe;
     lowp::Recipe lr;
-  } cases[] = {{Fp8Recipe::block, lowp::Recipe::fp8_block}, {Fp8Recipe::nvfp4, lowp::Recipe::nvfp4},
-               {Fp8Recipe::mx4, lowp::Recipe::mxfp4}};
+  } cases[] = {{kBlock, lowp::Recipe::fp8_block}, {kNvfp4, lowp::Recipe::nvfp4},
+               {kMx4, lowp::Recipe::mxfp4}};
   for (const auto& cs : cases) {
     Fp8Linears f(cs.recipe, {});
     f.add("l", kN, kC, kOC);
@@ -408,7 +412,7 @@ TEST(Fp8Linear, DelayedScalingScaleSequenceByHand) {
     Fp8Config cfg;
     cfg.amax_history_len = 2;
     cfg.margin = margin;
-    Fp8Linears f(Fp8Recipe::delayed, cfg);
+    Fp8Linears f(kDelayed, cfg);
     f.add("l", kN, kC, kOC);
     f.finish();
     LinearCase t;
@@ -442,7 +446,7 @@ TEST(Fp8Linear, DelayedScalingScaleSequenceByHand) {
 
 // An evaluation forward (fewer rows, no backward) records nothing.
 TEST(Fp8Linear, EvaluationForwardRecordsNothing) {
-  Fp8Linears f(Fp8Recipe::delayed, {});
+  Fp8Linears f(kDelayed, {});
   f.add("l", kN, kC, kOC);
   f.finish();
   const LinearCase t;
@@ -480,10 +484,10 @@ std::vector<float> columnwise(Dtype d, const std::vector<float>& x, std::size_t 
 // scales are not 1; an evaluation forward of fewer rows comes before the training one.
 TEST(Fp8SavedCodes, BackwardFromCodesEqualsBackwardFromFp32Copies) {
   const Shape shapes[] = {{64, 48, 40}, {20, 33, 70}, {37, 96, 5}, {1, 31, 3}};
-  const Fp8Recipe recipes[] = {Fp8Recipe::noscale, Fp8Recipe::delayed, Fp8Recipe::current, Fp8Recipe::mx};
+  const QuantizedGemms recipes[] = {kNoscale, kDelayed, kCurrent, kMx};
   for (const Shape& sh : shapes) {
     const std::size_t N = sh.n, C = sh.c, OC = sh.oc;
-    for (Fp8Recipe recipe : recipes) {
+    for (const QuantizedGemms& recipe : recipes) {
       for (int variant = 0; variant < 2; ++variant) {
         Fp8Config cfg;
         if (variant == 1) {
@@ -491,7 +495,7 @@ TEST(Fp8SavedCodes, BackwardFromCodesEqualsBackwardFromFp32Copies) {
           cfg.power_of_2_scales = true;
           cfg.mx_rounding = lowp::ScaleRounding::floor;
         }
-        const std::string what = "recipe " + std::to_string(static_cast<int>(recipe)) + ", variant " +
+        const std::string what = "recipe " + std::string(lowp::recipe_name(recipe.recipe)) + (recipe.unit_scale ? " (unit scale)" : "") + ", variant " +
                                  std::to_string(variant) + ", N " + std::to_string(N) + " C " + std::to_string(C) +
                                  " OC " + std::to_string(OC);
         Fp8Linears f(recipe, cfg);
@@ -508,10 +512,10 @@ TEST(Fp8SavedCodes, BackwardFromCodesEqualsBackwardFromFp32Copies) {
           const Dtype dx_t = f.stats()[0].dtype, dw_t = f.stats()[1].dtype, ddy = f.stats()[2].dtype;
           auto per_tensor = [&](std::size_t t, Dtype d, const std::vector<float>& v) {
             float scale = 1, inv = 1;
-            if (recipe == Fp8Recipe::delayed) {
+            if (recipe == kDelayed) {
               scale = f.delayed()->scale(t);
               inv = f.delayed()->scale_inv(t);
-            } else if (recipe == Fp8Recipe::current) {
+            } else if (recipe == kCurrent) {
               scale = lowp::current_scale(tensor_amax(v), lowp::max_finite(d), cfg.power_of_2_scales, cfg.amax_epsilon);
               inv = 1.0f / scale;
             }
@@ -522,7 +526,7 @@ TEST(Fp8SavedCodes, BackwardFromCodesEqualsBackwardFromFp32Copies) {
           std::fill(dx.begin(), dx.end(), 0.5f);
           std::fill(dw.begin(), dw.end(), -0.25f);
           std::fill(db.begin(), db.end(), 1.0f);
-          if (recipe != Fp8Recipe::mx) {
+          if (recipe != kMx) {
             const auto xq = per_tensor(0, dx_t, x), wq = per_tensor(1, dw_t, w), dyq = per_tensor(2, ddy, dy);
             linear_forward(g, ry, xq, wq, b, N, C, OC);
             linear_backward(g, rdx, rdw, {}, dyq, xq, wq, N, C, OC);
@@ -557,12 +561,12 @@ TEST(Fp8SavedCodes, BackwardFromCodesEqualsBackwardFromFp32Copies) {
 // The saved codes are 1 byte per input element (mxfp8: plus one E8M0 scale per 32), and
 // the work memory a caller passes is used instead of the object's own.
 TEST(Fp8SavedCodes, SavedBytesAndCallerWork) {
-  Fp8Linears per_tensor(Fp8Recipe::current, {});
+  Fp8Linears per_tensor(kCurrent, {});
   per_tensor.add("a", 20, 33, 70);
   per_tensor.add("b", 20, 70, 33);
   per_tensor.finish(false);
   EXPECT_EQ(per_tensor.saved_bytes(), 20u * 33 + 20u * 70 + 2 * sizeof(float));  // codes and a scale per Linear
-  Fp8Linears mx(Fp8Recipe::mx, {});
+  Fp8Linears mx(kMx, {});
   mx.add("a", 20, 33, 70);
   mx.finish(false);
   EXPECT_EQ(mx.saved_bytes(), 20u * 33 + 33u * ((20 + lowp::kMxBlock - 1) / lowp::kMxBlock));

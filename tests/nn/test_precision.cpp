@@ -37,7 +37,7 @@ TEST(PrecisionTable, RowsAreConsistent) {
       EXPECT_EQ(pol.weight_grads, pol.weights);
       EXPECT_EQ(pol.activations, pol.weights);
     }
-    EXPECT_EQ(is_fp8(p), fp8_recipe_of(p) != Fp8Recipe::none);
+    EXPECT_EQ(is_fp8(p), quantized_gemms_of(p).has_value());
     if (is_fp8(p)) {
       EXPECT_EQ(pol, policy_of(Precision::bf16));  // bf16 mixed with fp8 GEMM operands
     }

@@ -186,7 +186,7 @@ e8m0 mx_scale(float amax, float elem_max, int emax_elem, ScaleRounding rounding)
 
 // The factor elements are multiplied by before the saturating cast:
 //   TE:  its exp2f_rcp: 1 for code 0x00 (sic), else the bits (254 - code) << 23
-//        (0 for 0xFE; the NaN scale 0xFF never reaches it, see mx_quantize);
+//        (0 for 0xFE; a block with the NaN scale 0xFF is NaN throughout, see lowp::quantize);
 //   OCP: 2^-e exactly (e in [-127, 119]).
 float mx_quantize_factor(e8m0 scale, ScaleRounding rounding) noexcept;
 

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "mixprec/formats/dtype.hpp"
-#include "mixprec/lowp/scaling.hpp"
+#include "mixprec/lowp/quantize.hpp"
 
 namespace mixprec::nn {
 
@@ -58,9 +58,17 @@ struct PrecisionPolicy {
 
 PrecisionPolicy policy_of(Precision p) noexcept;
 
-// How the fp8 presets scale the Linear layers' fp8 operands; none for the other presets.
-enum class Fp8Recipe : std::uint8_t { none, noscale, delayed, current, mx, block, nvfp4, mx4 };
-Fp8Recipe fp8_recipe_of(Precision p) noexcept;
+// How a low-precision preset quantizes the Linear layers' GEMM operands: one of lowp's
+// recipes (the one recipe table, lowp/quantize.hpp); fp8-noscale is lowp's fp8-delayed with
+// every scale fixed at 1 ("fp8 without scaling").
+struct QuantizedGemms {
+  lowp::Recipe recipe = lowp::Recipe::fp8_current;
+  bool unit_scale = false;
+  bool delayed_scaling() const noexcept { return recipe == lowp::Recipe::fp8_delayed && !unit_scale; }
+  friend bool operator==(const QuantizedGemms&, const QuantizedGemms&) = default;
+};
+// nullopt for the presets without quantized GEMMs.
+std::optional<QuantizedGemms> quantized_gemms_of(Precision p) noexcept;
 bool is_fp8(Precision p) noexcept;
 
 // The fp8 recipe's options (TE's defaults). `format` applies to every fp8 preset but the fp4 ones; the
