@@ -135,7 +135,7 @@ nb::object recipe_dict(const std::optional<lowp::LinearRecipe>& r) {
   auto when = [](bool has, nb::object v) { return has ? v : nb::none(); };
   nb::dict d;
   d["recipe"] = std::string(lowp::recipe_name(k));
-  d["fp8_format"] = when(!fp4, nb::str(r->fp8_format == mixprec::lowp::Format::hybrid ? "hybrid" : "e4m3"));
+  d["fp8_format"] = when(!fp4, nb::str(std::string(mixprec::lowp::format_key(r->fp8_format)).c_str()));
   d["amax_history_len"] = when(k == R::fp8_delayed, nb::int_(r->amax_history_len));
   d["amax_compute_algo"] = when(k == R::fp8_delayed, nb::str(std::string(mixprec::lowp::amax_algo_name(r->amax_compute_algo)).c_str()));
   d["margin"] = when(k == R::fp8_delayed, nb::int_(r->margin));
@@ -213,21 +213,23 @@ void register_quantize(nb::module_& m) {
   }, nb::arg("q"), nb::arg("out").none());
   // One step of TE's delayed scaling for one tensor (docs/fp8.md): fold this step's amax into
   // history[0], roll the history, and return the new scale from the chosen amax.
-  m.def("delayed_update", [](nb::handle history_obj, double amax, std::string_view algo, float fp8_max, int margin,
-                             float previous_scale) {
+  m.def("delayed_update", [](nb::handle history_obj, double amax, std::string_view algo, std::string_view element,
+                             int margin, float previous_scale) {
     MutArray h = array_arg<MutArray>(history_obj, "amax_history", nb::dtype<float>(), "float32");
     if (h.size() == 0) value_error("amax_history: expected at least one slot, found 0");
     if (!(amax >= 0.0 || std::isnan(amax))) value_error("amax: expected >= 0, inf or NaN, found " + mixprec::text::num(amax));
     if (margin < -64 || margin > 64) value_error("margin: expected an integer in [-64, 64], found " + std::to_string(margin));
-    mixprec::lowp::AmaxAlgo a;
-    if (algo == "max") a = mixprec::lowp::AmaxAlgo::max;
-    else if (algo == "most_recent") a = mixprec::lowp::AmaxAlgo::most_recent;
-    else value_error("amax_compute_algo: expected 'max' or 'most_recent', found '" + std::string(algo) + "'");
+    const std::optional<mixprec::lowp::AmaxAlgo> a = mixprec::lowp::parse_amax_algo(algo);
+    if (!a) value_error("amax_compute_algo: expected 'max' or 'most_recent', found '" + std::string(algo) + "'");
+    const std::optional<mixprec::lowp::Element> e = mixprec::lowp::parse_element(element);
+    if (!e || *e == mixprec::lowp::Element::e2m1)
+      value_error("element: expected 'e4m3' or 'e5m2', found '" + std::string(element) + "'");
+    const float fp8_max = mixprec::lowp::max_finite(*e);  // the format table's
     const std::span<float> hist(static_cast<float*>(h.data()), h.size());
     hist[0] = mixprec::lowp::fold_amax(hist[0], static_cast<float>(amax));
-    const float chosen = mixprec::lowp::roll_history(hist, a);
+    const float chosen = mixprec::lowp::roll_history(hist, *a);
     return mixprec::lowp::delayed_scale(chosen, previous_scale, fp8_max, margin);
-  }, nb::arg("amax_history"), nb::arg("amax"), nb::arg("algo"), nb::arg("fp8_max"), nb::arg("margin"),
+  }, nb::arg("amax_history"), nb::arg("amax"), nb::arg("algo"), nb::arg("element"), nb::arg("margin"),
      nb::arg("previous_scale"));
   // A recipe file's text (or a dict assignment written as one), checked whole, every entry
   // resolved with TE's defaults: {"default": recipe or None, "modules": [(name, recipe or

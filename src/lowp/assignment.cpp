@@ -40,10 +40,10 @@ long long get_int(const json& v, const std::string& where) {
   return v.get<long long>();
 }
 
-lowp::Format parse_format(const std::string& s, const std::string& where) {
-  if (s == "hybrid" || s == "HYBRID") return lowp::Format::hybrid;
-  if (s == "e4m3" || s == "E4M3") return lowp::Format::e4m3;
-  fail(where + ": expected \"hybrid\" or \"e4m3\", found \"" + s + "\"");
+lowp::Format format_of(const std::string& s, const std::string& where) {
+  const std::optional<lowp::Format> f = lowp::parse_format(s);
+  if (!f) fail(where + ": expected \"hybrid\" or \"e4m3\", found \"" + s + "\"");
+  return *f;
 }
 
 RecipeChoice choice_from(const json& entry, const std::string& where, bool recipe_allowed) {
@@ -74,16 +74,15 @@ RecipeChoice choice_from(const json& entry, const std::string& where, bool recip
       if (!r) fail(w + ": expected one of " + recipe_names() + " or \"bf16\", found \"" + name + "\"");
       c.recipe = r;
     } else if (k == "fp8_format") {
-      c.fp8_format = parse_format(get_string(v, w), w);
+      c.fp8_format = format_of(get_string(v, w), w);
     } else if (k == "amax_history_len") {
       const long long n = get_int(v, w);
       if (n < 1 || n > (1 << 20)) fail(w + ": expected an integer in [1, 1048576], found " + dump(v));
       c.amax_history_len = static_cast<std::size_t>(n);
     } else if (k == "amax_compute_algo") {
       const std::string s = get_string(v, w);
-      if (s == "max") c.amax_compute_algo = lowp::AmaxAlgo::max;
-      else if (s == "most_recent") c.amax_compute_algo = lowp::AmaxAlgo::most_recent;
-      else fail(w + ": expected \"max\" or \"most_recent\", found \"" + s + "\"");
+      c.amax_compute_algo = lowp::parse_amax_algo(s);
+      if (!c.amax_compute_algo) fail(w + ": expected \"max\" or \"most_recent\", found \"" + s + "\"");
     } else if (k == "margin") {
       const long long m = get_int(v, w);
       if (m < -64 || m > 64) fail(w + ": expected an integer in [-64, 64], found " + dump(v));
@@ -127,7 +126,7 @@ json choice_to_json(const RecipeChoice& c, bool with_recipe) {
   if (with_recipe && only_recipe) return name;
   json o = json::object();
   if (with_recipe) o["recipe"] = name;
-  if (c.fp8_format) o["fp8_format"] = *c.fp8_format == lowp::Format::hybrid ? "hybrid" : "e4m3";
+  if (c.fp8_format) o["fp8_format"] = std::string(lowp::format_key(*c.fp8_format));
   if (c.amax_history_len) o["amax_history_len"] = *c.amax_history_len;
   if (c.amax_compute_algo) o["amax_compute_algo"] = std::string(lowp::amax_algo_name(*c.amax_compute_algo));
   if (c.margin) o["margin"] = *c.margin;

@@ -153,14 +153,14 @@ float scale_from_amax(float amax, float fp8_max, bool power_of_2, float epsilon,
 }
 
 float nvfp4_tensor_scale(float amax) noexcept {
-  const float s = detail::min_flt_max(448.0f * 6.0f / amax);
+  const float s = detail::min_flt_max(max_finite(Element::e4m3) * max_finite(Element::e2m1) / amax);
   return (amax == 0.0f || s == 0.0f) ? 1.0f : s;
 }
 
 std::uint8_t e2m1_encode(float x, bool stochastic, std::uint32_t random) noexcept {
   detail::EncodeCounts ignored;
   return static_cast<std::uint8_t>(
-      detail::encode_element<detail::kE2M1Spec>(x, 1.0f, stochastic, random, 6.0f, ignored));
+      detail::encode_element<detail::kE2M1Spec>(x, 1.0f, stochastic, random, max_finite(Element::e2m1), ignored));
 }
 
 float e2m1_decode(std::uint8_t code) noexcept {
@@ -171,11 +171,11 @@ namespace detail {
 
 ElementSpec element_spec(Element e) noexcept {
   switch (e) {
-    case Element::e4m3: return {&mixprec::detail::kE4M3Spec, 448.0f, 0x7f};
-    case Element::e5m2: return {&mixprec::detail::kE5M2Spec, 57344.0f, 0x7f};
-    case Element::e2m1: return {&kE2M1Spec, 6.0f, 0x7};
+    case Element::e4m3: return {&mixprec::detail::kE4M3Spec, max_finite(Element::e4m3), 0x7f};
+    case Element::e5m2: return {&mixprec::detail::kE5M2Spec, max_finite(Element::e5m2), 0x7f};
+    case Element::e2m1: return {&kE2M1Spec, max_finite(Element::e2m1), 0x7};
   }
-  return {&mixprec::detail::kE4M3Spec, 448.0f, 0x7f};
+  return {&mixprec::detail::kE4M3Spec, max_finite(Element::e4m3), 0x7f};
 }
 
 const LowpKernels* lowp_kernels(Isa isa) noexcept {
@@ -492,8 +492,8 @@ void quantize_with(const LowpKernels& k, std::span<const float> src, std::size_t
       b = tensor_amax_bits(k, g, n);
     }
     q.tensor_amax = canonical_amax(b);
-    q.tensor_scale = c.flavour == Flavour::torchao ? q.tensor_amax / 2688.0f : nvfp4_tensor_scale(q.tensor_amax);
-    s_enc_div6 = q.tensor_scale * (1.0f / 6.0f);
+    q.tensor_scale = c.flavour == Flavour::torchao ? q.tensor_amax / (max_finite(Element::e4m3) * max_finite(Element::e2m1)) : nvfp4_tensor_scale(q.tensor_amax);
+    s_enc_div6 = q.tensor_scale * (1.0f / max_finite(Element::e2m1));
     s_dec = 1.0f / q.tensor_scale;
   }
   if (c.recipe == Recipe::fp8_delayed) {
@@ -579,7 +579,7 @@ void dequantize(const Quantized& q, std::span<float> dst) {
   // Every element is decode(code) * m, with one multiplier m per block:
   //   f32 scales: scale_inv; E8M0: float(code); nvfp4 (TE dequantize_nvfp4.cuh):
   //   float(scale) * amax * float(1 / (6 * 448)); nvfp4 torchao: tensor_scale * float(scale).
-  constexpr float kNvfp4FactorInv = static_cast<float>(1.0 / (6.0 * 448.0));
+  constexpr float kNvfp4FactorInv = static_cast<float>(1.0 / (double{max_finite(Element::e2m1)} * double{max_finite(Element::e4m3)}));
   thread_local std::vector<float> m;  // grown once per thread
   m.resize(q.scale_rows * q.scale_cols);
   for (std::size_t s = 0; s < m.size(); ++s) {

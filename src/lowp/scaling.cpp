@@ -39,6 +39,20 @@ std::string_view element_label(Element e) noexcept {
 std::string_view format_name(Format f) noexcept { return f == Format::e4m3 ? "E4M3" : "HYBRID"; }
 std::string_view role_name(Role r) noexcept { return r == Role::forward ? "forward" : "backward"; }
 std::string_view amax_algo_name(AmaxAlgo a) noexcept { return a == AmaxAlgo::max ? "max" : "most_recent"; }
+
+std::string_view format_key(Format f) noexcept { return f == Format::e4m3 ? "e4m3" : "hybrid"; }
+
+std::optional<Format> parse_format(std::string_view s) noexcept {
+  for (const Format f : {Format::e4m3, Format::hybrid})
+    if (s == format_name(f) || s == format_key(f)) return f;
+  return std::nullopt;
+}
+
+std::optional<AmaxAlgo> parse_amax_algo(std::string_view s) noexcept {
+  for (const AmaxAlgo a : {AmaxAlgo::max, AmaxAlgo::most_recent})
+    if (s == amax_algo_name(a)) return a;
+  return std::nullopt;
+}
 // ---- delayed scaling -----------------------------------------------------------
 
 void validate(const DelayedScalingConfig& c) {
@@ -274,13 +288,13 @@ DelayedScalingState DelayedScalingState::from_json(std::string_view text) {
     fail(cw + "amax_history_len: expected an integer in [1, 2^24], found " + std::to_string(len));
   s.config.amax_history_len = static_cast<std::size_t>(len);
   const std::string algo = text_field(c, "amax_compute_algo", cw);
-  if (algo == "max") s.config.amax_compute_algo = AmaxAlgo::max;
-  else if (algo == "most_recent") s.config.amax_compute_algo = AmaxAlgo::most_recent;
-  else fail(cw + "amax_compute_algo: expected \"max\" or \"most_recent\", found \"" + algo + "\"");
+  const std::optional<AmaxAlgo> a = parse_amax_algo(algo);
+  if (!a) fail(cw + "amax_compute_algo: expected \"max\" or \"most_recent\", found \"" + algo + "\"");
+  s.config.amax_compute_algo = *a;
   const std::string fmt = text_field(c, "fp8_format", cw);
-  if (fmt == "E4M3") s.config.format = Format::e4m3;
-  else if (fmt == "HYBRID") s.config.format = Format::hybrid;
-  else fail(cw + "fp8_format: expected \"E4M3\" or \"HYBRID\", found \"" + fmt + "\"");
+  const std::optional<Format> f = parse_format(fmt);
+  if (!f) fail(cw + "fp8_format: expected \"E4M3\" or \"HYBRID\", found \"" + fmt + "\"");
+  s.config.format = *f;
 
   const json& ts = field(j, "tensors", top);
   if (!ts.is_array()) fail(top + "tensors: expected an array");

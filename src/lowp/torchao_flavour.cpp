@@ -52,8 +52,8 @@ BlockScale torchao_mx_scale(const QuantizeConfig& c, float amax) noexcept {
 }
 
 void torchao_nvfp4_scale(float amax, float tensor_scale, std::uint8_t& code, float& factor) noexcept {
-  const float block_scale = amax / 6.0f;
-  const float s = clamp_keep_nan(block_scale / tensor_scale, 0x1p-6f, 448.0f);
+  const float block_scale = amax / max_finite(Element::e2m1);
+  const float s = clamp_keep_nan(block_scale / tensor_scale, 0x1p-6f, max_finite(Element::e4m3));
   code = static_cast<std::uint8_t>(
       mixprec::detail::encode_full<mixprec::detail::kE4M3Spec>(s, {Overflow::saturate, Subnormals::keep}, false, 0).code);
   const float sf = mixprec::detail::decode<mixprec::detail::kE4M3Spec>(code, Subnormals::keep);

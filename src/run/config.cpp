@@ -513,10 +513,10 @@ const std::vector<std::string>& fp8_keys() {
 
 nn::Fp8Config fp8_config(const TrainConfig& c) {
   nn::Fp8Config f;
-  f.format = c.fp8_format == "e4m3" ? lowp::Format::e4m3 : lowp::Format::hybrid;
+  f.format = lowp::parse_format(c.fp8_format).value_or(lowp::Format::hybrid);  // checked by the key table
   f.margin = static_cast<int>(c.fp8_margin);
   f.amax_history_len = c.fp8_amax_history;
-  f.amax_compute_algo = c.fp8_amax_algo == "most_recent" ? lowp::AmaxAlgo::most_recent : lowp::AmaxAlgo::max;
+  f.amax_compute_algo = lowp::parse_amax_algo(c.fp8_amax_algo).value_or(lowp::AmaxAlgo::max);  // checked by the key table
   f.power_of_2_scales = c.fp8_power2_scales;
   f.amax_epsilon = static_cast<float>(c.fp8_amax_epsilon);
   f.mx_rounding = c.mx_rounding == "ocp" ? lowp::ScaleRounding::floor : lowp::ScaleRounding::rceil;

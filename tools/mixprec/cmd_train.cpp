@@ -623,22 +623,21 @@ struct Arrangement {
 };
 
 const std::vector<Arrangement>& arrangements() {
-  static const std::vector<Arrangement> rows = {
-      {"fp32", nn::Precision::fp32, "none"},
-      {"fp16-noscale", nn::Precision::fp16, "none"},
-      {"fp16-static", nn::Precision::fp16, "static:"},
-      {"fp16-dynamic", nn::Precision::fp16, "dynamic"},
-      {"bf16", nn::Precision::bf16, "none"},
-      {"fp16-pure", nn::Precision::fp16_pure, "dynamic"},
-      // --fp8: bf16 with fp8 Linear layers (docs/fp8.md); per-tensor scaling, no loss scaling.
-      {"fp8-noscale", nn::Precision::fp8_noscale, "none"},
-      {"fp8-delayed", nn::Precision::fp8_delayed, "none"},
-      {"fp8-current", nn::Precision::fp8_current, "none"},
-      {"mxfp8", nn::Precision::mxfp8, "none"},
-      {"fp8-block", nn::Precision::fp8_block, "none"},
-      {"nvfp4", nn::Precision::nvfp4, "none"},
-      {"mxfp4", nn::Precision::mxfp4, "none"},
-  };
+  static const std::vector<Arrangement> rows = [] {
+    std::vector<Arrangement> r = {
+        {"fp32", nn::Precision::fp32, "none"},
+        {"fp16-noscale", nn::Precision::fp16, "none"},
+        {"fp16-static", nn::Precision::fp16, "static:"},
+        {"fp16-dynamic", nn::Precision::fp16, "dynamic"},
+        {"bf16", nn::Precision::bf16, "none"},
+        {"fp16-pure", nn::Precision::fp16_pure, "dynamic"},
+    };
+    // --fp8: every preset with quantized GEMMs, in the precision table's order (bf16 with
+    // low-precision Linear layers, docs/fp8.md); per-tensor or block scaling, no loss scaling.
+    for (const nn::Precision p : nn::all_precisions())
+      if (nn::is_fp8(p)) r.push_back({std::string(nn::precision_name(p)), p, "none"});
+    return r;
+  }();
   return rows;
 }
 
@@ -945,11 +944,14 @@ void add_train_commands(CLI::App& app, std::function<int()>& action) {
       ->type_name("DIR");
   cmp->add_option("--static-scale", *ci->static_scale, "Loss scale S of the fp16-static run (default 1024)")
       ->type_name("S");
-  std::string names;
-  for (const Arrangement& a : arrangements()) names += (names.empty() ? "" : ",") + a.name;
+  std::string names, fp8_names;
+  for (const Arrangement& a : arrangements()) {
+    names += (names.empty() ? "" : ",") + a.name;
+    if (nn::is_fp8(a.precision)) fp8_names += (fp8_names.empty() ? "" : ", ") + a.name;
+  }
   ci->only_opt = cmp->add_option("--only", *ci->only, "Run only these, comma-separated: " + names)->type_name("LIST");
   cmp->add_flag("--quick", *ci->quick, "Fewer steps: steps/3, at least 20");
-  cmp->add_flag("--fp8", *ci->fp8, "Add the fp8 and fp4 rows: fp8-noscale, fp8-delayed, fp8-current, mxfp8, fp8-block, nvfp4, mxfp4");
+  cmp->add_flag("--fp8", *ci->fp8, "Add the fp8 and fp4 rows: " + fp8_names);
   cmp->callback([ci, &action] { action = [ci] { return run_compare(*ci); }; });
 }
 

@@ -14,6 +14,7 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -43,13 +44,17 @@ enum class Role : std::uint8_t { forward, backward };
 constexpr Element dtype_for(Format f, Role r) noexcept {
   return f == Format::hybrid && r == Role::backward ? Element::e5m2 : Element::e4m3;
 }
-std::string_view format_name(Format f) noexcept;  // "E4M3", "HYBRID"
+std::string_view format_name(Format f) noexcept;  // "E4M3", "HYBRID" (TE's names; the fp8 state)
+std::string_view format_key(Format f) noexcept;   // "e4m3", "hybrid" (configs, recipe files)
+// The one reader of a format's name: either spelling of either.
+std::optional<Format> parse_format(std::string_view s) noexcept;
 std::string_view role_name(Role r) noexcept;      // "forward", "backward"
 
 // ---- Delayed scaling ---------------------------------------------------------
 
 enum class AmaxAlgo : std::uint8_t { max, most_recent };
 std::string_view amax_algo_name(AmaxAlgo a) noexcept;  // "max", "most_recent"
+std::optional<AmaxAlgo> parse_amax_algo(std::string_view s) noexcept;
 
 struct DelayedScalingConfig {
   int margin = 0;                        // scale = (fp8_max * 2^-margin) / amax; |margin| <= 64

@@ -533,28 +533,29 @@ class GradScaler:
         core reads dense CPU float32/float16/bfloat16 memory, ATen the rest. Returns the
         protocol's GradientCheck as a tuple."""
         params: List[torch.Tensor] = []
+        grads: List[torch.Tensor] = []  # what is read: the gradient, or a DTensor's shard
         index: List[int] = []
-        described = []
         i = 0
         for group in optimizer.param_groups:
             for p in group["params"]:
                 if p.grad is not None:  # else it took no part in the loss: skipped, as torch does
                     params.append(p)
+                    grads.append(_local(p.grad.detach()))
                     index.append(i)
-                    described.append(_describe(_local(p.grad.detach())))
                 i += 1
-        routes = _core.route_gradients(described, index, self._aten_only, lambda j: self._name_at(optimizer, j))
+        routes = _core.route_gradients([_describe(g) for g in grads], index, self._aten_only,
+                                       lambda j: self._name_at(optimizer, j))
         self._last_device = params[0].grad.device if params else None
-        for p, (_, coalesce) in zip(params, routes):
+        for k, (p, (_, coalesce)) in enumerate(zip(params, routes)):
             if coalesce:
                 p.grad = p.grad.coalesce()
+                grads[k] = _local(p.grad.detach())
         core: List[torch.Tensor] = []
         core_index: List[int] = []
         core_params: List[torch.Tensor] = []
         aten: List[torch.Tensor] = []
         aten_index: List[int] = []
-        for p, i, (route, _) in zip(params, index, routes):
-            g = _local(p.grad.detach())
+        for p, g, i, (route, _) in zip(params, grads, index, routes):
             if route == "sparse_values":
                 g = g._values()
                 route = _core.route_gradient(_describe(g), self._aten_only)[0]
@@ -655,13 +656,20 @@ def _inv_scale(scale: float) -> float:
         return float(np.float32(1.0 / scale))
 
 
-def _describe(t: torch.Tensor) -> Tuple[str, bool, str, str, Tuple[int, ...], Tuple[int, ...]]:
+# (dtype, layout, device) -> their words in a description: a handful per process, and what
+# costs most to write (str(device)), once each.
+_WORDS: Dict[Tuple[Any, Any, Any], Tuple[str, bool, str, str]] = {}
+
+
+def _describe(t: torch.Tensor) -> Tuple[Any, ...]:
     """t in the words of the core's gradient routing (scaler/grad_route.hpp): torch's names of
     its dtype, layout and device, whether its dtype is floating point, and a strided tensor's
     sizes and strides."""
-    strided = t.layout == torch.strided
-    return (str(t.dtype), t.dtype.is_floating_point, str(t.layout), str(t.device),
-            t.shape if strided else (), t.stride() if strided else ())
+    key = (t.dtype, t.layout, t.device)
+    words = _WORDS.get(key)
+    if words is None:
+        words = _WORDS.setdefault(key, (str(t.dtype), t.dtype.is_floating_point, str(t.layout), str(t.device)))
+    return words + ((t.shape, t.stride()) if key[1] == torch.strided else ((), ()))
 
 
 def _block(t: torch.Tensor) -> torch.Tensor:

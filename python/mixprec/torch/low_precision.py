@@ -37,7 +37,6 @@ FILE_VERSIONS = (1,)
 HIGH = "bf16"
 
 _ROLES = ("x", "w", "dy")
-_FP8_MAX = {"e4m3": 448.0, "e5m2": 57344.0}  # the fp8_max of delayed scaling's update
 
 
 _OPTION_FIELDS = ("fp8_format", "amax_history_len", "amax_compute_algo", "margin", "power_of_2_scales",
@@ -308,9 +307,9 @@ class LowPrecisionLinear(torch.nn.Module):
             # TE's delayed scaling: this step's amax enters the history; the next step's scale
             # comes from it (fold, roll, update: the core's fp8 rules).
             i = _ROLES.index(role)
-            fp8_max = _FP8_MAX[self.options.element(role)]
             hist = self.amax_history[i].numpy()
-            new = _core.delayed_update(hist, float(q.counts["amax"]), self.options.amax_compute_algo, fp8_max,
+            new = _core.delayed_update(hist, float(q.counts["amax"]), self.options.amax_compute_algo,
+                                       self.options.element(role),
                                        self.options.margin, float(self.scale[i]))
             self.scale[i] = new
 

@@ -321,11 +321,11 @@ void encode_scaled_avx2(Element e, const float* src, std::size_t n, std::size_t 
                         std::uint8_t* dst, const std::uint32_t* random, EncodeCounts* counts, std::uint32_t* max_bits) {
   switch (e) {
     case Element::e4m3:
-      return encode_scaled_sr<mixprec::detail::kE4M3Spec>(src, n, block, factors, dst, random, 448.0f, counts, max_bits);
+      return encode_scaled_sr<mixprec::detail::kE4M3Spec>(src, n, block, factors, dst, random, max_finite(Element::e4m3), counts, max_bits);
     case Element::e5m2:
-      return encode_scaled_sr<mixprec::detail::kE5M2Spec>(src, n, block, factors, dst, random, 57344.0f, counts, max_bits);
+      return encode_scaled_sr<mixprec::detail::kE5M2Spec>(src, n, block, factors, dst, random, max_finite(Element::e5m2), counts, max_bits);
     case Element::e2m1:
-      return encode_scaled_sr<kE2M1Spec>(src, n, block, factors, dst, random, 6.0f, counts, max_bits);
+      return encode_scaled_sr<kE2M1Spec>(src, n, block, factors, dst, random, max_finite(Element::e2m1), counts, max_bits);
   }
 }
 

@@ -44,11 +44,11 @@ void encode_scaled_scalar(Element e, const float* src, std::size_t n, std::size_
                           std::uint8_t* dst, const std::uint32_t* random, EncodeCounts* counts, std::uint32_t* max_bits) {
   switch (e) {
     case Element::e4m3:
-      return encode_scaled_spec<mixprec::detail::kE4M3Spec>(src, n, block, factors, dst, random, 448.0f, counts, max_bits);
+      return encode_scaled_spec<mixprec::detail::kE4M3Spec>(src, n, block, factors, dst, random, max_finite(Element::e4m3), counts, max_bits);
     case Element::e5m2:
-      return encode_scaled_spec<mixprec::detail::kE5M2Spec>(src, n, block, factors, dst, random, 57344.0f, counts, max_bits);
+      return encode_scaled_spec<mixprec::detail::kE5M2Spec>(src, n, block, factors, dst, random, max_finite(Element::e5m2), counts, max_bits);
     case Element::e2m1:
-      return encode_scaled_spec<kE2M1Spec>(src, n, block, factors, dst, random, 6.0f, counts, max_bits);
+      return encode_scaled_spec<kE2M1Spec>(src, n, block, factors, dst, random, max_finite(Element::e2m1), counts, max_bits);
   }
 }
 
@@ -84,9 +84,9 @@ namespace {
 // One element of the grid through the scalar rule of its format.
 std::uint32_t encode_one(Element e, float x, float factor, bool sr, std::uint32_t random, detail::EncodeCounts& c) {
   switch (e) {
-    case Element::e4m3: return detail::encode_element<mixprec::detail::kE4M3Spec>(x, factor, sr, random, 448.0f, c);
-    case Element::e5m2: return detail::encode_element<mixprec::detail::kE5M2Spec>(x, factor, sr, random, 57344.0f, c);
-    case Element::e2m1: return detail::encode_element<detail::kE2M1Spec>(x, factor, sr, random, 6.0f, c);
+    case Element::e4m3: return detail::encode_element<mixprec::detail::kE4M3Spec>(x, factor, sr, random, max_finite(Element::e4m3), c);
+    case Element::e5m2: return detail::encode_element<mixprec::detail::kE5M2Spec>(x, factor, sr, random, max_finite(Element::e5m2), c);
+    case Element::e2m1: return detail::encode_element<detail::kE2M1Spec>(x, factor, sr, random, max_finite(Element::e2m1), c);
   }
   return 0;
 }
@@ -132,8 +132,8 @@ Quantized quantize(std::span<const float> src, std::size_t rows, std::size_t col
   float s_enc_div6 = 1.0f, s_dec = 1.0f;
   if (c.recipe == Recipe::nvfp4) {
     q.tensor_amax = detail::canonical_amax(tensor_bits);
-    q.tensor_scale = c.flavour == Flavour::torchao ? q.tensor_amax / 2688.0f : nvfp4_tensor_scale(q.tensor_amax);
-    s_enc_div6 = q.tensor_scale * (1.0f / 6.0f);
+    q.tensor_scale = c.flavour == Flavour::torchao ? q.tensor_amax / (max_finite(Element::e4m3) * max_finite(Element::e2m1)) : nvfp4_tensor_scale(q.tensor_amax);
+    s_enc_div6 = q.tensor_scale * (1.0f / max_finite(Element::e2m1));
     s_dec = 1.0f / q.tensor_scale;
   }
 
