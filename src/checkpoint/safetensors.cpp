@@ -640,19 +640,11 @@ SafetensorsFile SafetensorsFile::open(const fs::path& path, const ReadLimits& li
   if (size > limits.max_file_bytes)
     throw std::runtime_error(src + " is " + std::to_string(size) + " bytes; the limit is " +
                              std::to_string(limits.max_file_bytes) + " (ReadLimits::max_file_bytes)");
-  std::vector<std::byte> buf(static_cast<std::size_t>(size));
-  std::size_t got = 0;
-  while (got < buf.size()) {
-    const ssize_t r = ::read(fd.fd, buf.data() + got, std::min<std::size_t>(buf.size() - got, std::size_t{1} << 30));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      throw std::runtime_error(src + " cannot be read: " + errno_text(errno));
-    }
-    if (r == 0) break;  // it shrank while being read: validation reports what is missing
-    got += static_cast<std::size_t>(r);
+  try {
+    return parse(io::read_bytes(fd.fd, size), path.string(), limits);  // a short read: parse says what is missing
+  } catch (const std::system_error& e) {
+    throw std::runtime_error(src + " cannot be read: " + errno_text(e.code().value()));
   }
-  buf.resize(got);
-  return parse(std::move(buf), path.string(), limits);
 }
 
 SafetensorsFile SafetensorsFile::parse(std::span<const std::byte> bytes, std::string source, const ReadLimits& limits) {

@@ -2,6 +2,7 @@
 #include "mixprec/core/io.hpp"
 
 #include <algorithm>
+#include <system_error>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -137,6 +138,20 @@ const char* non_regular_kind(unsigned mode) noexcept {
          : S_ISBLK(m)  ? "a block device"
          : S_ISSOCK(m) ? "a socket"
                        : "not a regular file";
+}
+
+std::vector<std::byte> read_bytes(int fd, std::uint64_t size) {
+  std::vector<std::byte> buf(static_cast<std::size_t>(size));
+  std::size_t got = 0;
+  while (got < buf.size()) {
+    const ssize_t r = ::read(fd, buf.data() + got, std::min<std::size_t>(buf.size() - got, std::size_t{1} << 30));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw std::system_error(errno, std::generic_category());
+    if (r == 0) break;
+    got += static_cast<std::size_t>(r);
+  }
+  buf.resize(got);
+  return buf;
 }
 
 std::string read_regular_file(const fs::path& path, std::uint64_t max_bytes) {

@@ -1,6 +1,7 @@
 // NumPy .npy reader: the preamble, a strict parser for the header's dict literal, and the
 // float decoders (docs/inspect.md).
 #include "mixprec/inspect/npy.hpp"
+#include "mixprec/core/io.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -469,18 +470,12 @@ NpyArray read_npy(const std::filesystem::path& path, std::uint64_t max_file_byte
   if (size > max_file_bytes)
     throw error(std::string("the file is ").append(std::to_string(size)).append(" bytes; the limit is ")
                     .append(std::to_string(max_file_bytes)).append(" bytes"));
-  std::vector<std::byte> buf(static_cast<std::size_t>(size));
-  std::size_t got = 0;
-  while (got < buf.size()) {
-    const ssize_t r = ::read(fd.fd, buf.data() + got, std::min<std::size_t>(buf.size() - got, std::size_t{1} << 30));
-    if (r < 0) {
-      if (errno == EINTR) continue;
-      throw error(std::string("cannot be read: ").append(errno_text(errno)));
-    }
-    if (r == 0) break;  // it shrank while being read: parsing reports what is missing
-    got += static_cast<std::size_t>(r);
+  std::vector<std::byte> buf;
+  try {
+    buf = io::read_bytes(fd.fd, size);  // a short read: parse_npy says what is missing
+  } catch (const std::system_error& e) {
+    throw error(std::string("cannot be read: ").append(errno_text(e.code().value())));
   }
-  buf.resize(got);
   return parse_npy(buf, src);
 }
 

@@ -454,6 +454,15 @@ void DynamicLossScale::update(bool found_inf) {
   const double min_d = c.min_scale, max_d = c.max_scale;
   const float min_f = static_cast<float>(c.min_scale), max_f = static_cast<float>(c.max_scale);
   const float growth_f = static_cast<float>(c.growth_factor), backoff_f = static_cast<float>(c.backoff_factor);
+  // The float32 rules' growth: scale * factor in float32, clamped to the maximum; into inf
+  // only where the knob allows it.
+  auto grow_f32 = [&](float scale) {
+    const float n = scale * growth_f;
+    if (std::isfinite(n) || !refuse) {
+      scale_ = std::min(n, max_f);
+      k.growths += 1;
+    }
+  };
 
   switch (c.rule) {
     case LossScaleRule::torch: {
@@ -526,11 +535,7 @@ void DynamicLossScale::update(bool found_inf) {
         if (k.growth_tracker == c.growth_interval) {
           k.growth_tracker = 0;
           k.hysteresis_left = c.hysteresis;
-          const float n = scale * growth_f;
-          if (std::isfinite(n) || !refuse) {
-            scale_ = std::min(n, max_f);
-            k.growths += 1;
-          }
+          grow_f32(scale);
         }
         k.floor_overflows = 0;
       }
@@ -566,11 +571,7 @@ void DynamicLossScale::update(bool found_inf) {
       const float scale = static_cast<float>(scale_);
       if (!found_inf) {
         if (k.growth_tracker == c.growth_interval - 1) {
-          const float n = scale * growth_f;
-          if (std::isfinite(n) || !refuse) {
-            scale_ = std::min(n, max_f);
-            k.growths += 1;
-          }
+          grow_f32(scale);
           k.growth_tracker = 0;
         } else {
           k.growth_tracker += 1;
@@ -592,11 +593,7 @@ void DynamicLossScale::update(bool found_inf) {
       const float scale = static_cast<float>(scale_);
       if (!found_inf) {
         if (k.growth_tracker + 1 >= c.growth_interval) {
-          const float n = scale * growth_f;
-          if (std::isfinite(n) || !refuse) {
-            scale_ = std::min(n, max_f);
-            k.growths += 1;
-          }
+          grow_f32(scale);
           k.growth_tracker = 0;
         } else {
           k.growth_tracker += 1;
@@ -615,11 +612,7 @@ void DynamicLossScale::update(bool found_inf) {
       const float scale = static_cast<float>(scale_);
       if (!found_inf) {
         if (k.growth_tracker == c.growth_interval - 1) {
-          const float n = scale * growth_f;
-          if (std::isfinite(n) || !refuse) {
-            scale_ = std::min(n, max_f);
-            k.growths += 1;
-          }
+          grow_f32(scale);
         }
         k.floor_overflows = 0;
       } else {

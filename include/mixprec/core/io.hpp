@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 #include <string_view>
 #include <utility>
 
@@ -69,6 +70,11 @@ std::string read_file(const std::filesystem::path& path);
 // A file larger than `max_bytes` is refused before it is read: "'P' is N bytes; the limit
 // is M bytes".
 std::string read_regular_file(const std::filesystem::path& path, std::uint64_t max_bytes = UINT64_MAX);
+
+// Up to `size` bytes from an open descriptor, in reads of at most 1 GiB, retried on EINTR;
+// fewer when the file ends first (it shrank while being read: the caller's parser reports
+// what is missing). A failed read throws std::system_error with its errno.
+std::vector<std::byte> read_bytes(int fd, std::uint64_t size);
 
 // What kind of file `st_mode` is, in words ("a FIFO (named pipe)", "a folder", ...); nullptr for
 // a regular file.
