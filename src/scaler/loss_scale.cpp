@@ -391,15 +391,19 @@ StaticLossScale::StaticLossScale(double scale) : StaticLossScale([scale] {
         return c;
       }()) {}
 
-StaticLossScale::StaticLossScale(const LossScaleConfig& config) {
-  if (config.rule != LossScaleRule::static_scale)
+namespace {
+// The initial state, after the check that the class fits the rule.
+LossScaleState initial_state_of(const LossScaleConfig& config, bool static_class) {
+  if (static_class && config.rule != LossScaleRule::static_scale)
     fail("rule: StaticLossScale expects rule static, found " + std::string(rule_name(config.rule)) +
          " (use DynamicLossScale or make_loss_scale)");
-  const LossScaleState s = initial_loss_scale_state(config);
-  config_ = s.config;
-  scale_ = s.scale;
-  counters_ = s.counters;
+  if (!static_class && config.rule == LossScaleRule::static_scale)
+    fail("rule: DynamicLossScale expects a dynamic rule, found static (use StaticLossScale or make_loss_scale)");
+  return initial_loss_scale_state(config);
 }
+}  // namespace
+
+StaticLossScale::StaticLossScale(const LossScaleConfig& config) : LossScale(initial_state_of(config, true)) {}
 
 void StaticLossScale::update(bool found_inf) {
   counters_.steps += 1;
@@ -415,14 +419,7 @@ void StaticLossScale::load(const LossScaleState& s) {
   counters_ = s.counters;
 }
 
-DynamicLossScale::DynamicLossScale(const LossScaleConfig& config) {
-  if (config.rule == LossScaleRule::static_scale)
-    fail("rule: DynamicLossScale expects a dynamic rule, found static (use StaticLossScale or make_loss_scale)");
-  const LossScaleState s = initial_loss_scale_state(config);
-  config_ = s.config;
-  scale_ = s.scale;
-  counters_ = s.counters;
-}
+DynamicLossScale::DynamicLossScale(const LossScaleConfig& config) : LossScale(initial_state_of(config, false)) {}
 
 void DynamicLossScale::load(const LossScaleState& s) {
   if (s.config.rule == LossScaleRule::static_scale)

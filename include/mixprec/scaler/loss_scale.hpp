@@ -132,15 +132,16 @@ class ScaleCollapseError : public std::runtime_error {
 };
 
 // The interface a gradient scaler drives: multiply the loss by scale(), then once per optimizer
-// step call update(found_inf).
+// step call update(found_inf). Both kinds hold the same state (config, exact scale, counters);
+// only update() and what load() accepts differ.
 class LossScale {
  public:
   virtual ~LossScale() = default;
-  virtual float scale() const = 0;               // the current scale as float32
-  virtual void update(bool found_inf) = 0;       // may throw ScaleCollapseError
-  virtual const LossScaleConfig& config() const = 0;
-  virtual LossScaleCounters counters() const = 0;
-  virtual LossScaleState state() const = 0;
+  float scale() const { return static_cast<float>(scale_); }  // the current scale as float32
+  virtual void update(bool found_inf) = 0;                     // may throw ScaleCollapseError
+  const LossScaleConfig& config() const { return config_; }
+  LossScaleCounters counters() const { return counters_; }
+  LossScaleState state() const { return {config_, scale_, counters_}; }
   // Validates the whole state first (throws std::invalid_argument, object unchanged), then
   // replaces config, scale and counters. A static scale accepts only static states, a dynamic
   // scale only dynamic ones.
@@ -150,9 +151,13 @@ class LossScale {
   void load_json(std::string_view json) { load(LossScaleState::from_json(json)); }
 
  protected:
-  LossScale() = default;
+  explicit LossScale(const LossScaleState& initial)
+      : config_(initial.config), scale_(initial.scale), counters_(initial.counters) {}
   LossScale(const LossScale&) = default;
   LossScale& operator=(const LossScale&) = default;
+  LossScaleConfig config_;
+  double scale_;  // exact; a float32 value for float32 rules
+  LossScaleCounters counters_;
 };
 
 // A scale that never changes (rule static): only init_scale is used.
@@ -160,17 +165,8 @@ class StaticLossScale final : public LossScale {
  public:
   explicit StaticLossScale(double scale);  // rounded to float32; must be finite and > 0
   explicit StaticLossScale(const LossScaleConfig& config);  // config.rule must be static
-  float scale() const override { return static_cast<float>(scale_); }
   void update(bool found_inf) override;
-  const LossScaleConfig& config() const override { return config_; }
-  LossScaleCounters counters() const override { return counters_; }
-  LossScaleState state() const override { return {config_, scale_, counters_}; }
   void load(const LossScaleState& state) override;
-
- private:
-  LossScaleConfig config_;
-  double scale_;
-  LossScaleCounters counters_;
 };
 
 // The dynamic rules. One explicit switch on config.rule; each branch is the anchor's rule.
@@ -178,18 +174,11 @@ class DynamicLossScale final : public LossScale {
  public:
   DynamicLossScale() : DynamicLossScale(LossScaleConfig{}) {}
   explicit DynamicLossScale(const LossScaleConfig& config);  // validates; rule must not be static
-  float scale() const override { return static_cast<float>(scale_); }
   void update(bool found_inf) override;
-  const LossScaleConfig& config() const override { return config_; }
-  LossScaleCounters counters() const override { return counters_; }
-  LossScaleState state() const override { return {config_, scale_, counters_}; }
   void load(const LossScaleState& state) override;
 
  private:
   void check_floor(double scale_before);  // throws ScaleCollapseError (no state change)
-  LossScaleConfig config_;
-  double scale_;  // exact; a float32 value for float32 rules
-  LossScaleCounters counters_;
 };
 
 // StaticLossScale for rule static, DynamicLossScale otherwise.
