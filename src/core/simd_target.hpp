@@ -43,7 +43,8 @@
 #define MIXPREC_TARGET_END MIXPREC_PRAGMA_(GCC diagnostic pop) MIXPREC_PRAGMA_(GCC pop_options)
 #endif
 
-// AVX2 alone (formats/cpu/count_avx2.cpp; the AVX2 reductions of core/simd_reduce.hpp).
+// AVX2 alone (formats/cpu/count_avx2.cpp; the AVX2 reductions of core/simd_reduce.hpp and the
+// 8-lane minifloat encoder of formats/cpu/minifloat_simd.hpp).
 #define MIXPREC_TARGET_AVX2_BEGIN MIXPREC_TARGET_BEGIN_("avx2")
 // AVX2 and FMA (nn/cpu/layer_kernels_avx2.cpp, lowp/cpu/quantize_avx2.cpp).
 #define MIXPREC_TARGET_AVX2_FMA_BEGIN MIXPREC_TARGET_BEGIN_("avx2,fma")

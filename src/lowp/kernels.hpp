@@ -26,6 +26,13 @@ struct EncodeCounts {
   std::uint64_t saturated = 0;
   std::uint64_t flushed = 0;
   std::uint64_t nonfinite = 0;
+
+  EncodeCounts& operator+=(const EncodeCounts& o) noexcept {
+    saturated += o.saturated;
+    flushed += o.flushed;
+    nonfinite += o.nonfinite;
+    return *this;
+  }
 };
 
 struct ElementSpec {
@@ -58,6 +65,31 @@ inline std::uint32_t encode_element(float x, float factor, bool stochastic, std:
     if (ax != 0 && (code & kMag) == 0) ++c.flushed;
   }
   return code;
+}
+
+// Elements [begin, end) of a run through encode_element, element i scaled by
+// factors[i / block] (kStochastic: with random[i]): the code of element i into byte i (fp8)
+// or nibble i (e2m1: byte i / 2, the even element in the low nibble, so begin is even),
+// counts into c, and (kAmax) the magnitude bits of src[i] into max_bits. The scalar back
+// end's loop, and the SIMD back ends' tails.
+template <const mixprec::detail::MiniFloatSpec& S, bool kStochastic, bool kAmax>
+inline void encode_elements(const float* src, std::size_t begin, std::size_t end, std::size_t block,
+                            const float* factors, std::uint8_t* dst, const std::uint32_t* random, float max_value,
+                            EncodeCounts& c, std::uint32_t& max_bits) noexcept {
+  for (std::size_t i = begin; i < end; ++i) {
+    if constexpr (kAmax) {
+      const std::uint32_t a = std::bit_cast<std::uint32_t>(src[i]) & 0x7fffffffu;
+      max_bits = a > max_bits ? a : max_bits;
+    }
+    const std::uint32_t code = encode_element<S>(src[i], factors[i / block], kStochastic, kStochastic ? random[i] : 0u,
+                                                 max_value, c);
+    if constexpr (S.bits == 4) {
+      if (i % 2 == 0) dst[i / 2] = static_cast<std::uint8_t>(code);
+      else dst[i / 2] = static_cast<std::uint8_t>(dst[i / 2] | (code << 4));
+    } else {
+      dst[i] = static_cast<std::uint8_t>(code);
+    }
+  }
 }
 
 // TE's block amax (fmaxf over |x| from 0: NaN elements ignored) and the magnitude-bits max
@@ -135,6 +167,33 @@ inline void with_options(bool a, bool b, F&& f) {
     if (b) f(std::false_type{}, std::true_type{});
     else f(std::false_type{}, std::false_type{});
   }
+}
+
+// The format S of an encode loop as a type: SpecConstant<S>::value is S.
+template <const mixprec::detail::MiniFloatSpec& S>
+struct SpecConstant {
+  static constexpr const mixprec::detail::MiniFloatSpec& value = S;
+};
+
+// f(SpecConstant<S>{}, max_finite(e)): the element format of a kernel call as the template
+// argument of its loop, chosen once (the one Element -> spec switch of the encode kernels).
+template <class F>
+inline void with_element(Element e, F&& f) {
+  switch (e) {
+    case Element::e4m3: return f(SpecConstant<mixprec::detail::kE4M3Spec>{}, max_finite(Element::e4m3));
+    case Element::e5m2: return f(SpecConstant<mixprec::detail::kE5M2Spec>{}, max_finite(Element::e5m2));
+    case Element::e2m1: return f(SpecConstant<kE2M1Spec>{}, max_finite(Element::e2m1));
+  }
+}
+
+// f(SpecConstant<S>{}, std::bool_constant<a>{}, std::bool_constant<b>{}, max_finite(e)): an
+// encode call's element format and its two run-time options as template arguments of its
+// loop, chosen once.
+template <class F>
+inline void with_element_options(Element e, bool a, bool b, F&& f) {
+  with_element(e, [&](auto spec, float max_value) {
+    with_options(a, b, [&](auto x, auto y) { f(spec, x, y, max_value); });
+  });
 }
 
 // Kernels: pure loops over raw pointers; they never allocate, log or check arguments.

@@ -6,8 +6,9 @@
 // How each encode rounds to nearest even:
 //   f16   vcvtps2ph, the hardware oracle;
 //   bf16  the integer trick (bits + 0x7fff + lsb) >> 16;
-//   fp8   normal results: the same integer trick after rebiasing the exponent;
-//         subnormal results: |y| + 2^(23 + log2 min_subnormal) in fp32, whose
+//   fp8   the SIMD back ends' one minifloat encoder (formats/cpu/minifloat_simd.hpp):
+//         normal results by the same integer trick after rebiasing the exponent,
+//         subnormal results from |y| + 2^(23 + log2 min_subnormal) in fp32, whose
 //         rounding (MXCSR default, round to nearest even) lands on the code.
 // Stochastic rounding runs the reference algorithm in integer lanes.
 // Saturation and flush-to-zero are applied to the 16-bit codes afterwards.
@@ -21,6 +22,7 @@
 
 #include "core/simd_reduce.hpp"
 #include "core/simd_target.hpp"
+#include "formats/cpu/minifloat_simd.hpp"
 
 // Only the kernels are compiled for AVX2 (core/simd_target.hpp says why); avx2_kernels(),
 // which only fills the table, is baseline code.
@@ -35,7 +37,7 @@ constexpr std::size_t kStreamBytes = kStreamingStoreBytes;
 // Software prefetch distance for streamed sources (measured: +10-20% on one thread).
 constexpr int kPrefetchBytes = 2048;
 
-inline __m256i set1(std::uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); }
+using avx2::set1;
 inline __m256i set1_16(std::uint16_t v) { return _mm256_set1_epi16(static_cast<short>(v)); }
 inline __m256i abs_bits(__m256 v) { return _mm256_and_si256(_mm256_castps_si256(v), set1(0x7fffffffu)); }
 
@@ -55,7 +57,7 @@ inline __m256i pack_32_to_16(__m256i lo, __m256i hi) {
 
 // ---- raw codes: round to nearest even, IEEE overflow, subnormals kept --------
 // (E4M3, which has no infinity to recognise afterwards, takes its overflow
-// code here: NaN, or max finite when saturating.)
+// code here: NaN, or max finite when saturating; the others their inf code.)
 
 // Rounds 8 lanes; NaN lanes come out wrong and are fixed by bf16_nan_fix.
 inline __m256i bf16_round8(__m256 y) {
@@ -68,45 +70,6 @@ inline __m256i bf16_nan_mask(__m256 y) { return _mm256_cmpgt_epi32(abs_bits(y), 
 inline __m256i bf16_nan_fix(__m256 y, __m256i r, __m256i nan) {
   const __m256i q = _mm256_or_si256(_mm256_srli_epi32(_mm256_castps_si256(y), 16), set1(0x40u));
   return _mm256_blendv_epi8(r, q, nan);
-}
-
-// Both candidate codes are computed for every lane and the smaller (unsigned)
-// wins: where the result is normal, the subnormal formula counts units of the
-// smallest subnormal linearly and is never smaller; below min normal, the
-// normal formula's exponent wraps around and makes it huge. Likewise every
-// finite value past max finite gives a code above it, so min() with the
-// overflow code applies the overflow rule.
-template <const MiniFloatSpec& S>
-inline __m256i fp8_codes8(__m256 y, __m256i ovf_code) {
-  constexpr int M = S.man_bits;
-  constexpr int kShift = 23 - M;
-  // Subtract the min-normal exponent (so every value below it wraps around to a
-  // huge number) and add half an ulp minus one, in one constant; the exponent
-  // field then counts binades above min normal, so add one binade back after.
-  constexpr std::uint32_t kBias =
-      (1u << (kShift - 1)) - 1u - (static_cast<std::uint32_t>(min_normal_f32_exponent(S)) << 23);
-  // Adding 2^(23 + 1 - bias - M) makes the fp32 ulp equal to the smallest subnormal.
-  constexpr std::uint32_t kMagicBits = static_cast<std::uint32_t>(127 + 23 + 1 - S.bias - M) << 23;
-  const __m256i a = abs_bits(y);
-  const __m256i normal = _mm256_add_epi32(
-      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(a, set1(kBias)),
-                                         _mm256_and_si256(_mm256_srli_epi32(a, kShift), set1(1))),
-                        kShift),
-      set1(1u << M));
-  const __m256 magic = _mm256_castsi256_ps(set1(kMagicBits));
-  const __m256i sub =
-      _mm256_sub_epi32(_mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), magic)), set1(kMagicBits));
-  __m256i code = _mm256_min_epu32(_mm256_min_epu32(normal, sub), ovf_code);
-  __m256i nan_code;
-  if constexpr (S.has_inf) {
-    nan_code = _mm256_or_si256(set1(S.overflow_code | (1u << (M - 1))),
-                               _mm256_and_si256(_mm256_srli_epi32(a, kShift), set1((1u << M) - 1)));
-  } else {
-    nan_code = set1(S.nan_code);
-  }
-  code = _mm256_blendv_epi8(code, nan_code, _mm256_cmpgt_epi32(a, set1(0x7f800000u)));
-  const __m256i sign = _mm256_srli_epi32(_mm256_and_si256(_mm256_castps_si256(y), set1(0x80000000u)), 24);
-  return _mm256_or_si256(code, sign);
 }
 
 // 16 codes, in 16-bit lanes, for y0 (elements 0-7) and y1 (8-15).
@@ -124,7 +87,7 @@ inline __m256i raw_codes16(__m256 y0, __m256 y1, __m256i fp8_ovf_code) {
     return pack_32_to_16(r0, r1);
   } else {
     const __m256i ovf = S.has_inf ? set1(S.overflow_code) : fp8_ovf_code;
-    return pack_32_to_16(fp8_codes8<S>(y0, ovf), fp8_codes8<S>(y1, ovf));
+    return pack_32_to_16(avx2::encode8_rne<S>(y0, ovf), avx2::encode8_rne<S>(y1, ovf));
   }
 }
 
@@ -133,7 +96,7 @@ constexpr std::uint16_t mag_mask16() {
   return static_cast<std::uint16_t>((1u << (S.bits - 1)) - 1);
 }
 
-// Formats with infinity: +-inf codes become +-max (E4M3 saturates in fp8_codes8).
+// Formats with infinity: +-inf codes become +-max (E4M3 saturates in encode8_rne).
 template <const MiniFloatSpec& S>
 inline __m256i saturate16(__m256i c) {
   const __m256i mag = _mm256_and_si256(c, set1_16(mag_mask16<S>()));

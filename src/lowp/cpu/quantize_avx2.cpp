@@ -1,10 +1,12 @@
 // AVX2 back end of lowp's kernel table: 8 elements per register, 32 per step (one 32-byte
-// store of fp8 codes, 16 of e2m1 pairs). Round to nearest even uses the integer/fp32-add
-// trick of formats/cpu/bulk_avx2.cpp (encode8_rne); stochastic rounding is encode_full in
-// vector form with per-lane shifts (encode8). Counts accumulate in 32-bit lanes, summed
-// once per call; block maxima (magnitude bits; the float max derived from them) of 8 blocks
-// share one transpose-reduction; the RHT is in-register butterflies of one fma each
-// (16-element groups span two registers). Heads and tails go through the scalar rules.
+// store of fp8 codes, 16 of e2m1 pairs). The codes come from the SIMD back ends' one
+// minifloat encoder (formats/cpu/minifloat_simd.hpp): round to nearest even with its
+// integer/fp32-add trick (encode8_rne, or its magnitude parts where a group of 32 needs no
+// NaN fix-up), stochastic rounding with per-lane shifts (encode8). Counts accumulate in
+// 32-bit lanes, summed once per call; block maxima (magnitude bits; the float max derived
+// from them) of 8 blocks share one transpose-reduction; the RHT is in-register butterflies of
+// one fma each (16-element groups span two registers). Heads and tails go through the scalar
+// rules.
 //
 // Compiled for AVX2+FMA per function (core/simd_target.hpp), called only after
 // isa_available(Isa::avx2).
@@ -19,6 +21,7 @@
 
 #include "core/simd_reduce.hpp"
 #include "core/simd_target.hpp"
+#include "formats/cpu/minifloat_simd.hpp"
 
 MIXPREC_TARGET_AVX2_FMA_BEGIN
 
@@ -26,100 +29,11 @@ namespace mixprec::lowp::detail {
 namespace {
 
 using mixprec::detail::MiniFloatSpec;
-
-inline __m256i set1(std::uint32_t v) { return _mm256_set1_epi32(static_cast<int>(v)); }
-
-// The code of y (bits u, magnitude bits a) from its magnitude code: NaN lanes take the
-// format's NaN code (E2M1 has none: 0), then the sign bit goes into place.
-template <const MiniFloatSpec& S>
-inline __m256i signed_code8(__m256i magnitude, __m256i u, __m256i a) {
-  constexpr int M = S.man_bits;
-  const __m256i nan = _mm256_cmpgt_epi32(a, set1(0x7f800000u));  // a < 2^31: a signed compare
-  const __m256i sign = _mm256_slli_epi32(_mm256_srli_epi32(u, 31), S.bits - 1);
-  if constexpr (S.bits == 4) {
-    return _mm256_andnot_si256(nan, _mm256_or_si256(magnitude, sign));  // E2M1: NaN -> 0
-  } else if constexpr (S.has_inf) {
-    const __m256i nan_code = _mm256_or_si256(set1(S.overflow_code | (1u << (M - 1))),
-                                             _mm256_srli_epi32(_mm256_and_si256(a, set1(0x7fffffu)), 23 - M));
-    return _mm256_or_si256(_mm256_blendv_epi8(magnitude, nan_code, nan), sign);
-  } else {
-    return _mm256_or_si256(_mm256_blendv_epi8(magnitude, set1(S.nan_code), nan), sign);
-  }
-}
-
-template <const MiniFloatSpec& S, bool kStochastic>
-inline __m256i encode8(__m256 y, __m256i random) {
-  constexpr int M = S.man_bits;
-  constexpr int kMinNormal = 128 - S.bias;
-  const __m256i zero = _mm256_setzero_si256(), one = set1(1);
-  const __m256i u = _mm256_castps_si256(y);
-  const __m256i a = _mm256_and_si256(u, set1(0x7fffffffu));
-  __m256i e32 = _mm256_srli_epi32(a, 23);
-  __m256i sig = _mm256_and_si256(a, set1(0x7fffffu));
-  const __m256i normal = _mm256_xor_si256(_mm256_cmpeq_epi32(e32, zero), set1(0xffffffffu));
-  sig = _mm256_or_si256(sig, _mm256_and_si256(normal, set1(0x800000u)));
-  e32 = _mm256_max_epi32(e32, one);
-  __m256i shift = _mm256_add_epi32(set1(23 - M), _mm256_max_epi32(_mm256_sub_epi32(set1(kMinNormal), e32), zero));
-  const __m256i base = _mm256_slli_epi32(_mm256_max_epi32(_mm256_sub_epi32(e32, set1(kMinNormal)), zero), M);
-  const __m256i pre = _mm256_min_epi32(_mm256_max_epi32(_mm256_sub_epi32(shift, set1(31)), zero), set1(31));
-  sig = _mm256_srlv_epi32(sig, pre);
-  shift = _mm256_min_epi32(shift, set1(31));
-  __m256i add;
-  if constexpr (kStochastic) {
-    add = _mm256_srlv_epi32(random, _mm256_sub_epi32(set1(32), shift));
-  } else {
-    add = _mm256_add_epi32(_mm256_sub_epi32(_mm256_sllv_epi32(one, _mm256_sub_epi32(shift, one)), one),
-                           _mm256_and_si256(_mm256_srlv_epi32(sig, shift), one));
-  }
-  __m256i code = _mm256_add_epi32(base, _mm256_srlv_epi32(_mm256_add_epi32(sig, add), shift));
-  code = _mm256_min_epu32(code, set1(S.max_code));
-  return signed_code8<S>(code, u, a);
-}
-
-// Round-to-nearest-even codes without encode8's per-lane variable shifts (the trick of
-// formats/cpu/bulk_avx2.cpp's fp8_codes8): normal results round with the integer
-// (bits + half ulp - 1 + lsb) >> shift after rebiasing; values below min normal wrap to a
-// huge number there and take the subnormal code from |y| + 2^k in fp32 instead (the fp32
-// add rounds to nearest even at the smallest subnormal's ulp); min() picks the right one
-// and saturates. This part is the magnitude code for a = |y| <= inf (inf: the normal
-// formula gives a code past max, which saturates); encode8_rne adds NaN and sign.
-template <const MiniFloatSpec& S>
-inline __m256i finite_magnitude_code8(__m256i a) {
-  constexpr int M = S.man_bits;
-  constexpr int kShift = 23 - M;
-  constexpr std::uint32_t kBias =
-      (1u << (kShift - 1)) - 1u - (static_cast<std::uint32_t>(mixprec::detail::min_normal_f32_exponent(S)) << 23);
-  constexpr std::uint32_t kMagicBits = static_cast<std::uint32_t>(127 + 23 + 1 - S.bias - M) << 23;
-  const __m256i normal = _mm256_add_epi32(
-      _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(a, set1(kBias)), _mm256_and_si256(_mm256_srli_epi32(a, kShift), set1(1))),
-                        kShift),
-      set1(1u << M));
-  const __m256i sub = _mm256_sub_epi32(
-      _mm256_castps_si256(_mm256_add_ps(_mm256_castsi256_ps(a), _mm256_castsi256_ps(set1(kMagicBits)))), set1(kMagicBits));
-  return _mm256_min_epu32(_mm256_min_epu32(normal, sub), set1(S.max_code));
-}
-
-// The magnitude code of lanes whose |y| (bits a) is a normal of the format, at most its
-// largest finite: finite_magnitude_code8's normal formula alone, its two constant adds in one
-// (a + kBias cannot wrap for such a), and the code the same bits.
-template <const MiniFloatSpec& S>
-inline __m256i normal_magnitude_code8(__m256i a) {
-  constexpr int M = S.man_bits;
-  constexpr int kShift = 23 - M;
-  constexpr std::uint32_t kBias = (1u << (kShift - 1)) - 1u -
-                                  (static_cast<std::uint32_t>(mixprec::detail::min_normal_f32_exponent(S)) << 23) +
-                                  (1u << (M + kShift));
-  return _mm256_srli_epi32(
-      _mm256_add_epi32(_mm256_add_epi32(a, set1(kBias)), _mm256_and_si256(_mm256_srli_epi32(a, kShift), set1(1))), kShift);
-}
-
-template <const MiniFloatSpec& S>
-inline __m256i encode8_rne(__m256 y) {
-  const __m256i u = _mm256_castps_si256(y);
-  const __m256i a = _mm256_and_si256(u, set1(0x7fffffffu));
-  // inf: the normal formula's huge code, saturated
-  return signed_code8<S>(finite_magnitude_code8<S>(a), u, a);
-}
+using mixprec::detail::avx2::encode8;
+using mixprec::detail::avx2::encode8_rne;
+using mixprec::detail::avx2::finite_magnitude_code8;
+using mixprec::detail::avx2::normal_magnitude_code8;
+using mixprec::detail::avx2::set1;
 
 // Counts in 32-bit lanes (a compare mask is -1: subtracting it adds one), summed into
 // EncodeCounts once per call instead of three movemask + popcount per vector.
@@ -155,7 +69,7 @@ inline void count8(__m256 x, __m256 y, __m256i code, __m256 max_value, LaneCount
 template <const MiniFloatSpec& S, bool kStochastic>
 inline __m256i encode_any(__m256 y, const std::uint32_t* random) {
   if constexpr (kStochastic) return encode8<S, true>(y, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(random)));
-  else return encode8_rne<S>(y);
+  else return encode8_rne<S>(y, set1(S.max_code));
 }
 
 // One vector of 8: codes to dst (8 bytes, or 4 for e2m1), counts to lc.
@@ -219,7 +133,7 @@ inline void encode_four8(const float* src, const float* f, std::uint8_t* dst, co
         c[k] = normal_magnitude_code8<S>(a[k]);
         continue;
       }
-      c[k] = finite_magnitude_code8<S>(a[k]);
+      c[k] = finite_magnitude_code8<S>(a[k], set1(S.max_code));
       const __m256i sat = _mm256_castps_si256(_mm256_cmp_ps(_mm256_castsi256_ps(a[k]), max_value, _CMP_GT_OQ));
       const __m256i zero_x = _mm256_castps_si256(_mm256_cmp_ps(x[k], _mm256_setzero_ps(), _CMP_EQ_OQ));
       const __m256i zero_code = _mm256_cmpeq_epi32(c[k], _mm256_setzero_si256());
@@ -291,42 +205,18 @@ void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, cons
     lc.spill(c);
   }
   std::uint32_t bits = kAmax ? simd::hmax_epu32(mb) : 0u;
-  for (; i < n; ++i) {
-    if constexpr (kAmax) bits = std::max(bits, std::bit_cast<std::uint32_t>(src[i]) & 0x7fffffffu);
-    const std::uint32_t code = encode_element<S>(src[i], factors[i / block], kStochastic, kStochastic ? random[i] : 0u,
-                                                 max_value, c);
-    if constexpr (S.bits == 4) {
-      if (i % 2 == 0) dst[i / 2] = static_cast<std::uint8_t>(code);
-      else dst[i / 2] = static_cast<std::uint8_t>(dst[i / 2] | (code << 4));
-    } else {
-      dst[i] = static_cast<std::uint8_t>(code);
-    }
-  }
-  counts->saturated += c.saturated;
-  counts->flushed += c.flushed;
-  counts->nonfinite += c.nonfinite;
+  encode_elements<S, kStochastic, kAmax>(src, i, n, block, factors, dst, random, max_value, c, bits);
+  *counts += c;
   if constexpr (kAmax) *max_bits = std::max(*max_bits, bits);
-}
-
-template <const MiniFloatSpec& S>
-void encode_scaled_sr(const float* src, std::size_t n, std::size_t block, const float* factors, std::uint8_t* dst,
-                      const std::uint32_t* random, float max_value, EncodeCounts* counts, std::uint32_t* max_bits) {
-  with_options(random != nullptr, max_bits != nullptr, [&](auto stochastic, auto amax) {
-    encode_scaled_spec<S, decltype(stochastic)::value, decltype(amax)::value>(src, n, block, factors, dst, random, max_value,
-                                                                               counts, max_bits);
-  });
 }
 
 void encode_scaled_avx2(Element e, const float* src, std::size_t n, std::size_t block, const float* factors,
                         std::uint8_t* dst, const std::uint32_t* random, EncodeCounts* counts, std::uint32_t* max_bits) {
-  switch (e) {
-    case Element::e4m3:
-      return encode_scaled_sr<mixprec::detail::kE4M3Spec>(src, n, block, factors, dst, random, max_finite(Element::e4m3), counts, max_bits);
-    case Element::e5m2:
-      return encode_scaled_sr<mixprec::detail::kE5M2Spec>(src, n, block, factors, dst, random, max_finite(Element::e5m2), counts, max_bits);
-    case Element::e2m1:
-      return encode_scaled_sr<kE2M1Spec>(src, n, block, factors, dst, random, max_finite(Element::e2m1), counts, max_bits);
-  }
+  const auto run = [&](auto spec, auto stochastic, auto amax, float max_value) {
+    encode_scaled_spec<decltype(spec)::value, decltype(stochastic)::value, decltype(amax)::value>(
+        src, n, block, factors, dst, random, max_value, counts, max_bits);
+  };
+  with_element_options(e, random != nullptr, max_bits != nullptr, run);
 }
 
 inline __m256 max_u32(__m256 x, __m256 y) {

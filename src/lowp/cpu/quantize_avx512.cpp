@@ -1,6 +1,7 @@
 // AVX-512 back end of lowp's kernel table: 16 elements per register.
 //
-// Round to nearest even uses the integer/fp32-add trick of formats/cpu/bulk_avx2.cpp
+// The codes are the SIMD back ends' minifloat encoder (formats/cpu/minifloat_simd.hpp) in 16
+// lanes with mask registers. Round to nearest even uses its integer/fp32-add trick
 // (finite_magnitude_code16; vectors with a non-finite |y| take encode16_rne, which adds the NaN
 // codes). Stochastic rounding is the library's scalar encode_full (formats/scalar.hpp) in
 // vector form (encode16): the fp32 significand shifted right by a per-lane distance (vpsrlvd)
@@ -22,6 +23,7 @@
 #include <cstdint>
 
 #include "core/simd_target.hpp"
+#include "formats/cpu/minifloat_simd.hpp"
 
 MIXPREC_TARGET_AVX512_FMA_BEGIN
 
@@ -63,7 +65,7 @@ inline __m512i signed_code16(__m512i magnitude, __m512 y, __m512i a) {
 template <const MiniFloatSpec& S, bool kStochastic>
 inline __m512i encode16(__m512 y, __m512i random) {
   constexpr int M = S.man_bits;
-  constexpr int kMinNormal = 128 - S.bias;
+  constexpr int kMinNormal = mixprec::detail::min_normal_f32_exponent(S);
   const __m512i zero = _mm512_setzero_si512(), one = set1(1);
   const __m512i u = _mm512_castps_si512(y);
   const __m512i a = _mm512_and_si512(u, set1(0x7fffffffu));
@@ -88,40 +90,31 @@ inline __m512i encode16(__m512 y, __m512i random) {
   return signed_code16<S>(code, y, a);
 }
 
-// Round to nearest even without encode16's per-lane variable shifts (the trick of
-// formats/cpu/bulk_avx2.cpp's fp8_codes8, as in cpu/quantize_avx2.cpp): normal results
-// round with the integer (bits + half ulp - 1 + lsb) >> shift after rebiasing; values below
-// min normal wrap to a huge number there and take the subnormal code from |y| + 2^k in
-// fp32 (whose add rounds to nearest even at the smallest subnormal's ulp); min() picks the
-// right one and saturates. This is the magnitude code for a = |y| <= inf.
+// Round to nearest even without encode16's per-lane variable shifts: the trick of the SIMD
+// back ends' minifloat encoder (formats/cpu/minifloat_simd.hpp, finite_magnitude_code8) in
+// 16 lanes, from its constants. The magnitude code for a = |y| <= inf, saturated.
 template <const MiniFloatSpec& S>
 inline __m512i finite_magnitude_code16(__m512i a) {
-  constexpr int M = S.man_bits;
-  constexpr int kShift = 23 - M;
-  constexpr std::uint32_t kBias =
-      (1u << (kShift - 1)) - 1u - (static_cast<std::uint32_t>(mixprec::detail::min_normal_f32_exponent(S)) << 23);
-  constexpr std::uint32_t kMagicBits = static_cast<std::uint32_t>(127 + 23 + 1 - S.bias - M) << 23;
+  using K = mixprec::detail::RneTrick<S>;
   const __m512i normal = _mm512_add_epi32(
-      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, set1(kBias)), _mm512_and_si512(_mm512_srli_epi32(a, kShift), set1(1))),
-                        kShift),
-      set1(1u << M));
+      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, set1(K::kBias)),
+                                         _mm512_and_si512(_mm512_srli_epi32(a, K::kShift), set1(1))),
+                        K::kShift),
+      set1(1u << S.man_bits));
   const __m512i sub = _mm512_sub_epi32(
-      _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(set1(kMagicBits)))), set1(kMagicBits));
+      _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(set1(K::kMagicBits)))),
+      set1(K::kMagicBits));
   return _mm512_min_epu32(_mm512_min_epu32(normal, sub), set1(S.max_code));
 }
 
 // The magnitude code of lanes whose |y| (bits a) is a normal of the format, at most its
-// largest finite: finite_magnitude_code16's normal formula alone, its two constant adds in one
-// (a + kBias cannot wrap for such a), and the code the same bits.
+// largest finite: finite_magnitude_code16's normal formula alone, its two constant adds in one.
 template <const MiniFloatSpec& S>
 inline __m512i normal_magnitude_code16(__m512i a) {
-  constexpr int M = S.man_bits;
-  constexpr int kShift = 23 - M;
-  constexpr std::uint32_t kBias = (1u << (kShift - 1)) - 1u -
-                                  (static_cast<std::uint32_t>(mixprec::detail::min_normal_f32_exponent(S)) << 23) +
-                                  (1u << (M + kShift));
-  return _mm512_srli_epi32(
-      _mm512_add_epi32(_mm512_add_epi32(a, set1(kBias)), _mm512_and_si512(_mm512_srli_epi32(a, kShift), set1(1))), kShift);
+  using K = mixprec::detail::RneTrick<S>;
+  return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, set1(K::kNormalBias)),
+                                            _mm512_and_si512(_mm512_srli_epi32(a, K::kShift), set1(1))),
+                           K::kShift);
 }
 
 // encode16<S, false> in the form above: NaN lanes as encode16.
@@ -204,43 +197,19 @@ void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, cons
   }
   EncodeCounts c{lc.saturated, lc.flushed, lc.nonfinite};
   std::uint32_t tail_bits = 0;
-  for (; i < n; ++i) {
-    if constexpr (kAmax) tail_bits = std::max(tail_bits, std::bit_cast<std::uint32_t>(src[i]) & 0x7fffffffu);
-    const std::uint32_t code = encode_element<S>(src[i], factors[i / block], kStochastic, kStochastic ? random[i] : 0u,
-                                                 max_value, c);
-    if constexpr (S.bits == 4) {
-      if (i % 2 == 0) dst[i / 2] = static_cast<std::uint8_t>(code);
-      else dst[i / 2] = static_cast<std::uint8_t>(dst[i / 2] | (code << 4));
-    } else {
-      dst[i] = static_cast<std::uint8_t>(code);
-    }
-  }
-  counts->saturated += c.saturated;
-  counts->flushed += c.flushed;
-  counts->nonfinite += c.nonfinite;
+  encode_elements<S, kStochastic, kAmax>(src, i, n, block, factors, dst, random, max_value, c, tail_bits);
+  *counts += c;
   if constexpr (kAmax)
     *max_bits = std::max({*max_bits, tail_bits, static_cast<std::uint32_t>(_mm512_reduce_max_epu32(mb))});
 }
 
-template <const MiniFloatSpec& S>
-void encode_scaled_sr(const float* src, std::size_t n, std::size_t block, const float* factors, std::uint8_t* dst,
-                      const std::uint32_t* random, float max_value, EncodeCounts* counts, std::uint32_t* max_bits) {
-  with_options(random != nullptr, max_bits != nullptr, [&](auto stochastic, auto amax) {
-    encode_scaled_spec<S, decltype(stochastic)::value, decltype(amax)::value>(src, n, block, factors, dst, random, max_value,
-                                                                               counts, max_bits);
-  });
-}
-
 void encode_scaled_avx512(Element e, const float* src, std::size_t n, std::size_t block, const float* factors,
                           std::uint8_t* dst, const std::uint32_t* random, EncodeCounts* counts, std::uint32_t* max_bits) {
-  switch (e) {
-    case Element::e4m3:
-      return encode_scaled_sr<mixprec::detail::kE4M3Spec>(src, n, block, factors, dst, random, max_finite(Element::e4m3), counts, max_bits);
-    case Element::e5m2:
-      return encode_scaled_sr<mixprec::detail::kE5M2Spec>(src, n, block, factors, dst, random, max_finite(Element::e5m2), counts, max_bits);
-    case Element::e2m1:
-      return encode_scaled_sr<kE2M1Spec>(src, n, block, factors, dst, random, max_finite(Element::e2m1), counts, max_bits);
-  }
+  const auto run = [&](auto spec, auto stochastic, auto amax, float max_value) {
+    encode_scaled_spec<decltype(spec)::value, decltype(stochastic)::value, decltype(amax)::value>(
+        src, n, block, factors, dst, random, max_value, counts, max_bits);
+  };
+  with_element_options(e, random != nullptr, max_bits != nullptr, run);
 }
 
 // Block maxima: 16 lanes of |x| bits (unsigned max: a NaN, above inf, wins).

@@ -20,36 +20,16 @@ void block_amax_scalar(const float* src, std::size_t n, std::size_t block, float
   }
 }
 
-template <const mixprec::detail::MiniFloatSpec& S>
-void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, const float* factors, std::uint8_t* dst,
-                        const std::uint32_t* random, float max_value, EncodeCounts* counts, std::uint32_t* max_bits) {
-  EncodeCounts c;
-  for (std::size_t i = 0; i < n; ++i) {
-    if (max_bits != nullptr) *max_bits = std::max(*max_bits, std::bit_cast<std::uint32_t>(src[i]) & 0x7fffffffu);
-    const std::uint32_t code = encode_element<S>(src[i], factors[i / block], random != nullptr,
-                                                 random != nullptr ? random[i] : 0u, max_value, c);
-    if constexpr (S.bits == 4) {
-      if (i % 2 == 0) dst[i / 2] = static_cast<std::uint8_t>(code);
-      else dst[i / 2] = static_cast<std::uint8_t>(dst[i / 2] | (code << 4));
-    } else {
-      dst[i] = static_cast<std::uint8_t>(code);
-    }
-  }
-  counts->saturated += c.saturated;
-  counts->flushed += c.flushed;
-  counts->nonfinite += c.nonfinite;
-}
-
 void encode_scaled_scalar(Element e, const float* src, std::size_t n, std::size_t block, const float* factors,
                           std::uint8_t* dst, const std::uint32_t* random, EncodeCounts* counts, std::uint32_t* max_bits) {
-  switch (e) {
-    case Element::e4m3:
-      return encode_scaled_spec<mixprec::detail::kE4M3Spec>(src, n, block, factors, dst, random, max_finite(Element::e4m3), counts, max_bits);
-    case Element::e5m2:
-      return encode_scaled_spec<mixprec::detail::kE5M2Spec>(src, n, block, factors, dst, random, max_finite(Element::e5m2), counts, max_bits);
-    case Element::e2m1:
-      return encode_scaled_spec<kE2M1Spec>(src, n, block, factors, dst, random, max_finite(Element::e2m1), counts, max_bits);
-  }
+  with_element_options(e, random != nullptr, max_bits != nullptr, [&](auto spec, auto stochastic, auto amax, float max_value) {
+    EncodeCounts c;
+    std::uint32_t bits = amax ? *max_bits : 0u;
+    encode_elements<decltype(spec)::value, decltype(stochastic)::value, decltype(amax)::value>(
+        src, 0, n, block, factors, dst, random, max_value, c, bits);
+    *counts += c;
+    if constexpr (decltype(amax)::value) *max_bits = bits;
+  });
 }
 
 void nvfp4_scales_scalar(const float* amax, std::size_t nb, float s_enc_div6, float s_dec, std::uint8_t* codes,
