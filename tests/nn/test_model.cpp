@@ -528,10 +528,11 @@ TEST(Model, Fp8PresetsSaveLinearInputsAsCodesAndUseLessMemoryThanBf16) {
   const std::size_t N = cfg.batch * cfg.context, C = cfg.channels;
   for (Precision p : {Precision::fp8_noscale, Precision::fp8_delayed, Precision::fp8_current, Precision::mxfp8}) {
     const ModelMemory m = make_model(cfg, p, 2)->memory();
-    // 1 byte per input element of the four Linears of every block (C, C, C, 4C per row),
-    // mxfp8 one E8M0 scale per 32 of them (along N).
-    const std::size_t codes = cfg.layers * N * 7 * C;
-    EXPECT_EQ(m.fp8_activation_bytes, p == Precision::mxfp8 ? codes + codes / 32 : codes) << precision_name(p);
+    // 1 byte per input element of the four Linears of every block (C, C, C, 4C per row);
+    // per tensor one fp32 scale per Linear, mxfp8 one E8M0 scale per 32 elements (along N).
+    const std::size_t codes = cfg.layers * N * 7 * C, linears = cfg.layers * 4;
+    EXPECT_EQ(m.fp8_activation_bytes, p == Precision::mxfp8 ? codes + codes / 32 : codes + linears * sizeof(float))
+        << precision_name(p);
     EXPECT_LT(m.activation_bytes, bf16.activation_bytes) << precision_name(p);
     EXPECT_LT(m.activation_bytes + m.scratch_bytes, bf16.activation_bytes + bf16.scratch_bytes)
         << precision_name(p);
