@@ -29,14 +29,14 @@ MUTATIONS = [
               "    else mi = gi - (gi - mi) * omw;\n"
               "    float vi = v[i] * b2;\n"
               "    vi = vi + (omb2 * gi) * gi;\n"
-              "    const float denom = std::sqrt(vi) / bc2 + eps;\n"
+              "    const float denom = (Bc2One ? std::sqrt(vi) : std::sqrt(vi) / bc2) + eps;\n"
               "    pi = pi + nss * (mi / denom);\n"),
          new=("    float mi = m[i];\n"
               "    if constexpr (LerpLow) mi = mi + w * (gi - mi);\n"
               "    else mi = gi - (gi - mi) * omw;\n"
               "    float vi = v[i] * b2;\n"
               "    vi = vi + (omb2 * gi) * gi;\n"
-              "    const float denom = std::sqrt(vi) / bc2 + eps;\n"
+              "    const float denom = (Bc2One ? std::sqrt(vi) : std::sqrt(vi) / bc2) + eps;\n"
               "    pi = pi + nss * (mi / denom);\n"
               "    if constexpr (Decoupled) pi = pi * decay;\n"),
          why="AdamW's decoupled weight decay applied after the update instead of before",
@@ -110,8 +110,9 @@ MUTATIONS = [
          why="at a scale below 1 an fp16 gradient that overflows when unscaled is written as inf and applied",
          tests=["test_scaler_grad_scaler", "test_scaler_conformance"]),
     dict(id="busy-thread-pool-throws", file="src/core/parallel.cpp",
-         old="      for (unsigned w = 0; w < size(); ++w) task(ctx, w);\n      return;",
-         new="      throw std::logic_error(\"ThreadPool::run called while the pool is already running a task\");",
+         old="    for (unsigned w = 0; w < n; ++w) task(ctx, w);\n    return;",
+         new=("    if (n > 1) throw std::logic_error(\"ThreadPool::run called while the pool is already running a task\");\n"
+              "    for (unsigned w = 0; w < n; ++w) task(ctx, w);\n    return;"),
          why="two independent scalers on two threads: one of them throws mid-step",
          tests=["test_core_parallel", "test_scaler_grad_scaler"]),
     # ---- kernels ------------------------------------------------------------------------
@@ -130,11 +131,11 @@ MUTATIONS = [
          new=": ((1u << (shift - 1)));",
          why="fp32 to f16/bf16/fp8 rounds ties away from zero instead of to even",
          tests=["test_formats_scalar"]),
-    dict(id="fp8-delayed-margin-sign", file="src/fp8/recipes.cpp",
+    dict(id="fp8-delayed-margin-sign", file="src/lowp/scaling.cpp",
          old="const float scaled_max = std::ldexp(fp8_max, -margin);",
          new="const float scaled_max = std::ldexp(fp8_max, margin);",
          why="delayed scaling applies the margin the wrong way (scales up instead of down)",
-         tests=["test_fp8_recipes"]),
+         tests=["test_lowp_scaling"]),
     # ---- checkpoints, alerts ------------------------------------------------------------
     dict(id="checkpoint-checksum-not-compared", file="src/checkpoint/safetensors.cpp",
          old="if (got != *t.checksum)",
@@ -149,18 +150,18 @@ MUTATIONS = [
          tests=["test_run_alerts"]),
     # ---- layers and models ----------------------------------------------------------------
     dict(id="gpt-ln1-weight-grad-into-ln2", file="src/nn/gpt.cpp",
-         old="layernorm_backward(dres, e.dw(p.ln1w), e.dw(p.ln1b),",
-         new="layernorm_backward(dres, e.dw(p.ln2w), e.dw(p.ln1b),",
+         old="layernorm_backward_stage(dres, dres2, p.ln1w, p.ln1b,",
+         new="layernorm_backward_stage(dres, dres2, p.ln2w, p.ln1b,",
          why="the GPT's first layer norm's weight gradient is written into the second's",
          tests=["test_nn_model", "test_nn_layers"]),
     dict(id="gpt-ln2-bias-grad-into-ln1", file="src/nn/gpt.cpp",
-         old="layernorm_backward(dres2, e.dw(p.ln2w), e.dw(p.ln2b),",
-         new="layernorm_backward(dres2, e.dw(p.ln2w), e.dw(p.ln1b),",
+         old="layernorm_backward_stage(dres2, dres, p.ln2w, p.ln2b,",
+         new="layernorm_backward_stage(dres2, dres, p.ln2w, p.ln1b,",
          why="the second layer norm's bias gradient lands in the first's",
          tests=["test_nn_model", "test_nn_layers"]),
     dict(id="layernorm-bias-grad-misrouted", file="src/nn/reference/layer_kernels_scalar.cpp",
-         old="    dbias[i] += dy[i];\n",
-         new="    dweight[i] += dy[i];\n    (void)dbias;\n",
+         old="      dbias[i] += yr[i];\n",
+         new="      dweight[i] += yr[i];\n      (void)dbias;\n",
          why="layer norm's reference adds the bias gradient to the weight gradient",
          tests=["test_nn_layer_kernels"]),
     dict(id="attention-dk-wrong-sign", file="src/nn/layers.cpp",
