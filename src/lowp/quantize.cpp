@@ -275,11 +275,9 @@ void fp8_block_scales(const QuantizeConfig& c, const float* max_ignoring_nan, st
 
 BlockScale mx_block_scale(const QuantizeConfig& c, float max_ignoring_nan, std::uint32_t max_bits) noexcept {
   if (c.flavour == Flavour::torchao) return torchao_mx_scale(c, canonical_amax(max_bits));
-  const lowp::ScaleRounding rounding =
-      c.scale_rounding == ScaleRounding::rceil ? lowp::ScaleRounding::rceil : lowp::ScaleRounding::floor;
-  const float amax = rounding == lowp::ScaleRounding::rceil ? max_ignoring_nan : canonical_amax(max_bits);
-  const int emax = c.element == Element::e4m3 ? 8 : c.element == Element::e5m2 ? 15 : 2;
-  const e8m0 scale = lowp::mx_scale(amax, max_finite(c.element), emax, rounding);
+  const ScaleRounding rounding = c.scale_rounding;
+  const float amax = rounding == ScaleRounding::rceil ? max_ignoring_nan : canonical_amax(max_bits);
+  const e8m0 scale = mx_scale(amax, c.element, rounding);
   // A NaN factor makes the counts those of the canonical NaN-block codes written after the cast.
   if (scale.bits() == 0xFF) return {std::numeric_limits<float>::quiet_NaN(), 1.0f, 0xFF};
   return {lowp::mx_quantize_factor(scale, rounding), 1.0f, scale.bits()};

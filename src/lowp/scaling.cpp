@@ -336,7 +336,7 @@ void validate(const CurrentScalingConfig& c) {
 // ---- MX -------------------------------------------------------------------------
 
 e8m0 mx_scale(float amax, Element element, ScaleRounding rounding) noexcept {
-  return mx_scale(amax, max_finite(element), element == Element::e4m3 ? 8 : element == Element::e5m2 ? 15 : 2, rounding);
+  return mx_scale(amax, max_finite(element), max_exponent(element), rounding);
 }
 
 e8m0 mx_scale(float amax, float elem_max, int emax_elem, ScaleRounding rounding) noexcept {

@@ -22,8 +22,6 @@ int ceil_log2(float d) noexcept {
   return m == 0.5f ? k - 1 : k;
 }
 
-int emax_of(Element e) noexcept { return e == Element::e4m3 ? 8 : e == Element::e5m2 ? 15 : 2; }
-
 // NaN-propagating clamp, as torch.clamp.
 float clamp_keep_nan(float v, float lo, float hi) noexcept {
   if (std::isnan(v)) return v;
@@ -43,7 +41,7 @@ BlockScale torchao_mx_scale(const QuantizeConfig& c, float amax) noexcept {
     return {code == 0 ? 1.0f : std::ldexp(1.0f, 127 - code), 1.0f, static_cast<std::uint8_t>(code)};
   }
   const std::uint32_t bits = std::bit_cast<std::uint32_t>(amax);
-  int unbiased = static_cast<int>((bits >> 23) & 0xFFu) - 127 - emax_of(c.element);
+  int unbiased = static_cast<int>((bits >> 23) & 0xFFu) - 127 - max_exponent(c.element);
   unbiased = unbiased < -127 ? -127 : (unbiased > 128 ? 128 : unbiased);
   const std::uint32_t code = std::isnan(amax) ? 0xFFu : static_cast<std::uint32_t>(unbiased + 127);
   float scale = std::bit_cast<float>(code << 23);  // 0xFF: +inf

@@ -21,8 +21,7 @@ float fold_amax(float a, float b) {
 // The smallest multiplier of any block of an mxfp8 quantization (the factor of its largest
 // E8M0 scale), over the blocks whose factor is finite and > 0; 0 when there is none.
 float smallest_mx_factor(const lowp::Quantized& q) {
-  const lowp::ScaleRounding r = q.config.scale_rounding == lowp::ScaleRounding::rceil ? lowp::ScaleRounding::rceil
-                                                                                 : lowp::ScaleRounding::floor;
+  const lowp::ScaleRounding r = q.config.scale_rounding;
   float m = 0;
   for (const std::uint8_t code : q.scale_codes) {
     const float f = lowp::mx_quantize_factor(e8m0::from_bits(code), r);

@@ -35,6 +35,8 @@ constexpr float max_finite(Element e) noexcept {
          : e == Element::e5m2 ? format_traits<f8e5m2>::max_finite
                               : 6.0f;
 }
+// The exponent of the format's largest power of two (OCP's emax_elem): 8, 15, 2.
+constexpr int max_exponent(Element e) noexcept { return e == Element::e4m3 ? 8 : e == Element::e5m2 ? 15 : 2; }
 std::string_view element_label(Element e) noexcept;  // "E4M3", "E5M2", "E2M1" (the run log's dtype)
 
 // TE's recipe.Format: E4M3 everywhere, or HYBRID (E4M3 forward tensors, E5M2 gradients).

@@ -360,11 +360,11 @@ class GradScaler:
             value = _number("new_scale", new_scale)
         self._p.update_to(value)
 
-    # ---- accumulation windows: ScalerProtocol's, reached from here -------------------------
+    # ---- accumulation windows ---------------------------------------------------------------
 
     def set_accumulation_steps(self, k: int) -> None:
-        """k backward passes share one scale: call backward_done() after each; unscale_, step
-        and update before the k-th raise. k = 1 (the default): no window, torch's behaviour."""
+        """The core protocol's accumulation window of k backward passes (its rules:
+        docs/loss_scaling.md); backward_done() marks each pass."""
         if isinstance(k, bool) or not isinstance(k, numbers.Integral):
             raise TypeError(f"accumulation steps: expected an int, found {type(k).__name__}")
         self._p.set_accumulation_steps(int(k))  # the protocol checks the range
