@@ -27,6 +27,21 @@ struct AdamScalars {
   bool l2, decoupled, lerp_low;  // lerp_low: |weight| < 0.5
 };
 
+// Scalars of the torchao and Transformer Engine update rules (state_format.hpp's AdamRule),
+// rounded to fp32 as each system rounds them (docs/optimizers.md, "Update rules").
+struct RuleScalars {
+  float lr;
+  float decay;             // torchao AdamW: lr * wd (fp32 product); TE: wd
+  float weight_decay;      // Adam (L2): g += wd * p
+  float w1, omw1, w2, omw2;  // torchao: lerp weights 1 - beta1, 1 - beta2 and their complements
+  bool low1, low2;         // torchao: |w| < 0.5, lerp's branch
+  float beta1, one_minus_beta1, beta2, one_minus_beta2;  // TE
+  float bc1, bc2;          // bias corrections 1 - beta^t (torchao: fp32 pow; TE: double pow, rounded)
+  float sqrt_bc2;          // torchao: sqrt of the fp32 bc2
+  float eps;
+  bool l2, decoupled;
+};
+
 struct SgdScalars {
   float weight_decay, momentum, one_minus_dampening, neg_lr;
   bool has_wd, has_momentum, first, nesterov;
@@ -39,6 +54,11 @@ struct UpdateKernels {
   // g_i = (g[i] * pre) * clip, then the optimizer's update of p (and m, v / buf).
   void (*adam)(float* p, float* m, float* v, const float* g, std::size_t n, float pre, float clip,
                const AdamScalars& s);
+  // The same step in torchao's single_param_adam order and in TE's FusedAdam kernel order.
+  void (*adam_torchao)(float* p, float* m, float* v, const float* g, std::size_t n, float pre, float clip,
+                       const RuleScalars& s);
+  void (*adam_te)(float* p, float* m, float* v, const float* g, std::size_t n, float pre, float clip,
+                  const RuleScalars& s);
   void (*sgd)(float* p, float* buf, const float* g, std::size_t n, float pre, float clip, const SgdScalars& s);
   // dst[i] = src[i] * a (dst may equal src).
   void (*scale)(const float* src, float* dst, std::size_t n, float a);

@@ -11,6 +11,7 @@
 namespace MIXPREC_OPTIM_NS {
 
 using mixprec::optim_detail::AdamScalars;
+using mixprec::optim_detail::RuleScalars;
 using mixprec::optim_detail::SgdScalars;
 
 // Bc2One: bc2_sqrt == 1 (sqrt(1 - beta2^t) rounds to 1 once beta2^t < 2^-24: beta2 = 0.999
@@ -80,6 +81,52 @@ void adam(float* p, float* m, float* v, const float* g, std::size_t n, float pre
   else adam_variant<false>(p, m, v, g, n, pre, clip, s);
 }
 
+// torchao's single_param_adam (torchao/optim/adam.py), element by element in fp32:
+//   AdamW: p = p - (lr * wd) * p;  Adam: g = g + wd * p
+//   m = lerp(m, g, 1 - beta1);  v = lerp(v, g * g, 1 - beta2)      (torch.lerp's two branches)
+//   denom = sqrt(v) / sqrt(bc2) + eps;  p = p - (lr * (m / bc1)) / denom
+inline float lerp_torch(float a, float b, float w, float omw, bool low) noexcept {
+  return low ? a + w * (b - a) : b - (b - a) * omw;
+}
+void adam_torchao(float* __restrict p, float* __restrict m, float* __restrict v, const float* __restrict g,
+                  std::size_t n, float pre, float clip, const RuleScalars& s) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    float gi = (g[i] * pre) * clip;
+    float pi = p[i];
+    if (s.decoupled) pi = pi - s.decay * pi;
+    if (s.l2) gi = gi + s.weight_decay * pi;
+    const float mi = lerp_torch(m[i], gi, s.w1, s.omw1, s.low1);
+    const float vi = lerp_torch(v[i], gi * gi, s.w2, s.omw2, s.low2);
+    const float denom = std::sqrt(vi) / s.sqrt_bc2 + s.eps;
+    pi = pi - (s.lr * (mi / s.bc1)) / denom;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi;
+  }
+}
+
+// Transformer Engine's FusedAdam kernel (multi_tensor_adam.cu, AdamFunctor), without FMA:
+//   Adam (L2): g = g + wd * p
+//   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + ((1 - beta2) * g) * g
+//   denom = sqrt(v / bc2) + eps;  update = (m / bc1) / denom  (+ wd * p for AdamW);  p = p - lr * update
+void adam_te(float* __restrict p, float* __restrict m, float* __restrict v, const float* __restrict g,
+             std::size_t n, float pre, float clip, const RuleScalars& s) noexcept {
+  for (std::size_t i = 0; i < n; ++i) {
+    float gi = (g[i] * pre) * clip;
+    float pi = p[i];
+    if (s.l2) gi = gi + s.weight_decay * pi;
+    const float mi = s.beta1 * m[i] + s.one_minus_beta1 * gi;
+    const float vi = s.beta2 * v[i] + (s.one_minus_beta2 * gi) * gi;
+    const float denom = std::sqrt(vi / s.bc2) + s.eps;
+    float update = (mi / s.bc1) / denom;
+    if (s.decoupled) update = update + s.decay * pi;
+    pi = pi - s.lr * update;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi;
+  }
+}
+
 // Mom: 0 none, 1 first step (buf = d_p), 2 later steps (buf = buf * mu + (1 - dampening) * d_p).
 template <bool WD, int Mom, bool Nesterov>
 void sgd_loop(float* __restrict p, float* __restrict buf, const float* __restrict g, std::size_t n, float pre,
@@ -141,6 +188,6 @@ void sr_bits(std::uint32_t* out, std::uint64_t first, std::size_t n, std::uint64
   }
 }
 
-inline const mixprec::optim_detail::UpdateKernels kTable{adam, sgd, scale, sr_bits};
+inline const mixprec::optim_detail::UpdateKernels kTable{adam, adam_torchao, adam_te, sgd, scale, sr_bits};
 
 }  // namespace MIXPREC_OPTIM_NS
