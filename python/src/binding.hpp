@@ -21,5 +21,7 @@ mixprec::GradTensor tensor_view(nanobind::handle h, const std::string& what,
 
 // python/src/telemetry_module.cpp: TelemetryRecorder and the counting functions.
 void register_telemetry(nanobind::module_& m);
+// python/src/optim_module.cpp: the optimizer state formats and the fused step of one tensor.
+void register_optim(nanobind::module_& m);
 
 }  // namespace mixprec_python

@@ -779,6 +779,7 @@ NB_MODULE(_core, m) {
       .def_prop_ro("layerwise", [](P& p) { return p.get().layerwise(); }, nb::rv_policy::reference_internal);
 
   mixprec_python::register_telemetry(m);
+  mixprec_python::register_optim(m);
 
   register_layerwise(m);
   m.def("write_report", &write_report, nb::arg("dirs"), nb::arg("out"), nb::arg("title"));

@@ -83,10 +83,12 @@ void adam(float* p, float* m, float* v, const float* g, std::size_t n, float pre
 
 // torchao's single_param_adam (torchao/optim/adam.py), element by element in fp32:
 //   AdamW: p = p - (lr * wd) * p;  Adam: g = g + wd * p
-//   m = lerp(m, g, 1 - beta1);  v = lerp(v, g * g, 1 - beta2)      (torch.lerp's two branches)
+//   m = lerp(m, g, 1 - beta1);  v = lerp(v, g * g, 1 - beta2)
 //   denom = sqrt(v) / sqrt(bc2) + eps;  p = p - (lr * (m / bc1)) / denom
+// torch.lerp's CPU kernel is one fused multiply-add (ATen's lerp_vec: fmadd(w, b - a, a) for
+// |w| < 0.5, else fmadd(w - 1, b - a, b)), so these two are std::fma, the one FMA in the file.
 inline float lerp_torch(float a, float b, float w, float omw, bool low) noexcept {
-  return low ? a + w * (b - a) : b - (b - a) * omw;
+  return low ? std::fma(w, b - a, a) : std::fma(-omw, b - a, b);
 }
 void adam_torchao(float* __restrict p, float* __restrict m, float* __restrict v, const float* __restrict g,
                   std::size_t n, float pre, float clip, const RuleScalars& s) noexcept {

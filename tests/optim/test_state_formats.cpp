@@ -354,8 +354,8 @@ void reference_update(AdamRule rule, const AdamStepArgs& a, std::vector<float>& 
       const float lr = static_cast<float>(h.lr);
       pi = pi - (lr * static_cast<float>(h.weight_decay)) * pi;
       const float w1 = static_cast<float>(1.0 - h.beta1), w2 = static_cast<float>(1.0 - h.beta2);
-      mi = mi + w1 * (gi - mi);
-      vi = vi + w2 * (gi * gi - vi);
+      mi = std::fma(w1, gi - mi, mi);  // torch.lerp on a CPU: one fused multiply-add
+      vi = std::fma(w2, gi * gi - vi, vi);
       const float bc1 = 1.0f - std::pow(static_cast<float>(h.beta1), static_cast<float>(t));
       const float bc2 = 1.0f - std::pow(static_cast<float>(h.beta2), static_cast<float>(t));
       const float denom = std::sqrt(vi) / std::sqrt(bc2) + static_cast<float>(h.eps);

@@ -22,6 +22,7 @@ from .low_precision import (LowPrecisionLinear, RecipeOptions, load_assignment, 
                             low_precision_modules, quantization_stats, sample_quantization_error,
                             save_assignment)
 from .telemetry import Telemetry
+from . import optim  # mixprec.torch.optim.AdamW: optimizer state in fewer bytes
 
 __all__ = ["Advice", "EMA", "GradScaler", "GuardView", "LowPrecisionLinear", "RecipeOptions", "StepGuard", "StepOutcome",
            "Telemetry", "advise",
