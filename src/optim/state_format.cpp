@@ -132,15 +132,29 @@ MomentLayout moment_layout(MomentFormat f, bool is_signed, std::size_t numel, co
   return l;
 }
 
+std::uint64_t moment_bytes(MomentFormat m, std::uint64_t numel, const StateFormats& f) noexcept {
+  switch (m) {
+    case MomentFormat::fp32: return 4 * numel;
+    case MomentFormat::bf16: return 2 * numel;
+    case MomentFormat::fp16: return 2 * numel + 4;  // one fp32 scale
+    default: break;
+  }
+  const std::uint64_t block = f.block != 0 ? f.block : default_block(m);
+  const std::uint64_t codes = m == MomentFormat::q4 ? (numel + 1) / 2 : numel;
+  if (m == MomentFormat::fp8 && f.fp8_per_tensor) return codes + 4;
+  return codes + 4 * ((numel + block - 1) / block);
+}
+
+unsigned master_bytes_per_param(MasterFormat m) noexcept {
+  return m == MasterFormat::fp32 ? 4 : m == MasterFormat::remainder ? 2 : 0;
+}
+
 StateBytes state_bytes_per_param(const StateFormats& f) noexcept {
-  auto moment = [&](MomentFormat mf) {
-    const MomentLayout l = moment_layout(mf, true, std::size_t{1} << 20, f);  // a large tensor: no fallback
-    return static_cast<double>(l.code_bytes() + 4 * l.scale_count()) / static_cast<double>(l.numel);
-  };
+  constexpr std::uint64_t kLarge = std::uint64_t{1} << 30;  // per-tensor scales vanish
   StateBytes b;
-  b.master = f.master == MasterFormat::fp32 ? 4.0 : f.master == MasterFormat::remainder ? 2.0 : 0.0;
-  b.m = moment(f.m);
-  b.v = moment(f.v);
+  b.master = master_bytes_per_param(f.master);
+  b.m = static_cast<double>(moment_bytes(f.m, kLarge, f)) / static_cast<double>(kLarge);
+  b.v = static_cast<double>(moment_bytes(f.v, kLarge, f)) / static_cast<double>(kLarge);
   return b;
 }
 

@@ -81,6 +81,11 @@ struct StateBytes {
   double total() const noexcept { return master + m + v; }
 };
 StateBytes state_bytes_per_param(const StateFormats& f) noexcept;
+// Bytes of one moment of `numel` parameters held as one flat range (codes and scales, no
+// torchao fallback): what memory plans count.
+std::uint64_t moment_bytes(MomentFormat m, std::uint64_t numel, const StateFormats& f) noexcept;
+// Bytes per parameter of a master format: 4, 2 or 0.
+unsigned master_bytes_per_param(MasterFormat m) noexcept;
 
 // torchao's code maps (quant_utils.create_dynamic_map and subclass_4bit's unsigned map), sorted.
 std::span<const float> moment_code_map(MomentFormat f, bool is_signed) noexcept;  // q8: 256 values, q4: 16
