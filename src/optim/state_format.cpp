@@ -188,30 +188,49 @@ void join_master(const std::uint16_t* bf16_bits, const std::int16_t* remainder, 
 namespace {
 
 // torchao's quantize_8bit_with_qmap / quantize_4bit_with_qmap: the largest code whose value is
-// <= y by a branchless binary search (0 when y is below every value or NaN), then one up when
-// y - value >= (next value - value) * 0.5.
+// <= y (0 when y is below every value or NaN; torchao finds it by a branchless binary search),
+// then one up when y - value >= (next value - value) * 0.5. Here the search starts from a table
+// indexed by y's top 16 bits (the largest code at or below the lowest value those bits can hold)
+// and walks up the few codes inside that range: the same code, without eight dependent loads.
 template <std::size_t N>
-std::uint8_t nearest_code(const float* map, float y) noexcept {
-  std::size_t c = 0;
-  for (std::size_t step = N / 2; step > 0; step /= 2)
-    if (y >= map[c + step]) c += step;
-  const std::size_t up = std::min(c + 1, N - 1);
-  const float down_value = map[c], up_value = map[up];
-  if (y - down_value >= (up_value - down_value) * 0.5f) c = up;
-  return static_cast<std::uint8_t>(c);
-}
+struct CodeSearch {
+  const float* map;
+  std::array<std::uint8_t, 65536> start;
 
-// |x| max over n values; a NaN wins (torch's amax propagates it).
-float absmax(const float* x, std::size_t n) noexcept {
-  float a = 0.0f;
-  for (std::size_t i = 0; i < n; ++i) {
-    const float ax = std::fabs(x[i]);
-    if (!(ax <= a)) a = ax;
+  explicit CodeSearch(std::span<const float> values) : map(values.data()) {
+    for (std::uint32_t k = 0; k < 65536; ++k) {
+      const std::uint32_t lo_bits = (k & 0x8000u) != 0 ? (k << 16) | 0xFFFFu : k << 16;  // the lowest value
+      const float lowest = std::bit_cast<float>(lo_bits);
+      std::size_t c = 0;
+      for (std::size_t i = 0; i < N; ++i)
+        if (lowest >= map[i]) c = i;  // false for NaN: 0
+      start[k] = static_cast<std::uint8_t>(c);
+    }
   }
-  return a;
+
+  std::uint8_t nearest(float y) const noexcept {
+    std::size_t c = start[std::bit_cast<std::uint32_t>(y) >> 16];
+    while (c + 1 < N && map[c + 1] <= y) ++c;
+    const std::size_t room = c + 1 < N ? 1 : 0;
+    const float down_value = map[c], up_value = map[c + room];
+    c += room & static_cast<std::size_t>(y - down_value >= (up_value - down_value) * 0.5f);  // no branch: ~50% taken
+    return static_cast<std::uint8_t>(c);
+  }
+};
+
+template <std::size_t N>
+const CodeSearch<N>& code_search(MomentFormat f, bool is_signed) {
+  static const CodeSearch<N> signed_search(moment_code_map(f, true));
+  static const CodeSearch<N> unsigned_search(moment_code_map(f, false));
+  return is_signed ? signed_search : unsigned_search;
 }
 
-float max_keeping_nan(float a, float b) noexcept { return (std::isnan(a) || b <= a) ? a : b; }
+// |x| max over n values as magnitude bits compared as integers (the back end's amax kernel): a
+// NaN wins, as torch's amax propagates it.
+std::uint32_t absmax_bits(const KernelTable* t, const float* x, std::size_t n) noexcept { return t->amax.amax_bits(x, n); }
+float absmax(const KernelTable* t, const float* x, std::size_t n) noexcept {
+  return std::bit_cast<float>(absmax_bits(t, x, n));
+}
 
 // Everything a codec needs from the back end.
 struct Codec {
@@ -242,14 +261,23 @@ struct Codec {
         return;
       case MomentFormat::q8:
       case MomentFormat::q4: {
+        // b and n are multiples of the (even) block: whole blocks, whole bytes.
         const float* map = moment_code_map(l.format, l.is_signed).data();
         const auto* c = static_cast<const std::uint8_t*>(mv.codes);
-        for (std::size_t i = 0; i < n; ++i) {
-          const std::size_t e = b + i;
-          std::uint8_t code;
-          if (l.format == MomentFormat::q8) code = c[e];
-          else code = (e % 2 == 0) ? static_cast<std::uint8_t>(c[e / 2] >> 4) : static_cast<std::uint8_t>(c[e / 2] & 0xF);
-          x[i] = map[code] * mv.scales[e / l.block];
+        const std::size_t block = l.block;
+        for (std::size_t k = 0; k < n; k += block) {
+          const float scale = mv.scales[(b + k) / block];
+          float* xb = x + k;
+          if (l.format == MomentFormat::q8) {
+            const std::uint8_t* cb = c + b + k;
+            for (std::size_t i = 0; i < block; ++i) xb[i] = map[cb[i]] * scale;
+          } else {
+            const std::uint8_t* cb = c + (b + k) / 2;
+            for (std::size_t i = 0; i < block; i += 2) {
+              xb[i] = map[cb[i / 2] >> 4] * scale;
+              xb[i + 1] = map[cb[i / 2] & 0xF] * scale;
+            }
+          }
         }
         return;
       }
@@ -272,7 +300,7 @@ struct Codec {
     for (std::size_t k = 0; k < n; k += l.block) {
       float* xb = x + k;
       const std::size_t e0 = b + k;
-      const float amax = absmax(xb, l.block);
+      const float amax = absmax(table, xb, l.block);
       const float clipped = amax < kTorchaoMinAbsmax ? kTorchaoMinAbsmax : amax;  // NaN stays NaN
       const float scale = l.format == MomentFormat::fp8 ? clipped / kE4M3Max : clipped;
       mv.scales[e0 / l.block] = scale;
@@ -280,14 +308,14 @@ struct Codec {
       if (l.format == MomentFormat::fp8) {
         table->f8e4m3.encode(xb, static_cast<std::byte*>(mv.codes) + e0, l.block, ConvertOptions{});
       } else if (l.format == MomentFormat::q8) {
-        const float* map = moment_code_map(l.format, l.is_signed).data();
+        const CodeSearch<256>& search = code_search<256>(l.format, l.is_signed);
         auto* c = static_cast<std::uint8_t*>(mv.codes) + e0;
-        for (std::size_t i = 0; i < l.block; ++i) c[i] = nearest_code<256>(map, xb[i]);
+        for (std::size_t i = 0; i < l.block; ++i) c[i] = search.nearest(xb[i]);
       } else {
-        const float* map = moment_code_map(l.format, l.is_signed).data();
+        const CodeSearch<16>& search = code_search<16>(l.format, l.is_signed);
         auto* c = static_cast<std::uint8_t*>(mv.codes) + e0 / 2;  // blocks are even: pairs stay in a block
         for (std::size_t i = 0; i < l.block; i += 2)
-          c[i / 2] = static_cast<std::uint8_t>((nearest_code<16>(map, xb[i]) << 4) | nearest_code<16>(map, xb[i + 1]));
+          c[i / 2] = static_cast<std::uint8_t>((search.nearest(xb[i]) << 4) | search.nearest(xb[i + 1]));
       }
     }
   }
@@ -321,7 +349,7 @@ void quantize_moment(const float* x, const MomentView& out) {
   const MomentLayout& l = out.layout;
   alignas(64) float buf[kChunk];
   if (l.per_tensor) {
-    const float scale = per_tensor_scale(l.format, absmax(x, l.numel));
+    const float scale = per_tensor_scale(l.format, absmax(codec.table, x, l.numel));
     for (std::size_t b = 0; b < l.numel; b += kChunk) {
       const std::size_t n = std::min(kChunk, l.numel - b);
       codec.encode_per_tensor(out, b, n, x + b, scale);
@@ -431,8 +459,18 @@ struct Step {
   optim_detail::RuleScalars rule_s;
   std::uint64_t sr_key;
 
-  // Loads chunk [b, b + n) into fp32 buffers, updates them. Returns the pre-multiplier consumed.
-  void load_and_update(std::size_t b, std::size_t n, float* g, float* p, float* m, float* v) const noexcept {
+  // Where chunk [b, b + n)'s fp32 values live during the update: in place where the stored
+  // format is fp32 (and `in_place`), else in the caller's L1 buffers.
+  struct Chunk {
+    float* p;
+    float* m;
+    float* v;
+  };
+
+  // Loads chunk [b, b + n), updates it. in_place = false (the absmax pass of per-tensor scales)
+  // leaves every stored byte as it was.
+  Chunk load_and_update(std::size_t b, std::size_t n, float* g, float* pbuf, float* mbuf, float* vbuf,
+                        bool in_place) const noexcept {
     float pre = 1.0f;
     const float* gp = g;
     if (grad_fmt == nullptr) {
@@ -442,32 +480,44 @@ struct Step {
       grad_fmt->decode(static_cast<const std::byte*>(t.grad) + 2 * b, g, n,
                        ConvertOptions{Overflow::ieee, Subnormals::keep, a.inv_scale});
     }
-    if (t.master == MasterFormat::fp32 && t.master_f32 != nullptr) {
-      std::memcpy(p, t.master_f32 + b, n * 4);
+    Chunk c{pbuf, mbuf, vbuf};
+    float* const fp32_weights = t.master == MasterFormat::fp32 && t.master_f32 != nullptr ? t.master_f32 + b
+                                : weight_fmt == nullptr && t.master != MasterFormat::remainder
+                                    ? static_cast<float*>(t.weight) + b
+                                    : nullptr;
+    if (fp32_weights != nullptr) {
+      if (in_place) c.p = fp32_weights;
+      else std::memcpy(pbuf, fp32_weights, n * 4);
     } else if (t.master == MasterFormat::remainder) {
-      join_master(static_cast<const std::uint16_t*>(t.weight) + b, t.remainder + b, p, n);
-    } else if (weight_fmt == nullptr) {
-      std::memcpy(p, static_cast<const float*>(t.weight) + b, n * 4);
+      join_master(static_cast<const std::uint16_t*>(t.weight) + b, t.remainder + b, pbuf, n);
     } else {
-      weight_fmt->decode(static_cast<const std::byte*>(t.weight) + 2 * b, p, n, ConvertOptions{});
+      weight_fmt->decode(static_cast<const std::byte*>(t.weight) + 2 * b, pbuf, n, ConvertOptions{});
     }
-    codec.decode(t.m, b, n, m);
-    codec.decode(t.v, b, n, v);
+    if (in_place && t.m.layout.format == MomentFormat::fp32) c.m = static_cast<float*>(t.m.codes) + b;
+    else codec.decode(t.m, b, n, mbuf);
+    if (in_place && t.v.layout.format == MomentFormat::fp32) c.v = static_cast<float*>(t.v.codes) + b;
+    else codec.decode(t.v, b, n, vbuf);
     switch (a.rule) {
-      case AdamRule::torch: k->adam(p, m, v, gp, n, pre, a.clip_coef, torch_s); break;
-      case AdamRule::torchao: k->adam_torchao(p, m, v, gp, n, pre, a.clip_coef, rule_s); break;
-      case AdamRule::te: k->adam_te(p, m, v, gp, n, pre, a.clip_coef, rule_s); break;
+      case AdamRule::torch: k->adam(c.p, c.m, c.v, gp, n, pre, a.clip_coef, torch_s); break;
+      case AdamRule::torchao: k->adam_torchao(c.p, c.m, c.v, gp, n, pre, a.clip_coef, rule_s); break;
+      case AdamRule::te: k->adam_te(c.p, c.m, c.v, gp, n, pre, a.clip_coef, rule_s); break;
     }
+    return c;
+  }
+
+  // Writes what the update left in buffers: the moments' codes (fp32 moments were updated in
+  // place) and the weights (fp32 weights or masters were; their 16-bit copy is written here).
+  void store_moment(const MomentView& mv, std::size_t b, std::size_t n, float* x, bool per_tensor, float scale) const noexcept {
+    if (mv.layout.format == MomentFormat::fp32) return;
+    if (per_tensor) codec.encode_per_tensor(mv, b, n, x, scale);
+    else codec.encode_blocks(mv, b, n, x);
   }
 
   void store_weights(std::size_t b, std::size_t n, const float* p) const noexcept {
     if (t.master == MasterFormat::remainder) {
       split_master(p, static_cast<std::uint16_t*>(t.weight) + b, t.remainder + b, n);
-      return;
-    }
-    if (t.master == MasterFormat::fp32 && t.master_f32 != nullptr) std::memcpy(t.master_f32 + b, p, n * 4);
-    if (weight_fmt == nullptr) {
-      std::memcpy(static_cast<float*>(t.weight) + b, p, n * 4);
+    } else if (weight_fmt == nullptr) {
+      // fp32 weights: updated in place.
     } else if (t.master == MasterFormat::none && a.stochastic) {
       alignas(64) std::uint32_t bits[kChunk];
       k->sr_bits(bits, t.first_index + b, n, sr_key);
@@ -520,24 +570,22 @@ void adam_tensor_step(const AdamTensor& t, const AdamStepArgs& a, Isa isa) {
   float m_scale = 0.0f, v_scale = 0.0f;
   if (m_tensor || v_tensor) {
     // TE's per-tensor scale needs the new state's absmax before any code is written.
-    float m_amax = 0.0f, v_amax = 0.0f;
+    std::uint32_t m_amax = 0, v_amax = 0;
     for (std::size_t b = 0; b < t.n; b += kChunk) {
       const std::size_t n = std::min(kChunk, t.n - b);
-      s.load_and_update(b, n, g, p, m, v);
-      m_amax = max_keeping_nan(m_amax, absmax(m, n));
-      v_amax = max_keeping_nan(v_amax, absmax(v, n));
+      const Step::Chunk c = s.load_and_update(b, n, g, p, m, v, false);
+      m_amax = std::max(m_amax, absmax_bits(table, c.m, n));
+      v_amax = std::max(v_amax, absmax_bits(table, c.v, n));
     }
-    m_scale = per_tensor_scale(t.m.layout.format, m_amax);
-    v_scale = per_tensor_scale(t.v.layout.format, v_amax);
+    m_scale = per_tensor_scale(t.m.layout.format, std::bit_cast<float>(m_amax));
+    v_scale = per_tensor_scale(t.v.layout.format, std::bit_cast<float>(v_amax));
   }
   for (std::size_t b = 0; b < t.n; b += kChunk) {
     const std::size_t n = std::min(kChunk, t.n - b);
-    s.load_and_update(b, n, g, p, m, v);
-    if (m_tensor) s.codec.encode_per_tensor(t.m, b, n, m, m_scale);
-    else s.codec.encode_blocks(t.m, b, n, m);
-    if (v_tensor) s.codec.encode_per_tensor(t.v, b, n, v, v_scale);
-    else s.codec.encode_blocks(t.v, b, n, v);
-    s.store_weights(b, n, p);
+    const Step::Chunk c = s.load_and_update(b, n, g, p, m, v, true);
+    s.store_moment(t.m, b, n, c.m, m_tensor, m_scale);
+    s.store_moment(t.v, b, n, c.v, v_tensor, v_scale);
+    s.store_weights(b, n, c.p);
   }
   if (t.n > 0) {
     if (m_tensor) t.m.scales[0] = m_scale;

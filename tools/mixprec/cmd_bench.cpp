@@ -48,7 +48,9 @@ void add_bench_command(CLI::App& app, std::function<int()>& action) {
   add_suite(*bench, action, "scaler",
             "Loss scaling: unscale_and_check vs an in-place multiply of the same bytes, then the fused Adam step",
             {&mixprec::bench::run_scaler, &mixprec::bench::run_optim});
-  add_suite(*bench, action, "optim", "Fused Adam step vs a copy of the same bytes and vs the unfused passes",
+  add_suite(*bench, action, "optim",
+            "Fused Adam step vs a copy of the same bytes and vs the unfused passes; the step over each state "
+            "format (--state-formats-only, --no-state-formats)",
             {&mixprec::bench::run_optim});
   add_suite(*bench, action, "gemm", "oneDNN matmul GFLOP/s: f32, bf16, f16 (widened), 1 and 2 threads, ratios to f32",
             {&mixprec::bench::run_gemm});
