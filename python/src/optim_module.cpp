@@ -170,7 +170,7 @@ void register_optim(nb::module_& m) {
          nb::handle m_codes, nb::handle m_scales, std::string_view vf, nb::handle v_codes, nb::handle v_scales,
          std::size_t block, bool fp8_per_tensor, std::string_view rule, double lr, double beta1, double beta2,
          double eps, double weight_decay, bool decoupled, std::int64_t step, float inv_scale, float clip_coef,
-         bool stochastic, std::uint64_t seed, std::uint64_t first_index) {
+         bool stochastic, std::uint64_t seed, std::uint64_t first_index, bool want_stats) -> nb::object {
         const mixprec::StateFormats f = formats_of(master, mf, vf, block, fp8_per_tensor, rule);
         std::vector<Array> keep;
         Array w = cpu_array<Array>(weight, "weight");
@@ -211,14 +211,20 @@ void register_optim(nb::module_& m) {
         a.stochastic = stochastic;
         a.seed = seed;
         mixprec::validate(t, a);
-        nb::gil_scoped_release unlocked;
-        mixprec::adam_tensor_step(t, a);
+        mixprec::AdamStepStats st;
+        {
+          nb::gil_scoped_release unlocked;
+          mixprec::adam_tensor_step(t, a, mixprec::active_isa(), want_stats ? &st : nullptr);
+        }
+        if (!want_stats) return nb::none();
+        // (m_err_sq, m_sq, v_err_sq, v_sq, meant, lost): AdamStepStats's sums
+        return nb::make_tuple(st.m_err_sq, st.m_sq, st.v_err_sq, st.v_sq, st.meant, st.lost);
       },
       nb::arg("weight"), nb::arg("grad"), nb::arg("master"), nb::arg("master_buf").none(), nb::arg("m"),
       nb::arg("m_codes"), nb::arg("m_scales").none(), nb::arg("v"), nb::arg("v_codes"), nb::arg("v_scales").none(),
       nb::arg("block"), nb::arg("fp8_per_tensor"), nb::arg("rule"), nb::arg("lr"), nb::arg("beta1"), nb::arg("beta2"),
       nb::arg("eps"), nb::arg("weight_decay"), nb::arg("decoupled"), nb::arg("step"), nb::arg("inv_scale"),
-      nb::arg("clip_coef"), nb::arg("stochastic"), nb::arg("seed"), nb::arg("first_index"));
+      nb::arg("clip_coef"), nb::arg("stochastic"), nb::arg("seed"), nb::arg("first_index"), nb::arg("stats") = false);
 }
 
 }  // namespace mixprec_python

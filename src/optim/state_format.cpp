@@ -554,7 +554,53 @@ void validate(const AdamTensor& t, const AdamStepArgs& a) {
   check_moment(t.v, t.n, "v");
 }
 
-void adam_tensor_step(const AdamTensor& t, const AdamStepArgs& a, Isa isa) {
+double AdamStepStats::m_relative_error() const noexcept { return m_sq > 0 ? std::sqrt(m_err_sq / m_sq) : 0.0; }
+double AdamStepStats::v_relative_error() const noexcept { return v_sq > 0 ? std::sqrt(v_err_sq / v_sq) : 0.0; }
+double AdamStepStats::lost_fraction() const noexcept {
+  return meant > 0 ? static_cast<double>(lost) / static_cast<double>(meant) : 0.0;
+}
+
+namespace {
+
+// The weights of record of chunk [b, b + n) as bits: the fp32 master (or fp32 weights, or the
+// master rebuilt from its remainder), else the only 16-bit copy.
+void record_bits(const AdamTensor& t, std::size_t b, std::size_t n, std::uint32_t* out) noexcept {
+  if (t.master == MasterFormat::remainder) {
+    join_master(static_cast<const std::uint16_t*>(t.weight) + b, t.remainder + b, reinterpret_cast<float*>(out), n);
+    return;
+  }
+  const void* src = t.master == MasterFormat::fp32 && t.master_f32 != nullptr ? static_cast<const void*>(t.master_f32 + b)
+                    : t.weight_dtype == DType::f32 ? static_cast<const void*>(static_cast<const float*>(t.weight) + b)
+                                                   : nullptr;
+  if (src != nullptr) {
+    std::memcpy(out, src, n * 4);
+  } else {
+    const auto* w = static_cast<const std::uint16_t*>(t.weight) + b;
+    for (std::size_t i = 0; i < n; ++i) out[i] = w[i];
+  }
+}
+
+// Decodes the weight-of-record bits to a value: fp32 bits, or 16-bit codes (nonzero test only).
+bool record_nonzero(const AdamTensor& t, std::uint32_t bits) noexcept {
+  const bool wide = t.master != MasterFormat::none || t.weight_dtype == DType::f32;
+  return wide ? (bits & 0x7FFFFFFFu) != 0 : (bits & 0x7FFFu) != 0;
+}
+
+void add_error(const Codec& codec, const MomentView& mv, float scale_now, std::size_t b, std::size_t n,
+               const float* exact, float* scratch, double& err_sq, double& sq) noexcept {
+  MomentView now = mv;
+  if (mv.layout.per_tensor) now.scales = &scale_now;  // the new scale (the stored one changes after the pass)
+  codec.decode(now, b, n, scratch);
+  for (std::size_t i = 0; i < n; ++i) {
+    const double e = static_cast<double>(scratch[i]) - static_cast<double>(exact[i]);
+    err_sq += e * e;
+    sq += static_cast<double>(exact[i]) * static_cast<double>(exact[i]);
+  }
+}
+
+}  // namespace
+
+void adam_tensor_step(const AdamTensor& t, const AdamStepArgs& a, Isa isa, AdamStepStats* stats) {
   const KernelTable* table = kernel_table(isa);
   const Step s{t,
                a,
@@ -580,12 +626,37 @@ void adam_tensor_step(const AdamTensor& t, const AdamStepArgs& a, Isa isa) {
     m_scale = per_tensor_scale(t.m.layout.format, std::bit_cast<float>(m_amax));
     v_scale = per_tensor_scale(t.v.layout.format, std::bit_cast<float>(v_amax));
   }
-  for (std::size_t b = 0; b < t.n; b += kChunk) {
-    const std::size_t n = std::min(kChunk, t.n - b);
-    const Step::Chunk c = s.load_and_update(b, n, g, p, m, v, true);
-    s.store_moment(t.m, b, n, c.m, m_tensor, m_scale);
-    s.store_moment(t.v, b, n, c.v, v_tensor, v_scale);
-    s.store_weights(b, n, c.p);
+  if (stats == nullptr) {
+    for (std::size_t b = 0; b < t.n; b += kChunk) {
+      const std::size_t n = std::min(kChunk, t.n - b);
+      const Step::Chunk c = s.load_and_update(b, n, g, p, m, v, true);
+      s.store_moment(t.m, b, n, c.m, m_tensor, m_scale);
+      s.store_moment(t.v, b, n, c.v, v_tensor, v_scale);
+      s.store_weights(b, n, c.p);
+    }
+  } else {
+    // The same writes, with the record before and after and the exact moments kept aside.
+    alignas(64) std::uint32_t before[kChunk], after[kChunk];
+    alignas(64) float m_exact[kChunk], v_exact[kChunk], scratch[kChunk];
+    const bool decays = a.hyper.decoupled && a.hyper.weight_decay != 0;
+    for (std::size_t b = 0; b < t.n; b += kChunk) {
+      const std::size_t n = std::min(kChunk, t.n - b);
+      record_bits(t, b, n, before);
+      const Step::Chunk c = s.load_and_update(b, n, g, p, m, v, true);
+      std::memcpy(m_exact, c.m, n * 4);
+      std::memcpy(v_exact, c.v, n * 4);
+      s.store_moment(t.m, b, n, c.m, m_tensor, m_scale);
+      s.store_moment(t.v, b, n, c.v, v_tensor, v_scale);
+      s.store_weights(b, n, c.p);
+      add_error(s.codec, t.m, m_scale, b, n, m_exact, scratch, stats->m_err_sq, stats->m_sq);
+      add_error(s.codec, t.v, v_scale, b, n, v_exact, scratch, stats->v_err_sq, stats->v_sq);
+      record_bits(t, b, n, after);
+      for (std::size_t i = 0; i < n; ++i) {
+        const bool meant = m_exact[i] != 0.0f || (decays && record_nonzero(t, before[i]));
+        stats->meant += meant;
+        stats->lost += meant && before[i] == after[i];
+      }
+    }
   }
   if (t.n > 0) {
     if (m_tensor) t.m.scales[0] = m_scale;

@@ -471,6 +471,62 @@ TEST(StateFormatsStep, RemainderEqualsTheFp32MasterBitForBitOver1000Steps) {
   std::printf("  bf16 weights that differ on ties over 1,000 steps: %zu of %zu\n", weight_differences, n * 1000);
 }
 
+// Stats: the same writes as without them; the error and lost counts equal what the test
+// computes from the transcriptions.
+TEST(StateFormatsStep, StatsMeasureTheQuantizationErrorAndTheLostUpdates) {
+  const std::size_t n = 8192;
+  for (MasterFormat mf : {MasterFormat::fp32, MasterFormat::none})
+    for (MomentFormat f : {MomentFormat::fp32, MomentFormat::fp8, MomentFormat::q8, MomentFormat::fp16}) {
+      const StateFormats formats{.master = mf, .m = f, .v = f};
+      Tensor with(n, DType::bf16, mf, formats), without(n, DType::bf16, mf, formats);
+      std::vector<float> p = random_values(n, 21, false, 3), m(n, 0.0f), v(n, 0.0f);
+      with.set_weights(p);
+      without.set_weights(p);
+      p = with.weights_of_record();
+      AdamStepArgs a;
+      a.hyper = AdamHyper{.lr = 1e-5, .weight_decay = 0.0};  // small steps: a bf16-only weight loses most
+      const std::vector<float> g = bf16_grads(with, 3);
+      without.grad16 = with.grad16;
+      AdamStepStats st;
+      adam_tensor_step(with.view(), a, active_isa(), &st);
+      adam_tensor_step(without.view(), a);
+      ASSERT_EQ(with.weight16, without.weight16);
+      ASSERT_EQ(with.m.codes, without.m.codes);
+      ASSERT_EQ(with.m.scales, without.m.scales);
+      reference_update(AdamRule::torch, a, p, m, v, g);
+      const std::vector<float> mq = reference_quantize(m, with.m.layout).values;
+      double err = 0, sq = 0;
+      std::uint64_t meant = 0, lost = 0;
+      for (std::size_t i = 0; i < n; ++i) {
+        const double e = static_cast<double>(mq[i]) - static_cast<double>(m[i]);
+        err += e * e;
+        sq += static_cast<double>(m[i]) * static_cast<double>(m[i]);
+      }
+      const std::vector<float> after = with.weights_of_record();
+      Tensor start(n, DType::bf16, mf, formats);
+      start.set_weights(random_values(n, 21, false, 3));
+      const std::vector<float> initial = start.weights_of_record();
+      for (std::size_t i = 0; i < n; ++i) {
+        if (m[i] == 0.0f) continue;
+        ++meant;
+        lost += std::bit_cast<std::uint32_t>(after[i]) == std::bit_cast<std::uint32_t>(initial[i]);
+      }
+      const std::string what = std::string(master_format_name(mf)) + " / " + std::string(moment_format_name(f));
+      EXPECT_NEAR(st.m_err_sq, err, 1e-9 * (err + 1e-30)) << what;
+      EXPECT_NEAR(st.m_sq, sq, 1e-9 * sq) << what;
+      EXPECT_EQ(st.meant, meant) << what;
+      EXPECT_EQ(st.lost, lost) << what;
+      if (f == MomentFormat::fp32) {
+        EXPECT_EQ(st.m_err_sq, 0.0) << what;
+      }
+      if (mf == MasterFormat::fp32) {
+        EXPECT_EQ(st.lost, 0u) << what;
+      } else {
+        EXPECT_GT(st.lost_fraction(), 0.5) << what;
+      }
+    }
+}
+
 TEST(StateFormatsStep, StochasticRoundingIsUnbiasedAndRepeatsBySeed) {
   const std::size_t n = 1 << 16;
   const StateFormats f{.master = MasterFormat::none};

@@ -145,6 +145,21 @@ void validate(const AdamTensor& t, const AdamStepArgs& a);
 // Blocked moments: one pass. Per-tensor scaled moments: a first pass finds the new absmax (nothing
 // written), the second writes. Never allocates. `isa` picks the back end of the conversions and
 // of the update loop; every back end gives the same bits.
-void adam_tensor_step(const AdamTensor& t, const AdamStepArgs& a, Isa isa = active_isa());
+// What a step did to one tensor, for telemetry (adam_tensor_step fills it when given one):
+// the moments' quantization error (sums over elements of (stored - exact)^2 and exact^2, the
+// exact value being the fp32 moment the update computed), and the lost updates: of the
+// elements the step meant to move (new m != 0, or decoupled weight decay on a nonzero weight),
+// those whose weights of record (the fp32 master, rebuilt or not, or the only 16-bit copy)
+// did not change.
+struct AdamStepStats {
+  double m_err_sq = 0, m_sq = 0, v_err_sq = 0, v_sq = 0;
+  std::uint64_t meant = 0, lost = 0;
+  double m_relative_error() const noexcept;  // sqrt(m_err_sq / m_sq), 0 when m_sq is 0
+  double v_relative_error() const noexcept;
+  double lost_fraction() const noexcept;     // lost / meant, 0 when nothing was meant to move
+};
+
+void adam_tensor_step(const AdamTensor& t, const AdamStepArgs& a, Isa isa = active_isa(),
+                      AdamStepStats* stats = nullptr);
 
 }  // namespace mixprec
