@@ -50,6 +50,33 @@ struct SgdScalars {
 // Elements per chunk of the fused pass (the decoded chunk stays in L1).
 inline constexpr std::size_t kChunk = 1024;
 
+// One of torchao's 8bit / 4bit code maps with the tables its code search reads (state_format.cpp
+// builds them once; code_map() never allocates after that). The code of y is torchao's: the
+// largest code whose value is <= y (0 for NaN or below every value), one up when
+// y - value >= (next - value) * 0.5. That code never decreases as y grows, so it is also the
+// number of thresholds <= y, threshold k being the least fp32 value whose code is k.
+struct CodeMap {
+  const float* values;            // n sorted values
+  std::size_t n;                  // 256 (8bit) or 16 (4bit)
+  // The reference back end's search: the largest code whose value is <= the lowest fp32 value
+  // with top 16 bits k (0 when none), walked up from there.
+  const std::uint8_t* walk_start;  // 65536
+  // The vector back ends' search: thresholds[k] for k in [1, n), thresholds[0] = -inf,
+  // thresholds[n] = NaN (no y is >= it); start[k] = the code of the lowest fp32 value with top
+  // 16 bits k, followed by 3 padding bytes (read as 32-bit words); at most `steps` thresholds lie
+  // above that lowest value inside one such bucket (the code is start + that many compares).
+  const float* thresholds;        // n + 1
+  const std::uint8_t* start;      // 65536 + 3
+  unsigned steps;
+  // steps <= 1: one 32-bit word a bucket, start | offset << 8, offset = where the threshold above
+  // start lies inside the bucket as the low 16 bits of y (their complement for a negative
+  // bucket, where a larger value has fewer magnitude bits), 0x10000 when none: the code is
+  // start + (key >= offset), key = the low 16 bits of y (complemented when negative).
+  // nullptr when steps > 1.
+  const std::uint32_t* packed;    // 65536
+};
+const CodeMap& code_map(bool eight_bit, bool is_signed) noexcept;  // state_format.cpp
+
 struct UpdateKernels {
   // g_i = (g[i] * pre) * clip, then the optimizer's update of p (and m, v / buf).
   void (*adam)(float* p, float* m, float* v, const float* g, std::size_t n, float pre, float clip,
@@ -64,6 +91,46 @@ struct UpdateKernels {
   void (*scale)(const float* src, float* dst, std::size_t n, float a);
   // Stochastic-rounding words for flat indices first .. first + n - 1.
   void (*sr_bits)(std::uint32_t* out, std::uint64_t first, std::size_t n, std::uint64_t key);
+
+  // The state formats' step (state_format.cpp). The first pass of per-tensor scales: the new
+  // moments alone, as adam / adam_torchao / adam_te compute them (p is read only for L2 and
+  // never written).
+  void (*adam_moments)(const float* p, float* m, float* v, const float* g, std::size_t n, float pre, float clip,
+                       const AdamScalars& s);
+  void (*adam_moments_torchao)(const float* p, float* m, float* v, const float* g, std::size_t n, float pre,
+                               float clip, const RuleScalars& s);
+  void (*adam_moments_te)(const float* p, float* m, float* v, const float* g, std::size_t n, float pre, float clip,
+                          const RuleScalars& s);
+  // The remainder master (state_format.hpp's split_master / join_master, the same bits).
+  void (*join_master)(const std::uint16_t* bf16_bits, const std::int16_t* remainder, float* master, std::size_t n);
+  void (*split_master)(const float* master, std::uint16_t* bf16_bits, std::int16_t* remainder, std::size_t n);
+  // adam over the remainder master with bf16 gradients, in place: gradient i = bf16 g[i] * gscale
+  // (the formats' decode) times clip; the master joined from w and r, updated, split back into
+  // them. The same bits as the formats' decode, join_master, adam (pre 1), split_master.
+  void (*adam_remainder)(std::uint16_t* w, std::int16_t* r, float* m, float* v, const std::uint16_t* g, std::size_t n,
+                         float gscale, float clip, const AdamScalars& s);
+  // Stochastic rounding of fp32 weights to bf16 with sr_bits' words for flat indices
+  // first .. first + n - 1: the formats' encode_stochastic of bf16 (IEEE overflow, subnormals
+  // kept), the words made in the same pass.
+  void (*round_bf16_stochastic)(const float* p, std::uint16_t* out, std::uint64_t first, std::size_t n,
+                                std::uint64_t key);
+  // torchao's blocked moments over n elements (a multiple of block; 4bit: an even block; the
+  // vector back ends take the plain loop for a block not a multiple of 32): per block,
+  // scale = max(absmax, 1e-12) (fp8: / 448) into scales[block index], then codes of x / scale:
+  // E4M3 (IEEE overflow), or the code map's (4bit: two a byte, the first element in the high
+  // nibble). x is only read.
+  void (*encode_fp8_blocks)(const float* x, std::uint8_t* codes, float* scales, std::size_t n, std::size_t block);
+  // TE's per-tensor E4M3 moment: codes of e4m3_satfinite(x * qscale).
+  void (*encode_fp8_scaled)(const float* x, std::uint8_t* codes, std::size_t n, float qscale);
+  void (*encode_map_blocks)(const float* x, std::uint8_t* codes, float* scales, std::size_t n, std::size_t block,
+                            const CodeMap& map);
+  // x[i] = the E4M3 value of codes[i] * factors[i / block] (n a multiple of block; per tensor:
+  // block = n).
+  void (*decode_fp8_blocks)(const std::uint8_t* codes, const float* factors, float* x, std::size_t n,
+                            std::size_t block);
+  // x = value of the code * its block's scale.
+  void (*decode_map_blocks)(const std::uint8_t* codes, const float* scales, float* x, std::size_t n,
+                            std::size_t block, const CodeMap& map);
 };
 
 const UpdateKernels& scalar_update_kernels() noexcept;  // reference/update_scalar.cpp

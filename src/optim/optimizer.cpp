@@ -213,6 +213,13 @@ Optimizer::Optimizer(ParamStore& store, OptimizerState s, PureOptions pure)
         std::string(store.has_master() ? "a store with master weights" : "f32 weights"));
   state_.flat_size = store.flat_size();
   state_.param_count = store.param_count();
+  per_tensor_ = store.compact_moments() || store.master_format() == MasterFormat::remainder;
+  if (per_tensor_ && s.kind != OptimizerKind::adam && s.kind != OptimizerKind::adamw)
+    throw std::invalid_argument("optimizer " + std::string(optimizer_name(s.kind)) +
+                                ": expected fp32 masters and moments (the state formats are Adam's), found master " +
+                                std::string(master_format_name(store.master_format())) + ", moments " +
+                                std::string(moment_format_name(store.options().formats.m)) + "/" +
+                                std::string(moment_format_name(store.options().formats.v)));
 }
 
 void Optimizer::set_lr(double lr) {
@@ -282,9 +289,57 @@ Pass make_pass(ParamStore& st, const OptimizerState& s, const PureOptions& pure,
 }
 }  // namespace
 
+bool Optimizer::step_per_tensor(const StepControls& c, ThreadPool* pool) {
+  ParamStore& st = *store_;
+  AdamStepArgs a;
+  a.hyper = AdamHyper{c.lr.value_or(state_.lr), state_.beta1, state_.beta2, state_.eps, state_.weight_decay,
+                      state_.kind == OptimizerKind::adamw};
+  a.step = state_.step + 1;
+  a.inv_scale = c.inv_scale;
+  a.clip_coef = c.clip_coef;
+  a.rule = st.options().formats.rule;
+  a.stochastic = pure_.rounding == Rounding::stochastic;
+  a.seed = pure_.seed;
+  const std::size_t gw = dtype_size(st.grad_dtype()), ww = dtype_size(st.model_dtype());
+  auto tensor = [&](std::size_t i) {
+    AdamTensor t;
+    t.n = st.numel(i);
+    t.grad_dtype = st.grad_dtype();
+    t.grad = static_cast<const std::byte*>(st.grad_data()) + st.offset(i) * gw;
+    t.weight_dtype = st.model_dtype();
+    t.weight = static_cast<std::byte*>(st.model_data()) + st.offset(i) * ww;
+    t.master = st.master_format();
+    if (st.master_data() != nullptr) t.master_f32 = st.master_data() + st.offset(i);
+    if (st.remainder_data() != nullptr) t.remainder = st.remainder_data() + st.offset(i);
+    t.m = st.moment(0, i);
+    t.v = st.moment(1, i);
+    t.first_index = st.offset(i);  // stochastic rounding keyed by flat index, as the fused pass
+    return t;
+  };
+  for (std::size_t i = 0; i < st.tensor_count(); ++i) validate(tensor(i), a);  // before anything is written
+  const Isa isa = isa_;
+  // An fp32 model copy beside fp32 masters (the step updates the master in place): copied after.
+  const bool copy_model = st.master_data() != nullptr && st.model_dtype() == DType::f32;
+  auto one = [&](std::size_t i) {
+    adam_tensor_step(tensor(i), a, isa);
+    if (copy_model)
+      std::memcpy(static_cast<float*>(st.model_data()) + st.offset(i), st.master_data() + st.offset(i), st.numel(i) * 4);
+  };
+  if (pool != nullptr) {
+    pool->parallel_for(st.tensor_count(), 1, 2, [&](std::size_t b, std::size_t e, unsigned) {
+      for (std::size_t i = b; i < e; ++i) one(i);
+    });
+  } else {
+    for (std::size_t i = 0; i < st.tensor_count(); ++i) one(i);
+  }
+  ++state_.step;
+  return true;
+}
+
 bool Optimizer::step(const StepControls& c, ThreadPool* pool) {
   validate_controls(c, false);
   if (c.skip) return false;
+  if (per_tensor_) return step_per_tensor(c, pool);
   const Pass p = make_pass(*store_, state_, pure_, isa_, c);
   split(pool, store_->flat_size(), [&](std::size_t b, std::size_t e) { fused_range(p, b, e); });
   ++state_.step;
@@ -294,6 +349,10 @@ bool Optimizer::step(const StepControls& c, ThreadPool* pool) {
 bool Optimizer::step_unfused(const StepControls& c, std::span<float> scratch, std::optional<float> max_norm,
                              ThreadPool* pool) {
   validate_controls(c, true);
+  if (per_tensor_)
+    throw std::invalid_argument("optimizer step_unfused: expected fp32 masters and moments, found master " +
+                                std::string(master_format_name(store_->master_format())) +
+                                " (the state formats step through step())");
   if (scratch.size() < unfused_scratch_size())
     throw std::invalid_argument("optimizer step_unfused: expected scratch of at least " +
                                 std::to_string(unfused_scratch_size()) + " floats, found " +

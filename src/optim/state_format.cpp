@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 
 #include "mixprec/core/text.hpp"
@@ -24,9 +25,10 @@ constexpr AdamRule kRules[] = {AdamRule::torch, AdamRule::torchao, AdamRule::te}
 constexpr std::size_t kMinBlockedNumel = 4096;
 // Elements per pass of the fused step: a multiple of every block (the largest block allowed).
 constexpr std::size_t kChunk = 1024;
+// How many chunks ahead the fused step asks for its stored bytes.
+constexpr std::size_t kPrefetchChunks = 1;
 constexpr float kTeFp16Range = 65504.0f / 2;  // TE: max_range of an fp16 state
-constexpr float kE4M3Max = 448.0f;
-constexpr float kTorchaoMinAbsmax = 1e-12f;   // torchao: absmax.clip(1e-12)
+constexpr float kE4M3Max = 448.0f;             // TE: the per-tensor scale of an fp8 state (the kernels hold torchao's)
 
 template <class E, std::size_t N, class F>
 std::string joined(const E (&all)[N], F name) {
@@ -188,42 +190,87 @@ void join_master(const std::uint16_t* bf16_bits, const std::int16_t* remainder, 
 namespace {
 
 // torchao's quantize_8bit_with_qmap / quantize_4bit_with_qmap: the largest code whose value is
-// <= y (0 when y is below every value or NaN; torchao finds it by a branchless binary search),
-// then one up when y - value >= (next value - value) * 0.5. Here the search starts from a table
-// indexed by y's top 16 bits (the largest code at or below the lowest value those bits can hold)
-// and walks up the few codes inside that range: the same code, without eight dependent loads.
-template <std::size_t N>
-struct CodeSearch {
-  const float* map;
-  std::array<std::uint8_t, 65536> start;
+// <= y (0 when y is below every value or NaN), then one up when y - value >= (next value - value)
+// * 0.5. Written out once here, to build the tables of the kernels' searches (kernels.hpp's
+// CodeMap); the kernels give this code for every fp32 value.
+std::size_t rule_code(std::span<const float> map, float y) noexcept {
+  if (std::isnan(y)) return 0;
+  const auto above = std::upper_bound(map.begin(), map.end(), y);  // the first value > y
+  std::size_t c = above == map.begin() ? 0 : static_cast<std::size_t>(above - map.begin()) - 1;
+  const std::size_t up = c + 1 < map.size() ? c + 1 : c;
+  if (y - map[c] >= (map[up] - map[c]) * 0.5f) c = up;
+  return c;
+}
 
-  explicit CodeSearch(std::span<const float> values) : map(values.data()) {
+// The fp32 values in order, as integers: -inf .. -0 -> -0x7F800000 .. 0, +0 .. +inf -> 0 .. 0x7F800000.
+float ordered_float(std::int64_t k) noexcept {
+  return std::bit_cast<float>(k < 0 ? static_cast<std::uint32_t>(-k) | 0x80000000u : static_cast<std::uint32_t>(k));
+}
+
+// The code never decreases as y grows (the largest value <= y never does, and inside one gap
+// y - value >= half is monotone in y), so it is the number of thresholds <= y, threshold k the
+// least fp32 value whose code is >= k: each found by bisection over the ordered fp32 values.
+// The buckets of the top 16 bits start at their lowest value (negative: the largest magnitude).
+template <std::size_t N>
+struct MapTables {
+  std::array<std::uint8_t, 65536> walk_start{};
+  std::array<float, N + 1> thresholds{};
+  std::array<std::uint8_t, 65536 + 3> start{};
+  std::array<std::uint32_t, 65536> packed{};
+  optim_detail::CodeMap map{};
+
+  explicit MapTables(std::span<const float> values) {
     for (std::uint32_t k = 0; k < 65536; ++k) {
       const std::uint32_t lo_bits = (k & 0x8000u) != 0 ? (k << 16) | 0xFFFFu : k << 16;  // the lowest value
       const float lowest = std::bit_cast<float>(lo_bits);
       std::size_t c = 0;
       for (std::size_t i = 0; i < N; ++i)
-        if (lowest >= map[i]) c = i;  // false for NaN: 0
-      start[k] = static_cast<std::uint8_t>(c);
+        if (lowest >= values[i]) c = i;  // false for NaN: 0
+      walk_start[k] = static_cast<std::uint8_t>(c);
     }
-  }
-
-  std::uint8_t nearest(float y) const noexcept {
-    std::size_t c = start[std::bit_cast<std::uint32_t>(y) >> 16];
-    while (c + 1 < N && map[c + 1] <= y) ++c;
-    const std::size_t room = c + 1 < N ? 1 : 0;
-    const float down_value = map[c], up_value = map[c + room];
-    c += room & static_cast<std::size_t>(y - down_value >= (up_value - down_value) * 0.5f);  // no branch: ~50% taken
-    return static_cast<std::uint8_t>(c);
+    thresholds[0] = -std::numeric_limits<float>::infinity();
+    thresholds[N] = std::numeric_limits<float>::quiet_NaN();
+    for (std::size_t k = 1; k < N; ++k) {
+      std::int64_t below = -0x7F800000LL, at = 0x7F800000LL;  // rule_code(-inf) = 0, rule_code(inf) = N - 1
+      while (at - below > 1) {
+        const std::int64_t mid = below + (at - below) / 2;
+        (rule_code(values, ordered_float(mid)) >= k ? at : below) = mid;
+      }
+      thresholds[k] = ordered_float(at);
+    }
+    unsigned steps = 0;
+    for (std::uint32_t k = 0; k < 65536; ++k) {
+      const bool negative = (k & 0x8000u) != 0;
+      const float lowest = std::bit_cast<float>(negative ? (k << 16) | 0xFFFFu : k << 16);
+      const float highest = std::bit_cast<float>(negative ? k << 16 : (k << 16) | 0xFFFFu);
+      const std::size_t c = rule_code(values, lowest);
+      start[k] = static_cast<std::uint8_t>(c);
+      // Thresholds inside the bucket, above its lowest value (NaN buckets: none reachable; y is
+      // a quotient, and a quotient's NaN is quiet).
+      if (!std::isnan(lowest) && !std::isnan(highest)) steps = std::max(steps, static_cast<unsigned>(rule_code(values, highest) - c));
+    }
+    for (std::uint32_t k = 0; k < 65536; ++k) {
+      const std::uint32_t next = std::bit_cast<std::uint32_t>(thresholds[start[k] + 1u]);  // NaN past the last code
+      std::uint32_t offset = 0x10000u;
+      if (start[k] + 1u < N && next >> 16 == k) offset = (k & 0x8000u) != 0 ? 0xFFFFu - (next & 0xFFFFu) : next & 0xFFFFu;
+      packed[k] = start[k] | offset << 8;
+    }
+    map = {values.data(), N, walk_start.data(), thresholds.data(), start.data(), steps, steps <= 1 ? packed.data() : nullptr};
   }
 };
 
-template <std::size_t N>
-const CodeSearch<N>& code_search(MomentFormat f, bool is_signed) {
-  static const CodeSearch<N> signed_search(moment_code_map(f, true));
-  static const CodeSearch<N> unsigned_search(moment_code_map(f, false));
-  return is_signed ? signed_search : unsigned_search;
+}  // namespace
+
+const optim_detail::CodeMap& optim_detail::code_map(bool eight_bit, bool is_signed) noexcept {
+  if (eight_bit) {
+    static const MapTables<256> signed_tables(kQ8SignedMap), unsigned_tables(kQ8UnsignedMap);
+    return is_signed ? signed_tables.map : unsigned_tables.map;
+  }
+  static const MapTables<16> signed_tables(kQ4SignedMap), unsigned_tables(kQ4UnsignedMap);
+  return is_signed ? signed_tables.map : unsigned_tables.map;
 }
+
+namespace {
 
 // |x| max over n values as magnitude bits compared as integers (the back end's amax kernel): a
 // NaN wins, as torch's amax propagates it.
@@ -235,6 +282,7 @@ float absmax(const KernelTable* t, const float* x, std::size_t n) noexcept {
 // Everything a codec needs from the back end.
 struct Codec {
   const KernelTable* table;
+  const optim_detail::UpdateKernels* k;
 
   // Decode elements [b, b + n) of a moment into x. For per-tensor layouts the scale is scales[0].
   void decode(const MomentView& mv, std::size_t b, std::size_t n, float* x) const noexcept {
@@ -252,42 +300,26 @@ struct Codec {
         return;
       case MomentFormat::fp8:
         if (l.per_tensor) {
-          table->f8e4m3.decode(static_cast<const std::byte*>(mv.codes) + b, x, n,
-                               ConvertOptions{Overflow::ieee, Subnormals::keep, te_fp8_dequant_scale(mv.scales[0])});
+          const float factor = te_fp8_dequant_scale(mv.scales[0]);
+          k->decode_fp8_blocks(static_cast<const std::uint8_t*>(mv.codes) + b, &factor, x, n, n);
         } else {
-          table->f8e4m3.decode_block_scaled(static_cast<const std::byte*>(mv.codes) + b, x, n, l.block,
-                                            mv.scales + b / l.block, ConvertOptions{});
+          k->decode_fp8_blocks(static_cast<const std::uint8_t*>(mv.codes) + b, mv.scales + b / l.block, x, n, l.block);
         }
         return;
       case MomentFormat::q8:
-      case MomentFormat::q4: {
+      case MomentFormat::q4:
         // b and n are multiples of the (even) block: whole blocks, whole bytes.
-        const float* map = moment_code_map(l.format, l.is_signed).data();
-        const auto* c = static_cast<const std::uint8_t*>(mv.codes);
-        const std::size_t block = l.block;
-        for (std::size_t k = 0; k < n; k += block) {
-          const float scale = mv.scales[(b + k) / block];
-          float* xb = x + k;
-          if (l.format == MomentFormat::q8) {
-            const std::uint8_t* cb = c + b + k;
-            for (std::size_t i = 0; i < block; ++i) xb[i] = map[cb[i]] * scale;
-          } else {
-            const std::uint8_t* cb = c + (b + k) / 2;
-            for (std::size_t i = 0; i < block; i += 2) {
-              xb[i] = map[cb[i / 2] >> 4] * scale;
-              xb[i + 1] = map[cb[i / 2] & 0xF] * scale;
-            }
-          }
-        }
+        k->decode_map_blocks(static_cast<const std::uint8_t*>(mv.codes) + (l.format == MomentFormat::q8 ? b : b / 2),
+                             mv.scales + b / l.block, x, n, l.block, optim_detail::code_map(l.format == MomentFormat::q8, l.is_signed));
         return;
-      }
     }
   }
 
   // Encode blocked or unscaled elements [b, b + n) (b and n multiples of the block) from x,
-  // writing their scales. x is overwritten with the scaled values where a rule divides first.
-  void encode_blocks(const MomentView& mv, std::size_t b, std::size_t n, float* x) const noexcept {
+  // writing their scales. x is only read.
+  void encode_blocks(const MomentView& mv, std::size_t b, std::size_t n, const float* x) const noexcept {
     const MomentLayout& l = mv.layout;
+    auto* codes = static_cast<std::uint8_t*>(mv.codes);
     switch (l.format) {
       case MomentFormat::fp32:
         std::memcpy(static_cast<float*>(mv.codes) + b, x, n * 4);
@@ -295,28 +327,16 @@ struct Codec {
       case MomentFormat::bf16:
         table->bf16.encode(x, static_cast<std::byte*>(mv.codes) + 2 * b, n, ConvertOptions{});
         return;
-      default: break;
-    }
-    for (std::size_t k = 0; k < n; k += l.block) {
-      float* xb = x + k;
-      const std::size_t e0 = b + k;
-      const float amax = absmax(table, xb, l.block);
-      const float clipped = amax < kTorchaoMinAbsmax ? kTorchaoMinAbsmax : amax;  // NaN stays NaN
-      const float scale = l.format == MomentFormat::fp8 ? clipped / kE4M3Max : clipped;
-      mv.scales[e0 / l.block] = scale;
-      for (std::size_t i = 0; i < l.block; ++i) xb[i] = xb[i] / scale;
-      if (l.format == MomentFormat::fp8) {
-        table->f8e4m3.encode(xb, static_cast<std::byte*>(mv.codes) + e0, l.block, ConvertOptions{});
-      } else if (l.format == MomentFormat::q8) {
-        const CodeSearch<256>& search = code_search<256>(l.format, l.is_signed);
-        auto* c = static_cast<std::uint8_t*>(mv.codes) + e0;
-        for (std::size_t i = 0; i < l.block; ++i) c[i] = search.nearest(xb[i]);
-      } else {
-        const CodeSearch<16>& search = code_search<16>(l.format, l.is_signed);
-        auto* c = static_cast<std::uint8_t*>(mv.codes) + e0 / 2;  // blocks are even: pairs stay in a block
-        for (std::size_t i = 0; i < l.block; i += 2)
-          c[i / 2] = static_cast<std::uint8_t>((search.nearest(xb[i]) << 4) | search.nearest(xb[i + 1]));
-      }
+      case MomentFormat::fp8:
+        k->encode_fp8_blocks(x, codes + b, mv.scales + b / l.block, n, l.block);
+        return;
+      case MomentFormat::q8:
+        k->encode_map_blocks(x, codes + b, mv.scales + b / l.block, n, l.block, optim_detail::code_map(true, l.is_signed));
+        return;
+      case MomentFormat::q4:  // blocks are even: pairs stay in a block
+        k->encode_map_blocks(x, codes + b / 2, mv.scales + b / l.block, n, l.block, optim_detail::code_map(false, l.is_signed));
+        return;
+      case MomentFormat::fp16: break;  // per tensor: encode_per_tensor
     }
   }
 
@@ -327,8 +347,7 @@ struct Codec {
       table->f16.encode(x, static_cast<std::byte*>(mv.codes) + 2 * b, n,
                         ConvertOptions{Overflow::ieee, Subnormals::keep, rscale});
     } else {
-      table->f8e4m3.encode(x, static_cast<std::byte*>(mv.codes) + b, n,
-                           ConvertOptions{Overflow::saturate, Subnormals::keep, te_fp8_quant_scale(scale)});
+      k->encode_fp8_scaled(x, static_cast<std::uint8_t*>(mv.codes) + b, n, te_fp8_quant_scale(scale));
     }
   }
 
@@ -345,9 +364,8 @@ float per_tensor_scale(MomentFormat f, float amax) noexcept {
 }  // namespace
 
 void quantize_moment(const float* x, const MomentView& out) {
-  const Codec codec{kernel_table(active_isa())};
+  const Codec codec{kernel_table(active_isa()), optim_detail::update_kernels(active_isa())};
   const MomentLayout& l = out.layout;
-  alignas(64) float buf[kChunk];
   if (l.per_tensor) {
     const float scale = per_tensor_scale(l.format, absmax(codec.table, x, l.numel));
     for (std::size_t b = 0; b < l.numel; b += kChunk) {
@@ -359,13 +377,12 @@ void quantize_moment(const float* x, const MomentView& out) {
   }
   for (std::size_t b = 0; b < l.numel; b += kChunk) {
     const std::size_t n = std::min(kChunk, l.numel - b);
-    std::memcpy(buf, x + b, n * 4);
-    codec.encode_blocks(out, b, n, buf);
+    codec.encode_blocks(out, b, n, x + b);
   }
 }
 
 void dequantize_moment(const MomentView& in, float* x) {
-  const Codec codec{kernel_table(active_isa())};
+  const Codec codec{kernel_table(active_isa()), optim_detail::update_kernels(active_isa())};
   for (std::size_t b = 0; b < in.layout.numel; b += kChunk)
     codec.decode(in, b, std::min(kChunk, in.layout.numel - b), x + b);
 }
@@ -460,17 +477,49 @@ struct Step {
   std::uint64_t sr_key;
 
   // Where chunk [b, b + n)'s fp32 values live during the update: in place where the stored
-  // format is fp32 (and `in_place`), else in the caller's L1 buffers.
+  // format is fp32 (and `in_place`), else in the caller's L1 buffers; p is nullptr where the
+  // update wrote the weights itself.
   struct Chunk {
     float* p;
     float* m;
     float* v;
   };
 
+  // The stored bytes of the next chunk, asked for a slice at a time between the passes over
+  // this one (prefetch: a burst of prefetches waits for fill buffers).
+  struct Ahead {
+    static constexpr std::size_t kSlice = 128;
+    const Step* s;
+    std::size_t at, end;
+    void next() noexcept {
+      if (at >= end) return;
+      s->prefetch(at, std::min(kSlice, end - at));
+      at += kSlice;
+    }
+    void rest() noexcept {
+      while (at < end) next();
+    }
+  };
+  Ahead ahead_of(std::size_t b) const noexcept {
+    const std::size_t at = b + kPrefetchChunks * kChunk;
+    return {this, at, at < t.n ? std::min(at + kChunk, t.n) : at};
+  }
+
   // Loads chunk [b, b + n), updates it. in_place = false (the absmax pass of per-tensor scales)
-  // leaves every stored byte as it was.
+  // computes the new moments alone (the weights are read only for L2) and leaves every stored
+  // byte as it was.
   Chunk load_and_update(std::size_t b, std::size_t n, float* g, float* pbuf, float* mbuf, float* vbuf,
-                        bool in_place) const noexcept {
+                        bool in_place, Ahead& ahead) const noexcept {
+    ahead.next();
+    if (in_place && a.rule == AdamRule::torch && t.master == MasterFormat::remainder && t.grad_dtype == DType::bf16) {
+      // One pass over gradient, weights and remainders (the moments decoded first).
+      Chunk c{nullptr, mbuf, vbuf};
+      load_moments(b, n, c, ahead);
+      k->adam_remainder(static_cast<std::uint16_t*>(t.weight) + b, t.remainder + b, c.m, c.v,
+                        static_cast<const std::uint16_t*>(t.grad) + b, n, a.inv_scale, a.clip_coef, torch_s);
+      ahead.next();
+      return c;
+    }
     float pre = 1.0f;
     const float* gp = g;
     if (grad_fmt == nullptr) {
@@ -479,8 +528,19 @@ struct Step {
     } else {
       grad_fmt->decode(static_cast<const std::byte*>(t.grad) + 2 * b, g, n,
                        ConvertOptions{Overflow::ieee, Subnormals::keep, a.inv_scale});
+      ahead.next();
     }
     Chunk c{pbuf, mbuf, vbuf};
+    const bool l2 = a.rule == AdamRule::torch ? torch_s.l2 : rule_s.l2;
+    if (!in_place && !l2) {
+      codec.decode(t.m, b, n, mbuf);
+      ahead.next();
+      codec.decode(t.v, b, n, vbuf);
+      ahead.next();
+      update_moments(pbuf, mbuf, vbuf, gp, n, pre);
+      ahead.rest();
+      return c;
+    }
     float* const fp32_weights = t.master == MasterFormat::fp32 && t.master_f32 != nullptr ? t.master_f32 + b
                                 : weight_fmt == nullptr && t.master != MasterFormat::remainder
                                     ? static_cast<float*>(t.weight) + b
@@ -489,20 +549,89 @@ struct Step {
       if (in_place) c.p = fp32_weights;
       else std::memcpy(pbuf, fp32_weights, n * 4);
     } else if (t.master == MasterFormat::remainder) {
-      join_master(static_cast<const std::uint16_t*>(t.weight) + b, t.remainder + b, pbuf, n);
+      k->join_master(static_cast<const std::uint16_t*>(t.weight) + b, t.remainder + b, pbuf, n);
     } else {
       weight_fmt->decode(static_cast<const std::byte*>(t.weight) + 2 * b, pbuf, n, ConvertOptions{});
     }
-    if (in_place && t.m.layout.format == MomentFormat::fp32) c.m = static_cast<float*>(t.m.codes) + b;
-    else codec.decode(t.m, b, n, mbuf);
-    if (in_place && t.v.layout.format == MomentFormat::fp32) c.v = static_cast<float*>(t.v.codes) + b;
-    else codec.decode(t.v, b, n, vbuf);
+    ahead.next();
+    if (in_place) {
+      load_moments(b, n, c, ahead);
+    } else {
+      codec.decode(t.m, b, n, mbuf);
+      ahead.next();
+      codec.decode(t.v, b, n, vbuf);
+      ahead.next();
+    }
+    if (!in_place) {
+      update_moments(c.p, c.m, c.v, gp, n, pre);
+      ahead.rest();
+      return c;
+    }
     switch (a.rule) {
       case AdamRule::torch: k->adam(c.p, c.m, c.v, gp, n, pre, a.clip_coef, torch_s); break;
       case AdamRule::torchao: k->adam_torchao(c.p, c.m, c.v, gp, n, pre, a.clip_coef, rule_s); break;
       case AdamRule::te: k->adam_te(c.p, c.m, c.v, gp, n, pre, a.clip_coef, rule_s); break;
     }
+    ahead.next();
     return c;
+  }
+
+  // Asks for the stored bytes of chunk [b, b + n) ahead of their use. Most of a chunk's time goes
+  // to the divider (the update's square root and divisions, the blocked codecs' x / scale); the
+  // next chunk's lines arrive meanwhile, where the hardware prefetchers alone keep too few misses
+  // in flight over this many streams. Changes no value.
+  void prefetch(std::size_t b, std::size_t n) const noexcept {
+    auto lines = [](const void* base, std::size_t offset, std::size_t bytes, bool write) {
+      const auto* p = static_cast<const char*>(base) + offset;
+      for (std::size_t i = 0; i < bytes; i += 64) {
+        if (write) __builtin_prefetch(p + i, 1, 3);
+        else __builtin_prefetch(p + i, 0, 3);
+        asm volatile("" : : "r"(p + i));  // GCC deletes a loop of prefetches alone (no side effect)
+      }
+    };
+    // fp32 streams updated in place are the update loop's own to prefetch (adam_loop); more
+    // prefetches in flight than the core keeps only slow it down (measured: fp32 moments).
+    const std::size_t gb = grad_fmt == nullptr ? 4 : 2;
+    lines(t.grad, gb * b, gb * n, false);
+    if (t.master == MasterFormat::remainder || (t.master == MasterFormat::none && weight_fmt != nullptr)) {
+      lines(t.weight, 2 * b, 2 * n, true);
+      if (t.master == MasterFormat::remainder) lines(t.remainder, 2 * b, 2 * n, true);
+    }
+    for (const MomentView* mv : {&t.m, &t.v}) {
+      const MomentLayout& l = mv->layout;
+      if (l.format == MomentFormat::fp32) continue;
+      const std::size_t bits = l.format == MomentFormat::bf16 || l.format == MomentFormat::fp16 ? 16
+                               : l.format == MomentFormat::q4                                     ? 4
+                                                                                                  : 8;
+      lines(mv->codes, bits * b / 8, bits * n / 8, true);
+      if (!l.per_tensor && l.block != 0) lines(mv->scales, 4 * (b / l.block), 4 * (n / l.block), true);
+    }
+  }
+
+  // Points c.m and c.v at the fp32 moments of chunk [b, b + n) (updated in place), or decodes a
+  // compact moment into its buffer (c.m, c.v on entry).
+  void load_moments(std::size_t b, std::size_t n, Chunk& c, Ahead& ahead) const noexcept {
+    if (t.m.layout.format == MomentFormat::fp32) {
+      c.m = static_cast<float*>(t.m.codes) + b;
+    } else {
+      codec.decode(t.m, b, n, c.m);
+      ahead.next();
+    }
+    if (t.v.layout.format == MomentFormat::fp32) {
+      c.v = static_cast<float*>(t.v.codes) + b;
+    } else {
+      codec.decode(t.v, b, n, c.v);
+      ahead.next();
+    }
+  }
+
+  // The new m and v alone (p is read for L2 only).
+  void update_moments(const float* p, float* m, float* v, const float* g, std::size_t n, float pre) const noexcept {
+    switch (a.rule) {
+      case AdamRule::torch: k->adam_moments(p, m, v, g, n, pre, a.clip_coef, torch_s); break;
+      case AdamRule::torchao: k->adam_moments_torchao(p, m, v, g, n, pre, a.clip_coef, rule_s); break;
+      case AdamRule::te: k->adam_moments_te(p, m, v, g, n, pre, a.clip_coef, rule_s); break;
+    }
   }
 
   // Writes what the update left in buffers: the moments' codes (fp32 moments were updated in
@@ -513,11 +642,15 @@ struct Step {
     else codec.encode_blocks(mv, b, n, x);
   }
 
+  // p = nullptr: the update wrote the weights itself (adam_remainder).
   void store_weights(std::size_t b, std::size_t n, const float* p) const noexcept {
+    if (p == nullptr) return;
     if (t.master == MasterFormat::remainder) {
-      split_master(p, static_cast<std::uint16_t*>(t.weight) + b, t.remainder + b, n);
+      k->split_master(p, static_cast<std::uint16_t*>(t.weight) + b, t.remainder + b, n);
     } else if (weight_fmt == nullptr) {
       // fp32 weights: updated in place.
+    } else if (t.master == MasterFormat::none && a.stochastic && t.weight_dtype == DType::bf16) {
+      k->round_bf16_stochastic(p, static_cast<std::uint16_t*>(t.weight) + b, t.first_index + b, n, sr_key);
     } else if (t.master == MasterFormat::none && a.stochastic) {
       alignas(64) std::uint32_t bits[kChunk];
       k->sr_bits(bits, t.first_index + b, n, sr_key);
@@ -604,7 +737,7 @@ void adam_tensor_step(const AdamTensor& t, const AdamStepArgs& a, Isa isa, AdamS
   const KernelTable* table = kernel_table(isa);
   const Step s{t,
                a,
-               Codec{table},
+               Codec{table, optim_detail::update_kernels(isa)},
                optim_detail::update_kernels(isa),
                sixteen_bit(table, t.grad_dtype),
                sixteen_bit(table, t.weight_dtype),
@@ -619,7 +752,8 @@ void adam_tensor_step(const AdamTensor& t, const AdamStepArgs& a, Isa isa, AdamS
     std::uint32_t m_amax = 0, v_amax = 0;
     for (std::size_t b = 0; b < t.n; b += kChunk) {
       const std::size_t n = std::min(kChunk, t.n - b);
-      const Step::Chunk c = s.load_and_update(b, n, g, p, m, v, false);
+      Step::Ahead ahead = s.ahead_of(b);
+      const Step::Chunk c = s.load_and_update(b, n, g, p, m, v, false, ahead);
       m_amax = std::max(m_amax, absmax_bits(table, c.m, n));
       v_amax = std::max(v_amax, absmax_bits(table, c.v, n));
     }
@@ -629,9 +763,12 @@ void adam_tensor_step(const AdamTensor& t, const AdamStepArgs& a, Isa isa, AdamS
   if (stats == nullptr) {
     for (std::size_t b = 0; b < t.n; b += kChunk) {
       const std::size_t n = std::min(kChunk, t.n - b);
-      const Step::Chunk c = s.load_and_update(b, n, g, p, m, v, true);
+      Step::Ahead ahead = s.ahead_of(b);
+      const Step::Chunk c = s.load_and_update(b, n, g, p, m, v, true, ahead);
       s.store_moment(t.m, b, n, c.m, m_tensor, m_scale);
+      ahead.next();
       s.store_moment(t.v, b, n, c.v, v_tensor, v_scale);
+      ahead.rest();
       s.store_weights(b, n, c.p);
     }
   } else {
@@ -642,7 +779,9 @@ void adam_tensor_step(const AdamTensor& t, const AdamStepArgs& a, Isa isa, AdamS
     for (std::size_t b = 0; b < t.n; b += kChunk) {
       const std::size_t n = std::min(kChunk, t.n - b);
       record_bits(t, b, n, before);
-      const Step::Chunk c = s.load_and_update(b, n, g, p, m, v, true);
+      Step::Ahead ahead = s.ahead_of(b);
+      const Step::Chunk c = s.load_and_update(b, n, g, p, m, v, true, ahead);
+      ahead.rest();
       std::memcpy(m_exact, c.m, n * 4);
       std::memcpy(v_exact, c.v, n * 4);
       s.store_moment(t.m, b, n, c.m, m_tensor, m_scale);

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "mixprec/formats/types.hpp"
+#include "mixprec/core/parallel.hpp"
+#include "mixprec/optim/optimizer.hpp"
 #include "mixprec/optim/state_format.hpp"
 #include "../support.hpp"
 
@@ -574,6 +576,114 @@ TEST(StateFormatsStep, BadTensorsAreRefusedBeforeAnythingIsWritten) {
   a.stochastic = true;
   EXPECT_EQ(test::error_of<std::invalid_argument>([&] { validate(t.view(), a); }),
             "adam_tensor_step: stochastic rounding: expected master none with f16 or bf16 weights, found fp32 master, f16 weights");
+}
+
+}  // namespace
+}  // namespace mixprec
+
+// ---- the ParamStore and the Optimizer over state formats -----------------------------------------
+
+namespace mixprec {
+namespace {
+
+std::vector<ParamSpec> store_specs() { return {{"w", {64, 128}}, {"b", {100}}, {"e", {32, 256}}}; }
+
+void fill(ParamStore& s, std::uint64_t seed) {
+  std::vector<float> w(s.flat_size(), 0.0f);
+  SplitMix64 r{seed};
+  for (std::size_t i = 0; i < s.tensor_count(); ++i)
+    for (std::size_t j = 0; j < s.numel(i); ++j) w[s.offset(i) + j] = static_cast<float>(r.uniform() * 2 - 1);
+  s.set_weights_of_record(w);
+}
+
+void grads(ParamStore& s, std::uint64_t seed) {
+  SplitMix64 r{seed};
+  for (std::size_t i = 0; i < s.tensor_count(); ++i)
+    for (auto& g : s.grads<bf16>(i)) g = bf16(static_cast<float>((r.uniform() * 2 - 1) * 1e-2));
+}
+
+std::vector<float> record(const ParamStore& s) {
+  std::vector<float> w(s.flat_size());
+  s.weights_of_record(w);
+  return w;
+}
+
+std::vector<std::byte> bytes_of(const ParamStore& s) {
+  const auto* p = static_cast<const std::byte*>(s.model_data());
+  std::vector<std::byte> out(p, p + s.flat_size() * 2);
+  for (unsigned k = 0; k < 2; ++k)
+    for (std::size_t i = 0; i < s.tensor_count(); ++i) {
+      const MomentView v = const_cast<ParamStore&>(s).moment(k, i);
+      const auto* c = static_cast<const std::byte*>(v.codes);
+      out.insert(out.end(), c, c + v.layout.code_bytes());
+      const auto* sc = reinterpret_cast<const std::byte*>(v.scales);
+      if (sc != nullptr) out.insert(out.end(), sc, sc + 4 * v.layout.scale_count());
+    }
+  if (s.remainder_data() != nullptr) {
+    const auto* r = reinterpret_cast<const std::byte*>(s.remainder_data());
+    out.insert(out.end(), r, r + s.flat_size() * 2);
+  }
+  return out;
+}
+
+TEST(StateFormatsStore, RemainderStoreKeepsTheFp32MastersBitForBit) {
+  ParamStore a(store_specs(), StoreOptions{DType::bf16, DType::bf16, true, 2});
+  ParamStore b(store_specs(), StoreOptions{DType::bf16, DType::bf16, true, 2, {.master = MasterFormat::remainder}});
+  EXPECT_EQ(b.master_bytes(), b.flat_size() * 2);
+  fill(a, 1);
+  fill(b, 1);
+  AdamW oa(a, AdamConfig{.lr = 1e-3, .weight_decay = 0.1}), ob(b, AdamConfig{.lr = 1e-3, .weight_decay = 0.1});
+  for (int step = 0; step < 50; ++step) {
+    grads(a, 10 + step);
+    grads(b, 10 + step);
+    oa.step({.inv_scale = 1.0f});
+    ob.step({.inv_scale = 1.0f});
+  }
+  EXPECT_EQ(record(a), record(b));
+  EXPECT_EQ(ob.step_count(), 50);
+}
+
+TEST(StateFormatsStore, CompactMomentsStepTheSameOnAnyThreadCountAndASkipWritesNothing) {
+  const StoreOptions o{DType::bf16, DType::bf16, true, 2,
+                       {.master = MasterFormat::remainder, .m = MomentFormat::fp8, .v = MomentFormat::q8}};
+  ParamStore a(store_specs(), o), b(store_specs(), o);
+  EXPECT_TRUE(a.compact_moments());
+  EXPECT_EQ(a.moment(0, 1).layout.format, MomentFormat::fp32);  // 100 elements: torchao's fallback
+  EXPECT_EQ(a.moment(0, 0).layout.format, MomentFormat::fp8);
+  // m: 8192 + 8192 codes, 32 + 32 scales, plus the 100-element fallback in fp32 (aligned to 64).
+  EXPECT_EQ(a.state_slot_bytes(0), 8192 + 448 + 8192 + 64 * 4);
+  fill(a, 2);
+  fill(b, 2);
+  ThreadPool pool(2);
+  AdamW oa(a, AdamConfig{.lr = 1e-3}), ob(b, AdamConfig{.lr = 1e-3});
+  for (int step = 0; step < 5; ++step) {
+    grads(a, 30 + step);
+    grads(b, 30 + step);
+    oa.step({.inv_scale = 1.0f});
+    ob.step({.inv_scale = 1.0f}, &pool);
+  }
+  EXPECT_EQ(bytes_of(a), bytes_of(b));
+  const std::vector<std::byte> before = bytes_of(a);
+  grads(a, 99);
+  EXPECT_FALSE(oa.step({.skip = true}));
+  EXPECT_EQ(bytes_of(a), before);
+  EXPECT_EQ(oa.step_count(), 5);
+}
+
+TEST(StateFormatsStore, MisusesAreRefusedWithTheirReason) {
+  EXPECT_EQ(test::error_of<std::invalid_argument>([] {
+              ParamStore s(store_specs(), StoreOptions{DType::f16, DType::f16, true, 2, {.master = MasterFormat::remainder}});
+            }),
+            "ParamStore: master remainder: expected master weights and bf16 model weights, found f16 weights");
+  ParamStore s(store_specs(), StoreOptions{DType::bf16, DType::bf16, true, 2, {.m = MomentFormat::q4, .v = MomentFormat::q4}});
+  EXPECT_EQ(test::error_of<std::invalid_argument>([&] { (void)s.state_data(0); }),
+            "ParamStore: state slot 0 holds 4bit moments, not an fp32 array (use moment())");
+  EXPECT_EQ(test::error_of<std::invalid_argument>([&] { SGD sgd(s, SgdConfig{}); }),
+            "optimizer sgd: expected fp32 masters and moments (the state formats are Adam's), found master fp32, moments 4bit/4bit");
+  AdamW opt(s, AdamConfig{});
+  std::vector<float> scratch(opt.unfused_scratch_size());
+  EXPECT_EQ(test::error_of<std::invalid_argument>([&] { opt.step_unfused({.inv_scale = 1.0f}, scratch); }),
+            "optimizer step_unfused: expected fp32 masters and moments, found master fp32 (the state formats step through step())");
 }
 
 }  // namespace

@@ -9,6 +9,9 @@
 //
 // Skipping: StepControls::skip = true writes nothing at all and leaves the step
 // counter alone; bias correction counts applied steps only.
+//
+// A store with remainder masters or compact moments (StoreOptions::formats) steps each tensor
+// with adam_tensor_step (optim/state_format.hpp): Adam and AdamW only, no step_unfused.
 #pragma once
 
 #include <cstddef>
@@ -112,6 +115,9 @@ class Optimizer {
 
  private:
   void validate_controls(const StepControls& c, bool unfused) const;
+  // Stores with remainder masters or compact moments: adam_tensor_step per tensor.
+  bool step_per_tensor(const StepControls& c, ThreadPool* pool);
+  bool per_tensor_ = false;
   ParamStore* store_;
   OptimizerState state_;
   PureOptions pure_;

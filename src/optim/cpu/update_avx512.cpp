@@ -7,16 +7,22 @@
 //
 // The headers the kernels use are included first, for the baseline ISA; only the
 // functions of update_impl.hpp are compiled for AVX-512 (core/simd_target.hpp says why).
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 
+#include "mixprec/formats/scalar.hpp"
 #include "optim/kernels.hpp"
 
 #if defined(__x86_64__)
+#include <immintrin.h>
+
 #include "core/simd_target.hpp"
+#include "formats/cpu/minifloat_simd.hpp"
 
 MIXPREC_TARGET_AVX512_F16C_FMA_PREFER512_BEGIN
+#define MIXPREC_OPTIM_AVX512 1
 #define MIXPREC_OPTIM_NS mixprec::optim_detail::avx512_impl
 #include "optim/update_impl.hpp"
 MIXPREC_TARGET_END
