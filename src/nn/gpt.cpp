@@ -93,10 +93,10 @@ std::vector<ParamSpec> gpt_specs(const ModelConfig& c) {
 
 class Gpt final : public Model {
  public:
-  Gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, std::optional<QuantizedGemms> gemms, const Fp8Config& fp8)
+  Gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, const StateFormats& formats, std::optional<QuantizedGemms> gemms, const Fp8Config& fp8)
       : Model(c, p) {
     store_ = std::make_unique<ParamStore>(
-        gpt_specs(c), StoreOptions{p.weights, p.weight_grads, p.master, state_slots});
+        gpt_specs(c), StoreOptions{p.weights, p.weight_grads, p.master, state_slots, formats});
     const std::size_t B = c.batch, T = c.context, C = c.channels, V = c.vocab, NH = c.heads, L = c.layers;
     const std::size_t N = B * T;
     slot_floats_ = N * std::max(V, 4 * C);
@@ -386,6 +386,8 @@ class Gpt final : public Model {
   ModelMemory memory() const override {
     ModelMemory m;
     m.parameter_bytes = store_->bytes();
+    m.master_bytes = store_->master_bytes();
+    for (unsigned k = 0; k < store_->state_slots(); ++k) m.optimizer_state_bytes += store_->state_slot_bytes(k);
     const Arena& a = engine_->acts();
     for (std::size_t i = 0; i < a.count(); ++i) {
       const Act& act = a.act(i);
@@ -625,9 +627,9 @@ class Gpt final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, std::optional<QuantizedGemms> gemms,
+std::unique_ptr<Model> make_gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, const StateFormats& formats, std::optional<QuantizedGemms> gemms,
                                 const Fp8Config& fp8) {
-  return std::make_unique<Gpt>(c, p, state_slots, gemms, fp8);
+  return std::make_unique<Gpt>(c, p, state_slots, formats, gemms, fp8);
 }
 
 }  // namespace mixprec::nn::detail

@@ -53,9 +53,9 @@ enum BackwardSlot : std::size_t {
 
 class Mlp final : public Model {
  public:
-  Mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, std::optional<QuantizedGemms> gemms, const Fp8Config& fp8)
+  Mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, const StateFormats& formats, std::optional<QuantizedGemms> gemms, const Fp8Config& fp8)
       : Model(c, p) {
-    store_ = std::make_unique<ParamStore>(mlp_specs(c), StoreOptions{p.weights, p.weight_grads, p.master, state_slots});
+    store_ = std::make_unique<ParamStore>(mlp_specs(c), StoreOptions{p.weights, p.weight_grads, p.master, state_slots, formats});
     const std::size_t B = c.batch, TC = c.context * c.channels, H = c.hidden, V = c.vocab;
     engine_ = std::make_unique<Engine>(p, *store_, B * std::max({TC, H, V}), kSlotCount);
     Arena& a = engine_->acts();
@@ -210,6 +210,8 @@ class Mlp final : public Model {
   ModelMemory memory() const override {
     ModelMemory m;
     m.parameter_bytes = store_->bytes();
+    m.master_bytes = store_->master_bytes();
+    for (unsigned k = 0; k < store_->state_slots(); ++k) m.optimizer_state_bytes += store_->state_slot_bytes(k);
     const Arena& a = engine_->acts();
     for (std::size_t i = 0; i < a.count(); ++i) {
       const std::size_t b = a.act(i).numel * dtype_size(a.act(i).dtype);
@@ -257,9 +259,9 @@ class Mlp final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, std::optional<QuantizedGemms> gemms,
+std::unique_ptr<Model> make_mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, const StateFormats& formats, std::optional<QuantizedGemms> gemms,
                                 const Fp8Config& fp8) {
-  return std::make_unique<Mlp>(c, p, state_slots, gemms, fp8);
+  return std::make_unique<Mlp>(c, p, state_slots, formats, gemms, fp8);
 }
 
 }  // namespace mixprec::nn::detail

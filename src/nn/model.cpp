@@ -69,8 +69,8 @@ std::unique_ptr<Model> make_model(const ModelConfig& config, Precision precision
   if (gemms && gemms->delayed_scaling()) {
     lowp::validate(lowp::DelayedScalingConfig{fp8.margin, fp8.amax_history_len, fp8.amax_compute_algo, fp8.format});
   }
-  return config.kind == ModelKind::gpt ? detail::make_gpt(config, p, options.state_slots, gemms, fp8)
-                                       : detail::make_mlp(config, p, options.state_slots, gemms, fp8);
+  return config.kind == ModelKind::gpt ? detail::make_gpt(config, p, options.state_slots, options.formats, gemms, fp8)
+                                       : detail::make_mlp(config, p, options.state_slots, options.formats, gemms, fp8);
 }
 
 void Model::scaled_layer(std::string name, std::int64_t fan_in, std::vector<std::size_t> params) {

@@ -984,6 +984,197 @@ std::string advisor_section(const std::vector<ReportRun>& runs) {
   return out.empty() ? out : out + "</section>\n";
 }
 
+// ---- the optimizer state (summary.json's "optimizer_state": mixprec.torch.Telemetry(optimizer=)) --
+
+constexpr std::size_t kOptimizerRows = 6;  // tensors per table: the worst few
+
+// summary.json's "optimizer_state", checked: a wrong type names its path and what was found.
+ReportOptimizerState parse_optimizer_state(const ojson& o, const std::string& where) {
+  auto bad = [&](const std::string& path, const char* expected, const ojson& v) {
+    throw std::runtime_error(where + ": optimizer_state" + path + ": expected " + expected + ", found " +
+                             v.dump(-1, ' ', false, ojson::error_handler_t::replace));
+  };
+  auto present = [](const ojson& obj, const char* key) -> const ojson* {
+    const auto it = obj.find(key);
+    return it == obj.end() || it->is_null() ? nullptr : &*it;
+  };
+  // Missing or null: NaN (not measured); a count: 0; a text: "".
+  auto real = [&](const ojson& obj, const char* key, const std::string& path) {
+    const ojson* v = present(obj, key);
+    if (v == nullptr) return kNaN;
+    if (!v->is_number()) bad(path + "." + key, "a number", *v);
+    return v->get<double>();
+  };
+  auto count = [&](const ojson& obj, const char* key, const std::string& path) -> std::uint64_t {
+    const ojson* v = present(obj, key);
+    if (v == nullptr) return 0;
+    if (!v->is_number_unsigned()) bad(path + "." + key, "an integer >= 0", *v);
+    return v->get<std::uint64_t>();
+  };
+  auto text = [&](const ojson& obj, const char* key, const std::string& path) {
+    const ojson* v = present(obj, key);
+    if (v == nullptr) return std::string();
+    if (!v->is_string()) bad(path + "." + key, "a string", *v);
+    return v->get<std::string>();
+  };
+  if (!o.is_object()) bad("", "an object", o);
+  ReportOptimizerState s;
+  s.optimizer = text(o, "optimizer", "");
+  if (const ojson* f = present(o, "formats")) {
+    if (!f->is_array()) bad(".formats", "an array", *f);
+    for (std::size_t i = 0; i < f->size(); ++i) {
+      const ojson& g = (*f)[i];
+      if (!g.is_object()) bad(".formats[" + std::to_string(i) + "]", "an object", g);
+      std::vector<std::pair<std::string, std::string>> kv;
+      for (const auto& [k, v] : g.items())
+        kv.emplace_back(k, v.is_string() ? v.get<std::string>()
+                                         : v.dump(-1, ' ', false, ojson::error_handler_t::replace));
+      s.formats.push_back(std::move(kv));
+    }
+  }
+  if (const ojson* b = present(o, "bytes_per_param")) {
+    if (!b->is_object()) bad(".bytes_per_param", "an object", *b);
+    s.params_bytes = real(*b, "params", ".bytes_per_param");
+    s.master_bytes = real(*b, "master", ".bytes_per_param");
+    s.m_bytes = real(*b, "m", ".bytes_per_param");
+    s.v_bytes = real(*b, "v", ".bytes_per_param");
+  }
+  s.sampled_steps = count(o, "sampled_steps", "");
+  if (const double f = real(o, "lost_update_fraction", ""); !std::isnan(f)) s.lost_update_fraction = f;
+  if (const ojson* ps = present(o, "params")) {
+    if (!ps->is_array()) bad(".params", "an array", *ps);
+    for (std::size_t i = 0; i < ps->size(); ++i) {
+      const ojson& p = (*ps)[i];
+      const std::string path = ".params[" + std::to_string(i) + "]";
+      if (!p.is_object()) bad(path, "an object", p);
+      ReportOptimizerTensor t;
+      t.name = text(p, "name", path);
+      t.elements = count(p, "elements", path);
+      t.master = text(p, "master", path);
+      t.m = text(p, "m", path);
+      t.v = text(p, "v", path);
+      t.steps = count(p, "steps", path);
+      t.m_error = real(p, "m_error", path);
+      t.m_error_max = real(p, "m_error_max", path);
+      t.v_error = real(p, "v_error", path);
+      t.v_error_max = real(p, "v_error_max", path);
+      t.lost_fraction = real(p, "lost_fraction", path);
+      t.meant = count(p, "meant", path);
+      s.tensors.push_back(std::move(t));
+    }
+  }
+  return s;
+}
+
+// "remainder · fp8 / fp8": the master and the moments as stored.
+std::string tensor_formats(const ReportOptimizerTensor& t) {
+  return escape(t.master) + " \u00b7 " + escape(t.m) + " / " + escape(t.v);
+}
+
+// The larger of a tensor's two moment errors (NaN, sorted last, when it was not measured).
+double worst_error(const ReportOptimizerTensor& t) {
+  if (std::isnan(t.m_error)) return t.v_error;
+  if (std::isnan(t.v_error)) return t.m_error;
+  return std::max(t.m_error, t.v_error);
+}
+
+// The measured tensors whose `key` is above 0, worst first, at most kOptimizerRows of them, as
+// a table; `shown` says how many of how many.
+template <typename Key>
+std::string optimizer_table(const std::vector<ReportOptimizerTensor>& tensors, Key key, std::string& shown) {
+  std::vector<const ReportOptimizerTensor*> rows;
+  std::size_t measured = 0;
+  for (const ReportOptimizerTensor& t : tensors) {
+    measured += t.steps > 0 ? 1 : 0;
+    if (t.steps > 0 && key(t) > 0) rows.push_back(&t);
+  }
+  if (rows.empty()) return {};
+  shown = (rows.size() > kOptimizerRows ? "the " + std::to_string(kOptimizerRows) + " largest of " : std::string()) +
+          std::to_string(rows.size()) + (rows.size() == 1 ? " tensor" : " tensors");
+  if (rows.size() < measured) shown += " above 0 (of " + std::to_string(measured) + " measured)";
+  std::stable_sort(rows.begin(), rows.end(), [&](const ReportOptimizerTensor* a, const ReportOptimizerTensor* b) {
+    const double x = key(*a), y = key(*b);
+    return std::isnan(y) ? !std::isnan(x) : x > y;
+  });
+  if (rows.size() > kOptimizerRows) rows.resize(kOptimizerRows);
+  std::string out =
+      "<table><thead><tr><th>tensor</th><th>master \u00b7 m / v</th><th class=\"num\">elements</th>"
+      "<th class=\"num\">m error</th><th class=\"num\">v error</th><th class=\"num\">lost updates</th></tr></thead>"
+      "<tbody>";
+  for (const ReportOptimizerTensor* t : rows) {
+    const char* lost = !(t->lost_fraction > 0.01) ? "" : t->lost_fraction > 0.1 ? " bad" : " warn";
+    out += "<tr><td class=\"name\"><code>" + escape(t->name) + "</code></td><td class=\"fmt\">" + tensor_formats(*t) +
+           "</td><td class=\"num\">" + text::grouped(t->elements) + "</td><td class=\"num\" title=\"largest: " +
+           percent(t->m_error_max) + "\">" + percent(t->m_error) + "</td><td class=\"num\" title=\"largest: " +
+           percent(t->v_error_max) + "\">" + percent(t->v_error) + "</td><td class=\"num" + lost +
+           "\" title=\"" + text::grouped(t->meant) + " meant to move\">" + percent(t->lost_fraction) + "</td></tr>";
+  }
+  return out + "</tbody></table>";
+}
+
+// Per run with an optimizer state: its formats, its bytes per parameter, the mean lost-update
+// fraction, and the tensors with the largest moment error and the most lost updates.
+std::string optimizer_section(const std::vector<ReportRun>& runs) {
+  if (std::none_of(runs.begin(), runs.end(), [](const ReportRun& r) { return r.optimizer.has_value(); })) return {};
+  std::string out = "<section id=\"optimizer\"><h2>Optimizer state</h2>";
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    if (!runs[i].optimizer) continue;
+    const ReportOptimizerState& s = *runs[i].optimizer;
+    if (runs.size() > 1) out += "<h3 class=\"run-title\">" + swatch(run_color(i)) + escape(runs[i].name) + "</h3>";
+    std::string formats;
+    for (std::size_t g = 0; g < s.formats.size(); ++g) {
+      std::string main, rest;
+      for (const auto& [k, v] : s.formats[g]) {
+        if (k == "master" || k == "m" || k == "v")
+          main += (main.empty() ? "" : ", ") + escape(k) + " <b>" + escape(v) + "</b>";
+        else
+          rest += (rest.empty() ? "" : ", ") + escape(k) + " " + escape(v);
+      }
+      formats += (formats.empty() ? "" : "; ") + (s.formats.size() > 1 ? "group " + std::to_string(g) + ": " : "") +
+                 main + (rest.empty() ? "" : " <span class=\"muted\">(" + rest + ")</span>");
+    }
+    out += "<p class=\"lead\">" + escape(s.optimizer.empty() ? std::string("The optimizer") : s.optimizer) +
+           (formats.empty() ? std::string() : ": " + formats) + ". Bytes per parameter measured from the state's " +
+           "tensors (the weights themselves: " + number(s.params_bytes, 3) + "); errors and lost updates measured at " +
+           std::to_string(s.sampled_steps) + " sampled step" + (s.sampled_steps == 1 ? "" : "s") + ".</p>";
+    auto tile = [](const std::string& label, const std::string& value) {
+      return "<div class=\"tile\"><div class=\"label\">" + label + "</div><div class=\"value\">" + value +
+             "</div></div>";
+    };
+    auto bytes = [](double b) { return number(b, 3) + " <small>B/param</small>"; };
+    out += "<div class=\"tiles\">";
+    out += tile("state: master + m + v", bytes(s.master_bytes + s.m_bytes + s.v_bytes));
+    out += tile("master", bytes(s.master_bytes));
+    out += tile("m (first moment)", bytes(s.m_bytes));
+    out += tile("v (second moment)", bytes(s.v_bytes));
+    out += tile("lost updates", s.lost_update_fraction ? percent(*s.lost_update_fraction) : "\u2013");
+    out += "</div>";
+    if (std::none_of(s.tensors.begin(), s.tensors.end(), [](const ReportOptimizerTensor& t) { return t.steps > 0; })) {
+      out += card("", "<p class=\"muted\">No sampled step measured the state (no applied optimizer step at a "
+                      "sampled step).</p>");
+      continue;
+    }
+    std::string err_shown, lost_shown;
+    std::string err = optimizer_table(s.tensors, worst_error, err_shown);
+    std::string lost = optimizer_table(
+        s.tensors, [](const ReportOptimizerTensor& t) { return t.lost_fraction; }, lost_shown);
+    if (err.empty()) err = "<p class=\"ok\">\u2713 Every moment is stored exactly (fp32 moments).</p>";
+    if (lost.empty()) lost = "<p class=\"ok\">\u2713 No update was lost at the sampled steps.</p>";
+    out += "<div class=\"grid2\">";
+    out += card("Largest moment quantization error", err,
+                err_shown.empty() ? std::string()
+                                  : escape(err_shown) + ", by the larger relative error \u2016stored \u2212 "
+                                                        "exact\u2016 / \u2016exact\u2016 of m or v after the step, "
+                                                        "mean over the sampled steps (hover: the largest)");
+    out += card("Most lost updates", lost,
+                lost_shown.empty() ? std::string()
+                                   : escape(lost_shown) + ": of the elements a step meant to move, those whose "
+                                                          "weights of record did not change, over the sampled steps");
+    out += "</div>";
+  }
+  return out + "</section>\n";
+}
+
 constexpr const char* kStyle = R"CSS(
 :root{--fg:#1f2937;--muted:#6b7280;--line:#e5e7eb;--bg:#f5f6f8;--accent:#2563eb}
 *{box-sizing:border-box}
@@ -1003,7 +1194,7 @@ main{max-width:1240px;margin:0 auto;padding:4px 20px 40px}
 .card .note{color:var(--muted);font-size:12.5px;margin:-2px 0 8px}
 .grid2{display:grid;grid-template-columns:1fr 1fr;gap:16px}
 .grid2>.card{margin-bottom:0}
-.grid2+.grid2,.grid2+.card{margin-top:16px}
+.grid2+.grid2,.grid2+.card,.tiles+.grid2,.tiles+.card{margin-top:16px}
 .card.notes{padding:12px 18px}
 svg.chart{display:block;width:100%;height:auto;font-family:inherit}
 .swatch{display:inline-block;width:10px;height:10px;border-radius:50%;margin-right:7px;vertical-align:0}
@@ -1016,7 +1207,7 @@ table{border-collapse:collapse;width:100%;font-variant-numeric:tabular-nums}
 th,td{text-align:left;padding:7px 10px;border-bottom:1px solid var(--line);vertical-align:top}
 th{font-size:12px;font-weight:600;color:var(--muted);text-transform:uppercase;letter-spacing:.03em;background:#fafafa}
 td.num,th.num{text-align:right}
-td.num{white-space:nowrap}
+td.num,td.fmt{white-space:nowrap}
 td.name{font-weight:600;white-space:nowrap}
 table.config td{font-size:13px;word-break:break-word}
 table.config td.key{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,"DejaVu Sans Mono",monospace;color:#374151;white-space:nowrap;width:1%}
@@ -1061,7 +1252,13 @@ RunNumbers run_numbers(const std::vector<StepRecord>& records) {
 
 std::string render_report(const std::vector<ReportRun>& runs, const ReportOptions& options) {
   std::vector<RunNumbers> nums;
-  for (const ReportRun& r : runs) nums.push_back(run_numbers(r.records));
+  for (const ReportRun& r : runs) {
+    nums.push_back(run_numbers(r.records));
+    // A Telemetry's log says 0 at every step: its optimizer state's measurement, the mean over
+    // the sampled steps, is the run's.
+    if (r.optimizer && r.optimizer->lost_update_fraction)
+      nums.back().lost_update_fraction = *r.optimizer->lost_update_fraction;
+  }
   const int window = std::max(1, options.skip_window);
 
   std::string title = options.title;
@@ -1100,7 +1297,8 @@ std::string render_report(const std::vector<ReportRun>& runs, const ReportOption
   else
     out += card("", summary_table(runs, nums),
                 "Numbers over the whole log: underflow and subnormal are fractions of the nonzero activation-gradient "
-                "values; lost updates are averaged over applied steps.");
+                "values; lost updates are averaged over applied steps (with a Telemetry's optimizer state, over "
+                "its sampled steps).");
   out += "</section>\n";
 
   // Training curves.
@@ -1147,6 +1345,7 @@ std::string render_report(const std::vector<ReportRun>& runs, const ReportOption
   out += fp8_section(runs);
   out += advisor_section(runs);
   out += layerwise_section(runs);
+  out += optimizer_section(runs);
   out += histograms_section(runs) + "\n";
   out += alerts_section(runs) + "\n";
   out += config_section(runs) + "\n";
@@ -1246,6 +1445,8 @@ ReportRun load_run(const std::string& dir, const std::string& name) {
       }
       run.alerts = std::move(alerts);
     }
+    if (const auto it = sum->find("optimizer_state"); it != sum->end() && !it->is_null())
+      run.optimizer = parse_optimizer_state(*it, where);
   }
   // The precision advisor's evidence (`mixprec advise RUN_DIR` writes it).
   if (const auto adv = train::read_run_file(p, "advice/advice.json")) {

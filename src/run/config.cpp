@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <bit>
 #include <charconv>
 #include <cmath>
 #include <limits>
@@ -202,6 +203,15 @@ std::vector<std::string> bad_batch_kinds(const std::string& text) {
 
 namespace {
 
+// "M" or "M,V": the two moment formats; fail() names the key otherwise.
+std::pair<MomentFormat, MomentFormat> moment_pair(const std::string& text) {
+  const std::size_t comma = text.find(',');
+  const std::string m = text.substr(0, comma), v = comma == std::string::npos ? m : text.substr(comma + 1);
+  const auto fm = parse_moment_format(m), fv = parse_moment_format(v);
+  if (!fm || !fv) fail("moments", moment_format_names() + " (or M,V)", squote(text));
+  return {*fm, *fv};
+}
+
 const Table& table() {
   static const Table t([] {
     std::vector<Key> k;
@@ -316,6 +326,24 @@ const Table& table() {
                                                          [](auto& c) -> auto& { return c.eps; }));
     k.push_back(num_row(
         number("clip", "Max global gradient norm; 0 = no clipping", 0, false), [](auto& c) -> auto& { return c.clip; }));
+    // optimizer state formats
+    k.push_back(text_row(
+        choice("master", "Master weights: fp32 or remainder (bf16 weights + 16 bits that rebuild fp32; bf16 presets)",
+               {"fp32", "remainder"}),
+        [](auto& c) -> auto& { return c.master; }));
+    {
+      Spec s = text_spec("moments", "F[,F]", "Adam's moments: " + moment_format_names() + " (or M,V: one for each)");
+      s.expected = moment_format_names() + " (or M,V)";
+      k.push_back(text_row(s, [](auto& c) -> auto& { return c.moments; },
+                           [](const TrainConfig& c) { (void)moment_pair(c.moments); }));
+    }
+    k.push_back(int_row(
+        integer("moment-block", "N", "Elements per scale of fp8/8bit/4bit moments: 0 (256, 256, 128) or a power of two "
+                                      "in [32, 1024]", 0, 1024),
+        [](auto& c) -> auto& { return c.moment_block; }, [](const TrainConfig& c) {
+          if (c.moment_block != 0 && (c.moment_block < 32 || !std::has_single_bit(c.moment_block)))
+            fail("moment-block", "0 or a power of two in [32, 1024]", std::to_string(c.moment_block));
+        }));
     // step guards and the EMA
     k.push_back(num_row(number("skip-loss-z", "Skip a step whose loss z-score over the window exceeds Z; 0 = off", 0,
                                false),
@@ -584,6 +612,22 @@ void validate(const TrainConfig& c) {
                               " (low all-reduces in the model's f16/bf16 format; this precision has none)",
            "low");
   }
+  {
+    const StateFormats f = state_formats(c);
+    const bool formats = f.master != MasterFormat::fp32 || f.m != MomentFormat::fp32 || f.v != MomentFormat::fp32;
+    if (formats && c.optimizer == "sgd")
+      fail("optimizer", "adam or adamw with --master/--moments other than fp32 (the state formats are Adam's)", "sgd");
+    const nn::PrecisionPolicy pol = nn::policy_of(c.precision);
+    if (f.master == MasterFormat::remainder && !(pol.master && pol.weights == DType::bf16))
+      fail("master", std::string("fp32 with precision ").append(nn::precision_name(c.precision)) +
+                         " (remainder needs master weights and bf16 model weights: --precision bf16)",
+           "remainder");
+    if (formats && c.zero == 1)
+      fail("zero", "0 with --master/--moments other than fp32 (ZeRO-1 shards fp32 masters and moments)", "1");
+    if (formats && c.loss_scale == "layerwise")
+      fail("loss-scale", "a preset other than layerwise with --master/--moments other than fp32 (its per-layer "
+                         "skips restore fp32 state)", "layerwise");
+  }
   if (c.zero == 1 && !c.distributed) fail("zero", "0 unless --distributed (ZeRO shards across ranks)", "1");
   if (c.zero == 1 && c.grad_reduce != "fp32")
     fail("grad-reduce", "fp32 with --zero 1 (its reduce-scatter sums in fp32)", squote(c.grad_reduce));
@@ -627,6 +671,16 @@ std::string to_json(const TrainConfig& c, const std::vector<std::string_view>& n
     if (std::find(names.begin(), names.end(), k.spec.name) != names.end())
       j[k.spec.name] = keys::to_json<ordered_json>(k.spec, k.get(c));
   return j.dump(indent, ' ', false, ordered_json::error_handler_t::replace);
+}
+
+StateFormats state_formats(const TrainConfig& c) {
+  StateFormats f;
+  f.master = c.master == "remainder" ? MasterFormat::remainder : MasterFormat::fp32;
+  const auto [m, v] = moment_pair(c.moments);
+  f.m = m;
+  f.v = v;
+  f.block = c.moment_block;
+  return f;
 }
 
 }  // namespace mixprec::train

@@ -203,7 +203,8 @@ namespace {
 
 // Whether `name` is a file a run folder owns (one the writers create there).
 bool run_file_name(std::string_view name) {
-  if (name == run_files::config || name == run_files::log || name == run_files::summary || name == run_files::lock)
+  if (name == run_files::config || name == run_files::log || name == run_files::summary || name == run_files::lock ||
+      name == run_files::optimizer)
     return true;
   if (checkpoint_step(name)) return true;
   std::string_view target;

@@ -478,6 +478,8 @@ std::string summary_json(const TrainSummary& s, std::string_view config_json) {
   m.field("gradient_bytes", static_cast<std::uint64_t>(s.memory.gradient_bytes));
   m.field("scratch_bytes", static_cast<std::uint64_t>(s.memory.scratch_bytes));
   m.field("fp8_activation_bytes", static_cast<std::uint64_t>(s.memory.fp8_activation_bytes));
+  m.field("master_bytes", static_cast<std::uint64_t>(s.memory.master_bytes));
+  m.field("optimizer_state_bytes", static_cast<std::uint64_t>(s.memory.optimizer_state_bytes));
   m.close();
 
   std::string out;

@@ -49,6 +49,23 @@ std::vector<std::string> state_names(OptimizerKind k) {
   return {};
 }
 
+// A compact moment as checkpoint tensors: "<slot><param>" (fp32 where the layout fell back to
+// fp32, else its code bytes as U8) and "<slot>scale.<param>" (its fp32 scales, when it has any).
+std::vector<ckpt::TensorRef> moment_tensors(const std::string& slot, const std::string& name,
+                                            const std::vector<std::uint64_t>& shape, const MomentView& v) {
+  std::vector<ckpt::TensorRef> out;
+  const auto* codes = static_cast<const std::byte*>(v.codes);
+  if (v.layout.format == MomentFormat::fp32) {
+    out.push_back({slot + name, ckpt::DType::f32, shape, {codes, v.layout.code_bytes()}});
+  } else {
+    out.push_back({slot + name, ckpt::DType::u8, {v.layout.code_bytes()}, {codes, v.layout.code_bytes()}});
+  }
+  if (v.layout.scale_count() > 0)
+    out.push_back({slot + "scale." + name, ckpt::DType::f32, {v.layout.scale_count()},
+                   {reinterpret_cast<const std::byte*>(v.scales), 4 * v.layout.scale_count()}});
+  return out;
+}
+
 json optimizer_json(const OptimizerState& s) {
   return {{"kind", std::string(optimizer_name(s.kind))}, {"step", s.step}, {"lr", s.lr}, {"beta1", s.beta1},
           {"beta2", s.beta2}, {"eps", s.eps}, {"weight_decay", s.weight_decay}, {"momentum", s.momentum},
@@ -204,7 +221,14 @@ void Trainer::save_checkpoint(const std::string& path) const {
   std::vector<ckpt::TensorRef> tensors;
   const bool master = m.zero ? m.zero->store->has_master() : s.has_master();
   const DType wt = master ? DType::f32 : s.model_dtype();
-  const auto* weights = master ? reinterpret_cast<const std::byte*>(m.zero ? zero_weights.data() : s.master_data())
+  std::vector<float> joined;  // remainder masters: the fp32 weights of record, rebuilt
+  if (!m.zero && s.master_format() == MasterFormat::remainder) {
+    joined.resize(s.flat_size());
+    s.weights_of_record(joined);
+  }
+  const auto* weights = master ? reinterpret_cast<const std::byte*>(m.zero           ? zero_weights.data()
+                                                                    : joined.empty() ? s.master_data()
+                                                                                     : joined.data())
                                : static_cast<const std::byte*>(s.model_data());
   const std::vector<std::string> slots = state_names(m.optimizer->kind());
   for (std::size_t i = 0; i < s.tensor_count(); ++i) {
@@ -213,6 +237,11 @@ void Trainer::save_checkpoint(const std::string& path) const {
     const std::size_t n = s.numel(i);
     tensors.push_back({spec.name, ckpt_dtype(wt), shape, {weights + s.offset(i) * dtype_size(wt), n * dtype_size(wt)}});
     for (unsigned k = 0; k < slots.size(); ++k) {
+      if (s.compact_moments()) {  // the codes and scales as stored (resume is bitwise)
+        const MomentView v = const_cast<ParamStore&>(s).moment(k, i);
+        for (const ckpt::TensorRef& t : moment_tensors(slots[k], spec.name, shape, v)) tensors.push_back(t);
+        continue;
+      }
       const auto* st = reinterpret_cast<const std::byte*>(state_of(k) + s.offset(i));
       tensors.push_back({slots[k] + spec.name, ckpt::DType::f32, shape, {st, n * 4}});
     }
@@ -280,7 +309,17 @@ void Trainer::load_checkpoint(const std::string& path) {
     const ParamSpec& spec = s.spec(i);
     const std::vector<std::uint64_t> shape(spec.shape.begin(), spec.shape.end());
     weights.push_back(f.expect(spec.name, ckpt_dtype(wt), shape));
-    for (const std::string& slot : slots) states.push_back(f.expect(slot + spec.name, ckpt::DType::f32, shape));
+    for (unsigned k = 0; k < slots.size(); ++k) {
+      const std::string& slot = slots[k];
+      if (!s.compact_moments()) {
+        states.push_back(f.expect(slot + spec.name, ckpt::DType::f32, shape));
+        continue;
+      }
+      const MomentLayout l = const_cast<ParamStore&>(s).moment(k, i).layout;
+      states.push_back(l.format == MomentFormat::fp32 ? f.expect(slot + spec.name, ckpt::DType::f32, shape)
+                                                      : f.expect(slot + spec.name, ckpt::DType::u8, {l.code_bytes()}));
+      if (l.scale_count() > 0) states.push_back(f.expect(slot + "scale." + spec.name, ckpt::DType::f32, {l.scale_count()}));
+    }
     if (!m.ema.empty()) emas.push_back(f.expect("ema." + spec.name, ckpt::DType::f32, shape));
   }
   std::unique_ptr<GradScaler> scaler = make_scaler(m.config, m.config.distributed ? m.comm : nullptr);
@@ -434,11 +473,29 @@ void Trainer::load_checkpoint(const std::string& path) {
     }
     zs.zero_grads();
   } else {
-    auto* w = master ? reinterpret_cast<std::byte*>(st.master_data()) : static_cast<std::byte*>(st.model_data());
+    const bool remainder = st.master_format() == MasterFormat::remainder;
+    auto* w = remainder ? nullptr
+              : master  ? reinterpret_cast<std::byte*>(st.master_data())
+                        : static_cast<std::byte*>(st.model_data());
     for (std::size_t i = 0, k = 0; i < st.tensor_count(); ++i) {
-      std::memcpy(w + st.offset(i) * dtype_size(wt), weights[i].data(), weights[i].size());
+      if (remainder) {  // the fp32 master split into the bf16 weights and their remainders
+        split_master(reinterpret_cast<const float*>(weights[i].data()),
+                     static_cast<std::uint16_t*>(st.model_data()) + st.offset(i), st.remainder_data() + st.offset(i),
+                     st.numel(i));
+      } else {
+        std::memcpy(w + st.offset(i) * dtype_size(wt), weights[i].data(), weights[i].size());
+      }
       for (unsigned slot = 0; slot < slots.size(); ++slot, ++k) {
-        std::memcpy(st.state_data(slot) + st.offset(i), states[k].data(), states[k].size());
+        if (!st.compact_moments()) {
+          std::memcpy(st.state_data(slot) + st.offset(i), states[k].data(), states[k].size());
+          continue;
+        }
+        const MomentView v = st.moment(slot, i);
+        std::memcpy(v.codes, states[k].data(), states[k].size());
+        if (v.layout.scale_count() > 0) {
+          ++k;
+          std::memcpy(v.scales, states[k].data(), states[k].size());
+        }
       }
     }
   }

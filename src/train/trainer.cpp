@@ -66,8 +66,14 @@ std::unique_ptr<Optimizer> make_optimizer(const TrainConfig& c, ParamStore& stor
   return std::make_unique<AdamW>(store, a);
 }
 
-// The weights the optimizer keeps: the fp32 master copy, or the model weights.
-std::span<const std::byte> weights_of_record(const ParamStore& s) {
+// The weights the optimizer keeps: the fp32 master copy (rebuilt into `joined` from remainder
+// masters), or the model weights.
+std::span<const std::byte> weights_of_record(const ParamStore& s, std::vector<float>& joined) {
+  if (s.master_format() == MasterFormat::remainder) {
+    joined.resize(s.flat_size());  // allocated once
+    s.weights_of_record(joined);
+    return {reinterpret_cast<const std::byte*>(joined.data()), joined.size() * 4};
+  }
   if (s.has_master()) return {reinterpret_cast<const std::byte*>(s.master_data()), s.flat_size() * 4};
   return {static_cast<const std::byte*>(s.model_data()), s.flat_size() * dtype_size(s.model_dtype())};
 }
@@ -114,14 +120,23 @@ void count_adam_lost(const std::byte* before, const std::byte* after, const floa
 // not change (the update rounded away). Adam-family: meant to move when the first
 // moment is nonzero, or decoupled/L2 decay acts on a nonzero weight. SGD: when the
 // gradient is nonzero or decay acts. Weights of record are 4 bytes (fp32) or 2 (f16/bf16).
-double lost_update_fraction(const ParamStore& s, std::span<const std::byte> before, OptimizerKind kind,
-                            double weight_decay, ThreadPool& pool) {
-  const std::span<const std::byte> after = weights_of_record(s);
+double lost_update_fraction(ParamStore& s, std::span<const std::byte> before, OptimizerKind kind,
+                            double weight_decay, ThreadPool& pool, std::vector<float>& joined,
+                            std::vector<float>& decoded_m) {
+  const std::span<const std::byte> after = weights_of_record(s, joined);
   const std::size_t w = after.size() / s.flat_size();
   std::uint64_t meant = 0, lost = 0;
   const bool adam_family = kind == OptimizerKind::adam || kind == OptimizerKind::adamw;
-  // Looked up once, not per parameter (out-of-line, checked accessors).
-  const float* first_moment = adam_family ? s.state_data(0) : nullptr;
+  // Looked up once, not per parameter (out-of-line, checked accessors). Compact moments are
+  // decoded (the count needs only whether m is nonzero; padding stays zero).
+  const float* first_moment = nullptr;
+  if (adam_family && s.compact_moments()) {
+    decoded_m.resize(s.flat_size(), 0.0f);  // allocated once
+    for (std::size_t i = 0; i < s.tensor_count(); ++i) dequantize_moment(s.moment(0, i), decoded_m.data() + s.offset(i));
+    first_moment = decoded_m.data();
+  } else if (adam_family) {
+    first_moment = s.state_data(0);
+  }
   if (adam_family) {
     // The rule is the same for every tensor: one flat range, split over the pool's threads
     // (integer counts: the sum does not depend on the split).
@@ -259,8 +274,9 @@ void Trainer::init(const TrainConfig& config, dist::Communicator* comm) {
     m.zero = make_zero_shard(config, mc, m.model->params(), nn::policy_of(config.precision).master, *comm);
     m.optimizer = make_optimizer(config, *m.zero->store);
   } else {
-    m.model = nn::make_model(model_config(config, m.data), config.precision, optimizer_state_slots(kind),
-                             fp8_config(config));
+    m.model = nn::make_model(model_config(config, m.data), config.precision,
+                             {.state_slots = optimizer_state_slots(kind), .fp8 = fp8_config(config),
+                              .formats = state_formats(config)});
     m.optimizer = make_optimizer(config, m.model->params());
   }
   if (!config.inject_fault.empty()) {  // the name checked now, against the model built
@@ -289,12 +305,10 @@ void Trainer::init(const TrainConfig& config, dist::Communicator* comm) {
   m.scaler->set_accumulation_steps(static_cast<int>(config.accum));
   m.inputs.assign(m.model->tokens_per_batch(), 0);
   m.targets.assign(m.model->tokens_per_batch(), 0);
-  m.snapshot.resize(weights_of_record(m.model->params()).size());
+  m.snapshot.resize(weights_of_record(m.model->params(), m.joined).size());
   if (config.ema > 0) {
     m.ema.resize(m.model->params().flat_size());
-    const ParamStore& s = m.model->params();
-    to_f32(s.has_master() ? static_cast<const void*>(s.master_data()) : s.model_data(),
-           s.has_master() ? DType::f32 : s.model_dtype(), m.ema);
+    m.model->params().weights_of_record(m.ema);
   }
   m.scratch.assign(m.model->params().flat_size(), 0.0f);
   m.amax.assign(m.model->params().tensor_count(), 0.0f);
@@ -309,7 +323,10 @@ void Trainer::init(const TrainConfig& config, dist::Communicator* comm) {
     // the same model everywhere; the broadcast makes it so whatever the build).
     if (comm->size() > 1) {
       ParamStore& s = m.model->params();
-      if (s.has_master()) {
+      if (s.master_format() == MasterFormat::remainder) {  // the bf16 halves and their remainders
+        comm->broadcast({static_cast<std::byte*>(s.model_data()), s.flat_size() * 2}, 0);
+        comm->broadcast({reinterpret_cast<std::byte*>(s.remainder_data()), s.flat_size() * 2}, 0);
+      } else if (s.has_master()) {
         comm->broadcast({reinterpret_cast<std::byte*>(s.master_data()), s.flat_size() * 4}, 0);
         s.refresh_model();
       } else {
@@ -368,7 +385,8 @@ StepRecord Trainer::train_step() {
     // Not measured under ZeRO (the optimizer state of the other slices is elsewhere).
     if (!m.zero)
       r.lost_update_fraction =
-          lost_update_fraction(store, m.snapshot, m.optimizer->kind(), m.config.weight_decay, *m.pool);
+          lost_update_fraction(store, m.snapshot, m.optimizer->kind(), m.config.weight_decay, *m.pool, m.joined,
+                               m.first_moment);
   }
   m.record_weight_telemetry(r);
   r.seconds = seconds_since(t0);
@@ -391,8 +409,8 @@ void Trainer::Impl::update_ema() {
   const ParamStore& s = model->params();
   const float rate = 1.0f - static_cast<float>(config.ema);
   const float* w = s.master_data();
-  if (!s.has_master()) {  // 16-bit (or fp32) weights of record, decoded
-    to_f32(s.model_data(), s.model_dtype(), scratch);
+  if (w == nullptr) {  // 16-bit (or fp32) weights of record, decoded; or remainder masters, rebuilt
+    s.weights_of_record(scratch);
     w = scratch.data();
   }
   pool->parallel_for(ema.size(), 64, kParallelElements, [&](std::size_t b, std::size_t e, unsigned) {
@@ -403,7 +421,7 @@ void Trainer::Impl::update_ema() {
 void Trainer::Impl::load_ema() {
   // The weights of record kept bytewise in the snapshot buffer (free between steps), the EMA
   // written in their place (rounded to the model's dtype without a master copy).
-  const std::span<const std::byte> w = weights_of_record(model->params());
+  const std::span<const std::byte> w = weights_of_record(model->params(), joined);
   std::memcpy(snapshot.data(), w.data(), w.size());
   model->params().set_weights_of_record(ema);
   model->weights_updated();
@@ -411,7 +429,9 @@ void Trainer::Impl::load_ema() {
 
 void Trainer::Impl::restore_weights() {
   ParamStore& s = model->params();
-  if (s.has_master()) {
+  if (s.master_format() == MasterFormat::remainder) {
+    s.set_weights_of_record({reinterpret_cast<const float*>(snapshot.data()), s.flat_size()});
+  } else if (s.has_master()) {
     std::memcpy(s.master_data(), snapshot.data(), s.flat_size() * 4);
     s.refresh_model();
   } else {
@@ -563,7 +583,7 @@ void Trainer::Impl::record_gradient_telemetry(StepRecord& r) {
 }
 
 void Trainer::Impl::snapshot_weights() {
-  const std::span<const std::byte> w = weights_of_record(model->params());
+  const std::span<const std::byte> w = weights_of_record(model->params(), joined);
   pool->parallel_for(w.size(), 64, kParallelBytes,
                      [&](std::size_t b, std::size_t e, unsigned) { std::memcpy(&snapshot[b], &w[b], e - b); });
 }
@@ -600,9 +620,9 @@ void Trainer::Impl::record_weight_telemetry(StepRecord& r) {
     // fp32 copy. measure_amax says inf for a tensor holding inf or NaN, where amax_of
     // skips NaNs: that tensor is decoded and measured as on histogram steps.
     // Views of the weights of record, taken now (the store's buffers are the truth).
-    const std::span<const std::byte> record = weights_of_record(store);
+    const std::span<const std::byte> record = weights_of_record(store, joined);
     const std::size_t width = record.size() / store.flat_size();
-    const DType dtype = store.has_master() ? DType::f32 : store.model_dtype();
+    const DType dtype = width == 4 ? DType::f32 : store.model_dtype();
     weights.clear();
     for (std::size_t i = 0; i < store.tensor_count(); ++i) {
       weights.push_back({const_cast<std::byte*>(record.data()) + store.offset(i) * width, store.numel(i), dtype});
@@ -620,9 +640,7 @@ void Trainer::Impl::record_weight_telemetry(StepRecord& r) {
     return;
   }
   std::span<float> flat(scratch);
-  const bool master = store.has_master();
-  to_f32(master ? static_cast<const void*>(store.master_data()) : store.model_data(),
-         master ? DType::f32 : store.model_dtype(), flat);
+  store.weights_of_record(flat);
   for (std::size_t i = 0; i < store.tensor_count(); ++i) {
     r.params[i].weight_amax = nn::amax_of(flat.subspan(store.offset(i), store.numel(i)));
   }
@@ -658,7 +676,12 @@ TrainSummary Trainer::summary() const {
   TrainSummary s = m.totals.summary();
   s.final_scale = m.scaler->get_scale();  // also before the first step, and after a resume
   s.memory = m.model->memory();
-  if (m.zero) s.memory.parameter_bytes += m.zero->store->bytes();  // this rank's slice
+  if (m.zero) {  // this rank's slice
+    const ParamStore& z = *m.zero->store;
+    s.memory.parameter_bytes += z.bytes();
+    s.memory.master_bytes += z.master_bytes();
+    for (unsigned k = 0; k < z.state_slots(); ++k) s.memory.optimizer_state_bytes += z.state_slot_bytes(k);
+  }
   s.param_count = m.model->params().param_count();
   s.ranks = m.comm->size();
   return s;

@@ -39,6 +39,8 @@ struct Trainer::Impl {
   std::vector<nn::TokenId> inputs, targets;
   std::vector<std::byte> snapshot;  // weights of record before a step (lost-update count)
   std::vector<float> scratch;       // flat fp32 values for telemetry (unscaled grads, decoded weights)
+  std::vector<float> joined;        // remainder masters: the fp32 weights of record, rebuilt
+  std::vector<float> first_moment;  // compact moments: m decoded for the lost-update count
   RunTotals totals;                 // the summary's counters (saved in checkpoints)
   dist::Communicator* comm = nullptr;
   std::unique_ptr<dist::SingleProcess> own_comm;  // when constructed without one

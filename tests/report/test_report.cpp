@@ -476,5 +476,87 @@ TEST_F(RunFolder, WriteReportLeavesNoPartialFile) {
   EXPECT_EQ(files, 2u) << "run/ and report.html, no temporary left";
 }
 
+// summary.json's "optimizer_state" (mixprec.torch.Telemetry(optimizer=)): read, checked, and shown
+// as the "Optimizer state" section; its mean lost-update fraction is the run's.
+TEST_F(RunFolder, OptimizerStateSection) {
+  write("log.jsonl", log_text(4));
+  std::string params;
+  for (int i = 0; i < 8; ++i)  // w0..w7: error 0.001 * i, lost 0.01 * (7 - i); "small" is fp32, exact
+    params += "{\"name\": \"w" + std::to_string(i) + "\", \"elements\": 8192, \"master\": \"none\", \"m\": \"8bit\", "
+              "\"v\": \"8bit\", \"steps\": 2, \"m_error\": " + std::to_string(0.001 * i) + ", \"m_error_max\": 0.5, "
+              "\"v_error\": 0.0001, \"v_error_max\": 0.0002, \"lost_fraction\": " + std::to_string(0.01 * (7 - i)) +
+              ", \"meant\": 16384},";
+  params += "{\"name\": \"small<b>\", \"elements\": 96, \"master\": \"none\", \"m\": \"fp32\", \"v\": \"fp32\", "
+            "\"steps\": 2, \"m_error\": 0, \"m_error_max\": 0, \"v_error\": 0, \"v_error_max\": 0, "
+            "\"lost_fraction\": 0, \"meant\": 192},"
+            "{\"name\": \"frozen\", \"elements\": 10, \"master\": \"none\", \"m\": \"fp32\", \"v\": \"fp32\"}";
+  const std::string state =
+      "{\"optimizer\": \"mixprec.torch.optim.AdamW\", \"formats\": [{\"tensors\": 10, \"master\": \"none\", "
+      "\"m\": \"8bit\", \"v\": \"8bit\", \"block\": 0, \"rule\": \"torch\"}], \"elements\": 65642, "
+      "\"bytes_per_param\": {\"params\": 2.0, \"master\": 0.0, \"m\": 1.0625, \"v\": 1.0625}, \"sampled_steps\": 2, "
+      "\"lost_update_fraction\": 0.375, \"params\": [" + params + "]}";
+  write("summary.json", "{\"steps\": 4, \"lost_update_fraction\": 0.375, \"alerts\": [], \"optimizer_state\": " +
+                            state + "}");
+  const ReportRun r = load_run(run());
+  ASSERT_TRUE(r.optimizer);
+  const ReportOptimizerState& s = *r.optimizer;
+  EXPECT_EQ(s.optimizer, "mixprec.torch.optim.AdamW");
+  ASSERT_EQ(s.formats.size(), 1u);
+  EXPECT_EQ(s.formats[0][1], (std::pair<std::string, std::string>{"master", "none"}));
+  EXPECT_EQ(s.formats[0][4].second, "0");
+  EXPECT_EQ(s.m_bytes, 1.0625);
+  EXPECT_EQ(s.sampled_steps, 2u);
+  ASSERT_TRUE(s.lost_update_fraction);
+  EXPECT_EQ(*s.lost_update_fraction, 0.375);
+  ASSERT_EQ(s.tensors.size(), 10u);
+  EXPECT_EQ(s.tensors[3].m_error, 0.003);
+  EXPECT_EQ(s.tensors[3].meant, 16384u);
+  EXPECT_EQ(s.tensors[9].steps, 0u);
+  EXPECT_TRUE(std::isnan(s.tensors[9].m_error)) << "not measured";
+
+  const std::string html = render_report({r});
+  const std::size_t at = html.find("<section id=\"optimizer\"><h2>Optimizer state</h2>");
+  ASSERT_NE(at, std::string::npos);
+  const std::string sec = html.substr(at, html.find("</section>", at) - at);
+  EXPECT_NE(sec.find("master <b>none</b>, m <b>8bit</b>, v <b>8bit</b>"), std::string::npos) << sec;
+  EXPECT_NE(sec.find("2.12 <small>B/param</small>"), std::string::npos) << "master + m + v";
+  EXPECT_NE(sec.find("37.50%"), std::string::npos);
+  // The error table: w7 first, six rows, the exact fp32 tensor and the unmeasured one left out.
+  const std::size_t err = sec.find("Largest moment quantization error"), lost = sec.find("Most lost updates");
+  ASSERT_TRUE(err != std::string::npos && lost != std::string::npos && err < lost);
+  const std::string err_table = sec.substr(err, lost - err), lost_table = sec.substr(lost);
+  EXPECT_NE(err_table.find("the 6 largest of 8 tensors above 0 (of 9 measured)"), std::string::npos) << err_table;
+  EXPECT_LT(err_table.find("<code>w7</code>"), err_table.find("<code>w6</code>"));
+  EXPECT_EQ(count(err_table, "<tr><td class=\"name\">"), 6u);
+  EXPECT_EQ(err_table.find("<code>w1</code>"), std::string::npos) << "the seventh is cut";
+  EXPECT_EQ(err_table.find("small"), std::string::npos);
+  EXPECT_EQ(err_table.find("frozen"), std::string::npos);
+  // The lost table: w0 first (7%, a warning), the run's mean in the summary tiles.
+  EXPECT_LT(lost_table.find("<code>w0</code>"), lost_table.find("<code>w1</code>"));
+  EXPECT_NE(lost_table.find("class=\"num warn\" title=\"16,384 meant to move\">7.00%"), std::string::npos);
+  const std::size_t summary = html.find("<section id=\"summary\">");
+  EXPECT_EQ(html.find("lost updates</div><div class=\"value\">37.50%", summary),
+            html.find("lost updates</div><div class=\"value\">", summary))
+      << "the summary's tile shows the optimizer's measurement, not the log's 0";
+  EXPECT_EQ(html.find("small<b>"), std::string::npos) << "names are escaped";
+
+  // Every lost fraction 0: a line that says so instead of a table of zeros.
+  std::string none = state;
+  for (int i = 0; i < 8; ++i) {
+    const std::string from = "\"lost_fraction\": " + std::to_string(0.01 * (7 - i));
+    none.replace(none.find(from), from.size(), "\"lost_fraction\": 0");
+  }
+  write("summary.json", "{\"optimizer_state\": " + none + "}");
+  EXPECT_NE(render_report({load_run(run())}).find("No update was lost at the sampled steps"), std::string::npos);
+
+  write("summary.json", "{\"optimizer_state\": {\"params\": [{\"name\": \"w\", \"m_error\": \"big\"}]}}");
+  EXPECT_NE(error_of(run()).find("summary.json': optimizer_state.params[0].m_error: expected a number, found \"big\""),
+            std::string::npos)
+      << error_of(run());
+  write("summary.json", "{\"alerts\": []}");
+  EXPECT_FALSE(load_run(run()).optimizer);
+  EXPECT_EQ(render_report({load_run(run())}).find("id=\"optimizer\""), std::string::npos) << "no section without one";
+}
+
 }  // namespace
 }  // namespace mixprec::monitor

@@ -294,7 +294,8 @@ TEST(TrainConfigJson, UnknownKeysListTheKnownOnes) {
                     "fp8-amax-history, fp8-amax-algo, fp8-margin, fp8-power2-scales, fp8-amax-epsilon, mx-rounding, "
                     "layers, "
                     "heads, channels, context, batch, depth, hidden, data, vocab, corpus-tokens, val-fraction, "
-                    "optimizer, lr, min-lr, warmup, weight-decay, beta1, beta2, eps, clip, skip-loss-z, skip-grad-z, "
+                    "optimizer, lr, min-lr, warmup, weight-decay, beta1, beta2, eps, clip, master, moments, moment-block, "
+                    "skip-loss-z, skip-grad-z, "
                     "skip-window, ema, steps, accum, seed, "
                     "eval-every, eval-windows, histogram-every, out, checkpoint-every, keep-checkpoints, resume, distributed, "
                     "zero, grad-reduce, dist-timeout, inject-overflow-rank, inject-overflow-at, inject-overflow-tensor, "
@@ -428,7 +429,8 @@ TEST(TrainConfigJson, KeysInFlagOrder) {
                    R"("inject-bad-batch":"labels","inject-fault-at":[],"inject-fault":"","threads":0})"),
             std::string::npos)
       << j;
-  EXPECT_NE(j.find(R"("clip":1.0,"skip-loss-z":0.0,"skip-grad-z":0.0,"skip-window":128,"ema":0.0,"steps":150,)"),
+  EXPECT_NE(j.find(R"("clip":1.0,"master":"fp32","moments":"fp32","moment-block":0,"skip-loss-z":0.0,)"
+                   R"("skip-grad-z":0.0,"skip-window":128,"ema":0.0,"steps":150,)"),
             std::string::npos)
       << j;
   EXPECT_NE(to_json(TrainConfig{}, 2).find("{\n  \"model\": \"gpt\",\n"), std::string::npos);
@@ -515,6 +517,12 @@ std::vector<KeyCase> key_cases() {
        "eps: expected a finite number > 0, found string \"1e-8\""},
       {"clip", "0", "", "-1", "clip: expected a finite number >= 0, found -1", "", "false",
        "clip: expected a finite number >= 0, found boolean false"},
+      {"master", "remainder", "", "fp16", "master: expected fp32 or remainder, found 'fp16'", "", "2",
+       "master: expected fp32 or remainder, found 2"},
+      {"moments", "fp8,8bit", "", "int8", "moments: expected fp32, bf16, fp16, fp8, 8bit, 4bit (or M,V), found 'int8'", "",
+       "[]", "moments: expected fp32, bf16, fp16, fp8, 8bit, 4bit (or M,V), found array []"},
+      {"moment-block", "128", "", "2000", "moment-block: expected an integer in [0, 1024], found 2000", "x", "1.5",
+       "moment-block: expected an integer in [0, 1024], found 1.5"},
       {"skip-loss-z", "3.5", "", "-1", "skip-loss-z: expected a finite number >= 0, found -1", "z", R"("3")",
        "skip-loss-z: expected a finite number >= 0, found string \"3\""},
       {"skip-grad-z", "0", "", "inf", "skip-grad-z: expected a finite number >= 0, found inf", "", "null",

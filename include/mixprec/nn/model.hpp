@@ -163,6 +163,10 @@ struct ModelMemory {
   std::size_t gradient_bytes = 0;    // activation-gradient buffers (activation format)
   std::size_t scratch_bytes = 0;     // fp32 working buffers + decoded weights + GEMM scratch
   std::size_t fp8_activation_bytes = 0;  // of activation_bytes: the fp8 Linears' saved inputs (codes + scales)
+  // Of parameter_bytes, as allocated: the master weights (fp32, or int16 remainders) and the
+  // optimizer state (moments in their formats: codes and scales).
+  std::size_t master_bytes = 0;
+  std::size_t optimizer_state_bytes = 0;
 };
 
 class Model {
@@ -291,6 +295,9 @@ struct ModelOptions {
   // false: no fp32 master weights in the store even when the preset has them, for an
   // optimizer that keeps them elsewhere (ZeRO-1: each rank's slice, in a store of its own).
   bool master_weights = true;
+  // The optimizer state formats of the store (optim/state_format.hpp); remainder masters need a
+  // preset with bf16 weights and master weights, compact moments 2 state slots.
+  StateFormats formats{};
 };
 std::unique_ptr<Model> make_model(const ModelConfig& config, Precision precision, const ModelOptions& options);
 

@@ -36,6 +36,30 @@ struct ReportAlert {
   std::optional<std::uint64_t> steps;      // steps on which it held
 };
 
+// summary.json's "optimizer_state" (mixprec.torch.Telemetry(optimizer=), docs/telemetry.md):
+// the optimizer state's formats, its bytes per parameter and, per tensor, the moments'
+// relative quantization error and the lost updates over the sampled steps.
+struct ReportOptimizerTensor {
+  std::string name;
+  std::uint64_t elements = 0;
+  std::string master, m, v;       // the formats as stored (small tensors keep fp32 moments)
+  std::uint64_t steps = 0;        // sampled steps that measured it (0: none; the rest is NaN)
+  double m_error = 0, m_error_max = 0, v_error = 0, v_error_max = 0;  // mean and max over them
+  double lost_fraction = 0;       // lost / meant over them
+  std::uint64_t meant = 0;        // elements the steps meant to move
+};
+struct ReportOptimizerState {
+  std::string optimizer;          // "mixprec.torch.optim.AdamW"
+  // Per parameter group: (key, value text) in file order (master, m, v, block, rule, ...).
+  std::vector<std::vector<std::pair<std::string, std::string>>> formats;
+  // Bytes per parameter, measured from the state's tensors: the parameters themselves, the
+  // master (fp32 copy or remainder), m and v (codes and scales).
+  double params_bytes = 0, master_bytes = 0, m_bytes = 0, v_bytes = 0;
+  std::uint64_t sampled_steps = 0;
+  std::optional<double> lost_update_fraction;  // mean over the sampled steps; nullopt: none
+  std::vector<ReportOptimizerTensor> tensors;
+};
+
 // One run as the report sees it.
 struct ReportRun {
   std::string name;  // legend label, e.g. the run folder's name
@@ -49,6 +73,8 @@ struct ReportRun {
   // advice/advice.json (`mixprec advise RUN_DIR`, docs/advisor.md): the precision advisor's
   // choice per layer and every measurement behind it; nullopt when the run has none.
   std::optional<advisor::Advice> advice;
+  // summary.json's "optimizer_state"; nullopt when it has none.
+  std::optional<ReportOptimizerState> optimizer;
 };
 
 // A run's figures, computed from its records (so an interrupted run without
@@ -67,7 +93,8 @@ struct ReportOptions {
 std::string render_report(const std::vector<ReportRun>& runs, const ReportOptions& options = {});
 
 // Reads a run folder: log.jsonl (required), config.json, summary.json and advice/advice.json
-// (optional).
+// (optional). summary.json's "optimizer_state" is checked as it is read ("SUMMARY:
+// optimizer_state.params[2].m_error: expected a number, found ...").
 // std::runtime_error with a clear message: the folder does not exist or is not a
 // folder, it has no log.jsonl, a malformed log line ("FILE:LINE: ..."), malformed JSON
 // in config.json or summary.json. `name` empty: the folder's name.

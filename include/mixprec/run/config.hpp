@@ -15,6 +15,7 @@
 #include "mixprec/core/keys.hpp"
 #include "mixprec/nn/model.hpp"
 #include "mixprec/nn/precision.hpp"
+#include "mixprec/optim/state_format.hpp"
 #include "mixprec/scaler/loss_scale.hpp"
 
 namespace mixprec::train {
@@ -49,6 +50,10 @@ struct TrainConfig {
   double weight_decay = 0.1;
   double beta1 = 0.9, beta2 = 0.95, eps = 1e-8;
   double clip = 1.0;                           // max global grad norm; 0 = no clipping
+  // optimizer state formats (docs/optimizers.md, "State formats"), Adam and AdamW only:
+  std::string master = "fp32";                 // fp32 | remainder (bf16 weights + 16 bits: bf16 presets)
+  std::string moments = "fp32";                // fp32 | bf16 | fp16 | fp8 | 8bit | 4bit, or M,V
+  std::size_t moment_block = 0;                // elements per scale of fp8/8bit/4bit; 0: 256, 256, 128
   // step guards (docs/spike_guards.md): a step is skipped when its loss or gradient norm
   // is more than Z standard deviations above the mean of the last skip_window steps (0: off)
   double skip_loss_z = 0;
@@ -107,6 +112,8 @@ std::optional<LossScaleConfig> loss_scale_config(const std::string& spec);
 
 // inject_bad_batch's kinds, split at commas ("labels,scaled" -> labels, scaled).
 std::vector<std::string> bad_batch_kinds(const std::string& text);
+// The optimizer state formats of c (validated by validate()).
+StateFormats state_formats(const TrainConfig& c);
 // The fp8 recipe options of c (validated by validate()).
 nn::Fp8Config fp8_config(const TrainConfig& c);
 // The config keys of the fp8 recipe options ("fp8-format", ..., "mx-rounding"): those of

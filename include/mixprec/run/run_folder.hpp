@@ -47,6 +47,7 @@ inline constexpr std::string_view config = "config.json";
 inline constexpr std::string_view log = "log.jsonl";
 inline constexpr std::string_view summary = "summary.json";
 inline constexpr std::string_view lock = ".lock";
+inline constexpr std::string_view optimizer = "optimizer.jsonl";  // mixprec.torch.Telemetry(optimizer=)
 }  // namespace run_files
 
 // ---- checkpoints ------------------------------------------------------------------------

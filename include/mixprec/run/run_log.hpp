@@ -28,7 +28,8 @@ StepRecord parse_step_record(std::string_view line);
 
 // The whole run as one JSON object: every TrainSummary field, memory as an object
 // {parameter_bytes, activation_bytes, gradient_bytes, scratch_bytes, fp8_activation_bytes
-// (the part of activation_bytes saved as fp8 codes + scales; 0 outside the fp8 presets)}, and "config"
+// (the part of activation_bytes saved as fp8 codes + scales; 0 outside the fp8 presets), master_bytes and
+// optimizer_state_bytes (of parameter_bytes: the masters and the moments in their formats)}, and "config"
 // (to_json). Indented by 2.
 std::string summary_json(const TrainSummary& s, const TrainConfig& c);
 // The same with "config" given as JSON object text (to_json of some keys, for a run
