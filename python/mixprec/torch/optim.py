@@ -29,15 +29,23 @@ hands it grad_scale and found_inf); mixprec.torch.GradScaler unscales them in it
 
 state_dict() holds the compact state as it is stored (codes, scales, remainders), so a checkpoint
 is as small as the state and resuming continues bit for bit; each parameter group records its
-formats, and load_state_dict() refuses a state saved under other formats. FSDP2 DTensor
-parameters step on their local shard.
+formats, and load_state_dict() refuses a state saved under other formats.
+
+FSDP2 (DTensor parameters): each rank steps its local shard, and state_dict() gives that shard's
+state as DTensor shards over the parameter's mesh, so torch.distributed.checkpoint saves every
+rank's part (a plain tensor it would save once, as a replica). Under Shard(0) the step equals the
+unsharded one bit for bit where every shard of a tensor quantizes (at least 4096 elements, a
+multiple of the block): otherwise all its shards keep fp32 moments. Per-tensor scales (fp16,
+fp8_per_tensor) are per shard. Stochastic rounding draws each element's bits from its index in
+the whole parameter, so shards round as the unsharded tensor does and none repeats another's.
 """
 
 from __future__ import annotations
 
 import copy
+import itertools
 import math
-from typing import Any, Dict, Iterable, Optional, Tuple, Union
+from typing import Any, Dict, Iterable, List, Optional, Tuple, Union
 
 import torch
 from torch.utils.dlpack import to_dlpack
@@ -45,9 +53,10 @@ from torch.utils.dlpack import to_dlpack
 from .. import _args, _core
 
 try:
-    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor import DTensor, Shard
 except ImportError:  # pragma: no cover - torch without distributed
     DTensor = ()  # type: ignore[assignment]
+    Shard = None  # type: ignore[assignment]
 
 __all__ = ["AdamW"]
 
@@ -68,10 +77,178 @@ def _moments(v: Any) -> Tuple[str, str]:
                     f"found {_args._shown(v)}")
 
 
+def _stored_format(fmt: str, codes: torch.Tensor) -> str:
+    """The format a moment is stored in: fp32 codes are fp32 whatever the group's format (the
+    blocked formats' fallback for small tensors, or a DTensor parameter's, see _Sharding)."""
+    return "fp32" if codes.dtype == torch.float32 else fmt
+
+
+# ---- DTensor (FSDP2) parameters ----------------------------------------------------------------
+
+_Coord = Tuple[int, ...]
+_Shape = Tuple[int, ...]
+_View = Tuple[_Shape, Tuple[Any, ...], _Shape]  # global shape, placements, this rank's local shape
+
+
+def _chunk(size: int, parts: int, index: int) -> int:
+    """Length of piece `index` of `size` split into `parts` as DTensor's Shard splits it
+    (torch.chunk: ceil(size / parts) each, the last pieces shorter or empty)."""
+    full = -(-size // parts)
+    start = min(full * index, size)
+    return min(size, start + full) - start
+
+
+def _shard_shapes(shape: _Shape, mesh_shape: _Shape, placements: Tuple[Any, ...]) -> Optional[Dict[_Coord, _Shape]]:
+    """The local shape at every mesh coordinate of a DTensor of global `shape`; None where a
+    placement is neither Shard nor Replicate (_StridedShard, Partial)."""
+    out = {}
+    for coord in itertools.product(*(range(n) for n in mesh_shape)):
+        local = list(shape)
+        for i, pl in enumerate(placements):
+            if type(pl) is Shard:
+                local[pl.dim] = _chunk(local[pl.dim], mesh_shape[i], coord[i])
+            elif not pl.is_replicate():
+                return None
+        out[coord] = tuple(local)
+    return out
+
+
+def _shard_key(coord: _Coord, placements: Tuple[Any, ...]) -> _Coord:
+    """Which shard a coordinate holds: its indices on the sharded mesh dimensions (replicas share it)."""
+    return tuple(c for c, pl in zip(coord, placements) if type(pl) is Shard)
+
+
+def _contiguous_stride(shape: _Shape) -> Tuple[int, ...]:
+    stride, acc = [], 1
+    for n in reversed(shape):
+        stride.append(acc)
+        acc *= max(n, 1)
+    return tuple(reversed(stride))
+
+
+class _Sharding:
+    """How the state of one DTensor parameter lies over its mesh, worked out from its global shape
+    and placements alone (no communication), the same on every rank:
+
+    - formats: the moment formats its shards store. A blocked format (fp8, 8bit, 4bit) is kept
+      only when every shard would quantize (at least 4096 elements, a multiple of the block) and
+      its codes and scales split as DTensor shards; otherwise every shard keeps fp32 moments, so
+      all ranks hold the same dtypes. Under Shard(0) the blocks then never straddle a shard
+      boundary, and the state is the unsharded tensor's, split.
+    - views: each state tensor's DTensor layout (global shape, placements, this rank's local
+      shape), in which state_dict() presents it: torch.distributed.checkpoint saves a plain
+      tensor once (as replicated), so every shard's state has to be a DTensor shard.
+    - offset: the index of this shard's first element among the parameter's elements (the sum of
+      the sizes of the shards before it): stochastic rounding draws element i's bits from
+      (seed, step, index), so under Shard(0) a shard rounds as the unsharded tensor does and no two
+      shards reuse bits; replicas share their shard's offset and stay equal.
+    Placements other than Shard and Replicate (_StridedShard) leave `views` None."""
+
+    def __init__(self, p: torch.Tensor, group: Dict[str, Any]) -> None:
+        mesh = p.device_mesh
+        self.mesh = mesh
+        self.placements = tuple(p.placements)
+        self.shape = tuple(p.shape)
+        self.local_shape = tuple(p.to_local().shape)
+        coord = mesh.get_coordinate()
+        mesh_shape = tuple(mesh.shape)
+        shapes = _shard_shapes(self.shape, mesh_shape, self.placements)
+        self.formats = tuple(group["moments"])
+        self.views: Optional[Dict[str, _View]] = None
+        self.offset = 0
+        if shapes is None or coord is None:
+            return
+        mine = tuple(coord)
+        sizes: Dict[_Coord, int] = {}
+        for c, s in shapes.items():
+            sizes.setdefault(_shard_key(c, self.placements), math.prod(s))
+        key = _shard_key(mine, self.placements)
+        self.offset = sum(n for k, n in sizes.items() if k < key)
+        views: Dict[str, _View] = {}
+        formats: List[str] = []
+        for name, fmt, signed in (("exp_avg", self.formats[0], True), ("exp_avg_sq", self.formats[1], False)):
+            found = self._moment_views(name, fmt, signed, shapes, mesh_shape, mine, group)
+            if found is None:
+                fmt = "fp32"
+                found = self._moment_views(name, fmt, signed, shapes, mesh_shape, mine, group)
+            formats.append(fmt)
+            views.update(found)
+        for name in ("master", "master_remainder"):
+            views[name] = (self.shape, self.placements, shapes[mine])
+        self.formats = tuple(formats)
+        self.views = views
+
+    def _moment_views(self, name: str, fmt: str, signed: bool, shapes: Dict[_Coord, _Shape], mesh_shape: _Shape,
+                      mine: _Coord, group: Dict[str, Any]) -> Optional[Dict[str, _View]]:
+        codes: Dict[_Coord, _Shape] = {}
+        scales: Dict[_Coord, _Shape] = {}
+        stored = set()
+        for c, s in shapes.items():
+            kind, _, nbytes, nscales = _core.moment_layout(fmt, signed, math.prod(s), group["block"],
+                                                           group["fp8_per_tensor"])
+            stored.add(kind)
+            codes[c] = s if kind in _PLAIN_DTYPES else (nbytes,)
+            scales[c] = (nscales,)
+        if len(stored) != 1:
+            return None  # some shards would quantize, others fall back to fp32
+        out = {}
+        for key, local in ((name, codes), (name + "_scale", scales)):
+            view = self._global_view(local, shapes, mesh_shape)
+            if view is None:
+                return None
+            out[key] = view + (_shard_shapes(view[0], mesh_shape, view[1])[mine],)
+        return out
+
+    def _global_view(self, local: Dict[_Coord, _Shape], shapes: Dict[_Coord, _Shape],
+                     mesh_shape: _Shape) -> Optional[Tuple[_Shape, Tuple[Any, ...]]]:
+        """A global shape and placements whose local shapes hold, at every coordinate, as many
+        elements as that coordinate's state tensor: laid out as the parameter (one value per
+        element), flat (the shards' tensors one after another), or by rows of the parameter."""
+        size = {c: math.prod(s) for c, s in local.items()}
+        candidates = []
+        if all(size[c] == math.prod(shapes[c]) for c in local):
+            candidates.append((self.shape, self.placements))
+        firsts: Dict[_Coord, int] = {}
+        for c in local:
+            firsts.setdefault(_shard_key(c, self.placements), size[c])
+        candidates.append(((sum(firsts.values()),), tuple(Shard(0) if type(pl) is Shard else pl
+                                                          for pl in self.placements)))
+        if self.shape and all(type(pl) is not Shard or pl.dim == 0 for pl in self.placements):
+            per_row = {size[c] // shapes[c][0] for c in local if shapes[c][0]}
+            if len(per_row) == 1:
+                candidates.append(((self.shape[0], per_row.pop()), self.placements))
+        for shape, placements in candidates:
+            split = _shard_shapes(shape, mesh_shape, placements)
+            if all(math.prod(split[c]) == size[c] for c in local):
+                return shape, placements
+        return None
+
+    def as_dtensor(self, key: str, x: torch.Tensor, where: str) -> torch.Tensor:
+        """State tensor `x` (this rank's) as its DTensor shard, sharing its memory."""
+        view = None if self.views is None else self.views.get(key)
+        if view is None and tuple(x.shape) == self.local_shape:
+            view = (self.shape, self.placements, self.local_shape)  # laid out as the parameter
+        if view is None:
+            raise ValueError(f"state_dict: {where}['{key}']: expected a DTensor parameter placed by Shard or "
+                             f"Replicate (its state's layout over the mesh follows from them), found placements "
+                             f"{self.placements}")
+        shape, placements, local = view
+        if x.numel() != math.prod(local):
+            raise ValueError(f"state_dict: {where}['{key}']: expected {math.prod(local)} elements (this rank's shard "
+                             f"of {shape}), found {x.numel()}")
+        return DTensor.from_local(x.view(local), self.mesh, placements, run_check=False, shape=torch.Size(shape),
+                                  stride=_contiguous_stride(shape))
+
+
 class AdamW(torch.optim.Optimizer):
     """AdamW (Adam with decoupled=False) over compact state; see the module docstring."""
 
     _step_supports_amp_scaling = True
+    # Telemetry sets collect_stats on the steps it samples; the step then measures each tensor's
+    # moment quantization error and lost updates in its pass: last_stats[p] = (m relative error,
+    # v relative error, lost fraction, elements meant to move) of the last applied step.
+    collect_stats: bool = False
+    last_stats: Optional[Dict[torch.Tensor, Tuple[float, float, float, int]]] = None
 
     def __init__(self, params: Iterable[Any], lr: float = 1e-3, betas: Tuple[float, float] = (0.9, 0.999),
                  eps: float = 1e-8, weight_decay: float = 1e-2, *, master: str = "fp32",
@@ -144,7 +321,7 @@ class AdamW(torch.optim.Optimizer):
         t = _local(p).detach()
         state = self.state[p]
         state["step"] = torch.tensor(0.0)
-        m, v = group["moments"]
+        m, v = self._sharding(p, group).formats if isinstance(p, DTensor) else group["moments"]
         state["exp_avg"], state["exp_avg_scale"] = self._moment_storage(t, m, True, group)
         state["exp_avg_sq"], state["exp_avg_sq_scale"] = self._moment_storage(t, v, False, group)
         kind = self._master_kind(t, group)
@@ -153,6 +330,14 @@ class AdamW(torch.optim.Optimizer):
         elif kind == "remainder":
             state["master_remainder"] = torch.zeros(t.shape, dtype=torch.int16)  # the bf16 weight exactly
         return state
+
+    def _sharding(self, p: torch.Tensor, group: Dict[str, Any]) -> _Sharding:
+        """The layout of DTensor parameter p's state over its mesh (_Sharding), worked out once."""
+        cache = self.__dict__.setdefault("_shardings", {})
+        found = cache.get(p)
+        if found is None:
+            found = cache[p] = _Sharding(p, group)
+        return found
 
     def master_weights(self, p: torch.Tensor) -> torch.Tensor:
         """The fp32 weights of record of `p` (its master, rebuilt from the remainder, or the
@@ -175,6 +360,7 @@ class AdamW(torch.optim.Optimizer):
         out = []
         for key, fmt, signed in (("exp_avg", group["moments"][0], True), ("exp_avg_sq", group["moments"][1], False)):
             x = torch.empty(t.shape, dtype=torch.float32)
+            fmt = _stored_format(fmt, state[key])
             _core.dequantize_moment(to_dlpack(x), fmt, signed, group["block"], group["fp8_per_tensor"],
                                     to_dlpack(state[key]), to_dlpack(state[key + "_scale"]))
             out.append(x)
@@ -211,12 +397,13 @@ class AdamW(torch.optim.Optimizer):
         # the powers of two a GradScaler uses).
         inv_scale = 1.0 if grad_scale is None else float(1.0 / grad_scale.double())
         first_index = 0
+        stats: Dict[torch.Tensor, Tuple[float, float, float, int]] = {}
         for group in self.param_groups:
             beta1, beta2 = group["betas"]
             m, v = group["moments"]
             for p in group["params"]:
                 t = _local(p)
-                n = t.numel()
+                n = p.numel()  # a DTensor's: the whole parameter's
                 if p.grad is None:
                     first_index += n
                     continue
@@ -227,19 +414,46 @@ class AdamW(torch.optim.Optimizer):
                 state = self.state[p] if len(self.state[p]) else self._init_state(p, group)
                 master_buf = state.get("master", state.get("master_remainder"))
                 step = int(state["step"].item()) + 1
-                _core.adam_tensor_step(
+                # The element index stochastic rounding draws from: the parameter's place among all
+                # parameters' elements, plus this shard's among its own (_Sharding.offset).
+                index = first_index + (self._sharding(p, group).offset if isinstance(p, DTensor) else 0)
+                s = _core.adam_tensor_step(
                     to_dlpack(t.detach()), to_dlpack(g), self._master_kind(t, group),
                     None if master_buf is None else to_dlpack(master_buf),
-                    m, to_dlpack(state["exp_avg"]), to_dlpack(state["exp_avg_scale"]),
-                    v, to_dlpack(state["exp_avg_sq"]), to_dlpack(state["exp_avg_sq_scale"]),
+                    _stored_format(m, state["exp_avg"]), to_dlpack(state["exp_avg"]), to_dlpack(state["exp_avg_scale"]),
+                    _stored_format(v, state["exp_avg_sq"]), to_dlpack(state["exp_avg_sq"]),
+                    to_dlpack(state["exp_avg_sq_scale"]),
                     group["block"], group["fp8_per_tensor"], group["rule"], float(group["lr"]), beta1, beta2,
                     group["eps"], group["weight_decay"], group["decoupled"], step, inv_scale, 1.0,
-                    group["stochastic_rounding"], group["seed"], first_index)
+                    group["stochastic_rounding"], group["seed"], index, bool(self.collect_stats))
+                if s is not None:  # (m_err_sq, m_sq, v_err_sq, v_sq, meant, lost)
+                    stats[p] = (math.sqrt(s[0] / s[1]) if s[1] > 0 else 0.0, math.sqrt(s[2] / s[3]) if s[3] > 0 else 0.0,
+                                s[5] / s[4] if s[4] else 0.0, int(s[4]))
                 state["step"] += 1
                 first_index += n
+        if self.collect_stats:
+            self.last_stats = stats
         return loss
 
     # ---- checkpoints --------------------------------------------------------------------------
+
+    def state_dict(self) -> Dict[str, Any]:
+        """torch's state_dict: the state tensors themselves, as stored. A DTensor (FSDP2)
+        parameter's are DTensor shards over its mesh (_Sharding.views), as torch's AdamW state of
+        a DTensor parameter is: torch.distributed.checkpoint saves a plain tensor once, taking it
+        for a replica, where each rank holds another shard's state."""
+        sd = super().state_dict()
+        ids = [i for g in sd["param_groups"] for i in g["params"]]
+        where = [(gi, pi, p, group) for gi, group in enumerate(self.param_groups)
+                 for pi, p in enumerate(group["params"])]
+        for pid, (gi, pi, p, group) in zip(ids, where):
+            if isinstance(p, DTensor) and pid in sd["state"]:
+                sharding = self._sharding(p, group)
+                sd["state"][pid] = {
+                    key: (sharding.as_dtensor(key, x, f"state[{pid}] (param_groups[{gi}]['params'][{pi}])")
+                          if isinstance(x, torch.Tensor) and not isinstance(x, DTensor) and key != "step" else x)
+                    for key, x in sd["state"][pid].items()}
+        return sd
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
         """torch's load_state_dict, then the stored state tensors put back in their own dtypes
@@ -262,6 +476,17 @@ class AdamW(torch.optim.Optimizer):
         params = [p for g in self.param_groups for p in g["params"]]
         for pid, p in zip(ids, params):
             if pid in saved_state:
-                self.state[p] = saved_state[pid]
+                # DTensor shards (state_dict()'s for a DTensor parameter, or what
+                # torch.distributed.checkpoint loaded into them) go back to this rank's tensors in
+                # the shapes the step keeps: codes and scales flat, the rest shaped as the parameter.
+                self.state[p] = {key: self._stored(key, x, p) for key, x in saved_state[pid].items()}
         for group in self.param_groups:
             group["moments"] = tuple(group["moments"])
+
+    @staticmethod
+    def _stored(key: str, x: Any, p: torch.Tensor) -> Any:
+        if not (DTensor and isinstance(x, DTensor)):
+            return x
+        x = x.to_local()
+        flat = key.endswith("_scale") or (key in ("exp_avg", "exp_avg_sq") and x.dtype == torch.uint8)
+        return x.reshape(-1) if flat else x.reshape(_local(p).shape)

@@ -64,6 +64,7 @@ from .grad_scaler import GradScaler, StepOutcome, _core_block, _local
 from .tensorboard import TensorBoardWriter, require_tensorboard
 from .advise import Sampler as _AdvisorSampler, write_samples as _write_advisor_samples
 from .low_precision import _measured_tensors, _sample_step, _taken, low_precision_modules
+from .optim import AdamW as _AdamW
 
 _CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _PRECISIONS = ("fp32", "fp16", "bf16")
@@ -71,6 +72,7 @@ _COUNTING = ("auto", "torch")
 _LOCALISE = ("auto", "full", "off")
 _OUTLIERS = 3  # module outputs with the largest |max| named in last_localisation["outliers"]
 _ROUGH = (torch.float32, torch.float16, torch.bfloat16, torch.float64)  # what torch.aminmax reads as it is
+OPTIMIZER_LOG = "optimizer.jsonl"  # the optimizer state's measurements at sampled steps (optimizer=)
 
 
 def _capsule(t: torch.Tensor):
@@ -130,6 +132,11 @@ def _reduced(t: torch.Tensor, full: bool) -> Optional[Tuple[torch.Tensor, ...]]:
         return torch.aminmax(d)
     lo, hi = torch.aminmax(d)
     return lo, hi, torch.isfinite(d).logical_not_().sum()
+
+
+def _finite(x: float) -> Optional[float]:
+    """x for the JSON files; None (null) when not finite."""
+    return x if math.isfinite(x) else None
 
 
 def _decoded(values: List[int], n: int) -> Tuple[float, ...]:
@@ -223,6 +230,10 @@ class Telemetry:
                     record() measures anyway, per watched module. "full" (debugging): every
                     watched module's output and output gradient, with the exact count of
                     inf/NaN elements and the whole table. "off": nothing
+    optimizer       a mixprec.torch.optim.AdamW: at sampled steps its step measures, per
+                    parameter, the moments' relative quantization error and the fraction of
+                    lost updates (OPTIMIZER_LOG, one line per sampled step); summary.json's
+                    "optimizer_state" holds its formats, bytes per parameter and the totals
 
     Low-precision Linear modules (mixprec.torch.low_precision) are found by themselves: at each
     sampled step they measure their quantization (x, w, dy: amax, scale, counts, relative RMS
@@ -234,7 +245,7 @@ class Telemetry:
                  modules: Union[None, Iterable[str], Callable[[str, torch.nn.Module], bool]] = None,
                  sample_every: int = 4, histogram_every: int = 50, check_forward: bool = True,
                  tensorboard: Optional[str] = None, counting: str = "auto", advisor_every: int = 0,
-                 localise: str = "auto") -> None:
+                 localise: str = "auto", optimizer: Optional[_AdamW] = None) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module, found {type(model).__name__}")
         if not isinstance(precision, str) or precision not in _PRECISIONS:
@@ -249,6 +260,9 @@ class Telemetry:
         if scaler is not None and not isinstance(scaler, GradScaler):
             raise TypeError("scaler: expected a mixprec.torch.GradScaler (torch.amp.GradScaler does not say "
                             f"what its update will do), found {type(scaler).__name__}")
+        if optimizer is not None and not isinstance(optimizer, _AdamW):
+            raise TypeError("optimizer: expected a mixprec.torch.optim.AdamW (its step measures the state's "
+                            f"quantization error and lost updates) or None, found {type(optimizer).__name__}")
         # The scaler's whole config (its overrides) goes to config.json when it is the run's.
         loss_scale_state = None
         if loss_scale is None:
@@ -265,6 +279,11 @@ class Telemetry:
         self._model = model
         self._watched = watched
         self._scaler = scaler
+        self._optimizer = optimizer
+        # Per parameter name over the sampled steps: [steps, sum and max of the m and v relative
+        # errors, lost, meant]; and the sampled steps' whole-model lost fractions.
+        self._opt_totals: Dict[str, List[float]] = {}
+        self._opt_fractions: List[float] = []
         self._precision = precision
         self._sample_every = sample_every
         self._check_forward = check_forward
@@ -338,6 +357,8 @@ class Telemetry:
             self._tb.close()
         if self._scaler is not None:
             self._scaler._telemetry_amax = False
+        if self._optimizer is not None:
+            self._optimizer.collect_stats = False
         self._rec = None  # releases the lock
         for path, was_there in existed.items():
             if not was_there:
@@ -389,6 +410,11 @@ class Telemetry:
         # the Telemetry was made is found too).
         self._lowp = low_precision_modules(self._model) if self._sample_next else {}
         _sample_step(self._lowp.values(), True)
+        if self._optimizer is not None:
+            # Its step measures only when asked (the sampled steps): last_stats is None until an
+            # applied step measured, so a skipped step records nothing.
+            self._optimizer.collect_stats = self._sample_next
+            self._optimizer.last_stats = None
 
     # The hooks hold the Telemetry through a weak reference: the model keeps its hooks, and a
     # strong one would make a cycle (model -> hook -> Telemetry -> model) that keeps the run
@@ -747,6 +773,9 @@ class Telemetry:
                                 unclipped, grad_amax, grads, weight_amax, layers, quantized, **numbered, **guard)
         _taken(self._lowp.values())
         _sample_step(self._lowp.values(), False)
+        measured = None
+        if self._optimizer is not None and self._sample_next:
+            measured = self._optimizer.last_stats  # None: no applied step measured since the plan
         read, self._loc_read = self._loc_read, ([], [])
         if self._order_now:
             self._forward_order, self._order_now = list(dict.fromkeys(self._order_now)), []
@@ -760,8 +789,115 @@ class Telemetry:
             self._advisor.active = self._rec.steps % self._advisor_every == 0
         if self._tb is not None:
             self._tb.write(line, result["step"])
+        if measured:
+            # Last: a failed append leaves the step recorded and the telemetry's state consistent.
+            self._record_optimizer(result["step"], measured)
         self._seconds += time.perf_counter() - now
         return result
+
+    # ---- the optimizer state (optimizer=) ------------------------------------------------------
+
+    def _optimizer_params(self) -> List[Tuple[str, torch.Tensor, Dict[str, Any]]]:
+        """(name, parameter, group) of each optimizer parameter, named as record() names the
+        model's; one the model does not hold as "param_groups[G][I]"."""
+        names = {id(p): _args.utf8_text(n) for n, p in self._model.named_parameters()}
+        return [(names.get(id(p), f"param_groups[{g}][{i}]"), p, group)
+                for g, group in enumerate(self._optimizer.param_groups) for i, p in enumerate(group["params"])]
+
+    def _record_optimizer(self, step: int, measured: Dict[torch.Tensor, Tuple[float, float, float, int]]) -> None:
+        """One line of OPTIMIZER_LOG for a sampled step, and the run's totals."""
+        rows, lost_all, meant_all = [], 0, 0
+        for name, p, _ in self._optimizer_params():
+            s = measured.get(p)
+            if s is None:
+                continue  # no gradient this step
+            m_err, v_err, fraction, meant = s
+            lost = round(fraction * meant)
+            lost_all += lost
+            meant_all += meant
+            t = self._opt_totals.setdefault(name, [0, 0.0, 0.0, 0.0, 0.0, 0, 0])
+            t[0] += 1
+            t[1] += m_err
+            t[2] = max(t[2], m_err)
+            t[3] += v_err
+            t[4] = max(t[4], v_err)
+            t[5] += lost
+            t[6] += meant
+            rows.append({"name": name, "m_error": _finite(m_err), "v_error": _finite(v_err),
+                         "lost_fraction": fraction, "meant": meant})
+        if not rows:
+            return
+        fraction = lost_all / meant_all if meant_all else 0.0
+        self._opt_fractions.append(fraction)
+        text = json.dumps({"step": step, "lost_update_fraction": fraction, "params": rows},
+                          separators=(",", ":"), allow_nan=False) + "\n"
+        fd = os.open(os.path.join(self._dir, OPTIMIZER_LOG), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        try:
+            os.write(fd, text.encode("utf-8"))  # one write: a reader sees whole lines
+        finally:
+            os.close(fd)
+
+    def _optimizer_summary(self) -> Dict[str, Any]:
+        """summary.json's "optimizer_state" (docs/telemetry.md)."""
+        opt = self._optimizer
+        params = self._optimizer_params()
+        elements = sum(_local(p).numel() for _, p, _ in params)
+        measured = opt.state_bytes()
+        per = {k: (measured[k] / elements if elements else 0.0) for k in ("params", "master", "m", "v")}
+        formats = [{"tensors": len(g["params"]), "master": g["master"], "m": g["moments"][0], "v": g["moments"][1],
+                    "block": g["block"], "fp8_per_tensor": g["fp8_per_tensor"], "rule": g["rule"],
+                    "stochastic_rounding": g["stochastic_rounding"]} for g in opt.param_groups]
+        rows = []
+        for name, p, g in params:
+            t = _local(p)
+            n = t.numel()
+            state = opt.state.get(p, {})
+
+            def stored(fmt: str, key: str, signed: bool) -> str:
+                # As stored: fp32 codes are fp32 (a DTensor shard's fallback); else the core's
+                # layout, which keeps fp32 for small tensors of the blocked formats.
+                codes = state.get(key)
+                if codes is not None and codes.dtype == torch.float32:
+                    return "fp32"
+                return _core.moment_layout(fmt, signed, n, g["block"], g["fp8_per_tensor"])[0]
+
+            row: Dict[str, Any] = {
+                "name": name, "elements": n, "master": "fp32" if t.dtype == torch.float32 else g["master"],
+                "m": stored(g["moments"][0], "exp_avg", True), "v": stored(g["moments"][1], "exp_avg_sq", False)}
+            tot = self._opt_totals.get(name)
+            if tot is not None and tot[0]:
+                row.update(steps=int(tot[0]), m_error=_finite(tot[1] / tot[0]), m_error_max=_finite(tot[2]),
+                           v_error=_finite(tot[3] / tot[0]), v_error_max=_finite(tot[4]),
+                           lost_fraction=tot[5] / tot[6] if tot[6] else 0.0, meant=int(tot[6]))
+            rows.append(row)
+        k = len(self._opt_fractions)
+        return {"optimizer": "mixprec.torch.optim.AdamW", "formats": formats, "elements": elements,
+                "bytes": {key: int(measured[key]) for key in ("params", "master", "m", "v")},
+                "bytes_per_param": per, "sampled_steps": k,
+                "lost_update_fraction": sum(self._opt_fractions) / k if k else None, "params": rows}
+
+    def _write_optimizer_summary(self) -> None:
+        """Adds "optimizer_state" to the summary.json the core just wrote, atomically (a
+        temporary of the run folder's pattern, fsynced, renamed over it); with measured steps,
+        the summary's lost_update_fraction is their mean (the log's lines say 0 at every step)."""
+        path = os.path.join(self._dir, "summary.json")
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        state = self._optimizer_summary()
+        doc["optimizer_state"] = state
+        if state["lost_update_fraction"] is not None:
+            doc["lost_update_fraction"] = state["lost_update_fraction"]
+        tmp = os.path.join(self._dir, f".summary.json.tmp-{os.getpid()}")
+        try:
+            with open(tmp, "w", encoding="utf-8") as f:
+                f.write(json.dumps(doc, indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            if os.path.lexists(tmp):
+                os.remove(tmp)
+            raise
 
     # ---- the end --------------------------------------------------------------------------
 
@@ -770,7 +906,10 @@ class Telemetry:
         later finish() rewrites it. Returns the alerts raised (id, step, message, advice)."""
         if self._rec is None:
             raise RuntimeError(f"telemetry: the run folder '{self._dir}' is closed")
-        return [dict(id=i, step=s, message=m, advice=a) for i, s, m, a in self._rec.finish()]
+        alerts = [dict(id=i, step=s, message=m, advice=a) for i, s, m, a in self._rec.finish()]
+        if self._optimizer is not None:
+            self._write_optimizer_summary()
+        return alerts
 
     def close(self) -> List[Dict[str, Any]]:
         """finish(), then removes the hooks and releases the run folder's lock. Idempotent."""
@@ -786,6 +925,8 @@ class Telemetry:
         self._loc_handles = []
         if self._scaler is not None:
             self._scaler._telemetry_amax = False
+        if self._optimizer is not None:
+            self._optimizer.collect_stats = False  # its steps stop measuring
         if self._advisor is not None:
             self._advisor.remove()
         _sample_step(self._lowp.values(), False)  # low-precision modules stop measuring
