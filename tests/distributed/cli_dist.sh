@@ -17,6 +17,9 @@
 #   5. --zero 1 on 3 ranks: the final checkpoint (gathered by rank 0) holds the same
 #      state as the unsharded 3-rank run's (ckpt_tool compare), and the summary reports
 #      the reduce-scatter and the all-gather.
+#   6. Optimizer state formats (--master remainder --moments fp8,8bit) on 2 ranks, an
+#      overflow on rank 1 at step 3: a run stopped at step 4 and resumed on 2 ranks ends
+#      with the straight run's checkpoint, byte for byte (codes, scales, masters).
 set -uo pipefail
 bin=$1
 tool=$2
@@ -176,6 +179,24 @@ assert 1 < k["all_gather"]["calls_per_step"] <= 3, d
 print("zero summary:", json.dumps(d))
 PY
 grep "memory:" "$work/plain3.out" "$work/zero3.out"
+
+echo "== 6. state formats on 2 ranks, resumed == straight"
+# 64 channels: weights of 4096 elements and more, so the blocked moments really quantize.
+fargs=(--corpus-tokens 20000 --vocab word:256 --threads 1 --eval-windows 4 --layers 1 --heads 2 --channels 64
+       --context 16 --batch 4 --accum 1 --histogram-every 0 --warmup 2 --precision bf16 --master remainder
+       --moments fp8,8bit --inject-overflow-at 3 --inject-overflow-rank 1)
+mpi 2 "$bin" train --distributed "${fargs[@]}" --steps 8 --out "$work/formats" > "$work/formats.out" 2>&1 ||
+  fail "formats run: $(tail -3 "$work/formats.out")"
+mpi 2 "$bin" train --distributed "${fargs[@]}" --steps 4 --out "$work/formats-resumed" > "$work/formats-r1.out" 2>&1 ||
+  fail "formats run to step 4: $(tail -3 "$work/formats-r1.out")"
+mpi 2 "$bin" train --distributed --resume "$work/formats-resumed" --steps 8 > "$work/formats-r2.out" 2>&1 ||
+  fail "formats resume: $(tail -3 "$work/formats-r2.out")"
+"$tool" compare "$work/formats/ckpt-00000008.safetensors" "$work/formats-resumed/ckpt-00000008.safetensors" \
+  --ignore-config out --ignore-config resume || fail "the resumed formats run differs from the straight one"
+python3 - "$work/formats/log.jsonl" <<'PY' || fail "formats: step 3 was not skipped"
+import json, sys
+assert [json.loads(l)["skipped"] for l in open(sys.argv[1])][2] is True
+PY
 
 if [ "$failures" -ne 0 ]; then
   echo "cli_dist: $failures failure(s)"
