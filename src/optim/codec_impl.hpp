@@ -4,7 +4,8 @@
 // E4M3 encode. Included by update_impl.hpp, so each back end
 // (reference/update_scalar.cpp, cpu/update_avx2.cpp, cpu/update_avx512.cpp) compiles it in
 // its own namespace; the vector back ends define MIXPREC_OPTIM_AVX2 or MIXPREC_OPTIM_AVX512
-// and include <immintrin.h> and formats/cpu/minifloat_simd.hpp before their ISA region.
+// and include <immintrin.h>, formats/cpu/minifloat_simd.hpp and core/simd_reduce.hpp before
+// their ISA region (update_impl.hpp includes formats/kernels.hpp, which they include first too).
 //
 // The plain loops are the reference: the reference back end runs them as written, and the
 // vector back ends fall back on them for blocks that are not a multiple of 32 (16: E4M3
@@ -17,17 +18,11 @@
 namespace codec {
 
 constexpr float kTorchaoMinAbsmax = 1e-12f;  // torchao: absmax.clip(1e-12)
-constexpr float kE4M3Max = 448.0f;
+using mixprec::optim_detail::kE4M3Max;
 
-// max |x[i]| as magnitude bits compared as integers: a NaN wins, as torch's amax propagates it.
-inline std::uint32_t amax_bits(const float* x, std::size_t n) noexcept {
-  std::uint32_t m = 0;
-  for (std::size_t i = 0; i < n; ++i) {
-    const std::uint32_t a = std::bit_cast<std::uint32_t>(x[i]) & 0x7fffffffu;
-    m = a > m ? a : m;
-  }
-  return m;
-}
+// max |x[i]| as magnitude bits compared as integers (a NaN wins, as torch's amax propagates
+// it): the format kernels' scalar loop.
+using mixprec::detail::amax_bits_range;
 
 // torchao's block scale: max(absmax, 1e-12), / 448 for E4M3. A NaN absmax fails the compare and
 // stays NaN.
@@ -52,7 +47,7 @@ inline void encode_fp8_plain(const float* x, std::uint8_t* codes, float* scales,
                              std::size_t block) noexcept {
   constexpr mixprec::EncodeMode kIeee{mixprec::Overflow::ieee, mixprec::Subnormals::keep};
   for (std::size_t b = 0; b < n; b += block) {
-    const float scale = block_scale(amax_bits(x + b, block), true);
+    const float scale = block_scale(amax_bits_range(x + b, block), true);
     scales[b / block] = scale;
     for (std::size_t i = b; i < b + block; ++i)
       codes[i] = static_cast<std::uint8_t>(
@@ -71,7 +66,7 @@ inline void encode_map_plain(const float* x, std::uint8_t* codes, float* scales,
                              const mixprec::optim_detail::CodeMap& map) noexcept {
   const bool four_bit = map.n == 16;
   for (std::size_t b = 0; b < n; b += block) {
-    const float scale = block_scale(amax_bits(x + b, block), false);
+    const float scale = block_scale(amax_bits_range(x + b, block), false);
     scales[b / block] = scale;
     for (std::size_t i = b; i < b + block; ++i) {
       const std::uint8_t c = map_code(x[i] / scale, map);
@@ -269,6 +264,22 @@ void adam_moments_te(const float* __restrict p, float* __restrict m, float* __re
 
 // ---- torchao's blocked moments --------------------------------------------------------------
 
+#if defined(MIXPREC_OPTIM_AVX512) || defined(MIXPREC_OPTIM_AVX2)
+namespace codec {
+// 16 codes < 16 as bytes -> 8 bytes, two a byte, the first in the high nibble.
+inline __m128i pack_nibbles(__m128i bytes) {
+  const __m128i pairs = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(bytes, _mm_set1_epi16(0xFF)), 4),
+                                     _mm_srli_epi16(bytes, 8));
+  return _mm_packus_epi16(pairs, pairs);
+}
+// 8 bytes of nibble pairs -> 16 codes as bytes, in element order.
+inline __m128i unpack_nibbles(const std::uint8_t* src) {
+  const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
+  return _mm_or_si128(_mm_srli_epi16(w, 4), _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0xF)), 8));
+}
+}  // namespace codec
+#endif
+
 #if defined(MIXPREC_OPTIM_AVX512)
 
 namespace codec {
@@ -287,25 +298,9 @@ inline std::uint32_t amax_bits_v(const float* x, std::size_t n) {
 }
 
 // E4M3 codes of 16 lanes, as bytes, magnitudes at most max_code (IEEE overflow: the overflow
-// code; saturate: the largest finite): minifloat_simd.hpp's encode8_rne in 16 lanes with mask
-// registers (the same integer trick, the same constants).
+// code; saturate: the largest finite): minifloat_simd.hpp's 16-lane encoder.
 inline __m128i e4m3_codes(__m512 y, std::uint32_t max_code) {
-  using S = mixprec::detail::RneTrick<mixprec::detail::kE4M3Spec>;
-  constexpr const mixprec::detail::MiniFloatSpec& F = mixprec::detail::kE4M3Spec;
-  const __m512i u = _mm512_castps_si512(y);
-  const __m512i a = _mm512_and_si512(u, set1(0x7fffffffu));
-  const __m512i normal = _mm512_add_epi32(
-      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, set1(S::kBias)),
-                                         _mm512_and_si512(_mm512_srli_epi32(a, S::kShift), set1(1))),
-                        S::kShift),
-      set1(1u << F.man_bits));
-  const __m512i sub = _mm512_sub_epi32(
-      _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(set1(S::kMagicBits)))),
-      set1(S::kMagicBits));
-  __m512i code = _mm512_min_epu32(_mm512_min_epu32(normal, sub), set1(max_code));
-  code = _mm512_mask_mov_epi32(code, _mm512_cmpgt_epu32_mask(a, set1(0x7f800000u)), set1(F.nan_code));
-  code = _mm512_or_si512(code, _mm512_slli_epi32(_mm512_srli_epi32(u, 31), F.bits - 1));  // the sign bit
-  return _mm512_cvtepi32_epi8(code);
+  return _mm512_cvtepi32_epi8(mixprec::detail::avx512::encode16_rne<mixprec::detail::kE4M3Spec>(y, set1(max_code)));
 }
 
 // The code map's codes of 16 lanes: the code of the lowest value of y's top-16-bit bucket, plus
@@ -339,17 +334,6 @@ inline __m512i map_codes_16(__m512 y, __m512 thresholds) {
   return c;
 }
 
-// 16 codes < 16 as bytes -> 8 bytes, two a byte, the first in the high nibble.
-inline __m128i pack_nibbles(__m128i bytes) {
-  const __m128i pairs = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(bytes, _mm_set1_epi16(0xFF)), 4),
-                                     _mm_srli_epi16(bytes, 8));
-  return _mm_packus_epi16(pairs, pairs);
-}
-// 8 bytes of nibble pairs -> 16 codes as bytes, in element order.
-inline __m128i unpack_nibbles(const std::uint8_t* src) {
-  const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
-  return _mm_or_si128(_mm_srli_epi16(w, 4), _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0xF)), 8));
-}
 
 }  // namespace codec
 
@@ -446,11 +430,7 @@ inline std::uint32_t amax_bits_v(const float* x, std::size_t n) {
     m0 = _mm256_max_epu32(m0, _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(x + i)), mag));
     m1 = _mm256_max_epu32(m1, _mm256_and_si256(_mm256_castps_si256(_mm256_loadu_ps(x + i + 8)), mag));
   }
-  m0 = _mm256_max_epu32(m0, m1);
-  __m128i m = _mm_max_epu32(_mm256_castsi256_si128(m0), _mm256_extracti128_si256(m0, 1));
-  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0x4E));
-  m = _mm_max_epu32(m, _mm_shuffle_epi32(m, 0xB1));
-  return static_cast<std::uint32_t>(_mm_cvtsi128_si32(m));
+  return mixprec::simd::hmax_epu32(_mm256_max_epu32(m0, m1));
 }
 
 // 8 + 8 codes (each < 256) in 32-bit lanes -> 16 bytes.
@@ -484,15 +464,6 @@ inline __m256i map_codes_gather(__m256 y, const mixprec::optim_detail::CodeMap& 
   return c;
 }
 
-inline __m128i pack_nibbles(__m128i bytes) {
-  const __m128i pairs = _mm_or_si128(_mm_slli_epi16(_mm_and_si128(bytes, _mm_set1_epi16(0xFF)), 4),
-                                     _mm_srli_epi16(bytes, 8));
-  return _mm_packus_epi16(pairs, pairs);
-}
-inline __m128i unpack_nibbles(const std::uint8_t* src) {
-  const __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(src)));
-  return _mm_or_si128(_mm_srli_epi16(w, 4), _mm_slli_epi16(_mm_and_si128(w, _mm_set1_epi16(0xF)), 8));
-}
 
 }  // namespace codec
 

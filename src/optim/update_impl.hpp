@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "formats/kernels.hpp"
 #include "mixprec/formats/scalar.hpp"
 #include "optim/kernels.hpp"
 

@@ -35,94 +35,11 @@ using mixprec::detail::MiniFloatSpec;
 inline __m512i set1(std::uint32_t v) { return _mm512_set1_epi32(static_cast<int>(v)); }
 inline unsigned popcount16(__mmask16 m) { return static_cast<unsigned>(std::popcount(static_cast<unsigned>(m))); }
 
-// The sign bit of y in its place in a code: bit 7 (fp8) or bit 3 (e2m1).
-template <const MiniFloatSpec& S>
-inline __m512i with_sign(__m512i magnitude, __m512 y) {
-  // magnitude | ((y >> (32 - bits)) & sign bit): one ternary-logic op (A | (B & C)).
-  return _mm512_ternarylogic_epi32(magnitude, _mm512_srli_epi32(_mm512_castps_si512(y), 32 - S.bits),
-                                   set1(1u << (S.bits - 1)), 0xF8);
-}
-
-// The code of y (magnitude bits a) from its magnitude code: the sign goes into place, and
-// NaN lanes take the format's NaN code (E2M1 has none: 0).
-template <const MiniFloatSpec& S>
-inline __m512i signed_code16(__m512i magnitude, __m512 y, __m512i a) {
-  constexpr int M = S.man_bits;
-  const __m512i code = with_sign<S>(magnitude, y);
-  const __mmask16 nan = _mm512_cmpgt_epu32_mask(a, set1(0x7f800000u));
-  if constexpr (S.bits == 4) {
-    return _mm512_maskz_mov_epi32(static_cast<__mmask16>(~nan), code);  // E2M1: NaN -> 0
-  } else if constexpr (S.has_inf) {
-    const __m512i nan_code = _mm512_or_si512(set1(S.overflow_code | (1u << (M - 1))),
-                                             _mm512_srli_epi32(_mm512_and_si512(a, set1(0x7fffffu)), 23 - M));
-    return _mm512_mask_mov_epi32(code, nan, with_sign<S>(nan_code, y));
-  } else {
-    return _mm512_mask_mov_epi32(code, nan, with_sign<S>(set1(S.nan_code), y));
-  }
-}
-
-// encode_full<S>(y, saturate, keep, sr, random) for 16 lanes (formats/scalar.hpp's steps).
-template <const MiniFloatSpec& S, bool kStochastic>
-inline __m512i encode16(__m512 y, __m512i random) {
-  constexpr int M = S.man_bits;
-  constexpr int kMinNormal = mixprec::detail::min_normal_f32_exponent(S);
-  const __m512i zero = _mm512_setzero_si512(), one = set1(1);
-  const __m512i u = _mm512_castps_si512(y);
-  const __m512i a = _mm512_and_si512(u, set1(0x7fffffffu));
-  __m512i e32 = _mm512_srli_epi32(a, 23);
-  __m512i sig = _mm512_and_si512(a, set1(0x7fffffu));
-  sig = _mm512_mask_or_epi32(sig, _mm512_test_epi32_mask(e32, e32), sig, set1(0x800000u));
-  e32 = _mm512_max_epi32(e32, one);
-  __m512i shift = _mm512_add_epi32(set1(23 - M), _mm512_max_epi32(_mm512_sub_epi32(set1(kMinNormal), e32), zero));
-  const __m512i base = _mm512_slli_epi32(_mm512_max_epi32(_mm512_sub_epi32(e32, set1(kMinNormal)), zero), M);
-  const __m512i pre = _mm512_min_epi32(_mm512_max_epi32(_mm512_sub_epi32(shift, set1(31)), zero), set1(31));
-  sig = _mm512_srlv_epi32(sig, pre);
-  shift = _mm512_min_epi32(shift, set1(31));
-  __m512i add;
-  if constexpr (kStochastic) {
-    add = _mm512_srlv_epi32(random, _mm512_sub_epi32(set1(32), shift));
-  } else {
-    add = _mm512_add_epi32(_mm512_sub_epi32(_mm512_sllv_epi32(one, _mm512_sub_epi32(shift, one)), one),
-                           _mm512_and_si512(_mm512_srlv_epi32(sig, shift), one));
-  }
-  __m512i code = _mm512_add_epi32(base, _mm512_srlv_epi32(_mm512_add_epi32(sig, add), shift));
-  code = _mm512_min_epu32(code, set1(S.max_code));
-  return signed_code16<S>(code, y, a);
-}
-
-// Round to nearest even without encode16's per-lane variable shifts: the trick of the SIMD
-// back ends' minifloat encoder (formats/cpu/minifloat_simd.hpp, finite_magnitude_code8) in
-// 16 lanes, from its constants. The magnitude code for a = |y| <= inf, saturated.
-template <const MiniFloatSpec& S>
-inline __m512i finite_magnitude_code16(__m512i a) {
-  using K = mixprec::detail::RneTrick<S>;
-  const __m512i normal = _mm512_add_epi32(
-      _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, set1(K::kBias)),
-                                         _mm512_and_si512(_mm512_srli_epi32(a, K::kShift), set1(1))),
-                        K::kShift),
-      set1(1u << S.man_bits));
-  const __m512i sub = _mm512_sub_epi32(
-      _mm512_castps_si512(_mm512_add_ps(_mm512_castsi512_ps(a), _mm512_castsi512_ps(set1(K::kMagicBits)))),
-      set1(K::kMagicBits));
-  return _mm512_min_epu32(_mm512_min_epu32(normal, sub), set1(S.max_code));
-}
-
-// The magnitude code of lanes whose |y| (bits a) is a normal of the format, at most its
-// largest finite: finite_magnitude_code16's normal formula alone, its two constant adds in one.
-template <const MiniFloatSpec& S>
-inline __m512i normal_magnitude_code16(__m512i a) {
-  using K = mixprec::detail::RneTrick<S>;
-  return _mm512_srli_epi32(_mm512_add_epi32(_mm512_add_epi32(a, set1(K::kNormalBias)),
-                                            _mm512_and_si512(_mm512_srli_epi32(a, K::kShift), set1(1))),
-                           K::kShift);
-}
-
-// encode16<S, false> in the form above: NaN lanes as encode16.
-template <const MiniFloatSpec& S>
-inline __m512i encode16_rne(__m512 y) {
-  const __m512i a = _mm512_and_si512(_mm512_castps_si512(y), set1(0x7fffffffu));
-  return signed_code16<S>(finite_magnitude_code16<S>(a), y, a);
-}
+using mixprec::detail::avx512::encode16;
+using mixprec::detail::avx512::encode16_rne;
+using mixprec::detail::avx512::finite_magnitude_code16;
+using mixprec::detail::avx512::normal_magnitude_code16;
+using mixprec::detail::avx512::with_sign;
 
 struct LaneCounts {
   std::uint64_t saturated = 0, flushed = 0, nonfinite = 0;
@@ -176,7 +93,7 @@ void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, cons
         _mm512_mask_cmple_epu32_mask(_mm512_cmpge_epu32_mask(a, min_normal), a, max_finite) == 0xFFFF) {
       code = with_sign<S>(normal_magnitude_code16<S>(a), y);
     } else if (!kStochastic && _mm512_cmpgt_epu32_mask(a, set1(0x7f7fffffu)) == 0) {
-      const __m512i mag = finite_magnitude_code16<S>(a);
+      const __m512i mag = finite_magnitude_code16<S>(a, set1(S.max_code));
       code = with_sign<S>(mag, y);
       const __mmask16 sat = _mm512_cmp_ps_mask(_mm512_castsi512_ps(a), _mm512_set1_ps(max_value), _CMP_GT_OQ);
       const __mmask16 nonzero_x = _mm512_cmp_ps_mask(x, _mm512_setzero_ps(), _CMP_NEQ_OQ);
@@ -185,7 +102,7 @@ void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, cons
       lc.flushed += popcount16(flushed);
     } else {
       const __m512i r = kStochastic ? _mm512_loadu_si512(random + i) : _mm512_setzero_si512();
-      code = kStochastic ? encode16<S, true>(y, r) : encode16_rne<S>(y);
+      code = kStochastic ? encode16<S, true>(y, r) : encode16_rne<S>(y, set1(S.max_code));
       count16<S>(x, y, code, max_value, lc);
     }
     if constexpr (S.bits == 4) {

@@ -9,12 +9,14 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "formats/kernels.hpp"
 #include "mixprec/formats/scalar.hpp"
 #include "optim/kernels.hpp"
 
 #if defined(__x86_64__)
 #include <immintrin.h>
 
+#include "core/simd_reduce.hpp"
 #include "core/simd_target.hpp"
 #include "formats/cpu/minifloat_simd.hpp"
 
