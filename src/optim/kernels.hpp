@@ -6,12 +6,19 @@
 // bitwise the same results.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 
 #include "mixprec/core/isa.hpp"
+#include "mixprec/formats/format_table.hpp"
 
 namespace mixprec::optim_detail {
+
+// The formats' largest finite values, from the format table: TE scales an fp16 state to half of
+// fp16's (absmax / 32752) and an E4M3 state, like torchao's blocks, to E4M3's (absmax / 448).
+inline constexpr float kE4M3Max = format_row(FormatId::f8e4m3).max_finite;
+inline constexpr float kTeFp16Range = format_row(FormatId::f16).max_finite / 2;
 
 // Scalars of one Adam/AdamW step, rounded to fp32 once per step (PyTorch passes
 // Python floats, which become fp32 when applied to fp32 tensors).
@@ -26,6 +33,28 @@ struct AdamScalars {
   float bc2_sqrt;        // sqrt(1 - beta2^t)
   bool l2, decoupled, lerp_low;  // lerp_low: |weight| < 0.5
 };
+
+// The scalars of torch's Adam (decoupled = false: L2) or AdamW step t (applied steps including
+// this one) at learning rate lr; bias corrections in double, as Python computes them.
+inline AdamScalars adam_scalars(double lr, double beta1, double beta2, double eps, double weight_decay, bool decoupled,
+                                std::int64_t t) noexcept {
+  const double bc1 = 1.0 - std::pow(beta1, static_cast<double>(t));
+  const double bc2 = 1.0 - std::pow(beta2, static_cast<double>(t));
+  AdamScalars a{};
+  a.weight = static_cast<float>(1.0 - beta1);
+  a.one_minus_weight = 1.0f - a.weight;
+  a.lerp_low = std::fabs(a.weight) < 0.5f;
+  a.beta2 = static_cast<float>(beta2);
+  a.one_minus_beta2 = static_cast<float>(1.0 - beta2);
+  a.eps = static_cast<float>(eps);
+  a.weight_decay = static_cast<float>(weight_decay);
+  a.decay_mul = static_cast<float>(1.0 - lr * weight_decay);
+  a.neg_step_size = static_cast<float>(-(lr / bc1));
+  a.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  a.l2 = !decoupled && weight_decay != 0;
+  a.decoupled = decoupled && weight_decay != 0;
+  return a;
+}
 
 // Scalars of the torchao and Transformer Engine update rules (state_format.hpp's AdamRule),
 // rounded to fp32 as each system rounds them (docs/optimizers.md, "Update rules").

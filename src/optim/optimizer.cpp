@@ -79,23 +79,7 @@ void validate_hyper(const OptimizerState& s) {
 }
 
 AdamScalars adam_scalars(const OptimizerState& s, double lr, std::int64_t t) {
-  const double bc1 = 1.0 - std::pow(s.beta1, static_cast<double>(t));
-  const double bc2 = 1.0 - std::pow(s.beta2, static_cast<double>(t));
-  const double step_size = lr / bc1;
-  AdamScalars a{};
-  a.weight = static_cast<float>(1.0 - s.beta1);
-  a.one_minus_weight = 1.0f - a.weight;
-  a.lerp_low = std::fabs(a.weight) < 0.5f;
-  a.beta2 = static_cast<float>(s.beta2);
-  a.one_minus_beta2 = static_cast<float>(1.0 - s.beta2);
-  a.eps = static_cast<float>(s.eps);
-  a.weight_decay = static_cast<float>(s.weight_decay);
-  a.decay_mul = static_cast<float>(1.0 - lr * s.weight_decay);
-  a.neg_step_size = static_cast<float>(-step_size);
-  a.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
-  a.l2 = s.kind == OptimizerKind::adam && s.weight_decay != 0;
-  a.decoupled = s.kind == OptimizerKind::adamw && s.weight_decay != 0;
-  return a;
+  return optim_detail::adam_scalars(lr, s.beta1, s.beta2, s.eps, s.weight_decay, s.kind == OptimizerKind::adamw, t);
 }
 
 SgdScalars sgd_scalars(const OptimizerState& s, double lr) {

@@ -89,6 +89,7 @@ ParamStore::ParamStore(std::vector<ParamSpec> specs, StoreOptions options)
         codes = checked_add(codes, (l.code_bytes() + kAlignBytes - 1) / kAlignBytes * kAlignBytes, "the state region");
         scales = checked_add(scales, l.scale_count(), "the state region");
       }
+      codes_bytes_[k] = codes;  // the slot's scales follow its codes
       state_slot_bytes_[k] = checked_add(codes, checked_mul(scales, 4, "the state region"), "the state region");
       state_slot_bytes_[k] = (state_slot_bytes_[k] + kAlignBytes - 1) / kAlignBytes * kAlignBytes;
     }
@@ -180,9 +181,7 @@ MomentView ParamStore::moment(unsigned slot, std::size_t i) {
   (void)spec(i);
   v.layout = layouts_[slot][i];
   v.codes = compact_state_[slot] + code_offset_[slot][i];
-  const std::size_t codes_total = code_offset_[slot].back() +
-                                  (layouts_[slot].back().code_bytes() + kAlignBytes - 1) / kAlignBytes * kAlignBytes;
-  v.scales = reinterpret_cast<float*>(compact_state_[slot] + codes_total) + scale_offset_[slot][i];
+  v.scales = reinterpret_cast<float*>(compact_state_[slot] + codes_bytes_[slot]) + scale_offset_[slot][i];
   return v;
 }
 

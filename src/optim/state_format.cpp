@@ -27,8 +27,6 @@ constexpr std::size_t kMinBlockedNumel = 4096;
 constexpr std::size_t kChunk = 1024;
 // How many chunks ahead the fused step asks for its stored bytes.
 constexpr std::size_t kPrefetchChunks = 1;
-constexpr float kTeFp16Range = 65504.0f / 2;  // TE: max_range of an fp16 state
-constexpr float kE4M3Max = 448.0f;             // TE: the per-tensor scale of an fp8 state (the kernels hold torchao's)
 
 template <class E, std::size_t N, class F>
 std::string joined(const E (&all)[N], F name) {
@@ -358,7 +356,7 @@ struct Codec {
 };
 
 float per_tensor_scale(MomentFormat f, float amax) noexcept {
-  return amax / (f == MomentFormat::fp16 ? kTeFp16Range : kE4M3Max);
+  return amax / (f == MomentFormat::fp16 ? optim_detail::kTeFp16Range : optim_detail::kE4M3Max);
 }
 
 }  // namespace
@@ -444,21 +442,7 @@ optim_detail::RuleScalars rule_scalars(const AdamStepArgs& a) {
 
 optim_detail::AdamScalars torch_scalars(const AdamStepArgs& a) {
   const AdamHyper& h = a.hyper;
-  const auto t = static_cast<double>(a.step);
-  optim_detail::AdamScalars s{};
-  s.weight = static_cast<float>(1.0 - h.beta1);
-  s.one_minus_weight = 1.0f - s.weight;
-  s.lerp_low = std::fabs(s.weight) < 0.5f;
-  s.beta2 = static_cast<float>(h.beta2);
-  s.one_minus_beta2 = static_cast<float>(1.0 - h.beta2);
-  s.eps = static_cast<float>(h.eps);
-  s.weight_decay = static_cast<float>(h.weight_decay);
-  s.decay_mul = static_cast<float>(1.0 - h.lr * h.weight_decay);
-  s.neg_step_size = static_cast<float>(-(h.lr / (1.0 - std::pow(h.beta1, t))));
-  s.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(h.beta2, t)));
-  s.l2 = !h.decoupled && h.weight_decay != 0;
-  s.decoupled = h.decoupled && h.weight_decay != 0;
-  return s;
+  return optim_detail::adam_scalars(h.lr, h.beta1, h.beta2, h.eps, h.weight_decay, h.decoupled, a.step);
 }
 
 const FormatKernels* sixteen_bit(const KernelTable* t, DType d) noexcept {

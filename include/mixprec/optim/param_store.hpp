@@ -173,6 +173,7 @@ class ParamStore {
   std::size_t state_slot_bytes_[kMaxStateSlots] = {0, 0};
   std::vector<MomentLayout> layouts_[kMaxStateSlots];
   std::vector<std::size_t> code_offset_[kMaxStateSlots], scale_offset_[kMaxStateSlots];  // bytes, floats
+  std::size_t codes_bytes_[kMaxStateSlots] = {0, 0};  // where each compact slot's scales start
 };
 
 }  // namespace mixprec
