@@ -28,6 +28,7 @@ import torch.nn.functional as F
 
 import mixprec
 from mixprec.torch.optim import AdamW
+from state_formats_cost import cpu_name  # this folder's benchmark of the same formats
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -43,13 +44,6 @@ FORMATS = [
     ("no master, stochastic rounding", dict(master="none", moments="fp32", stochastic_rounding=True)),
     ("no master, nearest rounding", dict(master="none", moments="fp32")),
 ]
-
-
-def cpu_name() -> str:
-    for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown CPU"
 
 
 def example_gpt(vocab: int, context: int, seed: int) -> torch.nn.Module:

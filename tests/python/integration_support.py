@@ -13,6 +13,7 @@ import json
 import math
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, List
 
@@ -91,3 +92,16 @@ def assert_cli_report(run_dir: Path) -> None:
     assert r.returncode == 0, r.stderr
     html = out.read_text()
     assert "<svg" in html and "skipped" in html
+
+
+def run_ranks(script: str, *args: str, ranks: int = 2, timeout: float = 240) -> List[dict]:
+    """Runs `python -c script RANK *args` for each rank at once (a gloo job: the script sets up
+    its process group) and returns each rank's last stdout line, read as JSON, in rank order."""
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(rank), *args],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in range(ranks)]
+    results = []
+    for p in procs:
+        out, err = p.communicate(timeout=timeout)
+        assert p.returncode == 0, err
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    return results

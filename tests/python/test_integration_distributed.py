@@ -15,13 +15,11 @@ DTensor gradients and weights through its shards. One pair of processes runs eve
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from integration_support import skip_without_integrations
+from integration_support import run_ranks, skip_without_integrations
 
 skip_without_integrations()
 
@@ -130,13 +128,7 @@ def test_ddp_and_fsdp2_skip_together_and_equal_torch_amp(tmp_path):
     if not torch.distributed.is_available():
         pytest.skip("torch.distributed is not available in this torch build")
     store, ckpt = tmp_path / "store", tmp_path / "ckpt"
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(rank), str(store), str(ckpt)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=240)
-        assert p.returncode == 0, err
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    results = run_ranks(RANK, str(store), str(ckpt))
     r0, r1 = results
     for r in results:
         assert [s[1] for s in r["ddp"]["mixprec"]] == [s == 2 for s in range(1, 9)]

@@ -17,16 +17,13 @@ frameworks (docs/python.md, "PyTorch: mixprec.torch.optim.AdamW").
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
-import sys
 import warnings
 
 import pytest
 import torch
 
-from integration_support import SKIP_REASON
+from integration_support import SKIP_REASON, run_ranks
 from mixprec.torch.optim import AdamW
 
 
@@ -210,13 +207,7 @@ def test_fsdp2_equals_unsharded_and_resumes_from_dcp_bit_for_bit(tmp_path):
         pytest.skip("torch.distributed is not available in this torch build")
     pytest.importorskip("torch.distributed.fsdp", reason="FSDP2 (fully_shard) is not in this torch")
     store, ckpt = tmp_path / "store", tmp_path / "ckpt"
-    procs = [subprocess.Popen([sys.executable, "-c", RANK, str(rank), str(store), str(ckpt)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
-    results = []
-    for p in procs:
-        out, err = p.communicate(timeout=240)
-        assert p.returncode == 0, err
-        results.append(json.loads(out.strip().splitlines()[-1]))
+    results = run_ranks(RANK, str(store), str(ckpt))
     names = ["emb.weight", "fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias"]
     for rank, r in enumerate(results):
         for case in ("remainder-fp8", "remainder-8bit-4bit", "none-sr", "remainder-fp16"):

@@ -23,6 +23,7 @@ torch = pytest.importorskip("torch", reason="mixprec.torch needs PyTorch (pip in
 import mixprec  # noqa: E402
 from mixprec import _core  # noqa: E402
 from mixprec.torch import GradScaler, StepOutcome  # noqa: E402
+from integration_support import run_ranks  # noqa: E402
 
 # Tiny tensors: one intra-op thread. ATen's OpenMP threads spin while waiting, which on a
 # loaded two-core machine made the 240-step loops 50 times slower (2 s -> 130 s).
@@ -601,14 +602,7 @@ def run_two_ranks(tmp_path, mode):
     if not torch.distributed.is_available():
         pytest.skip("torch.distributed is not available in this torch build")
     store = tmp_path / f"store-{mode}"
-    procs = [subprocess.Popen([sys.executable, "-c", DIST_RANK, str(rank), str(store), mode],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for rank in (0, 1)]
-    logs = []
-    for p in procs:
-        out, err = p.communicate(timeout=180)
-        assert p.returncode == 0, err
-        logs.append(__import__("json").loads(out.strip().splitlines()[-1]))
-    return logs
+    return run_ranks(DIST_RANK, str(store), mode, timeout=180)
 
 
 def test_distributed_found_inf_is_max_reduced_over_two_gloo_ranks(tmp_path):
