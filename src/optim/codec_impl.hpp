@@ -10,7 +10,8 @@
 // The plain loops are the reference: the reference back end runs them as written, and the
 // vector back ends fall back on them for blocks that are not a multiple of 32 (16: E4M3
 // decode) and for tails. Each vector
-// kernel computes the same values: the same fp32 divisions x / scale (torchao divides), the
+// kernel computes the same values: the same fp32 quotients x / scale (torchao divides; the vector
+// back ends reach its quotients by FMAs, update_impl.hpp's quotient_v), the
 // same E4M3 encoder (minifloat_simd.hpp, equal to scalar.hpp bit for bit), and the code map's
 // codes through CodeMap's thresholds, which give torchao's code for every fp32 value (the
 // code never decreases as y grows: kernels.hpp).
@@ -210,23 +211,13 @@ void round_bf16_stochastic(const float* p, std::uint16_t* out, std::uint64_t fir
 #endif
 
 // ---- the new moments alone (the first pass of per-tensor scales) ------------------------------
-// Each line is the one of adam_block / adam_torchao / adam_te that computes m or v.
+// The moments' lines of adam_element, adam_torchao and adam_te.
 
 template <bool L2, bool LerpLow>
 void adam_moments_loop(const float* __restrict p, float* __restrict m, float* __restrict v, const float* __restrict g,
                        std::size_t n, float pre, float clip, const AdamScalars& s) noexcept {
-  const float wd = s.weight_decay, w = s.weight, omw = s.one_minus_weight, b2 = s.beta2, omb2 = s.one_minus_beta2;
-  for (std::size_t i = 0; i < n; ++i) {
-    float gi = (g[i] * pre) * clip;
-    if constexpr (L2) gi = gi + wd * p[i];
-    float mi = m[i];
-    if constexpr (LerpLow) mi = mi + w * (gi - mi);
-    else mi = gi - (gi - mi) * omw;
-    float vi = v[i] * b2;
-    vi = vi + (omb2 * gi) * gi;
-    m[i] = mi;
-    v[i] = vi;
-  }
+  const AdamScalars c = s;
+  for (std::size_t i = 0; i < n; ++i) (void)adam_moments_element<L2, LerpLow>((g[i] * pre) * clip, L2 ? p[i] : 0.0f, m[i], v[i], c);
 }
 
 void adam_moments(const float* p, float* m, float* v, const float* g, std::size_t n, float pre, float clip,
@@ -242,24 +233,12 @@ void adam_moments(const float* p, float* m, float* v, const float* g, std::size_
 
 void adam_moments_torchao(const float* __restrict p, float* __restrict m, float* __restrict v,
                           const float* __restrict g, std::size_t n, float pre, float clip, const RuleScalars& s) noexcept {
-  for (std::size_t i = 0; i < n; ++i) {
-    float gi = (g[i] * pre) * clip;
-    if (s.l2) gi = gi + s.weight_decay * p[i];  // l2 excludes decoupled: p is the weight as read
-    m[i] = lerp_torch(m[i], gi, s.w1, s.omw1, s.low1);
-    v[i] = lerp_torch(v[i], gi * gi, s.w2, s.omw2, s.low2);
-  }
+  for (std::size_t i = 0; i < n; ++i) torchao_moments_element((g[i] * pre) * clip, s.l2 ? p[i] : 0.0f, m[i], v[i], s);
 }
 
 void adam_moments_te(const float* __restrict p, float* __restrict m, float* __restrict v, const float* __restrict g,
                      std::size_t n, float pre, float clip, const RuleScalars& s) noexcept {
-  for (std::size_t i = 0; i < n; ++i) {
-    float gi = (g[i] * pre) * clip;
-    if (s.l2) gi = gi + s.weight_decay * p[i];
-    const float mi = s.beta1 * m[i] + s.one_minus_beta1 * gi;
-    const float vi = s.beta2 * v[i] + (s.one_minus_beta2 * gi) * gi;
-    m[i] = mi;
-    v[i] = vi;
-  }
+  for (std::size_t i = 0; i < n; ++i) te_moments_element((g[i] * pre) * clip, s.l2 ? p[i] : 0.0f, m[i], v[i], s);
 }
 
 // ---- torchao's blocked moments --------------------------------------------------------------
@@ -342,9 +321,10 @@ void encode_fp8_blocks(const float* x, std::uint8_t* codes, float* scales, std::
   for (std::size_t b = 0; b < n; b += block) {
     const float scale = codec::block_scale(codec::amax_bits_v(x + b, block), true);
     scales[b / block] = scale;
-    const __m512 s = _mm512_set1_ps(scale);
+    const Divisor s = mixprec::optim_detail::divisor(scale);
     for (std::size_t i = b; i < b + block; i += 16)
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), codec::e4m3_codes(_mm512_div_ps(_mm512_loadu_ps(x + i), s), mixprec::detail::kE4M3Spec.overflow_code));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i),
+                       codec::e4m3_codes(quotient_v(_mm512_loadu_ps(x + i), s), mixprec::detail::kE4M3Spec.overflow_code));
   }
 }
 
@@ -364,9 +344,9 @@ void encode_map_blocks(const float* x, std::uint8_t* codes, float* scales, std::
   for (std::size_t b = 0; b < n; b += block) {
     const float scale = codec::block_scale(codec::amax_bits_v(x + b, block), false);
     scales[b / block] = scale;
-    const __m512 s = _mm512_set1_ps(scale);
+    const Divisor s = mixprec::optim_detail::divisor(scale);
     for (std::size_t i = b; i < b + block; i += 16) {
-      const __m512 y = _mm512_div_ps(_mm512_loadu_ps(x + i), s);
+      const __m512 y = quotient_v(_mm512_loadu_ps(x + i), s);
       if (map.n == 16) {
         const __m128i c = _mm512_cvtepi32_epi8(codec::map_codes_16(y, thresholds));
         _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i / 2), codec::pack_nibbles(c));
@@ -472,11 +452,11 @@ void encode_fp8_blocks(const float* x, std::uint8_t* codes, float* scales, std::
   for (std::size_t b = 0; b < n; b += block) {
     const float scale = codec::block_scale(codec::amax_bits_v(x + b, block), true);
     scales[b / block] = scale;
-    const __m256 s = _mm256_set1_ps(scale);
+    const Divisor s = mixprec::optim_detail::divisor(scale);
     for (std::size_t i = b; i < b + block; i += 16) {
       const std::uint32_t ovf = mixprec::detail::kE4M3Spec.overflow_code;
-      const __m256i lo = codec::e4m3_codes(_mm256_div_ps(_mm256_loadu_ps(x + i), s), ovf);
-      const __m256i hi = codec::e4m3_codes(_mm256_div_ps(_mm256_loadu_ps(x + i + 8), s), ovf);
+      const __m256i lo = codec::e4m3_codes(quotient_v(_mm256_loadu_ps(x + i), s), ovf);
+      const __m256i hi = codec::e4m3_codes(quotient_v(_mm256_loadu_ps(x + i + 8), s), ovf);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), codec::bytes_of(lo, hi));
     }
   }
@@ -500,10 +480,10 @@ void encode_map_blocks(const float* x, std::uint8_t* codes, float* scales, std::
   for (std::size_t b = 0; b < n; b += block) {
     const float scale = codec::block_scale(codec::amax_bits_v(x + b, block), false);
     scales[b / block] = scale;
-    const __m256 s = _mm256_set1_ps(scale);
+    const Divisor s = mixprec::optim_detail::divisor(scale);
     for (std::size_t i = b; i < b + block; i += 16) {
-      const __m256i lo = codec::map_codes_gather(_mm256_div_ps(_mm256_loadu_ps(x + i), s), map);
-      const __m256i hi = codec::map_codes_gather(_mm256_div_ps(_mm256_loadu_ps(x + i + 8), s), map);
+      const __m256i lo = codec::map_codes_gather(quotient_v(_mm256_loadu_ps(x + i), s), map);
+      const __m256i hi = codec::map_codes_gather(quotient_v(_mm256_loadu_ps(x + i + 8), s), map);
       const __m128i c = codec::bytes_of(lo, hi);
       if (map.n == 16) _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i / 2), codec::pack_nibbles(c));
       else _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i), c);

@@ -20,6 +20,27 @@ namespace mixprec::optim_detail {
 inline constexpr float kE4M3Max = format_row(FormatId::f8e4m3).max_finite;
 inline constexpr float kTeFp16Range = format_row(FormatId::f16).max_finite / 2;
 
+// A divisor fixed over a loop (a bias correction, a block's scale) and r = RN(1 / d). With it
+// the vector back ends divide without the divider, which bounds the step (one vdivps takes as
+// long as a dozen FMAs): q = RN(x r) lies within one ulp of x / d, e = x - q d is exact in one
+// FMA, and RN(q + e r) is RN(x / d) (Markstein's theorem, P. Markstein, IBM J. Res. Dev. 34(1),
+// 1990) wherever no step under- or overflows (the ranges below); the back ends divide the
+// divider's way outside them. tests/optim/test_kernels.cpp checks every fp32
+// significand against divisors including the all-ones significand, and every range edge.
+struct Divisor {
+  float d, r;
+  bool by_fma;  // d and r normal: the FMA quotient applies (a NaN, inf or zero scale divides)
+};
+inline Divisor divisor(float d) noexcept {
+  const float r = 1.0f / d;
+  return {d, r, std::isnormal(d) && std::isnormal(r)};
+}
+// The FMA quotient from q0 = x * r, fma(fma(-q0, d, x), r, q0), is x / d where |x| >= kQuotientMinX
+// and kQuotientMinQ <= |q0| < kQuotientMaxQ; for a zero x, q0 is (the FMAs would turn -0 into +0).
+inline constexpr float kQuotientMinX = 0x1p-96f;    // e = x - q d stays above fp32's subnormals
+inline constexpr float kQuotientMinQ = 0x1p-124f;   // q normal, with a margin for its last step
+inline constexpr float kQuotientMaxQ = 0x1p126f;    // q + e r cannot overflow
+
 // Scalars of one Adam/AdamW step, rounded to fp32 once per step (PyTorch passes
 // Python floats, which become fp32 when applied to fp32 tensors).
 struct AdamScalars {
@@ -30,7 +51,7 @@ struct AdamScalars {
   float weight_decay;    // Adam: g += wd * p
   float decay_mul;       // AdamW: p *= 1 - lr * wd
   float neg_step_size;   // -(lr / (1 - beta1^t))
-  float bc2_sqrt;        // sqrt(1 - beta2^t)
+  Divisor bc2_sqrt;      // sqrt(1 - beta2^t)
   bool l2, decoupled, lerp_low;  // lerp_low: |weight| < 0.5
 };
 
@@ -50,7 +71,7 @@ inline AdamScalars adam_scalars(double lr, double beta1, double beta2, double ep
   a.weight_decay = static_cast<float>(weight_decay);
   a.decay_mul = static_cast<float>(1.0 - lr * weight_decay);
   a.neg_step_size = static_cast<float>(-(lr / bc1));
-  a.bc2_sqrt = static_cast<float>(std::sqrt(bc2));
+  a.bc2_sqrt = divisor(static_cast<float>(std::sqrt(bc2)));
   a.l2 = !decoupled && weight_decay != 0;
   a.decoupled = decoupled && weight_decay != 0;
   return a;
@@ -65,8 +86,8 @@ struct RuleScalars {
   float w1, omw1, w2, omw2;  // torchao: lerp weights 1 - beta1, 1 - beta2 and their complements
   bool low1, low2;         // torchao: |w| < 0.5, lerp's branch
   float beta1, one_minus_beta1, beta2, one_minus_beta2;  // TE
-  float bc1, bc2;          // bias corrections 1 - beta^t (torchao: fp32 pow; TE: double pow, rounded)
-  float sqrt_bc2;          // torchao: sqrt of the fp32 bc2
+  Divisor bc1, bc2;        // bias corrections 1 - beta^t (torchao: fp32 pow; TE: double pow, rounded)
+  Divisor sqrt_bc2;        // torchao: sqrt of the fp32 bc2
   float eps;
   bool l2, decoupled;
 };
@@ -118,6 +139,8 @@ struct UpdateKernels {
   void (*sgd)(float* p, float* buf, const float* g, std::size_t n, float pre, float clip, const SgdScalars& s);
   // dst[i] = src[i] * a (dst may equal src).
   void (*scale)(const float* src, float* dst, std::size_t n, float a);
+  // q[i] = x[i] / d, correctly rounded (the quotients inside the steps and codecs: Divisor).
+  void (*divide)(const float* x, float* q, std::size_t n, float d);
   // Stochastic-rounding words for flat indices first .. first + n - 1.
   void (*sr_bits)(std::uint32_t* out, std::uint64_t first, std::size_t n, std::uint64_t key);
 

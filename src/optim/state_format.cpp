@@ -424,9 +424,9 @@ optim_detail::RuleScalars rule_scalars(const AdamStepArgs& a) {
     s.w2 = static_cast<float>(1.0 - h.beta2);
     s.omw2 = 1.0f - s.w2;
     s.low2 = std::fabs(s.w2) < 0.5f;
-    s.bc1 = 1.0f - std::pow(static_cast<float>(h.beta1), static_cast<float>(t));
-    s.bc2 = 1.0f - std::pow(static_cast<float>(h.beta2), static_cast<float>(t));
-    s.sqrt_bc2 = std::sqrt(s.bc2);
+    s.bc1 = optim_detail::divisor(1.0f - std::pow(static_cast<float>(h.beta1), static_cast<float>(t)));
+    s.bc2 = optim_detail::divisor(1.0f - std::pow(static_cast<float>(h.beta2), static_cast<float>(t)));
+    s.sqrt_bc2 = optim_detail::divisor(std::sqrt(s.bc2.d));
   } else {
     // TE: float hyperparameters; bias corrections 1 - std::pow(float beta, int step) in double.
     s.decay = s.weight_decay;
@@ -434,8 +434,8 @@ optim_detail::RuleScalars rule_scalars(const AdamStepArgs& a) {
     s.one_minus_beta1 = 1.0f - s.beta1;
     s.beta2 = static_cast<float>(h.beta2);
     s.one_minus_beta2 = 1.0f - s.beta2;
-    s.bc1 = static_cast<float>(1.0 - std::pow(static_cast<double>(s.beta1), t));
-    s.bc2 = static_cast<float>(1.0 - std::pow(static_cast<double>(s.beta2), t));
+    s.bc1 = optim_detail::divisor(static_cast<float>(1.0 - std::pow(static_cast<double>(s.beta1), t)));
+    s.bc2 = optim_detail::divisor(static_cast<float>(1.0 - std::pow(static_cast<double>(s.beta2), t)));
   }
   return s;
 }

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 
 #include "formats/kernels.hpp"
 #include "mixprec/formats/scalar.hpp"
@@ -18,11 +19,83 @@ using mixprec::optim_detail::AdamScalars;
 using mixprec::optim_detail::RuleScalars;
 using mixprec::optim_detail::SgdScalars;
 
-// Bc2One: bc2_sqrt == 1 (sqrt(1 - beta2^t) rounds to 1 once beta2^t < 2^-24: beta2 = 0.999
-// after about 16,600 steps, 0.95 after about 325), where sqrt(v) / bc2_sqrt is sqrt(v)
-// exactly: one of the three divider operations per element is skipped, with the same bits.
-// One element of the step: gi the gradient after unscale and clip; p, m, v updated.
-template <bool L2, bool Decoupled, bool LerpLow, bool Bc2One>
+using mixprec::optim_detail::Divisor;
+
+// ---- quotients by a divisor fixed over a loop (optim/kernels.hpp's Divisor) --------------------
+#if defined(MIXPREC_OPTIM_AVX2) || defined(MIXPREC_OPTIM_AVX512)
+inline constexpr bool kQuotientsByFma = true;
+#else
+inline constexpr bool kQuotientsByFma = false;  // the reference divides
+#endif
+#if defined(MIXPREC_OPTIM_AVX512)
+// x / c.d in 16 lanes: by FMAs where every lane is in their range, else by the divider.
+inline __m512 quotient_v(__m512 x, Divisor c) noexcept {
+  const __m512 r = _mm512_set1_ps(c.r);
+  const __m512 q0 = _mm512_mul_ps(x, r);
+  const __m512 q1 = _mm512_fmadd_ps(_mm512_fnmadd_ps(q0, _mm512_set1_ps(c.d), x), r, q0);
+  const __m512 ax = _mm512_abs_ps(x), aq = _mm512_abs_ps(q0);
+  const __mmask16 zero = _mm512_cmp_ps_mask(ax, _mm512_setzero_ps(), _CMP_EQ_OQ);
+  const __mmask16 in = _mm512_cmp_ps_mask(ax, _mm512_set1_ps(mixprec::optim_detail::kQuotientMinX), _CMP_GE_OQ) &
+                       _mm512_cmp_ps_mask(aq, _mm512_set1_ps(mixprec::optim_detail::kQuotientMinQ), _CMP_GE_OQ) &
+                       _mm512_cmp_ps_mask(aq, _mm512_set1_ps(mixprec::optim_detail::kQuotientMaxQ), _CMP_LT_OQ);
+  if (c.by_fma && static_cast<__mmask16>(zero | in) == 0xFFFF) return _mm512_mask_mov_ps(q1, zero, q0);
+  return _mm512_div_ps(x, _mm512_set1_ps(c.d));
+}
+#elif defined(MIXPREC_OPTIM_AVX2)
+// x / c.d in 8 lanes: by FMAs where every lane is in their range, else by the divider.
+inline __m256 quotient_v(__m256 x, Divisor c) noexcept {
+  const __m256 r = _mm256_set1_ps(c.r);
+  const __m256 q0 = _mm256_mul_ps(x, r);
+  const __m256 q1 = _mm256_fmadd_ps(_mm256_fnmadd_ps(q0, _mm256_set1_ps(c.d), x), r, q0);
+  const __m256 mag = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  const __m256 ax = _mm256_and_ps(x, mag), aq = _mm256_and_ps(q0, mag);
+  const __m256 zero = _mm256_cmp_ps(ax, _mm256_setzero_ps(), _CMP_EQ_OQ);
+  const __m256 in =
+      _mm256_and_ps(_mm256_and_ps(_mm256_cmp_ps(ax, _mm256_set1_ps(mixprec::optim_detail::kQuotientMinX), _CMP_GE_OQ),
+                                  _mm256_cmp_ps(aq, _mm256_set1_ps(mixprec::optim_detail::kQuotientMinQ), _CMP_GE_OQ)),
+                    _mm256_cmp_ps(aq, _mm256_set1_ps(mixprec::optim_detail::kQuotientMaxQ), _CMP_LT_OQ));
+  if (c.by_fma && _mm256_movemask_ps(_mm256_or_ps(zero, in)) == 0xFF) return _mm256_blendv_ps(q1, q0, zero);
+  return _mm256_div_ps(x, _mm256_set1_ps(c.d));
+}
+#endif
+
+// q[i] = x[i] / c.d: quotient_v in the vector back ends (the tail of AVX2 by the divider), the
+// divider in the reference. The same bits either way.
+void divide_by(const float* __restrict x, float* __restrict q, std::size_t n, Divisor c) noexcept {
+  std::size_t i = 0;
+#if defined(MIXPREC_OPTIM_AVX512)
+  for (; i < n; i += 16) {
+    const auto k = static_cast<__mmask16>(n - i >= 16 ? 0xFFFFu : (1u << (n - i)) - 1u);
+    _mm512_mask_storeu_ps(q + i, k, quotient_v(_mm512_maskz_loadu_ps(k, x + i), c));  // masked lanes: 0
+  }
+#elif defined(MIXPREC_OPTIM_AVX2)
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(q + i, quotient_v(_mm256_loadu_ps(x + i), c));
+#endif
+  for (; i < n; ++i) q[i] = x[i] / c.d;
+}
+
+void divide(const float* x, float* q, std::size_t n, float d) noexcept {
+  divide_by(x, q, n, mixprec::optim_detail::divisor(d));
+}
+
+// ---- torch's Adam/AdamW ---------------------------------------------------------------------
+// How the step divides sqrt(v) by bc2_sqrt:
+// - kBc2One: bc2_sqrt == 1 (sqrt(1 - beta2^t) rounds to 1 once beta2^t < 2^-24: beta2 = 0.999
+//   after about 16,600 steps, 0.95 after about 325): sqrt(v) itself, the same bits.
+// - kByFma (vector back ends, bc2_sqrt in [2^-30, 1], so that 1 / bc2_sqrt <= 2^30): the FMA
+//   quotient (Divisor) with no range test: a finite v >= 0 has sqrt(v) = 0 or in [2^-75, 2^64],
+//   so sqrt(v) * r lies in [2^-75, 2^94], inside the FMAs' range; for 0, inf and NaN, q0 =
+//   sqrt(v) * r already is the quotient's bits (0 keeps its sign, NaN its payload).
+// - kDivide: the divider (the reference, and any other bc2_sqrt).
+enum Quot : int { kBc2One, kByFma, kDivide };
+
+inline Quot quot_of(const AdamScalars& s) noexcept {
+  if (s.bc2_sqrt.d == 1.0f) return kBc2One;
+  return kQuotientsByFma && s.bc2_sqrt.by_fma && s.bc2_sqrt.d >= 0x1p-30f ? kByFma : kDivide;
+}
+
+// One element: gi the gradient after unscale and clip; p, m, v updated.
+template <bool L2, bool Decoupled, bool LerpLow, int Q>
 inline void adam_element(float gi, float& p, float& m, float& v, const AdamScalars& s) noexcept {
   float pi = p;
   if constexpr (L2) gi = gi + s.weight_decay * pi;
@@ -32,25 +105,48 @@ inline void adam_element(float gi, float& p, float& m, float& v, const AdamScala
   else mi = gi - (gi - mi) * s.one_minus_weight;
   float vi = v * s.beta2;
   vi = vi + (s.one_minus_beta2 * gi) * gi;
-  const float denom = (Bc2One ? std::sqrt(vi) : std::sqrt(vi) / s.bc2_sqrt) + s.eps;
-  pi = pi + s.neg_step_size * (mi / denom);
+  const float root = std::sqrt(vi);
+  float d;
+  if constexpr (Q == kBc2One) {
+    d = root;
+  } else if constexpr (Q == kByFma) {
+    const float q0 = root * s.bc2_sqrt.r;
+    const float q1 = std::fma(std::fma(-q0, s.bc2_sqrt.d, root), s.bc2_sqrt.r, q0);
+    d = (root > 0.0f) & (root < std::numeric_limits<float>::infinity()) ? q1 : q0;
+  } else {
+    d = root / s.bc2_sqrt.d;
+  }
+  pi = pi + s.neg_step_size * (mi / (d + s.eps));
   m = mi;
   v = vi;
   p = pi;
 }
 
-template <bool L2, bool Decoupled, bool LerpLow, bool Bc2One>
+// The new m and v alone (the first pass of per-tensor scales): adam_element's lines for them.
+template <bool L2, bool LerpLow>
+inline void adam_moments_element(float gi, float p, float& m, float& v, const AdamScalars& s) noexcept {
+  if constexpr (L2) gi = gi + s.weight_decay * p;
+  float mi = m;
+  if constexpr (LerpLow) mi = mi + s.weight * (gi - mi);
+  else mi = gi - (gi - mi) * s.one_minus_weight;
+  float vi = v * s.beta2;
+  vi = vi + (s.one_minus_beta2 * gi) * gi;
+  m = mi;
+  v = vi;
+}
+
+template <bool L2, bool Decoupled, bool LerpLow, int Q>
 inline void adam_block(float* __restrict p, float* __restrict m, float* __restrict v, const float* __restrict g,
                        std::size_t n, float pre, float clip, const AdamScalars& s) noexcept {
   const AdamScalars c = s;  // a local copy: no store below can alias it
-  for (std::size_t i = 0; i < n; ++i) adam_element<L2, Decoupled, LerpLow, Bc2One>((g[i] * pre) * clip, p[i], m[i], v[i], c);
+  for (std::size_t i = 0; i < n; ++i) adam_element<L2, Decoupled, LerpLow, Q>((g[i] * pre) * clip, p[i], m[i], v[i], c);
 }
 
 // Blocks of one cache line per stream, each stream prefetched 4 KiB ahead: the step is
 // bound by memory, and one core alone keeps too few misses in flight (with the AVX-512
 // loops, ~14 -> 17.3-17.9 GB/s of the 28 bytes a parameter on one thread; docs/performance.md).
 // The prefetches change no value: every back end still gives the reference's bits.
-template <bool L2, bool Decoupled, bool LerpLow, bool Bc2One>
+template <bool L2, bool Decoupled, bool LerpLow, int Q>
 void adam_loop(float* p, float* m, float* v, const float* g, std::size_t n, float pre, float clip,
                const AdamScalars& s) noexcept {
   constexpr std::size_t kBlock = 16, kAhead = 1024;  // elements: one line, 4 KiB
@@ -60,38 +156,41 @@ void adam_loop(float* p, float* m, float* v, const float* g, std::size_t n, floa
     __builtin_prefetch(m + i + kAhead, 1);
     __builtin_prefetch(v + i + kAhead, 1);
     __builtin_prefetch(g + i + kAhead, 0);
-    adam_block<L2, Decoupled, LerpLow, Bc2One>(p + i, m + i, v + i, g + i, kBlock, pre, clip, s);
+    adam_block<L2, Decoupled, LerpLow, Q>(p + i, m + i, v + i, g + i, kBlock, pre, clip, s);
   }
-  adam_block<L2, Decoupled, LerpLow, Bc2One>(p + i, m + i, v + i, g + i, n - i, pre, clip, s);
+  adam_block<L2, Decoupled, LerpLow, Q>(p + i, m + i, v + i, g + i, n - i, pre, clip, s);
 }
 
-template <bool Bc2One>
+template <int Q>
 void adam_variant(float* p, float* m, float* v, const float* g, std::size_t n, float pre, float clip,
                   const AdamScalars& s) noexcept {
   const int k = (s.l2 ? 4 : 0) | (s.decoupled ? 2 : 0) | (s.lerp_low ? 1 : 0);
   switch (k) {
-    case 0: return adam_loop<false, false, false, Bc2One>(p, m, v, g, n, pre, clip, s);
-    case 1: return adam_loop<false, false, true, Bc2One>(p, m, v, g, n, pre, clip, s);
-    case 2: return adam_loop<false, true, false, Bc2One>(p, m, v, g, n, pre, clip, s);
-    case 3: return adam_loop<false, true, true, Bc2One>(p, m, v, g, n, pre, clip, s);
-    case 4: return adam_loop<true, false, false, Bc2One>(p, m, v, g, n, pre, clip, s);
-    case 5: return adam_loop<true, false, true, Bc2One>(p, m, v, g, n, pre, clip, s);
-    case 6: return adam_loop<true, true, false, Bc2One>(p, m, v, g, n, pre, clip, s);
-    default: return adam_loop<true, true, true, Bc2One>(p, m, v, g, n, pre, clip, s);
+    case 0: return adam_loop<false, false, false, Q>(p, m, v, g, n, pre, clip, s);
+    case 1: return adam_loop<false, false, true, Q>(p, m, v, g, n, pre, clip, s);
+    case 2: return adam_loop<false, true, false, Q>(p, m, v, g, n, pre, clip, s);
+    case 3: return adam_loop<false, true, true, Q>(p, m, v, g, n, pre, clip, s);
+    case 4: return adam_loop<true, false, false, Q>(p, m, v, g, n, pre, clip, s);
+    case 5: return adam_loop<true, false, true, Q>(p, m, v, g, n, pre, clip, s);
+    case 6: return adam_loop<true, true, false, Q>(p, m, v, g, n, pre, clip, s);
+    default: return adam_loop<true, true, true, Q>(p, m, v, g, n, pre, clip, s);
   }
 }
 
 void adam(float* p, float* m, float* v, const float* g, std::size_t n, float pre, float clip,
           const AdamScalars& s) noexcept {
-  if (s.bc2_sqrt == 1.0f) adam_variant<true>(p, m, v, g, n, pre, clip, s);
-  else adam_variant<false>(p, m, v, g, n, pre, clip, s);
+  switch (quot_of(s)) {
+    case kBc2One: return adam_variant<kBc2One>(p, m, v, g, n, pre, clip, s);
+    case kByFma: return adam_variant<kByFma>(p, m, v, g, n, pre, clip, s);
+    default: return adam_variant<kDivide>(p, m, v, g, n, pre, clip, s);
+  }
 }
 
 // The remainder master with bf16 gradients in one pass: the gradient decoded (bf16 bits << 16,
 // times gscale: the bf16 decode of the formats), the master joined from its bf16 weight and
 // remainder, adam_element, the master split back (state_format.hpp's join_master and
 // split_master): adam's bits, without the three passes over buffers around it.
-template <bool L2, bool Decoupled, bool LerpLow, bool Bc2One>
+template <bool L2, bool Decoupled, bool LerpLow, int Q>
 inline void adam_remainder_block(std::uint16_t* __restrict w, std::int16_t* __restrict r, float* __restrict m,
                                  float* __restrict v, const std::uint16_t* __restrict g, std::size_t n, float gscale,
                                  float clip, const AdamScalars& c) noexcept {
@@ -99,7 +198,7 @@ inline void adam_remainder_block(std::uint16_t* __restrict w, std::int16_t* __re
     const float gd = std::bit_cast<float>(static_cast<std::uint32_t>(g[i]) << 16) * gscale;
     const std::uint32_t hi = static_cast<std::uint32_t>(w[i]) - (r[i] < 0 ? 1u : 0u);
     float p = std::bit_cast<float>(((hi & 0xFFFFu) << 16) | static_cast<std::uint16_t>(r[i]));
-    adam_element<L2, Decoupled, LerpLow, Bc2One>(gd * clip, p, m[i], v[i], c);
+    adam_element<L2, Decoupled, LerpLow, Q>(gd * clip, p, m[i], v[i], c);
     const std::uint32_t b = std::bit_cast<std::uint32_t>(p);
     const auto rem = static_cast<std::int16_t>(static_cast<std::uint16_t>(b & 0xFFFFu));
     w[i] = static_cast<std::uint16_t>((b >> 16) + (rem < 0 ? 1u : 0u));
@@ -109,7 +208,7 @@ inline void adam_remainder_block(std::uint16_t* __restrict w, std::int16_t* __re
 
 // As adam_loop: a cache line of the fp32 moments at a time, each prefetched 4 KiB ahead (fp32
 // moments are updated in place; the caller prefetches the 16-bit streams).
-template <bool L2, bool Decoupled, bool LerpLow, bool Bc2One>
+template <bool L2, bool Decoupled, bool LerpLow, int Q>
 void adam_remainder_loop(std::uint16_t* w, std::int16_t* r, float* m, float* v, const std::uint16_t* g, std::size_t n,
                          float gscale, float clip, const AdamScalars& s) noexcept {
   constexpr std::size_t kBlock = 16, kAhead = 1024;
@@ -118,31 +217,34 @@ void adam_remainder_loop(std::uint16_t* w, std::int16_t* r, float* m, float* v, 
   for (; i + kBlock <= n; i += kBlock) {
     __builtin_prefetch(m + i + kAhead, 1);
     __builtin_prefetch(v + i + kAhead, 1);
-    adam_remainder_block<L2, Decoupled, LerpLow, Bc2One>(w + i, r + i, m + i, v + i, g + i, kBlock, gscale, clip, c);
+    adam_remainder_block<L2, Decoupled, LerpLow, Q>(w + i, r + i, m + i, v + i, g + i, kBlock, gscale, clip, c);
   }
-  adam_remainder_block<L2, Decoupled, LerpLow, Bc2One>(w + i, r + i, m + i, v + i, g + i, n - i, gscale, clip, c);
+  adam_remainder_block<L2, Decoupled, LerpLow, Q>(w + i, r + i, m + i, v + i, g + i, n - i, gscale, clip, c);
 }
 
-template <bool Bc2One>
+template <int Q>
 void adam_remainder_variant(std::uint16_t* w, std::int16_t* r, float* m, float* v, const std::uint16_t* g, std::size_t n,
                             float gscale, float clip, const AdamScalars& s) noexcept {
   const int k = (s.l2 ? 4 : 0) | (s.decoupled ? 2 : 0) | (s.lerp_low ? 1 : 0);
   switch (k) {
-    case 0: return adam_remainder_loop<false, false, false, Bc2One>(w, r, m, v, g, n, gscale, clip, s);
-    case 1: return adam_remainder_loop<false, false, true, Bc2One>(w, r, m, v, g, n, gscale, clip, s);
-    case 2: return adam_remainder_loop<false, true, false, Bc2One>(w, r, m, v, g, n, gscale, clip, s);
-    case 3: return adam_remainder_loop<false, true, true, Bc2One>(w, r, m, v, g, n, gscale, clip, s);
-    case 4: return adam_remainder_loop<true, false, false, Bc2One>(w, r, m, v, g, n, gscale, clip, s);
-    case 5: return adam_remainder_loop<true, false, true, Bc2One>(w, r, m, v, g, n, gscale, clip, s);
-    case 6: return adam_remainder_loop<true, true, false, Bc2One>(w, r, m, v, g, n, gscale, clip, s);
-    default: return adam_remainder_loop<true, true, true, Bc2One>(w, r, m, v, g, n, gscale, clip, s);
+    case 0: return adam_remainder_loop<false, false, false, Q>(w, r, m, v, g, n, gscale, clip, s);
+    case 1: return adam_remainder_loop<false, false, true, Q>(w, r, m, v, g, n, gscale, clip, s);
+    case 2: return adam_remainder_loop<false, true, false, Q>(w, r, m, v, g, n, gscale, clip, s);
+    case 3: return adam_remainder_loop<false, true, true, Q>(w, r, m, v, g, n, gscale, clip, s);
+    case 4: return adam_remainder_loop<true, false, false, Q>(w, r, m, v, g, n, gscale, clip, s);
+    case 5: return adam_remainder_loop<true, false, true, Q>(w, r, m, v, g, n, gscale, clip, s);
+    case 6: return adam_remainder_loop<true, true, false, Q>(w, r, m, v, g, n, gscale, clip, s);
+    default: return adam_remainder_loop<true, true, true, Q>(w, r, m, v, g, n, gscale, clip, s);
   }
 }
 
 void adam_remainder(std::uint16_t* w, std::int16_t* r, float* m, float* v, const std::uint16_t* g, std::size_t n,
                     float gscale, float clip, const AdamScalars& s) noexcept {
-  if (s.bc2_sqrt == 1.0f) adam_remainder_variant<true>(w, r, m, v, g, n, gscale, clip, s);
-  else adam_remainder_variant<false>(w, r, m, v, g, n, gscale, clip, s);
+  switch (quot_of(s)) {
+    case kBc2One: return adam_remainder_variant<kBc2One>(w, r, m, v, g, n, gscale, clip, s);
+    case kByFma: return adam_remainder_variant<kByFma>(w, r, m, v, g, n, gscale, clip, s);
+    default: return adam_remainder_variant<kDivide>(w, r, m, v, g, n, gscale, clip, s);
+  }
 }
 
 // torchao's single_param_adam (torchao/optim/adam.py), element by element in fp32:
@@ -154,20 +256,27 @@ void adam_remainder(std::uint16_t* w, std::int16_t* r, float* m, float* v, const
 inline float lerp_torch(float a, float b, float w, float omw, bool low) noexcept {
   return low ? std::fma(w, b - a, a) : std::fma(-omw, b - a, b);
 }
+inline void torchao_moments_element(float gi, float p, float& m, float& v, const RuleScalars& s) noexcept {
+  if (s.l2) gi = gi + s.weight_decay * p;  // l2 excludes decoupled: p is the weight as read
+  m = lerp_torch(m, gi, s.w1, s.omw1, s.low1);
+  v = lerp_torch(v, gi * gi, s.w2, s.omw2, s.low2);
+}
 void adam_torchao(float* __restrict p, float* __restrict m, float* __restrict v, const float* __restrict g,
                   std::size_t n, float pre, float clip, const RuleScalars& s) noexcept {
-  for (std::size_t i = 0; i < n; ++i) {
-    float gi = (g[i] * pre) * clip;
-    float pi = p[i];
-    if (s.decoupled) pi = pi - s.decay * pi;
-    if (s.l2) gi = gi + s.weight_decay * pi;
-    const float mi = lerp_torch(m[i], gi, s.w1, s.omw1, s.low1);
-    const float vi = lerp_torch(v[i], gi * gi, s.w2, s.omw2, s.low2);
-    const float denom = std::sqrt(vi) / s.sqrt_bc2 + s.eps;
-    pi = pi - (s.lr * (mi / s.bc1)) / denom;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = pi;
+  float root[16], d[16], mb[16];
+  for (std::size_t b = 0; b < n; b += 16) {
+    const std::size_t k = n - b < 16 ? n - b : 16;
+    for (std::size_t i = b; i < b + k; ++i) {
+      torchao_moments_element((g[i] * pre) * clip, p[i], m[i], v[i], s);
+      root[i - b] = std::sqrt(v[i]);
+    }
+    divide_by(root, d, k, s.sqrt_bc2);
+    divide_by(m + b, mb, k, s.bc1);
+    for (std::size_t i = b; i < b + k; ++i) {
+      float pi = p[i];
+      if (s.decoupled) pi = pi - s.decay * pi;
+      p[i] = pi - (s.lr * mb[i - b]) / (d[i - b] + s.eps);
+    }
   }
 }
 
@@ -175,21 +284,25 @@ void adam_torchao(float* __restrict p, float* __restrict m, float* __restrict v,
 //   Adam (L2): g = g + wd * p
 //   m = beta1 * m + (1 - beta1) * g;  v = beta2 * v + ((1 - beta2) * g) * g
 //   denom = sqrt(v / bc2) + eps;  update = (m / bc1) / denom  (+ wd * p for AdamW);  p = p - lr * update
+inline void te_moments_element(float gi, float p, float& m, float& v, const RuleScalars& s) noexcept {
+  if (s.l2) gi = gi + s.weight_decay * p;
+  m = s.beta1 * m + s.one_minus_beta1 * gi;
+  v = s.beta2 * v + (s.one_minus_beta2 * gi) * gi;
+}
 void adam_te(float* __restrict p, float* __restrict m, float* __restrict v, const float* __restrict g,
              std::size_t n, float pre, float clip, const RuleScalars& s) noexcept {
-  for (std::size_t i = 0; i < n; ++i) {
-    float gi = (g[i] * pre) * clip;
-    float pi = p[i];
-    if (s.l2) gi = gi + s.weight_decay * pi;
-    const float mi = s.beta1 * m[i] + s.one_minus_beta1 * gi;
-    const float vi = s.beta2 * v[i] + (s.one_minus_beta2 * gi) * gi;
-    const float denom = std::sqrt(vi / s.bc2) + s.eps;
-    float update = (mi / s.bc1) / denom;
-    if (s.decoupled) update = update + s.decay * pi;
-    pi = pi - s.lr * update;
-    m[i] = mi;
-    v[i] = vi;
-    p[i] = pi;
+  float vb[16], mb[16];
+  for (std::size_t b = 0; b < n; b += 16) {
+    const std::size_t k = n - b < 16 ? n - b : 16;
+    for (std::size_t i = b; i < b + k; ++i) te_moments_element((g[i] * pre) * clip, p[i], m[i], v[i], s);
+    divide_by(v + b, vb, k, s.bc2);
+    divide_by(m + b, mb, k, s.bc1);
+    for (std::size_t i = b; i < b + k; ++i) {
+      const float pi = p[i];
+      float update = mb[i - b] / (std::sqrt(vb[i - b]) + s.eps);
+      if (s.decoupled) update = update + s.decay * pi;
+      p[i] = pi - s.lr * update;
+    }
   }
 }
 
@@ -270,7 +383,7 @@ void sr_bits(std::uint32_t* out, std::uint64_t first, std::size_t n, std::uint64
 #include "optim/codec_impl.hpp"
 
 inline const mixprec::optim_detail::UpdateKernels kTable{
-    adam, adam_torchao, adam_te, sgd, scale, sr_bits,
+    adam, adam_torchao, adam_te, sgd, scale, divide, sr_bits,
     adam_moments, adam_moments_torchao, adam_moments_te,
     join_master, split_master, adam_remainder, round_bf16_stochastic,
     encode_fp8_blocks, encode_fp8_scaled, encode_map_blocks, decode_fp8_blocks,

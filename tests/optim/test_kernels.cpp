@@ -74,6 +74,65 @@ std::vector<const UpdateKernels*> simd_tables(std::vector<std::string>& names) {
 
 constexpr std::size_t kSizes[] = {1, 7, 15, 16, 17, 31, 33, 64, 1000, 1024, 4099};
 
+// divide (the quotients x / d inside the steps and codecs, by FMAs in the vector back ends:
+// optim/kernels.hpp's Divisor) gives the divider's bits, NaN payloads included. Every fp32
+// significand (in [1, 2), both signs) against divisors including the all-ones significand and
+// the Adam bias corrections; then every exponent of x, subnormals included, against divisors
+// at the ends of the range, where the FMA path must step aside.
+void expect_divide(const UpdateKernels& t, const std::string& name, const std::vector<float>& x, float d) {
+  std::vector<float> q(x.size());
+  t.divide(x.data(), q.data(), x.size(), d);
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    const float want = x[i] / d;
+    if (std::bit_cast<std::uint32_t>(q[i]) != std::bit_cast<std::uint32_t>(want)) {
+      ADD_FAILURE() << name << ": " << hex(x[i]) << " / " << hex(d) << " = " << hex(q[i]) << ", the division "
+                    << hex(want);
+      return;
+    }
+  }
+}
+
+// The sanitizer build (MIXPREC_EXHAUSTIVE 0) takes every 61st significand.
+TEST(UpdateKernels, DivideEqualsTheDivisionForEverySignificand) {
+  std::vector<std::string> names;
+  const auto tables = simd_tables(names);
+  if (tables.empty()) GTEST_SKIP() << "no SIMD back end on this CPU (the reference divides)";
+  constexpr std::uint32_t kStride = MIXPREC_EXHAUSTIVE ? 1 : 61;
+  std::vector<float> x;
+  for (std::uint32_t i = 0; i < (1u << 23); i += kStride) {
+    x.push_back(std::bit_cast<float>(0x3f800000u | i));
+    x.push_back(-std::bit_cast<float>(0x3f800000u | (i ^ 0x2aaaaau)));
+  }
+  std::mt19937 rng(7);
+  std::vector<float> divisors{std::bit_cast<float>(0x3fffffffu), std::bit_cast<float>(0x3f800001u), 1.0f, 3.0f,
+                              std::sqrt(1.0f - 0.999f), 1.0f - 0.9f, 1e-12f / 448.0f, 0.3f};
+  for (int k = 0; k < 4; ++k) divisors.push_back(std::bit_cast<float>(0x3f800000u | (static_cast<std::uint32_t>(rng()) & 0x7fffffu)));
+  for (std::size_t t = 0; t < tables.size(); ++t)
+    for (float d : divisors) expect_divide(*tables[t], names[t], x, d);
+}
+
+TEST(UpdateKernels, DivideEqualsTheDivisionAtTheEndsOfTheRange) {
+  std::vector<std::string> names{"scalar"};
+  std::vector<const UpdateKernels*> tables{&optim_detail::scalar_update_kernels()};
+  for (const UpdateKernels* t : simd_tables(names)) tables.push_back(t);
+  std::mt19937 rng(11);
+  std::vector<float> x;
+  for (std::uint32_t e = 0; e < 255; ++e)  // every exponent, subnormals (e = 0) included
+    for (int k = 0; k < 512; ++k) {
+      const std::uint32_t bits = (e << 23) | (k < 2 ? (k == 0 ? 0u : 0x7fffffu) : (static_cast<std::uint32_t>(rng()) & 0x7fffffu));
+      x.push_back(std::bit_cast<float>(bits | (k % 3 == 0 ? 0x80000000u : 0u)));
+    }
+  const float inf = std::numeric_limits<float>::infinity();
+  for (float s : {0.0f, -0.0f, inf, -inf, std::numeric_limits<float>::quiet_NaN(), std::bit_cast<float>(0x7fa00001u),
+                  std::numeric_limits<float>::max(), std::numeric_limits<float>::denorm_min()})
+    x.push_back(s);
+  const std::vector<float> divisors{1.0f,      0.75f,     0x1p-100f, 0x1p100f,  0x1p-126f, 0x1.8p-127f,  // subnormal
+                                    0x1p126f,  0x1p127f,  3e38f,     1e-12f / 448.0f, 0.0f, -2.5f, inf,
+                                    std::numeric_limits<float>::quiet_NaN()};
+  for (std::size_t t = 0; t < tables.size(); ++t)
+    for (float d : divisors) expect_divide(*tables[t], names[t], x, d);
+}
+
 TEST(UpdateKernels, AdamEveryVariantEqualsTheReference) {
   std::vector<std::string> names;
   const auto tables = simd_tables(names);
@@ -93,7 +152,7 @@ TEST(UpdateKernels, AdamEveryVariantEqualsTheReference) {
     s.weight_decay = 0.01f;
     s.decay_mul = 1.0f - 3e-4f * 0.01f;
     s.neg_step_size = -3e-4f / (1.0f - 0.9f * 0.9f);
-    s.bc2_sqrt = std::sqrt(1.0f - 0.999f * 0.999f);
+    s.bc2_sqrt = optim_detail::divisor(std::sqrt(1.0f - 0.999f * 0.999f));
     for (std::size_t n : kSizes) {
       const auto g = values(n, 1 + static_cast<std::uint32_t>(n), 4096.0f);
       const auto p0 = values(n, 2, 0.05f), m0 = values(n, 3, 1e-3f), v0 = positive(values(n, 4, 1e-6f));
@@ -117,15 +176,17 @@ TEST(UpdateKernels, AdamEveryVariantEqualsTheReference) {
   EXPECT_GT(cases, 0);
 }
 
-// bc2_sqrt == 1 (late steps: 1 - beta2^t rounds to 1) skips the division by it: every back
+// bc2_sqrt == 1 (late steps: 1 - beta2^t rounds to 1) skips the division by it, and the vector
+// back ends divide by any other bc2_sqrt with FMAs (or, below 2^-30, the divider): every back
 // end, the reference included, gives the bits of the update written out with that division
-// (by a 1 the compiler cannot see), and bc2_sqrt != 1 still divides.
+// (by a value the compiler cannot see), NaN and inf states included.
 TEST(UpdateKernels, AdamWithoutBiasCorrectionLeftEqualsTheDivision) {
   std::vector<std::string> names{"scalar"};
   std::vector<const UpdateKernels*> tables{&optim_detail::scalar_update_kernels()};
   for (const UpdateKernels* t : simd_tables(names)) tables.push_back(t);
   volatile float one = 1.0f;
-  for (const float bc2 : {static_cast<float>(one), std::sqrt(1.0f - 0.999f * 0.999f)}) {
+  // 2^-31: below the FMA quotient's range for bc2_sqrt (update_impl.hpp's kByFma), the divider.
+  for (const float bc2 : {static_cast<float>(one), std::sqrt(1.0f - 0.999f * 0.999f), 0x1p-31f}) {
     AdamScalars s{};
     s.weight = 0.1f;
     s.one_minus_weight = 0.9f;
@@ -137,10 +198,12 @@ TEST(UpdateKernels, AdamWithoutBiasCorrectionLeftEqualsTheDivision) {
     s.weight_decay = 0.01f;
     s.decay_mul = 1.0f - 3e-4f * 0.01f;
     s.neg_step_size = -3e-4f;
-    s.bc2_sqrt = bc2;
+    s.bc2_sqrt = optim_detail::divisor(bc2);
     const std::size_t n = 1031;
     const auto g = values(n, 9, 1.0f), p0 = values(n, 10, 0.05f), m0 = values(n, 11, 1e-3f);
-    const auto v0 = positive(values(n, 12, 1e-6f));
+    auto v0 = positive(values(n, 12, 1e-6f));
+    v0[5] = std::bit_cast<float>(0x7fc01234u);  // a NaN state keeps its payload through the quotient
+    v0[6] = std::numeric_limits<float>::infinity();
     std::vector<float> p = p0, m = m0, v = v0;
     const float divisor = bc2;  // a runtime value: x / divisor is a division even when it is 1
     for (std::size_t i = 0; i < n; ++i) {
