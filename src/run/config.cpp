@@ -622,8 +622,6 @@ void validate(const TrainConfig& c) {
       fail("master", std::string("fp32 with precision ").append(nn::precision_name(c.precision)) +
                          " (remainder needs master weights and bf16 model weights: --precision bf16)",
            "remainder");
-    if (formats && c.zero == 1)
-      fail("zero", "0 with --master/--moments other than fp32 (ZeRO-1 shards fp32 masters and moments)", "1");
     if (formats && c.loss_scale == "layerwise")
       fail("loss-scale", "a preset other than layerwise with --master/--moments other than fp32 (its per-layer "
                          "skips restore fp32 state)", "layerwise");

@@ -208,25 +208,30 @@ json trajectory_settings(const TrainConfig& c) {
 
 void Trainer::save_checkpoint(const std::string& path) const {
   const Impl& m = *impl_;
-  const ParamStore& s = m.model->params();
   // ZeRO: the slices gathered first (every rank takes part); rank 0 writes one
-  // ordinary checkpoint of the full state, which any number of ranks can load.
+  // ordinary checkpoint of the full state, which any number of ranks can load. Slices of
+  // whole tensors (state formats) gather into a store of the full layout, written as an
+  // unsharded run's store is; flat slices into fp32 arrays.
+  std::unique_ptr<ParamStore> gathered;
   std::vector<float> zero_weights;
   std::vector<std::vector<float>> zero_states;
   if (m.zero) {
-    zero_gather(*m.zero, *m.comm, s.flat_size(), zero_weights, zero_states);
+    if (m.zero->whole_tensors) gathered = zero_gather_store(*m.zero, *m.comm, m.model->params());
+    else zero_gather(*m.zero, *m.comm, m.model->params().flat_size(), zero_weights, zero_states);
     if (m.comm->rank() != 0) return;
   }
-  auto state_of = [&](unsigned k) -> const float* { return m.zero ? zero_states[k].data() : s.state_data(k); };
+  const ParamStore& s = gathered ? *gathered : m.model->params();
+  const bool flat_zero = m.zero && !gathered;
+  auto state_of = [&](unsigned k) -> const float* { return flat_zero ? zero_states[k].data() : s.state_data(k); };
   std::vector<ckpt::TensorRef> tensors;
-  const bool master = m.zero ? m.zero->store->has_master() : s.has_master();
+  const bool master = flat_zero ? m.zero->store->has_master() : s.has_master();
   const DType wt = master ? DType::f32 : s.model_dtype();
   std::vector<float> joined;  // remainder masters: the fp32 weights of record, rebuilt
-  if (!m.zero && s.master_format() == MasterFormat::remainder) {
+  if (s.master_format() == MasterFormat::remainder) {
     joined.resize(s.flat_size());
     s.weights_of_record(joined);
   }
-  const auto* weights = master ? reinterpret_cast<const std::byte*>(m.zero           ? zero_weights.data()
+  const auto* weights = master ? reinterpret_cast<const std::byte*>(flat_zero        ? zero_weights.data()
                                                                     : joined.empty() ? s.master_data()
                                                                                      : joined.data())
                                : static_cast<const std::byte*>(s.model_data());
@@ -304,6 +309,9 @@ void Trainer::load_checkpoint(const std::string& path) {
   const bool master = m.zero ? m.zero->store->has_master() : s.has_master();
   const DType wt = master ? DType::f32 : s.model_dtype();
   const std::vector<std::string> slots = state_names(m.optimizer->kind());
+  // The run's moment layouts (an unsharded store's and every ZeRO slice's alike).
+  const StateFormats formats = state_formats(m.config);
+  const bool compact = formats.m != MomentFormat::fp32 || formats.v != MomentFormat::fp32;
   std::vector<std::span<const std::byte>> weights, states, emas;  // emas: --ema's "ema.<param>"
   for (std::size_t i = 0; i < s.tensor_count(); ++i) {
     const ParamSpec& spec = s.spec(i);
@@ -311,11 +319,11 @@ void Trainer::load_checkpoint(const std::string& path) {
     weights.push_back(f.expect(spec.name, ckpt_dtype(wt), shape));
     for (unsigned k = 0; k < slots.size(); ++k) {
       const std::string& slot = slots[k];
-      if (!s.compact_moments()) {
+      if (!compact) {
         states.push_back(f.expect(slot + spec.name, ckpt::DType::f32, shape));
         continue;
       }
-      const MomentLayout l = const_cast<ParamStore&>(s).moment(k, i).layout;
+      const MomentLayout l = moment_layout(k == 0 ? formats.m : formats.v, k == 0, s.numel(i), formats);
       states.push_back(l.format == MomentFormat::fp32 ? f.expect(slot + spec.name, ckpt::DType::f32, shape)
                                                       : f.expect(slot + spec.name, ckpt::DType::u8, {l.code_bytes()}));
       if (l.scale_count() > 0) states.push_back(f.expect(slot + "scale." + spec.name, ckpt::DType::f32, {l.scale_count()}));
@@ -440,7 +448,50 @@ void Trainer::load_checkpoint(const std::string& path) {
   // else changed), then the rest, which cannot fail.
   m.optimizer->load_state(os);
   ParamStore& st = m.model->params();
-  if (m.zero) {
+  if (m.zero && m.zero->whole_tensors) {
+    // Whole tensors: the model copy of every tensor (the bf16 half of a remainder master, as
+    // split_master rounds it), this rank's tensors' weights and state as stored.
+    ZeroShard& z = *m.zero;
+    ParamStore& zs = *z.store;
+    std::vector<std::int16_t> rem;
+    for (std::size_t i = 0, k = 0; i < st.tensor_count(); ++i) {
+      const std::size_t n = st.numel(i);
+      const bool mine = i >= z.first_tensor && i < z.first_tensor + zs.tensor_count();
+      const std::size_t j = i - z.first_tensor;
+      const auto* w = reinterpret_cast<const float*>(weights[i].data());
+      if (!master) {  // the model weights are the weights of record
+        const std::size_t ds = dtype_size(st.model_dtype());
+        std::memcpy(static_cast<std::byte*>(st.model_data()) + st.offset(i) * ds, weights[i].data(), n * ds);
+        if (mine) std::memcpy(static_cast<std::byte*>(zs.model_data()) + zs.offset(j) * ds, weights[i].data(), n * ds);
+      } else if (zs.master_format() == MasterFormat::remainder) {
+        rem.resize(n);
+        split_master(w, static_cast<std::uint16_t*>(st.model_data()) + st.offset(i), rem.data(), n);
+        if (mine) split_master(w, static_cast<std::uint16_t*>(zs.model_data()) + zs.offset(j),
+                               zs.remainder_data() + zs.offset(j), n);
+      } else {
+        std::span<const float> wv(w, n);
+        std::byte* model = static_cast<std::byte*>(st.model_data()) + st.offset(i) * dtype_size(st.model_dtype());
+        switch (st.model_dtype()) {
+          case DType::f32: std::memcpy(model, w, n * 4); break;
+          case DType::f16: convert(wv, std::span<f16>(reinterpret_cast<f16*>(model), n)); break;
+          case DType::bf16: convert(wv, std::span<bf16>(reinterpret_cast<bf16*>(model), n)); break;
+        }
+        if (mine) std::memcpy(zs.master_data() + zs.offset(j), w, n * 4);
+      }
+      for (unsigned slot = 0; slot < slots.size(); ++slot, ++k) {
+        const bool scaled = compact && moment_layout(slot == 0 ? formats.m : formats.v, slot == 0, n, formats)
+                                               .scale_count() > 0;
+        if (mine) {
+          const MomentView v = zs.moment(slot, j);
+          std::memcpy(v.codes, states[k].data(), states[k].size());
+          if (scaled) std::memcpy(v.scales, states[k + 1].data(), states[k + 1].size());
+        }
+        if (scaled) ++k;
+      }
+    }
+    if (master && zs.master_format() != MasterFormat::remainder) zs.refresh_model();
+    zs.zero_grads();
+  } else if (m.zero) {
     // Resharded on load: this rank's slice of every tensor, whatever wrote the file.
     ZeroShard& z = *m.zero;
     ParamStore& zs = *z.store;

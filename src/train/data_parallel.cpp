@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
+#include <string>
 #include <type_traits>
 
 #include "mixprec/optim/optimizer.hpp"
@@ -49,6 +51,30 @@ std::vector<std::size_t> zero_bounds(const ParamStore& s, int ranks) {
   return b;
 }
 
+// ZeRO over whole tensors: rank r's slice starts at the tensor start nearest r * flat_size /
+// ranks that leaves every rank at least one tensor.
+std::vector<std::size_t> zero_tensor_bounds(const ParamStore& s, int ranks) {
+  const auto n = static_cast<std::size_t>(ranks);
+  if (s.tensor_count() < n)
+    throw std::invalid_argument("zero: expected at least as many parameter tensors as ranks with --master/--moments "
+                                "other than fp32 (ZeRO-1 then shards whole tensors), found " +
+                                std::to_string(s.tensor_count()) + " tensors for " + std::to_string(ranks) + " ranks");
+  std::vector<std::size_t> b{0};
+  std::size_t t = 0;  // the first tensor of the next slice
+  for (std::size_t r = 1; r < n; ++r) {
+    const std::size_t ideal = s.flat_size() * r / n;
+    std::size_t best = t + 1;  // at least one tensor in the slice before
+    for (std::size_t c = t + 1; c + (n - r) <= s.tensor_count(); ++c) {
+      const auto dist = [&](std::size_t k) { return s.offset(k) > ideal ? s.offset(k) - ideal : ideal - s.offset(k); };
+      if (dist(c) < dist(best)) best = c;
+    }
+    t = best;
+    b.push_back(s.offset(t));
+  }
+  b.push_back(s.flat_size());
+  return b;
+}
+
 // ZeRO: the global norm of the unscaled gradients, the exact combination of every
 // slice's exact partial sum of squares (z.grads already stored in the slice's store).
 // The partial sums travel as bytes.
@@ -77,22 +103,37 @@ double zero_global_norm(ZeroShard& z, dist::Communicator& comm, float scale) {
 std::unique_ptr<ZeroShard> make_zero_shard(const TrainConfig& config, const nn::ModelConfig& mc, const ParamStore& full,
                                            bool master, const dist::Communicator& comm) {
   auto z = std::make_unique<ZeroShard>();
-  z->bounds = zero_bounds(full, comm.size());
+  const StateFormats formats = state_formats(config);
+  z->whole_tensors = formats.master != MasterFormat::fp32 || formats.m != MomentFormat::fp32 ||
+                     formats.v != MomentFormat::fp32;
+  z->bounds = z->whole_tensors ? zero_tensor_bounds(full, comm.size()) : zero_bounds(full, comm.size());
   z->begin = z->bounds[static_cast<std::size_t>(comm.rank())];
   z->end = z->bounds[static_cast<std::size_t>(comm.rank()) + 1];
   const std::size_t len = z->end - z->begin;
   const OptimizerKind kind = *parse_optimizer(config.optimizer);
-  z->store = std::make_unique<ParamStore>(std::vector<ParamSpec>{{"shard", {len}}},
-                                          StoreOptions{full.model_dtype(), full.grad_dtype(), master,
-                                                       optimizer_state_slots(kind)});
+  const StoreOptions options{full.model_dtype(), full.grad_dtype(), master, optimizer_state_slots(kind),
+                             z->whole_tensors ? formats : StateFormats{}};
+  if (z->whole_tensors) {
+    std::vector<ParamSpec> specs;
+    while (full.offset(z->first_tensor) < z->begin) ++z->first_tensor;
+    for (std::size_t t = z->first_tensor; t < full.tensor_count() && full.offset(t) < z->end; ++t)
+      specs.push_back(full.spec(t));
+    z->store = std::make_unique<ParamStore>(std::move(specs), options);
+    // The tensors' padded layout repeats from any tensor start (offsets are multiples of
+    // kAlignElements): the slice [begin, end) of every full region is this store's region.
+    if (z->store->flat_size() != len)
+      throw std::logic_error("ZeRO: a whole-tensor slice of " + std::to_string(len) + " elements laid out as " +
+                             std::to_string(z->store->flat_size()));
+  } else {
+    z->store = std::make_unique<ParamStore>(std::vector<ParamSpec>{{"shard", {len}}}, options);
+  }
   {
     // The initial fp32 weights of the slice, from a model built the same way (the
     // model the trainer keeps has no master weights); dropped right away.
     const std::unique_ptr<nn::Model> init = nn::make_model(mc, config.precision, 0);
     const ParamStore& is = init->params();
     if (master) {
-      std::memcpy(z->store->master_data(), is.master_data() + z->begin, len * 4);
-      z->store->refresh_model();
+      z->store->set_weights_of_record({is.master_data() + z->begin, len});  // remainder masters: split
     } else {
       const std::size_t ds = dtype_size(is.model_dtype());
       std::memcpy(z->store->model_data(), static_cast<const std::byte*>(is.model_data()) + z->begin * ds, len * ds);
@@ -124,6 +165,53 @@ void zero_gather(const ZeroShard& z, dist::Communicator& comm, std::size_t flat_
   if (zs.has_master()) gather(zs.master_data(), weights);
   states.resize(zs.state_slots());
   for (unsigned k = 0; k < zs.state_slots(); ++k) gather(zs.state_data(k), states[k]);
+}
+
+std::unique_ptr<ParamStore> zero_gather_store(const ZeroShard& z, dist::Communicator& comm, const ParamStore& full) {
+  const ParamStore& zs = *z.store;
+  std::vector<ParamSpec> specs;
+  for (std::size_t t = 0; t < full.tensor_count(); ++t) specs.push_back(full.spec(t));
+  auto g = std::make_unique<ParamStore>(std::move(specs), zs.options());
+  // The flat regions: every rank's [begin, end) is its store's region, element for element.
+  auto flat = [&](const void* shard, void* out, std::size_t elem) {
+    comm.all_gather({static_cast<const std::byte*>(shard), zs.flat_size() * elem},
+                    {static_cast<std::byte*>(out), g->flat_size() * elem}, elem, z.bounds);
+  };
+  flat(zs.model_data(), g->model_data(), dtype_size(zs.model_dtype()));
+  if (zs.remainder_data() != nullptr) flat(zs.remainder_data(), g->remainder_data(), 2);
+  else if (zs.master_data() != nullptr) flat(zs.master_data(), g->master_data(), 4);
+  // The moments: each tensor's codes then scales, every rank's tensors in order, as bytes.
+  const std::size_t ranks = z.bounds.size() - 1;
+  for (unsigned k = 0; k < zs.state_slots(); ++k) {
+    if (!zs.compact_moments()) {
+      flat(zs.state_data(k), g->state_data(k), 4);
+      continue;
+    }
+    auto bytes_of = [&](const MomentView& v) { return v.layout.code_bytes() + 4 * v.layout.scale_count(); };
+    std::vector<std::size_t> byte_bounds{0};
+    for (std::size_t r = 0, t = 0; r < ranks; ++r) {
+      std::size_t sum = 0;
+      for (; t < g->tensor_count() && g->offset(t) < z.bounds[r + 1]; ++t) sum += bytes_of(g->moment(k, t));
+      byte_bounds.push_back(byte_bounds.back() + sum);
+    }
+    std::vector<std::byte> mine, all(byte_bounds.back());
+    for (std::size_t j = 0; j < zs.tensor_count(); ++j) {
+      const MomentView v = const_cast<ParamStore&>(zs).moment(k, j);
+      const auto* c = static_cast<const std::byte*>(v.codes);
+      mine.insert(mine.end(), c, c + v.layout.code_bytes());
+      const auto* sc = reinterpret_cast<const std::byte*>(v.scales);
+      mine.insert(mine.end(), sc, sc + 4 * v.layout.scale_count());
+    }
+    comm.all_gather(mine, all, 1, byte_bounds);
+    for (std::size_t t = 0, at = 0; t < g->tensor_count(); ++t) {
+      const MomentView v = g->moment(k, t);
+      std::memcpy(v.codes, all.data() + at, v.layout.code_bytes());
+      at += v.layout.code_bytes();
+      std::memcpy(v.scales, all.data() + at, 4 * v.layout.scale_count());
+      at += 4 * v.layout.scale_count();
+    }
+  }
+  return g;
 }
 
 void zero_share_weights(const ZeroShard& z, dist::Communicator& comm, ParamStore& full) {

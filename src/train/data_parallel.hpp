@@ -22,9 +22,15 @@ namespace mixprec::train {
 // gradients and the optimizer state of the slice only. Slices are cut at tensor starts
 // or kUnscaleChunk boundaries inside a tensor, so that the exact partial sums of
 // squares of the slices add up to the unsharded norm bit for bit.
+// With state formats other than fp32 (--master, --moments) the slices are whole tensors
+// (`whole_tensors`): a block's scale, a per-tensor scale and torchao's fallback rule belong to
+// a tensor, so each rank steps the tensors [first_tensor, first_tensor + its store's
+// tensor_count()) with their own names, shapes and layouts, which are the unsharded run's.
 struct ZeroShard {
   std::vector<std::size_t> bounds;  // ranks + 1 flat offsets
   std::size_t begin = 0, end = 0;
+  bool whole_tensors = false;
+  std::size_t first_tensor = 0;
   std::unique_ptr<ParamStore> store;
   std::vector<float> grads;          // the reduce-scatter's fp32 sums
   std::vector<GradTensor> segments;  // the pieces of the tensors in the slice (norm)
@@ -40,6 +46,10 @@ std::unique_ptr<ZeroShard> make_zero_shard(const TrainConfig& config, const nn::
 // state arrays (flat_size each), gathered from every rank's slice. A collective.
 void zero_gather(const ZeroShard& z, dist::Communicator& comm, std::size_t flat_size, std::vector<float>& weights,
                  std::vector<std::vector<float>>& states);
+
+// ZeRO over whole tensors: a store of the full layout (the shard stores' options) holding every
+// rank's weights, remainders or masters and optimizer state, gathered. A collective.
+std::unique_ptr<ParamStore> zero_gather_store(const ZeroShard& z, dist::Communicator& comm, const ParamStore& full);
 
 // ZeRO, after an applied step: every rank's updated slice of the model copy into
 // `full`'s model copy, on every rank. A collective.

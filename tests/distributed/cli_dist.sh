@@ -20,6 +20,9 @@
 #   6. Optimizer state formats (--master remainder --moments fp8,8bit) on 2 ranks, an
 #      overflow on rank 1 at step 3: a run stopped at step 4 and resumed on 2 ranks ends
 #      with the straight run's checkpoint, byte for byte (codes, scales, masters).
+#   7. The same formats under --zero 1 (whole tensors a rank): the straight run and a run
+#      stopped at step 4 and resumed under ZeRO end with case 6's unsharded checkpoint,
+#      byte for byte; rank 0 holds about half the master and moment bytes.
 set -uo pipefail
 bin=$1
 tool=$2
@@ -196,6 +199,25 @@ mpi 2 "$bin" train --distributed --resume "$work/formats-resumed" --steps 8 > "$
 python3 - "$work/formats/log.jsonl" <<'PY' || fail "formats: step 3 was not skipped"
 import json, sys
 assert [json.loads(l)["skipped"] for l in open(sys.argv[1])][2] is True
+PY
+
+echo "== 7. state formats under ZeRO-1 on 2 ranks == unsharded"
+mpi 2 "$bin" train --distributed --zero 1 "${fargs[@]}" --steps 8 --out "$work/zformats" > "$work/zformats.out" 2>&1 ||
+  fail "ZeRO formats run: $(tail -3 "$work/zformats.out")"
+"$tool" compare "$work/formats/ckpt-00000008.safetensors" "$work/zformats/ckpt-00000008.safetensors" \
+  --ignore-config zero || fail "the ZeRO formats checkpoint differs from the unsharded one"
+mpi 2 "$bin" train --distributed --zero 1 "${fargs[@]}" --steps 4 --out "$work/zformats-resumed" \
+  > "$work/zformats-r1.out" 2>&1 || fail "ZeRO formats run to step 4: $(tail -3 "$work/zformats-r1.out")"
+mpi 2 "$bin" train --distributed --zero 1 --resume "$work/zformats-resumed" --steps 8 > "$work/zformats-r2.out" 2>&1 ||
+  fail "ZeRO formats resume: $(tail -3 "$work/zformats-r2.out")"
+"$tool" compare "$work/formats/ckpt-00000008.safetensors" "$work/zformats-resumed/ckpt-00000008.safetensors" \
+  --ignore-config zero --ignore-config out --ignore-config resume || fail "the resumed ZeRO formats run differs"
+python3 - "$work/formats/summary.json" "$work/zformats/summary.json" <<'PY' || fail "ZeRO formats: rank 0 holds the whole state"
+import json, sys
+plain, zero = (json.load(open(p))["memory"] for p in sys.argv[1:])
+for k in ("master_bytes", "optimizer_state_bytes"):
+    assert 0 < zero[k] < 0.75 * plain[k], (k, plain[k], zero[k])
+print("ZeRO formats, rank 0:", {k: (plain[k], zero[k]) for k in ("master_bytes", "optimizer_state_bytes")})
 PY
 
 if [ "$failures" -ne 0 ]; then
