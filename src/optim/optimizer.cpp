@@ -304,8 +304,9 @@ bool Optimizer::step_per_tensor(const StepControls& c, ThreadPool* pool) {
   const Isa isa = isa_;
   // An fp32 model copy beside fp32 masters (the step updates the master in place): copied after.
   const bool copy_model = st.master_data() != nullptr && st.model_dtype() == DType::f32;
+  if (measure_) stats_.assign(st.tensor_count(), AdamStepStats{});
   auto one = [&](std::size_t i) {
-    adam_tensor_step(tensor(i), a, isa);
+    adam_tensor_step(tensor(i), a, isa, measure_ ? &stats_[i] : nullptr);
     if (copy_model)
       std::memcpy(static_cast<float*>(st.model_data()) + st.offset(i), st.master_data() + st.offset(i), st.numel(i) * 4);
   };

@@ -186,6 +186,24 @@ std::string layers_json(const std::vector<StepRecord::LayerScale>& ls) {
   return out + "]";
 }
 
+// The optimizer state at a sampled step: one object per tensor, the schema of the Python door's
+// optimizer.jsonl "params" (docs/telemetry.md, "Optimizer state").
+std::string state_json(const std::vector<StepRecord::StateStats>& ts) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < ts.size(); ++i) {
+    if (i > 0) out += ',';
+    ObjectWriter w(out);
+    w.field("name", ts[i].name);
+    w.field("m_error", ts[i].m_error);
+    w.field("v_error", ts[i].v_error);
+    w.field("lost_fraction",
+            ts[i].meant > 0 ? static_cast<double>(ts[i].lost) / static_cast<double>(ts[i].meant) : 0.0);
+    w.field("meant", ts[i].meant);
+    w.close();
+  }
+  return out + "]";
+}
+
 [[noreturn]] void bad(std::string_view key, std::string_view what, const json& v) {
   std::string text = v.dump(-1, ' ', false, json::error_handler_t::replace);
   if (text.size() > 60) text = text.substr(0, 57) + "...";
@@ -276,6 +294,22 @@ void parse_telemetry(const json& j, StepRecord& r) {
       if (l.outcome != "applied" && l.outcome != "origin" && l.outcome != "victim")
         bad("layers[].outcome", "applied, origin or victim", t["outcome"]);
       r.layers.push_back(std::move(l));
+    }
+  }
+  if (j.contains("optimizer_state")) {
+    const json& a = j["optimizer_state"];
+    if (!a.is_array()) bad("optimizer_state", "an array", a);
+    for (const json& t : a) {
+      if (!t.is_object()) bad("optimizer_state[]", "an object", t);
+      StepRecord::StateStats x;
+      x.name = get_string(t, "name");
+      x.m_error = get_number(t, "m_error", true);
+      x.v_error = get_number(t, "v_error", true);
+      x.meant = get_uint(t, "meant");
+      const double f = get_number(t, "lost_fraction", false);
+      if (!(f >= 0 && f <= 1)) bad("optimizer_state[].lost_fraction", "a number in [0, 1]", t["lost_fraction"]);
+      x.lost = static_cast<std::uint64_t>(std::llround(f * static_cast<double>(x.meant)));
+      r.optimizer_state.push_back(std::move(x));
     }
   }
   if (j.contains("params")) {
@@ -396,6 +430,7 @@ std::string step_record_json(const StepRecord& r) {
   w.raw("params", params_json(r.params));
   if (!r.fp8.empty()) w.raw("fp8", fp8_json(r.fp8));
   if (!r.layers.empty()) w.raw("layers", layers_json(r.layers));
+  if (!r.optimizer_state.empty()) w.raw("optimizer_state", state_json(r.optimizer_state));
   if (r.histograms) {
     const StepRecord::Histograms& h = *r.histograms;
     w.raw("histograms", "{\"min_exp\":" + std::to_string(nn::Log2Histogram::kMinExp) +
@@ -468,6 +503,72 @@ StepRecord parse_step_record(std::string_view line) {
   return r;
 }
 
+namespace {
+
+// summary.json's "optimizer_state": the schema of the Python door's (docs/telemetry.md), which the
+// report reads.
+std::string optimizer_state_json(const OptimizerStateSummary& o) {
+  auto ratio = [](std::uint64_t part, std::uint64_t whole) {
+    return whole > 0 ? static_cast<double>(part) / static_cast<double>(whole) : 0.0;
+  };
+  auto mean = [](double sum, std::uint64_t n) {
+    return n > 0 ? sum / static_cast<double>(n) : std::numeric_limits<double>::quiet_NaN();
+  };
+  std::string out;
+  ObjectWriter w(out);
+  w.field("optimizer", o.optimizer);
+  std::string group = "[";
+  ObjectWriter g(group);
+  g.field("master", o.master);
+  g.field("m", o.m);
+  g.field("v", o.v);
+  g.field("block", static_cast<std::uint64_t>(o.block));
+  g.field("fp8_per_tensor", o.fp8_per_tensor);
+  g.field("rule", o.rule);
+  g.close();
+  w.raw("formats", group + "]");
+  w.field("elements", o.elements);
+  std::string bytes;
+  ObjectWriter b(bytes);
+  b.field("params", o.params_bytes);
+  b.field("master", o.master_bytes);
+  b.field("m", o.m_bytes);
+  b.field("v", o.v_bytes);
+  b.close();
+  w.raw("bytes_per_param", bytes);
+  w.field("sampled_steps", o.sampled_steps);
+  std::uint64_t meant = 0, lost = 0;
+  for (const OptimizerStateSummary::Tensor& t : o.params) {
+    meant += t.totals.meant;
+    lost += t.totals.lost;
+  }
+  if (o.sampled_steps > 0) w.field("lost_update_fraction", ratio(lost, meant));
+  std::string params = "[";
+  for (std::size_t i = 0; i < o.params.size(); ++i) {
+    const OptimizerStateSummary::Tensor& t = o.params[i];
+    if (i > 0) params += ',';
+    ObjectWriter p(params);
+    p.field("name", t.totals.name);
+    p.field("elements", t.elements);
+    p.field("master", t.master);
+    p.field("m", t.m);
+    p.field("v", t.v);
+    p.field("steps", std::max(t.totals.m_steps, t.totals.v_steps));
+    p.field("m_error", mean(t.totals.m_error_sum, t.totals.m_steps));
+    p.field("m_error_max", t.totals.m_steps > 0 ? t.totals.m_error_max : std::numeric_limits<double>::quiet_NaN());
+    p.field("v_error", mean(t.totals.v_error_sum, t.totals.v_steps));
+    p.field("v_error_max", t.totals.v_steps > 0 ? t.totals.v_error_max : std::numeric_limits<double>::quiet_NaN());
+    p.field("lost_fraction", ratio(t.totals.lost, t.totals.meant));
+    p.field("meant", t.totals.meant);
+    p.close();
+  }
+  w.raw("params", params + "]");
+  w.close();
+  return out;
+}
+
+}  // namespace
+
 std::string summary_json(const TrainSummary& s, const TrainConfig& c) { return summary_json(s, to_json(c)); }
 
 std::string summary_json(const TrainSummary& s, std::string_view config_json) {
@@ -512,6 +613,7 @@ std::string summary_json(const TrainSummary& s, std::string_view config_json) {
   w.field("median_step_ms", s.median_step_ms);
   w.field("tokens", s.tokens);
   w.raw("memory", mem);
+  if (s.optimizer_state) w.raw("optimizer_state", optimizer_state_json(*s.optimizer_state));
   w.field("param_count", static_cast<std::uint64_t>(s.param_count));
   w.raw("config", config_json);
   w.close();

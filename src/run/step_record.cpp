@@ -24,6 +24,26 @@ void RunTotals::add(const StepRecord& r) {
     fp8_saturated[role] += f.saturated;
     fp8_flushed[role] += f.flushed;
   }
+  if (!r.optimizer_state.empty()) ++state_steps;
+  for (std::size_t i = 0; i < r.optimizer_state.size(); ++i) {
+    const StepRecord::StateStats& x = r.optimizer_state[i];
+    StateTotals* t = i < optimizer_state.size() && optimizer_state[i].name == x.name ? &optimizer_state[i] : nullptr;
+    for (std::size_t k = 0; t == nullptr && k < optimizer_state.size(); ++k)
+      if (optimizer_state[k].name == x.name) t = &optimizer_state[k];
+    if (t == nullptr) t = &optimizer_state.emplace_back(StateTotals{.name = x.name});
+    if (std::isfinite(x.m_error)) {
+      ++t->m_steps;
+      t->m_error_sum += x.m_error;
+      t->m_error_max = std::max(t->m_error_max, x.m_error);
+    }
+    if (std::isfinite(x.v_error)) {
+      ++t->v_steps;
+      t->v_error_sum += x.v_error;
+      t->v_error_max = std::max(t->v_error_max, x.v_error);
+    }
+    t->meant += x.meant;
+    t->lost += x.lost;
+  }
   if (std::isfinite(r.seconds)) seconds += r.seconds;
   final_loss = r.loss;
   final_loss_finite = r.loss_finite;

@@ -95,6 +95,16 @@ json totals_json(const RunTotals& t) {
   // fp8 counters per role (forward, backward): [nonzero, saturated, flushed].
   j["fp8"] = {{t.fp8_nonzero[0], t.fp8_saturated[0], t.fp8_flushed[0]},
               {t.fp8_nonzero[1], t.fp8_saturated[1], t.fp8_flushed[1]}};
+  // State formats: the optimizer state's sampled steps and per-tensor totals (StateTotals).
+  if (t.state_steps > 0) {
+    json params = json::array();
+    for (const StateTotals& x : t.optimizer_state)
+      params.push_back({{"name", x.name}, {"m_steps", x.m_steps}, {"v_steps", x.v_steps},
+                        {"m_error_sum", x.m_error_sum}, {"m_error_max", x.m_error_max},
+                        {"v_error_sum", x.v_error_sum}, {"v_error_max", x.v_error_max}, {"meant", x.meant},
+                        {"lost", x.lost}});
+    j["optimizer_state"] = {{"steps", t.state_steps}, {"params", params}};
+  }
   return j;
 }
 
@@ -415,6 +425,30 @@ void Trainer::load_checkpoint(const std::string& path) {
       t.fp8_nonzero[role] = row[0];
       t.fp8_saturated[role] = row[1];
       t.fp8_flushed[role] = row[2];
+    }
+  }
+  if (tj.contains("optimizer_state")) {  // runs with state formats that measured them
+    const json& o = tj["optimizer_state"];
+    const char* k = "mixprec.totals";
+    const std::string allowed = "{\"steps\", \"params\": [{name, m_steps, v_steps, m_error_sum, m_error_max, "
+                                "v_error_sum, v_error_max, meant, lost}]}";
+    if (!o.is_object() || !o.contains("params") || !o["params"].is_array())
+      bad_field(f, k, "optimizer_state", allowed, &o);
+    t.state_steps = count_field(f, o, k, "steps");
+    for (const json& p : o["params"]) {
+      if (!p.is_object()) bad_field(f, k, "optimizer_state", allowed, &p);
+      StateTotals x;
+      x.name = string_field(f, p, k, "name");
+      x.m_steps = count_field(f, p, k, "m_steps");
+      x.v_steps = count_field(f, p, k, "v_steps");
+      x.m_error_sum = number_field(f, p, k, "m_error_sum");
+      x.m_error_max = number_field(f, p, k, "m_error_max");
+      x.v_error_sum = number_field(f, p, k, "v_error_sum");
+      x.v_error_max = number_field(f, p, k, "v_error_max");
+      x.meant = count_field(f, p, k, "meant");
+      x.lost = count_field(f, p, k, "lost");
+      if (x.lost > x.meant) bad_field(f, k, "optimizer_state.lost", "at most meant", &p);
+      t.optimizer_state.push_back(std::move(x));
     }
   }
   // fp8-delayed state: present exactly when this run uses delayed scaling, and matching

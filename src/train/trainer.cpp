@@ -371,6 +371,11 @@ StepRecord Trainer::train_step() {
   m.record_gradient_telemetry(r);
 
   m.snapshot_weights();
+  // State formats: the optimizer state measured inside the fused step at histogram steps (not
+  // under ZeRO, whose other tensors step on other ranks).
+  const bool measure_state = m.optimizer->steps_per_tensor() && !m.zero &&
+                             histogram_step(r.step, m.config.histogram_every, m.config.steps);
+  m.optimizer->measure_state(measure_state);
   const auto ts = Clock::now();
   const StepOutcome out = m.step_or_skip(r, found_inf_elsewhere, global_norm);
   if (m.layerwise) m.restore_skipped();
@@ -387,6 +392,12 @@ StepRecord Trainer::train_step() {
       r.lost_update_fraction =
           lost_update_fraction(store, m.snapshot, m.optimizer->kind(), m.config.weight_decay, *m.pool, m.joined,
                                m.first_moment);
+    if (measure_state) {
+      const std::span<const AdamStepStats> st = m.optimizer->state_stats();
+      for (std::size_t i = 0; i < st.size(); ++i)
+        r.optimizer_state.push_back({store.spec(i).name, st[i].m_relative_error(), st[i].v_relative_error(),
+                                     st[i].meant, st[i].lost});
+    }
   }
   m.record_weight_telemetry(r);
   r.seconds = seconds_since(t0);
@@ -671,6 +682,46 @@ double Trainer::evaluate() {
   return v;
 }
 
+namespace {
+
+// summary.json's "optimizer_state" of a run with state formats: the store's formats and bytes
+// (this rank's slice under ZeRO), the sampled steps' totals per tensor.
+OptimizerStateSummary optimizer_state_summary(OptimizerKind kind, const RunTotals& totals, const ParamStore& st) {
+  const StateFormats f = st.options().formats;
+  OptimizerStateSummary o;
+  o.optimizer = std::string(optimizer_name(kind));
+  o.master = std::string(master_format_name(st.master_format()));
+  o.m = std::string(moment_format_name(f.m));
+  o.v = std::string(moment_format_name(f.v));
+  o.rule = std::string(adam_rule_name(f.rule));
+  o.block = f.block;
+  o.fp8_per_tensor = f.fp8_per_tensor;
+  o.elements = st.param_count();
+  const auto per_param = [&](std::size_t bytes) {
+    return st.param_count() > 0 ? static_cast<double>(bytes) / static_cast<double>(st.param_count()) : 0.0;
+  };
+  o.params_bytes = static_cast<double>(dtype_size(st.model_dtype()));
+  o.master_bytes = per_param(st.master_bytes());
+  o.m_bytes = per_param(st.state_slot_bytes(0));
+  o.v_bytes = per_param(st.state_slot_bytes(1));
+  o.sampled_steps = totals.state_steps;
+  for (std::size_t i = 0; i < st.tensor_count(); ++i) {
+    OptimizerStateSummary::Tensor t;
+    t.elements = st.numel(i);
+    t.master = o.master;
+    ParamStore& ms = const_cast<ParamStore&>(st);  // moment() gives a writable view; only its layout is read
+    t.m = std::string(moment_format_name(ms.moment(0, i).layout.format));
+    t.v = std::string(moment_format_name(ms.moment(1, i).layout.format));
+    t.totals.name = st.spec(i).name;
+    for (const StateTotals& x : totals.optimizer_state)
+      if (x.name == t.totals.name) t.totals = x;
+    o.params.push_back(std::move(t));
+  }
+  return o;
+}
+
+}  // namespace
+
 TrainSummary Trainer::summary() const {
   const Impl& m = *impl_;
   TrainSummary s = m.totals.summary();
@@ -684,6 +735,8 @@ TrainSummary Trainer::summary() const {
   }
   s.param_count = m.model->params().param_count();
   s.ranks = m.comm->size();
+  const ParamStore& st = m.zero ? *m.zero->store : m.model->params();
+  if (m.optimizer->steps_per_tensor()) s.optimizer_state = optimizer_state_summary(m.optimizer->kind(), m.totals, st);
   return s;
 }
 

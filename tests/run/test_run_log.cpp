@@ -2,6 +2,8 @@
 // the round trip through parse_step_record, and read_run_log's errors (FILE:LINE).
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <unistd.h>
 
 #include <cmath>
@@ -280,6 +282,39 @@ TEST(RunLog, LayerScalesRoundTrip) {
   EXPECT_THROW((void)parse_step_record(bad), std::invalid_argument);
 }
 
+// The optimizer state of runs with state formats: written only at the steps that measured it,
+// in the Python door's per-parameter schema; read back to the same counts (a non-finite error
+// as null, NaN); a lost fraction outside [0, 1] is refused.
+TEST(RunLog, OptimizerStateRoundTrip) {
+  StepRecord r = sample();
+  EXPECT_EQ(step_record_json(r).find("\"optimizer_state\""), std::string::npos);
+  r.optimizer_state = {{"wte", 0.0625, 0.5, 4096, 1024},
+                       {"wpe", std::numeric_limits<double>::quiet_NaN(), 0, 7, 0}};
+  const std::string line = step_record_json(r);
+  EXPECT_NE(line.find(R"("optimizer_state":[{"name":"wte","m_error":0.0625,"v_error":0.5,"lost_fraction":0.25,)"
+                      R"("meant":4096},{"name":"wpe","m_error":null,"v_error":0,"lost_fraction":0,"meant":7}])"),
+            std::string::npos)
+      << line;
+  const StepRecord b = parse_step_record(line);
+  ASSERT_EQ(b.optimizer_state.size(), 2u);
+  EXPECT_EQ(b.optimizer_state[0].lost, 1024u);
+  EXPECT_EQ(b.optimizer_state[0].meant, 4096u);
+  EXPECT_TRUE(std::isnan(b.optimizer_state[1].m_error));
+  EXPECT_EQ(step_record_json(b), line);
+  std::string bad = line;
+  bad.replace(bad.find("\"lost_fraction\":0.25"), 20, "\"lost_fraction\":1.25");
+  EXPECT_THROW((void)parse_step_record(bad), std::invalid_argument);
+  RunTotals t;
+  t.add(r);
+  t.add(b);
+  ASSERT_EQ(t.optimizer_state.size(), 2u);
+  EXPECT_EQ(t.state_steps, 2u);
+  EXPECT_EQ(t.optimizer_state[0].lost, 2048u);
+  EXPECT_EQ(t.optimizer_state[0].m_error_sum, 0.125);
+  EXPECT_EQ(t.optimizer_state[1].m_steps, 0u);  // NaN errors are not averaged
+  EXPECT_EQ(t.optimizer_state[1].v_steps, 2u);
+}
+
 TEST(RunLog, ParseErrors) {
   const std::string good = step_record_json(sample());
   auto with = [&](const std::string& from, const std::string& to) {
@@ -412,6 +447,33 @@ TEST(RunSummary, Json) {
   s.val_loss = 3.5;
   j = summary_json(s, c);
   EXPECT_NE(j.find("\"val_loss\": 3.5,"), std::string::npos) << j;
+  EXPECT_EQ(j.find("\"optimizer_state\""), std::string::npos) << j;
+  // State formats: the Python door's "optimizer_state" schema, which the report reads.
+  OptimizerStateSummary o;
+  o.optimizer = "adamw";
+  o.master = "remainder";
+  o.m = "fp8";
+  o.v = "8bit";
+  o.rule = "torch";
+  o.elements = 4160;
+  o.params_bytes = 2;
+  o.master_bytes = 2;
+  o.m_bytes = 1.0625;
+  o.v_bytes = 1.0625;
+  o.sampled_steps = 2;
+  o.params.push_back({4096, "remainder", "fp8", "8bit", {"wte", 2, 2, 0.25, 0.125, 0.5, 0.25, 100, 25}});
+  o.params.push_back({64, "remainder", "fp32", "fp32", {"wpe", 2, 2, 0, 0, 0, 0, 28, 0}});
+  s.optimizer_state = o;
+  const auto doc = nlohmann::json::parse(summary_json(s, c));
+  const auto& os = doc.at("optimizer_state");
+  EXPECT_EQ(os.at("formats").at(0).at("m"), "fp8");
+  EXPECT_EQ(os.at("bytes_per_param").at("m"), 1.0625);
+  EXPECT_EQ(os.at("lost_update_fraction"), 0.1953125);  // 25 of 128
+  EXPECT_EQ(os.at("params").at(0).at("m_error"), 0.125);  // the mean of 2 steps
+  EXPECT_EQ(os.at("params").at(0).at("m_error_max"), 0.125);
+  EXPECT_EQ(os.at("params").at(0).at("v_error"), 0.25);
+  EXPECT_EQ(os.at("params").at(0).at("lost_fraction"), 0.25);
+  EXPECT_EQ(os.at("params").at(1).at("m"), "fp32");
 }
 
 }  // namespace

@@ -149,5 +149,73 @@ TEST(TrainerStateFormats, MisusesAreRefusedBeforeTheRun) {
   EXPECT_EQ(error(c), "moment-block: expected 0 or a power of two in [32, 1024], found 100");
 }
 
+// The optimizer state measured inside the fused step at histogram steps, against plain counts:
+// fp32 masters with fp32 first moments and fp8 second moments, at a learning rate where some
+// updates round away in fp32. Per tensor at every sampled step: m_error is 0 (m is stored exactly),
+// v_error is above 0 exactly where v is stored in fp8 (tensors of 4096 elements and more), and
+// meant / lost equal a count over the masters before and after the step and the stored m. Steps
+// between histogram steps measure nothing; the summary holds the per-tensor sums.
+TEST(TrainerStateFormats, OptimizerStateAtHistogramStepsEqualsPlainCounts) {
+  TrainConfig c = small("fp32", "fp32,fp8");
+  c.steps = 6;
+  c.histogram_every = 2;
+  c.inject_overflow_at = {};
+  c.lr = 1e-9;  // below half an fp32 ulp of the larger weights: some updates are lost
+  c.min_lr = c.lr;
+  c.warmup = 0;
+  Trainer t(c);
+  ParamStore& s = t.model().params();
+  std::uint64_t sampled = 0, meant_total = 0, lost_total = 0;
+  while (!t.done()) {
+    const std::vector<float> before(s.master_data(), s.master_data() + s.flat_size());
+    const StepRecord r = t.train_step();
+    ASSERT_FALSE(r.skipped);
+    const bool histogram = r.step == 1 || r.step % 2 == 0 || r.step == c.steps;
+    if (!histogram) {
+      EXPECT_TRUE(r.optimizer_state.empty()) << "step " << r.step;
+      continue;
+    }
+    ++sampled;
+    ASSERT_EQ(r.optimizer_state.size(), s.tensor_count()) << "step " << r.step;
+    for (std::size_t i = 0; i < s.tensor_count(); ++i) {
+      const StepRecord::StateStats& x = r.optimizer_state[i];
+      const std::string what = "step " + std::to_string(r.step) + " " + s.spec(i).name;
+      EXPECT_EQ(x.name, s.spec(i).name);
+      EXPECT_EQ(x.m_error, 0.0) << what;
+      if (s.moment(1, i).layout.format == MomentFormat::fp8) {
+        EXPECT_GT(x.v_error, 0.0) << what;
+        EXPECT_LT(x.v_error, 0.2) << what;
+      } else {
+        EXPECT_EQ(x.v_error, 0.0) << what;
+      }
+      const float* m = static_cast<const float*>(s.moment(0, i).codes);
+      std::uint64_t meant = 0, lost = 0;
+      for (std::size_t k = 0; k < s.numel(i); ++k) {
+        const float b = before[s.offset(i) + k], a = s.master_data()[s.offset(i) + k];
+        const bool moves = m[k] != 0.0f || (c.weight_decay > 0 && b != 0.0f);
+        meant += moves;
+        lost += moves && std::memcmp(&a, &b, 4) == 0;
+      }
+      EXPECT_EQ(x.meant, meant) << what;
+      EXPECT_EQ(x.lost, lost) << what;
+      meant_total += meant;
+      lost_total += lost;
+    }
+  }
+  EXPECT_EQ(sampled, 4u);  // steps 1, 2, 4, 6
+  EXPECT_GT(lost_total, 0u);
+  EXPECT_LT(lost_total, meant_total);
+  const TrainSummary sum = t.summary();
+  ASSERT_TRUE(sum.optimizer_state.has_value());
+  EXPECT_EQ(sum.optimizer_state->sampled_steps, sampled);
+  std::uint64_t meant_summed = 0, lost_summed = 0;
+  for (const OptimizerStateSummary::Tensor& x : sum.optimizer_state->params) {
+    meant_summed += x.totals.meant;
+    lost_summed += x.totals.lost;
+  }
+  EXPECT_EQ(meant_summed, meant_total);
+  EXPECT_EQ(lost_summed, lost_total);
+}
+
 }  // namespace
 }  // namespace mixprec::train

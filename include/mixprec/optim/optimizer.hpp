@@ -110,6 +110,15 @@ class Optimizer {
 
   ParamStore& store() noexcept { return *store_; }
 
+  // Stores with state formats (remainder masters, compact moments), which step tensor by
+  // tensor: with measure_state(true) the next applied step also measures, per tensor, the
+  // moments' quantization error and the lost updates (AdamStepStats, in store order), which
+  // state_stats() then holds until a later measured step. Other stores measure nothing
+  // (state_stats() stays empty).
+  void measure_state(bool on) noexcept { measure_ = on; }
+  bool steps_per_tensor() const noexcept { return per_tensor_; }
+  std::span<const AdamStepStats> state_stats() const noexcept { return stats_; }
+
  protected:
   Optimizer(ParamStore& store, OptimizerState s, PureOptions pure);
 
@@ -118,6 +127,8 @@ class Optimizer {
   // Stores with remainder masters or compact moments: adam_tensor_step per tensor.
   bool step_per_tensor(const StepControls& c, ThreadPool* pool);
   bool per_tensor_ = false;
+  bool measure_ = false;
+  std::vector<AdamStepStats> stats_;  // the last measured per-tensor step's
   ParamStore* store_;
   OptimizerState state_;
   PureOptions pure_;

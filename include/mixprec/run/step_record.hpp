@@ -82,6 +82,15 @@ struct StepRecord {
     std::string outcome;  // "applied", "origin", "victim"
   };
   std::vector<LayerScale> layers;
+  // Optimizer state formats (--master, --moments), at histogram steps the optimizer applied:
+  // per tensor, measured inside its fused step (optim/state_format.hpp's AdamStepStats), the
+  // moments' relative quantization error after the step (NaN: not finite) and the lost updates.
+  struct StateStats {
+    std::string name;
+    double m_error = 0, v_error = 0;
+    std::uint64_t meant = 0, lost = 0;
+  };
+  std::vector<StateStats> optimizer_state;
 };
 
 // Why r was skipped, as every reader counts it: its skip_reason, or for a skipped record
@@ -91,6 +100,33 @@ inline SkipReason skip_reason_of(const StepRecord& r) noexcept {
   if (!r.skipped) return SkipReason::none;
   return r.skip_reason == SkipReason::none ? SkipReason::nonfinite_grad : r.skip_reason;
 }
+
+// One tensor's optimizer-state measurements over a run's sampled steps (StepRecord::StateStats).
+struct StateTotals {
+  std::string name;
+  std::uint64_t m_steps = 0, v_steps = 0;  // steps with a finite error
+  double m_error_sum = 0, m_error_max = 0, v_error_sum = 0, v_error_max = 0;
+  std::uint64_t meant = 0, lost = 0;
+};
+
+// summary.json's "optimizer_state" of a run with state formats: the formats, the bytes the store
+// allocated per parameter, and per tensor its elements, its formats as stored (blocked formats
+// fall back to fp32 for small tensors) and its totals.
+struct OptimizerStateSummary {
+  std::string optimizer;
+  std::string master, m, v, rule;
+  std::size_t block = 0;
+  bool fp8_per_tensor = false;
+  std::uint64_t elements = 0;
+  double params_bytes = 0, master_bytes = 0, m_bytes = 0, v_bytes = 0;  // per parameter
+  std::uint64_t sampled_steps = 0;
+  struct Tensor {
+    std::uint64_t elements = 0;
+    std::string master, m, v;
+    StateTotals totals;
+  };
+  std::vector<Tensor> params;
+};
 
 // A run's figures (summary.json, train::summary_json; the report's summary table).
 struct TrainSummary {
@@ -115,6 +151,7 @@ struct TrainSummary {
   nn::ModelMemory memory;
   std::size_t param_count = 0;
   int ranks = 1;                     // data-parallel ranks of this process's run
+  std::optional<OptimizerStateSummary> optimizer_state;  // runs with state formats
 };
 
 // The counters behind a TrainSummary, added step by step: by the Trainer (and saved in
@@ -136,6 +173,8 @@ struct RunTotals {
   std::optional<double> val_loss_ema;    // last evaluation of the EMA weights
   float final_scale = 1;                 // the last step's next_scale
   std::vector<double> step_ms;           // this process's step times (the median; not in checkpoints)
+  std::uint64_t state_steps = 0;         // steps that measured the optimizer state
+  std::vector<StateTotals> optimizer_state;  // per tensor, in the order the steps gave them
 
   void add(const StepRecord& r);
   // Every figure counted here; memory, param_count and ranks stay as default (the
