@@ -28,6 +28,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "bench_common.hpp"
@@ -206,8 +207,8 @@ struct FormatTensor {
   // Per-tensor scales (TE: fp16, fp8 per tensor) need the new absmax before any code is written.
   int passes() const { return t.m.layout.per_tensor || t.v.layout.per_tensor ? 2 : 1; }
 
-  void step() {
-    adam_tensor_step(t, args, active_isa());
+  void step(ThreadPool* pool = nullptr) {
+    adam_tensor_step(t, args, active_isa(), nullptr, pool);
     ++args.step;
   }
 };
@@ -383,6 +384,14 @@ double in_cache_seconds(const FormatTensor& ft) {
   return median(t);
 }
 
+// The step split over a pool of every core's thread (adam_tensor_step's pieces), out of cache:
+// the median of 5 steps.
+double pooled_seconds(FormatTensor& ft, ThreadPool& pool) {
+  std::vector<double> t;
+  for (int r = 0; r < 5; ++r) t.push_back(seconds([&] { ft.step(&pool); }));
+  return median(t);
+}
+
 // The CPU as /proc/cpuinfo names it ("model name"), for the table's heading.
 std::string cpu_model() {
   std::ifstream in("/proc/cpuinfo");
@@ -395,6 +404,7 @@ std::string cpu_model() {
 }
 
 void print_format_table(int rounds) {
+  ThreadPool pool(std::max(1u, std::thread::hardware_concurrency()));
   auto set = std::make_unique<FormatSet>();
   const std::vector<FormatResult> r = paired_formats(*set, rounds);
   fmt::print("\nmixprec bench optim: state formats, adam_tensor_step over one tensor (optim/state_format.hpp)\n");
@@ -406,19 +416,22 @@ void print_format_table(int rounds) {
              "vs copy = copy time / step time, the median over {} paired rounds. passes 2: per-tensor scales\n"
              "(TE) need the new absmax first, so the step reads its inputs twice (counted once in B/param).\n"
              "in L2 = the step over its first {} Ki parameters, in cache: the arithmetic's own rate; ceiling =\n"
-             "that rate's bytes over the copy's, the most vs copy the arithmetic allows on this core.\n\n",
-             rounds, kCacheParams >> 10);
-  fmt::print("{:<24} {:>7} {:>8} {:>7} {:>9} {:>7} {:>8} {:>6} {:>9} {:>7}\n", "master/m/v", "B/param", "step ms",
-             "GB/s", "copy GB/s", "vs copy", "Mparam/s", "passes", "in L2 Mp/s", "ceiling");
+             "that rate's bytes over the copy's, the most vs copy the arithmetic allows on this core.\n"
+             "{}T Mparam/s = the step split over {} threads (the median of 5 steps; not paired).\n\n",
+             rounds, kCacheParams >> 10, pool.size(), pool.size());
+  fmt::print("{:<24} {:>7} {:>8} {:>7} {:>9} {:>7} {:>8} {:>6} {:>9} {:>7} {:>11}\n", "master/m/v", "B/param",
+             "step ms", "GB/s", "copy GB/s", "vs copy", "Mparam/s", "passes", "in L2 Mp/s", "ceiling",
+             fmt::format("{}T Mparam/s", pool.size()));
   for (std::size_t i = 0; i < r.size(); ++i) {
-    const FormatTensor& ft = set->tensors[i];
+    FormatTensor& ft = set->tensors[i];
     const double per_param = ft.bytes / static_cast<double>(kFormatParams);
+    const double pooled_rate = static_cast<double>(kFormatParams) / pooled_seconds(ft, pool);
     const double l2_rate = static_cast<double>(kCacheParams) / in_cache_seconds(ft);
     const double copy_rate = ft.bytes / r[i].copy_s;
-    fmt::print("{:<24} {:>7.3f} {:>8.1f} {:>7.2f} {:>9.2f} {:>7.3f} {:>8.0f} {:>6} {:>9.0f} {:>7.3f}\n", ft.c->name,
-               per_param, r[i].step_s * 1e3, ft.bytes / r[i].step_s / 1e9, copy_rate / 1e9, r[i].vs_copy,
+    fmt::print("{:<24} {:>7.3f} {:>8.1f} {:>7.2f} {:>9.2f} {:>7.3f} {:>8.0f} {:>6} {:>9.0f} {:>7.3f} {:>11.0f}\n",
+               ft.c->name, per_param, r[i].step_s * 1e3, ft.bytes / r[i].step_s / 1e9, copy_rate / 1e9, r[i].vs_copy,
                static_cast<double>(kFormatParams) / r[i].step_s / 1e6, ft.passes(), l2_rate / 1e6,
-               l2_rate * per_param / copy_rate);
+               l2_rate * per_param / copy_rate, pooled_rate / 1e6);
   }
 }
 

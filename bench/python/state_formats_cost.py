@@ -4,13 +4,15 @@ Not a test: a benchmark, medians of paired rounds.
 
 Bytes: a transformers GPT-2 small config (124M parameters, bfloat16), one step of
 mixprec.torch.optim.AdamW per format; the bytes its state tensors hold (AdamW.state_bytes()).
-Speed: one tensor of --numel parameters, one thread, bfloat16 parameters and gradients for mixprec
+Speed: one tensor of --numel parameters, --threads threads (1 by default: torch.set_num_threads, which
+mixprec's step follows too), bfloat16 parameters and gradients for mixprec
 (fp32 parameters for the peers, as users run them): mixprec's fused step per format, PyTorch's
 AdamW (fused=True and foreach), and torchao's AdamW8bit, AdamW4bit and AdamWFp8 (torch.compile'd
 as torchao runs them; the compile time is reported apart). Each round times every optimizer once,
 in a rotating order; the table gives the median step and the parameters per second.
 
-    build/py-venv/bin/python bench/python/state_formats_cost.py [--numel 16777216] [--rounds 7] [--no-torchao]
+    build/py-venv/bin/python bench/python/state_formats_cost.py [--numel 16777216] [--rounds 7] [--threads 1]
+        [--no-torchao] [--no-memory]
 """
 
 from __future__ import annotations
@@ -110,7 +112,9 @@ def speed_table(numel: int, rounds: int, torchao: bool) -> None:
             step()
             times[label].append(time.perf_counter() - t0)
     base = statistics.median(times["PyTorch AdamW fused=True (fp32)"])
-    print(f"\n### One step of {numel:,} parameters, 1 thread, {cpu_name()}, torch {torch.__version__}\n")
+    threads = torch.get_num_threads()
+    print(f"\n### One step of {numel:,} parameters, {threads} thread{'s' if threads > 1 else ''}, {cpu_name()}, "
+          f"torch {torch.__version__}\n")
     print("| optimizer | median step (ms) | M params/s | vs PyTorch fused AdamW |")
     print("|---|---|---|---|")
     for label, _ in cases:
@@ -124,8 +128,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--no-torchao", action="store_true")
     ap.add_argument("--no-memory", action="store_true")
+    ap.add_argument("--threads", type=int, default=1)
     a = ap.parse_args(argv)
-    torch.set_num_threads(1)
+    torch.set_num_threads(a.threads)
     speed_table(a.numel, a.rounds, not a.no_torchao)
     if not a.no_memory:
         memory_table()

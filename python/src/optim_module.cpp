@@ -7,12 +7,14 @@
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/tuple.h>
 
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <vector>
 #include <string>
 
 #include "binding.hpp"
+#include "mixprec/core/parallel.hpp"
 #include "mixprec/optim/state_format.hpp"
 
 namespace nb = nanobind;
@@ -82,6 +84,15 @@ mixprec::MomentView moment_view(const mixprec::MomentLayout& l, nb::handle codes
     keep.push_back(std::move(s));
   }
   return mv;
+}
+
+// The pool of the fused steps, made again when the thread count asked for changes; nullptr for
+// one thread. Steps come from the Python thread holding the optimizer, one at a time.
+mixprec::ThreadPool* step_pool(unsigned threads) {
+  static std::unique_ptr<mixprec::ThreadPool> pool;
+  if (threads <= 1) return nullptr;
+  if (!pool || pool->size() != threads) pool = std::make_unique<mixprec::ThreadPool>(threads);
+  return pool.get();
 }
 
 }  // namespace
@@ -164,13 +175,15 @@ void register_optim(nb::module_& m) {
       nb::arg("weight"), nb::arg("remainder"), nb::arg("master"));
 
   // The fused step of one tensor, in place. Everything is checked before anything is written.
+  // threads: the workers its pieces split over (the caller passes torch.get_num_threads()).
   m.def(
       "adam_tensor_step",
       [](nb::handle weight, nb::handle grad, std::string_view master, nb::handle master_buf, std::string_view mf,
          nb::handle m_codes, nb::handle m_scales, std::string_view vf, nb::handle v_codes, nb::handle v_scales,
          std::size_t block, bool fp8_per_tensor, std::string_view rule, double lr, double beta1, double beta2,
          double eps, double weight_decay, bool decoupled, std::int64_t step, float inv_scale, float clip_coef,
-         bool stochastic, std::uint64_t seed, std::uint64_t first_index, bool want_stats) -> nb::object {
+         bool stochastic, std::uint64_t seed, std::uint64_t first_index, bool want_stats,
+         unsigned threads) -> nb::object {
         const mixprec::StateFormats f = formats_of(master, mf, vf, block, fp8_per_tensor, rule);
         std::vector<Array> keep;
         Array w = cpu_array<Array>(weight, "weight");
@@ -214,7 +227,7 @@ void register_optim(nb::module_& m) {
         mixprec::AdamStepStats st;
         {
           nb::gil_scoped_release unlocked;
-          mixprec::adam_tensor_step(t, a, mixprec::active_isa(), want_stats ? &st : nullptr);
+          mixprec::adam_tensor_step(t, a, mixprec::active_isa(), want_stats ? &st : nullptr, step_pool(threads));
         }
         if (!want_stats) return nb::none();
         // (m_err_sq, m_sq, v_err_sq, v_sq, meant, lost): AdamStepStats's sums
@@ -224,7 +237,8 @@ void register_optim(nb::module_& m) {
       nb::arg("m_codes"), nb::arg("m_scales").none(), nb::arg("v"), nb::arg("v_codes"), nb::arg("v_scales").none(),
       nb::arg("block"), nb::arg("fp8_per_tensor"), nb::arg("rule"), nb::arg("lr"), nb::arg("beta1"), nb::arg("beta2"),
       nb::arg("eps"), nb::arg("weight_decay"), nb::arg("decoupled"), nb::arg("step"), nb::arg("inv_scale"),
-      nb::arg("clip_coef"), nb::arg("stochastic"), nb::arg("seed"), nb::arg("first_index"), nb::arg("stats") = false);
+      nb::arg("clip_coef"), nb::arg("stochastic"), nb::arg("seed"), nb::arg("first_index"), nb::arg("stats") = false,
+      nb::arg("threads") = 1);
 }
 
 }  // namespace mixprec_python

@@ -305,17 +305,23 @@ bool Optimizer::step_per_tensor(const StepControls& c, ThreadPool* pool) {
   // An fp32 model copy beside fp32 masters (the step updates the master in place): copied after.
   const bool copy_model = st.master_data() != nullptr && st.model_dtype() == DType::f32;
   if (measure_) stats_.assign(st.tensor_count(), AdamStepStats{});
-  auto one = [&](std::size_t i) {
-    adam_tensor_step(tensor(i), a, isa, measure_ ? &stats_[i] : nullptr);
+  auto one = [&](std::size_t i, ThreadPool* inside) {
+    adam_tensor_step(tensor(i), a, isa, measure_ ? &stats_[i] : nullptr, inside);
     if (copy_model)
       std::memcpy(static_cast<float*>(st.model_data()) + st.offset(i), st.master_data() + st.offset(i), st.numel(i) * 4);
   };
+  // Large tensors one at a time, each split over the pool (one tensor may hold most of the
+  // parameters: an embedding), then the others split over the pool by tensor.
+  constexpr std::size_t kSplitTensor = std::size_t{1} << 18;
   if (pool != nullptr) {
+    for (std::size_t i = 0; i < st.tensor_count(); ++i)
+      if (st.numel(i) >= kSplitTensor) one(i, pool);
     pool->parallel_for(st.tensor_count(), 1, 2, [&](std::size_t b, std::size_t e, unsigned) {
-      for (std::size_t i = b; i < e; ++i) one(i);
+      for (std::size_t i = b; i < e; ++i)
+        if (st.numel(i) < kSplitTensor) one(i, nullptr);
     });
   } else {
-    for (std::size_t i = 0; i < st.tensor_count(); ++i) one(i);
+    for (std::size_t i = 0; i < st.tensor_count(); ++i) one(i, nullptr);
   }
   ++state_.step;
   return true;

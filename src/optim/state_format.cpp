@@ -6,7 +6,9 @@
 #include <cstring>
 #include <limits>
 #include <stdexcept>
+#include <vector>
 
+#include "mixprec/core/parallel.hpp"
 #include "mixprec/core/text.hpp"
 #include "mixprec/formats/kernel_table.hpp"
 #include "optim/kernels.hpp"
@@ -27,6 +29,8 @@ constexpr std::size_t kMinBlockedNumel = 4096;
 constexpr std::size_t kChunk = 1024;
 // How many chunks ahead the fused step asks for its stored bytes.
 constexpr std::size_t kPrefetchChunks = 1;
+// Elements per piece a worker of the fused step's pool takes (64 chunks: about 1 MB of state).
+constexpr std::size_t kStepPiece = 64 * kChunk;
 
 template <class E, std::size_t N, class F>
 std::string joined(const E (&all)[N], F name) {
@@ -484,9 +488,11 @@ struct Step {
       while (at < end) next();
     }
   };
-  Ahead ahead_of(std::size_t b) const noexcept {
+  // The chunk kPrefetchChunks ahead of b, inside [.., end) (a piece's end: another worker's
+  // piece is that worker's to prefetch).
+  Ahead ahead_of(std::size_t b, std::size_t end) const noexcept {
     const std::size_t at = b + kPrefetchChunks * kChunk;
-    return {this, at, at < t.n ? std::min(at + kChunk, t.n) : at};
+    return {this, at, at < end ? std::min(at + kChunk, end) : at};
   }
 
   // Loads chunk [b, b + n), updates it. in_place = false (the absmax pass of per-tensor scales)
@@ -717,7 +723,7 @@ void add_error(const Codec& codec, const MomentView& mv, float scale_now, std::s
 
 }  // namespace
 
-void adam_tensor_step(const AdamTensor& t, const AdamStepArgs& a, Isa isa, AdamStepStats* stats) {
+void adam_tensor_step(const AdamTensor& t, const AdamStepArgs& a, Isa isa, AdamStepStats* stats, ThreadPool* pool) {
   const KernelTable* table = kernel_table(isa);
   const Step s{t,
                a,
@@ -728,57 +734,93 @@ void adam_tensor_step(const AdamTensor& t, const AdamStepArgs& a, Isa isa, AdamS
                torch_scalars(a),
                a.rule == AdamRule::torch ? optim_detail::RuleScalars{} : rule_scalars(a),
                optim_detail::sr_key(a.seed, static_cast<std::uint64_t>(a.step))};
-  alignas(64) float g[kChunk], p[kChunk], m[kChunk], v[kChunk];
+  // Pieces of kStepPiece elements (whole chunks, whole blocks), stepped by the pool's workers
+  // when one is given: every element's arithmetic is its own, and the pieces' absmaxes and stats
+  // combine in piece order, so the bits do not depend on the number of threads.
+  const std::size_t pieces = (t.n + kStepPiece - 1) / kStepPiece;
+  auto for_pieces = [&](auto&& fn) {
+    auto range = [&](std::size_t p0, std::size_t p1) {
+      for (std::size_t p = p0; p < p1; ++p) fn(p, p * kStepPiece, std::min(t.n, (p + 1) * kStepPiece));
+    };
+    if (pool != nullptr && pieces > 1) pool->parallel_for(pieces, 1, 2, [&](std::size_t p0, std::size_t p1, unsigned) {
+      range(p0, p1);
+    });
+    else range(0, pieces);
+  };
   const bool m_tensor = t.m.layout.per_tensor, v_tensor = t.v.layout.per_tensor;
   float m_scale = 0.0f, v_scale = 0.0f;
   if (m_tensor || v_tensor) {
     // TE's per-tensor scale needs the new state's absmax before any code is written.
+    std::vector<std::uint32_t> amax(2 * pieces, 0);
+    for_pieces([&](std::size_t p, std::size_t begin, std::size_t end) {
+      alignas(64) float g[kChunk], w[kChunk], m[kChunk], v[kChunk];
+      for (std::size_t b = begin; b < end; b += kChunk) {
+        const std::size_t n = std::min(kChunk, end - b);
+        Step::Ahead ahead = s.ahead_of(b, end);
+        const Step::Chunk c = s.load_and_update(b, n, g, w, m, v, false, ahead);
+        amax[2 * p] = std::max(amax[2 * p], absmax_bits(table, c.m, n));
+        amax[2 * p + 1] = std::max(amax[2 * p + 1], absmax_bits(table, c.v, n));
+      }
+    });
     std::uint32_t m_amax = 0, v_amax = 0;
-    for (std::size_t b = 0; b < t.n; b += kChunk) {
-      const std::size_t n = std::min(kChunk, t.n - b);
-      Step::Ahead ahead = s.ahead_of(b);
-      const Step::Chunk c = s.load_and_update(b, n, g, p, m, v, false, ahead);
-      m_amax = std::max(m_amax, absmax_bits(table, c.m, n));
-      v_amax = std::max(v_amax, absmax_bits(table, c.v, n));
+    for (std::size_t p = 0; p < pieces; ++p) {
+      m_amax = std::max(m_amax, amax[2 * p]);
+      v_amax = std::max(v_amax, amax[2 * p + 1]);
     }
     m_scale = per_tensor_scale(t.m.layout.format, std::bit_cast<float>(m_amax));
     v_scale = per_tensor_scale(t.v.layout.format, std::bit_cast<float>(v_amax));
   }
   if (stats == nullptr) {
-    for (std::size_t b = 0; b < t.n; b += kChunk) {
-      const std::size_t n = std::min(kChunk, t.n - b);
-      Step::Ahead ahead = s.ahead_of(b);
-      const Step::Chunk c = s.load_and_update(b, n, g, p, m, v, true, ahead);
-      s.store_moment(t.m, b, n, c.m, m_tensor, m_scale);
-      ahead.next();
-      s.store_moment(t.v, b, n, c.v, v_tensor, v_scale);
-      ahead.rest();
-      s.store_weights(b, n, c.p);
-    }
+    for_pieces([&](std::size_t, std::size_t begin, std::size_t end) {
+      alignas(64) float g[kChunk], w[kChunk], m[kChunk], v[kChunk];
+      for (std::size_t b = begin; b < end; b += kChunk) {
+        const std::size_t n = std::min(kChunk, end - b);
+        Step::Ahead ahead = s.ahead_of(b, end);
+        const Step::Chunk c = s.load_and_update(b, n, g, w, m, v, true, ahead);
+        s.store_moment(t.m, b, n, c.m, m_tensor, m_scale);
+        ahead.next();
+        s.store_moment(t.v, b, n, c.v, v_tensor, v_scale);
+        ahead.rest();
+        s.store_weights(b, n, c.p);
+      }
+    });
   } else {
     // The same writes, with the record before and after and the exact moments kept aside.
-    alignas(64) std::uint32_t before[kChunk], after[kChunk];
-    alignas(64) float m_exact[kChunk], v_exact[kChunk], scratch[kChunk];
+    std::vector<AdamStepStats> part(pieces);
     const bool decays = a.hyper.decoupled && a.hyper.weight_decay != 0;
-    for (std::size_t b = 0; b < t.n; b += kChunk) {
-      const std::size_t n = std::min(kChunk, t.n - b);
-      record_bits(t, b, n, before);
-      Step::Ahead ahead = s.ahead_of(b);
-      const Step::Chunk c = s.load_and_update(b, n, g, p, m, v, true, ahead);
-      ahead.rest();
-      std::memcpy(m_exact, c.m, n * 4);
-      std::memcpy(v_exact, c.v, n * 4);
-      s.store_moment(t.m, b, n, c.m, m_tensor, m_scale);
-      s.store_moment(t.v, b, n, c.v, v_tensor, v_scale);
-      s.store_weights(b, n, c.p);
-      add_error(s.codec, t.m, m_scale, b, n, m_exact, scratch, stats->m_err_sq, stats->m_sq);
-      add_error(s.codec, t.v, v_scale, b, n, v_exact, scratch, stats->v_err_sq, stats->v_sq);
-      record_bits(t, b, n, after);
-      for (std::size_t i = 0; i < n; ++i) {
-        const bool meant = m_exact[i] != 0.0f || (decays && record_nonzero(t, before[i]));
-        stats->meant += meant;
-        stats->lost += meant && before[i] == after[i];
+    for_pieces([&](std::size_t p, std::size_t begin, std::size_t end) {
+      alignas(64) float g[kChunk], w[kChunk], m[kChunk], v[kChunk];
+      alignas(64) std::uint32_t before[kChunk], after[kChunk];
+      alignas(64) float m_exact[kChunk], v_exact[kChunk], scratch[kChunk];
+      AdamStepStats& st = part[p];
+      for (std::size_t b = begin; b < end; b += kChunk) {
+        const std::size_t n = std::min(kChunk, end - b);
+        record_bits(t, b, n, before);
+        Step::Ahead ahead = s.ahead_of(b, end);
+        const Step::Chunk c = s.load_and_update(b, n, g, w, m, v, true, ahead);
+        ahead.rest();
+        std::memcpy(m_exact, c.m, n * 4);
+        std::memcpy(v_exact, c.v, n * 4);
+        s.store_moment(t.m, b, n, c.m, m_tensor, m_scale);
+        s.store_moment(t.v, b, n, c.v, v_tensor, v_scale);
+        s.store_weights(b, n, c.p);
+        add_error(s.codec, t.m, m_scale, b, n, m_exact, scratch, st.m_err_sq, st.m_sq);
+        add_error(s.codec, t.v, v_scale, b, n, v_exact, scratch, st.v_err_sq, st.v_sq);
+        record_bits(t, b, n, after);
+        for (std::size_t i = 0; i < n; ++i) {
+          const bool meant = m_exact[i] != 0.0f || (decays && record_nonzero(t, before[i]));
+          st.meant += meant;
+          st.lost += meant && before[i] == after[i];
+        }
       }
+    });
+    for (const AdamStepStats& st : part) {
+      stats->m_err_sq += st.m_err_sq;
+      stats->m_sq += st.m_sq;
+      stats->v_err_sq += st.v_err_sq;
+      stats->v_sq += st.v_sq;
+      stats->meant += st.meant;
+      stats->lost += st.lost;
     }
   }
   if (t.n > 0) {

@@ -12,38 +12,29 @@ OPTIM = "src/optim/update_impl.hpp"
 
 MUTATIONS = [
     # ---- optimizers ---------------------------------------------------------------------
-    dict(id="adam-v-decays-with-beta1", file="src/optim/optimizer.cpp",
-         old="a.beta2 = static_cast<float>(s.beta2);",
-         new="a.beta2 = static_cast<float>(s.beta1);",
+    dict(id="adam-v-decays-with-beta1", file="src/optim/kernels.hpp",
+         old="a.beta2 = static_cast<float>(beta2);",
+         new="a.beta2 = static_cast<float>(beta1);",
          why="Adam's second moment decays with beta1 instead of beta2",
          tests=["test_optim"]),
-    dict(id="adam-v-decays-with-beta1-in-kernel", file=OPTIM,
-         old="const float b2 = s.beta2, omb2",
-         new="const float b2 = s.one_minus_weight, omb2",
+    dict(id="adam-v-decays-with-beta1-in-kernel", file="src/optim/update_impl.hpp",
+         old=("  float vi = v * s.beta2;\n"
+              "  vi = vi + (s.one_minus_beta2 * gi) * gi;\n"
+              "  const float root"),
+         new=("  float vi = v * s.one_minus_weight;\n"
+              "  vi = vi + (s.one_minus_beta2 * gi) * gi;\n"
+              "  const float root"),
          why="the update loop decays v with beta1 (1 - weight) instead of beta2",
          tests=["test_optim"]),
-    dict(id="adamw-decay-after-update", file=OPTIM,
-         old=("    if constexpr (Decoupled) pi = pi * decay;\n"
-              "    float mi = m[i];\n"
-              "    if constexpr (LerpLow) mi = mi + w * (gi - mi);\n"
-              "    else mi = gi - (gi - mi) * omw;\n"
-              "    float vi = v[i] * b2;\n"
-              "    vi = vi + (omb2 * gi) * gi;\n"
-              "    const float denom = (Bc2One ? std::sqrt(vi) : std::sqrt(vi) / bc2) + eps;\n"
-              "    pi = pi + nss * (mi / denom);\n"),
-         new=("    float mi = m[i];\n"
-              "    if constexpr (LerpLow) mi = mi + w * (gi - mi);\n"
-              "    else mi = gi - (gi - mi) * omw;\n"
-              "    float vi = v[i] * b2;\n"
-              "    vi = vi + (omb2 * gi) * gi;\n"
-              "    const float denom = (Bc2One ? std::sqrt(vi) : std::sqrt(vi) / bc2) + eps;\n"
-              "    pi = pi + nss * (mi / denom);\n"
-              "    if constexpr (Decoupled) pi = pi * decay;\n"),
-         why="AdamW's decoupled weight decay applied after the update instead of before",
+    dict(id="adamw-decay-after-update", file="src/optim/update_impl.hpp",
+         old=("  if constexpr (Decoupled) pi = pi * s.decay_mul;\n"
+              "  float mi = m;\n"),
+         new=("  float mi = m;\n"),
+         why="AdamW's decoupled weight decay left out of the torch-rule step",
          tests=["test_optim"]),
-    dict(id="adamw-decay-without-lr", file="src/optim/optimizer.cpp",
-         old="a.decay_mul = static_cast<float>(1.0 - lr * s.weight_decay);",
-         new="a.decay_mul = static_cast<float>(1.0 - s.weight_decay);",
+    dict(id="adamw-decay-without-lr", file="src/optim/kernels.hpp",
+         old="a.decay_mul = static_cast<float>(1.0 - lr * weight_decay);",
+         new="a.decay_mul = static_cast<float>(1.0 - weight_decay);",
          why="AdamW decays by 1 - wd instead of 1 - lr * wd",
          tests=["test_optim"]),
     dict(id="adam-bias-correction2-no-sqrt", file="src/optim/kernels.hpp",
@@ -63,11 +54,9 @@ MUTATIONS = [
          tests=["test_optim"]),
     dict(id="skipped-step-advances-counter", file="src/optim/optimizer.cpp",
          old=("  if (c.skip) return false;\n"
-              "  const Pass p = make_pass(*store_, state_, pure_, isa_, c);\n"
-              "  split(pool"),
+              "  if (per_tensor_) return step_per_tensor(c, pool);\n"),
          new=("  if (c.skip) { ++state_.step; return false; }\n"
-              "  const Pass p = make_pass(*store_, state_, pure_, isa_, c);\n"
-              "  split(pool"),
+              "  if (per_tensor_) return step_per_tensor(c, pool);\n"),
          why="a skipped step advances Adam's step counter (bias correction drifts)",
          tests=["test_optim"]),
     dict(id="sgd-dampening-inverted", file="src/optim/optimizer.cpp",

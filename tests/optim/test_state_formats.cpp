@@ -443,6 +443,59 @@ TEST(StateFormatsStep, FusedStepEqualsTheComposedTranscriptionOnEveryBackEnd) {
   }
 }
 
+// A pool splits a tensor into pieces of 64 Ki elements over its workers: the same weights, codes,
+// scales and stats as one thread, for every master, every moment format and every rule (TE's
+// per-tensor scales combine the pieces' absmax), on a tensor of three pieces and a short one.
+TEST(StateFormatsStep, APoolGivesTheBitsOfOneThread) {
+  const std::size_t n = 3 * 65536 + 4096;
+  ThreadPool pool(3);
+  struct Case {
+    MasterFormat master;
+    StateFormats formats;
+  };
+  const Case cases[] = {
+      {MasterFormat::remainder, {.master = MasterFormat::remainder, .m = MomentFormat::fp8, .v = MomentFormat::q8}},
+      {MasterFormat::fp32, {.m = MomentFormat::q4, .v = MomentFormat::q4}},
+      {MasterFormat::remainder, {.master = MasterFormat::remainder, .m = MomentFormat::fp16, .v = MomentFormat::fp16}},
+      {MasterFormat::fp32, {.m = MomentFormat::fp8, .v = MomentFormat::fp8, .fp8_per_tensor = true}},
+      {MasterFormat::none, {.master = MasterFormat::none, .m = MomentFormat::bf16, .v = MomentFormat::bf16}},
+  };
+  for (const Case& c : cases)
+    for (AdamRule rule : {AdamRule::torch, AdamRule::torchao, AdamRule::te}) {
+      Tensor one(n, DType::bf16, c.master, c.formats), many(n, DType::bf16, c.master, c.formats);
+      const std::vector<float> init = random_values(n, 31, false, 3);
+      one.set_weights(init);
+      many.set_weights(init);
+      AdamStepArgs a;
+      a.hyper = AdamHyper{.lr = 1e-3, .weight_decay = 0.01};
+      a.rule = rule;
+      a.stochastic = c.master == MasterFormat::none;
+      a.inv_scale = 1.0f / 1024;
+      const std::string what = std::string(master_format_name(c.master)) + "/" +
+                               std::string(moment_format_name(c.formats.m)) + "/" +
+                               std::string(moment_format_name(c.formats.v)) + " " + std::string(adam_rule_name(rule));
+      for (int step = 1; step <= 3; ++step) {
+        (void)bf16_grads(one, 40 + static_cast<std::uint64_t>(step));
+        many.grad16 = one.grad16;
+        a.step = step;
+        AdamStepStats s1, s2;
+        adam_tensor_step(one.view(), a, active_isa(), step == 3 ? &s1 : nullptr);
+        adam_tensor_step(many.view(), a, active_isa(), step == 3 ? &s2 : nullptr, &pool);
+        ASSERT_EQ(one.weight16, many.weight16) << what << " step " << step;
+        ASSERT_EQ(one.remainder, many.remainder) << what << " step " << step;
+        ASSERT_EQ(one.master_f32, many.master_f32) << what << " step " << step;
+        ASSERT_EQ(one.m.codes, many.m.codes) << what << " step " << step;
+        ASSERT_EQ(one.m.scales, many.m.scales) << what << " step " << step;
+        ASSERT_EQ(one.v.codes, many.v.codes) << what << " step " << step;
+        ASSERT_EQ(one.v.scales, many.v.scales) << what << " step " << step;
+        EXPECT_EQ(s1.m_err_sq, s2.m_err_sq) << what;
+        EXPECT_EQ(s1.v_sq, s2.v_sq) << what;
+        EXPECT_EQ(s1.meant, s2.meant) << what;
+        EXPECT_EQ(s1.lost, s2.lost) << what;
+      }
+    }
+}
+
 // The remainder format keeps the fp32 master AdamW's weights bit for bit over 1,000 steps.
 TEST(StateFormatsStep, RemainderEqualsTheFp32MasterBitForBitOver1000Steps) {
   const std::size_t n = 4096;

@@ -143,7 +143,7 @@ def test_summary_holds_formats_bytes_and_totals_and_stats_only_at_sampled_steps(
     step_fn = optim_module._core.adam_tensor_step
 
     def counting(*args):
-        asked.append(bool(args[-1]))  # stats: the last argument
+        asked.append(bool(args[-2]))  # stats: the next-to-last argument (the thread count is last)
         return step_fn(*args)
 
     monkeypatch.setattr(optim_module._core, "adam_tensor_step", counting)

@@ -32,6 +32,8 @@
 
 namespace mixprec {
 
+class ThreadPool;  // core/parallel.hpp
+
 enum class MasterFormat : std::uint8_t { fp32, remainder, none };
 enum class MomentFormat : std::uint8_t { fp32, bf16, fp16, fp8, q8, q4 };
 // Whose arithmetic the fp32 update follows (docs/optimizers.md writes each out).
@@ -159,7 +161,9 @@ struct AdamStepStats {
   double lost_fraction() const noexcept;     // lost / meant, 0 when nothing was meant to move
 };
 
+// pool: the tensor's pieces (64 Ki elements) split over its workers; the same bits with any
+// number of threads, or none (nullptr: the caller's thread).
 void adam_tensor_step(const AdamTensor& t, const AdamStepArgs& a, Isa isa = active_isa(),
-                      AdamStepStats* stats = nullptr);
+                      AdamStepStats* stats = nullptr, ThreadPool* pool = nullptr);
 
 }  // namespace mixprec

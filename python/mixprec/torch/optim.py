@@ -425,7 +425,8 @@ class AdamW(torch.optim.Optimizer):
                     to_dlpack(state["exp_avg_sq_scale"]),
                     group["block"], group["fp8_per_tensor"], group["rule"], float(group["lr"]), beta1, beta2,
                     group["eps"], group["weight_decay"], group["decoupled"], step, inv_scale, 1.0,
-                    group["stochastic_rounding"], group["seed"], index, bool(self.collect_stats))
+                    group["stochastic_rounding"], group["seed"], index, bool(self.collect_stats),
+                    torch.get_num_threads())
                 if s is not None:  # (m_err_sq, m_sq, v_err_sq, v_sq, meant, lost)
                     stats[p] = (math.sqrt(s[0] / s[1]) if s[1] > 0 else 0.0, math.sqrt(s[2] / s[3]) if s[3] > 0 else 0.0,
                                 s[5] / s[4] if s[4] else 0.0, int(s[4]))
