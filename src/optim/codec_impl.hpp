@@ -217,7 +217,7 @@ template <bool L2, bool LerpLow>
 void adam_moments_loop(const float* __restrict p, float* __restrict m, float* __restrict v, const float* __restrict g,
                        std::size_t n, float pre, float clip, const AdamScalars& s) noexcept {
   const AdamScalars c = s;
-  for (std::size_t i = 0; i < n; ++i) (void)adam_moments_element<L2, LerpLow>((g[i] * pre) * clip, L2 ? p[i] : 0.0f, m[i], v[i], c);
+  for (std::size_t i = 0; i < n; ++i) adam_moments_element<L2, LerpLow>((g[i] * pre) * clip, L2 ? p[i] : 0.0f, m[i], v[i], c);
 }
 
 void adam_moments(const float* p, float* m, float* v, const float* g, std::size_t n, float pre, float clip,

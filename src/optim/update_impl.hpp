@@ -94,17 +94,26 @@ inline Quot quot_of(const AdamScalars& s) noexcept {
   return kQuotientsByFma && s.bc2_sqrt.by_fma && s.bc2_sqrt.d >= 0x1p-30f ? kByFma : kDivide;
 }
 
-// One element: gi the gradient after unscale and clip; p, m, v updated.
-template <bool L2, bool Decoupled, bool LerpLow, int Q>
-inline void adam_element(float gi, float& p, float& m, float& v, const AdamScalars& s) noexcept {
-  float pi = p;
-  if constexpr (L2) gi = gi + s.weight_decay * pi;
-  if constexpr (Decoupled) pi = pi * s.decay_mul;
+// The new m and v of one element (gi the gradient after unscale and clip, p the weight as read):
+// the whole of the per-tensor first pass, the first half of adam_element.
+template <bool L2, bool LerpLow>
+inline void adam_moments_element(float gi, float p, float& m, float& v, const AdamScalars& s) noexcept {
+  if constexpr (L2) gi = gi + s.weight_decay * p;
   float mi = m;
   if constexpr (LerpLow) mi = mi + s.weight * (gi - mi);
   else mi = gi - (gi - mi) * s.one_minus_weight;
   float vi = v * s.beta2;
   vi = vi + (s.one_minus_beta2 * gi) * gi;
+  m = mi;
+  v = vi;
+}
+
+// One element of the step: p, m, v updated.
+template <bool L2, bool Decoupled, bool LerpLow, int Q>
+inline void adam_element(float gi, float& p, float& m, float& v, const AdamScalars& s) noexcept {
+  float pi = p, mi = m, vi = v;
+  adam_moments_element<L2, LerpLow>(gi, pi, mi, vi, s);
+  if constexpr (Decoupled) pi = pi * s.decay_mul;
   const float root = std::sqrt(vi);
   float d;
   if constexpr (Q == kBc2One) {
@@ -120,19 +129,6 @@ inline void adam_element(float gi, float& p, float& m, float& v, const AdamScala
   m = mi;
   v = vi;
   p = pi;
-}
-
-// The new m and v alone (the first pass of per-tensor scales): adam_element's lines for them.
-template <bool L2, bool LerpLow>
-inline void adam_moments_element(float gi, float p, float& m, float& v, const AdamScalars& s) noexcept {
-  if constexpr (L2) gi = gi + s.weight_decay * p;
-  float mi = m;
-  if constexpr (LerpLow) mi = mi + s.weight * (gi - mi);
-  else mi = gi - (gi - mi) * s.one_minus_weight;
-  float vi = v * s.beta2;
-  vi = vi + (s.one_minus_beta2 * gi) * gi;
-  m = mi;
-  v = vi;
 }
 
 template <bool L2, bool Decoupled, bool LerpLow, int Q>

@@ -18,18 +18,13 @@ MUTATIONS = [
          why="Adam's second moment decays with beta1 instead of beta2",
          tests=["test_optim"]),
     dict(id="adam-v-decays-with-beta1-in-kernel", file="src/optim/update_impl.hpp",
-         old=("  float vi = v * s.beta2;\n"
-              "  vi = vi + (s.one_minus_beta2 * gi) * gi;\n"
-              "  const float root"),
-         new=("  float vi = v * s.one_minus_weight;\n"
-              "  vi = vi + (s.one_minus_beta2 * gi) * gi;\n"
-              "  const float root"),
+         old="  float vi = v * s.beta2;\n",
+         new="  float vi = v * s.one_minus_weight;\n",
          why="the update loop decays v with beta1 (1 - weight) instead of beta2",
          tests=["test_optim"]),
     dict(id="adamw-decay-after-update", file="src/optim/update_impl.hpp",
-         old=("  if constexpr (Decoupled) pi = pi * s.decay_mul;\n"
-              "  float mi = m;\n"),
-         new=("  float mi = m;\n"),
+         old="  if constexpr (Decoupled) pi = pi * s.decay_mul;\n",
+         new="",
          why="AdamW's decoupled weight decay left out of the torch-rule step",
          tests=["test_optim"]),
     dict(id="adamw-decay-without-lr", file="src/optim/kernels.hpp",
