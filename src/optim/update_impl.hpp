@@ -121,7 +121,7 @@ inline void adam_element(float gi, float& p, float& m, float& v, const AdamScala
   } else if constexpr (Q == kByFma) {
     const float q0 = root * s.bc2_sqrt.r;
     const float q1 = std::fma(std::fma(-q0, s.bc2_sqrt.d, root), s.bc2_sqrt.r, q0);
-    d = (root > 0.0f) & (root < std::numeric_limits<float>::infinity()) ? q1 : q0;
+    d = ((root > 0.0f) & (root < std::numeric_limits<float>::infinity())) ? q1 : q0;
   } else {
     d = root / s.bc2_sqrt.d;
   }

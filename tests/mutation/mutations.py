@@ -38,7 +38,7 @@ MUTATIONS = [
          why="Adam divides sqrt(v) by 1 - beta2^t instead of its square root",
          tests=["test_optim"]),
     dict(id="fma-quotient-without-its-zero-and-nonfinite-lanes", file="src/optim/update_impl.hpp",
-         old="    d = (root > 0.0f) & (root < std::numeric_limits<float>::infinity()) ? q1 : q0;",
+         old="    d = ((root > 0.0f) & (root < std::numeric_limits<float>::infinity())) ? q1 : q0;",
          new="    d = q1;",
          why="the FMA quotient sqrt(v) / bc2_sqrt taken for a zero, inf or NaN sqrt(v), where only q0 is the division's bits",
          tests=["test_optim"]),
