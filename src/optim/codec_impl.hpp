@@ -318,13 +318,31 @@ inline __m512i map_codes_16(__m512 y, __m512 thresholds) {
 
 void encode_fp8_blocks(const float* x, std::uint8_t* codes, float* scales, std::size_t n, std::size_t block) noexcept {
   if (block % 32 != 0) return codec::encode_fp8_plain(x, codes, scales, n, block);
+  const __m512i overflow = codec::set1(mixprec::detail::kE4M3Spec.overflow_code);
   for (std::size_t b = 0; b < n; b += block) {
     const float scale = codec::block_scale(codec::amax_bits_v(x + b, block), true);
     scales[b / block] = scale;
     const Divisor s = mixprec::optim_detail::divisor(scale);
-    for (std::size_t i = b; i < b + block; i += 16)
+    if (!s.by_fma) {  // a NaN or inf absmax (its scale is NaN or inf): the general quotient and encoder
+      for (std::size_t i = b; i < b + block; i += 16)
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i),
+                         codec::e4m3_codes(quotient_v(_mm512_loadu_ps(x + i), s), mixprec::detail::kE4M3Spec.overflow_code));
+      continue;
+    }
+    // A finite block, scale = max(absmax, 1e-12) / 448 >= 2^-48.7: every |x / scale| <= 448 (1 + 2^-22).
+    // The FMA quotient is exact where |q0| >= 2^-20 (then |x| >= 2^-69, inside the FMAs' range), and
+    // below 2^-20 both q0 and x / scale encode to the zero of x's sign: the quotient needs no range
+    // test and the encoder no NaN lanes.
+    const __m512 r = _mm512_set1_ps(s.r), d = _mm512_set1_ps(s.d), tiny = _mm512_set1_ps(0x1p-20f);
+    for (std::size_t i = b; i < b + block; i += 16) {
+      const __m512 xv = _mm512_loadu_ps(x + i);
+      const __m512 q0 = _mm512_mul_ps(xv, r);
+      const __m512 q1 = _mm512_fmadd_ps(_mm512_fnmadd_ps(q0, d, xv), r, q0);
+      const __m512 y = _mm512_mask_mov_ps(q1, _mm512_cmp_ps_mask(_mm512_abs_ps(q0), tiny, _CMP_LT_OQ), q0);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i),
-                       codec::e4m3_codes(quotient_v(_mm512_loadu_ps(x + i), s), mixprec::detail::kE4M3Spec.overflow_code));
+                       _mm512_cvtepi32_epi8(
+                           mixprec::detail::avx512::encode16_rne_finite<mixprec::detail::kE4M3Spec>(y, overflow)));
+    }
   }
 }
 
@@ -341,12 +359,27 @@ void encode_map_blocks(const float* x, std::uint8_t* codes, float* scales, std::
                        const mixprec::optim_detail::CodeMap& map) noexcept {
   if (block % 32 != 0) return codec::encode_map_plain(x, codes, scales, n, block, map);
   const __m512 thresholds = _mm512_loadu_ps(map.thresholds + 1);  // 4bit: lanes 0-14, then NaN
+  // Quotients below half the map's zero band take the zero's code whatever their last bits: in a
+  // finite block (scale = max(absmax, 1e-12), so |x / scale| <= 1 and |x| >= tiny * 2^-40) the
+  // FMA quotient is exact at and above `tiny`, which needs no range test when tiny >= 2^-55.
+  const float tiny = map.zero_band / 2;
+  const bool by_band = tiny >= 0x1p-55f;
   for (std::size_t b = 0; b < n; b += block) {
     const float scale = codec::block_scale(codec::amax_bits_v(x + b, block), false);
     scales[b / block] = scale;
     const Divisor s = mixprec::optim_detail::divisor(scale);
+    const bool fast = by_band && s.by_fma;  // a NaN or inf absmax gives a NaN or inf scale
+    const __m512 r = _mm512_set1_ps(s.r), d = _mm512_set1_ps(s.d), t = _mm512_set1_ps(tiny);
     for (std::size_t i = b; i < b + block; i += 16) {
-      const __m512 y = quotient_v(_mm512_loadu_ps(x + i), s);
+      const __m512 xv = _mm512_loadu_ps(x + i);
+      __m512 y;
+      if (fast) {
+        const __m512 q0 = _mm512_mul_ps(xv, r);
+        const __m512 q1 = _mm512_fmadd_ps(_mm512_fnmadd_ps(q0, d, xv), r, q0);
+        y = _mm512_mask_mov_ps(q1, _mm512_cmp_ps_mask(_mm512_abs_ps(q0), t, _CMP_LT_OQ), q0);
+      } else {
+        y = quotient_v(xv, s);
+      }
       if (map.n == 16) {
         const __m128i c = _mm512_cvtepi32_epi8(codec::map_codes_16(y, thresholds));
         _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i / 2), codec::pack_nibbles(c));

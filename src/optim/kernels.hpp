@@ -124,6 +124,9 @@ struct CodeMap {
   // start + (key >= offset), key = the low 16 bits of y (complemented when negative).
   // nullptr when steps > 1.
   const std::uint32_t* packed;    // 65536
+  // Every y with |y| < zero_band has the code of 0 (and of -0): a quotient that small needs no
+  // exact rounding.
+  float zero_band;
 };
 const CodeMap& code_map(bool eight_bit, bool is_signed) noexcept;  // state_format.cpp
 

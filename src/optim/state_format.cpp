@@ -257,7 +257,12 @@ struct MapTables {
       if (start[k] + 1u < N && next >> 16 == k) offset = (k & 0x8000u) != 0 ? 0xFFFFu - (next & 0xFFFFu) : next & 0xFFFFu;
       packed[k] = start[k] | offset << 8;
     }
-    map = {values.data(), N, walk_start.data(), thresholds.data(), start.data(), steps, steps <= 1 ? packed.data() : nullptr};
+    // The interval of 0's code: [thresholds[k0], thresholds[k0 + 1]), the first -inf for code 0,
+    // the second NaN (none) past the last code.
+    const std::size_t k0 = rule_code(values, 0.0f);
+    const float below = -thresholds[k0], above = k0 + 1 < N ? thresholds[k0 + 1] : std::numeric_limits<float>::infinity();
+    map = {values.data(), N, walk_start.data(), thresholds.data(), start.data(), steps,
+           steps <= 1 ? packed.data() : nullptr, std::min(below, above)};
   }
 };
 

@@ -111,6 +111,147 @@ TEST(UpdateKernels, DivideEqualsTheDivisionForEverySignificand) {
     for (float d : divisors) expect_divide(*tables[t], names[t], x, d);
 }
 
+// torchao's E4M3 blocks (encode_fp8_blocks): the vector back ends' codes and scales equal the
+// reference's, bit for bit, on blocks built to reach every path: absmax from below torchao's
+// 1e-12 clip to 3e38; quotients within ulps of E4M3 rounding midpoints, around 2^-20 and 2^-10 (the
+// zero threshold) and down to 2^-89, subnormals, signed zeros; a block holding an inf and one
+// holding a NaN (the general path).
+TEST(UpdateKernels, Fp8BlockCodesEqualTheReferenceAcrossTheRange) {
+  std::vector<std::string> names;
+  const auto tables = simd_tables(names);
+  if (tables.empty()) GTEST_SKIP() << "no SIMD back end on this CPU";
+  const UpdateKernels& ref = optim_detail::scalar_update_kernels();
+  constexpr std::size_t kBlock = 256;
+  std::mt19937 rng(5);
+  std::vector<float> x;
+  // Quotients within 3 ulps of E4M3 rounding midpoints (the zero threshold 2^-10, the subnormals'
+  // (k + 1/2) 2^-9, the normals' (1 + (2j + 1)/16) 2^e up to 448), under 64 random block scales
+  // besides the fixed ones: where a quotient one ulp off rounds to another code, so that a quotient
+  // not exactly the division's fails (checked: without the FMA correction, and with q0 kept up to
+  // 2^-8, this test fails).
+  std::vector<float> mids{0x1p-10f};
+  for (int k = 0; k < 7; ++k) mids.push_back((static_cast<float>(k) + 0.5f) * 0x1p-9f);
+  for (int e = -6; e <= 8; ++e)
+    for (int j = 0; j < 8; ++j)
+      if (const float m = std::ldexp(1.0f + (2.0f * static_cast<float>(j) + 1.0f) / 16.0f, e); m < 448.0f) mids.push_back(m);
+  std::vector<float> amaxes;
+  for (int k = 0; k < 64; ++k)
+    amaxes.push_back(std::ldexp(1.0f + static_cast<float>(rng() & 0x7fffff) * 0x1p-23f, static_cast<int>(rng() % 60) - 30));
+  for (const float amax : amaxes) {
+    const float scale = amax / 448.0f;
+    std::vector<float> near;
+    for (const float m : mids)
+      for (int off = -3; off <= 3; ++off) {
+        const std::int32_t bits = static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(m * scale)) + off;
+        near.push_back(((near.size() & 1) != 0 ? -1.0f : 1.0f) * std::bit_cast<float>(static_cast<std::uint32_t>(bits)));
+      }
+    for (std::size_t k = 0; k < near.size(); k += kBlock - 1) {
+      std::vector<float> b(kBlock, 0.0f);
+      b[0] = amax;
+      for (std::size_t i = 0; i + 1 < kBlock && k + i < near.size(); ++i) b[1 + i] = near[k + i];
+      x.insert(x.end(), b.begin(), b.end());
+    }
+  }
+  for (const float amax : {1e-13f, 1e-12f, 3e-9f, 1.0f, 448.0f, 7.5e20f, 3e38f}) {
+    const float scale = (amax < 1e-12f ? 1e-12f : amax) / 448.0f;
+    for (int kind = 0; kind < 4; ++kind) {
+      std::vector<float> b(kBlock);
+      for (std::size_t i = 0; i < kBlock; ++i) {
+        const float sign = (rng() & 1) != 0 ? -1.0f : 1.0f;
+        float q;  // the intended quotient
+        switch (kind) {
+          case 0: q = std::ldexp(1.0f + static_cast<float>(rng() % 8) / 8.0f + 1.0f / 16.0f,  // midpoints
+                                 static_cast<int>(rng() % 15) - 6); break;
+          case 1: q = std::ldexp(1.0f + static_cast<float>(rng() & 0xffff) / 65536.0f,  // around 2^-20 and 2^-10
+                                 (rng() & 1) != 0 ? -21 : -11); break;
+          case 2: q = std::ldexp(1.0f, -static_cast<int>(rng() % 90)); break;  // down to 2^-89
+          default: q = static_cast<float>(rng() % 1000) / 1000.0f * 448.0f; break;
+        }
+        b[i] = sign * q * scale;
+      }
+      b[0] = amax;  // the block's absmax
+      b[1] = -0.0f;
+      b[2] = std::numeric_limits<float>::denorm_min();
+      b[3] = -1e-40f;
+      x.insert(x.end(), b.begin(), b.end());
+    }
+  }
+  std::vector<float> special(kBlock, 0.5f);
+  special[7] = std::numeric_limits<float>::infinity();
+  x.insert(x.end(), special.begin(), special.end());
+  special[7] = std::bit_cast<float>(0xffc01234u);
+  x.insert(x.end(), special.begin(), special.end());
+  const std::size_t n = x.size();
+  std::vector<std::uint8_t> want(n), got(n);
+  std::vector<float> want_s(n / kBlock), got_s(n / kBlock);
+  ref.encode_fp8_blocks(x.data(), want.data(), want_s.data(), n, kBlock);
+  for (std::size_t t = 0; t < tables.size(); ++t) {
+    tables[t]->encode_fp8_blocks(x.data(), got.data(), got_s.data(), n, kBlock);
+    for (std::size_t i = 0; i < n; ++i)
+      ASSERT_EQ(got[i], want[i]) << names[t] << ": element " << i << " " << hex(x[i]) << " (block scale "
+                                 << hex(want_s[i / kBlock]) << "): code " << static_cast<int>(got[i])
+                                 << ", the reference " << static_cast<int>(want[i]);
+    expect_bitwise(want_s, got_s, names[t] + " scales");
+  }
+}
+
+// torchao's 8bit and 4bit blocks (encode_map_blocks), signed and unsigned maps: the vector back
+// ends' codes and scales equal the reference's on quotients within 3 ulps of every threshold of the
+// map (where one ulp changes the code), around zero, and on blocks holding an inf or a NaN,
+// under 16 random block scales (checked: keeping the product x * (1 / scale) up to 64 times the
+// map's zero band fails this test).
+TEST(UpdateKernels, MapBlockCodesEqualTheReferenceAcrossTheRange) {
+  std::vector<std::string> names;
+  const auto tables = simd_tables(names);
+  if (tables.empty()) GTEST_SKIP() << "no SIMD back end on this CPU";
+  const UpdateKernels& ref = optim_detail::scalar_update_kernels();
+  std::mt19937 rng(6);
+  for (const bool eight : {true, false})
+    for (const bool is_signed : {true, false}) {
+      const optim_detail::CodeMap& map = optim_detail::code_map(eight, is_signed);
+      const std::size_t block = eight ? 256 : 128;
+      std::vector<float> targets{0.0f, map.zero_band / 2, map.zero_band, 4 * map.zero_band, 64 * map.zero_band};
+      for (std::size_t k = 1; k < map.n; ++k) targets.push_back(map.thresholds[k]);
+      std::vector<float> x;
+      for (int sc = 0; sc < 16; ++sc) {
+        const float amax = std::ldexp(1.0f + static_cast<float>(rng() & 0x7fffff) * 0x1p-23f, static_cast<int>(rng() % 60) - 30);
+        std::vector<float> near;
+        for (const float q : targets)
+          for (int off = -3; off <= 3; ++off)
+            for (const float sign : {1.0f, -1.0f}) {
+              const float v = std::fabs(q) * amax;
+              if (v == 0.0f || v >= amax) continue;
+              const std::int32_t bits = static_cast<std::int32_t>(std::bit_cast<std::uint32_t>(v)) + off;
+              near.push_back(sign * std::bit_cast<float>(static_cast<std::uint32_t>(bits)));
+            }
+        for (std::size_t k = 0; k < near.size(); k += block - 1) {
+          std::vector<float> b(block, 0.0f);
+          b[0] = amax;
+          for (std::size_t i = 0; i + 1 < block && k + i < near.size(); ++i) b[1 + i] = near[k + i];
+          x.insert(x.end(), b.begin(), b.end());
+        }
+      }
+      std::vector<float> special(block, 0.25f);
+      special[3] = std::numeric_limits<float>::infinity();
+      x.insert(x.end(), special.begin(), special.end());
+      special[3] = std::numeric_limits<float>::quiet_NaN();
+      x.insert(x.end(), special.begin(), special.end());
+      const std::size_t n = x.size(), bytes = eight ? n : n / 2;
+      std::vector<std::uint8_t> want(bytes), got(bytes);
+      std::vector<float> want_s(n / block), got_s(n / block);
+      ref.encode_map_blocks(x.data(), want.data(), want_s.data(), n, block, map);
+      for (std::size_t t = 0; t < tables.size(); ++t) {
+        tables[t]->encode_map_blocks(x.data(), got.data(), got_s.data(), n, block, map);
+        const std::string what = names[t] + (eight ? " 8bit" : " 4bit") + (is_signed ? " signed" : " unsigned");
+        for (std::size_t i = 0; i < bytes; ++i)
+          ASSERT_EQ(got[i], want[i]) << what << ": code byte " << i << " (element " << (eight ? i : 2 * i) << " "
+                                     << hex(x[eight ? i : 2 * i]) << "): " << static_cast<int>(got[i]) << ", the reference "
+                                     << static_cast<int>(want[i]);
+        expect_bitwise(want_s, got_s, what + " scales");
+      }
+    }
+}
+
 TEST(UpdateKernels, DivideEqualsTheDivisionAtTheEndsOfTheRange) {
   std::vector<std::string> names{"scalar"};
   std::vector<const UpdateKernels*> tables{&optim_detail::scalar_update_kernels()};

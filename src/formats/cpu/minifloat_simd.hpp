@@ -247,6 +247,14 @@ inline __m512i encode16_rne(__m512 y, __m512i max_code) {
   return signed_code16<S>(finite_magnitude_code16<S>(a, max_code), y, a);
 }
 
+// encode16_rne for lanes the caller knows finite (no NaN lane to carry): the magnitude code and
+// the sign alone.
+template <const MiniFloatSpec& S>
+inline __m512i encode16_rne_finite(__m512 y, __m512i max_code) {
+  const __m512i a = _mm512_and_si512(_mm512_castps_si512(y), set1(0x7fffffffu));
+  return with_sign<S>(finite_magnitude_code16<S>(a, max_code), y);
+}
+
 }  // namespace mixprec::detail::avx512
 MIXPREC_TARGET_END
 
