@@ -4,6 +4,7 @@
 #include "mixprec/torch/optim.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <charconv>
@@ -16,6 +17,7 @@
 #include <string_view>
 
 #include "dtype.hpp"
+#include "mixprec/core/parallel.hpp"
 
 namespace mixprec::torch {
 namespace {
@@ -248,9 +250,13 @@ void AdamW::step(float inv_scale, bool skip) {
     work.push_back(std::move(w));
     first_index += n;
   }
+  // The pieces of each tensor split over ATen's intra-op threads, as the Python door splits them
+  // over torch.get_num_threads() (the bits do not depend on the count).
+  const auto threads = static_cast<unsigned>(std::max(1, at::get_num_threads()));
+  if (threads > 1 && (!pool_ || pool_->size() != threads)) pool_ = std::make_shared<ThreadPool>(threads);
   for (Work& w : work) {
     if (!w.fresh.empty()) state_[w.i] = std::move(w.fresh);  // the tensors the views point into move along
-    adam_tensor_step(w.t, w.a);
+    adam_tensor_step(w.t, w.a, active_isa(), nullptr, threads > 1 ? pool_.get() : nullptr);
     state_[w.i].at("step").add_(1);
   }
 }
