@@ -335,10 +335,7 @@ void encode_fp8_blocks(const float* x, std::uint8_t* codes, float* scales, std::
     // test and the encoder no NaN lanes.
     const __m512 r = _mm512_set1_ps(s.r), d = _mm512_set1_ps(s.d), tiny = _mm512_set1_ps(0x1p-20f);
     for (std::size_t i = b; i < b + block; i += 16) {
-      const __m512 xv = _mm512_loadu_ps(x + i);
-      const __m512 q0 = _mm512_mul_ps(xv, r);
-      const __m512 q1 = _mm512_fmadd_ps(_mm512_fnmadd_ps(q0, d, xv), r, q0);
-      const __m512 y = _mm512_mask_mov_ps(q1, _mm512_cmp_ps_mask(_mm512_abs_ps(q0), tiny, _CMP_LT_OQ), q0);
+      const __m512 y = quotient_above(_mm512_loadu_ps(x + i), r, d, tiny);
       _mm_storeu_si128(reinterpret_cast<__m128i*>(codes + i),
                        _mm512_cvtepi32_epi8(
                            mixprec::detail::avx512::encode16_rne_finite<mixprec::detail::kE4M3Spec>(y, overflow)));
@@ -372,14 +369,7 @@ void encode_map_blocks(const float* x, std::uint8_t* codes, float* scales, std::
     const __m512 r = _mm512_set1_ps(s.r), d = _mm512_set1_ps(s.d), t = _mm512_set1_ps(tiny);
     for (std::size_t i = b; i < b + block; i += 16) {
       const __m512 xv = _mm512_loadu_ps(x + i);
-      __m512 y;
-      if (fast) {
-        const __m512 q0 = _mm512_mul_ps(xv, r);
-        const __m512 q1 = _mm512_fmadd_ps(_mm512_fnmadd_ps(q0, d, xv), r, q0);
-        y = _mm512_mask_mov_ps(q1, _mm512_cmp_ps_mask(_mm512_abs_ps(q0), t, _CMP_LT_OQ), q0);
-      } else {
-        y = quotient_v(xv, s);
-      }
+      const __m512 y = fast ? quotient_above(xv, r, d, t) : quotient_v(xv, s);
       if (map.n == 16) {
         const __m128i c = _mm512_cvtepi32_epi8(codec::map_codes_16(y, thresholds));
         _mm_storel_epi64(reinterpret_cast<__m128i*>(codes + i / 2), codec::pack_nibbles(c));

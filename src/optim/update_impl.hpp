@@ -28,11 +28,25 @@ inline constexpr bool kQuotientsByFma = true;
 inline constexpr bool kQuotientsByFma = false;  // the reference divides
 #endif
 #if defined(MIXPREC_OPTIM_AVX512)
+// The FMA quotient from q0 = x * r: q0 + (x - q0 d) r (Divisor says where it is exact).
+inline __m512 corrected_quotient(__m512 x, __m512 q0, __m512 r, __m512 d) noexcept {
+  return _mm512_fmadd_ps(_mm512_fnmadd_ps(q0, d, x), r, q0);
+}
+
+// x / d for the block codecs' finite blocks, where every quotient at or above `tiny` lies in the
+// FMA quotient's range and every one below it encodes as any other value of its sign below it:
+// q0 = x * r there (its sign is x's), the FMA quotient elsewhere.
+inline __m512 quotient_above(__m512 x, __m512 r, __m512 d, __m512 tiny) noexcept {
+  const __m512 q0 = _mm512_mul_ps(x, r);
+  return _mm512_mask_mov_ps(corrected_quotient(x, q0, r, d), _mm512_cmp_ps_mask(_mm512_abs_ps(q0), tiny, _CMP_LT_OQ),
+                            q0);
+}
+
 // x / c.d in 16 lanes: by FMAs where every lane is in their range, else by the divider.
 inline __m512 quotient_v(__m512 x, Divisor c) noexcept {
   const __m512 r = _mm512_set1_ps(c.r);
   const __m512 q0 = _mm512_mul_ps(x, r);
-  const __m512 q1 = _mm512_fmadd_ps(_mm512_fnmadd_ps(q0, _mm512_set1_ps(c.d), x), r, q0);
+  const __m512 q1 = corrected_quotient(x, q0, r, _mm512_set1_ps(c.d));
   const __m512 ax = _mm512_abs_ps(x), aq = _mm512_abs_ps(q0);
   const __mmask16 zero = _mm512_cmp_ps_mask(ax, _mm512_setzero_ps(), _CMP_EQ_OQ);
   const __mmask16 in = _mm512_cmp_ps_mask(ax, _mm512_set1_ps(mixprec::optim_detail::kQuotientMinX), _CMP_GE_OQ) &
