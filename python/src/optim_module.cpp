@@ -7,7 +7,6 @@
 #include <nanobind/stl/string_view.h>
 #include <nanobind/stl/tuple.h>
 
-#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <vector>
@@ -84,15 +83,6 @@ mixprec::MomentView moment_view(const mixprec::MomentLayout& l, nb::handle codes
     keep.push_back(std::move(s));
   }
   return mv;
-}
-
-// The pool of the fused steps, made again when the thread count asked for changes; nullptr for
-// one thread. Steps come from the Python thread holding the optimizer, one at a time.
-mixprec::ThreadPool* step_pool(unsigned threads) {
-  static std::unique_ptr<mixprec::ThreadPool> pool;
-  if (threads <= 1) return nullptr;
-  if (!pool || pool->size() != threads) pool = std::make_unique<mixprec::ThreadPool>(threads);
-  return pool.get();
 }
 
 }  // namespace
@@ -227,7 +217,8 @@ void register_optim(nb::module_& m) {
         mixprec::AdamStepStats st;
         {
           nb::gil_scoped_release unlocked;
-          mixprec::adam_tensor_step(t, a, mixprec::active_isa(), want_stats ? &st : nullptr, step_pool(threads));
+          mixprec::adam_tensor_step(t, a, mixprec::active_isa(), want_stats ? &st : nullptr,
+                                    mixprec::ThreadPool::of_size(threads));
         }
         if (!want_stats) return nb::none();
         // (m_err_sq, m_sq, v_err_sq, v_sq, meant, lost): AdamStepStats's sums

@@ -4,6 +4,9 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -37,6 +40,16 @@ static unsigned default_threads() {
 ThreadPool& ThreadPool::global() {
   static ThreadPool pool;
   return pool;
+}
+
+ThreadPool* ThreadPool::of_size(unsigned threads) {
+  if (threads <= 1) return nullptr;
+  static std::mutex lock;
+  static std::map<unsigned, std::unique_ptr<ThreadPool>> pools;  // kept: a caller may still run on one
+  const std::lock_guard<std::mutex> hold(lock);
+  std::unique_ptr<ThreadPool>& p = pools[threads];
+  if (!p) p = std::make_unique<ThreadPool>(threads);
+  return p.get();
 }
 
 #if !defined(MIXPREC_POOL_STD_THREADS)

@@ -252,11 +252,10 @@ void AdamW::step(float inv_scale, bool skip) {
   }
   // The pieces of each tensor split over ATen's intra-op threads, as the Python door splits them
   // over torch.get_num_threads() (the bits do not depend on the count).
-  const auto threads = static_cast<unsigned>(std::max(1, at::get_num_threads()));
-  if (threads > 1 && (!pool_ || pool_->size() != threads)) pool_ = std::make_shared<ThreadPool>(threads);
+  ThreadPool* pool = ThreadPool::of_size(static_cast<unsigned>(std::max(1, at::get_num_threads())));
   for (Work& w : work) {
     if (!w.fresh.empty()) state_[w.i] = std::move(w.fresh);  // the tensors the views point into move along
-    adam_tensor_step(w.t, w.a, active_isa(), nullptr, threads > 1 ? pool_.get() : nullptr);
+    adam_tensor_step(w.t, w.a, active_isa(), nullptr, pool);
     state_[w.i].at("step").add_(1);
   }
 }

@@ -59,6 +59,10 @@ class ThreadPool {
 
   // The process-wide pool, created on first use.
   static ThreadPool& global();
+  // A process-wide pool of `threads` workers, created on first use and kept (one per size
+  // asked for); nullptr for threads <= 1. For the doors that follow their framework's thread
+  // count (torch.get_num_threads(), at::get_num_threads()). Thread-safe.
+  static ThreadPool* of_size(unsigned threads);
 
   // MIXPREC_THREADS: 0 when unset or empty, else its value; std::invalid_argument
   // ("MIXPREC_THREADS: expected an integer in [1, 1024], found 'abc'") when it is not an integer

@@ -46,7 +46,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -114,7 +113,6 @@ class AdamW {
   std::vector<at::Tensor> params_;
   AdamWOptions options_;
   std::vector<std::map<std::string, at::Tensor>> state_;
-  std::shared_ptr<ThreadPool> pool_;  // the step's workers: ATen's intra-op thread count
 };
 
 }  // namespace mixprec::torch
