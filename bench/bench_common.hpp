@@ -68,6 +68,9 @@ struct Tally {
 
 bool has_avx512();
 
+// The CPU as /proc/cpuinfo names it ("model name"), for a table's heading; "unknown CPU".
+std::string cpu_model();
+
 // benchmark::Initialize with argv[0], then the suite's defaults, then the
 // caller's flags (argv[1..]) so that they override the defaults. Returns false
 // (after Google Benchmark has printed why) when an argument is not recognised.

@@ -24,7 +24,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -390,17 +389,6 @@ double pooled_seconds(FormatTensor& ft, ThreadPool& pool) {
   std::vector<double> t;
   for (int r = 0; r < 5; ++r) t.push_back(seconds([&] { ft.step(&pool); }));
   return median(t);
-}
-
-// The CPU as /proc/cpuinfo names it ("model name"), for the table's heading.
-std::string cpu_model() {
-  std::ifstream in("/proc/cpuinfo");
-  for (std::string line; std::getline(in, line);) {
-    if (line.rfind("model name", 0) != 0) continue;
-    const auto colon = line.find(':');
-    if (colon != std::string::npos) return line.substr(line.find_first_not_of(" \t", colon + 1));
-  }
-  return "unknown CPU";
 }
 
 void print_format_table(int rounds) {

@@ -13,11 +13,15 @@
 #include <span>
 #include <cstdint>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
 #include "bench_common.hpp"
+#include "mixprec/formats/dtype.hpp"
+#include "mixprec/formats/types.hpp"
 #include "mixprec/nn/gemm.hpp"
+#include "mixprec/nn/model.hpp"
 #include "mixprec/scaler/protocol.hpp"
 #include "mixprec/train/trainer.hpp"
 
@@ -164,6 +168,173 @@ GuardCost guard_cost(std::size_t pairs) {
   return out;
 }
 
+// ---- the step against its GEMM bound ------------------------------------------------------
+// A step's GEMM work (Model::gemm_flops over one step, attention's per-head products among
+// it) divided by the machine's GEMM peak for the preset's operand type on the same threads
+// is the time the step would take if it were nothing but its matrix multiplies at full rate:
+// its bound. The peak is the fastest of a few large shapes through the same Gemm.
+
+struct BoundModel {
+  const char* name;
+  nn::ModelConfig model;  // vocab comes from the data
+  std::size_t accum;
+};
+
+// The default gpt, and bench/peers/pytorch_gpt.py's 3.45M one (its GEMMs 256 and 1024 wide).
+std::vector<BoundModel> bound_models() {
+  BoundModel small{"default", train::TrainConfig{}.model, kBenchAccum};
+  BoundModel mid{"3.45M", train::TrainConfig{}.model, 2};
+  mid.model.layers = 4;
+  mid.model.channels = 256;
+  mid.model.heads = 4;
+  mid.model.context = 128;
+  mid.model.batch = 8;
+  return {small, mid};
+}
+
+struct BoundPreset {
+  nn::Precision precision;
+  const char* loss_scale;
+  DType operands;  // the type the preset's GEMMs take
+};
+constexpr BoundPreset kBoundPresets[] = {{nn::Precision::fp32, "none", DType::f32},
+                                         {nn::Precision::bf16, "none", DType::bf16},
+                                         {nn::Precision::fp16, "dynamic", DType::f16}};
+
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// GFLOP/s of the fastest of three large products of `type` on `threads` oneDNN threads
+// (median of 5 timings of each, every timing at least 20 ms).
+double gemm_peak_gflops(DType type, unsigned threads) {
+  struct Shape {
+    std::size_t m, n, k;
+  };
+  constexpr Shape kShapes[] = {{512, 512, 512}, {1024, 1024, 1024}, {2048, 1024, 1024}};
+  std::size_t most = 0;
+  for (const Shape& s : kShapes) most = std::max({most, s.m * s.k, s.k * s.n});
+  std::vector<float> a32(most), b32(most), c(2048 * 1024);
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& x : a32) x = normal(rng);
+  for (float& x : b32) x = normal(rng);
+  std::vector<f16> a16(a32.begin(), a32.end()), b16(b32.begin(), b32.end());
+  std::vector<bf16> ab(a32.begin(), a32.end()), bb(b32.begin(), b32.end());
+  const auto operand = [&](bool first, std::size_t rows, std::size_t cols) -> nn::MatrixView {
+    if (type == DType::f16) return nn::view((first ? a16 : b16).data(), rows, cols);
+    if (type == DType::bf16) return nn::view((first ? ab : bb).data(), rows, cols);
+    return nn::view((first ? a32 : b32).data(), rows, cols);
+  };
+  nn::Gemm gemm(nn::GemmOptions{.threads = threads});
+  double best = 0;
+  for (const Shape& s : kShapes) {
+    const nn::MatrixView a = operand(true, s.m, s.k), b = operand(false, s.k, s.n);
+    const nn::OutputView out = nn::output(c.data(), s.m, s.n);
+    gemm.run(a, b, out);
+    std::vector<double> rates;
+    for (int r = 0; r < 5; ++r) {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::size_t calls = 0;
+      double secs = 0;
+      do {
+        gemm.run(a, b, out);
+        ++calls;
+        secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      } while (secs < 0.02);
+      rates.push_back(2.0 * static_cast<double>(s.m * s.n * s.k) * static_cast<double>(calls) / secs / 1e9);
+    }
+    best = std::max(best, median_of(rates));
+  }
+  return best;
+}
+
+struct BoundRow {
+  std::string model;
+  unsigned threads = 1;
+  const BoundPreset* preset = nullptr;
+  double step_ms = 0, gflop = 0, attention_gflop = 0, peak = 0;
+  double bound_ms() const { return gflop / peak * 1e3; }
+};
+
+// Each model at 1 and 2 threads: one Trainer per preset, stepped in turn (ABC, then the order
+// rotated) for `rounds` rounds after a warm-up step; each preset's figure is its median step.
+std::vector<BoundRow> measure_bounds(std::size_t rounds) {
+  std::vector<BoundRow> rows;
+  for (const BoundModel& bm : bound_models()) {
+    for (unsigned threads : {1u, 2u}) {
+      std::vector<std::unique_ptr<train::Trainer>> trainers;
+      std::vector<std::vector<double>> ms(std::size(kBoundPresets));
+      for (const BoundPreset& p : kBoundPresets) {
+        train::TrainConfig cfg = config_for({p.precision, p.loss_scale, ""}, bm.accum);
+        cfg.model = bm.model;
+        cfg.threads = threads;
+        trainers.push_back(std::make_unique<train::Trainer>(cfg));
+        trainers.back()->train_step();  // first touch, oneDNN's primitives
+      }
+      std::vector<std::uint64_t> flops(trainers.size());
+      for (std::size_t r = 0; r < rounds; ++r) {
+        for (std::size_t j = 0; j < trainers.size(); ++j) {
+          const std::size_t i = (j + r) % trainers.size();
+          const std::uint64_t before = trainers[i]->model().gemm_flops();
+          ms[i].push_back(trainers[i]->train_step().seconds * 1e3);
+          flops[i] = trainers[i]->model().gemm_flops() - before;
+        }
+      }
+      for (std::size_t i = 0; i < trainers.size(); ++i) {
+        BoundRow row;
+        row.model = bm.name;
+        row.threads = threads;
+        row.preset = &kBoundPresets[i];
+        row.step_ms = median_of(ms[i]);
+        row.gflop = static_cast<double>(flops[i]) / 1e9;
+        nn::ModelConfig mc = trainers[i]->model().config();
+        row.attention_gflop = static_cast<double>(nn::attention_flops(mc) * bm.accum) / 1e9;
+        row.peak = gemm_peak_gflops(kBoundPresets[i].operands, threads);
+        rows.push_back(row);
+      }
+    }
+  }
+  return rows;
+}
+
+void print_bounds(const std::vector<BoundRow>& rows, std::size_t rounds) {
+  const nn::GemmBackendInfo& info = nn::gemm_backend_info();
+  fmt::print("\nThe step against its GEMM bound (bound = the step's GEMM FLOPs / the GEMM peak of its operand type\n"
+             "on the same threads; medians of {} rotated rounds; CPU {}; oneDNN {} {})\n",
+             rounds, cpu_model(), info.onednn_version, info.cpu_isa);
+  fmt::print("{:<8} {:>3} {:<6} {:>8} {:>11} {:>10} {:>16} {:>9} {:>11} {:>9}\n", "model", "thr", "preset", "step ms",
+             "GEMM GFLOP", "attention", "GEMM peak", "bound ms", "step/bound", "vs fp32");
+  Tally speed;
+  for (const BoundRow& r : rows) {
+    const BoundRow* f32 = nullptr;
+    for (const BoundRow& o : rows) {
+      if (o.model == r.model && o.threads == r.threads && o.preset->precision == nn::Precision::fp32) f32 = &o;
+    }
+    const double ratio = r.step_ms / r.bound_ms(), speedup = f32->step_ms / r.step_ms;
+    std::string peak = fmt::format("{:.0f} {}", r.peak, dtype_name(r.preset->operands));
+    if (r.preset->operands == DType::f16 || (r.preset->operands == DType::bf16 && !info.bf16_native)) peak += "*";
+    fmt::print("{:<8} {:>3} {:<6} {:>8.1f} {:>11.2f} {:>10.2f} {:>16} {:>9.1f} {:>10.2f}x {:>8.2f}x\n", r.model,
+               r.threads, nn::precision_name(r.preset->precision), r.step_ms, r.gflop, r.attention_gflop, peak,
+               r.bound_ms(), ratio, speedup);
+    if (r.model != std::string("3.45M")) continue;  // the default model's GEMMs are 64 wide: no target
+    const std::string where = fmt::format("3.45M {} thread{}", r.threads, r.threads > 1 ? "s" : "");
+    if (r.preset->precision == nn::Precision::fp32) {
+      speed.add(ratio <= 1.2, fmt::format("{}: fp32 step {:.2f}x its bound (target <= 1.2x)", where, ratio));
+    } else if (r.preset->precision == nn::Precision::bf16) {
+      speed.add(ratio <= 1.5, fmt::format("{}: bf16 step {:.2f}x its bound (target <= 1.5x)", where, ratio));
+      if (info.avx512_bf16 && info.bf16_native) {
+        speed.add(speedup >= 1.8, fmt::format("{}: bf16 {:.2f}x faster than fp32 (target >= 1.8x)", where, speedup));
+      }
+    }
+  }
+  fmt::print("  GEMM GFLOP: every product of one step (forward, input and weight gradients), counted by the\n"
+             "  engine's Gemm; attention: its per-head products among them. * f16 operands (and bf16 without a\n"
+             "  oneDNN bf16 matmul) are widened to f32 before oneDNN multiplies them: the peak is that path's.\n");
+  speed.print("Bound targets");
+}
+
 void print_table(const Collector& col, const std::vector<Case>& cases, const std::string& model,
                  double tokens_per_step) {
   const nn::GemmBackendInfo& info = nn::gemm_backend_info();
@@ -246,6 +417,9 @@ int run_train(int argc, char** argv) {
     b->Unit(benchmark::kMillisecond);
   }
   run_registered([&](const Collector& results) { print_table(results, cases, model, tokens_per_step); });
+  trainers.clear();
+  constexpr std::size_t kBoundRounds = 5;
+  print_bounds(measure_bounds(kBoundRounds), kBoundRounds);
   return 0;
 }
 

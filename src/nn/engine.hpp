@@ -64,6 +64,12 @@ class Engine {
   std::span<Gemm> head_gemms() noexcept {
     return head_gemms_.empty() ? std::span<Gemm>(&gemm_, 1) : std::span<Gemm>(head_gemms_);
   }
+  // Gemm::flops over gemm() and the head GEMMs.
+  std::uint64_t gemm_flops() const noexcept {
+    std::uint64_t f = gemm_.flops();
+    for (const Gemm& g : head_gemms_) f += g.flops();
+    return f;
+  }
   Arena& acts() noexcept { return acts_; }
   const Arena& acts() const noexcept { return acts_; }
 

@@ -194,6 +194,7 @@ struct Gemm::Impl {
   std::unordered_map<Key, Plan, KeyHash> plans;
   AlignedBuffer widen_a, widen_b, scratchpad;
   bool bf16_native = false;
+  std::uint64_t flops = 0;  // Gemm::flops
 
   explicit Impl(GemmOptions o) : options(o), bf16_native(o.native_bf16 && gemm_backend_info().bf16_native) {}
 
@@ -266,6 +267,7 @@ Gemm& Gemm::operator=(Gemm&&) noexcept = default;
 
 const GemmOptions& Gemm::options() const noexcept { return impl_->options; }
 std::size_t Gemm::cached_primitives() const noexcept { return impl_->plans.size(); }
+std::uint64_t Gemm::flops() const noexcept { return impl_->flops; }
 std::size_t Gemm::scratch_bytes() const noexcept {
   return impl_->widen_a.bytes + impl_->widen_b.bytes + impl_->scratchpad.bytes;
 }
@@ -323,6 +325,7 @@ void Gemm::run(const MatrixView& a, const MatrixView& b, const OutputView& c, co
   dnnl::error::wrap_c_api(dnnl_primitive_execute(p.prim.get(), impl_->stream.get(), nargs, exec_args),
                           "mixprec::nn::Gemm: oneDNN matmul failed");
   impl_->stream.wait();
+  impl_->flops += 2 * static_cast<std::uint64_t>(s.m) * s.n * s.k;
 }
 
 ConversionStats Gemm::run(const MatrixView& a, const MatrixView& b, const OutputView& c, const LowOutputView& low,

@@ -607,6 +607,7 @@ class Gpt final : public Model {
   }
 
   Engine& engine() noexcept override { return *engine_; }
+  const Engine& engine() const noexcept override { return *engine_; }
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Fp8Linears> fp8_;
   std::vector<LayerFp8> fp8_ids_;

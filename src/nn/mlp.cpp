@@ -245,6 +245,7 @@ class Mlp final : public Model {
   }
 
   Engine& engine() noexcept override { return *engine_; }
+  const Engine& engine() const noexcept override { return *engine_; }
   std::unique_ptr<Engine> engine_;
   std::unique_ptr<Fp8Linears> fp8_;  // the hidden Linears fc<i> (id i), fp8 presets only
   std::size_t wte_ = 0, headw_ = 0, headb_ = 0;

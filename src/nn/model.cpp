@@ -238,6 +238,13 @@ std::uint64_t Log2Histogram::total() const noexcept {
   return t;
 }
 
+std::uint64_t Model::gemm_flops() const noexcept { return engine().gemm_flops(); }
+
+std::uint64_t attention_flops(const ModelConfig& c) noexcept {
+  if (c.kind != ModelKind::gpt) return 0;
+  return std::uint64_t{12} * c.layers * c.batch * c.context * c.context * c.channels;
+}
+
 void Model::set_fault(const std::string& name, bool backward) {
   detail::Engine& e = engine();
   if (name.empty()) {

@@ -600,6 +600,40 @@ TEST(Model, ForwardAndBackwardAllocateNoBuffers) {
   }
 }
 
+// The GEMM counter over one forward and backward equals the FLOPs of the layers' products
+// counted by hand: every Linear's forward, input-gradient and weight-gradient products
+// (3 x 2 M N K), and attention's 6 per-head products per (sequence, head).
+TEST(Model, GemmFlopsCountEveryProductOfAStep) {
+  for (Precision p : {Precision::fp32, Precision::bf16, Precision::fp8_current}) {
+    ModelConfig g = small_gpt();
+    ModelConfig m = small_mlp();
+    for (const ModelConfig& cfg : {g, m}) {
+      auto model = make_model(cfg, p, 2);
+      const Batch b = random_batch(cfg, 1);
+      const std::uint64_t N = cfg.batch * cfg.context, C = cfg.channels, V = cfg.vocab, L = cfg.layers;
+      std::uint64_t linear = 0, attention = 0;
+      if (cfg.kind == ModelKind::gpt) {
+        // qkv C->3C, proj C->C, fc C->4C, fcproj 4C->C per layer; the tied head C->V.
+        linear = 3 * 2 * N * (L * (3 * C * C + C * C + 4 * C * C + 4 * C * C) + C * V);
+        const std::uint64_t hs = C / cfg.heads;
+        attention = cfg.batch * cfg.heads * L * 6 * 2 * cfg.context * cfg.context * hs;
+      } else {
+        // The concatenated embedding T*C -> hidden, depth - 1 hidden -> hidden, the head hidden -> V.
+        const std::uint64_t H = cfg.hidden, B = cfg.batch;
+        linear = 3 * 2 * B * (cfg.context * C * H + (cfg.depth - 1) * H * H + H * V);
+      }
+      EXPECT_EQ(attention_flops(cfg), attention) << model_kind_name(cfg.kind);
+      const std::uint64_t before = model->gemm_flops();
+      model->params().zero_grads();
+      model->forward(b.in, b.tgt);
+      model->backward(1.0f);
+      model->fp8_step_done();
+      EXPECT_EQ(model->gemm_flops() - before, linear + attention)
+          << model_kind_name(cfg.kind) << " " << precision_name(p);
+    }
+  }
+}
+
 // Weight gradients of a model as fp32.
 std::vector<float> grads_after_step(Model& m, const Batch& b) {
   m.params().zero_grads();

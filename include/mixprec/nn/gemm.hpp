@@ -133,6 +133,9 @@ class Gemm {
   GemmPath path(DType a, DType b) const noexcept;
   std::size_t cached_primitives() const noexcept;
   std::size_t scratch_bytes() const noexcept;  // widening buffers + oneDNN scratchpad
+  // 2 M N K summed over the products this object has run (run(), not prepare(); K = 0 adds
+  // nothing): what a step's GEMMs cost, for `mixprec bench train`'s bound.
+  std::uint64_t flops() const noexcept;
   const GemmOptions& options() const noexcept;
 
  private:

@@ -62,6 +62,12 @@ struct ModelConfig {
 // Throws std::invalid_argument naming the field, the allowed range and the value.
 void validate(const ModelConfig& c);
 
+// The FLOPs (2 M N K) of attention's per-head products in one micro-batch's forward and
+// backward, as the engine runs them: the full T x T score block of every sequence and head
+// (the causal half is masked after the product), 2 products forward and 4 backward, so
+// 12 L B T^2 C for gpt; 0 for mlp. Model::gemm_flops counts these among all GEMMs.
+std::uint64_t attention_flops(const ModelConfig& c) noexcept;
+
 // A log2-magnitude histogram: counts[i] holds the values with floor(log2|x|) ==
 // kMinExp + i (the first and last bins also take everything beyond them); zeros and
 // non-finite values are counted apart.
@@ -231,6 +237,9 @@ class Model {
   // true), as a fault there would; "" clears. std::invalid_argument naming the tensors the
   // model has for a name it has not. The names are those stats() and ForwardResult report.
   void set_fault(const std::string& name, bool backward);
+  // 2 M N K summed over every GEMM this model has run (forward and backward, attention's
+  // per-head products included): a step's GEMM work is the difference across it.
+  std::uint64_t gemm_flops() const noexcept;
   // One line, e.g. "gpt: 2 layers, 4 heads, 64 channels, context 64, vocab 1024 (200,448 parameters)".
   virtual std::string describe() const = 0;
 
@@ -258,6 +267,7 @@ class Model {
   virtual detail::Fp8Linears* fp8_linears() const noexcept { return nullptr; }
   // The engine that stores this model's activations (set_fault plants its faults there).
   virtual detail::Engine& engine() noexcept = 0;
+  virtual const detail::Engine& engine() const noexcept = 0;
   // Per-layer loss scaling in backward. scaled_layer(): the constructor's list. scale_layer():
   // at scaled layer `slot`, whose incoming gradient g carries `chain` above the base scale,
   // the layer's factor f (1 when scaling is off); g is multiplied by f and the layer's
