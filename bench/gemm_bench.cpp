@@ -41,20 +41,22 @@ struct Shape {
 constexpr Shape kShapes[] = {
     {512, 512, 512, Trans::no, Trans::no, "square"},
     {4096, 256, 1024, Trans::no, Trans::yes, "Y = X W^T"},
+    {128, 128, 64, Trans::no, Trans::yes, "QK^T head"},
 };
 
-enum class Variant { f32, bf16, bf16_widened, f16 };
+enum class Variant { f32, bf16, bf16_widened, f16, f16_widened };
 const char* variant_name(Variant v) {
   switch (v) {
     case Variant::f32: return "f32";
     case Variant::bf16: return "bf16";
     case Variant::bf16_widened: return "bf16-widened";
     case Variant::f16: return "f16";
+    case Variant::f16_widened: return "f16-widened";
   }
   return "?";
 }
 DType input_type(Variant v) {
-  return v == Variant::f32 ? DType::f32 : v == Variant::f16 ? DType::f16 : DType::bf16;
+  return v == Variant::f32 ? DType::f32 : (v == Variant::f16 || v == Variant::f16_widened) ? DType::f16 : DType::bf16;
 }
 
 std::string shape_name(const Shape& s) { return fmt::format("{}x{}x{}", s.m, s.n, s.k); }
@@ -75,7 +77,7 @@ struct Case {
 // bf16 mode, so primitives are created once and reused across repetitions.
 struct State {
   Buffer a_buf[3], b_buf[3], c_buf;  // indexed by DType
-  std::map<std::pair<int, bool>, std::unique_ptr<nn::Gemm>> gemms;  // (threads, native bf16)
+  std::map<std::pair<int, bool>, std::unique_ptr<nn::Gemm>> gemms;  // (threads, native bf16 and f16)
   std::map<std::string, std::pair<double, double>> cpu_wall;         // summed over repetitions
 
   State() {
@@ -103,8 +105,8 @@ struct State {
     c_buf = allocate(c_max * sizeof(float));
     for (int t : kThreadCounts) {
       for (bool native : {true, false}) {
-        gemms[{t, native}] = std::make_unique<nn::Gemm>(nn::GemmOptions{.threads = static_cast<unsigned>(t),
-                                                                         .native_bf16 = native});
+        gemms[{t, native}] = std::make_unique<nn::Gemm>(
+            nn::GemmOptions{.threads = static_cast<unsigned>(t), .native_bf16 = native, .native_f16 = native});
       }
     }
   }
@@ -130,7 +132,7 @@ double cpu_seconds() {
 
 void run_case(benchmark::State& st, const Case& c, State& s) {
   const Shape& sh = *c.shape;
-  nn::Gemm& g = *s.gemms.at({c.threads, c.variant != Variant::bf16_widened});
+  nn::Gemm& g = *s.gemms.at({c.threads, c.variant != Variant::bf16_widened && c.variant != Variant::f16_widened});
   const DType t = input_type(c.variant);
   const nn::MatrixView a = s.a_view(sh, t), b = s.b_view(sh, t);
   const nn::OutputView out = nn::output(s.c(), sh.m, sh.n);
@@ -157,12 +159,18 @@ void print_table(const Collector& col, const State& s) {
   fmt::print("AVX512-BF16 on this CPU: {}; oneDNN bf16 matmul: {}\n", info.avx512_bf16 ? "yes" : "no",
              info.bf16_native ? fmt::format("native ({})", info.bf16_impl)
                               : std::string("NOT available, bf16 inputs are widened exactly to f32"));
-  fmt::print("f16 inputs: always widened exactly to f32 (oneDNN 2.6 has no f16 matmul here); widening is timed.\n");
+  fmt::print("AVX512-FP16: {}; AMX-FP16: {}; oneDNN f16 matmul: {}\n", info.avx512_fp16 ? "yes" : "no",
+             info.amx_fp16 ? "yes" : "no",
+             info.f16_native ? fmt::format("native ({}), fp32 accumulation", info.f16_impl)
+                             : std::string("NOT available, f16 inputs are widened exactly to f32"));
+  fmt::print("Widening is timed. An f16 product with fp32 accumulation runs on fp32 FMAs unless the CPU has AMX-FP16\n"
+             "(AVX512-FP16's FMAs accumulate in fp16), so without AMX-FP16 f16 cannot pass the f32 rate.\n");
   fmt::print("cpu/wall = process CPU seconds / wall seconds over the case (1.0 = one busy core).\n\n");
 
   std::vector<Variant> variants = {Variant::f32, Variant::bf16};
   if (info.bf16_native) variants.push_back(Variant::bf16_widened);
   variants.push_back(Variant::f16);
+  if (info.f16_native) variants.push_back(Variant::f16_widened);
 
   fmt::print("{:<15} {:<10} {:>3}", "M x N x K", "op", "thr");
   for (Variant v : variants) fmt::print(" {:>12} {:>5} {:>8}", fmt::format("{} GFLOP/s", variant_name(v)), "cv%", "cpu/wall");
@@ -209,11 +217,12 @@ int run_gemm(int argc, char** argv) {
   }
   if (!initialize(argc, argv, "bench_gemm", defaults)) return 1;
 
-  const bool native = nn::gemm_backend_info().bf16_native;
+  const nn::GemmBackendInfo& info = nn::gemm_backend_info();
   std::vector<Case> cases;
   for (const Shape& sh : kShapes) {
-    for (Variant v : {Variant::f32, Variant::bf16, Variant::bf16_widened, Variant::f16}) {
-      if (v == Variant::bf16_widened && !native) continue;  // it is what "bf16" runs already
+    for (Variant v : {Variant::f32, Variant::bf16, Variant::bf16_widened, Variant::f16, Variant::f16_widened}) {
+      if (v == Variant::bf16_widened && !info.bf16_native) continue;  // it is what "bf16" runs already
+      if (v == Variant::f16_widened && !info.f16_native) continue;
       for (int t : kThreadCounts) cases.push_back({&sh, v, t, case_name(sh, v, t)});
     }
   }

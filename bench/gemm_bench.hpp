@@ -1,7 +1,8 @@
 // `mixprec bench gemm`: GFLOP/s of the oneDNN matmul behind mixprec::nn::Gemm for
-// f32, bf16 (native where oneDNN has a bf16 matmul on this CPU, else widened to f32)
-// and f16 (always widened), at layer-like shapes, on 1 and 2 oneDNN threads, with
-// the bf16/f32 and f16/f32 ratios from the same run (docs/gemm.md, docs/performance.md).
+// f32, bf16 and f16 (each native where the linked oneDNN has a fast matmul of that type on
+// this CPU, and then also widened to f32 for comparison), at layer-like shapes and one
+// attention head's, on 1 and 2 oneDNN threads, with the ratios to f32 from the same run
+// (docs/gemm.md, docs/performance.md).
 //
 // Kept free of Google Benchmark types so that callers need only this header.
 #pragma once

@@ -314,7 +314,9 @@ void print_bounds(const std::vector<BoundRow>& rows, std::size_t rounds) {
     }
     const double ratio = r.step_ms / r.bound_ms(), speedup = f32->step_ms / r.step_ms;
     std::string peak = fmt::format("{:.0f} {}", r.peak, dtype_name(r.preset->operands));
-    if (r.preset->operands == DType::f16 || (r.preset->operands == DType::bf16 && !info.bf16_native)) peak += "*";
+    if ((r.preset->operands == DType::f16 && !info.f16_native) || (r.preset->operands == DType::bf16 && !info.bf16_native)) {
+      peak += "*";
+    }
     fmt::print("{:<8} {:>3} {:<6} {:>8.1f} {:>11.2f} {:>10.2f} {:>16} {:>9.1f} {:>10.2f}x {:>8.2f}x\n", r.model,
                r.threads, nn::precision_name(r.preset->precision), r.step_ms, r.gflop, r.attention_gflop, peak,
                r.bound_ms(), ratio, speedup);
@@ -330,8 +332,8 @@ void print_bounds(const std::vector<BoundRow>& rows, std::size_t rounds) {
     }
   }
   fmt::print("  GEMM GFLOP: every product of one step (forward, input and weight gradients), counted by the\n"
-             "  engine's Gemm; attention: its per-head products among them. * f16 operands (and bf16 without a\n"
-             "  oneDNN bf16 matmul) are widened to f32 before oneDNN multiplies them: the peak is that path's.\n");
+             "  engine's Gemm; attention: its per-head products among them (in fp32 in every preset).\n"
+             "  * no oneDNN matmul of that type here: its operands are widened to f32, and the peak is that path's.\n");
   speed.print("Bound targets");
 }
 

@@ -2,7 +2,12 @@
 # Installs the Debian packages mixprec needs, and only those that are missing.
 # Idempotent: a second run installs nothing and prints one line.
 #
-#   scripts/deps.sh          build and run (make run, make release)
+#   scripts/deps.sh          build and run (make run, make release): the Debian packages, then
+#                            oneDNN $ONEDNN_VERSION (oneDNN 3.2, the OpenMP CPU build, and its headers
+#                            and CMake package) from PyPI into a venv in build/onednn-venv
+#                            (MIXPREC_ONEDNN_VENV overrides), which the build prefers to
+#                            Debian's libdnnl-dev 2.6 (docs/gemm.md); where PyPI cannot be
+#                            reached it says so and the build uses 2.6. Nothing if present.
 #   scripts/deps.sh test     also what the tests need: chromium (headless screenshots of
 #                            `mixprec report`, tests/report) and python3-pil (their check)
 #   scripts/deps.sh fuzz     also what the fuzz targets need: clang (libFuzzer ships with
@@ -32,6 +37,10 @@
 set -euo pipefail
 
 TORCH_VERSION=2.15.0
+# oneDNN 3.2 as Intel publishes it on PyPI: the library (GNU OpenMP runtime, CPU only) and
+# its headers and CMake package, of the same release.
+ONEDNN_VERSION=2023.2.0
+ONEDNN_PACKAGES=("onednn-cpu-gomp==$ONEDNN_VERSION" "onednn-devel-cpu-gomp==$ONEDNN_VERSION")
 want_torch=0
 want_python=0
 PY_PACKAGES=("scikit-build-core>=0.10" "nanobind>=2.0" numpy pytest ml_dtypes)
@@ -54,6 +63,7 @@ packages=(
   libfmt-dev libcli11-dev nlohmann-json3-dev
   libdnnl-dev ocl-icd-opencl-dev  # oneDNN; its CMake config (GPU runtime OCL) needs OpenCL dev files
   openmpi-bin libopenmpi-dev      # mixprec train --distributed (mpirun) and its tests (docs/distributed.md)
+  python3 python3-venv            # the venv of oneDNN 3.2 from PyPI (below)
 )
 for set in "$@"; do
   case "$set" in
@@ -82,6 +92,22 @@ else
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+
+# oneDNN 3.2 from PyPI, in a venv of its own (docs/gemm.md). Not fatal: without it the
+# build links Debian's oneDNN 2.6 and says so.
+onednn_venv=${MIXPREC_ONEDNN_VENV:-build/onednn-venv}
+have=$("$onednn_venv/bin/python" -c 'import importlib.metadata as m; print(m.version("onednn-devel-cpu-gomp"), m.version("onednn-cpu-gomp"))' 2>/dev/null || true)
+if [ "$have" = "$ONEDNN_VERSION $ONEDNN_VERSION" ]; then
+  echo "deps: oneDNN $ONEDNN_VERSION (3.2) present in $onednn_venv"
+else
+  echo "deps: installing ${ONEDNN_PACKAGES[*]} into the venv $onednn_venv"
+  if { [ -x "$onednn_venv/bin/python" ] || python3 -m venv "$onednn_venv"; } &&
+     "$onednn_venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-deps "${ONEDNN_PACKAGES[@]}"; then
+    :
+  else
+    echo "deps: oneDNN $ONEDNN_VERSION could not be installed from PyPI; the build uses Debian's oneDNN 2.6 (docs/gemm.md)" >&2
+  fi
 fi
 
 # libtorch from the PyPI torch wheel, in a venv of its own (docs/libtorch.md).

@@ -67,6 +67,32 @@ bool cpu_has_avx512_bf16() noexcept {
 #endif
 }
 
+bool cpu_has_avx512_fp16() noexcept {
+#if defined(__x86_64__)
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
+    return (d >> 23 & 1u) != 0;  // CPUID.(EAX=7,ECX=0):EDX[23] = AVX512_FP16
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+bool cpu_has_amx_fp16() noexcept {
+#if defined(__x86_64__)
+  static const bool has = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    if (__get_cpuid_count(7, 1, &a, &b, &c, &d) == 0) return false;
+    return (a >> 21 & 1u) != 0;  // CPUID.(EAX=7,ECX=1):EAX[21] = AMX_FP16
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
 bool isa_available(Isa isa) noexcept {
   switch (isa) {
     case Isa::scalar: return true;

@@ -26,6 +26,24 @@ namespace {
 using dnnl::memory;
 using dt = memory::data_type;
 
+// oneDNN 3 (PyPI, scripts/deps.sh) or Debian's 2.6: the matmul API differs in how a primitive
+// descriptor is made and how alpha is applied (2.6: an output scale; 3: a runtime scale of
+// the weights, which also multiplies the fp32 accumulator once).
+#if DNNL_VERSION_MAJOR >= 3
+constexpr bool kOnednn3 = true;
+#else
+constexpr bool kOnednn3 = false;
+#endif
+
+dnnl::matmul::primitive_desc matmul_pd(const dnnl::engine& eng, const memory::desc& a, const memory::desc& b,
+                                       const memory::desc& c, const dnnl::primitive_attr& attr = {}) {
+#if DNNL_VERSION_MAJOR >= 3
+  return dnnl::matmul::primitive_desc(eng, a, b, c, attr);
+#else
+  return dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, eng);
+#endif
+}
+
 // Runs oneDNN on exactly n OpenMP threads (n > 0) for the lifetime of the guard and
 // restores the calling thread's setting. oneDNN (OpenMP runtime) sizes its parallel
 // regions from omp_get_max_threads() both when it creates a primitive and when it
@@ -78,6 +96,8 @@ struct KeyHash {
 struct Plan {
   dnnl::matmul prim;
   memory a_mem, b_mem, c_mem, scratch_mem;
+  float alpha = 1.0f;  // oneDNN 3: the weights' runtime scale (alpha_mem points here)
+  memory alpha_mem;
   bool widen_a = false, widen_b = false;  // input goes through the f32 scratch
   std::size_t scratch_bytes = 0;          // oneDNN scratchpad (user mode)
   std::string impl;                       // oneDNN's implementation name
@@ -137,22 +157,33 @@ const char* isa_name(dnnl::cpu_isa isa) {
     case dnnl::cpu_isa::avx: return "avx";
     case dnnl::cpu_isa::avx2: return "avx2";
     case dnnl::cpu_isa::avx2_vnni: return "avx2_vnni";
+#if DNNL_VERSION_MAJOR < 3
     case dnnl::cpu_isa::avx512_mic: return "avx512_mic";
     case dnnl::cpu_isa::avx512_mic_4ops: return "avx512_mic_4ops";
+#endif
     case dnnl::cpu_isa::avx512_core: return "avx512_core";
     case dnnl::cpu_isa::avx512_core_vnni: return "avx512_core_vnni";
     case dnnl::cpu_isa::avx512_core_bf16: return "avx512_core_bf16";
+#if DNNL_VERSION_MAJOR >= 3
+    case dnnl::cpu_isa::avx512_core_fp16: return "avx512_core_fp16";
+#endif
     case dnnl::cpu_isa::avx512_core_amx: return "avx512_core_amx";
+#if DNNL_VERSION_MAJOR >= 3
+    case dnnl::cpu_isa::avx512_core_amx_fp16: return "avx512_core_amx_fp16";
+#endif
     default: return "other";
   }
 }
 
+// The implementation oneDNN picks for a dense 64x64x64 matmul of `type` into f32; "" where it
+// has none, or (f16) only its reference one, which would be slower than widening.
 std::string impl_of(const dnnl::engine& eng, dt type) {
   const memory::dim n = 64;
   try {
     const memory::desc a({n, n}, type, {n, 1}), b({n, n}, type, {n, 1}), c({n, n}, dt::f32, {n, 1});
-    const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(a, b, c), eng);
-    return pd.impl_info_str();
+    std::string impl = matmul_pd(eng, a, b, c).impl_info_str();
+    if (type == dt::f16 && impl.rfind("ref", 0) == 0) return {};
+    return impl;
   } catch (const dnnl::error&) {
     return {};
   }
@@ -181,6 +212,10 @@ const GemmBackendInfo& gemm_backend_info() {
     i.bf16_impl = impl_of(eng, dt::bf16);
     i.bf16_native = !i.bf16_impl.empty();
     i.avx512_bf16 = cpu_has_avx512_bf16();
+    i.f16_impl = kOnednn3 ? impl_of(eng, dt::f16) : std::string();  // 2.6's f16 matmul is its reference one
+    i.f16_native = !i.f16_impl.empty();
+    i.avx512_fp16 = cpu_has_avx512_fp16();
+    i.amx_fp16 = cpu_has_amx_fp16();
     return i;
   }();
   return info;
@@ -193,12 +228,17 @@ struct Gemm::Impl {
   dnnl::stream stream{engine};
   std::unordered_map<Key, Plan, KeyHash> plans;
   AlignedBuffer widen_a, widen_b, scratchpad;
-  bool bf16_native = false;
+  bool bf16_native = false, f16_native = false;
   std::uint64_t flops = 0;  // Gemm::flops
 
-  explicit Impl(GemmOptions o) : options(o), bf16_native(o.native_bf16 && gemm_backend_info().bf16_native) {}
+  explicit Impl(GemmOptions o)
+      : options(o),
+        bf16_native(o.native_bf16 && gemm_backend_info().bf16_native),
+        f16_native(o.native_f16 && gemm_backend_info().f16_native) {}
 
-  bool native(DType a, DType b) const noexcept { return bf16_native && a == DType::bf16 && b == DType::bf16; }
+  bool native(DType a, DType b) const noexcept {
+    return a == b && ((bf16_native && a == DType::bf16) || (f16_native && a == DType::f16));
+  }
 
   Plan& plan_for(const Key& key) {
     if (auto it = plans.find(key); it != plans.end()) return it->second;
@@ -210,7 +250,12 @@ struct Gemm::Impl {
     dnnl::primitive_attr attr;
     attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
     if (key.alpha_bits != std::bit_cast<std::uint32_t>(1.0f)) {
-      attr.set_output_scales(0, {std::bit_cast<float>(key.alpha_bits)});
+      p.alpha = std::bit_cast<float>(key.alpha_bits);
+#if DNNL_VERSION_MAJOR >= 3
+      attr.set_scales_mask(DNNL_ARG_WEIGHTS, 0);
+#else
+      attr.set_output_scales(0, {p.alpha});
+#endif
     }
     if (key.beta_bits != 0 && key.beta_bits != std::bit_cast<std::uint32_t>(-0.0f)) {
       dnnl::post_ops po;
@@ -224,7 +269,7 @@ struct Gemm::Impl {
       const memory::desc a = op_desc(key.m, key.k, wa ? a_cols : key.lda, key.ta, wa ? dt::f32 : to_dnnl(key.da));
       const memory::desc b = op_desc(key.k, key.n, wb ? b_cols : key.ldb, key.tb, wb ? dt::f32 : to_dnnl(key.db));
       const memory::desc c({dim(key.m), dim(key.n)}, dt::f32, {dim(key.ldc), 1});
-      return std::tuple{a, b, c, dnnl::matmul::primitive_desc(dnnl::matmul::desc(a, b, c), attr, engine)};
+      return std::tuple{a, b, c, matmul_pd(engine, a, b, c, attr)};
     };
     auto built = [&]() {
       try {
@@ -232,9 +277,11 @@ struct Gemm::Impl {
         // oneDNN 2.6 runs bf16 layouts its brgemm kernels do not take (e.g. the strided
         // per-head views of attention, leading dimension 3C) on a slower implementation
         // (gemm:jit or ref): measured 14x slower than widening and running the f32 kernel
-        // (docs/gemm.md). So a bf16 signature stays native only where oneDNN picks the
-        // implementation it picks for a dense 64x64x64 bf16 matmul.
-        if (!try_native || std::get<3>(native_or_f32).impl_info_str() == gemm_backend_info().bf16_impl) {
+        // (docs/gemm.md). So a bf16 (f16) signature stays native only where oneDNN picks the
+        // implementation it picks for a dense 64x64x64 bf16 (f16) matmul.
+        const GemmBackendInfo& info = gemm_backend_info();
+        const std::string& dense = key.da == DType::f16 ? info.f16_impl : info.bf16_impl;
+        if (!try_native || std::get<3>(native_or_f32).impl_info_str() == dense) {
           return native_or_f32;
         }
       } catch (const dnnl::error&) {
@@ -250,13 +297,18 @@ struct Gemm::Impl {
     p.a_mem = memory(a_md, engine, nullptr);
     p.b_mem = memory(b_md, engine, nullptr);
     p.c_mem = memory(c_md, engine, nullptr);
+    if constexpr (kOnednn3) {
+      if (p.alpha != 1.0f) p.alpha_mem = memory(memory::desc({1}, dt::f32, {1}), engine, nullptr);
+    }
     p.scratch_bytes = pd.scratchpad_desc().get_size();
     if (p.scratch_bytes > 0) p.scratch_mem = memory(pd.scratchpad_desc(), engine, nullptr);
     // Scratch grows here only, so calls with a known signature never allocate.
     if (p.widen_a) widen_a.reserve(key.m * key.k * sizeof(float));
     if (p.widen_b) widen_b.reserve(key.k * key.n * sizeof(float));
     scratchpad.reserve(p.scratch_bytes);
-    return plans.emplace(key, std::move(p)).first->second;
+    Plan& stored = plans.emplace(key, std::move(p)).first->second;
+    if (stored.alpha_mem) stored.alpha_mem.set_data_handle(&stored.alpha);  // the stored plan's alpha
+    return stored;
   }
 };
 
@@ -272,7 +324,8 @@ std::size_t Gemm::scratch_bytes() const noexcept {
   return impl_->widen_a.bytes + impl_->widen_b.bytes + impl_->scratchpad.bytes;
 }
 GemmPath Gemm::path(DType a, DType b) const noexcept {
-  return impl_->native(a, b) ? GemmPath::onednn_bf16 : GemmPath::onednn_f32;
+  if (!impl_->native(a, b)) return GemmPath::onednn_f32;
+  return a == DType::f16 ? GemmPath::onednn_f16 : GemmPath::onednn_bf16;
 }
 
 namespace {
@@ -312,16 +365,19 @@ void Gemm::run(const MatrixView& a, const MatrixView& b, const OutputView& c, co
   p.b_mem.set_data_handle(p.widen_b ? impl_->widen_b.floats() : const_cast<void*>(b.data));
   p.c_mem.set_data_handle(c.data);
   // The C API takes a plain array; the C++ execute() builds an unordered_map per call.
-  dnnl_exec_arg_t exec_args[4] = {{DNNL_ARG_SRC, p.a_mem.get()},
+  dnnl_exec_arg_t exec_args[5] = {{DNNL_ARG_SRC, p.a_mem.get()},
                                   {DNNL_ARG_WEIGHTS, p.b_mem.get()},
                                   {DNNL_ARG_DST, p.c_mem.get()},
-                                  {DNNL_ARG_SCRATCHPAD, nullptr}};
+                                  {DNNL_ARG_SCRATCHPAD, nullptr},
+                                  {0, nullptr}};
   int nargs = 3;
   if (p.scratch_bytes > 0) {
     p.scratch_mem.set_data_handle(impl_->scratchpad.data.get());
-    exec_args[3].memory = p.scratch_mem.get();
-    nargs = 4;
+    exec_args[nargs++] = {DNNL_ARG_SCRATCHPAD, p.scratch_mem.get()};
   }
+#if DNNL_VERSION_MAJOR >= 3
+  if (p.alpha_mem) exec_args[nargs++] = {DNNL_ARG_ATTR_SCALES | DNNL_ARG_WEIGHTS, p.alpha_mem.get()};
+#endif
   dnnl::error::wrap_c_api(dnnl_primitive_execute(p.prim.get(), impl_->stream.get(), nargs, exec_args),
                           "mixprec::nn::Gemm: oneDNN matmul failed");
   impl_->stream.wait();

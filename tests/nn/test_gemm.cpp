@@ -229,21 +229,26 @@ TEST(Gemm, LayerShapes) {
   }
 }
 
-// ---- the widened bf16 path and (where the CPU has it) the native one agree -----------
-TEST(Gemm, Bf16NativeAndWidenedPathsAgreeWithReference) {
-  Gemm widened({.native_bf16 = false});
+// ---- the widened bf16/f16 paths and (where oneDNN has them) the native ones agree -----
+TEST(Gemm, NativeAndWidenedLowPrecisionPathsAgreeWithReference) {
+  Gemm widened({.native_bf16 = false, .native_f16 = false});
   Gemm native;
+  const GemmBackendInfo& info = gemm_backend_info();
   EXPECT_EQ(widened.path(DType::bf16, DType::bf16), GemmPath::onednn_f32);
   EXPECT_EQ(widened.path(DType::f16, DType::f16), GemmPath::onednn_f32);
-  EXPECT_EQ(native.path(DType::bf16, DType::bf16),
-            gemm_backend_info().bf16_native ? GemmPath::onednn_bf16 : GemmPath::onednn_f32);
+  EXPECT_EQ(native.path(DType::bf16, DType::bf16), info.bf16_native ? GemmPath::onednn_bf16 : GemmPath::onednn_f32);
+  EXPECT_EQ(native.path(DType::f16, DType::f16), info.f16_native ? GemmPath::onednn_f16 : GemmPath::onednn_f32);
   EXPECT_EQ(native.path(DType::f16, DType::bf16), GemmPath::onednn_f32);
+  EXPECT_EQ(native.path(DType::f32, DType::f32), GemmPath::onednn_f32);
   std::mt19937 rng(5);
-  for (Trans ta : kTrans) {
-    for (Trans tb : kTrans) {
-      check_case(widened, {31, 29, 67, DType::bf16, DType::bf16, ta, tb}, false, rng);
-      check_case(native, {31, 29, 67, DType::bf16, DType::bf16, ta, tb}, false, rng);
-      check_case(widened, {9, 10, 11, DType::bf16, DType::bf16, ta, tb, 2.0f, -1.0f}, true, rng);
+  for (DType t : {DType::bf16, DType::f16}) {
+    for (Trans ta : kTrans) {
+      for (Trans tb : kTrans) {
+        check_case(widened, {31, 29, 67, t, t, ta, tb}, false, rng);
+        check_case(native, {31, 29, 67, t, t, ta, tb}, false, rng);
+        check_case(widened, {9, 10, 11, t, t, ta, tb, 2.0f, -1.0f}, true, rng);
+        check_case(native, {9, 10, 11, t, t, ta, tb, 2.0f, -1.0f}, true, rng);
+      }
     }
   }
 }

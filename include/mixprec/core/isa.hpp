@@ -28,6 +28,11 @@ Isa best_isa() noexcept;               // what the CPU supports best
 // AVX512-BF16 (vcvtneps2bf16, vdpbf16ps): used inside the avx512 back end where it pays
 // (the bf16 store of unscale_and_check) and reported by the GEMM (native bf16 dot products).
 bool cpu_has_avx512_bf16() noexcept;
+// AVX512-FP16 (fp16 arithmetic, accumulating in fp16) and AMX-FP16 (fp16 tiles accumulating in
+// fp32): reported by the GEMM, whose f16 products accumulate in fp32 and so gain from the
+// second only (docs/gemm.md).
+bool cpu_has_avx512_fp16() noexcept;
+bool cpu_has_amx_fp16() noexcept;
 Isa active_isa();                      // best_isa(), or MIXPREC_ISA; throws if that is invalid
 
 }  // namespace mixprec

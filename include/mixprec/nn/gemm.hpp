@@ -10,7 +10,9 @@
 // Element products of f16/bf16 inputs are exact in fp32, so widening a
 // low-precision input to fp32 and multiplying in fp32 computes what a tensor
 // core computes (exact products, fp32 accumulation). That is what happens for
-// f16 always, and for bf16 when oneDNN has no bf16 matmul on this CPU.
+// f16 where the linked oneDNN has no f16 matmul (2.6), and for bf16 where it has
+// no bf16 matmul on this CPU; the native paths compute the same products and
+// accumulate them in fp32 in their own order.
 #pragma once
 
 #include <cstddef>
@@ -80,6 +82,7 @@ struct GemmArgs {
 enum class GemmPath : std::uint8_t {
   onednn_f32,   // both inputs f32 (or widened to f32 first): oneDNN f32 matmul
   onednn_bf16,  // bf16 x bf16 -> f32 in oneDNN (where the CPU supports it)
+  onednn_f16,   // f16 x f16 -> f32 in oneDNN (oneDNN 3, where the CPU supports it)
 };
 
 struct GemmOptions {
@@ -90,6 +93,9 @@ struct GemmOptions {
   // Use oneDNN's bf16 matmul when the CPU has one; false always widens bf16 to f32
   // (tests use it to compare both paths on machines that have both).
   bool native_bf16 = true;
+  // Use oneDNN's f16 matmul (fp32 accumulation) when the linked oneDNN has a fast one on this
+  // CPU; false always widens f16 to f32, as oneDNN 2.6 must.
+  bool native_f16 = true;
 };
 
 // Owns the oneDNN engine and stream, one cached primitive per distinct call
@@ -125,7 +131,8 @@ class Gemm {
 
   // oneDNN's implementation for this call signature (creating its primitive as prepare
   // does), prefixed "widened f32: " when the inputs are widened; "" for empty shapes.
-  // A bf16 layout that oneDNN would only run on its slow reference matmul is widened.
+  // A bf16 or f16 layout that oneDNN would only run on a slower matmul than the one it
+  // picks for a dense product of that type is widened.
   std::string implementation(const MatrixView& a, const MatrixView& b, const OutputView& c,
                              const GemmArgs& args = {});
 
@@ -152,6 +159,10 @@ struct GemmBackendInfo {
   bool bf16_native = false;     // oneDNN can build a bf16 x bf16 -> f32 matmul here
   std::string bf16_impl;        // its implementation, or "" when not native
   bool avx512_bf16 = false;     // the CPU has AVX512-BF16 instructions (native bf16 dot products)
+  bool f16_native = false;      // oneDNN can build a fast f16 x f16 -> f32 matmul here (not its reference one)
+  std::string f16_impl;         // its implementation, or "" when not native
+  bool avx512_fp16 = false;     // the CPU has AVX512-FP16 (fp16 FMAs, accumulating in fp16)
+  bool amx_fp16 = false;        // the CPU has AMX-FP16 (fp16 tiles accumulating in fp32)
 };
 const GemmBackendInfo& gemm_backend_info();
 
