@@ -26,11 +26,13 @@ struct EncodeCounts {
   std::uint64_t saturated = 0;
   std::uint64_t flushed = 0;
   std::uint64_t nonfinite = 0;
+  std::uint64_t zeros = 0;  // inputs equal to +-0 (lowp::Counts::nonzero = elements - zeros)
 
   EncodeCounts& operator+=(const EncodeCounts& o) noexcept {
     saturated += o.saturated;
     flushed += o.flushed;
     nonfinite += o.nonfinite;
+    zeros += o.zeros;
     return *this;
   }
 };
@@ -63,6 +65,7 @@ inline std::uint32_t encode_element(float x, float factor, bool stochastic, std:
   } else {
     if (ay <= 0x7f800000u && std::bit_cast<float>(ay) > max_value) ++c.saturated;
     if (ax != 0 && (code & kMag) == 0) ++c.flushed;
+    if (ax == 0) ++c.zeros;
   }
   return code;
 }
@@ -236,6 +239,8 @@ void prepare(Quantized& q, std::size_t src_size, std::size_t rows, std::size_t c
              std::size_t random_size);
 // The quantized grid's input into g: src copied, or transposed for a columnwise layout.
 void grid_input(std::span<const float> src, const Quantized& q, std::vector<float>& g);
+// The multiplier of each scale block in dequantize (its scale_rows * scale_cols, into m).
+void block_multipliers(const Quantized& q, std::vector<float>& m);
 // Magnitude bits to the amax float: NaN patterns become the quiet NaN 0x7fc00000.
 inline float canonical_amax(std::uint32_t bits) noexcept {
   return std::bit_cast<float>(bits > 0x7f800000u ? 0x7fc00000u : bits);

@@ -13,6 +13,8 @@
 #include "core/select_kernels.hpp"
 #include "lowp/kernels.hpp"
 #include "mixprec/core/text.hpp"
+#include "mixprec/formats/bulk.hpp"
+#include "mixprec/formats/types.hpp"
 #include "mixprec/formats/kernel_table.hpp"
 #include "mixprec/lowp/scaling.hpp"
 
@@ -527,6 +529,7 @@ void quantize_with(const LowpKernels& k, std::span<const float> src, std::size_t
   q.counts.saturated = counts.saturated;
   q.counts.flushed = counts.flushed;
   q.counts.nonfinite = counts.nonfinite;
+  q.counts.nonzero = q.counts.elements - counts.zeros;
   if (c.rht) amax_bits = input_amax_bits;
   q.counts.amax = canonical_amax(amax_bits);
 }
@@ -552,19 +555,30 @@ void quantize(std::span<const float> src, std::size_t rows, std::size_t cols, co
 
 // ---- dequantize ---------------------------------------------------------------------
 
-namespace {
-
-float decode_code(Element e, std::uint8_t code) noexcept {
-  switch (e) {
-    case Element::e4m3: return mixprec::detail::decode<mixprec::detail::kE4M3Spec>(code, Subnormals::keep);
-    case Element::e5m2: return mixprec::detail::decode<mixprec::detail::kE5M2Spec>(code, Subnormals::keep);
-    case Element::e2m1: return e2m1_decode(code);
+namespace detail {
+void block_multipliers(const Quantized& q, std::vector<float>& m) {
+  //   f32 scales: scale_inv; E8M0: float(code); nvfp4 (TE dequantize_nvfp4.cuh):
+  //   float(scale) * amax * float(1 / (6 * 448)); nvfp4 torchao: tensor_scale * float(scale).
+  constexpr float kNvfp4FactorInv = static_cast<float>(1.0 / (double{max_finite(Element::e2m1)} * double{max_finite(Element::e4m3)}));
+  m.resize(q.scale_rows * q.scale_cols);
+  for (std::size_t s = 0; s < m.size(); ++s) {
+    if (q.scale_format == ScaleFormat::f32) {
+      m[s] = q.scale_inv[s];
+    } else if (q.scale_format == ScaleFormat::e8m0) {
+      m[s] = static_cast<float>(e8m0::from_bits(q.scale_codes[s]));
+    } else {
+      const float sb = mixprec::detail::decode<mixprec::detail::kE4M3Spec>(q.scale_codes[s], Subnormals::keep);
+      m[s] = q.config.flavour == Flavour::torchao ? q.tensor_scale * sb : sb * q.tensor_amax * kNvfp4FactorInv;
+    }
   }
-  return 0.0f;
 }
+}  // namespace detail
 
-}  // namespace
-
+// Every element is decode(code) * m, with one multiplier m per block (block_multipliers).
+// A code row is decoded exactly (fp8 through the formats' bulk decode, E2M1 through its
+// 16 values), then each block of it multiplied by its m: decode(code) * 1 is the value
+// itself, so the product is reference::dequantize's, bit for bit, without its per-element
+// division by the block length and its layout and element branches.
 void dequantize(const Quantized& q, std::span<float> dst) {
   if (dst.size() != q.rows * q.cols)
     fail("dequantize: destination has " + std::to_string(dst.size()) + " elements, the tensor " +
@@ -574,30 +588,42 @@ void dequantize(const Quantized& q, std::span<float> dst) {
   const bool col = c.layout == Layout::columnwise;
   const std::size_t tr = info.block == 0 ? std::max<std::size_t>(q.code_rows, 1) : (c.tile_2d ? info.tile_rows : 1);
   const std::size_t block = info.block == 0 ? std::max<std::size_t>(q.code_cols, 1) : info.block;
-  // Every element is decode(code) * m, with one multiplier m per block:
-  //   f32 scales: scale_inv; E8M0: float(code); nvfp4 (TE dequantize_nvfp4.cuh):
-  //   float(scale) * amax * float(1 / (6 * 448)); nvfp4 torchao: tensor_scale * float(scale).
-  constexpr float kNvfp4FactorInv = static_cast<float>(1.0 / (double{max_finite(Element::e2m1)} * double{max_finite(Element::e4m3)}));
-  thread_local std::vector<float> m;  // grown once per thread
-  m.resize(q.scale_rows * q.scale_cols);
-  for (std::size_t s = 0; s < m.size(); ++s) {
-    if (q.scale_format == ScaleFormat::f32) {
-      m[s] = q.scale_inv[s];
-    } else if (q.scale_format == ScaleFormat::e8m0) {
-      m[s] = static_cast<float>(e8m0::from_bits(q.scale_codes[s]));
-    } else {
-      const float sb = mixprec::detail::decode<mixprec::detail::kE4M3Spec>(q.scale_codes[s], Subnormals::keep);
-      m[s] = c.flavour == Flavour::torchao ? q.tensor_scale * sb : sb * q.tensor_amax * kNvfp4FactorInv;
-    }
-  }
-  float lut[256];
-  for (unsigned code = 0; code < 256; ++code) lut[code] = decode_code(c.element, static_cast<std::uint8_t>(code & (c.element == Element::e2m1 ? 0xF : 0xFF)));
+  thread_local std::vector<float> m, row_values;  // grown once per thread
+  detail::block_multipliers(q, m);
+  if (col) row_values.resize(q.code_cols);
+  float e2m1_values[16];
+  for (unsigned code = 0; code < 16; ++code) e2m1_values[code] = e2m1_decode(static_cast<std::uint8_t>(code));
+  const std::size_t n = q.code_cols;
   for (std::size_t r = 0; r < q.code_rows; ++r) {
     const std::uint8_t* row = q.codes.data() + r * q.row_bytes;
+    float* out = col ? row_values.data() : dst.data() + r * q.cols;
+    switch (c.element) {
+      case Element::e4m3:
+        convert(std::span<const f8e4m3>(reinterpret_cast<const f8e4m3*>(row), n), std::span<float>(out, n));
+        break;
+      case Element::e5m2:
+        convert(std::span<const f8e5m2>(reinterpret_cast<const f8e5m2*>(row), n), std::span<float>(out, n));
+        break;
+      case Element::e2m1:
+        for (std::size_t i = 0; i + 1 < n; i += 2) {
+          out[i] = e2m1_values[row[i / 2] & 0xF];
+          out[i + 1] = e2m1_values[row[i / 2] >> 4];
+        }
+        if (n % 2 == 1) out[n - 1] = e2m1_values[row[n / 2] & 0xF];
+        break;
+    }
     const float* mr = m.data() + (r / tr) * q.scale_cols;
-    for (std::size_t i = 0; i < q.code_cols; ++i) {
-      const std::uint8_t code = c.element == Element::e2m1 ? ((i % 2 == 0) ? row[i / 2] & 0xF : row[i / 2] >> 4) : row[i];
-      dst[col ? i * q.cols + r : r * q.cols + i] = lut[code] * mr[i / block];
+    for (std::size_t b0 = 0, s = 0; b0 < n; b0 += block, ++s) {
+      const float f = mr[s];
+      const std::size_t b1 = std::min(n, b0 + block);
+      if (std::isnan(f)) {
+        std::fill(out + b0, out + b1, f);
+      } else {
+        for (std::size_t i = b0; i < b1; ++i) out[i] *= f;
+      }
+    }
+    if (col) {
+      for (std::size_t i = 0; i < n; ++i) dst[i * q.cols + r] = out[i];
     }
   }
 }

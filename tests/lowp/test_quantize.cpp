@@ -379,6 +379,7 @@ void expect_same(const Quantized& got, const Quantized& want, const std::string&
   EXPECT_EQ(bits(got.tensor_scale), bits(want.tensor_scale)) << what;
   EXPECT_EQ(bits(got.tensor_amax), bits(want.tensor_amax)) << what;
   EXPECT_EQ(got.counts.elements, want.counts.elements) << what;
+  EXPECT_EQ(got.counts.nonzero, want.counts.nonzero) << what;
   EXPECT_EQ(got.counts.saturated, want.counts.saturated) << what;
   EXPECT_EQ(got.counts.flushed, want.counts.flushed) << what;
   EXPECT_EQ(got.counts.nonfinite, want.counts.nonfinite) << what;
@@ -442,11 +443,44 @@ TEST(LowpBackends, EveryConfigEqualsTheReferenceOnMixedData) {
         std::vector<std::uint32_t> random;
         random = c.stochastic_rounding ? random_words(rows * cols, rows * 131 + cols) : std::vector<std::uint32_t>{};
         const Quantized want = reference::quantize(x, rows, cols, c, random);
+        if (!c.rht) {  // the values encoded are the inputs: nonzero is a plain count of them
+          std::uint64_t nonzero = 0;
+          for (float v : x) nonzero += v != 0.0f || std::isnan(v);
+          EXPECT_EQ(want.counts.nonzero, nonzero) << describe(c);
+        }
         for (const auto* k : tables()) {
           const std::string what = describe(c) + " [" + std::to_string(rows) + "x" + std::to_string(cols) + "] " +
                                    std::string(isa_name(k->isa)) + (specials ? " specials" : "");
           expect_same(run(*k, x, rows, cols, c, random), want, what);
         }
+      }
+    }
+  }
+}
+
+// dequantize (a row decoded exactly, then each block multiplied) equals the element loop of
+// reference::dequantize bit for bit, on every config and layout, specials included: zeros of
+// both signs, NaN and inf codes, NaN-scale blocks, E2M1 rows of odd length.
+TEST(LowpDequantize, EqualsTheReferenceForEveryConfig) {
+  for (const QuantizeConfig& c : all_configs()) {
+    for (const auto& shape : kShapes) {
+      const std::size_t rows = shape[0], cols = shape[1];
+      const std::size_t grid_cols = c.layout == Layout::rowwise ? cols : rows;
+      if (c.rht && grid_cols % 16 != 0) continue;
+      for (bool specials : {false, true}) {
+        const std::vector<float> x = mixed(rows * cols, rows * 1000 + cols + (specials ? 7 : 0), specials);
+        const std::vector<std::uint32_t> random =
+            c.stochastic_rounding ? random_words(rows * cols, rows * 131 + cols) : std::vector<std::uint32_t>{};
+        const Quantized q = quantize(x, rows, cols, c, random);
+        std::vector<float> want(rows * cols, -1.0f), got(rows * cols, -2.0f);
+        reference::dequantize(q, want);
+        dequantize(q, got);
+        test::Failures f;
+        for (std::size_t i = 0; i < want.size(); ++i) {
+          if (bits(got[i]) != bits(want[i])) f.add(at(i) + "got " + hexf(got[i]) + " want " + hexf(want[i]));
+        }
+        EXPECT_EQ(f.count(), 0u) << describe(c) << " [" << rows << "x" << cols << "]" << (specials ? " specials" : "")
+                                 << ": " << f.report();
       }
     }
   }
@@ -566,6 +600,7 @@ TEST(LowpCounts, ByHand) {
   const std::vector<float> x = {500.0f, -1e-10f, 1.0f, kInf, kNaN, 0.0f, -448.0f, 449.0f};
   const Quantized q = quantize(x, 1, 8, c);
   EXPECT_EQ(q.counts.elements, 8u);
+  EXPECT_EQ(q.counts.nonzero, 7u);    // all but 0.0f (inf and NaN count)
   EXPECT_EQ(q.counts.saturated, 2u);  // 500 and 449 (> 448; 449 rounds to 448)
   EXPECT_EQ(q.counts.flushed, 1u);
   EXPECT_EQ(q.counts.nonfinite, 2u);
@@ -685,6 +720,7 @@ TEST(LowpKernels, EncodeScaledEqualsTheScalarRuleForEveryFp32Class) {
         std::vector<std::uint8_t> want(x.size());
         detail::EncodeCounts wc;
         detail::scalar_kernels().encode_scaled(e, x.data(), x.size(), 16, factors.data(), want.data(), sr ? random.data() : nullptr, &wc, nullptr);
+        EXPECT_EQ(wc.zeros, 2u);  // +0 and -0 (exponent 0, mantissa 0)
         for (const auto* k : tables()) {
           std::vector<std::uint8_t> got(x.size());
           detail::EncodeCounts gc;
@@ -697,6 +733,7 @@ TEST(LowpKernels, EncodeScaledEqualsTheScalarRuleForEveryFp32Class) {
           EXPECT_EQ(gc.saturated, wc.saturated);
           EXPECT_EQ(gc.flushed, wc.flushed);
           EXPECT_EQ(gc.nonfinite, wc.nonfinite);
+          EXPECT_EQ(gc.zeros, wc.zeros);
         }
       }
     }

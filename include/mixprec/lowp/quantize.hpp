@@ -91,10 +91,12 @@ bool effective_power_of_2_scales(const QuantizeConfig& config) noexcept;
 // What the quantization did to the input (elements of the quantized grid):
 //   saturated: finite inputs whose scaled value lay beyond the element format's largest
 //              finite (clamped); flushed: finite nonzero inputs whose code is a zero;
+//   nonzero: inputs other than +-0 (after the Hadamard transform where rht is on);
 //   nonfinite: inf or NaN inputs; amax: max |x| of the input before any transform
 //              (the quiet NaN if it holds a NaN, else +inf if it holds an inf).
 struct Counts {
   std::uint64_t elements = 0;
+  std::uint64_t nonzero = 0;  // inputs != +-0 (inf and NaN included), of the values encoded
   std::uint64_t saturated = 0;
   std::uint64_t flushed = 0;
   std::uint64_t nonfinite = 0;
@@ -124,7 +126,8 @@ Quantized quantize(std::span<const float> src, std::size_t rows, std::size_t col
 // The same into `out`, reusing its buffers: once they have grown, a call allocates nothing.
 void quantize(std::span<const float> src, std::size_t rows, std::size_t cols, const QuantizeConfig& config,
               std::span<const std::uint32_t> random, Quantized& out);
-// Writes what the codes represent back in the input's [rows, cols] layout (with rht, the
+// Writes what the codes represent back in the input's [rows, cols] layout: decode(code) times the
+// block's multiplier, the multiplier itself where it is NaN (a NaN-scale block) (with rht, the
 // transformed values: the transform is orthogonal and cancels in a GEMM over both operands).
 void dequantize(const Quantized& q, std::span<float> dst);
 std::vector<float> dequantize(const Quantized& q);
@@ -145,6 +148,10 @@ Quantized quantize(std::span<const float> src, std::size_t rows, std::size_t col
                    std::span<const std::uint32_t> random = {});
 // The 16-point transform of TE's NVFP4 recipe on consecutive groups of 16 (n % 16 == 0).
 void rht16(std::span<float> v) noexcept;
+// The same contract as lowp::dequantize, one element at a time: decode(code) * its block's
+// multiplier, through a table of the element format's codes; a NaN multiplier (a NaN-scale
+// block) is every element's value, so no NaN of two operands is left to the compiler's order.
+void dequantize(const Quantized& q, std::span<float> dst);
 }  // namespace reference
 
 }  // namespace mixprec::lowp

@@ -38,13 +38,18 @@ using mixprec::detail::avx2::set1;
 // Counts in 32-bit lanes (a compare mask is -1: subtracting it adds one), summed into
 // EncodeCounts once per call instead of three movemask + popcount per vector.
 struct LaneCounts {
-  LaneCounts() : saturated(_mm256_setzero_si256()), flushed(_mm256_setzero_si256()), nonfinite(_mm256_setzero_si256()) {}
-  __m256i saturated, flushed, nonfinite;
+  LaneCounts()
+      : saturated(_mm256_setzero_si256()),
+        flushed(_mm256_setzero_si256()),
+        nonfinite(_mm256_setzero_si256()),
+        zeros(_mm256_setzero_si256()) {}
+  __m256i saturated, flushed, nonfinite, zeros;
   void spill(EncodeCounts& c) {
     c.saturated += simd::hsum_epu32(saturated);
     c.flushed += simd::hsum_epu32(flushed);
     c.nonfinite += simd::hsum_epu32(nonfinite);
-    saturated = flushed = nonfinite = _mm256_setzero_si256();
+    c.zeros += simd::hsum_epu32(zeros);
+    saturated = flushed = nonfinite = zeros = _mm256_setzero_si256();
   }
 };
 // Lane counters are spilled before any can wrap (2^32 per lane).
@@ -64,6 +69,7 @@ inline void count8(__m256 x, __m256 y, __m256i code, __m256 max_value, LaneCount
   c.nonfinite = _mm256_sub_epi32(c.nonfinite, nonfinite);
   c.saturated = _mm256_sub_epi32(c.saturated, sat);
   c.flushed = _mm256_sub_epi32(c.flushed, flushed);
+  c.zeros = _mm256_sub_epi32(c.zeros, zero_x);
 }
 
 template <const MiniFloatSpec& S, bool kStochastic>
@@ -116,7 +122,8 @@ inline void encode_four8(const float* src, const float* f, std::uint8_t* dst, co
   const __m256i amax = _mm256_max_epi32(_mm256_max_epi32(a[0], a[1]), _mm256_max_epi32(a[2], a[3]));  // a < 2^31
   const bool all_finite = _mm256_testz_si256(_mm256_cmpgt_epi32(amax, set1(0x7f7fffffu)), set1(0xffffffffu));
   // fp8 only (E2M1's normals start at 1 of at most 6): every |y| a normal of the format, none
-  // above its largest finite, takes the normal formula alone, with nothing to count.
+  // above its largest finite, takes the normal formula alone, with nothing to count (not even
+  // zeros: |x * factor| >= the smallest normal needs x != 0).
   bool all_normal = false;
   if constexpr (!kStochastic && S.bits == 8) {
     const __m256i amin = _mm256_min_epi32(_mm256_min_epi32(a[0], a[1]), _mm256_min_epi32(a[2], a[3]));
@@ -139,6 +146,7 @@ inline void encode_four8(const float* src, const float* f, std::uint8_t* dst, co
       const __m256i zero_code = _mm256_cmpeq_epi32(c[k], _mm256_setzero_si256());
       lc.saturated = _mm256_sub_epi32(lc.saturated, sat);
       lc.flushed = _mm256_add_epi32(_mm256_sub_epi32(lc.flushed, zero_code), zero_x);
+      lc.zeros = _mm256_sub_epi32(lc.zeros, zero_x);
     }
     const __m256i signs = _mm256_and_si256(
         _mm256_packs_epi16(_mm256_packs_epi32(_mm256_castps_si256(y[0]), _mm256_castps_si256(y[1])),

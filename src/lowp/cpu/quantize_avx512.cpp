@@ -42,7 +42,7 @@ using mixprec::detail::avx512::normal_magnitude_code16;
 using mixprec::detail::avx512::with_sign;
 
 struct LaneCounts {
-  std::uint64_t saturated = 0, flushed = 0, nonfinite = 0;
+  std::uint64_t saturated = 0, flushed = 0, nonfinite = 0, zeros = 0;
 };
 
 
@@ -59,6 +59,7 @@ inline void count16(__m512 x, __m512 y, __m512i code, float max_value, LaneCount
   c.nonfinite += popcount16(nonfinite);
   c.saturated += popcount16(sat);
   c.flushed += popcount16(flushed);
+  c.zeros += popcount16(_mm512_testn_epi32_mask(ax, ax));
 }
 
 template <const MiniFloatSpec& S, bool kStochastic, bool kAmax>
@@ -100,6 +101,7 @@ void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, cons
       const __mmask16 flushed = _mm512_mask_testn_epi32_mask(nonzero_x, mag, mag);
       lc.saturated += popcount16(sat);
       lc.flushed += popcount16(flushed);
+      lc.zeros += 16 - popcount16(nonzero_x);  // every x finite here
     } else {
       const __m512i r = kStochastic ? _mm512_loadu_si512(random + i) : _mm512_setzero_si512();
       code = kStochastic ? encode16<S, true>(y, r) : encode16_rne<S>(y, set1(S.max_code));
@@ -112,7 +114,8 @@ void encode_scaled_spec(const float* src, std::size_t n, std::size_t block, cons
       _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + i), _mm512_cvtepi32_epi8(code));
     }
   }
-  EncodeCounts c{lc.saturated, lc.flushed, lc.nonfinite};
+  // The all-normal vectors count nothing: |x * factor| >= the smallest normal needs x != 0.
+  EncodeCounts c{.saturated = lc.saturated, .flushed = lc.flushed, .nonfinite = lc.nonfinite, .zeros = lc.zeros};
   std::uint32_t tail_bits = 0;
   encode_elements<S, kStochastic, kAmax>(src, i, n, block, factors, dst, random, max_value, c, tail_bits);
   *counts += c;

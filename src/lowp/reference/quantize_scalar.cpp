@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <bit>
 #include <cmath>
+#include <stdexcept>
+#include <vector>
 
 #include "lowp/kernels.hpp"
 
@@ -178,6 +180,7 @@ Quantized quantize(std::span<const float> src, std::size_t rows, std::size_t col
   q.counts.saturated = counts.saturated;
   q.counts.flushed = counts.flushed;
   q.counts.nonfinite = counts.nonfinite;
+  q.counts.nonzero = q.counts.elements - counts.zeros;
   if (c.rht) {
     std::uint32_t b = 0;
     for (float x : src) b = std::max(b, std::bit_cast<std::uint32_t>(x) & 0x7fffffffu);
@@ -185,6 +188,35 @@ Quantized quantize(std::span<const float> src, std::size_t rows, std::size_t col
   }
   q.counts.amax = n == 0 ? 0.0f : detail::canonical_amax(tensor_bits);
   return q;
+}
+
+
+void dequantize(const Quantized& q, std::span<float> dst) {
+  if (dst.size() != q.rows * q.cols) throw std::invalid_argument("reference::dequantize: destination size");
+  const QuantizeConfig& c = q.config;
+  const RecipeInfo& info = recipe_info(c.recipe);
+  const bool col = c.layout == Layout::columnwise;
+  const std::size_t tr = info.block == 0 ? std::max<std::size_t>(q.code_rows, 1) : (c.tile_2d ? info.tile_rows : 1);
+  const std::size_t block = info.block == 0 ? std::max<std::size_t>(q.code_cols, 1) : info.block;
+  std::vector<float> m;
+  detail::block_multipliers(q, m);
+  float lut[256];
+  for (unsigned code = 0; code < 256; ++code) {
+    switch (c.element) {
+      case Element::e4m3: lut[code] = mixprec::detail::decode<mixprec::detail::kE4M3Spec>(static_cast<std::uint8_t>(code), Subnormals::keep); break;
+      case Element::e5m2: lut[code] = mixprec::detail::decode<mixprec::detail::kE5M2Spec>(static_cast<std::uint8_t>(code), Subnormals::keep); break;
+      case Element::e2m1: lut[code] = e2m1_decode(static_cast<std::uint8_t>(code & 0xF)); break;
+    }
+  }
+  for (std::size_t r = 0; r < q.code_rows; ++r) {
+    const std::uint8_t* row = q.codes.data() + r * q.row_bytes;
+    const float* mr = m.data() + (r / tr) * q.scale_cols;
+    for (std::size_t i = 0; i < q.code_cols; ++i) {
+      const std::uint8_t code = c.element == Element::e2m1 ? ((i % 2 == 0) ? row[i / 2] & 0xF : row[i / 2] >> 4) : row[i];
+      const float f = mr[i / block];
+      dst[col ? i * q.cols + r : r * q.cols + i] = std::isnan(f) ? f : lut[code] * f;
+    }
+  }
 }
 
 }  // namespace reference
