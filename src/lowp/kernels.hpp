@@ -221,7 +221,26 @@ struct LowpKernels {
                        float* factors);
   // rht16_one on consecutive groups of 16 of src into dst (n % 16 == 0); dst may be src.
   void (*rht16)(const float* src, float* dst, std::size_t n);
+  // dst[c * rows + r] = src[r * cols + c]: a columnwise grid from its input and back (the
+  // buffers do not overlap). Copies bits; the SIMD back ends move whole 16 x 16 (8 x 8) tiles
+  // in registers, the edges as the scalar loop.
+  void (*transpose)(const float* src, std::size_t rows, std::size_t cols, float* dst);
 };
+
+// The scalar back end's transpose over rows [r0, r1) and columns [c0, c1), in tiles of 32 x 32
+// so that both sides stay in cache; the SIMD back ends' edges.
+inline void transpose_range(const float* src, std::size_t rows, std::size_t cols, float* dst, std::size_t r0,
+                            std::size_t r1, std::size_t c0, std::size_t c1) noexcept {
+  constexpr std::size_t kT = 32;
+  for (std::size_t rt = r0; rt < r1; rt += kT) {
+    for (std::size_t ct = c0; ct < c1; ct += kT) {
+      const std::size_t re = rt + kT < r1 ? rt + kT : r1, ce = ct + kT < c1 ? ct + kT : c1;
+      for (std::size_t r = rt; r < re; ++r) {
+        for (std::size_t c = ct; c < ce; ++c) dst[c * rows + r] = src[r * cols + c];
+      }
+    }
+  }
+}
 
 const LowpKernels& scalar_kernels() noexcept;
 const LowpKernels* avx2_kernels() noexcept;    // nullptr when not compiled in
@@ -237,8 +256,8 @@ Quantized make_result(std::size_t src_size, std::size_t rows, std::size_t cols, 
                       std::size_t random_size);
 void prepare(Quantized& q, std::size_t src_size, std::size_t rows, std::size_t cols, const QuantizeConfig& config,
              std::size_t random_size);
-// The quantized grid's input into g: src copied, or transposed for a columnwise layout.
-void grid_input(std::span<const float> src, const Quantized& q, std::vector<float>& g);
+// The quantized grid's input into g: src copied, or transposed (k.transpose) for a columnwise layout.
+void grid_input(const LowpKernels& k, std::span<const float> src, const Quantized& q, std::vector<float>& g);
 // The multiplier of each scale block in dequantize (its scale_rows * scale_cols, into m).
 void block_multipliers(const Quantized& q, std::vector<float>& m);
 // Magnitude bits to the amax float: NaN patterns become the quiet NaN 0x7fc00000.

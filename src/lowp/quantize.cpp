@@ -239,23 +239,13 @@ void prepare(Quantized& q, std::size_t src_size, std::size_t rows, std::size_t c
   q.counts.elements = n;
 }
 
-void grid_input(std::span<const float> src, const Quantized& q, std::vector<float>& g) {
+void grid_input(const LowpKernels& k, std::span<const float> src, const Quantized& q, std::vector<float>& g) {
   g.resize(src.size());
   if (q.config.layout == Layout::rowwise) {
     std::copy(src.begin(), src.end(), g.begin());
     return;
   }
-  // Transposed in tiles of 32 x 32, so that both sides stay in cache.
-  constexpr std::size_t kT = 32;
-  const std::size_t R = q.rows, C = q.cols;
-  for (std::size_t r0 = 0; r0 < R; r0 += kT) {
-    for (std::size_t c0 = 0; c0 < C; c0 += kT) {
-      const std::size_t r1 = std::min(R, r0 + kT), c1 = std::min(C, c0 + kT);
-      for (std::size_t r = r0; r < r1; ++r) {
-        for (std::size_t cc = c0; cc < c1; ++cc) g[cc * R + r] = src[r * C + cc];
-      }
-    }
-  }
+  k.transpose(src.data(), q.rows, q.cols, g.data());
 }
 
 BlockScale fp8_block_scale(const QuantizeConfig& c, float max_ignoring_nan) noexcept {
@@ -469,7 +459,7 @@ void quantize_with(const LowpKernels& k, std::span<const float> src, std::size_t
   thread_local std::vector<float> scratch;
   const float* g = src.data();
   if (c.layout == Layout::columnwise) {
-    grid_input(src, q, scratch);
+    grid_input(k, src, q, scratch);
     g = scratch.data();
   }
   EncodeCounts counts;
@@ -578,7 +568,8 @@ void block_multipliers(const Quantized& q, std::vector<float>& m) {
 // A code row is decoded exactly (fp8 through the formats' bulk decode, E2M1 through its
 // 16 values), then each block of it multiplied by its m: decode(code) * 1 is the value
 // itself, so the product is reference::dequantize's, bit for bit, without its per-element
-// division by the block length and its layout and element branches.
+// division by the block length and its layout and element branches. A columnwise grid is
+// decoded whole, then transposed into the input's layout (LowpKernels::transpose).
 void dequantize(const Quantized& q, std::span<float> dst) {
   if (dst.size() != q.rows * q.cols)
     fail("dequantize: destination has " + std::to_string(dst.size()) + " elements, the tensor " +
@@ -588,15 +579,15 @@ void dequantize(const Quantized& q, std::span<float> dst) {
   const bool col = c.layout == Layout::columnwise;
   const std::size_t tr = info.block == 0 ? std::max<std::size_t>(q.code_rows, 1) : (c.tile_2d ? info.tile_rows : 1);
   const std::size_t block = info.block == 0 ? std::max<std::size_t>(q.code_cols, 1) : info.block;
-  thread_local std::vector<float> m, row_values;  // grown once per thread
+  thread_local std::vector<float> m, grid;  // grown once per thread
   detail::block_multipliers(q, m);
-  if (col) row_values.resize(q.code_cols);
+  if (col) grid.resize(q.code_rows * q.code_cols);
   float e2m1_values[16];
   for (unsigned code = 0; code < 16; ++code) e2m1_values[code] = e2m1_decode(static_cast<std::uint8_t>(code));
   const std::size_t n = q.code_cols;
   for (std::size_t r = 0; r < q.code_rows; ++r) {
     const std::uint8_t* row = q.codes.data() + r * q.row_bytes;
-    float* out = col ? row_values.data() : dst.data() + r * q.cols;
+    float* out = col ? grid.data() + r * q.code_cols : dst.data() + r * q.cols;
     switch (c.element) {
       case Element::e4m3:
         convert(std::span<const f8e4m3>(reinterpret_cast<const f8e4m3*>(row), n), std::span<float>(out, n));
@@ -622,10 +613,8 @@ void dequantize(const Quantized& q, std::span<float> dst) {
         for (std::size_t i = b0; i < b1; ++i) out[i] *= f;
       }
     }
-    if (col) {
-      for (std::size_t i = 0; i < n; ++i) dst[i * q.cols + r] = out[i];
-    }
   }
+  if (col) active_kernels().transpose(grid.data(), q.code_rows, q.code_cols, dst.data());
 }
 
 std::vector<float> dequantize(const Quantized& q) {

@@ -609,6 +609,31 @@ TEST(LowpCounts, ByHand) {
 
 // ---- kernels one by one -----------------------------------------------------------------
 
+// transpose moves every element to dst[c * rows + r], on every back end, over shapes with and
+// without whole SIMD tiles (8 x 8, 16 x 16) and their edges; bits are kept (NaN payloads).
+TEST(LowpKernels, TransposeMovesEveryElementOnEveryBackEnd) {
+  const std::size_t shapes[][2] = {{1, 1}, {1, 37}, {37, 1}, {8, 8}, {16, 16}, {15, 17}, {17, 15}, {32, 48},
+                                   {33, 47}, {100, 7}, {64, 256}, {129, 130}};
+  for (const auto& s : shapes) {
+    const std::size_t rows = s[0], cols = s[1];
+    std::vector<float> src(rows * cols);
+    for (std::size_t i = 0; i < src.size(); ++i) src[i] = std::bit_cast<float>(static_cast<std::uint32_t>(0x7f800001u + i));
+    for (const auto* k : tables()) {
+      std::vector<float> dst(rows * cols, 0.0f);
+      k->transpose(src.data(), rows, cols, dst.data());
+      test::Failures f;
+      for (std::size_t r = 0; r < rows; ++r) {
+        for (std::size_t c = 0; c < cols; ++c) {
+          if (bits(dst[c * rows + r]) != bits(src[r * cols + c])) {
+            f.add(at(c * rows + r) + hexf(dst[c * rows + r]) + " want " + hexf(src[r * cols + c]));
+          }
+        }
+      }
+      EXPECT_EQ(f.count(), 0u) << isa_name(k->isa) << " " << rows << "x" << cols << ": " << f.report();
+    }
+  }
+}
+
 TEST(LowpKernels, Rht16IsTheSignedSylvesterMatrix) {
   // rht16(e_i)[j] = sign_i * (-1)^popcount(i & j) / 4 exactly, for every back end.
   for (const auto* k : tables()) {

@@ -339,6 +339,36 @@ void rht16_avx2(const float* src, float* v, std::size_t n) {
   }
 }
 
+// 8 x 8 tiles through registers: 32-bit and 64-bit interleaves, then the 128-bit halves.
+void transpose_avx2(const float* src, std::size_t rows, std::size_t cols, float* dst) {
+  const std::size_t R = rows / 8 * 8, C = cols / 8 * 8;
+  for (std::size_t r0 = 0; r0 < R; r0 += 8) {
+    for (std::size_t c0 = 0; c0 < C; c0 += 8) {
+      __m256 v[8], t[8];
+      for (int i = 0; i < 8; ++i) v[i] = _mm256_loadu_ps(src + (r0 + i) * cols + c0);
+      for (int i = 0; i < 8; i += 2) {
+        t[i] = _mm256_unpacklo_ps(v[i], v[i + 1]);
+        t[i + 1] = _mm256_unpackhi_ps(v[i], v[i + 1]);
+      }
+      for (int i = 0; i < 8; i += 4) {
+        for (int j = 0; j < 2; ++j) {
+          v[i + j] = _mm256_castpd_ps(_mm256_unpacklo_pd(_mm256_castps_pd(t[i + j]), _mm256_castps_pd(t[i + j + 2])));
+          v[i + j + 2] = _mm256_castpd_ps(_mm256_unpackhi_pd(_mm256_castps_pd(t[i + j]), _mm256_castps_pd(t[i + j + 2])));
+        }
+      }
+      for (int j = 0; j < 4; ++j) {
+        t[j] = _mm256_permute2f128_ps(v[j], v[j + 4], 0x20);
+        t[j + 4] = _mm256_permute2f128_ps(v[j], v[j + 4], 0x31);
+      }
+      // t[k] now holds column c0 + p(k) of the tile, p the order the interleaves leave.
+      constexpr int kColumn[8] = {0, 2, 1, 3, 4, 6, 5, 7};
+      for (int k = 0; k < 8; ++k) _mm256_storeu_ps(dst + (c0 + kColumn[k]) * rows + r0, t[k]);
+    }
+  }
+  transpose_range(src, rows, cols, dst, 0, R, C, cols);
+  transpose_range(src, rows, cols, dst, R, rows, 0, cols);
+}
+
 }  // namespace
 }  // namespace mixprec::lowp::detail
 
@@ -346,7 +376,8 @@ MIXPREC_TARGET_END
 
 namespace mixprec::lowp::detail {
 namespace {
-const LowpKernels kAvx2{Isa::avx2, &block_amax_avx2, &encode_scaled_avx2, &nvfp4_scales_avx2, &rht16_avx2};
+const LowpKernels kAvx2{Isa::avx2, &block_amax_avx2, &encode_scaled_avx2, &nvfp4_scales_avx2, &rht16_avx2,
+                        &transpose_avx2};
 }  // namespace
 const LowpKernels* avx2_kernels() noexcept { return &kAvx2; }
 }  // namespace mixprec::lowp::detail

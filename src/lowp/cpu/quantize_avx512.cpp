@@ -255,6 +255,42 @@ void rht16_avx512(const float* src, float* v, std::size_t n) {
   }
 }
 
+// 16 x 16 tiles through registers: 32-bit, 64-bit and two 128-bit interleaves.
+void transpose_avx512(const float* src, std::size_t rows, std::size_t cols, float* dst) {
+  const std::size_t R = rows / 16 * 16, C = cols / 16 * 16;
+  for (std::size_t r0 = 0; r0 < R; r0 += 16) {
+    for (std::size_t c0 = 0; c0 < C; c0 += 16) {
+      __m512 v[16], t[16];
+      for (int i = 0; i < 16; ++i) v[i] = _mm512_loadu_ps(src + (r0 + i) * cols + c0);
+      for (int i = 0; i < 16; i += 2) {
+        t[i] = _mm512_unpacklo_ps(v[i], v[i + 1]);
+        t[i + 1] = _mm512_unpackhi_ps(v[i], v[i + 1]);
+      }
+      for (int i = 0; i < 16; i += 4) {
+        for (int j = 0; j < 2; ++j) {
+          v[i + j] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + j]), _mm512_castps_pd(t[i + j + 2])));
+          v[i + j + 2] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + j]), _mm512_castps_pd(t[i + j + 2])));
+        }
+      }
+      for (int i = 0; i < 16; i += 8) {
+        for (int j = 0; j < 4; ++j) {
+          t[i + j] = _mm512_shuffle_f32x4(v[i + j], v[i + j + 4], _MM_SHUFFLE(2, 0, 2, 0));
+          t[i + j + 4] = _mm512_shuffle_f32x4(v[i + j], v[i + j + 4], _MM_SHUFFLE(3, 1, 3, 1));
+        }
+      }
+      for (int j = 0; j < 8; ++j) {
+        v[j] = _mm512_shuffle_f32x4(t[j], t[j + 8], _MM_SHUFFLE(2, 0, 2, 0));
+        v[j + 8] = _mm512_shuffle_f32x4(t[j], t[j + 8], _MM_SHUFFLE(3, 1, 3, 1));
+      }
+      // v[k] now holds column c0 + p(k) of the tile, p the order the interleaves leave.
+      constexpr int kColumn[16] = {0, 2, 1, 3, 4, 6, 5, 7, 8, 10, 9, 11, 12, 14, 13, 15};
+      for (int k = 0; k < 16; ++k) _mm512_storeu_ps(dst + (c0 + kColumn[k]) * rows + r0, v[k]);
+    }
+  }
+  transpose_range(src, rows, cols, dst, 0, R, C, cols);
+  transpose_range(src, rows, cols, dst, R, rows, 0, cols);
+}
+
 }  // namespace
 }  // namespace mixprec::lowp::detail
 
@@ -262,7 +298,8 @@ MIXPREC_TARGET_END
 
 namespace mixprec::lowp::detail {
 namespace {
-const LowpKernels kAvx512{Isa::avx512, &block_amax_avx512, &encode_scaled_avx512, &nvfp4_scales_avx512, &rht16_avx512};
+const LowpKernels kAvx512{Isa::avx512, &block_amax_avx512, &encode_scaled_avx512, &nvfp4_scales_avx512, &rht16_avx512,
+                          &transpose_avx512};
 }  // namespace
 const LowpKernels* avx512_kernels() noexcept { return &kAvx512; }
 }  // namespace mixprec::lowp::detail

@@ -46,8 +46,12 @@ void rht16_scalar(const float* src, float* dst, std::size_t n) {
   }
 }
 
+void transpose_scalar(const float* src, std::size_t rows, std::size_t cols, float* dst) {
+  transpose_range(src, rows, cols, dst, 0, rows, 0, cols);
+}
+
 constexpr LowpKernels kScalar{Isa::scalar, &block_amax_scalar, &encode_scaled_scalar, &nvfp4_scales_scalar,
-                              &rht16_scalar};
+                              &rht16_scalar, &transpose_scalar};
 
 }  // namespace
 
@@ -89,7 +93,7 @@ Quantized quantize(std::span<const float> src, std::size_t rows, std::size_t col
   Quantized q = detail::make_result(src.size(), rows, cols, c, random.size());
   if (src.empty()) return q;
   std::vector<float> g;
-  detail::grid_input(src, q, g);
+  detail::grid_input(detail::scalar_kernels(), src, q, g);
   if (c.rht) rht16(g);
   const std::size_t R = q.code_rows, C = q.code_cols, n = R * C;
   const RecipeInfo& info = recipe_info(c.recipe);
