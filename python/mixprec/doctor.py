@@ -125,6 +125,13 @@ def report() -> str:
         lines.append(f"  active back end        {p['active_isa']} (MIXPREC_ISA overrides)")
         lines.append(f"  format conversions     {p['format_kernels']} (encode/decode, counted conversions, Telemetry)")
         lines.append(f"  gradient check/unscale {p['active_isa']} (GradScaler.unscale_/step on CPU tensors)")
+    g = p["gemm"]
+    lines.append(f"  GEMM                   oneDNN {g['onednn_version']} ({g['cpu_isa']}); bf16 "
+                 + (f"native ({g['bf16_impl']})" if g["bf16_native"] else "widened to f32") + "; f16 "
+                 + (f"native ({g['f16_impl']})" if g["f16_native"] else "widened to f32"))
+    lines.append(f"  fp16 products          AVX512-FP16 {'yes' if g['avx512_fp16'] else 'no'}, AMX-FP16 "
+                 f"{'yes' if g['amx_fp16'] else 'no'}: with fp32 accumulation "
+                 + ("on fp16 tiles" if g["amx_fp16"] and g["f16_native"] else "at the f32 rate"))
     for dtype, ok in autocast_dtypes().items():
         lines.append(f"  torch autocast {dtype:<8} on the CPU: {ok}")
     lines += ["", "integrations"]

@@ -15,6 +15,7 @@
 
 #include "mixprec/core/isa.hpp"
 #include "mixprec/formats/kernel_table.hpp"
+#include "mixprec/nn/gemm.hpp"
 #include "mixprec/report/tensorboard.hpp"
 #include "mixprec/run/run_log.hpp"
 #include "mixprec/version.hpp"
@@ -49,6 +50,17 @@ nb::dict platform() {
   d["isa_available"] = isas;
   d["best_isa"] = std::string(mixprec::isa_name(mixprec::best_isa()));
   d["avx512_bf16"] = mixprec::cpu_has_avx512_bf16();
+  const mixprec::nn::GemmBackendInfo& g = mixprec::nn::gemm_backend_info();
+  nb::dict gemm;
+  gemm["onednn_version"] = g.onednn_version;
+  gemm["cpu_isa"] = g.cpu_isa;
+  gemm["bf16_native"] = g.bf16_native;
+  gemm["bf16_impl"] = g.bf16_impl;
+  gemm["f16_native"] = g.f16_native;
+  gemm["f16_impl"] = g.f16_impl;
+  gemm["avx512_fp16"] = g.avx512_fp16;
+  gemm["amx_fp16"] = g.amx_fp16;
+  d["gemm"] = gemm;
   try {
     const Isa active = mixprec::active_isa();
     d["active_isa"] = std::string(mixprec::isa_name(active));
@@ -69,5 +81,6 @@ void register_integrations(nb::module_& m) {
   nb::class_<PyStepScalars>(m, "StepScalars", "monitor::StepScalars: the TensorBoard scalars of each log line")
       .def(nb::init<>())
       .def("add", &PyStepScalars::add, nb::arg("line"));
-  m.def("platform", &platform, "this build and CPU: version, instruction sets, the back end each kernel family runs");
+  m.def("platform", &platform,
+        "this build and CPU: version, instruction sets, the back end each kernel family runs, the GEMM's oneDNN");
 }

@@ -61,6 +61,12 @@ def test_doctor(capsys):
     assert f"best back end          {p['best_isa']}" in out
     assert f"format conversions     {p['format_kernels']}" in out
     assert f"AVX512-BF16 {'yes' if p['avx512_bf16'] else 'no'}" in out
+    g = p["gemm"]
+    assert re.search(r"^\d+\.\d+\.\d+$", g["onednn_version"]), g
+    assert g["bf16_native"] == (g["bf16_impl"] != "") and g["f16_native"] == (g["f16_impl"] != ""), g
+    assert f"GEMM                   oneDNN {g['onednn_version']} ({g['cpu_isa']}); bf16 " in out
+    assert ("f16 native (" if g["f16_native"] else "f16 widened to f32") in out
+    assert f"AVX512-FP16 {'yes' if g['avx512_fp16'] else 'no'}, AMX-FP16 {'yes' if g['amx_fp16'] else 'no'}" in out
     for label, _, _ in doctor.INTEGRATIONS:
         assert re.search(rf"^  {re.escape(label)} +usable$", out, re.M), label
     assert "torch autocast float16  on the CPU: yes" in out
