@@ -225,7 +225,22 @@ struct LowpKernels {
   // buffers do not overlap). Copies bits; the SIMD back ends move whole 16 x 16 (8 x 8) tiles
   // in registers, the edges as the scalar loop.
   void (*transpose)(const float* src, std::size_t rows, std::size_t cols, float* dst);
+  // out[i] = splitmix64_word(seed, i) for i < n: lowp::random_words.
+  void (*random_words)(std::uint64_t seed, std::uint32_t* out, std::size_t n);
 };
+
+// Word i of a splitmix64 stream from `seed` (state = seed + (i + 1) * golden, mixed), its top
+// 32 bits: the reference of LowpKernels::random_words. The lanes of the SIMD back ends are
+// independent words, so the stream is the same on every back end.
+inline std::uint32_t splitmix64_word(std::uint64_t seed, std::uint64_t i) noexcept {
+  std::uint64_t z = seed + (i + 1) * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return static_cast<std::uint32_t>((z ^ (z >> 31)) >> 32);
+}
+inline void random_words_range(std::uint64_t seed, std::uint32_t* out, std::size_t begin, std::size_t end) noexcept {
+  for (std::size_t i = begin; i < end; ++i) out[i] = splitmix64_word(seed, i);
+}
 
 // The scalar back end's transpose over rows [r0, r1) and columns [c0, c1), in tiles of 32 x 32
 // so that both sides stay in cache; the SIMD back ends' edges.

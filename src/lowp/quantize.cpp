@@ -617,6 +617,10 @@ void dequantize(const Quantized& q, std::span<float> dst) {
   if (col) active_kernels().transpose(grid.data(), q.code_rows, q.code_cols, dst.data());
 }
 
+void random_words(std::uint64_t seed, std::span<std::uint32_t> out) noexcept {
+  active_kernels().random_words(seed, out.data(), out.size());
+}
+
 std::vector<float> dequantize(const Quantized& q) {
   std::vector<float> v(q.rows * q.cols);
   dequantize(q, v);

@@ -152,15 +152,9 @@ class Carver {
 }  // namespace
 
 std::span<const std::uint32_t> Fp8Linears::random_words(std::size_t n) {
-  // A fixed stream (splitmix64 over a draw counter), so runs repeat exactly.
+  // A fixed stream (splitmix64 from a draw counter), so runs repeat exactly.
   if (random_.size() < n) random_.resize(n);
-  std::uint64_t state = 0x5EEDull * 0x100000001B3ull + draws_++;
-  for (std::size_t i = 0; i < n; ++i) {
-    std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    random_[i] = static_cast<std::uint32_t>((z ^ (z >> 31)) >> 32);
-  }
+  lowp::random_words(0x5EEDull * 0x100000001B3ull + draws_++, std::span<std::uint32_t>(random_.data(), n));
   return {random_.data(), n};
 }
 

@@ -634,6 +634,33 @@ TEST(LowpKernels, TransposeMovesEveryElementOnEveryBackEnd) {
   }
 }
 
+// random_words: every back end gives splitmix64's stream, written out here as its loop (the state
+// advanced by the golden ratio, mixed), for lengths around the vector widths and several seeds.
+TEST(LowpKernels, RandomWordsAreTheSplitmix64StreamOnEveryBackEnd) {
+  for (std::uint64_t seed : {0ull, 1ull, 0x5EEDull * 0x100000001B3ull + 7, ~0ull}) {
+    for (std::size_t n : {0u, 1u, 7u, 8u, 9u, 16u, 1000u, 4099u}) {
+      std::vector<std::uint32_t> want(n);
+      std::uint64_t state = seed;
+      for (std::size_t i = 0; i < n; ++i) {
+        std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+        want[i] = static_cast<std::uint32_t>((z ^ (z >> 31)) >> 32);
+      }
+      for (const auto* k : tables()) {
+        std::vector<std::uint32_t> got(n + 1, 0xDEADBEEFu);
+        k->random_words(seed, got.data(), n);
+        test::Failures f;
+        for (std::size_t i = 0; i < n; ++i) {
+          if (got[i] != want[i]) f.add(at(i) + hex(got[i], 8) + " want " + hex(want[i], 8));
+        }
+        EXPECT_EQ(f.count(), 0u) << isa_name(k->isa) << " seed " << seed << " n " << n << ": " << f.report();
+        EXPECT_EQ(got[n], 0xDEADBEEFu) << "wrote past n";
+      }
+    }
+  }
+}
+
 TEST(LowpKernels, Rht16IsTheSignedSylvesterMatrix) {
   // rht16(e_i)[j] = sign_i * (-1)^popcount(i & j) / 4 exactly, for every back end.
   for (const auto* k : tables()) {

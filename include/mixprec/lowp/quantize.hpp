@@ -126,6 +126,11 @@ Quantized quantize(std::span<const float> src, std::size_t rows, std::size_t col
 // The same into `out`, reusing its buffers: once they have grown, a call allocates nothing.
 void quantize(std::span<const float> src, std::size_t rows, std::size_t cols, const QuantizeConfig& config,
               std::span<const std::uint32_t> random, Quantized& out);
+// Stochastic rounding's words for quantize's `random`: out[i] is the top 32 bits of word i of
+// the splitmix64 stream from `seed` (state seed + (i + 1) * 0x9E3779B97F4A7C15, mixed). The
+// same words on every back end; a fixed seed per draw makes runs repeat.
+void random_words(std::uint64_t seed, std::span<std::uint32_t> out) noexcept;
+
 // Writes what the codes represent back in the input's [rows, cols] layout: decode(code) times the
 // block's multiplier, the multiplier itself where it is NaN (a NaN-scale block) (with rht, the
 // transformed values: the transform is orthogonal and cancels in a GEMM over both operands).

@@ -376,8 +376,11 @@ MIXPREC_TARGET_END
 
 namespace mixprec::lowp::detail {
 namespace {
+// AVX2 has no 64-bit multiply: the scalar loop, whose 64-bit products the CPU does one a cycle.
+void random_words_avx2(std::uint64_t seed, std::uint32_t* out, std::size_t n) { random_words_range(seed, out, 0, n); }
+
 const LowpKernels kAvx2{Isa::avx2, &block_amax_avx2, &encode_scaled_avx2, &nvfp4_scales_avx2, &rht16_avx2,
-                        &transpose_avx2};
+                        &transpose_avx2, &random_words_avx2};
 }  // namespace
 const LowpKernels* avx2_kernels() noexcept { return &kAvx2; }
 }  // namespace mixprec::lowp::detail

@@ -291,6 +291,26 @@ void transpose_avx512(const float* src, std::size_t rows, std::size_t cols, floa
   transpose_range(src, rows, cols, dst, R, rows, 0, cols);
 }
 
+// Eight words a vector: the 64-bit products of splitmix64 in vpmullq (AVX512DQ).
+void random_words_avx512(std::uint64_t seed, std::uint32_t* out, std::size_t n) {
+  const __m512i golden = _mm512_set1_epi64(static_cast<long long>(0x9E3779B97F4A7C15ull));
+  const __m512i m1 = _mm512_set1_epi64(static_cast<long long>(0xBF58476D1CE4E5B9ull));
+  const __m512i m2 = _mm512_set1_epi64(static_cast<long long>(0x94D049BB133111EBull));
+  __m512i idx = _mm512_setr_epi64(1, 2, 3, 4, 5, 6, 7, 8);  // i + 1
+  const __m512i eight = _mm512_set1_epi64(8);
+  const __m512i base = _mm512_set1_epi64(static_cast<long long>(seed));
+  std::size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    __m512i z = _mm512_add_epi64(base, _mm512_mullo_epi64(idx, golden));
+    z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 30)), m1);
+    z = _mm512_mullo_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 27)), m2);
+    z = _mm512_srli_epi64(_mm512_xor_si512(z, _mm512_srli_epi64(z, 31)), 32);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + i), _mm512_cvtepi64_epi32(z));
+    idx = _mm512_add_epi64(idx, eight);
+  }
+  random_words_range(seed, out, i, n);
+}
+
 }  // namespace
 }  // namespace mixprec::lowp::detail
 
@@ -299,7 +319,7 @@ MIXPREC_TARGET_END
 namespace mixprec::lowp::detail {
 namespace {
 const LowpKernels kAvx512{Isa::avx512, &block_amax_avx512, &encode_scaled_avx512, &nvfp4_scales_avx512, &rht16_avx512,
-                          &transpose_avx512};
+                          &transpose_avx512, &random_words_avx512};
 }  // namespace
 const LowpKernels* avx512_kernels() noexcept { return &kAvx512; }
 }  // namespace mixprec::lowp::detail

@@ -50,8 +50,12 @@ void transpose_scalar(const float* src, std::size_t rows, std::size_t cols, floa
   transpose_range(src, rows, cols, dst, 0, rows, 0, cols);
 }
 
+void random_words_scalar(std::uint64_t seed, std::uint32_t* out, std::size_t n) {
+  random_words_range(seed, out, 0, n);
+}
+
 constexpr LowpKernels kScalar{Isa::scalar, &block_amax_scalar, &encode_scaled_scalar, &nvfp4_scales_scalar,
-                              &rht16_scalar, &transpose_scalar};
+                              &rht16_scalar, &transpose_scalar, &random_words_scalar};
 
 }  // namespace
 
