@@ -68,6 +68,9 @@ struct Tally {
 
 bool has_avx512();
 
+// The middle element of x (the upper of the two middle ones for an even count); x not empty.
+double median(std::vector<double> x);
+
 // The CPU as /proc/cpuinfo names it ("model name"), for a table's heading; "unknown CPU".
 std::string cpu_model();
 

@@ -321,11 +321,6 @@ struct FormatResult {
   double step_s = 0, copy_s = 0, vs_copy = 0;
 };
 
-double median(std::vector<double> x) {
-  std::sort(x.begin(), x.end());
-  return x[x.size() / 2];
-}
-
 template <class F>
 double seconds(F&& f) {
   const auto t0 = std::chrono::steady_clock::now();

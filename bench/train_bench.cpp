@@ -12,6 +12,7 @@
 #include <chrono>
 #include <span>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <random>
 #include <string>
@@ -80,9 +81,7 @@ double scaler_share(const Case& c, std::size_t steps, double* step_ms, Telemetry
     ms.push_back(r.seconds * 1e3);
     act_values = r.act_grads.elements;
   }
-  std::sort(with_hist.begin(), with_hist.end());
-  std::sort(without_hist.begin(), without_hist.end());
-  tel->histogram_step_extra_ms = with_hist[with_hist.size() / 2] - without_hist[without_hist.size() / 2];
+  tel->histogram_step_extra_ms = median(with_hist) - median(without_hist);
   // The amax pass over act_values values, in 1 Mi-value blocks (a store is at most 1 Mi values here).
   std::vector<float> block(std::size_t{1} << 20, 0.5f);
   const std::size_t params = 2 * t.model().params().flat_size();
@@ -94,10 +93,8 @@ double scaler_share(const Case& c, std::size_t steps, double* step_ms, Telemetry
   }
   tel->amax_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   benchmark::DoNotOptimize(sink);
-  std::sort(share.begin(), share.end());
-  std::sort(ms.begin(), ms.end());
-  *step_ms = ms[ms.size() / 2];
-  return share[share.size() / 2];
+  *step_ms = median(ms);
+  return median(share);
 }
 
 // The step guards' cost (docs/spike_guards.md), two ways: their own work per step (the
@@ -139,8 +136,7 @@ GuardCost guard_cost(std::size_t pairs) {
   };
   std::vector<double> own;
   for (int r = 0; r < 5; ++r) own.push_back(protocol_us(true) - protocol_us(false));
-  std::sort(own.begin(), own.end());
-  out.own_us = own[own.size() / 2];
+  out.own_us = median(own);
   train::TrainConfig plain = config_for({nn::Precision::fp16, "dynamic", "fp16"}, train::TrainConfig{}.accum);
   train::TrainConfig guarded = plain;
   guarded.skip_loss_z = 6;
@@ -162,8 +158,7 @@ GuardCost guard_cost(std::size_t pairs) {
     }
     ratios.push_back(tb / ta);
   }
-  std::sort(ratios.begin(), ratios.end());
-  out.paired_ratio = ratios[ratios.size() / 2];
+  out.paired_ratio = median(ratios);
   out.pairs = pairs;
   return out;
 }
@@ -204,11 +199,6 @@ constexpr BoundPreset kBoundPresets[] = {{nn::Precision::fp32, "none", DType::f3
                                          {nn::Precision::bf16, "none", DType::bf16},
                                          {nn::Precision::fp16, "dynamic", DType::f32}};
 
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // GFLOP/s of the fastest of three large products of `type` on `threads` oneDNN threads
 // (median of 5 timings of each, every timing at least 20 ms).
 double gemm_peak_gflops(DType type, unsigned threads) {
@@ -248,7 +238,7 @@ double gemm_peak_gflops(DType type, unsigned threads) {
       } while (secs < 0.02);
       rates.push_back(2.0 * static_cast<double>(s.m * s.n * s.k) * static_cast<double>(calls) / secs / 1e9);
     }
-    best = std::max(best, median_of(rates));
+    best = std::max(best, median(rates));
   }
   return best;
 }
@@ -265,6 +255,7 @@ struct BoundRow {
 // rotated) for `rounds` rounds after a warm-up step; each preset's figure is its median step.
 std::vector<BoundRow> measure_bounds(std::size_t rounds) {
   std::vector<BoundRow> rows;
+  std::map<std::pair<DType, unsigned>, double> peaks;  // measured once per type and thread count
   for (const BoundModel& bm : bound_models()) {
     for (unsigned threads : {1u, 2u}) {
       std::vector<std::unique_ptr<train::Trainer>> trainers;
@@ -290,11 +281,13 @@ std::vector<BoundRow> measure_bounds(std::size_t rounds) {
         row.model = bm.name;
         row.threads = threads;
         row.preset = &kBoundPresets[i];
-        row.step_ms = median_of(ms[i]);
+        row.step_ms = median(ms[i]);
         row.gflop = static_cast<double>(flops[i]) / 1e9;
         nn::ModelConfig mc = trainers[i]->model().config();
         row.attention_gflop = static_cast<double>(nn::attention_flops(mc) * bm.accum) / 1e9;
-        row.peak = gemm_peak_gflops(kBoundPresets[i].operands, threads);
+        const auto key = std::make_pair(kBoundPresets[i].operands, threads);
+        if (!peaks.contains(key)) peaks[key] = gemm_peak_gflops(key.first, threads);
+        row.peak = peaks[key];
         rows.push_back(row);
       }
     }

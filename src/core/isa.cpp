@@ -52,45 +52,33 @@ static bool cpu_has_avx512() noexcept {
 #endif
 }
 
-bool cpu_has_avx512_bf16() noexcept {
+// Bit `bit` of register `reg` (0 EAX .. 3 EDX) of CPUID leaf 7, sub-leaf `sub`. Callers keep the
+// answer in a static: CPUID traps to the hypervisor in a VM (microseconds), and
+// kernel_table(avx512) asks on every call.
+[[maybe_unused]] static bool cpuid7_bit(unsigned sub, int reg, unsigned bit) noexcept {
 #if defined(__x86_64__)
-  // Asked once: CPUID traps to the hypervisor in a VM (microseconds), and kernel_table(avx512)
-  // asks on every call.
-  static const bool has = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (__get_cpuid_count(7, 1, &a, &b, &c, &d) == 0) return false;
-    return (a >> 5 & 1u) != 0;  // CPUID.(EAX=7,ECX=1):EAX[5] = AVX512_BF16
-  }();
-  return has;
+  unsigned r[4] = {};
+  if (__get_cpuid_count(7, sub, &r[0], &r[1], &r[2], &r[3]) == 0) return false;
+  return (r[reg] >> bit & 1u) != 0;
 #else
+  (void)sub, (void)reg, (void)bit;
   return false;
 #endif
+}
+
+bool cpu_has_avx512_bf16() noexcept {
+  static const bool has = cpuid7_bit(1, 0, 5);  // CPUID.(EAX=7,ECX=1):EAX[5] = AVX512_BF16
+  return has;
 }
 
 bool cpu_has_avx512_fp16() noexcept {
-#if defined(__x86_64__)
-  static const bool has = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (__get_cpuid_count(7, 0, &a, &b, &c, &d) == 0) return false;
-    return (d >> 23 & 1u) != 0;  // CPUID.(EAX=7,ECX=0):EDX[23] = AVX512_FP16
-  }();
+  static const bool has = cpuid7_bit(0, 3, 23);  // CPUID.(EAX=7,ECX=0):EDX[23] = AVX512_FP16
   return has;
-#else
-  return false;
-#endif
 }
 
 bool cpu_has_amx_fp16() noexcept {
-#if defined(__x86_64__)
-  static const bool has = [] {
-    unsigned a = 0, b = 0, c = 0, d = 0;
-    if (__get_cpuid_count(7, 1, &a, &b, &c, &d) == 0) return false;
-    return (a >> 21 & 1u) != 0;  // CPUID.(EAX=7,ECX=1):EAX[21] = AMX_FP16
-  }();
+  static const bool has = cpuid7_bit(1, 0, 21);  // CPUID.(EAX=7,ECX=1):EAX[21] = AMX_FP16
   return has;
-#else
-  return false;
-#endif
 }
 
 bool isa_available(Isa isa) noexcept {

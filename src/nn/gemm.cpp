@@ -28,13 +28,8 @@ using dt = memory::data_type;
 
 // oneDNN 3 (PyPI, scripts/deps.sh) or Debian's 2.6: the matmul API differs in how a primitive
 // descriptor is made and how alpha is applied (2.6: an output scale; 3: a runtime scale of
-// the weights, which also multiplies the fp32 accumulator once).
-#if DNNL_VERSION_MAJOR >= 3
-constexpr bool kOnednn3 = true;
-#else
-constexpr bool kOnednn3 = false;
-#endif
-
+// the weights, which also multiplies the fp32 accumulator once); 2.6 has no f16 matmul but
+// its reference one.
 dnnl::matmul::primitive_desc matmul_pd(const dnnl::engine& eng, const memory::desc& a, const memory::desc& b,
                                        const memory::desc& c, const dnnl::primitive_attr& attr = {}) {
 #if DNNL_VERSION_MAJOR >= 3
@@ -212,7 +207,9 @@ const GemmBackendInfo& gemm_backend_info() {
     i.bf16_impl = impl_of(eng, dt::bf16);
     i.bf16_native = !i.bf16_impl.empty();
     i.avx512_bf16 = cpu_has_avx512_bf16();
-    i.f16_impl = kOnednn3 ? impl_of(eng, dt::f16) : std::string();  // 2.6's f16 matmul is its reference one
+#if DNNL_VERSION_MAJOR >= 3
+    i.f16_impl = impl_of(eng, dt::f16);
+#endif
     i.f16_native = !i.f16_impl.empty();
     i.avx512_fp16 = cpu_has_avx512_fp16();
     i.amx_fp16 = cpu_has_amx_fp16();
@@ -297,9 +294,9 @@ struct Gemm::Impl {
     p.a_mem = memory(a_md, engine, nullptr);
     p.b_mem = memory(b_md, engine, nullptr);
     p.c_mem = memory(c_md, engine, nullptr);
-    if constexpr (kOnednn3) {
-      if (p.alpha != 1.0f) p.alpha_mem = memory(memory::desc({1}, dt::f32, {1}), engine, nullptr);
-    }
+#if DNNL_VERSION_MAJOR >= 3
+    if (p.alpha != 1.0f) p.alpha_mem = memory(memory::desc({1}, dt::f32, {1}), engine, nullptr);
+#endif
     p.scratch_bytes = pd.scratchpad_desc().get_size();
     if (p.scratch_bytes > 0) p.scratch_mem = memory(pd.scratchpad_desc(), engine, nullptr);
     // Scratch grows here only, so calls with a known signature never allocate.
