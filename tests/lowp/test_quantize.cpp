@@ -393,12 +393,6 @@ std::vector<std::uint32_t> random_words(std::size_t n, std::uint64_t seed) {
   return r;
 }
 
-Quantized run(const detail::LowpKernels& k, const std::vector<float>& x, std::size_t rows, std::size_t cols,
-              const QuantizeConfig& c, std::vector<std::uint32_t>& random) {
-  random = c.stochastic_rounding ? random_words(rows * cols, rows * 131 + cols) : std::vector<std::uint32_t>{};
-  return detail::quantize_with(k, x, rows, cols, c, random);
-}
-
 TEST(LowpBackends, EveryBackEndThisCpuHasIsTested) {
   std::string tested;
   for (const auto* k : tables()) tested.append(isa_name(k->isa)).append(" ");
@@ -432,58 +426,67 @@ std::vector<float> mixed(std::size_t n, std::uint64_t seed, bool specials) {
 const std::size_t kShapes[][2] = {{1, 1}, {1, 15}, {3, 17}, {2, 32}, {5, 48}, {7, 100}, {16, 16}, {17, 33},
                                   {32, 64}, {130, 144}, {4, 300}, {129, 256}, {1, 4096}, {0, 5}};
 
-TEST(LowpBackends, EveryConfigEqualsTheReferenceOnMixedData) {
+// One case of the mixed-data sweeps: a config, a shape and its input.
+struct MixedCase {
+  const QuantizeConfig& config;
+  std::size_t rows, cols;
+  bool specials;
+  std::vector<float> x;
+  std::vector<std::uint32_t> random;  // stochastic rounding's words, else empty
+  std::string name() const {
+    return describe(config) + " [" + std::to_string(rows) + "x" + std::to_string(cols) + "]" +
+           (specials ? " specials" : "");
+  }
+};
+
+// f(case) for every config and shape (RHT configs only where the grid's rows are whole groups
+// of 16), on mixed data without and with specials.
+template <class F>
+void for_each_mixed_case(F&& f) {
   for (const QuantizeConfig& c : all_configs()) {
     for (const auto& shape : kShapes) {
       const std::size_t rows = shape[0], cols = shape[1];
       const std::size_t grid_cols = c.layout == Layout::rowwise ? cols : rows;
       if (c.rht && grid_cols % 16 != 0) continue;
       for (bool specials : {false, true}) {
-        const std::vector<float> x = mixed(rows * cols, rows * 1000 + cols + (specials ? 7 : 0), specials);
-        std::vector<std::uint32_t> random;
-        random = c.stochastic_rounding ? random_words(rows * cols, rows * 131 + cols) : std::vector<std::uint32_t>{};
-        const Quantized want = reference::quantize(x, rows, cols, c, random);
-        if (!c.rht) {  // the values encoded are the inputs: nonzero is a plain count of them
-          std::uint64_t nonzero = 0;
-          for (float v : x) nonzero += v != 0.0f || std::isnan(v);
-          EXPECT_EQ(want.counts.nonzero, nonzero) << describe(c);
-        }
-        for (const auto* k : tables()) {
-          const std::string what = describe(c) + " [" + std::to_string(rows) + "x" + std::to_string(cols) + "] " +
-                                   std::string(isa_name(k->isa)) + (specials ? " specials" : "");
-          expect_same(run(*k, x, rows, cols, c, random), want, what);
-        }
+        f(MixedCase{c, rows, cols, specials, mixed(rows * cols, rows * 1000 + cols + (specials ? 7 : 0), specials),
+                    c.stochastic_rounding ? random_words(rows * cols, rows * 131 + cols)
+                                          : std::vector<std::uint32_t>{}});
       }
     }
   }
+}
+
+TEST(LowpBackends, EveryConfigEqualsTheReferenceOnMixedData) {
+  for_each_mixed_case([](const MixedCase& t) {
+    const Quantized want = reference::quantize(t.x, t.rows, t.cols, t.config, t.random);
+    if (!t.config.rht) {  // the values encoded are the inputs: nonzero is a plain count of them
+      std::uint64_t nonzero = 0;
+      for (float v : t.x) nonzero += v != 0.0f || std::isnan(v);
+      EXPECT_EQ(want.counts.nonzero, nonzero) << t.name();
+    }
+    for (const auto* k : tables()) {
+      expect_same(detail::quantize_with(*k, t.x, t.rows, t.cols, t.config, t.random), want,
+                  t.name() + " " + std::string(isa_name(k->isa)));
+    }
+  });
 }
 
 // dequantize (a row decoded exactly, then each block multiplied) equals the element loop of
 // reference::dequantize bit for bit, on every config and layout, specials included: zeros of
 // both signs, NaN and inf codes, NaN-scale blocks, E2M1 rows of odd length.
 TEST(LowpDequantize, EqualsTheReferenceForEveryConfig) {
-  for (const QuantizeConfig& c : all_configs()) {
-    for (const auto& shape : kShapes) {
-      const std::size_t rows = shape[0], cols = shape[1];
-      const std::size_t grid_cols = c.layout == Layout::rowwise ? cols : rows;
-      if (c.rht && grid_cols % 16 != 0) continue;
-      for (bool specials : {false, true}) {
-        const std::vector<float> x = mixed(rows * cols, rows * 1000 + cols + (specials ? 7 : 0), specials);
-        const std::vector<std::uint32_t> random =
-            c.stochastic_rounding ? random_words(rows * cols, rows * 131 + cols) : std::vector<std::uint32_t>{};
-        const Quantized q = quantize(x, rows, cols, c, random);
-        std::vector<float> want(rows * cols, -1.0f), got(rows * cols, -2.0f);
-        reference::dequantize(q, want);
-        dequantize(q, got);
-        test::Failures f;
-        for (std::size_t i = 0; i < want.size(); ++i) {
-          if (bits(got[i]) != bits(want[i])) f.add(at(i) + "got " + hexf(got[i]) + " want " + hexf(want[i]));
-        }
-        EXPECT_EQ(f.count(), 0u) << describe(c) << " [" << rows << "x" << cols << "]" << (specials ? " specials" : "")
-                                 << ": " << f.report();
-      }
+  for_each_mixed_case([](const MixedCase& t) {
+    const Quantized q = quantize(t.x, t.rows, t.cols, t.config, t.random);
+    std::vector<float> want(t.rows * t.cols, -1.0f), got(t.rows * t.cols, -2.0f);
+    reference::dequantize(q, want);
+    dequantize(q, got);
+    test::Failures f;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      if (bits(got[i]) != bits(want[i])) f.add(at(i) + "got " + hexf(got[i]) + " want " + hexf(want[i]));
     }
-  }
+    EXPECT_EQ(f.count(), 0u) << t.name() << ": " << f.report();
+  });
 }
 
 // quantize(..., out): one result quantized into again and again (recipes, layouts and shapes
