@@ -363,8 +363,9 @@ class GradScaler:
     # ---- accumulation windows ---------------------------------------------------------------
 
     def set_accumulation_steps(self, k: int) -> None:
-        """The core protocol's accumulation window of k backward passes (its rules:
-        docs/loss_scaling.md); backward_done() marks each pass."""
+        """The core protocol's accumulation window of k backward passes, with its rules and errors
+        (ScalerProtocol::set_accumulation_steps, include/mixprec/scaler/protocol.hpp);
+        backward_done() marks each pass."""
         if isinstance(k, bool) or not isinstance(k, numbers.Integral):
             raise TypeError(f"accumulation steps: expected an int, found {type(k).__name__}")
         self._p.set_accumulation_steps(int(k))  # the protocol checks the range
