@@ -8,6 +8,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/string_view.h>
+#include <nanobind/stl/vector.h>
 
 #include <cmath>
 #include <cstdint>
@@ -148,6 +149,43 @@ nb::object recipe_dict(const std::optional<lowp::LinearRecipe>& r) {
   return d;
 }
 
+// One Linear's plan (lowp::LinearPlan): per operand ("fprop.x", ...) its recipe (a recipe dict
+// or None: high precision) and the QuantizeConfig the core derives for it; the sources of the
+// backward copies of x and w; the uniform recipe (None unless every operand runs one recipe
+// from the originals) and the primary one (the door's name for the Linear).
+nb::dict plan_dict(const lowp::LinearPlan& p) {
+  nb::dict recipes, configs;
+  for (std::size_t i = 0; i < lowp::kOperands; ++i) {
+    const auto o = static_cast<lowp::Operand>(i);
+    const std::string name(lowp::operand_name(o));
+    recipes[name.c_str()] = recipe_dict(p.at(o));
+    if (!p.at(o)) {
+      configs[name.c_str()] = nb::none();
+      continue;
+    }
+    const lowp::QuantizeConfig c = p.config(o);
+    nb::dict d;
+    d["recipe"] = std::string(lowp::recipe_name(c.recipe));
+    d["element"] = std::string(lowp::element_name(c.element));
+    d["layout"] = std::string(lowp::layout_name(c.layout));
+    d["tile_2d"] = c.tile_2d;
+    d["scale_rounding"] = std::string(lowp::scale_rounding_name(c.scale_rounding));
+    d["power_of_2_scales"] = c.power_of_2_scales ? nb::object(nb::bool_(*c.power_of_2_scales)) : nb::none();
+    d["rht"] = c.rht;
+    d["stochastic_rounding"] = c.stochastic_rounding;
+    d["flavour"] = std::string(lowp::flavour_name(c.flavour));
+    configs[name.c_str()] = d;
+  }
+  nb::dict out;
+  out["recipes"] = recipes;
+  out["configs"] = configs;
+  out["x_source"] = std::string(lowp::source_name(p.x_source));
+  out["w_source"] = std::string(lowp::source_name(p.w_source));
+  out["uniform"] = recipe_dict(p.uniform());
+  out["primary"] = recipe_dict(p.primary());
+  return out;
+}
+
 nb::dict counts_dict(const lowp::Counts& k) {
   nb::dict d;
   d["elements"] = k.elements;
@@ -244,6 +282,50 @@ void register_quantize(nb::module_& m) {
     out["notes"] = a.notes;
     return out;
   }, nb::arg("text"));
+  // A recipe file checked whole (lowp::parse_assignment), asked for the plan of each Linear:
+  // its entry's, at a step of the schedule, or for evaluation forwards.
+  nb::class_<lowp::Assignment>(m, "RecipeFile", "A checked recipe file (mixprec::lowp::Assignment)")
+      .def("__init__", [](lowp::Assignment* self, std::string_view text) {
+        new (self) lowp::Assignment(lowp::parse_assignment(text));
+      }, nb::arg("text"))
+      .def("plan", [](const lowp::Assignment& a, std::string_view module) {
+        return plan_dict(lowp::plan(a.entry(module), a.options));
+      }, nb::arg("module"))
+      .def("plan_at", [](const lowp::Assignment& a, std::string_view module, std::uint64_t step,
+                         std::uint64_t total_steps) {
+        return plan_dict(lowp::plan(a.choice_at(module, step, total_steps), a.options));
+      }, nb::arg("module"), nb::arg("step"), nb::arg("total_steps"))
+      .def("evaluation_plan", [](const lowp::Assignment& a, std::string_view module) -> nb::object {
+        if (!a.evaluation) return nb::none();
+        // Evaluation runs its recipe on the Linears the run quantizes; the others stay high.
+        if (!lowp::plan(a.entry(module), a.options).any_quantized()) return plan_dict(lowp::LinearPlan{});
+        return plan_dict(lowp::plan(*a.evaluation, a.options));
+      }, nb::arg("module"))
+      .def("phase_starts", &lowp::Assignment::phase_starts, nb::arg("total_steps"))
+      .def("phases_begun", &lowp::Assignment::phases_begun, nb::arg("step"), nb::arg("total_steps"))
+      .def_prop_ro("phases", [](const lowp::Assignment& a) {
+        nb::list l;
+        for (const lowp::Phase& ph : a.schedule) {
+          nb::dict d;
+          d["label"] = ph.label;
+          nb::list mods;
+          for (const auto& n : ph.modules) mods.append(n);
+          d["modules"] = mods;
+          d["from_step"] = ph.from_step ? nb::object(nb::int_(*ph.from_step)) : nb::none();
+          d["from_fraction"] = ph.from_fraction ? nb::object(nb::float_(*ph.from_fraction)) : nb::none();
+          l.append(d);
+        }
+        return l;
+      })
+      .def_prop_ro("has_evaluation", [](const lowp::Assignment& a) { return a.evaluation.has_value(); })
+      .def("matches", [](const lowp::Assignment&, std::string_view pattern, std::string_view name) {
+        return lowp::module_matches(pattern, name);
+      }, nb::arg("pattern"), nb::arg("name"));
+  m.def("zoo_names", [] {
+    nb::list l;
+    for (std::size_t i = 0; i < 4; ++i) l.append(std::string(lowp::zoo_name(static_cast<lowp::Zoo>(i))));
+    return l;
+  });
   m.def("recipe_table", [] {
     nb::list l;
     for (const lowp::RecipeInfo& r : lowp::recipe_table()) {

@@ -330,7 +330,7 @@ def test_r4_recipe_name_is_never_read_as_a_file(tmp_path, monkeypatch):
         m = mt.low_precision(mlp(), path)
         assert {n: mm.options.recipe for n, mm in mt.low_precision_modules(m).items()} == {"0": "mxfp8"}, path
     mt.save_assignment(tmp_path / "mine", {"0": "mxfp8"})
-    with pytest.raises(ValueError, match=r"recipe: expected one of fp8-delayed, .*, mxfp4, a dict or a recipe file "
+    with pytest.raises(ValueError, match=r"recipe: expected one of fp8-delayed, .*, mxfp4, a zoo name \(.*\), a dict or a recipe file "
                        r"path \(ending in \.json or holding a path separator\), found 'mine' \(a file of that name is "
                        r"in the working folder: give it as './mine'\)"):
         mt.low_precision(mlp(), "mine")

@@ -110,7 +110,7 @@ def test_assignment_errors_change_nothing(tmp_path):
         mt.low_precision(base, {"2": "nvfp4", "9": "mxfp8"})
     with pytest.raises(ValueError, match="module '1': expected an nn.Linear of the model, found GELU"):
         mt.low_precision(base, {"1": "mxfp8"})
-    with pytest.raises(ValueError, match="modules\\[\"2\"\\]: expected one of fp8-delayed, .* or \"bf16\", found \"fp4\""):
+    with pytest.raises(ValueError, match="modules\\[\"2\"\\]: expected one of fp8-delayed, .*, \"bf16\" or a zoo name \\(.*\\), found \"fp4\""):
         mt.low_precision(base, {"2": "fp4"})
     with pytest.raises(ValueError, match="modules\\[\"2\"\\].rhtt: unknown option"):
         mt.low_precision(base, {"2": {"recipe": "nvfp4", "rhtt": True}})

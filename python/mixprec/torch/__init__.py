@@ -18,13 +18,13 @@ except ImportError as e:  # pragma: no cover - exercised by a test in a subproce
 from .advise import Advice, advise, advise_run
 from .ema import EMA
 from .grad_scaler import GradScaler, GuardView, StepGuard, StepOutcome
-from .low_precision import (LowPrecisionLinear, RecipeOptions, load_assignment, low_precision,
-                            low_precision_modules, quantization_stats, sample_quantization_error,
+from .low_precision import (OPERANDS, ZOO, LowPrecisionLinear, RecipeOptions, load_assignment, low_precision,
+                            low_precision_modules, low_precision_step, quantization_stats, sample_quantization_error,
                             save_assignment)
 from .telemetry import Telemetry
 from . import optim  # mixprec.torch.optim.AdamW: optimizer state in fewer bytes
 
-__all__ = ["Advice", "EMA", "GradScaler", "GuardView", "LowPrecisionLinear", "RecipeOptions", "StepGuard", "StepOutcome",
-           "Telemetry", "advise",
-           "advise_run", "load_assignment", "low_precision", "low_precision_modules", "quantization_stats",
-           "sample_quantization_error", "save_assignment"]
+__all__ = ["Advice", "EMA", "GradScaler", "GuardView", "LowPrecisionLinear", "OPERANDS", "RecipeOptions", "StepGuard",
+           "StepOutcome", "Telemetry", "ZOO", "advise",
+           "advise_run", "load_assignment", "low_precision", "low_precision_modules", "low_precision_step",
+           "quantization_stats", "sample_quantization_error", "save_assignment"]

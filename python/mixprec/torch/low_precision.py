@@ -6,6 +6,10 @@
     mt.low_precision(model, {"h.0.mlp.fc": "mxfp8", "lm_head": "bf16"})   # a mixed assignment
     mt.low_precision(model, "assignment.json")          # the same, from a recipe file
 
+    mt.low_precision(model, "mxfp8_fwd_nvfp4_bwd")      # a TE zoo name: a format per GEMM direction
+    mt.low_precision(model, "plan.json", total_steps=N) # a recipe file with a schedule; then, each
+    mt.low_precision_step(model, step)                  # step, the plan of that step
+
 Each chosen ``nn.Linear`` is replaced by a ``LowPrecisionLinear`` holding the same parameters,
 whose autograd function quantizes per GEMM as TE does (every number through the C++ core's
 ``lowp::quantize``, then back to fp32; the GEMMs accumulate in fp32):
@@ -13,6 +17,11 @@ whose autograd function quantizes per GEMM as TE does (every number through the 
     fprop  y  = Q(x, rowwise) Q(w, rowwise)^T + b
     dgrad  dx = Q(dy, rowwise) Q(w, columnwise)          dy in E5M2 under the HYBRID format
     wgrad  dw = Q(dy, columnwise)^T Q(x, columnwise)     NVFP4: RHT on both, stochastic dy
+
+Each of the six operands may have its own recipe or stay in high precision (the core's
+lowp::LinearPlan: "fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.x", "wgrad.dy"), and the
+backward copies of x and w may be quantized from the values fprop multiplied (columnwise_source
+"dequantized"). A high-precision operand is the fp32 value of the tensor as the module gets it.
 """
 
 from __future__ import annotations
@@ -37,6 +46,10 @@ FILE_VERSIONS = (1,)
 HIGH = "bf16"
 
 _ROLES = ("x", "w", "dy")
+#: The GEMM operands, as the core names them (lowp::Operand).
+OPERANDS = ("fprop.x", "fprop.w", "dgrad.dy", "dgrad.w", "wgrad.x", "wgrad.dy")
+#: Transformer Engine's quantizer-factory zoo names a recipe may be given as (a format per direction).
+ZOO = tuple(_core.zoo_names())
 
 
 _OPTION_FIELDS = ("fp8_format", "amax_history_len", "amax_compute_algo", "margin", "power_of_2_scales",
@@ -88,6 +101,11 @@ class RecipeOptions:
             raise ValueError(f"recipe: expected one of {', '.join(RECIPES)}, found {HIGH!r} (use no LowPrecisionLinear)")
         return RecipeOptions(**r)
 
+    def plan(self) -> Dict[str, Any]:
+        """The uniform plan of this recipe: every operand's config (the core's LinearPlan)."""
+        return _core.RecipeFile(json.dumps({"format": FILE_FORMAT, "version": FILE_VERSIONS[-1],
+                                            "modules": {"m": self.entry()}})).plan("m")
+
     def element(self, role: str) -> str:
         if self.recipe in ("nvfp4", "mxfp4"):
             return "e2m1"
@@ -130,32 +148,84 @@ def save_assignment(path: Union[str, os.PathLike], modules: Mapping[str, Any], *
         f.write("\n")
 
 
+class _FilePlans:
+    """A checked recipe file (the core's lowp::Assignment) and the run's length: each module's
+    plan at a step of the schedule, and for evaluation."""
+
+    def __init__(self, text: str, total_steps: Optional[int], where: str):
+        try:
+            self.file = _core.RecipeFile(text)
+            self.total_steps = 0 if total_steps is None else int(total_steps)
+            self.starts = list(self.file.phase_starts(self.total_steps))
+        except ValueError as e:
+            msg = str(e).replace("give the door the number of steps", "pass low_precision(..., total_steps=N)")
+            raise ValueError(f"{where}: {msg}") from None
+        self.phases = self.file.phases
+
+    def plan_at(self, name: str, step: int) -> Dict[str, Any]:
+        return self.file.plan_at(name, step, self.total_steps)
+
+    def evaluation_plan(self, name: str) -> Optional[Dict[str, Any]]:
+        return self.file.evaluation_plan(name)
+
+    def matching(self, i: int, name: str) -> bool:
+        pats = self.phases[i]["modules"]
+        return not pats or any(self.file.matches(p, name) for p in pats)
+
+    def reachable(self, name: str) -> List[Dict[str, Any]]:
+        """Every plan `name` can run: at step 0, at each phase's first step, for evaluation."""
+        plans = [self.plan_at(name, 0)] + [self.plan_at(name, s) for s in self.starts]
+        ev = self.evaluation_plan(name)
+        return plans + ([ev] if ev is not None else [])
+
+    def label_at(self, name: str, step: int) -> str:
+        """The label of the latest phase that has begun at `step` and reaches `name` ("" before any)."""
+        best = None
+        for i, start in enumerate(self.starts):
+            if start <= step and self.matching(i, name) and (best is None or start >= self.starts[best]):
+                best = i
+        return "" if best is None else self.phases[best]["label"]
+
+
 # ---- the quantized GEMMs -----------------------------------------------------------------
 
-def _fake(t: torch.Tensor, opts: RecipeOptions, role: str, layout: str, *, scale: float = 1.0,
-          tile_2d: bool = False, rht: bool = False, random: Optional[np.ndarray] = None):
-    """Quantize a 2-D fp32 tensor and return (the dequantized fp32 tensor, the core's result)."""
-    a = t.detach().resolve_neg().contiguous().numpy()  # a negative-bit view (.imag of a conj) as its values
-    recipe = opts.recipe
-    q = _core.quantize(a, recipe, opts.element(role), layout, bool(tile_2d), opts.scale_rounding or "rceil",
-                       opts.power_of_2_scales, 0.0, float(np.finfo(np.float32).max),
-                       float(scale) if recipe == "fp8-delayed" else 1.0, bool(rht), random, opts.flavour or "te")
+def _per_tensor(o: RecipeOptions) -> bool:
+    return o.recipe in ("fp8-delayed", "fp8-current")
+
+
+def _quantize_operand(t: torch.Tensor, cfg: Dict[str, Any], *, scale: float = 1.0, rht: bool = False,
+                      random: Optional[np.ndarray] = None):
+    """Quantize a 2-D fp32 tensor with one operand's config (the core's LinearPlan::config) and
+    return (the dequantized fp32 tensor, the core's result). A per-tensor recipe quantizes both
+    layouts to the same values: it is quantized rowwise."""
+    a = t.detach().resolve_neg().contiguous().numpy()
+    recipe = cfg["recipe"]
+    per_tensor = recipe in ("fp8-delayed", "fp8-current")
+    q = _core.quantize(a, recipe, cfg["element"], "rowwise" if per_tensor else cfg["layout"], bool(cfg["tile_2d"]),
+                       cfg["scale_rounding"], cfg["power_of_2_scales"], 0.0, float(np.finfo(np.float32).max),
+                       float(scale) if recipe == "fp8-delayed" else 1.0, bool(rht), random, cfg["flavour"])
     out = torch.empty(t.shape, dtype=torch.float32)
     _core.dequantize(q, out.numpy())
     return out, q
 
 
-def _per_tensor(o: RecipeOptions) -> bool:
-    return o.recipe in ("fp8-delayed", "fp8-current")
+def _same_values(a: Optional[Dict[str, Any]], b: Optional[Dict[str, Any]]) -> bool:
+    """Two operand configs that quantize a tensor to the same values: a per-tensor recipe with
+    the same options (its layouts differ only in the grid's order)."""
+    if a is None or b is None or a["recipe"] not in ("fp8-delayed", "fp8-current"):
+        return False
+    return {k: v for k, v in a.items() if k != "layout"} == {k: v for k, v in b.items() if k != "layout"}
 
 
 class _Stats:
     """What the last quantization of each role did (telemetry of quantized tensors)."""
 
     __slots__ = ("amax", "scale", "elements", "saturated", "flushed", "nonfinite", "rel_rms_error", "nonzero",
-                 "measured")
+                 "measured", "recipe", "element")
 
     def __init__(self):
+        self.recipe = ""          # the recipe and element of the operand recorded (per-direction plans differ)
+        self.element = ""
         self.amax = 0.0
         self.scale = 1.0
         self.elements = 0
@@ -190,28 +260,45 @@ class _Stats:
 
 
 class _LowPrecisionLinearFn(torch.autograd.Function):
+    # The plan's GEMMs (module docstring). Each tensor's statistics (and fp8-delayed's history)
+    # come from its first quantized operand: x from fprop.x else wgrad.x, w from fprop.w else
+    # dgrad.w, dy from dgrad.dy else wgrad.dy.
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], mod: "LowPrecisionLinear"):
         out_dtype = x.dtype
         x2 = x.detach().reshape(-1, x.shape[-1]).float()
         w = mod._gemm_weight(weight.detach())
-        o = mod.options
+        plan = mod._active_plan()
+        cfg = plan["configs"]
         sample = mod._sample_error or mod._sample_step
         sx, sw = mod._scale("x"), mod._scale("w")
-        xq, qx = _fake(x2, o, "x", "rowwise", scale=sx)
-        wq, qw = _fake(w, o, "w", "rowwise", scale=sw, tile_2d=o.weight_2d)
-        mod._record("x", qx, sx, x2 if sample else None, xq)
-        mod._record("w", qw, sw, w if sample else None, wq)
+        cx, cw, cxc = cfg["fprop.x"], cfg["fprop.w"], cfg["wgrad.x"]
+        xq, wq = x2, w
+        if cx is not None:
+            xq, qx = _quantize_operand(x2, cx, scale=sx)
+            mod._record("x", qx, sx, x2 if sample else None, xq, cx)
+        if cw is not None:
+            wq, qw = _quantize_operand(w, cw, scale=sw)
+            mod._record("w", qw, sw, w if sample else None, wq, cw)
         y = xq @ wq.t()
         if bias is not None:
             y = y + bias.detach().float()
         # The wgrad operand: x's columnwise copy (RHT along the batch for NVFP4), kept for
-        # backward. Per-tensor scaling quantizes both layouts alike: the same values.
-        rht_x = bool(o.rht) and x2.shape[0] % 16 == 0
-        xc = xq if _per_tensor(o) else _fake(x2, o, "x", "columnwise", scale=sx, rht=rht_x)[0]
+        # backward; from the original x or from the values fprop multiplied.
+        src = xq if plan["x_source"] == "dequantized" else x2
+        rht = cxc is not None and bool(cxc["rht"]) and x2.shape[0] % 16 == 0
+        if cxc is None:
+            xc = src
+        elif src is x2 and _same_values(cx, cxc):
+            xc = xq
+        else:
+            xc, qxc = _quantize_operand(src, cxc, scale=sx, rht=rht)
+            if cx is None:
+                mod._record("x", qxc, sx, src if sample else None, xc, cxc)
         ctx.save_for_backward(xc)
         ctx.mod = mod
-        ctx.scales = (sw, rht_x)
+        ctx.plan = plan
+        ctx.scales = (sw, rht)
         ctx.x_shape = x.shape
         ctx.x_dtype = x.dtype
         ctx.w_dtype = weight.dtype
@@ -222,27 +309,38 @@ class _LowPrecisionLinearFn(torch.autograd.Function):
     def backward(ctx, dy: torch.Tensor):
         (xc,) = ctx.saved_tensors
         mod = ctx.mod
-        o = mod.options
-        sw, rht_x = ctx.scales
+        plan = ctx.plan
+        cfg = plan["configs"]
+        sw, rht = ctx.scales
         dy2 = dy.detach().reshape(-1, dy.shape[-1]).float()
         w = mod._gemm_weight(mod.weight.detach())
         sdy = mod._scale("dy")
-        n = dy2.shape[0]
-        sr = bool(o.stochastic_rounding)
-        random_row = mod._random(dy2.numel()) if sr else None
-        dyq, qdy = _fake(dy2, o, "dy", "rowwise", scale=sdy, random=random_row)
-        mod._record("dy", qdy, sdy, dy2 if mod._sample_error or mod._sample_step else None, dyq)
+        sample = mod._sample_error or mod._sample_step
+        cdy, cwd, cdc = cfg["dgrad.dy"], cfg["dgrad.w"], cfg["wgrad.dy"]
+        dyq = dy2
+        if cdy is not None:
+            random_row = mod._random(dy2.numel()) if cdy["stochastic_rounding"] else None
+            dyq, qdy = _quantize_operand(dy2, cdy, scale=sdy, random=random_row)
+            mod._record("dy", qdy, sdy, dy2 if sample else None, dyq, cdy)
         # dgrad: w along its output dimension (W does not change between a forward and its
-        # backward; a per-tensor scale quantizes both layouts alike).
-        if _per_tensor(o):
-            wc, _ = _fake(w, o, "w", "rowwise", scale=sw)
-        else:
-            wc, _ = _fake(w, o, "w", "columnwise", scale=sw, tile_2d=o.weight_2d)
+        # backward), from the original or from the values fprop multiplied (re-quantized here).
+        wsrc = w if plan["w_source"] == "original" else _quantize_operand(w, cfg["fprop.w"], scale=sw)[0]
+        wc = wsrc
+        if cwd is not None:
+            wc, qwc = _quantize_operand(wsrc, cwd, scale=sw)
+            if cfg["fprop.w"] is None:
+                mod._record("w", qwc, sw, wsrc if sample else None, wc, cwd)
         dx = (dyq @ wc).to(ctx.x_dtype).reshape(ctx.x_shape)
         # wgrad: both operands along the batch; RHT on both or on neither.
-        rht = rht_x and n % 16 == 0
-        random_col = mod._random(dy2.numel()) if sr and not _per_tensor(o) else None
-        dyc = dyq if _per_tensor(o) else _fake(dy2, o, "dy", "columnwise", scale=sdy, rht=rht, random=random_col)[0]
+        if cdc is None:
+            dyc = dy2
+        elif _same_values(cdy, cdc):
+            dyc = dyq
+        else:
+            random_col = mod._random(dy2.numel()) if cdc["stochastic_rounding"] else None
+            dyc, qdc = _quantize_operand(dy2, cdc, scale=sdy, rht=rht, random=random_col)
+            if cdy is None:
+                mod._record("dy", qdc, sdy, dy2 if sample else None, dyc, cdc)
         dw = dyc.t() @ xc
         dw = (dw.t().contiguous() if mod.transposed else dw).to(ctx.w_dtype)
         db = dy2.sum(0).to(ctx.w_dtype) if ctx.has_bias else None
@@ -261,7 +359,8 @@ class LowPrecisionLinear(torch.nn.Module):
     stochastic rounding the buffer ``sr_draws`` (the random streams drawn so far), all saved in
     ``state_dict``."""
 
-    def __init__(self, linear: torch.nn.Module, options: RecipeOptions, name: str = "", seed: int = 0):
+    def __init__(self, linear: torch.nn.Module, options: Union[RecipeOptions, "_FilePlans"], name: str = "",
+                 seed: int = 0):
         super().__init__()
         if not is_linear_like(linear):
             raise TypeError(f"{name or 'module'}: expected an nn.Linear or a transformers Conv1D, found "
@@ -273,16 +372,38 @@ class LowPrecisionLinear(torch.nn.Module):
                                                else (linear.in_features, linear.out_features))
         self.weight = linear.weight
         self.bias = linear.bias
-        self.options = options.resolved()
         self.name = name
+        if isinstance(options, _FilePlans):
+            self._file: Optional[_FilePlans] = options
+            self.plan = options.plan_at(name, 0)
+            self._eval_plan = options.evaluation_plan(name)
+            reachable = options.reachable(name)
+        else:
+            self._file = None
+            self.plan = options.resolved().plan()
+            self._eval_plan = None
+            reachable = [self.plan]
+        self._step = 0
+        # The Linear's recipe as reported: the first quantized operand's over every plan it can
+        # run (its entry, every phase, evaluation).
+        self.options = next((RecipeOptions(**p["primary"]) for p in reachable if p["primary"] is not None), None)
+        if self.options is None:
+            raise ValueError(f"{name or 'LowPrecisionLinear'}: every operand stays in high precision in every plan of "
+                             "the run (use no LowPrecisionLinear)")
+        delayed = {json.dumps(r, sort_keys=True) for p in reachable for r in p["recipes"].values()
+                   if r is not None and r["recipe"] == "fp8-delayed"}
+        if len(delayed) > 1:
+            raise ValueError(f"{name or 'LowPrecisionLinear'}: fp8-delayed with different options in different plans of "
+                             "the run; its amax history is one per tensor: give every phase the same fp8-delayed options")
+        self._delayed = RecipeOptions(**json.loads(delayed.pop())) if delayed else None
         self._seed = int(seed)
         self._sample_error = False  # measure the next forward and backward (sample_quantization_error)
         self._sample_step = False   # measure every call until cleared (Telemetry's sampled steps)
         self.stats = {r: _Stats() for r in _ROLES}
-        if self.options.recipe == "fp8-delayed":
-            self.register_buffer("amax_history", torch.zeros(3, self.options.amax_history_len, dtype=torch.float32))
+        if self._delayed is not None:
+            self.register_buffer("amax_history", torch.zeros(3, self._delayed.amax_history_len, dtype=torch.float32))
             self.register_buffer("scale", torch.ones(3, dtype=torch.float32))
-        if self.options.stochastic_rounding:
+        if any(c is not None and c["stochastic_rounding"] for p in reachable for c in p["configs"].values()):
             # How many random streams stochastic rounding has drawn: saved in state_dict, so
             # that a resumed run draws the words the uninterrupted run would have drawn.
             self.register_buffer("sr_draws", torch.zeros((), dtype=torch.int64))
@@ -296,21 +417,28 @@ class LowPrecisionLinear(torch.nn.Module):
         w = weight.float()
         return w.t() if self.transposed else w
 
+    def _active_plan(self) -> Dict[str, Any]:
+        """The plan of this call: the recipe file's evaluation plan in eval mode, else the step's."""
+        return self._eval_plan if (self._eval_plan is not None and not self.training) else self.plan
+
     def _scale(self, role: str) -> float:
-        if self.options.recipe != "fp8-delayed":
+        if self._delayed is None:
             return 1.0
         return float(self.scale[_ROLES.index(role)])
 
-    def _record(self, role: str, q: Any, scale: float, exact: Optional[torch.Tensor], approx: torch.Tensor) -> None:
-        self.stats[role].take(q, scale if self.options.recipe == "fp8-delayed" else q.tensor_scale, exact, approx)
-        if self.options.recipe == "fp8-delayed" and self.training:
+    def _record(self, role: str, q: Any, scale: float, exact: Optional[torch.Tensor], approx: torch.Tensor,
+                cfg: Dict[str, Any]) -> None:
+        delayed = cfg["recipe"] == "fp8-delayed"
+        st = self.stats[role]
+        st.take(q, scale if delayed else q.tensor_scale, exact, approx)
+        st.recipe, st.element = cfg["recipe"], cfg["element"]
+        if delayed and self.training:
             # TE's delayed scaling: this step's amax enters the history; the next step's scale
             # comes from it (fold, roll, update: the core's fp8 rules).
             i = _ROLES.index(role)
             hist = self.amax_history[i].numpy()
-            new = _core.delayed_update(hist, float(q.counts["amax"]), self.options.amax_compute_algo,
-                                       self.options.element(role),
-                                       self.options.margin, float(self.scale[i]))
+            new = _core.delayed_update(hist, float(q.counts["amax"]), self._delayed.amax_compute_algo,
+                                       cfg["element"], self._delayed.margin, float(self.scale[i]))
             self.scale[i] = new
 
     def _random(self, n: int) -> np.ndarray:
@@ -335,8 +463,15 @@ class LowPrecisionLinear(torch.nn.Module):
 
     def extra_repr(self) -> str:
         conv1d = ", weight [in, out] (transformers Conv1D)" if self.transposed else ""
+        p = self.plan
+        if p["uniform"] is not None:
+            what = f"recipe={p['uniform']['recipe']}"
+        else:
+            what = "operands=" + ", ".join(f"{o}:{(p['recipes'][o] or {'recipe': HIGH})['recipe']}" for o in OPERANDS)
+            if p["x_source"] != "original" or p["w_source"] != "original":
+                what += f", columnwise_source=x:{p['x_source']}/w:{p['w_source']}"
         return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-                f"recipe={self.options.recipe}{conv1d}")
+                f"{what}{conv1d}")
 
 
 # ---- which modules ---------------------------------------------------------------------------
@@ -414,7 +549,7 @@ def _set_module(model: torch.nn.Module, name: str, new: torch.nn.Module) -> None
 
 
 def low_precision(model: torch.nn.Module, recipe: Any, *, modules: Any = None, seed: int = 0,
-                  **options: Any) -> torch.nn.Module:
+                  total_steps: Optional[int] = None, **options: Any) -> torch.nn.Module:
     """Swap chosen linear modules of ``model`` (in place) for ``LowPrecisionLinear``.
 
     The linear modules are ``nn.Linear`` and transformers' ``Conv1D`` (is_linear_like), but those
@@ -423,11 +558,16 @@ def low_precision(model: torch.nn.Module, recipe: Any, *, modules: Any = None, s
     their own, computed (parametrized) weights, lazy or nested modules. A default or a predicate
     passes over those with a warning naming them; naming one is a ValueError.
 
-    recipe   a recipe name (one of mixprec.RECIPES; always the recipe, never a file of that
-             name) for every chosen module; or a mixed assignment: a dict {module name: recipe
-             name | "bf16" | {"recipe": ..., options}} or a recipe file (docs/low_precision.md):
-             an os.PathLike, or a str ending in .json or holding a path separator; with an
-             assignment ``modules`` must be None.
+    recipe   a recipe name (one of mixprec.RECIPES, or a TE zoo name of ZOO: a format per GEMM
+             direction; always the recipe, never a file of that name) for every chosen module;
+             or a mixed assignment: a dict {module name: recipe name | "bf16" | {"recipe": ...,
+             options, per-direction fields}}, a whole recipe file as a dict (its "format" field
+             set), or a recipe file (docs/low_precision.md): an os.PathLike, or a str ending in
+             .json or holding a path separator; with an assignment ``modules`` must be None.
+             A module the file switches in time (its "schedule") is swapped when any plan of the
+             run quantizes it; low_precision_step(model, step) puts it on the step's plan.
+    total_steps  the run's optimizer steps: needed when the schedule gives a phase as a
+             fraction of the run (from_fraction).
     modules  with a recipe name: None (every linear module but the first and the last, in
              ``named_modules`` order, as the field keeps them in higher precision), a list of
              distinct module names (a str alone is refused), or a callable (name, module) -> bool.
@@ -449,24 +589,27 @@ def low_precision(model: torch.nn.Module, recipe: Any, *, modules: Any = None, s
         if modules is not None:
             raise ValueError("modules: a recipe file names its modules itself; pass modules=None")
         doc = load_assignment(recipe)
-        doc.pop("format")
-        doc.pop("version")
         if options:
             doc["options"] = {**doc.get("options", {}), **options}
         where = str(recipe)
     elif isinstance(recipe, Mapping):
         if modules is not None:
             raise ValueError("modules: a mixed assignment names its modules itself; pass modules=None")
-        doc = {"default": HIGH, "modules": dict(recipe)}
-        if options:
-            doc["options"] = dict(options)
+        if "format" in recipe:  # a whole recipe file as a dict
+            doc = dict(recipe)
+            if options:
+                doc["options"] = {**doc.get("options", {}), **options}
+        else:
+            doc = {"format": FILE_FORMAT, "version": FILE_VERSIONS[-1], "default": HIGH, "modules": dict(recipe)}
+            if options:
+                doc["options"] = dict(options)
         where = "assignment"
     elif isinstance(recipe, str):
-        if recipe not in RECIPES:
+        if recipe not in RECIPES and recipe not in ZOO:
             hint = (f" (a file of that name is in the working folder: give it as {os.path.join('.', recipe)!r})"
                     if os.path.exists(recipe) else "")
-            raise ValueError(f"recipe: expected one of {', '.join(RECIPES)}, a dict or a recipe file path (ending "
-                             f"in .json or holding a path separator), found {recipe!r}{hint}")
+            raise ValueError(f"recipe: expected one of {', '.join(RECIPES)}, a zoo name ({', '.join(ZOO)}), a dict "
+                             f"or a recipe file path (ending in .json or holding a path separator), found {recipe!r}{hint}")
         if modules is None:
             swappable = [names[0] for m, names in groups if id(m) not in why]
             chosen = swappable[1:-1]
@@ -477,7 +620,8 @@ def low_precision(model: torch.nn.Module, recipe: Any, *, modules: Any = None, s
             passed_over = [names[0] for m, names in picked if id(m) in why]
         else:
             chosen = _args.module_names("modules", modules, "each module is swapped once")
-        doc = {"default": HIGH, "modules": {n: {"recipe": recipe, **options} for n in chosen}}
+        doc = {"format": FILE_FORMAT, "version": FILE_VERSIONS[-1], "default": HIGH,
+               "modules": {n: {"recipe": recipe, **options} if options else recipe for n in chosen}}
         where = "recipe"
     else:
         raise ValueError(f"recipe: expected a recipe name, a dict or a recipe file path, found {type(recipe).__name__}")
@@ -490,26 +634,32 @@ def low_precision(model: torch.nn.Module, recipe: Any, *, modules: Any = None, s
         if first != name:
             raise ValueError(f"{where}: modules {first!r} and {name!r} are one module (the same object registered "
                              "under both names): name it once")
-    try:
-        p = _plan(doc)
-    except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
-    plan: Dict[str, RecipeOptions] = {n: RecipeOptions(**r) for n, r in p["modules"] if r is not None}
-    for name in plan:
+    if total_steps is not None:
+        total_steps = _args.integer("total_steps", total_steps, 1, 2**63 - 1)
+    plans = _FilePlans(json.dumps(doc), total_steps, where)
+    for i, ph in enumerate(plans.phases):
+        for pat in ph["modules"]:
+            if not any(plans.file.matches(pat, n) for n in by_name):
+                raise ValueError(f"{where}: schedule[{i}].modules: {pat!r} matches no linear module of the model")
+
+    def quantized(name: str) -> bool:
+        return any(any(r is not None for r in p["recipes"].values()) for p in plans.reachable(name))
+
+    chosen_names: List[str] = [n for n in doc["modules"] if quantized(n)]
+    for name in chosen_names:
         if id(by_name[name]) in why:
             raise ValueError(f"{where}: module {name!r}: cannot run in low precision: {why[id(by_name[name])]}; "
                              "leave it out (it stays in higher precision)")
-    if p["default"] is not None:
-        for m, names in groups:
-            if id(m) in named_as:
-                continue
-            if id(m) in why:
-                passed_over.append(names[0])
-            else:
-                plan[names[0]] = RecipeOptions(**p["default"])
+    for m, names in groups:
+        if id(m) in named_as or not quantized(names[0]):
+            continue
+        if id(m) in why:
+            passed_over.append(names[0])
+        else:
+            chosen_names.append(names[0])
     # Every replacement is built before the first is put in place: a refusal changes nothing.
-    swaps = [(by_name[name], LowPrecisionLinear(by_name[name], o, name, seed=seed * 1000003 + i))
-             for i, (name, o) in enumerate(plan.items())]
+    swaps = [(by_name[name], LowPrecisionLinear(by_name[name], plans, name, seed=seed * 1000003 + i))
+             for i, name in enumerate(chosen_names)]
     all_names = {id(m): names for m, names in groups}
     for old, new in swaps:
         for name in all_names[id(old)]:
@@ -536,6 +686,25 @@ def _has_module(model: torch.nn.Module, name: str) -> bool:
         return True
     except AttributeError:
         return False
+
+
+def low_precision_step(model: torch.nn.Module, step: int) -> List[Dict[str, Any]]:
+    """Put every LowPrecisionLinear of ``model`` that a recipe file's schedule drives on the plan
+    of optimizer step ``step`` (counted from 0, as the recipe file counts; call it before the
+    step's first forward, and again after resuming). Returns the switches it made:
+    [{"module": name, "phase": label}] (empty when nothing changed). Evaluation forwards
+    (``model.eval()``) run the file's evaluation plan where it has one."""
+    step = _args.integer("step", step, 0, 2**63 - 1)
+    switched: List[Dict[str, Any]] = []
+    for name, m in low_precision_modules(model).items():
+        if m._file is None:
+            continue
+        new = m._file.plan_at(m.name, step)
+        if new != m.plan:
+            switched.append({"module": name, "phase": m._file.label_at(m.name, step)})
+            m.plan = new
+        m._step = step
+    return switched
 
 
 def low_precision_modules(model: torch.nn.Module) -> Dict[str, LowPrecisionLinear]:
@@ -571,7 +740,7 @@ def _measured_tensors(modules: Mapping[str, "LowPrecisionLinear"]) -> List[tuple
                 continue
             suffix, direction = _ROLE_TENSOR[role]
             err = st.rel_rms_error if st.rel_rms_error is not None and np.isfinite(st.rel_rms_error) else None
-            out.append((f"{name}.{suffix}", direction, m.options.recipe, m.options.element(role), float(st.scale),
+            out.append((f"{name}.{suffix}", direction, st.recipe, st.element, float(st.scale),
                         float(st.amax), st.elements, st.nonzero, st.saturated, st.flushed, err))
     return out
 
