@@ -587,6 +587,7 @@ nb::tuple dataset(std::optional<std::string> text, std::uint64_t seed, std::size
 }  // namespace
 
 void register_quantize(nb::module_& m);      // quantize_module.cpp
+void register_block_stats(nb::module_& m);   // block_stats_module.cpp
 void register_integrations(nb::module_& m);  // integrations_module.cpp
 void register_advise(nb::module_& m);        // advise_module.cpp
 void register_layerwise(nb::module_& m);     // layerwise_module.cpp
@@ -603,6 +604,7 @@ mixprec::GradTensor mixprec_python::tensor_view(nb::handle h, const std::string&
 NB_MODULE(_core, m) {
   m.doc() = "mixprec's C++ core (nanobind); use the `mixprec` package, not this module";
   register_quantize(m);
+  register_block_stats(m);
   register_integrations(m);
   register_advise(m);
 
