@@ -106,7 +106,8 @@ TEST(LowPrecision, UniformKeepsFirstAndLastHigh) {
   auto m = plan.linear("b", 1, 4, 8, 8);
   EXPECT_NE(m.ptr()->name().find("LowPrecisionLinear"), std::string::npos) << m.ptr()->name();
   EXPECT_EQ(test::error_of<std::invalid_argument>([] { LowPrecision::uniform("fp4"); }),
-            "recipe: expected one of fp8-delayed, fp8-current, mxfp8, fp8-block, nvfp4, mxfp4, found 'fp4'");
+            "recipe: expected one of fp8-delayed, fp8-current, mxfp8, fp8-block, nvfp4, mxfp4 or a zoo name "
+            "(high_precision_fwd_mxfp8_bwd, mxfp8_fwd_high_precision_bwd, mxfp8_fwd_nvfp4_bwd, nvfp4_1d_weight), found 'fp4'");
 }
 
 TEST(LowPrecision, FromRecipeFile) {
