@@ -74,6 +74,8 @@ void register_advise(nb::module_& m) {
       .def("json", [](const adv::Advice& a) { return adv::advice_json(a); }, "every measurement, cost, choice and reason")
       .def("recipe_file", [](const adv::Advice& a) { return adv::recipe_file_json(a); },
            "the assignment as the recipe file mixprec.torch.low_precision reads")
+      .def("directional_recipe_file", [](const adv::Advice& a) { return adv::directional_recipe_file_json(a); },
+           "the directional proposal (a recipe per GEMM direction, the late forward switch) as a recipe file")
       .def("table", [](const adv::Advice& a) { return adv::advice_table(a); });
   m.def("advise", [](nb::handle samples, std::string_view config_json) {
     const adv::AdviseConfig config = adv::parse_config(config_json, "config");

@@ -14,6 +14,7 @@
 
 #include "mixprec/core/io.hpp"
 #include "mixprec/formats/bulk.hpp"
+#include "mixprec/lowp/assignment.hpp"
 #include "mixprec/lowp/scaling.hpp"
 #include "mixprec/core/json_read.hpp"
 #include "mixprec/inspect/npy.hpp"
@@ -24,6 +25,8 @@ namespace {
 using ojson = nlohmann::ordered_json;
 
 constexpr std::array<std::string_view, kRoles> kRoleNames = {"x", "w", "dy", "dw"};
+constexpr std::array<std::string_view, kGemms> kGemmNames = {"fprop", "dgrad", "wgrad"};
+constexpr std::array<std::string_view, 4> kWhenNames = {"fp4", "always", "never", "budget_share"};
 
 // Default cost rows: dense GEMM rates and storage of a B200-class GPU (docs/advisor.md,
 // "Cost model": NVIDIA's B200 datasheet, dense: BF16 2.25, FP8 4.5, FP4 9 PFLOP/s; 8 TB/s).
@@ -54,6 +57,7 @@ static_assert(std::size(kTable) == kCandidates);
 
 std::size_t idx(Candidate c) { return static_cast<std::size_t>(c); }
 std::size_t idx(Role r) { return static_cast<std::size_t>(r); }
+std::size_t idx(Gemm g) { return static_cast<std::size_t>(g); }
 
 [[noreturn]] void invalid(const std::string& s) { throw std::invalid_argument(s); }
 
@@ -67,6 +71,14 @@ std::string fmt_g(double v, int digits = 3) {
 }
 
 std::string percent(double f) { return fmt_g(100.0 * f) + "%"; }
+// A share of `whole` with its sign: "+1.87%", "-0.3%".
+std::string signed_share(double part, double whole) {
+  const double v = whole > 0 ? 100.0 * part / whole : 0.0;
+  std::string s(v >= 0 ? "+" : "");
+  s += fmt_g(v);
+  s += '%';
+  return s;
+}
 
 // The amax of a sample's finite values (inf / NaN are not measured: they set no scale).
 float amax_of(std::span<const float> v) {
@@ -103,6 +115,16 @@ std::optional<Role> parse_role(std::string_view s) noexcept {
     if (kRoleNames[i] == s) return static_cast<Role>(i);
   return std::nullopt;
 }
+
+std::string_view gemm_name(Gemm g) noexcept { return kGemmNames[idx(g)]; }
+
+std::string_view late_switch_when_name(LateSwitchWhen w) noexcept { return kWhenNames[static_cast<std::size_t>(w)]; }
+std::optional<LateSwitchWhen> parse_late_switch_when(std::string_view s) noexcept {
+  for (std::size_t i = 0; i < kWhenNames.size(); ++i)
+    if (kWhenNames[i] == s) return static_cast<LateSwitchWhen>(i);
+  return std::nullopt;
+}
+std::string late_switch_when_names() { return "fp4, always, never or budget_share"; }
 
 std::span<const CandidateInfo> candidate_table() noexcept { return kTable; }
 const CandidateInfo& candidate_info(Candidate c) noexcept { return kTable[idx(c)]; }
@@ -225,30 +247,43 @@ void pool(Measurement& into, const Measurement& m) {
   into.flushed = into.nonzero ? static_cast<double>(into.flushed_count) / static_cast<double>(into.nonzero) : 0.0;
 }
 
-// Bytes moved by one operand of n elements over a training step: its producer writes it
-// once (bf16: one copy; a quantized candidate: the rowwise and columnwise copies, the cast
-// fused into the producer as Transformer Engine's cast-transpose does), an amax pass writes
-// and reads the high-precision values once more, and two GEMMs read it.
-double operand_bytes(const CostRow& c, double n, double act_bytes, bool weight) {
+// Bytes moved by one use of an operand of n elements (each operand has two: x by fprop and
+// wgrad, w by fprop and dgrad, dy by dgrad and wgrad). Over a step the operand's producer
+// writes it once (bf16: one copy; a quantized candidate: the rowwise and columnwise copies,
+// the cast fused into the producer as Transformer Engine's cast-transpose does), an amax pass
+// writes and reads the high-precision values once more, and each use reads it: a use is
+// charged its read and half of the write and of the amax pass, so that the three GEMMs of a
+// layer add up to the whole step and a GEMM can be costed in a candidate of its own.
+double use_bytes(const CostRow& c, double n, double act_bytes, bool weight) {
   const double stored = n * (c.element_bits + (weight ? c.weight_scale_bits : c.scale_bits)) / 8.0;
   const double written = c.quantized ? 2.0 * stored : stored;
   const double amax = c.amax_pass ? 2.0 * n * act_bytes : 0.0;
-  return written + amax + 2.0 * stored;
+  return 0.5 * (written + amax) + stored;
 }
 
 }  // namespace
 
-double layer_cost(const CostModel& m, Candidate c, std::size_t tokens, std::size_t in, std::size_t out) {
+double gemm_cost(const CostModel& m, Candidate c, Gemm g, std::size_t tokens, std::size_t in, std::size_t out) {
   const CostRow& row = m.rows[idx(c)];
   const double T = static_cast<double>(tokens), K = static_cast<double>(in), N = static_cast<double>(out);
   const double act = m.activation_bits / 8.0;
-  // Three GEMMs of 2 T K N FLOPs at the candidate's rate, plus the bytes moved at the
-  // bandwidth: x [T, K], w [N, K], dy [T, N] as operand_bytes says, and the GEMMs' outputs
-  // (y, dx in the activation format; dW in fp32).
-  const double flops = 3.0 * 2.0 * T * K * N;
-  const double bytes = operand_bytes(row, T * K, act, false) + operand_bytes(row, N * K, act, true) +
-                       operand_bytes(row, T * N, act, false) + (T * N + T * K) * act + N * K * 4.0;
-  return flops / (row.tflops * 1e12) + bytes / (m.bandwidth_gbs * 1e9);
+  // 2 T K N FLOPs at the candidate's rate, plus at the bandwidth the bytes of the GEMM's two
+  // operand uses (x [T, K], w [N, K], dy [T, N]) and of its output (y, dx in the activation
+  // format; dW in fp32).
+  double bytes = 0;
+  switch (g) {
+    case Gemm::fprop: bytes = use_bytes(row, T * K, act, false) + use_bytes(row, N * K, act, true) + T * N * act; break;
+    case Gemm::dgrad: bytes = use_bytes(row, T * N, act, false) + use_bytes(row, N * K, act, true) + T * K * act; break;
+    case Gemm::wgrad: bytes = use_bytes(row, T * K, act, false) + use_bytes(row, T * N, act, false) + N * K * 4.0; break;
+  }
+  return 2.0 * T * K * N / (row.tflops * 1e12) + bytes / (m.bandwidth_gbs * 1e9);
+}
+
+double layer_cost(const CostModel& m, Candidate c, std::size_t tokens, std::size_t in, std::size_t out) {
+  // Forward plus backward, summed as the directional proposal sums a pair, so that the pair
+  // of one candidate costs exactly its layer_cost.
+  return gemm_cost(m, c, Gemm::fprop, tokens, in, out) +
+         (gemm_cost(m, c, Gemm::dgrad, tokens, in, out) + gemm_cost(m, c, Gemm::wgrad, tokens, in, out));
 }
 
 // ---- advise -------------------------------------------------------------------------------
@@ -349,6 +384,186 @@ void choose(LayerAdvice& L, const Advice& a) {
   L.reason = "no candidate within the budget: kept unquantized (\"bf16\" in the recipe file)" + left_out;
 }
 
+// ---- per GEMM direction and in time -------------------------------------------------------
+
+bool forward_role(std::size_t r) { return r == idx(Role::x) || r == idx(Role::w); }
+
+// Within the budget for one direction: the forward on its required roles among x and w (what
+// fprop reads), the backward on every required role (dy, and the x and w that dgrad and wgrad
+// read: the same measurements as the forward's).
+bool within_direction(const Budget& b, const LayerAdvice& L, Candidate c, bool forward, std::string& why) {
+  for (std::size_t r = 0; r < kRoles; ++r) {
+    if (!b.roles[r] || (forward && !forward_role(r))) continue;
+    if (!within(b, static_cast<Role>(r), L.measurements[idx(c)][r], why)) return false;
+  }
+  return true;
+}
+
+// "x 0.095 <= 0.1, w 0.11 <= 0.125": the candidate's errors on the required roles of a direction.
+std::string direction_errors(const Budget& b, const LayerAdvice& L, Candidate c, bool forward) {
+  std::string errs;
+  for (std::size_t r = 0; r < kRoles; ++r)
+    if (b.roles[r] && (!forward || forward_role(r)))
+      errs.append(errs.empty() ? "" : ", ")
+          .append(kRoleNames[r])
+          .append(" ")
+          .append(fmt_g(L.measurements[idx(c)][r].rel_rms_error))
+          .append(" <= ")
+          .append(fmt_g(b.max_rel_rms_error[r]));
+  return errs;
+}
+
+double forward_cost(const LayerAdvice& L, Candidate c) { return L.gemm_cost[idx(c)][idx(Gemm::fprop)]; }
+double backward_cost(const LayerAdvice& L, Candidate c) {
+  return L.gemm_cost[idx(c)][idx(Gemm::dgrad)] + L.gemm_cost[idx(c)][idx(Gemm::wgrad)];
+}
+
+// The recipe-file entry of a pair: fprop in the forward's recipe, dgrad and wgrad (all four
+// of their operands) in the backward's; bf16 and fp16 are high precision. One candidate: its
+// plain entry. Both wgrad operands share the backward's recipe, so RHT is on both or neither.
+lowp::RecipeChoice pair_choice(Candidate f, Candidate b) {
+  const std::optional<lowp::Recipe> rf = candidate_info(f).recipe, rb = candidate_info(b).recipe;
+  lowp::RecipeChoice c = lowp::RecipeChoice::of(rf);
+  if (rf == rb) return c;
+  for (const lowp::Operand o : {lowp::Operand::dgrad_dy, lowp::Operand::dgrad_w, lowp::Operand::wgrad_x, lowp::Operand::wgrad_dy}) {
+    c.operand_ids.push_back(o);
+    c.operand_choices.push_back(lowp::RecipeChoice::of(rb));
+  }
+  return c;
+}
+
+void set_pair(DirectionAdvice& D, const LayerAdvice& L, Candidate f, Candidate b) {
+  D.forward = f;
+  D.backward = b;
+  D.cost_forward = forward_cost(L, f);
+  D.cost_backward = backward_cost(L, b);
+  D.saving = L.chosen ? L.cost[idx(*L.chosen)] - D.cost() : 0.0;
+}
+
+// The directional proposal (docs/advisor.md, "Per GEMM direction and in time"): among the
+// pairs (forward within the forward's budget, backward within the backward's), the cheapest
+// that lowp::plan accepts; on equal costs the single choice's pair first, then table order.
+void choose_directions(LayerAdvice& L, const Advice& a) {
+  DirectionAdvice& D = L.directions;
+  D = DirectionAdvice{};
+  if (!L.chosen) {
+    // The backward's budget is the single choice's: nothing within it (or a required role not
+    // measured) leaves no pair either.
+    D.reason = "no proposal: " + L.reason;
+    return;
+  }
+  const Candidate single = *L.chosen;
+  const double bf16_cost = L.cost[idx(Candidate::bf16)];
+  if (!a.config.directions) {
+    set_pair(D, L, single, single);
+    D.reason = std::string(candidate_name(single)) + " in both directions (directions: false)";
+    return;
+  }
+  const Budget& b = a.config.budget;
+  std::vector<Candidate> fwd, bwd;
+  std::array<std::string, kCandidates> why_fwd, why_bwd;
+  for (Candidate c : a.candidates) {
+    if (within_direction(b, L, c, true, why_fwd[idx(c)])) fwd.push_back(c);
+    if (within_direction(b, L, c, false, why_bwd[idx(c)])) bwd.push_back(c);
+  }
+  struct Pair {
+    Candidate f, b;
+    double cost;
+  };
+  std::vector<Pair> pairs;
+  for (Candidate f : fwd)
+    for (Candidate k : bwd) pairs.push_back({f, k, forward_cost(L, f) + backward_cost(L, k)});
+  std::stable_sort(pairs.begin(), pairs.end(), [](const Pair& p, const Pair& q) {
+    if (p.cost != q.cost) return p.cost < q.cost;
+    return (p.f == p.b) > (q.f == q.b);
+  });
+  std::vector<std::string> refused;
+  for (const Pair& p : pairs) {
+    try {
+      (void)lowp::plan(pair_choice(p.f, p.b));
+    } catch (const std::invalid_argument& e) {
+      refused.push_back(std::string(candidate_name(p.f)) + " / " + std::string(candidate_name(p.b)) + ": " + e.what());
+      continue;
+    }
+    set_pair(D, L, p.f, p.b);
+    break;
+  }
+  if (!D.proposed()) {  // not reached: the single choice's pair is within both budgets and valid
+    D.reason = "no proposal: every pair within the budget was refused by the plan rules";
+    D.rejected = refused;
+    return;
+  }
+  // What was cheaper and why not: per direction beyond the budget, then the refused pairs.
+  auto cheaper = [&](bool forward) {
+    std::vector<Candidate> v;
+    const double have = forward ? D.cost_forward : D.cost_backward;
+    for (Candidate c : a.candidates) {
+      const double cost = forward ? forward_cost(L, c) : backward_cost(L, c);
+      if (!(forward ? why_fwd : why_bwd)[idx(c)].empty() && cost < have) v.push_back(c);
+    }
+    std::stable_sort(v.begin(), v.end(), [&](Candidate p, Candidate q) {
+      return forward ? forward_cost(L, p) < forward_cost(L, q) : backward_cost(L, p) < backward_cost(L, q);
+    });
+    for (Candidate c : v)
+      D.rejected.push_back(std::string(forward ? "forward " : "backward ") + std::string(candidate_name(c)) + ": " +
+                           (forward ? why_fwd : why_bwd)[idx(c)]);
+  };
+  cheaper(true);
+  cheaper(false);
+  D.rejected.insert(D.rejected.end(), refused.begin(), refused.end());
+  const std::string refused_note =
+      refused.empty() ? "" : "; " + std::to_string(refused.size()) + " cheaper pair" + (refused.size() == 1 ? "" : "s") +
+                                 " refused by the plan rules";
+  if (*D.forward == single && *D.backward == single) {
+    D.reason = std::string(candidate_name(single)) + " in both directions: no cheaper split within the budget" + refused_note;
+    return;
+  }
+  const double single_cost = L.cost[idx(single)];
+  D.reason = "forward " + std::string(candidate_name(*D.forward)) + " (" + direction_errors(b, L, *D.forward, true) +
+             "), backward " + std::string(candidate_name(*D.backward)) + " (" + direction_errors(b, L, *D.backward, false) +
+             "): modeled cost " + fmt_g(single_cost > 0 ? D.cost() / single_cost : 1.0) + "x the single choice " +
+             std::string(candidate_name(single)) + "'s, " + fmt_g(bf16_cost > 0 ? D.cost() / bf16_cost : 1.0) +
+             "x bf16's" + refused_note;
+}
+
+// The late forward switch of a layer with a proposal, where the rule asks for it; the reason
+// is completed with the run's share once every layer is costed.
+std::optional<LateSwitchAdvice> late_switch_of(const LayerAdvice& L, const AdviseConfig& config) {
+  const DirectionAdvice& D = L.directions;
+  const LateForwardSwitch& s = config.late_forward_switch;
+  if (!D.proposed() || !candidate_info(*D.forward).recipe || s.when == LateSwitchWhen::never) return std::nullopt;
+  const Candidate f = *D.forward;
+  const Budget& b = config.budget;
+  std::string rule;
+  if (s.when == LateSwitchWhen::fp4) {
+    if (f != Candidate::nvfp4 && f != Candidate::mxfp4) return std::nullopt;
+    rule = "when fp4: an fp4 forward";
+  } else if (s.when == LateSwitchWhen::always) {
+    rule = "when always: a quantized forward";
+  } else {
+    bool over = false;
+    for (std::size_t r = 0; r < kRoles; ++r)
+      if (b.roles[r] && forward_role(r) && L.measurements[idx(f)][r].rel_rms_error > s.budget_share * b.max_rel_rms_error[r])
+        over = true;
+    if (!over) return std::nullopt;
+    rule = "when budget_share: a forward error above " + percent(s.budget_share) + " of its bound";
+  }
+  LateSwitchAdvice out;
+  out.from_fraction = s.from_fraction;
+  const double bf16_fprop = gemm_cost(config.cost, Candidate::bf16, Gemm::fprop, L.tokens, L.in, L.out);
+  out.extra_cost = (1.0 - s.from_fraction) * (bf16_fprop - D.cost_forward);
+  std::string evidence;
+  for (std::size_t r = 0; r < kRoles; ++r) {
+    if (!b.roles[r] || !forward_role(r)) continue;
+    const double e = L.measurements[idx(f)][r].rel_rms_error, bound = b.max_rel_rms_error[r];
+    evidence.append(evidence.empty() ? "" : ", ").append(kRoleNames[r]).append(" error ").append(fmt_g(e));
+    evidence.append(bound > 0 ? " (" + percent(e / bound) + " of its bound " + fmt_g(bound) + ")" : " (bound 0)");
+  }
+  out.reason = "fprop " + std::string(candidate_name(f)) + " to bf16 from " + percent(s.from_fraction) + " of the run (" +
+               rule + "; " + (evidence.empty() ? std::string("no forward role required") : evidence) + ")";
+  return out;
+}
+
 }  // namespace
 
 Advice advise(std::span<const SampleView> samples, const AdviseConfig& config) {
@@ -357,6 +572,14 @@ Advice advise(std::span<const SampleView> samples, const AdviseConfig& config) {
   a.candidates = configured(config);
   if (config.amax_history_len == 0) invalid("amax_history_len: expected >= 1, found 0");
   if (config.margin < -64 || config.margin > 64) invalid("margin: expected an integer in [-64, 64], found " + std::to_string(config.margin));
+  const LateForwardSwitch& ls = config.late_forward_switch;
+  if (!(ls.from_fraction >= 0 && ls.from_fraction < 1))
+    invalid("late_forward_switch.from_fraction: expected a number in [0, 1), found " + fmt_g(ls.from_fraction));
+  if (!(ls.budget_share >= 0 && ls.budget_share <= 1))
+    invalid("late_forward_switch.budget_share: expected a number in [0, 1], found " + fmt_g(ls.budget_share));
+  if (static_cast<std::size_t>(ls.when) >= kWhenNames.size())
+    invalid("late_forward_switch.when: expected " + late_switch_when_names() + ", found enum value " +
+            std::to_string(static_cast<int>(ls.when)));
   // Group by layer (first-seen order) and role, in step order.
   std::map<std::string, std::size_t, std::less<>> index;
   std::vector<std::array<std::vector<const SampleView*>, kRoles>> groups;
@@ -414,6 +637,7 @@ Advice advise(std::span<const SampleView> samples, const AdviseConfig& config) {
     }
     for (Candidate c : a.candidates) {
       L.cost[idx(c)] = layer_cost(config.cost, c, L.tokens, L.in, L.out);
+      for (std::size_t k = 0; k < kGemms; ++k) L.gemm_cost[idx(c)][k] = gemm_cost(config.cost, c, static_cast<Gemm>(k), L.tokens, L.in, L.out);
       for (std::size_t r = 0; r < kRoles; ++r) {
         const auto role = static_cast<Role>(r);
         std::deque<float> history;  // fp8-delayed: the earlier samples' amaxes, newest first
@@ -437,9 +661,19 @@ Advice advise(std::span<const SampleView> samples, const AdviseConfig& config) {
       }
     }
     choose(L, a);
+    choose_directions(L, a);
     const double bf16 = layer_cost(config.cost, Candidate::bf16, L.tokens, L.in, L.out);
     a.cost_bf16 += bf16;
     a.cost_chosen += L.chosen ? L.cost[idx(*L.chosen)] : bf16;
+    a.cost_directional += L.directions.proposed() ? L.directions.cost() : bf16;
+  }
+  // The late forward switch, its extra cost against the run's (the directional proposal's).
+  for (LayerAdvice& L : a.layers) {
+    L.late_switch = late_switch_of(L, config);
+    if (!L.late_switch) continue;
+    a.cost_late_switch += L.late_switch->extra_cost;
+    L.late_switch->reason += ": extra modeled cost " + signed_share(L.late_switch->extra_cost, a.cost_directional) +
+                             " of the run's (fprop in bf16 for the last " + percent(1.0 - config.late_forward_switch.from_fraction) + ")";
   }
   return a;
 }
@@ -478,7 +712,7 @@ Candidate candidate_of(const ojson& j, const std::string& where) {
 AdviseConfig parse_config(std::string_view text, std::string_view source) {
   const ojson j = io::parse_ordered_json(text, source);
   const std::string src(source);
-  only_keys(j, src, {"candidates", "budget", "cost", "amax_history_len", "margin"});
+  only_keys(j, src, {"candidates", "budget", "cost", "amax_history_len", "margin", "directions", "late_forward_switch"});
   AdviseConfig c;
   if (j.contains("candidates")) {
     const ojson& l = j["candidates"];
@@ -549,6 +783,35 @@ AdviseConfig parse_config(std::string_view text, std::string_view source) {
     if (!j["margin"].is_number_integer()) invalid(src + ": margin: expected an integer in [-64, 64], found " + j["margin"].dump());
     c.margin = static_cast<int>(number(j["margin"], src + ": margin", -64, 64));
   }
+  if (j.contains("directions")) {
+    if (!j["directions"].is_boolean()) invalid(src + ": directions: expected true or false, found " + j["directions"].dump());
+    c.directions = j["directions"].get<bool>();
+  }
+  if (j.contains("late_forward_switch")) {
+    const ojson& l = j["late_forward_switch"];
+    const std::string w = src + ": late_forward_switch";
+    only_keys(l, w, {"from_fraction", "when", "budget_share"});
+    LateForwardSwitch& s = c.late_forward_switch;
+    if (l.contains("from_fraction")) {
+      // The recipe file's phase covers the last (1 - f) of the run: f = 1 covers nothing.
+      const ojson& v = l["from_fraction"];
+      if (!v.is_number() || !(v.get<double>() >= 0 && v.get<double>() < 1))
+        invalid(w + ".from_fraction: expected a number in [0, 1), found " + v.dump());
+      s.from_fraction = v.get<double>();
+    }
+    if (l.contains("when")) {
+      const ojson& v = l["when"];
+      const auto when = v.is_string() ? parse_late_switch_when(v.get<std::string>()) : std::nullopt;
+      if (!when) invalid(w + ".when: expected " + late_switch_when_names() + ", found " + v.dump());
+      s.when = *when;
+    }
+    if (l.contains("budget_share")) {
+      if (s.when != LateSwitchWhen::budget_share)
+        invalid(w + ".budget_share: applies only with when \"budget_share\", found when \"" +
+                std::string(late_switch_when_name(s.when)) + "\"");
+      s.budget_share = number(l["budget_share"], w + ".budget_share", 0, 1);
+    }
+  }
   return c;
 }
 
@@ -582,6 +845,12 @@ ojson config_obj(const AdviseConfig& c) {
   j["cost"] = m;
   j["amax_history_len"] = c.amax_history_len;
   j["margin"] = c.margin;
+  j["directions"] = c.directions;
+  ojson ls;
+  ls["from_fraction"] = c.late_forward_switch.from_fraction;
+  ls["when"] = std::string(late_switch_when_name(c.late_forward_switch.when));
+  if (c.late_forward_switch.when == LateSwitchWhen::budget_share) ls["budget_share"] = c.late_forward_switch.budget_share;
+  j["late_forward_switch"] = ls;
   return j;
 }
 
@@ -623,6 +892,8 @@ std::string advice_json(const Advice& a) {
   j["config"] = config_obj(a.config);
   j["cost_chosen"] = a.cost_chosen;
   j["cost_bf16"] = a.cost_bf16;
+  j["cost_directional"] = a.cost_directional;
+  j["cost_late_switch"] = a.cost_late_switch;
   ojson layers = ojson::array();
   for (const LayerAdvice& L : a.layers) {
     ojson l;
@@ -643,6 +914,23 @@ std::string advice_json(const Advice& a) {
     }
     l["not_measured"] = not_measured;
     l["unmeasured_samples"] = unmeasured;
+    const DirectionAdvice& D = L.directions;
+    auto name_or_null = [](const std::optional<Candidate>& c) { return c ? ojson(std::string(candidate_name(*c))) : ojson(nullptr); };
+    l["directions"] = {{"forward", name_or_null(D.forward)}, {"backward", name_or_null(D.backward)},
+                       {"cost_forward", D.cost_forward}, {"cost_backward", D.cost_backward}, {"saving", D.saving},
+                       {"reason", D.reason}, {"rejected", D.rejected}};
+    l["late_forward_switch"] = L.late_switch ? ojson{{"from_fraction", L.late_switch->from_fraction},
+                                                     {"extra_cost", L.late_switch->extra_cost},
+                                                     {"reason", L.late_switch->reason}}
+                                             : ojson(nullptr);
+    // Per candidate, its three GEMMs (beside "candidates", whose entries are a cost and roles).
+    ojson gemms = ojson::object();
+    for (Candidate c : a.candidates) {
+      ojson g;
+      for (std::size_t k = 0; k < kGemms; ++k) g[std::string(kGemmNames[k])] = L.gemm_cost[idx(c)][k];
+      gemms[std::string(candidate_name(c))] = g;
+    }
+    l["gemm_cost"] = gemms;
     ojson cands;
     for (Candidate c : a.candidates) {
       ojson e;
@@ -681,6 +969,9 @@ Advice parse_advice_json(std::string_view text, std::string_view source) {
   a.steps = count_of(field(st, "sampled", src + ": steps"), src + ": steps.sampled");
   a.cost_chosen = num_of(field(j, "cost_chosen", src), src + ": cost_chosen");
   a.cost_bf16 = num_of(field(j, "cost_bf16", src), src + ": cost_bf16");
+  // Optional (evidence written before the directional proposal existed).
+  if (j.contains("cost_directional")) a.cost_directional = num_of(j["cost_directional"], src + ": cost_directional");
+  if (j.contains("cost_late_switch")) a.cost_late_switch = num_of(j["cost_late_switch"], src + ": cost_late_switch");
   const ojson& layers = field(j, "layers", src);
   if (!layers.is_array()) invalid(src + ": layers: expected a list");
   for (std::size_t i = 0; i < layers.size(); ++i) {
@@ -714,11 +1005,57 @@ Advice parse_advice_json(std::string_view text, std::string_view source) {
         L.unmeasured[idx(*r)] = count_of(v, w + ".unmeasured_samples." + k);
       }
     }
+    auto strings = [](const ojson& v, const std::string& where, std::vector<std::string>& into) {
+      if (!v.is_array()) invalid(where + ": expected a list of strings, found " + v.dump());
+      for (const ojson& r : v) {
+        if (!r.is_string()) invalid(where + ": expected a list of strings, found " + r.dump());
+        into.push_back(r.get<std::string>());
+      }
+    };
+    // Optional (evidence written before they existed).
+    if (l.contains("directions")) {
+      const ojson& d = l["directions"];
+      const std::string dw = w + ".directions";
+      if (!d.is_object()) invalid(dw + ": expected an object, found " + d.dump());
+      DirectionAdvice& D = L.directions;
+      const ojson& f = field(d, "forward", dw);
+      const ojson& k = field(d, "backward", dw);
+      if (f.is_null() != k.is_null()) invalid(dw + ": expected forward and backward both candidates or both null");
+      if (!f.is_null()) D.forward = candidate_of(f, dw + ".forward"), D.backward = candidate_of(k, dw + ".backward");
+      D.cost_forward = num_of(field(d, "cost_forward", dw), dw + ".cost_forward");
+      D.cost_backward = num_of(field(d, "cost_backward", dw), dw + ".cost_backward");
+      D.saving = num_of(field(d, "saving", dw), dw + ".saving");
+      const ojson& dr = field(d, "reason", dw);
+      if (!dr.is_string()) invalid(dw + ".reason: expected a string, found " + dr.dump());
+      D.reason = dr.get<std::string>();
+      strings(field(d, "rejected", dw), dw + ".rejected", D.rejected);
+    }
+    if (l.contains("late_forward_switch") && !l["late_forward_switch"].is_null()) {
+      const ojson& s = l["late_forward_switch"];
+      const std::string sw = w + ".late_forward_switch";
+      if (!s.is_object()) invalid(sw + ": expected an object or null, found " + s.dump());
+      LateSwitchAdvice ls;
+      ls.from_fraction = num_of(field(s, "from_fraction", sw), sw + ".from_fraction");
+      ls.extra_cost = num_of(field(s, "extra_cost", sw), sw + ".extra_cost");
+      const ojson& sr = field(s, "reason", sw);
+      if (!sr.is_string()) invalid(sw + ".reason: expected a string, found " + sr.dump());
+      ls.reason = sr.get<std::string>();
+      L.late_switch = ls;
+    }
     const ojson& cands = field(l, "candidates", w);
     for (Candidate c : a.candidates) {
       const std::string cw = w + ".candidates." + std::string(candidate_name(c));
       const ojson& e = field(cands, std::string(candidate_name(c)).c_str(), w + ".candidates");
       L.cost[idx(c)] = num_of(field(e, "cost", cw), cw + ".cost");
+      for (std::size_t k = 0; k < kGemms; ++k) {
+        // Absent in older evidence: the cost model of its configuration gives it.
+        const std::string key(kGemmNames[k]), gw = w + ".gemm_cost." + std::string(candidate_name(c));
+        L.gemm_cost[idx(c)][k] =
+            l.contains("gemm_cost")
+                ? num_of(field(field(l["gemm_cost"], std::string(candidate_name(c)).c_str(), w + ".gemm_cost"), key.c_str(), gw),
+                         gw + "." + key)
+                : gemm_cost(a.config.cost, c, static_cast<Gemm>(k), L.tokens, L.in, L.out);
+      }
       for (std::size_t r = 0; r < kRoles; ++r) {
         const std::string key(kRoleNames[r]);
         if (!e.contains(key)) continue;
@@ -773,6 +1110,68 @@ std::string recipe_file_json(const Advice& a) {
   return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
+namespace {
+// The name a recipe file writes for a candidate: its recipe's, else "bf16" (high precision).
+std::string file_name(Candidate c) {
+  return candidate_info(c).recipe ? std::string(candidate_name(c)) : std::string("bf16");
+}
+}  // namespace
+
+std::string directional_recipe_file_json(const Advice& a) {
+  ojson j;
+  j["format"] = std::string(kRecipeFileFormat);
+  j["version"] = kRecipeFileVersion;
+  j["default"] = "bf16";
+  ojson modules = ojson::object();
+  std::vector<std::string> kept, switched;
+  for (const LayerAdvice& L : a.layers) {
+    const DirectionAdvice& D = L.directions;
+    if (!D.proposed()) {
+      modules[L.layer] = "bf16";
+      const char* why = " (none within the budget)";
+      for (std::size_t r = 0; r < kRoles; ++r)
+        if (a.config.budget.roles[r] && !L.sampled[r]) why = L.unmeasured[r] ? " (not measured)" : " (no samples)";
+      kept.push_back(L.layer + why);
+      continue;
+    }
+    const std::string f = file_name(*D.forward), b = file_name(*D.backward);
+    // The entry lowp::plan checked (pair_choice): fprop's recipe and dgrad's and wgrad's.
+    modules[L.layer] = f == b ? ojson(f) : ojson{{"recipe", f}, {"dgrad", b}, {"wgrad", b}};
+    if (L.late_switch) switched.push_back(L.layer);
+  }
+  j["modules"] = modules;
+  if (!switched.empty()) {
+    // One phase per from_fraction (the configuration gives every layer the same one).
+    std::vector<double> fractions;
+    for (const LayerAdvice& L : a.layers)
+      if (L.late_switch && std::find(fractions.begin(), fractions.end(), L.late_switch->from_fraction) == fractions.end())
+        fractions.push_back(L.late_switch->from_fraction);
+    ojson schedule = ojson::array();
+    for (double f : fractions) {
+      ojson names = ojson::array();
+      for (const LayerAdvice& L : a.layers)
+        if (L.late_switch && L.late_switch->from_fraction == f) names.push_back(L.layer);
+      schedule.push_back(ojson{{"from_fraction", f}, {"modules", names}, {"fprop", "bf16"}, {"label", std::string(kLateSwitchLabel)}});
+    }
+    j["schedule"] = schedule;
+  }
+  const double bf = a.cost_bf16 > 0 ? a.cost_bf16 : 1.0;
+  std::string notes = "written by the mixprec precision advisor, a recipe per GEMM direction, from " + std::to_string(a.steps) +
+                      " sampled steps; modeled cost " + fmt_g(a.cost_bf16 > 0 ? a.cost_directional / bf : 1.0) +
+                      "x all-bf16 (the single choice " + fmt_g(a.cost_bf16 > 0 ? a.cost_chosen / bf : 1.0) + "x)";
+  if (!switched.empty())
+    notes += "; forward to bf16 late in the run for " + std::to_string(switched.size()) + " layer" +
+             (switched.size() == 1 ? "" : "s") + ": " + signed_share(a.cost_late_switch, a.cost_directional) +
+             " of the run's cost";
+  notes += " (docs/advisor.md)";
+  if (!kept.empty()) {
+    notes += "; written \"bf16\" (not quantized):";
+    for (const auto& k : kept) notes += " " + k;
+  }
+  j["notes"] = notes;
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
+}
+
 std::string advice_table(const Advice& a) {
   std::ostringstream o;
   std::size_t w = 5;
@@ -812,6 +1211,28 @@ std::string advice_table(const Advice& a) {
   o << "modeled cost: " << fmt_g(a.cost_bf16 > 0 ? a.cost_chosen / a.cost_bf16 : 1.0) << "x all-bf16 ("
     << a.layers.size() << " layers, " << a.steps << " sampled steps)\n";
   for (const std::string& n : notes) o << n << "\n";
+  // The directional proposal and the late forward switch, one line per layer.
+  const bool any_switch = std::any_of(a.layers.begin(), a.layers.end(), [](const LayerAdvice& L) { return L.late_switch.has_value(); });
+  if (a.layers.empty() || (!a.config.directions && !any_switch)) return o.str();
+  o << "\n" << pad("layer", w) << "  " << pad("forward", 12) << "  " << pad("backward", 12) << "  " << pad("cost/single", 11)
+    << "  late forward switch\n";
+  for (const LayerAdvice& L : a.layers) {
+    const DirectionAdvice& D = L.directions;
+    const double single = L.chosen ? L.cost[idx(*L.chosen)] : 0.0;
+    std::string late = "-";
+    if (L.late_switch)
+      late = "bf16 from " + percent(L.late_switch->from_fraction) + " of the run: " +
+             signed_share(L.late_switch->extra_cost, a.cost_directional) + " of the run's cost";
+    o << pad(L.layer, w) << "  " << pad(D.forward ? std::string(candidate_name(*D.forward)) : "-", 12) << "  "
+      << pad(D.backward ? std::string(candidate_name(*D.backward)) : "-", 12) << "  "
+      << pad(D.proposed() && single > 0 ? fmt_g(D.cost() / single) : "-", 11) << "  " << late << "\n";
+  }
+  const double bf = a.cost_bf16 > 0 ? a.cost_bf16 : 1.0;
+  o << "modeled cost per direction: " << fmt_g(a.cost_bf16 > 0 ? a.cost_directional / bf : 1.0) << "x all-bf16";
+  if (any_switch)
+    o << "; with the late forward switch " << fmt_g(a.cost_bf16 > 0 ? (a.cost_directional + a.cost_late_switch) / bf : 1.0)
+      << "x (" << signed_share(a.cost_late_switch, a.cost_directional) << ")";
+  o << "\n";
   return o.str();
 }
 

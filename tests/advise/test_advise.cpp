@@ -3,6 +3,8 @@
 // quantizer's error computed here independently (lowp::quantize + dequantize with configs
 // written out by hand, the scalar f16 / bf16 types); the cost model by hand; the recipe file,
 // the evidence JSON and run-folder samples round-trip; bad configs and samples are refused.
+// AdviseDirections: on planted layers, the forward / backward proposal, its per-GEMM costs,
+// the late forward switch and the directional recipe file (read back by lowp).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "mixprec/formats/types.hpp"
+#include "mixprec/lowp/assignment.hpp"
 #include "mixprec/lowp/quantize.hpp"
 #include "mixprec/advise/advise.hpp"
 #include "mixprec/report/report.hpp"
@@ -634,6 +637,407 @@ TEST(Advise, TheReportShowsTheChoiceTheReasonsAndTheHeatMap) {
     ADD_FAILURE() << "accepted a broken advice.json";
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("advice/advice.json: version: expected 1, found 2"), std::string::npos) << e.what();
+  }
+}
+
+// ---- per GEMM direction and in time (docs/advisor.md, "Per GEMM direction and in time") ----
+
+constexpr std::size_t kDT = 256, kDIn = 128, kDOut = 128;
+
+std::vector<float> gaussian(std::size_t rows, std::size_t cols, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> n01;
+  std::vector<float> v(rows * cols);
+  for (float& e : v) e = n01(rng);
+  return v;
+}
+
+// Gaussian values whose every group of 32 columns has its own binade (2^-24, 2^-8, 2^8, 2^24
+// along 128 columns): a per-32 scale (MXFP8) and bf16's range keep them; one scale per tensor
+// (fp8-delayed, fp8-current, NVFP4's E4M3 block scales under one tensor scale) or per 1x128
+// (fp8-block) flushes the small groups, fp16 overflows the large one, MXFP4 errs like E2M1 on
+// a Gaussian (0.116 > 0.1).
+std::vector<float> heavy(std::size_t rows, std::size_t cols, std::uint32_t seed) {
+  std::vector<float> v = gaussian(rows, cols, seed);
+  constexpr int kExp[] = {-24, -8, 8, 24};
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < cols; ++c) v[r * cols + c] = std::ldexp(v[r * cols + c], kExp[(c / 32) % 4]);
+  return v;
+}
+
+struct Planted {
+  std::string name;
+  std::vector<float> x, w, dy;
+};
+
+// heavy_dy: x and w Gaussian, dy heavy (the forward takes NVFP4, the backward needs MXFP8);
+// heavy_x: the reverse (x heavy: both directions read x, so both need MXFP8);
+// fp8_dy: x and w safe in FP8 and not in FP4, dy heavy (the cheapest pair, fp8-delayed
+// forward and MXFP8 backward, is one that lowp::plan refuses);
+// gauss: all Gaussian (NVFP4 in both directions); wide: bf16's range only (no quantized forward).
+std::vector<Planted> planted() {
+  return {{"heavy_dy", gaussian(kDT, kDIn, 1), gaussian(kDOut, kDIn, 2), heavy(kDT, kDOut, 3)},
+          {"heavy_x", heavy(kDT, kDIn, 4), gaussian(kDOut, kDIn, 5), gaussian(kDT, kDOut, 6)},
+          {"fp8_dy", make(Kind::fp8_safe, kDT, kDIn, 7), make(Kind::fp8_safe, kDOut, kDIn, 8), heavy(kDT, kDOut, 9)},
+          {"gauss", gaussian(kDT, kDIn, 10), gaussian(kDOut, kDIn, 11), gaussian(kDT, kDOut, 12)},
+          {"wide", make(Kind::needs_bf16, kDT, kDIn, 13), make(Kind::needs_bf16, kDOut, kDIn, 14),
+           make(Kind::needs_bf16, kDT, kDOut, 15)}};
+}
+
+std::vector<SampleView> planted_views(const std::vector<Planted>& p) {
+  std::vector<SampleView> out;
+  for (const Planted& l : p) {
+    out.push_back({l.name, Role::x, 1, 1, kDT, kDIn, 0, l.x});
+    out.push_back({l.name, Role::w, 1, 1, kDOut, kDIn, 0, l.w});
+    out.push_back({l.name, Role::dy, 1, 1, kDT, kDOut, 0, l.dy});
+  }
+  return out;
+}
+
+constexpr std::size_t I(Candidate c) { return static_cast<std::size_t>(c); }
+constexpr std::size_t G(Gemm g) { return static_cast<std::size_t>(g); }
+
+TEST(AdviseDirections, ProposeTheCheapForwardAndTheSaferBackward) {
+  const auto p = planted();
+  const Advice a = advise(planted_views(p), compute_bound());
+  // x and w Gaussian, dy heavy: the single choice needs MXFP8 for dy; the forward, which reads
+  // x and w only, runs NVFP4 (MXFP4, cheaper, errs 0.116 on x).
+  const LayerAdvice& h = layer(a, "heavy_dy");
+  EXPECT_EQ(h.chosen, Candidate::mxfp8) << h.reason;
+  EXPECT_EQ(h.directions.forward, Candidate::nvfp4) << h.directions.reason;
+  EXPECT_EQ(h.directions.backward, Candidate::mxfp8) << h.directions.reason;
+  EXPECT_EQ(h.directions.reason.rfind("forward nvfp4 (x 0.09", 0), 0u) << h.directions.reason;
+  EXPECT_NE(h.directions.reason.find("backward mxfp8 (x "), std::string::npos) << h.directions.reason;
+  ASSERT_FALSE(h.directions.rejected.empty());
+  EXPECT_EQ(h.directions.rejected[0].rfind("forward mxfp4: x error 0.11", 0), 0u) << h.directions.rejected[0];
+  // The cheaper backwards, each beyond the budget on dy (mxfp4 already on x); no pair refused.
+  ASSERT_EQ(h.directions.rejected.size(), 5u) << ::testing::PrintToString(h.directions.rejected);
+  EXPECT_EQ(h.directions.rejected[1].rfind("backward mxfp4: x error 0.11", 0), 0u) << h.directions.rejected[1];
+  EXPECT_EQ(h.directions.rejected[2].rfind("backward nvfp4: dy ", 0), 0u) << h.directions.rejected[2];
+  EXPECT_EQ(h.directions.rejected[3].rfind("backward fp8-delayed: dy flushed ", 0), 0u) << h.directions.rejected[3];
+  EXPECT_EQ(h.directions.rejected[4].rfind("backward fp8-block: dy flushed ", 0), 0u) << h.directions.rejected[4];
+
+  // Costed per GEMM: fprop at NVFP4's, dgrad and wgrad at MXFP8's, cheaper than the single choice.
+  EXPECT_EQ(h.directions.cost_forward, h.gemm_cost[I(Candidate::nvfp4)][G(Gemm::fprop)]);
+  EXPECT_EQ(h.directions.cost_backward,
+            h.gemm_cost[I(Candidate::mxfp8)][G(Gemm::dgrad)] + h.gemm_cost[I(Candidate::mxfp8)][G(Gemm::wgrad)]);
+  EXPECT_GT(h.directions.saving, 0.0);
+  EXPECT_DOUBLE_EQ(h.directions.saving, h.cost[I(Candidate::mxfp8)] - h.directions.cost());
+  // The reverse (x heavy, dy Gaussian): the backward's wgrad reads x too, so no split helps.
+  const LayerAdvice& r = layer(a, "heavy_x");
+  EXPECT_EQ(r.chosen, Candidate::mxfp8) << r.reason;
+  EXPECT_EQ(r.directions.forward, Candidate::mxfp8);
+  EXPECT_EQ(r.directions.backward, Candidate::mxfp8);
+  EXPECT_EQ(r.directions.saving, 0.0);
+  EXPECT_EQ(r.directions.reason, "mxfp8 in both directions: no cheaper split within the budget");
+  // Gaussian everywhere: NVFP4 both ways, the single choice; bf16's range only: bf16.
+  EXPECT_EQ(layer(a, "gauss").directions.forward, Candidate::nvfp4);
+  EXPECT_EQ(layer(a, "gauss").directions.backward, Candidate::nvfp4);
+  EXPECT_EQ(layer(a, "gauss").directions.cost(), layer(a, "gauss").cost[I(Candidate::nvfp4)]);
+  EXPECT_EQ(layer(a, "wide").directions.forward, Candidate::bf16);
+  EXPECT_EQ(layer(a, "wide").directions.backward, Candidate::bf16);
+  // The run: the sum of the proposals, at most the single choices'.
+  double sum = 0;
+  for (const LayerAdvice& L : a.layers) {
+    ASSERT_TRUE(L.directions.proposed()) << L.layer;
+    EXPECT_GE(L.directions.saving, 0.0) << L.layer;
+    sum += L.directions.cost();
+  }
+  EXPECT_DOUBLE_EQ(a.cost_directional, sum);
+  EXPECT_LT(a.cost_directional, a.cost_chosen);
+}
+
+TEST(AdviseDirections, PairsThePlanRulesRefuseAreSkippedAndSaid) {
+  // x and w safe in FP8 (fp8-delayed the cheapest forward), dy only in MXFP8: fp8-delayed keeps
+  // one amax history per tensor and combines only with high precision, so the pair
+  // (fp8-delayed, mxfp8) is refused and the next cheapest, (fp8-block, mxfp8), proposed.
+  const auto p = planted();
+  const Advice a = advise(planted_views(p), compute_bound());
+  const LayerAdvice& L = layer(a, "fp8_dy");
+  EXPECT_EQ(L.chosen, Candidate::mxfp8) << L.reason;
+  EXPECT_EQ(L.directions.forward, Candidate::fp8_block) << L.directions.reason;
+  EXPECT_EQ(L.directions.backward, Candidate::mxfp8) << L.directions.reason;
+  const std::string refused =
+      "fp8-delayed / mxfp8: dgrad.dy: fp8-delayed keeps one amax history per tensor, so it combines only with high "
+      "precision; found mxfp8 beside it";
+  EXPECT_NE(std::find(L.directions.rejected.begin(), L.directions.rejected.end(), refused), L.directions.rejected.end())
+      << ::testing::PrintToString(L.directions.rejected);
+  EXPECT_NE(L.directions.reason.find("; 1 cheaper pair refused by the plan rules"), std::string::npos) << L.directions.reason;
+  // The rule is lowp::plan's: every proposal is a plan it accepts, with the proposed operands.
+  for (const LayerAdvice& l : a.layers) {
+    const lowp::LinearPlan plan_of = lowp::plan(lowp::parse_assignment(directional_recipe_file_json(a)).entry(l.layer));
+    const auto recipe = [](Candidate c) { return candidate_info(c).recipe; };
+    for (std::size_t o = 0; o < lowp::kOperands; ++o) {
+      const bool fwd = o < 2;
+      const std::optional<lowp::Recipe> want = recipe(fwd ? *l.directions.forward : *l.directions.backward);
+      const auto& got = plan_of.operands[o];
+      EXPECT_EQ(got.has_value(), want.has_value()) << l.layer << " " << o;
+      if (got && want) {
+        EXPECT_EQ(got->recipe, *want) << l.layer << " " << o;
+      }
+    }
+  }
+}
+
+TEST(AdviseDirections, PerGemmCostsAddUpToTheLayerCost) {
+  const CostModel m;
+  const double T = 1024, K = 4096, N = 2048;
+  for (const CandidateInfo& info : candidate_table()) {
+    const Candidate c = info.candidate;
+    const double f = gemm_cost(m, c, Gemm::fprop, 1024, 4096, 2048), d = gemm_cost(m, c, Gemm::dgrad, 1024, 4096, 2048),
+                 w = gemm_cost(m, c, Gemm::wgrad, 1024, 4096, 2048);
+    EXPECT_EQ(layer_cost(m, c, 1024, 4096, 2048), f + (d + w)) << info.name;
+    EXPECT_GT(f, 0.0);
+    EXPECT_GT(d, 0.0);
+    EXPECT_GT(w, 0.0);
+  }
+  // By hand. nvfp4 fprop: 2 T K N FLOPs at 9 PFLOP/s; x and w each: one read of the stored
+  // operand and half of its producer's two copies and of its amax pass (2 bf16 bytes per
+  // element); y in bf16. bf16 wgrad: x and dy read once and half written once; dW in fp32.
+  const double x4 = T * K * 4.5 / 8, w4 = N * K * (4 + 8.0 / 256) / 8;
+  EXPECT_DOUBLE_EQ(gemm_cost(m, Candidate::nvfp4, Gemm::fprop, 1024, 4096, 2048),
+                   2 * T * K * N / 9000e12 + (2 * x4 + T * K * 2 + 2 * w4 + N * K * 2 + T * N * 2) / 8000e9);
+  EXPECT_DOUBLE_EQ(gemm_cost(m, Candidate::bf16, Gemm::wgrad, 1024, 4096, 2048),
+                   2 * T * K * N / 2250e12 + (1.5 * T * K * 2 + 1.5 * T * N * 2 + N * K * 4) / 8000e9);
+  // dgrad: dy [T, N] and w, dx [T, K] in bf16 (fp8-delayed: 1 byte, no scales, no amax pass).
+  EXPECT_DOUBLE_EQ(gemm_cost(m, Candidate::fp8_delayed, Gemm::dgrad, 1024, 4096, 2048),
+                   2 * T * K * N / 4500e12 + (2 * T * N + 2 * N * K + T * K * 2) / 8000e9);
+  // In the advice: every candidate's three GEMMs, and each proposal's two directions.
+  const Advice a = advise(planted_views(planted()), AdviseConfig{});
+  for (const LayerAdvice& L : a.layers) {
+    for (Candidate c : a.candidates) {
+      const auto& g = L.gemm_cost[I(c)];
+      EXPECT_EQ(L.cost[I(c)], g[0] + (g[1] + g[2])) << L.layer << " " << candidate_name(c);
+      EXPECT_EQ(g[G(Gemm::dgrad)], gemm_cost(a.config.cost, c, Gemm::dgrad, L.tokens, L.in, L.out));
+    }
+    const DirectionAdvice& D = L.directions;
+    ASSERT_TRUE(D.proposed()) << L.layer;
+    EXPECT_EQ(D.cost_forward + D.cost_backward,
+              L.gemm_cost[I(*D.forward)][0] + (L.gemm_cost[I(*D.backward)][1] + L.gemm_cost[I(*D.backward)][2]));
+    if (D.forward == D.backward) {
+      EXPECT_EQ(D.cost(), L.cost[I(*D.forward)]) << L.layer;
+    }
+  }
+}
+
+TEST(AdviseDirections, TheLateForwardSwitchIsProposedForFp4ForwardsWithItsCost) {
+  const auto p = planted();
+  const auto v = planted_views(p);
+  const Advice a = advise(v, compute_bound());
+  // Default rule: the fp4 forwards (heavy_dy, gauss: NVFP4), none of the others.
+  double extra = 0;
+  for (const LayerAdvice& L : a.layers) {
+    const bool fp4 = L.directions.forward == Candidate::nvfp4 || L.directions.forward == Candidate::mxfp4;
+    ASSERT_EQ(L.late_switch.has_value(), fp4) << L.layer;
+    if (!fp4) continue;
+    const double bf16_fprop = gemm_cost(a.config.cost, Candidate::bf16, Gemm::fprop, L.tokens, L.in, L.out);
+    EXPECT_EQ(L.late_switch->from_fraction, 0.8);
+    EXPECT_DOUBLE_EQ(L.late_switch->extra_cost, (1.0 - 0.8) * (bf16_fprop - L.directions.cost_forward)) << L.layer;
+    EXPECT_GT(L.late_switch->extra_cost, 0.0);
+    extra += L.late_switch->extra_cost;
+    // The evidence: the rule, the forward roles' errors against their bounds, the run's share.
+    const std::string& why = L.late_switch->reason;
+    EXPECT_EQ(why.rfind("fprop nvfp4 to bf16 from 80% of the run (when fp4: an fp4 forward; x error 0.09", 0), 0u) << why;
+    EXPECT_NE(why.find("% of its bound 0.1), w error 0.1"), std::string::npos) << why;
+    EXPECT_NE(why.find("% of the run's (fprop in bf16 for the last 20%)"), std::string::npos) << why;
+  }
+  EXPECT_TRUE(layer(a, "heavy_dy").late_switch.has_value());
+  EXPECT_TRUE(layer(a, "gauss").late_switch.has_value());
+  EXPECT_DOUBLE_EQ(a.cost_late_switch, extra);
+  // The other rules: never, always (every quantized forward), a share of the budget.
+  AdviseConfig c = compute_bound();
+  c.late_forward_switch.when = LateSwitchWhen::never;
+  for (const LayerAdvice& L : advise(v, c).layers) EXPECT_FALSE(L.late_switch.has_value()) << L.layer;
+  c.late_forward_switch.when = LateSwitchWhen::always;
+  c.late_forward_switch.from_fraction = 0.5;
+  const Advice always = advise(v, c);
+  for (const LayerAdvice& L : always.layers) {
+    EXPECT_EQ(L.late_switch.has_value(), L.layer != "wide") << L.layer;  // wide's forward is bf16 already
+    if (L.late_switch) {
+      const double bf16_fprop = gemm_cost(c.cost, Candidate::bf16, Gemm::fprop, L.tokens, L.in, L.out);
+      EXPECT_DOUBLE_EQ(L.late_switch->extra_cost, 0.5 * (bf16_fprop - L.directions.cost_forward)) << L.layer;
+    }
+  }
+  c.late_forward_switch.when = LateSwitchWhen::budget_share;
+  c.late_forward_switch.budget_share = 0.5;  // NVFP4 on Gaussians uses about 95% of x's bound, FP8 far less
+  const Advice share = advise(v, c);
+  for (const LayerAdvice& L : share.layers)
+    EXPECT_EQ(L.late_switch.has_value(), L.directions.forward == Candidate::nvfp4) << L.layer;
+  EXPECT_NE(layer(share, "gauss").late_switch->reason.find("when budget_share: a forward error above 50% of its bound"),
+            std::string::npos);
+  // directions: false: the single choice in both directions, the switch still considered.
+  c = compute_bound();
+  c.directions = false;
+  const Advice single = advise(v, c);
+  for (const LayerAdvice& L : single.layers) {
+    EXPECT_EQ(L.directions.forward, L.chosen) << L.layer;
+    EXPECT_EQ(L.directions.backward, L.chosen) << L.layer;
+    EXPECT_EQ(L.late_switch.has_value(), L.chosen == Candidate::nvfp4) << L.layer;
+  }
+  EXPECT_DOUBLE_EQ(single.cost_directional, single.cost_chosen);
+}
+
+TEST(AdviseDirections, TheDirectionalRecipeFileIsAPlanWithTheSwitch) {
+  const auto p = planted();
+  const Advice a = advise(planted_views(p), compute_bound());
+  const std::string text = directional_recipe_file_json(a);
+  const auto j = nlohmann::json::parse(text);
+  EXPECT_EQ(j["modules"]["heavy_dy"], nlohmann::json::parse(R"({"recipe": "nvfp4", "dgrad": "mxfp8", "wgrad": "mxfp8"})"));
+  EXPECT_EQ(j["modules"]["gauss"], "nvfp4");  // one candidate: its plain name
+  EXPECT_EQ(j["modules"]["wide"], "bf16");
+  ASSERT_EQ(j["schedule"].size(), 1u);
+  const char* phase = R"J({"from_fraction": 0.8, "modules": ["heavy_dy", "gauss"], "fprop": "bf16", "label": "forward to bf16 (advisor)"})J";
+  EXPECT_EQ(j["schedule"][0], nlohmann::json::parse(phase));
+  // lowp reads it: the plans before and after the switch.
+  const lowp::Assignment f = lowp::parse_assignment(text);
+  const lowp::LinearPlan before = lowp::plan(f.choice_at("heavy_dy", 79, 100));
+  const lowp::LinearPlan after = lowp::plan(f.choice_at("heavy_dy", 80, 100));
+  EXPECT_EQ(before.at(lowp::Operand::fprop_x)->recipe, lowp::Recipe::nvfp4);
+  EXPECT_EQ(before.at(lowp::Operand::fprop_w)->recipe, lowp::Recipe::nvfp4);
+  for (lowp::Operand o : {lowp::Operand::dgrad_dy, lowp::Operand::dgrad_w, lowp::Operand::wgrad_x, lowp::Operand::wgrad_dy}) {
+    EXPECT_EQ(before.at(o)->recipe, lowp::Recipe::mxfp8) << lowp::operand_name(o);
+    EXPECT_EQ(after.at(o), before.at(o)) << lowp::operand_name(o);
+  }
+  EXPECT_FALSE(after.at(lowp::Operand::fprop_x).has_value());
+  EXPECT_FALSE(after.at(lowp::Operand::fprop_w).has_value());
+  // NVFP4 in both directions: RHT on both wgrad operands, before and after the switch.
+  const lowp::LinearPlan g = lowp::plan(f.choice_at("gauss", 99, 100));
+  EXPECT_FALSE(g.at(lowp::Operand::fprop_x).has_value());
+  EXPECT_TRUE(g.config(lowp::Operand::wgrad_x).rht && g.config(lowp::Operand::wgrad_dy).rht);
+  EXPECT_EQ(lowp::plan(f.choice_at("fp8_dy", 99, 100)).at(lowp::Operand::fprop_x)->recipe, lowp::Recipe::fp8_block);
+  EXPECT_EQ(f.phases_begun(80, 100), 1u);
+  EXPECT_EQ(f.schedule.at(0).label, "forward to bf16 (advisor)");
+  EXPECT_NE(f.notes.find("a recipe per GEMM direction"), std::string::npos) << f.notes;
+  // No late switch: no schedule; the single-choice file is unchanged by all of this.
+  AdviseConfig c = compute_bound();
+  c.late_forward_switch.when = LateSwitchWhen::never;
+  const Advice never = advise(planted_views(p), c);
+  EXPECT_FALSE(nlohmann::json::parse(directional_recipe_file_json(never)).contains("schedule"));
+  EXPECT_EQ(recipe_file_json(never), recipe_file_json(a));
+  EXPECT_EQ(nlohmann::json::parse(recipe_file_json(a))["modules"]["heavy_dy"], "mxfp8");
+  // A layer without a proposal (nothing within the budget) is written bf16 and said.
+  c.budget.max_rel_rms_error.fill(0.0);
+  const Advice none = advise(planted_views(p), c);
+  const auto nj = nlohmann::json::parse(directional_recipe_file_json(none));
+  EXPECT_EQ(nj["modules"]["heavy_dy"], "bf16");
+  EXPECT_NE(nj["notes"].get<std::string>().find("heavy_dy (none within the budget)"), std::string::npos) << nj["notes"];
+  EXPECT_FALSE(layer(none, "heavy_dy").directions.proposed());
+  EXPECT_EQ(layer(none, "heavy_dy").directions.reason.rfind("no proposal: no candidate within the budget", 0), 0u);
+  lowp::parse_assignment(directional_recipe_file_json(none));
+}
+
+TEST(AdviseDirections, EvidenceTableAndConfigCarryTheProposal) {
+  const auto p = planted();
+  const Advice a = advise(planted_views(p), compute_bound());
+  const std::string json = advice_json(a);
+  const auto j = nlohmann::json::parse(json);
+  const auto& h = j["layers"][0];
+  ASSERT_EQ(h["layer"], "heavy_dy");
+  EXPECT_EQ(h["directions"]["forward"], "nvfp4");
+  EXPECT_EQ(h["directions"]["backward"], "mxfp8");
+  EXPECT_EQ(h["directions"]["saving"].get<double>(), layer(a, "heavy_dy").directions.saving);
+  EXPECT_EQ(h["late_forward_switch"]["from_fraction"], 0.8);
+  EXPECT_EQ(h["gemm_cost"]["nvfp4"]["fprop"].get<double>(),
+            layer(a, "heavy_dy").gemm_cost[I(Candidate::nvfp4)][G(Gemm::fprop)]);
+  EXPECT_TRUE(j["layers"][1]["late_forward_switch"].is_null());
+  EXPECT_EQ(j["cost_directional"].get<double>(), a.cost_directional);
+  EXPECT_EQ(j["config"]["late_forward_switch"], nlohmann::json::parse(R"({"from_fraction": 0.8, "when": "fp4"})"));
+  EXPECT_EQ(j["config"]["directions"], true);
+  // Round trip, field by field through the text.
+  const Advice back = parse_advice_json(json);
+  EXPECT_EQ(advice_json(back), json);
+  EXPECT_EQ(layer(back, "heavy_dy").directions.forward, Candidate::nvfp4);
+  EXPECT_EQ(layer(back, "heavy_dy").directions.rejected, layer(a, "heavy_dy").directions.rejected);
+  EXPECT_EQ(layer(back, "heavy_dy").late_switch->reason, layer(a, "heavy_dy").late_switch->reason);
+  EXPECT_EQ(directional_recipe_file_json(back), directional_recipe_file_json(a));
+  // Evidence written before the proposal existed still reads (gemm costs from its cost model).
+  auto old = j;
+  old.erase("cost_directional");
+  old.erase("cost_late_switch");
+  old["config"].erase("directions");
+  old["config"].erase("late_forward_switch");
+  for (auto& l : old["layers"]) {
+    l.erase("directions");
+    l.erase("late_forward_switch");
+    l.erase("gemm_cost");
+  }
+  const Advice o = parse_advice_json(old.dump());
+  EXPECT_FALSE(layer(o, "heavy_dy").directions.proposed());
+  EXPECT_EQ(layer(o, "heavy_dy").gemm_cost, layer(a, "heavy_dy").gemm_cost);
+  // A broken field is named.
+  auto bad = j;
+  bad["layers"][0]["directions"]["forward"] = "fp6";
+  try {
+    parse_advice_json(bad.dump());
+    ADD_FAILURE() << "accepted a bad forward";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("layers[0].directions.forward: expected one of bf16"), std::string::npos) << e.what();
+  }
+  // The table: a line per layer with forward, backward, cost against the single choice and the switch.
+  const std::string table = advice_table(a);
+  EXPECT_NE(table.find("forward       backward      cost/single  late forward switch"), std::string::npos) << table;
+  const std::size_t at = table.find("\nheavy_dy  nvfp4 ");
+  ASSERT_NE(at, std::string::npos) << table;
+  const std::string line = table.substr(at + 1, table.find('\n', at + 1) - at - 1);
+  EXPECT_NE(line.find("mxfp8"), std::string::npos) << line;
+  EXPECT_NE(line.find("bf16 from 80% of the run: +1.87% of the run's cost"), std::string::npos) << line;
+  EXPECT_NE(table.find("\nwide      bf16          bf16          1            -\n"), std::string::npos) << table;
+  EXPECT_NE(table.find("modeled cost per direction: "), std::string::npos) << table;
+  EXPECT_NE(table.find("; with the late forward switch "), std::string::npos) << table;
+  // With directions off and no switch, the table is today's.
+  AdviseConfig c = compute_bound();
+  c.directions = false;
+  c.late_forward_switch.when = LateSwitchWhen::never;
+  EXPECT_EQ(advice_table(advise(planted_views(p), c)).find("late forward switch"), std::string::npos);
+}
+
+TEST(AdviseDirections, ConfigKeysParseRoundTripAndRefuseBadValues) {
+  AdviseConfig c = parse_config(R"({"directions": false, "late_forward_switch": {"from_fraction": 0.75, "when": "always"}})");
+  EXPECT_FALSE(c.directions);
+  EXPECT_EQ(c.late_forward_switch.from_fraction, 0.75);
+  EXPECT_EQ(c.late_forward_switch.when, LateSwitchWhen::always);
+  EXPECT_EQ(AdviseConfig{}.directions, true);
+  EXPECT_EQ(AdviseConfig{}.late_forward_switch, (LateForwardSwitch{0.8, LateSwitchWhen::fp4, 0.5}));
+  c = parse_config(R"({"late_forward_switch": {"when": "budget_share", "budget_share": 0.9, "from_fraction": 0}})");
+  EXPECT_EQ(c.late_forward_switch, (LateForwardSwitch{0.0, LateSwitchWhen::budget_share, 0.9}));
+  const AdviseConfig back = parse_config(config_json(c));
+  EXPECT_EQ(back.late_forward_switch, c.late_forward_switch);
+  EXPECT_EQ(back.directions, c.directions);
+  EXPECT_EQ(parse_config(config_json(AdviseConfig{})).late_forward_switch, LateForwardSwitch{});
+  for (std::string_view w : {"fp4", "always", "never", "budget_share"}) EXPECT_EQ(late_switch_when_name(*parse_late_switch_when(w)), w);
+  auto refused = [](const char* text, const char* expect) {
+    try {
+      parse_config(text, "cfg.json");
+      ADD_FAILURE() << "accepted " << text;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(expect), std::string::npos) << e.what();
+    }
+  };
+  refused(R"({"directions": 1})", "cfg.json: directions: expected true or false, found 1");
+  refused(R"({"directions": "yes"})", "cfg.json: directions: expected true or false, found \"yes\"");
+  refused(R"({"late_forward_switch": 0.8})", "cfg.json: late_forward_switch: expected an object, found 0.8");
+  refused(R"({"late_forward_switch": {"from_fraction": 1}})",
+          "cfg.json: late_forward_switch.from_fraction: expected a number in [0, 1), found 1");
+  refused(R"({"late_forward_switch": {"from_fraction": -0.1}})", "late_forward_switch.from_fraction: expected a number in [0, 1), found -0.1");
+  refused(R"({"late_forward_switch": {"from_fraction": "0.8"}})", "late_forward_switch.from_fraction: expected a number in [0, 1), found \"0.8\"");
+  refused(R"({"late_forward_switch": {"when": "sometimes"}})",
+          "cfg.json: late_forward_switch.when: expected fp4, always, never or budget_share, found \"sometimes\"");
+  refused(R"({"late_forward_switch": {"budget_share": 0.3}})",
+          "cfg.json: late_forward_switch.budget_share: applies only with when \"budget_share\", found when \"fp4\"");
+  refused(R"({"late_forward_switch": {"when": "budget_share", "budget_share": 1.5}})",
+          "late_forward_switch.budget_share: expected a number in [0, 1], found 1.5");
+  refused(R"({"late_forward_switch": {"fraction": 0.8}})",
+          "cfg.json: late_forward_switch: unknown key 'fraction'; expected one of from_fraction, when, budget_share");
+  // advise() checks a struct set by hand.
+  AdviseConfig bad;
+  bad.late_forward_switch.from_fraction = 1.0;
+  try {
+    advise(std::vector<SampleView>{}, bad);
+    ADD_FAILURE() << "accepted from_fraction 1";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("late_forward_switch.from_fraction: expected a number in [0, 1), found 1"),
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -498,3 +498,111 @@ def test_r4_a_frozen_layer_is_sampled_without_its_weight_gradient():
     roles = {l["layer"]: sorted(l["candidates"]["bf16"]) for l in a.layers}
     assert roles == {"0": ["cost", "w", "x"], "2": ["cost", "dw", "dy", "w", "x"]}
     assert a.assignment["0"] is None and "the budget requires dy, which had no samples" in a.layers[0]["reason"]
+
+
+# ---- per GEMM direction and in time (docs/advisor.md, "Per GEMM direction and in time") ----
+
+DT, DIN, DOUT = 256, 128, 128
+
+
+def _heavy(rows: int, cols: int, seed: int) -> np.ndarray:
+    """Gaussian values, each group of 32 columns in its own binade (2^-24, 2^-8, 2^8, 2^24): only
+    a per-32 scale (MXFP8) or bf16's range keeps them."""
+    g = np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+    return np.ldexp(g, np.array([-24, -8, 8, 24])[(np.arange(cols) // 32) % 4][None, :]).astype(np.float32)
+
+
+def _gauss(rows: int, cols: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, cols)).astype(np.float32)
+
+
+class Planted(torch.nn.Module):
+    """heavy_dy: x and w Gaussian, dy heavy (NVFP4 forward, MXFP8 backward); gauss: all Gaussian
+    (NVFP4 both ways); loss = sum_i <layer_i(x_i), G_i>, so dy_i = G_i."""
+
+    NAMES = ("heavy_dy", "gauss")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.heavy_dy = torch.nn.Linear(DIN, DOUT, bias=False)
+        self.gauss = torch.nn.Linear(DIN, DOUT, bias=False)
+        with torch.no_grad():
+            self.heavy_dy.weight.copy_(torch.from_numpy(_gauss(DOUT, DIN, 1)))
+            self.gauss.weight.copy_(torch.from_numpy(_gauss(DOUT, DIN, 2)))
+        self.xs = [torch.from_numpy(_gauss(DT, DIN, 3)), torch.from_numpy(_gauss(DT, DIN, 4))]
+        self.gs = [torch.from_numpy(_heavy(DT, DOUT, 5)), torch.from_numpy(_gauss(DT, DOUT, 6))]
+
+    def forward(self) -> torch.Tensor:
+        return sum((getattr(self, k)(x) * g).sum() for k, x, g in zip(self.NAMES, self.xs, self.gs))
+
+
+def _planted_step(model: Planted):
+    def step():
+        model.zero_grad(set_to_none=True)
+        model().backward()
+    return step
+
+
+def test_directions_and_the_late_switch_are_exposed_and_the_file_runs(tmp_path):
+    model = Planted()
+    a = mt.advise(model, _planted_step(model), steps=1, cost=COMPUTE_BOUND, out=tmp_path / "recipe.json",
+                  directions_out=tmp_path / "directions.json")
+    # The single choice is unchanged (MXFP8 for dy); beside it, NVFP4 forward and MXFP8 backward.
+    assert a.assignment == {"heavy_dy": "mxfp8", "gauss": "nvfp4"}, a.table()
+    d = a.directions["heavy_dy"]
+    assert (d["forward"], d["backward"]) == ("nvfp4", "mxfp8"), d
+    assert d["saving"] > 0 and d["reason"].startswith("forward nvfp4 (x 0.09"), d
+    assert d["rejected"][0].startswith("forward mxfp4: x error 0.11"), d["rejected"]
+    assert (a.directions["gauss"]["forward"], a.directions["gauss"]["backward"]) == ("nvfp4", "nvfp4")
+    assert a.cost_ratio_directional < a.cost_ratio
+    # The late switch: both forwards are fp4, from 80% of the run, with its cost and evidence.
+    assert set(a.late_forward_switch) == {"heavy_dy", "gauss"}
+    ls = a.late_forward_switch["heavy_dy"]
+    assert ls["from_fraction"] == 0.8 and ls["extra_cost"] > 0
+    assert ls["reason"].startswith("fprop nvfp4 to bf16 from 80% of the run (when fp4: an fp4 forward; x error 0.09")
+    table = a.table()
+    assert "late forward switch" in table and "bf16 from 80% of the run: +" in table, table
+    line = next(l for l in table.splitlines() if l.startswith("heavy_dy  nvfp4"))
+    assert "mxfp8" in line, table
+    # The file: as the Advice has it, read by the recipe file's loader and run by low_precision.
+    doc = json.loads((tmp_path / "directions.json").read_text())
+    assert doc == a.directional_recipe
+    assert doc["modules"] == {"heavy_dy": {"recipe": "nvfp4", "dgrad": "mxfp8", "wgrad": "mxfp8"}, "gauss": "nvfp4"}
+    assert doc["schedule"] == [{"from_fraction": 0.8, "modules": ["heavy_dy", "gauss"], "fprop": "bf16",
+                                "label": "forward to bf16 (advisor)"}]
+    assert mt.load_assignment(tmp_path / "directions.json") == doc
+    assert json.loads((tmp_path / "recipe.json").read_text())["modules"] == {"heavy_dy": "mxfp8", "gauss": "nvfp4"}
+    m = mt.low_precision(Planted(), str(tmp_path / "directions.json"), total_steps=10)
+    lp = mt.low_precision_modules(m)
+    recipes = lp["heavy_dy"].plan["recipes"]
+    assert recipes["fprop.x"]["recipe"] == "nvfp4" and recipes["fprop.w"]["recipe"] == "nvfp4"
+    for o in ("dgrad.dy", "dgrad.w", "wgrad.x", "wgrad.dy"):
+        assert recipes[o]["recipe"] == "mxfp8", o
+    assert mt.low_precision_step(m, 7) == []
+    switched = mt.low_precision_step(m, 8)  # ceil(0.8 * 10)
+    assert sorted(s["module"] for s in switched) == ["gauss", "heavy_dy"]
+    assert {s["phase"] for s in switched} == {"forward to bf16 (advisor)"}
+    after = lp["heavy_dy"].plan["recipes"]
+    assert after["fprop.x"] is None and after["fprop.w"] is None and after["dgrad.dy"]["recipe"] == "mxfp8"
+    m().backward()  # the switched plan runs
+    # Off: the single choice in both directions, no switch.
+    off = mt.advise(model, _planted_step(model), steps=1, cost=COMPUTE_BOUND, directions=False,
+                    late_forward_switch={"when": "never"})
+    assert off.directions["heavy_dy"]["forward"] == "mxfp8" and off.late_forward_switch == {}
+    assert off.directional_recipe["modules"] == {"heavy_dy": "mxfp8", "gauss": "nvfp4"}
+    assert "schedule" not in off.directional_recipe
+
+
+@pytest.mark.parametrize("kw, match", [
+    ({"directions": "yes"}, "directions: expected true or false"),
+    ({"late_forward_switch": {"when": "sometimes"}}, "late_forward_switch.when: expected fp4, always, never or budget_share"),
+    ({"late_forward_switch": {"from_fraction": 1.0}}, "late_forward_switch.from_fraction: expected a number in \\[0, 1\\)"),
+    ({"late_forward_switch": {"budget_share": 0.3}}, "budget_share: applies only with when \"budget_share\""),
+    ({"out": "same.json", "directions_out": "same.json"}, "directions_out: 'same.json' is also out"),
+])
+def test_bad_direction_arguments_are_refused_before_any_step(kw, match, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    ran = []
+    with pytest.raises(ValueError, match=match):
+        mt.advise(Three(), lambda: ran.append(1), steps=1, **kw)
+    assert ran == []

@@ -6,6 +6,7 @@
 //   std::vector<advisor::SampleView> samples = ...;        // or read_samples(run_dir)
 //   advisor::Advice a = advisor::advise(samples, advisor::AdviseConfig{});
 //   advisor::recipe_file_json(a);   // {"format": "mixprec.low_precision", "version": 1, ...}
+//   advisor::directional_recipe_file_json(a);  // a format per GEMM direction, the late forward switch
 //   advisor::advice_json(a);        // every measurement behind the choice (the report reads it)
 //
 // Every quantization is the core's own: lowp::quantize + lowp::dequantize for the six
@@ -143,6 +144,22 @@ struct CostModel {
   friend bool operator==(const CostModel&, const CostModel&) = default;
 };
 
+// Which layers get the late forward switch (docs/advisor.md, "Per GEMM direction and in time"):
+// those whose proposed forward is an fp4 recipe (nvfp4, mxfp4: the NVFP4 pretraining paper's
+// case), every quantized forward, none, or those whose forward error uses more than
+// `budget_share` of a required forward role's bound.
+enum class LateSwitchWhen : std::uint8_t { fp4, always, never, budget_share };
+std::string_view late_switch_when_name(LateSwitchWhen w) noexcept;  // "fp4", "always", "never", "budget_share"
+std::optional<LateSwitchWhen> parse_late_switch_when(std::string_view s) noexcept;
+std::string late_switch_when_names();  // "fp4, always, never or budget_share"
+
+struct LateForwardSwitch {
+  double from_fraction = 0.8;  // in [0, 1): the forward runs bf16 for the last (1 - f) of the run
+  LateSwitchWhen when = LateSwitchWhen::fp4;
+  double budget_share = 0.5;   // when == budget_share: the share of a bound, in [0, 1]
+  friend bool operator==(const LateForwardSwitch&, const LateForwardSwitch&) = default;
+};
+
 struct AdviseConfig {
   std::vector<Candidate> candidates;  // empty: every candidate of the table
   Budget budget;
@@ -150,18 +167,65 @@ struct AdviseConfig {
   // fp8-delayed: TE's DelayedScaling defaults (amax history over the sampled steps).
   std::size_t amax_history_len = 1024;
   int margin = 0;
+  // Per layer, a forward and a backward candidate besides the single choice (false: the
+  // single choice in both directions).
+  bool directions = true;
+  LateForwardSwitch late_forward_switch;
 };
 // Parses a JSON object of config keys (docs/advisor.md, "Configuration"): candidates, budget
 // (a number for every role, or an object: x, w, dy, dw, max_saturated, max_flushed, roles),
 // cost (bandwidth_gbs, activation_bits, candidates: {name: {tflops, element_bits, ...}}),
-// amax_history_len, margin. Unknown keys and wrong types are errors; `source` names the text.
+// amax_history_len, margin, directions (true / false), late_forward_switch ({from_fraction,
+// when, budget_share}). Unknown keys and wrong types are errors; `source` names the text.
 AdviseConfig parse_config(std::string_view json, std::string_view source = "config");
 std::string config_json(const AdviseConfig& c);
 
-// The modeled time of one training step of a linear layer [tokens, in] x [out, in]^T: three
-// GEMMs (fprop, dgrad, wgrad) at the candidate's rate, plus the bytes they and the
-// quantization passes move at the bandwidth (docs/advisor.md, "Cost model"). Seconds.
+// The three GEMMs of a linear layer's training step: fprop y = x w^T, dgrad dx = dy w,
+// wgrad dW = dy^T x.
+enum class Gemm : std::uint8_t { fprop, dgrad, wgrad };
+inline constexpr std::size_t kGemms = 3;
+std::string_view gemm_name(Gemm g) noexcept;  // "fprop", "dgrad", "wgrad"
+
+// The modeled time of one GEMM of a layer [tokens, in] x [out, in]^T in candidate c: its
+// 2 tokens in out FLOPs at the candidate's rate, plus at the bandwidth the bytes of its two
+// operand uses (each use: one read of the stored operand, and half of the operand's producer
+// write and amax pass, which its two uses share) and of its output (docs/advisor.md, "Cost
+// model"). Seconds.
+double gemm_cost(const CostModel& m, Candidate c, Gemm g, std::size_t tokens, std::size_t in, std::size_t out);
+// The modeled time of one training step of a linear layer: its three GEMMs' gemm_cost,
+// fprop + (dgrad + wgrad) (forward plus backward, as the directional proposal sums a pair, so
+// that a candidate's pair costs exactly this). Seconds.
 double layer_cost(const CostModel& m, Candidate c, std::size_t tokens, std::size_t in, std::size_t out);
+
+// The directional proposal of one layer (docs/advisor.md, "Per GEMM direction and in time"):
+// the forward candidate runs fprop, the backward candidate dgrad and wgrad. The forward must be
+// within the budget on the required forward roles (x, w), the backward on every required role
+// (dy, and the x and w the backward GEMMs read: the same measurements); the pair is the
+// cheapest (fprop at the forward's cost + dgrad and wgrad at the backward's) that
+// lowp::plan accepts. Equal to the single choice where no split is cheaper.
+struct DirectionAdvice {
+  std::optional<Candidate> forward, backward;  // both or neither (no proposal: the layer stays bf16)
+  double cost_forward = 0;   // gemm_cost of fprop in `forward` (seconds)
+  double cost_backward = 0;  // gemm_cost of dgrad + wgrad in `backward`
+  double saving = 0;         // the single choice's layer_cost minus cost_forward + cost_backward (>= 0)
+  std::string reason;
+  // Cheapest first: forward candidates beyond the budget ("forward mxfp4: x error 0.12 > 0.1"),
+  // backward ones ("backward nvfp4: dy error 0.3 > 0.1"), and cheaper pairs within the budget
+  // that lowp::plan refuses ("fp8-delayed / mxfp8: dgrad.dy: fp8-delayed keeps one amax ...").
+  std::vector<std::string> rejected;
+  bool proposed() const noexcept { return forward.has_value() && backward.has_value(); }
+  double cost() const noexcept { return cost_forward + cost_backward; }
+};
+
+// The late forward switch of one layer (the NVFP4 pretraining paper, arXiv 2509.25149,
+// Appendix D): fprop in bf16 from `from_fraction` of the run on.
+struct LateSwitchAdvice {
+  double from_fraction = 0.8;
+  // The extra modeled time: (1 - from_fraction) x (fprop in bf16 - fprop in the forward
+  // candidate), seconds per step averaged over the run; Advice::cost_directional is the run's.
+  double extra_cost = 0;
+  std::string reason;  // the rule that proposed it, the forward roles' errors against their bounds, the cost
+};
 
 // The choice for one layer and the measurements behind it.
 struct LayerAdvice {
@@ -176,9 +240,12 @@ struct LayerAdvice {
   // measurements[candidate][role], for the configured candidates and measured roles
   std::array<std::array<Measurement, kRoles>, kCandidates> measurements{};
   std::array<double, kCandidates> cost{};       // layer_cost per candidate (seconds)
+  std::array<std::array<double, kGemms>, kCandidates> gemm_cost{};  // [candidate][gemm]: gemm_cost
   std::optional<Candidate> chosen;              // nullopt: no candidate within the budget
   std::string reason;                           // one sentence per decision
   std::vector<std::string> rejected;            // "mxfp4: dy error 0.141 > 0.1", cheapest first
+  DirectionAdvice directions;                   // forward and backward (the single choice in both when equal)
+  std::optional<LateSwitchAdvice> late_switch;  // the forward to bf16 late in the run, where proposed
 };
 
 struct Advice {
@@ -188,6 +255,8 @@ struct Advice {
   std::uint64_t first_step = 0, last_step = 0, steps = 0;  // the sampled steps
   double cost_chosen = 0;              // sum of the layers' chosen costs (bf16 where none fits)
   double cost_bf16 = 0;                // the same, all layers bf16
+  double cost_directional = 0;         // sum of the layers' directional costs (bf16 where none)
+  double cost_late_switch = 0;         // sum of the late switches' extra_cost (seconds per step, over the run)
 };
 
 // Measures every sample in every configured candidate, pools them per layer and role, and
@@ -210,10 +279,19 @@ Advice parse_advice_json(std::string_view json, std::string_view source = "advic
 inline constexpr std::string_view kRecipeFileFormat = "mixprec.low_precision";
 inline constexpr int kRecipeFileVersion = 1;
 std::string recipe_file_json(const Advice& a);
+// The recipe file of the directional proposal (docs/advisor.md, "Per GEMM direction and in
+// time"): modules {layer: forward name | {"recipe": forward, "dgrad": backward, "wgrad":
+// backward}} ("bf16" for bf16, fp16 and a layer without a proposal), and, when a layer has a
+// late switch, one schedule phase {"from_fraction": f, "modules": [layers], "fprop": "bf16",
+// "label": "forward to bf16 (advisor)"}. lowp::parse_assignment reads it.
+inline constexpr std::string_view kLateSwitchLabel = "forward to bf16 (advisor)";
+std::string directional_recipe_file_json(const Advice& a);
 
 // A text table: layer, shape, choice ("not measured" where a required role was not), cost
 // against bf16, the chosen candidate's error per role ("n/m": not measured, "-": no samples),
-// then a line per role that was not measured or had inf / NaN values left out.
+// then a line per role that was not measured or had inf / NaN values left out; then, with
+// directions on or a late switch proposed, a table per layer of the forward / backward
+// proposal, its cost against the single choice and the late forward switch with its cost.
 std::string advice_table(const Advice& a);
 
 // ---- samples in a run folder (docs/run_folder.md, "Advisor samples") ----------------------

@@ -5,6 +5,12 @@
     advice.assignment                         # {"blocks.0.qkv": "nvfp4", "head": "bf16", ...}
     mixprec.torch.low_precision(model, "recipe.json")   # train with the assignment
 
+    # Per GEMM direction and in time: a forward and a backward recipe per layer, and fprop
+    # switched to bf16 for the last 20% of the run where the forward is fp4.
+    advice = mixprec.torch.advise(model, step_fn, steps=8, directions_out="recipe-directions.json")
+    advice.directions                         # {"blocks.0.qkv": {"forward": "nvfp4", "backward": "mxfp8", ...}}
+    mixprec.torch.low_precision(model, "recipe-directions.json", total_steps=N)  # low_precision_step each step
+
 ``step_fn()`` runs one real training step (forward, backward, optimizer step) of your loop.
 While it runs, hooks on every watched linear layer (``nn.Linear``, transformers ``Conv1D``)
 keep its input x, its weight w, the gradient of its output dy and its weight gradient dW (of x
@@ -260,11 +266,23 @@ class Advice:
     recipe      the recipe file (a dict) that mixprec.torch.low_precision reads
     layers      per layer: tokens, in, out, chosen, reason, rejected, not_measured (roles whose
                 samples held no finite value), unmeasured_samples ({role: samples left out for
-                holding no finite value}), and per candidate its cost and per measured role
+                holding no finite value}), directions and late_forward_switch (below), gemm_cost
+                ({candidate: {fprop, dgrad, wgrad}}: the cost per GEMM), and per candidate its
+                cost and per measured role
                 rel_rms_error, worst_rel_rms_error, saturated, flushed, headroom_log2, amax,
                 elements, nonzero, nonfinite (inf/NaN values left out), samples
     not_measured  {layer: [roles]} for the layers with a role not measured
     cost_ratio  modeled cost of the assignment / all-bf16
+    directions  {layer: {forward, backward, cost_forward, cost_backward, saving, reason,
+                rejected}}: per layer the forward candidate (fprop) and the backward one (dgrad,
+                wgrad), the single choice in both where no split is cheaper; forward and
+                backward None where there is no proposal (docs/advisor.md, "Per GEMM direction
+                and in time")
+    late_forward_switch  {layer: {from_fraction, extra_cost, reason}} for the layers whose
+                forward the advisor switches to bf16 late in the run
+    directional_recipe  the recipe file of the directional proposal (a dict), with the late
+                switch as a schedule phase: low_precision(model, FILE, total_steps=N) runs it
+    cost_ratio_directional  modeled cost of the directional proposal / all-bf16
     """
 
     def __init__(self, core: Any) -> None:
@@ -292,19 +310,41 @@ class Advice:
         d = self.data
         return d["cost_chosen"] / d["cost_bf16"] if d["cost_bf16"] > 0 else 1.0
 
+    @property
+    def directions(self) -> Dict[str, Dict[str, Any]]:
+        return {l["layer"]: l["directions"] for l in self.data["layers"]}
+
+    @property
+    def late_forward_switch(self) -> Dict[str, Dict[str, Any]]:
+        return {l["layer"]: l["late_forward_switch"] for l in self.data["layers"] if l.get("late_forward_switch")}
+
+    @property
+    def directional_recipe(self) -> Dict[str, Any]:
+        return json.loads(self._core.directional_recipe_file())
+
+    @property
+    def cost_ratio_directional(self) -> float:
+        d = self.data
+        return d["cost_directional"] / d["cost_bf16"] if d["cost_bf16"] > 0 else 1.0
+
     def table(self) -> str:
         return self._core.table()
 
     def json(self) -> str:
         return self._core.json()
 
-    def save(self, path: Union[None, str, os.PathLike], evidence: Union[None, str, os.PathLike] = None) -> None:
-        """Writes the recipe file to ``path`` and the evidence (advice.json, what `mixprec report`
-        shows) to ``evidence``, each when given (a temporary file renamed over it)."""
-        check_outputs(path, evidence)
-        for p, text in ((path, self._core.recipe_file()), (evidence, self._core.json())):
+    def save(self, path: Union[None, str, os.PathLike], evidence: Union[None, str, os.PathLike] = None,
+             directions: Union[None, str, os.PathLike] = None) -> None:
+        """Writes the recipe file to ``path``, the evidence (advice.json, what `mixprec report`
+        shows) to ``evidence`` and the recipe file of the directional proposal to
+        ``directions``, each when given (a temporary file renamed over it)."""
+        check_outputs(path, evidence, directions)
+        core = self._core
+        for p, make in ((path, lambda: core.recipe_file()), (evidence, lambda: core.json()),
+                        (directions, lambda: core.directional_recipe_file())):
             if p is None:
                 continue
+            text = make()
             tmp = f"{os.fspath(p)}.tmp-{os.getpid()}"
             with open(tmp, "w", encoding="utf-8") as f:
                 f.write(text)
@@ -314,10 +354,11 @@ class Advice:
         return f"Advice({len(self.layers)} layers, cost {self.cost_ratio:.3g}x all-bf16, {self.assignment})"
 
 
-def check_outputs(out: Union[None, str, os.PathLike], evidence: Union[None, str, os.PathLike] = None) -> None:
+def check_outputs(out: Union[None, str, os.PathLike], evidence: Union[None, str, os.PathLike] = None,
+                  directions_out: Union[None, str, os.PathLike] = None) -> None:
     """The outputs of advise()/save() checked before anything runs: a refused ``out`` after the
     sampled steps would lose them. ValueError naming the argument and the rule."""
-    for what, p in (("out", out), ("evidence", evidence)):
+    for what, p in (("out", out), ("evidence", evidence), ("directions_out", directions_out)):
         if p is None:
             continue
         if not isinstance(p, (str, os.PathLike)):
@@ -331,15 +372,21 @@ def check_outputs(out: Union[None, str, os.PathLike], evidence: Union[None, str,
             raise ValueError(f"{what}: {problem}")
     if out is not None and evidence is not None and os.path.abspath(os.fspath(out)) == os.path.abspath(os.fspath(evidence)):
         raise ValueError(f"evidence: {os.fspath(evidence)!r} is also out; give the recipe file and the evidence two names")
+    for what, other in (("out", out), ("evidence", evidence)):
+        if (directions_out is not None and other is not None
+                and os.path.abspath(os.fspath(directions_out)) == os.path.abspath(os.fspath(other))):
+            raise ValueError(f"directions_out: {os.fspath(directions_out)!r} is also {what}; give each file its own name")
 
 
 def config_json(candidates: Optional[Sequence[str]] = None, budget: Any = None, cost: Optional[Mapping[str, Any]] = None,
-                amax_history_len: Optional[int] = None, margin: Optional[int] = None) -> str:
+                amax_history_len: Optional[int] = None, margin: Optional[int] = None,
+                directions: Optional[bool] = None, late_forward_switch: Optional[Mapping[str, Any]] = None) -> str:
     """The advisor's configuration as the JSON the core parses (and checks: ValueError naming the
     field). budget: a number (every role's relative RMS error bound) or a dict (x, w, dy, dw,
     max_rel_rms_error, max_saturated, max_flushed, roles); cost: {bandwidth_gbs, activation_bits,
     candidates: {name: {tflops, element_bits, scale_bits, weight_scale_bits, amax_pass,
-    quantized}}}."""
+    quantized}}}; directions: True / False; late_forward_switch: {from_fraction, when
+    ("fp4", "always", "never", "budget_share"), budget_share}."""
     cfg: Dict[str, Any] = {}
     if candidates is not None:
         if isinstance(candidates, str):
@@ -353,6 +400,11 @@ def config_json(candidates: Optional[Sequence[str]] = None, budget: Any = None, 
         cfg["amax_history_len"] = amax_history_len
     if margin is not None:
         cfg["margin"] = margin
+    if directions is not None:
+        cfg["directions"] = directions
+    if late_forward_switch is not None:
+        cfg["late_forward_switch"] = (dict(late_forward_switch) if isinstance(late_forward_switch, Mapping)
+                                      else late_forward_switch)
     try:
         text = json.dumps(cfg, allow_nan=False)
     except (TypeError, ValueError) as e:
@@ -374,7 +426,9 @@ def advise(model: torch.nn.Module, step_fn: Callable[[], Any], steps: int = 1, *
            modules: Any = None, every: int = 1, max_rows: int = 4096, scaler: Any = None,
            loss_scale: Optional[float] = None, out: Union[None, str, os.PathLike] = None,
            evidence: Union[None, str, os.PathLike] = None, amax_history_len: Optional[int] = None,
-           margin: Optional[int] = None) -> Advice:
+           margin: Optional[int] = None, directions: Optional[bool] = None,
+           late_forward_switch: Optional[Mapping[str, Any]] = None,
+           directions_out: Union[None, str, os.PathLike] = None) -> Advice:
     """Run ``steps`` real steps of ``step_fn()``, sampling every ``every``-th, and choose per
     linear layer the cheapest candidate within ``budget``.
 
@@ -388,6 +442,12 @@ def advise(model: torch.nn.Module, step_fn: Callable[[], Any], steps: int = 1, *
                 read from it (gradients are unscaled by it; fp16 is measured at it); or give
                 ``loss_scale`` (a number) for a static scale
     out         where to write the recipe file; ``evidence``: where to write advice.json
+    directions  per layer a forward and a backward candidate besides the single choice (default
+                True; docs/advisor.md, "Per GEMM direction and in time")
+    late_forward_switch  {from_fraction (default 0.8), when ("fp4" default, "always", "never",
+                "budget_share"), budget_share (0.5)}: which forwards switch to bf16 late in the run
+    directions_out  where to write the recipe file of the directional proposal (a recipe per
+                GEMM direction, the late switch as a schedule phase)
     """
     if not callable(step_fn):
         raise TypeError(f"step_fn: expected a callable running one training step, found {type(step_fn).__name__}")
@@ -401,8 +461,8 @@ def advise(model: torch.nn.Module, step_fn: Callable[[], Any], steps: int = 1, *
     if loss_scale is not None and not (isinstance(loss_scale, (int, float)) and math.isfinite(loss_scale)
                                        and loss_scale > 0):
         raise ValueError(f"loss_scale: expected a finite number > 0, found {loss_scale!r}")
-    cfg = config_json(candidates, budget, cost, amax_history_len, margin)
-    check_outputs(out, evidence)  # before the steps: they are not run again for a bad path
+    cfg = config_json(candidates, budget, cost, amax_history_len, margin, directions, late_forward_switch)
+    check_outputs(out, evidence, directions_out)  # before the steps: they are not run again for a bad path
     sampler = Sampler(model, modules, max_rows=max_rows)
     held: List[Held] = []
     try:
@@ -420,15 +480,16 @@ def advise(model: torch.nn.Module, step_fn: Callable[[], Any], steps: int = 1, *
     samples = to_arrays(held)
     del held
     result = Advice(_core.advise(samples, cfg))
-    result.save(out, evidence)
+    result.save(out, evidence, directions_out)
     return result
 
 
 def advise_run(run_dir: Union[str, os.PathLike], *, candidates: Optional[Sequence[str]] = None, budget: Any = None,
                cost: Optional[Mapping[str, Any]] = None, amax_history_len: Optional[int] = None,
-               margin: Optional[int] = None) -> Advice:
+               margin: Optional[int] = None, directions: Optional[bool] = None,
+               late_forward_switch: Optional[Mapping[str, Any]] = None) -> Advice:
     """The advisor over the samples a run folder holds (what `mixprec advise RUN_DIR` does)."""
-    cfg = config_json(candidates, budget, cost, amax_history_len, margin)
+    cfg = config_json(candidates, budget, cost, amax_history_len, margin, directions, late_forward_switch)
     return Advice(_core.advise_run(os.fspath(run_dir), cfg))
 
 
