@@ -15,7 +15,13 @@ the machine's drift (large on shared virtual machines) falls on all alike; `--in
 runs each variant's steps back to back, the variants in an order rotated per round. A variant's step
 time is its median over the steps of a round; its cost is the median over rounds of its ratio
 to the no-Telemetry time of the same round (paired), printed with the lowest and highest round
-ratio, as the machine's noise is of the size of the effect. Wall time and the process's CPU time
+ratio, as the machine's noise is of the size of the effect. With `--low-precision RECIPE` every
+variant's model runs mixprec.torch.low_precision(model, RECIPE) (every Linear but the first and
+the last) and the default-sampling variant is timed with the per-block statistics on and off
+(`block_stats=False`), and with `--what-if R,...` once more with those what-ifs: the rows'
+difference over the no-Telemetry step is what the statistics cost, taken from the rounds' mean step
+times and Telemetry's own time (they are paid at the sampled steps only, which the median step
+leaves out). Wall time and the process's CPU time
 are both taken: on a machine whose cores other processes share, CPU time leaves out the time the
 process waited for a core (it keeps their effect on the caches). "own ms" is the wall time
 Telemetry itself measured in its hooks and record() per step (tel.seconds()). A benchmark, not a
@@ -23,7 +29,7 @@ test.
 
     build/py-venv/bin/python bench/python/telemetry_cost.py [--rounds 9] [--steps 12] [--threads 1]
         [--model gpt2|example] [--dtype bf16|fp16] [--scaler none|torch] [--device cpu|cuda]
-        [--device-path] [--interleave step|run]
+        [--device-path] [--interleave step|run] [--low-precision mxfp8] [--what-if nvfp4]
 """
 
 from __future__ import annotations
@@ -63,9 +69,15 @@ def gpt2_model(vocab: int, args):
     return model, lambda x, y: F.cross_entropy(model(input_ids=x).logits.float().flatten(0, 1), y.flatten())
 
 
-def variants(device_path: bool):
+def variants(args):
+    if args.low_precision:
+        # The per-block statistics on and off at the default sampling (and the what-ifs).
+        v = {"none": None, "default, block stats off": dict(block_stats=False), "default (sample every 4)": dict()}
+        if args.what_if:
+            v["default + what-if " + ",".join(args.what_if)] = dict(what_if=args.what_if)
+        return v
     v = {"none": None, "default (sample every 4)": dict(), "every step": dict(sample_every=1)}
-    if device_path:
+    if args.device_path:
         v["every step, torch ops path"] = dict(sample_every=1, counting="torch")
     return v
 
@@ -80,6 +92,8 @@ class Trainer:
         build = gpt2_model if args.model == "gpt2" else example_model
         self.model, self.loss_of = build(data.vocab_size, args)
         self.model.to(args.device)
+        if args.low_precision:
+            mixprec.torch.low_precision(self.model, args.low_precision)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3)
         self.dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[args.dtype]
         self.scaler = None
@@ -151,7 +165,8 @@ def round_of(table, order, data, args, tmp):
             t.step()
             times[n] = [t.step() for _ in range(args.steps)]
             t.close()
-    return {n: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v), sum(x[2] for x in v) / len(v))
+    return {n: (statistics.median(x[0] for x in v), statistics.median(x[1] for x in v), sum(x[2] for x in v) / len(v),
+                sum(x[0] for x in v) / len(v), sum(x[1] for x in v) / len(v))
             for n, v in times.items()}
 
 
@@ -171,11 +186,16 @@ def main() -> int:
     p.add_argument("--interleave", choices=("step", "run"), default="step",
                    help="step: the variants' steps alternate within a round (default); run: each variant's "
                         "steps back to back, the variants in rotated order")
+    p.add_argument("--low-precision", default=None, metavar="RECIPE",
+                   help="every variant's model through mixprec.torch.low_precision(model, RECIPE); the variants "
+                        "are then the per-block statistics off and on at the default sampling")
+    p.add_argument("--what-if", default="", help="with --low-precision: a variant with Telemetry(what_if=these)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--channels", type=int, default=128)
     args = p.parse_args()
+    args.what_if = [r for r in args.what_if.split(",") if r]
     if args.scaler is None:
         args.scaler = "torch" if args.dtype == "fp16" else "none"
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -183,21 +203,28 @@ def main() -> int:
         return 2
     torch.set_num_threads(args.threads)
     data = mixprec.data.corpus(tokens=200_000, context=args.context)
-    table = variants(args.device_path)
+    table = variants(args)
     names = list(table)
     per = {n: [] for n in names}
     per_cpu = {n: [] for n in names}  # the process's CPU time per step (what other processes' load leaves alone)
     own = {n: [] for n in names}  # tel.seconds() per step: the hooks' and record()'s own time
+    # Mean step times per round: a cost paid at the sampled steps only (1 in 4) is in the mean,
+    # where the median step is an unsampled one.
+    mean_wall = {n: [] for n in names}
+    mean_cpu = {n: [] for n in names}
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             order = names[r % len(names):] + names[:r % len(names)]
-            for n, (step_s, cpu_s, tel_s) in round_of(table, order, data, args, tmp).items():
+            for n, (step_s, cpu_s, tel_s, mwall, mcpu) in round_of(table, order, data, args, tmp).items():
                 per[n].append(step_s)
                 per_cpu[n].append(cpu_s)
                 own[n].append(tel_s)
+                mean_wall[n].append(mwall)
+                mean_cpu[n].append(mcpu)
     print(f"model: {args.model}, {args.layers} layers, {args.channels} channels, context {args.context}, batch "
           f"{args.batch} x 2 micro-batches, {args.dtype} autocast on {args.device}, scaler {args.scaler}, "
-          f"{args.threads} thread(s); {args.rounds} rounds of {args.steps} steps, interleaved by {args.interleave}")
+          f"{args.threads} thread(s); {args.rounds} rounds of {args.steps} steps, interleaved by {args.interleave}"
+          + (f"; low_precision {args.low_precision}" if args.low_precision else ""))
     print(f"{'variant':30s} {'wall ms':>8s} {'paired':>7s} {'min':>6s} {'max':>6s} {'cpu ms':>8s} {'paired':>7s} "
           f"{'min':>6s} {'max':>6s} {'own ms':>7s}")
     for n in names:
@@ -206,6 +233,17 @@ def main() -> int:
         print(f"{n:30s} {1000 * statistics.median(per[n]):8.2f} {statistics.median(wall):7.3f} {min(wall):6.3f} "
               f"{max(wall):6.3f} {1000 * statistics.median(per_cpu[n]):8.2f} {statistics.median(cpu):7.3f} "
               f"{min(cpu):6.3f} {max(cpu):6.3f} {1000 * statistics.median(own[n]):7.3f}")
+    if args.low_precision:
+        # What the statistics add, as a share of the step without Telemetry, from the rounds' mean
+        # step times (the statistics are paid at the sampled steps) and from Telemetry's own time
+        # (record() computes them), each paired per round; median over rounds (lowest, highest).
+        off = "default, block stats off"
+        for n in names[2:]:
+            for label, t in (("mean wall", mean_wall), ("mean cpu", mean_cpu), ("own", own)):
+                base = mean_wall["none"] if label != "mean cpu" else mean_cpu["none"]
+                extra = [(a - b) / c for a, b, c in zip(t[n], t[off], base)]
+                print(f"{n} vs {off}: {label} +{100 * statistics.median(extra):.2f}% of the step "
+                      f"({100 * min(extra):.2f}% .. {100 * max(extra):.2f}%)")
     return 0
 
 

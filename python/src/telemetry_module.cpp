@@ -25,6 +25,7 @@
 #include <string>
 #include <string_view>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "binding.hpp"
@@ -54,6 +55,94 @@ mixprec::DType parse_dtype(std::string_view name) {
 Counts as_tuple(const mixprec::CountedTensor& c) {
   const mixprec::ConversionStats& s = c.stats;
   return {s.elements, s.nonzero, s.nonfinite_input, s.underflow, s.subnormal, s.overflow, c.amax};
+}
+
+// d[key] as T, for the dicts of record()'s quantized tensors: a missing key or a value of
+// another type is an error naming `where`.key.
+template <class T>
+T dict_value(nb::handle d, const char* key, const std::string& where) {
+  nb::object v;
+  try {
+    v = d[key];
+  } catch (const nb::python_error&) {
+    throw nb::value_error((where + "." + key + ": missing").c_str());
+  }
+  T out{};
+  if (!nb::try_cast(v, out))
+    throw nb::type_error((where + "." + key + ": expected a " + (std::is_same_v<T, std::string> ? "str" : "number") +
+                          ", found " + nb::type_name(v.type()).c_str())
+                             .c_str());
+  return out;
+}
+
+void require_dict(nb::handle d, const std::string& where) {
+  if (!nb::isinstance<nb::dict>(d))
+    throw nb::type_error((where + ": expected a dict, found " + std::string(nb::type_name(d.type()).c_str())).c_str());
+}
+
+// The dict of _core.block_stats (block_stats_module.cpp) back as the core's struct.
+mixprec::lowp::BlockStats block_stats_of(nb::handle d, const std::string& where) {
+  require_dict(d, where);
+  mixprec::lowp::BlockStats b;
+  b.blocks = dict_value<std::uint64_t>(d, "blocks", where);
+  b.multiplier_blocks = dict_value<std::uint64_t>(d, "multiplier_blocks", where);
+  b.multiplier_left_out = dict_value<std::uint64_t>(d, "multiplier_left_out", where);
+  b.log2_multiplier_min = dict_value<double>(d, "log2_multiplier_min", where);
+  b.log2_multiplier_max = dict_value<double>(d, "log2_multiplier_max", where);
+  b.log2_multiplier_mean = dict_value<double>(d, "log2_multiplier_mean", where);
+  b.log2_multiplier_std = dict_value<double>(d, "log2_multiplier_std", where);
+  const std::string qw = where + ".log2_multiplier_quantiles";
+  nb::object q;
+  try {
+    q = d["log2_multiplier_quantiles"];
+  } catch (const nb::python_error&) {
+    throw nb::value_error((qw + ": missing").c_str());
+  }
+  require_dict(q, qw);
+  mixprec::lowp::BlockQuantiles& p = b.log2_multiplier_quantiles;
+  p.p01 = dict_value<double>(q, "p01", qw);
+  p.p05 = dict_value<double>(q, "p05", qw);
+  p.p25 = dict_value<double>(q, "p25", qw);
+  p.p50 = dict_value<double>(q, "p50", qw);
+  p.p75 = dict_value<double>(q, "p75", qw);
+  p.p95 = dict_value<double>(q, "p95", qw);
+  p.p99 = dict_value<double>(q, "p99", qw);
+  b.flushed = dict_value<std::uint64_t>(d, "flushed", where);
+  b.saturated = dict_value<std::uint64_t>(d, "saturated", where);
+  b.blocks_with_flush = dict_value<std::uint64_t>(d, "blocks_with_flush", where);
+  b.blocks_with_saturation = dict_value<std::uint64_t>(d, "blocks_with_saturation", where);
+  b.max_flushed_fraction = dict_value<double>(d, "max_flushed_fraction", where);
+  b.max_saturated_fraction = dict_value<double>(d, "max_saturated_fraction", where);
+  b.tensor_amax = dict_value<float>(d, "tensor_amax", where);
+  b.far_log2 = dict_value<double>(d, "far_log2", where);
+  b.far_blocks = dict_value<std::uint64_t>(d, "far_blocks", where);
+  b.zero_blocks = dict_value<std::uint64_t>(d, "zero_blocks", where);
+  b.dynamic_range = dict_value<double>(d, "dynamic_range", where);
+  b.max_block_dynamic_range = dict_value<double>(d, "max_block_dynamic_range", where);
+  return b;
+}
+
+// One what-if of a tensor (mixprec.torch.low_precision's _what_if): {recipe, element, elements,
+// saturated, flushed, rel_rms_error (None: not finite), blocks, far_blocks, log2_multiplier_std,
+// log2_multiplier_p01, log2_multiplier_p99}.
+mixprec::nn::Fp8WhatIf what_if_of(nb::handle d, const std::string& where) {
+  require_dict(d, where);
+  mixprec::nn::Fp8WhatIf w;
+  w.recipe = dict_value<std::string>(d, "recipe", where);
+  const std::string element = dict_value<std::string>(d, "element", where);
+  const auto e = mixprec::lowp::parse_element(element);
+  if (!e) throw nb::value_error((where + ".element: expected e4m3, e5m2 or e2m1, found '" + element + "'").c_str());
+  w.element = *e;
+  w.elements = dict_value<std::uint64_t>(d, "elements", where);
+  w.saturated = dict_value<std::uint64_t>(d, "saturated", where);
+  w.flushed = dict_value<std::uint64_t>(d, "flushed", where);
+  w.rel_rms_error = dict_value<std::optional<double>>(d, "rel_rms_error", where);
+  w.blocks = dict_value<std::uint64_t>(d, "blocks", where);
+  w.far_blocks = dict_value<std::uint64_t>(d, "far_blocks", where);
+  w.log2_multiplier_std = dict_value<double>(d, "log2_multiplier_std", where);
+  w.log2_multiplier_p01 = dict_value<double>(d, "log2_multiplier_p01", where);
+  w.log2_multiplier_p99 = dict_value<double>(d, "log2_multiplier_p99", where);
+  return w;
 }
 
 mixprec::CountedTensor count_view(const mixprec::GradTensor& v) {
@@ -218,11 +307,23 @@ class PyTelemetryRecorder {
       s.layers.push_back({name, factor, chain, backoff, outcome});
     }
     // Low-precision tensors: (name, role, recipe, element, scale, amax, elements, nonzero,
-    // saturated, flushed, rel_rms_error or None); the core checks the values.
+    // saturated, flushed, rel_rms_error or None), and at sampled steps three more: blocks (the
+    // dict of _core.block_stats) or None, kurtosis or None, what_if (a list of what_if_of's
+    // dicts). The core checks the values.
     for (nb::handle item : quantized) {
+      const auto f = nb::cast<std::vector<nb::object>>(item);
+      if (f.size() != 11 && f.size() != 14)
+        throw nb::value_error(("quantized: expected tuples of 11 fields (14 with the sampled statistics), found " +
+                               std::to_string(f.size()))
+                                  .c_str());
       const auto [name, role, recipe, element, scale, amax, elements, nonzero, saturated, flushed, error] =
           nb::cast<std::tuple<std::string, std::string, std::string, std::string, float, float, std::uint64_t,
-                              std::uint64_t, std::uint64_t, std::uint64_t, std::optional<double>>>(item);
+                              std::uint64_t, std::uint64_t, std::uint64_t, std::optional<double>>>(
+              nb::make_tuple(f[0], f[1], f[2], f[3], f[4], f[5], f[6], f[7], f[8], f[9], f[10]));
+      const bool sampled = f.size() == 14;
+      const nb::object blocks = sampled ? f[11] : nb::none();
+      const auto kurtosis = sampled ? nb::cast<std::optional<double>>(f[12]) : std::nullopt;
+      const nb::object what_if = sampled ? f[13] : nb::none();
       mixprec::nn::Fp8TensorStats t;
       t.name = name;
       if (role != "forward" && role != "backward")
@@ -240,6 +341,10 @@ class PyTelemetryRecorder {
       t.saturated = saturated;
       t.flushed = flushed;
       t.rel_rms_error = error;
+      if (!blocks.is_none()) t.blocks = block_stats_of(blocks, "quantized '" + name + "': blocks");
+      t.kurtosis = kurtosis;
+      if (!what_if.is_none())
+        for (nb::handle w : what_if) t.what_if.push_back(what_if_of(w, "quantized '" + name + "': what_if"));
       s.quantized.push_back(std::move(t));
     }
     mixprec::train::StepRecord r;
@@ -250,10 +355,11 @@ class PyTelemetryRecorder {
     return mixprec::train::step_record_json(r);
   }
 
-  // The alerts raised: (id, step, message, advice) each.
-  std::vector<std::tuple<std::string, std::uint64_t, std::string, std::string>> finish() {
-    std::vector<std::tuple<std::string, std::uint64_t, std::string, std::string>> out;
-    for (const auto& a : rec_.finish()) out.emplace_back(a.id, a.step, a.message, a.advice);
+  // The alerts raised: (id, step, message, advice, tensor) each; tensor: the per-tensor kinds'
+  // tensor, "" for the others.
+  std::vector<std::tuple<std::string, std::uint64_t, std::string, std::string, std::string>> finish() {
+    std::vector<std::tuple<std::string, std::uint64_t, std::string, std::string, std::string>> out;
+    for (const auto& a : rec_.finish()) out.emplace_back(a.id, a.step, a.message, a.advice, a.tensor);
     return out;
   }
 

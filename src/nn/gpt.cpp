@@ -93,7 +93,8 @@ std::vector<ParamSpec> gpt_specs(const ModelConfig& c) {
 
 class Gpt final : public Model {
  public:
-  Gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, const StateFormats& formats, std::optional<QuantizedGemms> gemms, const Fp8Config& fp8)
+  Gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, const StateFormats& formats,
+      std::unique_ptr<Fp8Linears> linears)
       : Model(c, p) {
     store_ = std::make_unique<ParamStore>(
         gpt_specs(c), StoreOptions{p.weights, p.weight_grads, p.master, state_slots, formats});
@@ -103,7 +104,7 @@ class Gpt final : public Model {
     engine_ = std::make_unique<Engine>(p, *store_, slot_floats_, kSlotCount);
     Arena& a = engine_->acts();
     const DType act = p.activations;
-    const bool shared_inputs = gemms.has_value();  // fp8 presets (below)
+    const bool shared_inputs = linears != nullptr;  // quantized Linears (below)
     wte_ = store_->index_of("wte");
     wpe_ = store_->index_of("wpe");
     lnfw_ = store_->index_of("lnf.weight");
@@ -173,10 +174,11 @@ class Gpt final : public Model {
     dmid_ = a.add("narrow.grad", act, N * C);
     dres_ = a.add("residual.grad", act, N * C);
     a.finish();
-    // fp8 presets: the four Linears of every block; the tied embedding / LM head stays
-    // bf16 (TE keeps the first and last layers in higher precision).
-    if (gemms.has_value()) {
-      fp8_ = std::make_unique<Fp8Linears>(*gemms, fp8);
+    // Quantized presets and recipe files: the four Linears of every block, in the order of
+    // quantized_linear_names; the tied embedding / LM head stays bf16 (TE keeps the first and
+    // last layers in higher precision).
+    if (linears) {
+      fp8_ = std::move(linears);
       for (std::size_t l = 0; l < L; ++l) {
         const std::string h = layer_prefix(l);
         fp8_ids_.push_back({fp8_->add(h + "attn.qkv", N, C, 3 * C), fp8_->add(h + "attn.proj", N, C, C),
@@ -628,9 +630,9 @@ class Gpt final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, const StateFormats& formats, std::optional<QuantizedGemms> gemms,
-                                const Fp8Config& fp8) {
-  return std::make_unique<Gpt>(c, p, state_slots, formats, gemms, fp8);
+std::unique_ptr<Model> make_gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, const StateFormats& formats,
+                                std::unique_ptr<Fp8Linears> linears) {
+  return std::make_unique<Gpt>(c, p, state_slots, formats, std::move(linears));
 }
 
 }  // namespace mixprec::nn::detail

@@ -53,7 +53,8 @@ enum BackwardSlot : std::size_t {
 
 class Mlp final : public Model {
  public:
-  Mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, const StateFormats& formats, std::optional<QuantizedGemms> gemms, const Fp8Config& fp8)
+  Mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, const StateFormats& formats,
+      std::unique_ptr<Fp8Linears> linears)
       : Model(c, p) {
     store_ = std::make_unique<ParamStore>(mlp_specs(c), StoreOptions{p.weights, p.weight_grads, p.master, state_slots, formats});
     const std::size_t B = c.batch, TC = c.context * c.channels, H = c.hidden, V = c.vocab;
@@ -86,9 +87,9 @@ class Mlp final : public Model {
     dlogits_ = a.add("logits.grad", act, B * V);
     dhid_ = a.add("hidden.grad", act, B * std::max(H, TC));
     a.finish();
-    // fp8 presets: the hidden Linears; the embedding and the head stay bf16.
-    if (gemms.has_value()) {
-      fp8_ = std::make_unique<Fp8Linears>(*gemms, fp8);
+    // Quantized presets and recipe files: the hidden Linears; the embedding and the head stay bf16.
+    if (linears) {
+      fp8_ = std::move(linears);
       for (std::size_t i = 0; i < c.depth; ++i) {
         fp8_->add(std::string("fc").append(std::to_string(i)), B, i == 0 ? TC : H, H);
       }
@@ -260,9 +261,9 @@ class Mlp final : public Model {
 
 }  // namespace
 
-std::unique_ptr<Model> make_mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, const StateFormats& formats, std::optional<QuantizedGemms> gemms,
-                                const Fp8Config& fp8) {
-  return std::make_unique<Mlp>(c, p, state_slots, formats, gemms, fp8);
+std::unique_ptr<Model> make_mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, const StateFormats& formats,
+                                std::unique_ptr<Fp8Linears> linears) {
+  return std::make_unique<Mlp>(c, p, state_slots, formats, std::move(linears));
 }
 
 }  // namespace mixprec::nn::detail

@@ -60,17 +60,106 @@ std::unique_ptr<Model> make_model(const ModelConfig& config, Precision precision
   return make_model(config, precision, ModelOptions{.state_slots = state_slots, .fp8 = fp8});
 }
 
+std::vector<std::string> quantized_linear_names(const ModelConfig& c) {
+  std::vector<std::string> names;
+  if (c.kind == ModelKind::gpt) {
+    for (std::size_t l = 0; l < c.layers; ++l) {
+      const std::string h = std::string("h").append(std::to_string(l)).append(".");
+      for (const char* n : {"attn.qkv", "attn.proj", "mlp.fc", "mlp.proj"}) names.push_back(h + n);
+    }
+  } else {
+    for (std::size_t i = 0; i < c.depth; ++i) names.push_back(std::string("fc").append(std::to_string(i)));
+  }
+  return names;
+}
+
+namespace {
+
+// The names quantized_linear_names gives, in words, for messages.
+std::string linear_names_text(const ModelConfig& c) {
+  if (c.kind == ModelKind::gpt)
+    return "h<L>.attn.qkv, h<L>.attn.proj, h<L>.mlp.fc or h<L>.mlp.proj with L from 0 to " +
+           std::to_string(c.layers - 1);
+  return "fc<I> with I from 0 to " + std::to_string(c.depth - 1);
+}
+
+[[noreturn]] void recipe_fail(const std::string& message) { throw std::invalid_argument(message); }
+
+}  // namespace
+
+void check_recipes(const lowp::Assignment& a, const ModelConfig& c, std::uint64_t total_steps) {
+  const std::vector<std::string> names = quantized_linear_names(c);
+  auto known = [&](const std::string& n) { return std::find(names.begin(), names.end(), n) != names.end(); };
+  for (const auto& [name, entry] : a.modules)
+    if (!known(name))
+      recipe_fail("recipe file: modules[\"" + name + "\"]: expected a Linear of this model (" + linear_names_text(c) +
+                  "), found \"" + name + "\"");
+  for (std::size_t i = 0; i < a.schedule.size(); ++i) {
+    for (std::size_t j = 0; j < a.schedule[i].modules.size(); ++j) {
+      const std::string& pattern = a.schedule[i].modules[j];
+      const bool hit = std::any_of(names.begin(), names.end(),
+                                   [&](const std::string& n) { return lowp::module_matches(pattern, n); });
+      if (!hit)
+        recipe_fail("recipe file: schedule[" + std::to_string(i) + "].modules[" + std::to_string(j) +
+                    "]: expected a name or pattern matching a Linear of this model (" + linear_names_text(c) +
+                    "), found \"" + pattern + "\", which matches none");
+    }
+  }
+  (void)a.phase_starts(total_steps);  // a fraction needs the run's length
+  if (a.evaluation) {
+    const lowp::LinearPlan e = lowp::plan(*a.evaluation, a.options);
+    for (const auto& r : e.operands)
+      if (r && r->recipe == lowp::Recipe::fp8_delayed)
+        recipe_fail("recipe file: evaluation: expected a recipe other than fp8-delayed (its scales come from the amax "
+                    "histories of training steps, which an evaluation forward does not record), found fp8-delayed");
+  }
+  // Every Linear's plan at every phase start, and one delayed-scaling config over them all.
+  std::optional<lowp::DelayedScalingConfig> delayed;
+  std::string delayed_where;
+  for (const std::string& name : names) {
+    for (const auto& [step, plan] : detail::recipe_timeline(a, name, total_steps)) {
+      for (const auto& r : plan.operands) {
+        if (!r || r->recipe != lowp::Recipe::fp8_delayed) continue;
+        const lowp::DelayedScalingConfig d{r->margin, r->amax_history_len, r->amax_compute_algo, r->fp8_format};
+        const std::string where = name + " from step " + std::to_string(step);
+        if (delayed && !(*delayed == d)) {
+          auto text = [](const lowp::DelayedScalingConfig& x) {
+            return "amax_history_len " + std::to_string(x.amax_history_len) + ", amax_compute_algo " +
+                   std::string(lowp::amax_algo_name(x.amax_compute_algo)) + ", margin " + std::to_string(x.margin) +
+                   ", fp8_format " + std::string(lowp::format_key(x.format));
+          };
+          recipe_fail("recipe file: fp8-delayed: expected one set of options for every fp8-delayed Linear (the engine "
+                      "keeps one amax-history config), found " + text(*delayed) + " (" + delayed_where + ") and " +
+                      text(d) + " (" + where + ")");
+        }
+        delayed = d;
+        delayed_where = where;
+      }
+    }
+  }
+}
+
 std::unique_ptr<Model> make_model(const ModelConfig& config, Precision precision, const ModelOptions& options) {
   validate(config);
   PrecisionPolicy p = policy_of(precision);
   p.master = p.master && options.master_weights;
   const std::optional<QuantizedGemms> gemms = quantized_gemms_of(precision);
   const Fp8Config& fp8 = options.fp8;
-  if (gemms && gemms->delayed_scaling()) {
-    lowp::validate(lowp::DelayedScalingConfig{fp8.margin, fp8.amax_history_len, fp8.amax_compute_algo, fp8.format});
+  std::unique_ptr<detail::Fp8Linears> linears;
+  if (options.recipes) {
+    if (!gemms)
+      throw std::invalid_argument("precision: expected a quantized preset with a recipe file (it gives the rest of the "
+                                  "model's precision), found " + std::string(precision_name(precision)));
+    check_recipes(*options.recipes, config, options.recipe_steps);
+    linears = std::make_unique<detail::Fp8Linears>(options.recipes, options.recipe_steps);
+  } else if (gemms) {
+    if (gemms->delayed_scaling())
+      lowp::validate(lowp::DelayedScalingConfig{fp8.margin, fp8.amax_history_len, fp8.amax_compute_algo, fp8.format});
+    linears = std::make_unique<detail::Fp8Linears>(*gemms, fp8);
   }
-  return config.kind == ModelKind::gpt ? detail::make_gpt(config, p, options.state_slots, options.formats, gemms, fp8)
-                                       : detail::make_mlp(config, p, options.state_slots, options.formats, gemms, fp8);
+  return config.kind == ModelKind::gpt
+             ? detail::make_gpt(config, p, options.state_slots, options.formats, std::move(linears))
+             : detail::make_mlp(config, p, options.state_slots, options.formats, std::move(linears));
 }
 
 void Model::scaled_layer(std::string name, std::int64_t fan_in, std::vector<std::size_t> params) {
@@ -126,6 +215,15 @@ void Model::fp8_step_done(const std::function<void(std::span<float>)>& reduce_am
     d->set_current_amaxes(amaxes);
   }
   f->step_done();
+}
+
+bool Model::set_recipe_step(std::uint64_t step) {
+  detail::Fp8Linears* f = fp8_linears();
+  return f != nullptr && f->set_step(step);
+}
+
+void Model::set_evaluation(bool on) noexcept {
+  if (detail::Fp8Linears* f = fp8_linears()) f->set_evaluation(on);
 }
 
 const lowp::DelayedScaling* Model::fp8_delayed() const noexcept {
@@ -200,6 +298,8 @@ void Model::reset_stats() noexcept {
 
 void Model::set_histograms(bool on) noexcept {
   histograms_on_ = on;
+  // The histogram steps are the engine's sampled steps of the quantized tensors too.
+  if (detail::Fp8Linears* f = fp8_linears()) f->set_sampled(on);
   if (on) {
     histograms_.activations.clear();
     histograms_.activation_grads.clear();

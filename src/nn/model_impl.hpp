@@ -8,10 +8,11 @@
 
 namespace mixprec::nn::detail {
 
-// recipe: the fp8 recipe of the Linear layers (none: plain fp32 layers).
-std::unique_ptr<Model> make_gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, const StateFormats& formats, std::optional<QuantizedGemms> gemms,
-                                const Fp8Config& fp8);
-std::unique_ptr<Model> make_mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, const StateFormats& formats, std::optional<QuantizedGemms> gemms,
-                                const Fp8Config& fp8);
+// linears: the quantized Linear layers, before any add() (null: plain fp32 layers); the model
+// adds its Linears (quantized_linear_names) and finishes them.
+std::unique_ptr<Model> make_gpt(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, const StateFormats& formats,
+                                std::unique_ptr<Fp8Linears> linears);
+std::unique_ptr<Model> make_mlp(const ModelConfig& c, PrecisionPolicy p, unsigned state_slots, const StateFormats& formats,
+                                std::unique_ptr<Fp8Linears> linears);
 
 }  // namespace mixprec::nn::detail

@@ -150,6 +150,9 @@ std::string loss_chart(const std::vector<ReportRun>& runs) {
         v.points.push_back({x, *r.val_loss});
         any_val = true;
       }
+      // A recipe file's switch (the first step of a phase of its schedule).
+      if (!r.recipe_phase.empty())
+        c.vlines.push_back({x, runs.size() > 1 ? runs[i].name + ": " + r.recipe_phase : r.recipe_phase, s.color});
     }
     c.series.push_back(std::move(s));
     c.series.push_back(std::move(v));
@@ -544,6 +547,199 @@ std::string fp8_section(const std::vector<ReportRun>& runs) {
   }
   out += "</div></section>\n";
   return out;
+}
+
+// ---- per-block statistics (the fp8 entries' blocks, kurtosis and what_if at sampled steps) ----
+
+bool has_blocks(const ReportRun& r) {
+  return std::any_of(r.records.begin(), r.records.end(), [](const StepRecord& s) {
+    return std::any_of(s.fp8.begin(), s.fp8.end(), [](const nn::Fp8TensorStats& t) { return t.blocks || t.kurtosis; });
+  });
+}
+
+// The tensors with sampled statistics, in log order.
+std::vector<std::string> block_tensors(const ReportRun& run) {
+  std::vector<std::string> names;
+  for (const StepRecord& r : run.records)
+    for (const nn::Fp8TensorStats& t : r.fp8)
+      if ((t.blocks || t.kurtosis) && std::find(names.begin(), names.end(), t.name) == names.end())
+        names.push_back(t.name);
+  return names;
+}
+
+// One line per layer: the kurtosis of its input (the activation) at the sampled steps (log2 axis).
+std::string activation_kurtosis_chart(const ReportRun& run, std::size_t index, const std::vector<std::string>& inputs) {
+  svg::LineChart c;
+  c.id = "blocks-kurtosis-" + std::to_string(index);
+  c.height = 320;
+  c.x = {"step", false, std::nullopt, std::nullopt, false, true};
+  c.y.label = "kurtosis of x";
+  c.y.log2 = true;
+  for (std::size_t k = 0; k < inputs.size(); ++k) {
+    svg::Series s;
+    s.label = inputs[k].substr(0, inputs[k].size() - std::string_view(".input").size());
+    s.color = group_color(k);
+    s.width = 1.6;
+    s.marker = svg::Marker::circle;
+    s.marker_size = 2.2;
+    for (const StepRecord& r : run.records)
+      for (const nn::Fp8TensorStats& t : r.fp8)
+        if (t.name == inputs[k] && t.kurtosis) s.points.push_back({static_cast<double>(r.step), *t.kurtosis});
+    c.series.push_back(std::move(s));
+  }
+  return svg::render(c);
+}
+
+// One tensor's blocks over the sampled steps: the log2 multipliers' p01-p99 band and median.
+std::string block_band_chart(const ReportRun& run, std::size_t index, std::size_t k, const std::string& name) {
+  svg::LineChart c;
+  c.id = "blocks-band-" + std::to_string(index) + "-" + std::to_string(k);
+  c.width = 380;
+  c.height = 190;
+  c.x = {"step", false, std::nullopt, std::nullopt, false, true};
+  c.y.label = "log2 multiplier";
+  svg::Band b;
+  b.label = "p01\u2013p99";
+  b.color = "#2563eb";
+  svg::Series median;
+  median.label = "median";
+  median.color = "#1e3a8a";
+  median.width = 1.6;
+  median.marker = svg::Marker::circle;
+  median.marker_size = 2;
+  for (const StepRecord& r : run.records)
+    for (const nn::Fp8TensorStats& t : r.fp8)
+      if (t.name == name && t.blocks && t.blocks->multiplier_blocks > 0) {
+        const double x = static_cast<double>(r.step);
+        const lowp::BlockQuantiles& q = t.blocks->log2_multiplier_quantiles;
+        b.low.push_back({x, q.p01});
+        b.high.push_back({x, q.p99});
+        median.points.push_back({x, q.p50});
+      }
+  c.bands.push_back(std::move(b));
+  c.series.push_back(std::move(median));
+  return svg::render(c);
+}
+
+// One tensor's kurtosis over the sampled steps (a linear axis from 0: a small chart has no
+// room for a tick per binade).
+std::string tensor_kurtosis_chart(const ReportRun& run, std::size_t index, std::size_t k, const std::string& name) {
+  svg::LineChart c;
+  c.id = "blocks-k-" + std::to_string(index) + "-" + std::to_string(k);
+  c.width = 380;
+  c.height = 150;
+  c.x = {"step", false, std::nullopt, std::nullopt, false, true};
+  c.y.label = "kurtosis";
+  c.y.min = 0;
+  svg::Series s;
+  s.label = "kurtosis";
+  s.color = "#b45309";
+  s.width = 1.6;
+  s.marker = svg::Marker::circle;
+  s.marker_size = 2;
+  for (const StepRecord& r : run.records)
+    for (const nn::Fp8TensorStats& t : r.fp8)
+      if (t.name == name && t.kurtosis) s.points.push_back({static_cast<double>(r.step), *t.kurtosis});
+  c.series.push_back(std::move(s));
+  return svg::render(c);
+}
+
+// The latest sampled step of each tensor: its blocks, far blocks, dynamic ranges, kurtosis and
+// what-ifs (a column per recipe the log names).
+std::string block_table(const ReportRun& run, const std::vector<std::string>& names) {
+  std::vector<std::pair<std::uint64_t, const nn::Fp8TensorStats*>> last(names.size(), {0, nullptr});
+  std::vector<std::string> recipes;
+  for (const StepRecord& r : run.records)
+    for (const nn::Fp8TensorStats& t : r.fp8) {
+      if (!t.blocks && !t.kurtosis) continue;
+      const auto it = std::find(names.begin(), names.end(), t.name);
+      last[static_cast<std::size_t>(it - names.begin())] = {r.step, &t};
+      for (const nn::Fp8WhatIf& w : t.what_if)
+        if (std::find(recipes.begin(), recipes.end(), w.recipe) == recipes.end()) recipes.push_back(w.recipe);
+    }
+  std::string head =
+      "<tr><th>tensor</th><th>recipe</th><th class=\"num\">step</th><th class=\"num\">blocks</th>"
+      "<th class=\"num\">far blocks</th><th class=\"num\">log\u2082 mult. p01 / p50 / p99</th>"
+      "<th class=\"num\">std</th><th class=\"num\">max block range</th><th class=\"num\">kurtosis</th>"
+      "<th class=\"num\">flushed</th>";
+  for (const std::string& r : recipes) head += "<th class=\"num\">what-if " + escape(r) + " flushed</th>";
+  head += "</tr>";
+  std::string rows;
+  for (std::size_t k = 0; k < names.size(); ++k) {
+    const nn::Fp8TensorStats& t = *last[k].second;
+    const std::string dash = "\u2013";
+    rows += "<tr><td class=\"name\">" + escape(t.name) + "</td><td>" + escape(t.recipe.empty() ? "fp8" : t.recipe) +
+            "</td><td class=\"num\">" + std::to_string(last[k].first) + "</td>";
+    if (t.blocks) {
+      const lowp::BlockStats& b = *t.blocks;
+      const lowp::BlockQuantiles& q = b.log2_multiplier_quantiles;
+      rows += "<td class=\"num\">" + std::to_string(b.blocks) + "</td><td class=\"num\">" +
+              std::to_string(b.far_blocks) + " (" + percent(fraction(b.far_blocks, b.blocks)) +
+              ")</td><td class=\"num\">" +
+              number(q.p01, 3) + " / " + number(q.p50, 3) + " / " + number(q.p99, 3) + "</td><td class=\"num\">" +
+              number(b.log2_multiplier_std, 3) + "</td><td class=\"num\">" + number(b.max_block_dynamic_range, 3) +
+              " binades</td>";
+    } else {
+      rows += "<td class=\"num\">" + dash + "</td><td class=\"num\">" + dash + "</td><td class=\"num\">" + dash +
+              "</td><td class=\"num\">" + dash + "</td><td class=\"num\">" + dash + "</td>";
+    }
+    rows += "<td class=\"num\">" + (t.kurtosis ? number(*t.kurtosis, 4) : dash) + "</td><td class=\"num\">" +
+            percent(fraction(t.flushed, t.nonzero)) + "</td>";
+    for (const std::string& r : recipes) {
+      const auto w =
+          std::find_if(t.what_if.begin(), t.what_if.end(), [&](const nn::Fp8WhatIf& x) { return x.recipe == r; });
+      rows += "<td class=\"num\">" + (w == t.what_if.end() ? dash : percent(fraction(w->flushed, t.nonzero))) + "</td>";
+    }
+    rows += "</tr>";
+  }
+  return "<div class=\"scroll\"><table><thead>" + head + "</thead><tbody>" + rows + "</tbody></table></div>";
+}
+
+// The small multiples are drawn for at most this many tensors of a run (the table lists all).
+constexpr std::size_t kMaxBlockTensors = 48;
+
+std::string blocks_section(const std::vector<ReportRun>& runs) {
+  if (std::none_of(runs.begin(), runs.end(), has_blocks)) return {};
+  std::string out = "<section id=\"blocks\"><h2>Per-block statistics</h2>";
+  out += "<p class=\"lead\">At the sampled steps, for each quantized tensor: how its scale blocks' multipliers "
+         "spread (log\u2082; a block whose values are far smaller than the rest gets a larger multiplier), how "
+         "many blocks sit far below the tensor's amax, and the kurtosis of its values (3 for a Gaussian; a few "
+         "outlier values make it grow). A rising activation kurtosis and a widening band are the early signs of "
+         "a recipe breaking (docs/low_precision.md, \"Per-block statistics\"; the alerts kurtosis-rise and "
+         "block-spread-rise).</p>";
+  for (std::size_t i = 0; i < runs.size(); ++i) {
+    if (!has_blocks(runs[i])) continue;
+    const std::vector<std::string> names = block_tensors(runs[i]);
+    std::vector<std::string> inputs;
+    for (const std::string& n : names)
+      if (n.ends_with(".input")) inputs.push_back(n);
+    const std::size_t all_inputs = inputs.size();
+    if (inputs.size() > kMaxChartLines) inputs.resize(kMaxChartLines);
+    const std::string who = swatch(run_color(i)) + escape(runs[i].name);
+    if (!inputs.empty())
+      out += card(who + " <span class=\"muted\">kurtosis of each layer's input (the activation)</span>",
+                  activation_kurtosis_chart(runs[i], i, inputs),
+                  "at the sampled steps, one line per Linear (log\u2082 axis)" +
+                      (inputs.size() < all_inputs ? " (the first " + std::to_string(inputs.size()) + " of " +
+                                                        std::to_string(all_inputs) + ")"
+                                                  : std::string()));
+    out += card(who + " <span class=\"muted\">the latest sampled step of each tensor</span>",
+                block_table(runs[i], names),
+                "far blocks: blocks whose amax is more than 2^far_log2 (2^8) below the tensor's; max block range: "
+                "the largest log\u2082(max |x| / min |x|) of a block's nonzero values; flushed: of the tensor's "
+                "nonzero values, under its recipe and, what-if, under each recipe Telemetry(what_if=...) named");
+    out += "<div class=\"grid3\">";
+    const std::size_t shown = std::min(names.size(), kMaxBlockTensors);
+    for (std::size_t k = 0; k < shown; ++k)
+      out += card(escape(names[k]),
+                  block_band_chart(runs[i], i, k, names[k]) + tensor_kurtosis_chart(runs[i], i, k, names[k]), {},
+                  "card small");
+    out += "</div>";
+    if (shown < names.size())
+      out += card("", "<p class=\"muted\">Charts for the first " + std::to_string(shown) + " of " +
+                          std::to_string(names.size()) + " tensors; the table lists every one.</p>");
+  }
+  return out + "</section>\n";
 }
 
 // ---- per-layer loss scaling (preset layerwise: the log's "layers" arrays) ------------------
@@ -1194,6 +1390,10 @@ main{max-width:1240px;margin:0 auto;padding:4px 20px 40px}
 .card .note{color:var(--muted);font-size:12.5px;margin:-2px 0 8px}
 .grid2{display:grid;grid-template-columns:1fr 1fr;gap:16px}
 .grid2>.card{margin-bottom:0}
+.grid3{display:grid;grid-template-columns:repeat(3,1fr);gap:12px}
+.grid3>.card{margin-bottom:0;padding:10px 12px}
+.grid3>.card h3{font-size:12.5px;word-break:break-all}
+.grid3+.card{margin-top:16px}
 .grid2+.grid2,.grid2+.card,.tiles+.grid2,.tiles+.card{margin-top:16px}
 .card.notes{padding:12px 18px}
 svg.chart{display:block;width:100%;height:auto;font-family:inherit}
@@ -1303,9 +1503,13 @@ std::string render_report(const std::vector<ReportRun>& runs, const ReportOption
 
   // Training curves.
   out += "<section id=\"training\"><h2>Training</h2>";
+  const bool switches = std::any_of(runs.begin(), runs.end(), [](const ReportRun& r) {
+    return std::any_of(r.records.begin(), r.records.end(), [](const StepRecord& s) { return !s.recipe_phase.empty(); });
+  });
   out += card("Training loss", loss_chart(runs),
               std::string("mean loss of each step's tokens") +
-                  (runs.size() > 1 ? "; one line per run" : "") + "; dots: validation loss");
+                  (runs.size() > 1 ? "; one line per run" : "") + "; dots: validation loss" +
+                  (switches ? "; dashed lines: recipe-file phases beginning (their labels)" : ""));
   out += "<div class=\"grid2\">";
   out += card("Loss scale", scale_chart(runs), "the scale each step's gradients carried (log\u2082 axis); "
                                                 "\u2715 = skipped step (inf/NaN in the gradients)");
@@ -1343,6 +1547,7 @@ std::string render_report(const std::vector<ReportRun>& runs, const ReportOption
   out += "</section>\n";
 
   out += fp8_section(runs);
+  out += blocks_section(runs);
   out += advisor_section(runs);
   out += layerwise_section(runs);
   out += optimizer_section(runs);

@@ -234,40 +234,55 @@ std::string render(const LineChart& c) {
   struct Item {
     const Series* s;
     double x, y;
+    const Band* band = nullptr;  // a band's legend item (s null)
   };
   std::vector<Item> items;
   double lx = left, ly = 14;
-  for (const Series& s : c.series) {
-    if (s.label.empty()) continue;
-    const double w = 30 + label_width(s.label) + 18;
+  auto place = [&](const std::string& label, const Series* s, const Band* b) {
+    if (label.empty()) return;
+    const double w = 30 + label_width(label) + 18;
     if (lx + w > W - right && lx > left) {
       lx = left;
       ly += 18;
     }
-    items.push_back({&s, lx, ly});
+    items.push_back({s, lx, ly, b});
     lx += w;
-  }
+  };
+  for (const Band& b : c.bands) place(b.label, nullptr, &b);
+  for (const Series& s : c.series) place(s.label, &s, nullptr);
   const double top = (items.empty() ? 10 : ly + 14) + 6;
   const double pw = W - left - right, ph = H - top - bottom;
 
   // Domains from the finite points.
   double xmin = std::numeric_limits<double>::infinity(), xmax = -xmin, ymin = xmin, ymax = -xmin;
   std::size_t finite = 0;
+  auto extend = [&](const Point& p) {
+    if (!std::isfinite(p.x) || !std::isfinite(p.y) || (c.y.log2 && p.y <= 0)) return;
+    ++finite;
+    xmin = std::min(xmin, p.x);
+    xmax = std::max(xmax, p.x);
+    ymin = std::min(ymin, p.y);
+    ymax = std::max(ymax, p.y);
+  };
   for (const Series& s : c.series)
-    for (const Point& p : s.points) {
-      if (!std::isfinite(p.x) || !std::isfinite(p.y) || (c.y.log2 && p.y <= 0)) continue;
-      ++finite;
-      xmin = std::min(xmin, p.x);
-      xmax = std::max(xmax, p.x);
-      ymin = std::min(ymin, p.y);
-      ymax = std::max(ymax, p.y);
-    }
+    for (const Point& p : s.points) extend(p);
+  for (const Band& b : c.bands) {
+    for (const Point& p : b.low) extend(p);
+    for (const Point& p : b.high) extend(p);
+  }
 
   std::string out = svg_open(c.id, c.width, c.height, "line-chart");
   rect(out, 0, 0, W, H, "#ffffff");
 
   // Legend.
   for (const Item& it : items) {
+    if (it.band != nullptr) {
+      out += "<g class=\"legend-item\">";
+      rect(out, it.x, it.y - 10, 22, 12, it.band->color, std::min(1.0, it.band->opacity * 2));
+      text(out, it.x + 28, it.y, it.band->label, "start", 11.5, "#1f2937");
+      out += "</g>";
+      continue;
+    }
     const Series& s = *it.s;
     out += "<g class=\"legend-item\">";
     if (s.line) line(out, it.x, it.y - 4, it.x + 22, it.y - 4, s.color.c_str(), std::min(s.width, 3.0), s.dash);
@@ -354,6 +369,51 @@ std::string render(const LineChart& c) {
   out += "<clipPath id=\"" + clip + "\">";
   rect(out, left - 5, top - 5, pw + 10, ph + 10, "#fff");
   out += "</clipPath>";
+
+  // Events: a dashed vertical line and its label at the top of the plot.
+  for (const VLine& v : c.vlines) {
+    if (!std::isfinite(v.x) || v.x < x0 || v.x > x1) continue;
+    const double x = sx.map(v.x);
+    out += "<g class=\"vline\" data-x=\"" + number(v.x, 12) + "\" data-label=\"" + escape(v.label) + "\">";
+    line(out, x, top, x, top + ph, v.color.c_str(), 1.5, "4 3");
+    text(out, x + 4, top + 12, v.label, "start", 11, v.color.c_str());
+    out += "</g>";
+  }
+
+  // Bands: one filled polygon per run of points valid on both edges.
+  for (const Band& b : c.bands) {
+    const std::size_t n = std::min(b.low.size(), b.high.size());
+    std::size_t valid = 0;
+    std::string polys;
+    std::vector<Point> lo, hi;
+    auto flush = [&] {
+      if (lo.size() >= 2) {
+        polys += "<polygon fill=\"" + b.color + "\" fill-opacity=\"" + number(b.opacity, 3) +
+                 "\" stroke=\"none\" points=\"";
+        for (std::size_t i = 0; i < lo.size(); ++i)
+          polys.append(i ? " " : "").append(coord(lo[i].x)).append(",").append(coord(lo[i].y));
+        for (std::size_t i = hi.size(); i-- > 0;)
+          polys.append(" ").append(coord(hi[i].x)).append(",").append(coord(hi[i].y));
+        polys += "\"/>";
+      }
+      lo.clear();
+      hi.clear();
+    };
+    for (std::size_t i = 0; i < n; ++i) {
+      const Point& l = b.low[i];
+      const Point& h = b.high[i];
+      if (!std::isfinite(l.x) || !std::isfinite(h.x) || !sy.valid(l.y) || !sy.valid(h.y)) {
+        flush();
+        continue;
+      }
+      ++valid;
+      lo.push_back({sx.map(l.x), sy.map(l.y)});
+      hi.push_back({sx.map(h.x), sy.map(h.y)});
+    }
+    flush();
+    out += "<g class=\"area\" data-label=\"" + escape(b.label) + "\" data-points=\"" + std::to_string(valid) +
+           "\" clip-path=\"url(#" + clip + ")\">" + polys + "</g>";
+  }
 
   // Series: lines first, then markers on top.
   for (int pass = 0; pass < 2; ++pass) {

@@ -44,11 +44,29 @@ struct Axis {
   bool integer = false;            // integer ticks only (steps)
 };
 
+// A vertical line across the plot at x, labelled at its top (an event: a recipe switch).
+struct VLine {
+  double x = 0;
+  std::string label;
+  std::string color = "#6b7280";
+};
+
+// A filled area between two lines (a quantile band): low[i] and high[i] at the same x. A
+// pair with a non-finite value (or <= 0 on a log2 axis) breaks the area.
+struct Band {
+  std::string label;           // in the legend (a filled square); empty: left out of it
+  std::string color = "#2563eb";
+  std::vector<Point> low, high;
+  double opacity = 0.22;
+};
+
 struct LineChart {
   std::string id;                  // unique in the document (clip path id, data-chart)
   int width = 1160, height = 360;
   Axis x, y;
   std::vector<Series> series;
+  std::vector<VLine> vlines;       // drawn under the series; those outside the x range are left out
+  std::vector<Band> bands;         // drawn under the series, in the axes' domain with them
   std::string empty_text = "no data";
 };
 

@@ -116,6 +116,20 @@ std::vector<Scalar> StepScalars::add(const train::StepRecord& r) {
   }
   for (const nn::TensorGradStats& t : r.act_grad_tensors)
     put("underflow/" + t.name, fraction(t.stats.underflow, t.stats.nonzero));
+  // Quantized tensors at their sampled steps: the per-block statistics and the what-ifs.
+  for (const nn::Fp8TensorStats& t : r.fp8) {
+    const std::string tag = "lowp/" + t.name + "/";
+    if (t.kurtosis) put(tag + "kurtosis", *t.kurtosis);
+    if (t.blocks) {
+      put(tag + "log2_multiplier_std", t.blocks->log2_multiplier_std);
+      put(tag + "far_block_fraction", fraction(t.blocks->far_blocks, t.blocks->blocks));
+      put(tag + "max_block_dynamic_range", t.blocks->max_block_dynamic_range);
+    }
+    for (const nn::Fp8WhatIf& w : t.what_if) {
+      put(tag + "what_if/" + w.recipe + "/flushed", fraction(w.flushed, t.nonzero));
+      if (w.rel_rms_error) put(tag + "what_if/" + w.recipe + "/rel_rms_error", *w.rel_rms_error);
+    }
+  }
   put("time/step_seconds", r.seconds);
   return out;
 }

@@ -92,6 +92,8 @@ std::string_view alert_id(AlertKind k) noexcept {
     case AlertKind::nonfinite_input: return "nonfinite-input";
     case AlertKind::loss_divergence: return "loss-divergence";
     case AlertKind::guarded_skip: return "guarded-skip";
+    case AlertKind::kurtosis_rise: return "kurtosis-rise";
+    case AlertKind::block_spread_rise: return "block-spread-rise";
   }
   return "?";
 }
@@ -100,7 +102,8 @@ const std::vector<AlertKind>& alert_kinds() {
   static const std::vector<AlertKind> kinds = {AlertKind::persistent_overflow, AlertKind::scale_collapse,
                                                AlertKind::underflow_plateau,   AlertKind::forward_overflow,
                                                AlertKind::scale_pinned,        AlertKind::nonfinite_input,
-                                               AlertKind::loss_divergence,     AlertKind::guarded_skip};
+                                               AlertKind::loss_divergence,     AlertKind::guarded_skip,
+                                               AlertKind::kurtosis_rise,       AlertKind::block_spread_rise};
   return kinds;
 }
 
@@ -138,6 +141,14 @@ void validate(const AlertThresholds& t) {
     bad("divergence_rise", "a finite number >= 0", exact(t.divergence_rise));
   if (!(t.divergence_nats >= 0 && std::isfinite(t.divergence_nats)))
     bad("divergence_nats", "a finite number >= 0", exact(t.divergence_nats));
+  window("tensor_baseline", t.tensor_baseline);
+  if (!(t.kurtosis_rise > 1 && std::isfinite(t.kurtosis_rise)))
+    bad("kurtosis_rise", "a finite number > 1", exact(t.kurtosis_rise));
+  if (!(t.kurtosis_min >= 0 && std::isfinite(t.kurtosis_min)))
+    bad("kurtosis_min", "a finite number >= 0", exact(t.kurtosis_min));
+  if (!(t.spread_rise_binades > 0 && std::isfinite(t.spread_rise_binades)))
+    bad("spread_rise_binades", "a finite number > 0", exact(t.spread_rise_binades));
+  fraction("far_blocks_rise", t.far_blocks_rise, true);
 }
 
 std::vector<std::pair<std::string, std::string>> describe(const AlertThresholds& t) {
@@ -158,7 +169,12 @@ std::vector<std::pair<std::string, std::string>> describe(const AlertThresholds&
           {"input_activations", inputs},
           {"divergence_window", std::to_string(t.divergence_window)},
           {"divergence_rise", exact(t.divergence_rise)},
-          {"divergence_nats", exact(t.divergence_nats)}};
+          {"divergence_nats", exact(t.divergence_nats)},
+          {"tensor_baseline", std::to_string(t.tensor_baseline)},
+          {"kurtosis_rise", exact(t.kurtosis_rise)},
+          {"kurtosis_min", exact(t.kurtosis_min)},
+          {"spread_rise_binades", exact(t.spread_rise_binades)},
+          {"far_blocks_rise", exact(t.far_blocks_rise)}};
 }
 
 RunContext RunContext::of(const train::TrainConfig& c) {
@@ -206,16 +222,17 @@ bool AlertMonitor::run_problem() {
          find(AlertKind::guarded_skip) != nullptr;
 }
 
-Alert* AlertMonitor::find(AlertKind k) {
+Alert* AlertMonitor::find(AlertKind k, std::string_view tensor) {
   for (Alert& a : alerts_)
-    if (a.kind == k) return &a;
+    if (a.kind == k && a.tensor == tensor) return &a;
   return nullptr;
 }
 
-// The rule of kind k holds at `step`: raise it (first time) or count it.
+// The rule of kind k holds at `step` (for `tensor`: the per-tensor kinds): raise it (first
+// time) or count it.
 void AlertMonitor::hold(AlertKind k, std::uint64_t step, std::vector<Alert>& raised, std::string message,
-                        std::string advice) {
-  if (Alert* a = find(k)) {
+                        std::string advice, std::string tensor) {
+  if (Alert* a = find(k, tensor)) {
     a->last_step = step;
     ++a->steps;
     return;
@@ -227,12 +244,13 @@ void AlertMonitor::hold(AlertKind k, std::uint64_t step, std::vector<Alert>& rai
   a.steps = 1;
   a.message = std::move(message);
   a.advice = std::move(advice);
+  a.tensor = std::move(tensor);
   alerts_.push_back(a);
   raised.push_back(std::move(a));
 }
 
-void AlertMonitor::hold(AlertKind k, std::uint64_t step) {
-  if (Alert* a = find(k)) {
+void AlertMonitor::hold(AlertKind k, std::uint64_t step, std::string_view tensor) {
+  if (Alert* a = find(k, tensor)) {
     a->last_step = step;
     ++a->steps;
   }
@@ -587,7 +605,134 @@ std::vector<Alert> AlertMonitor::observe(const train::StepRecord& r) {
       }
     }
   }
+  observe_tensors(r, raised);
   return raised;
+}
+
+namespace {
+
+// The median of a few values (the mean of the middle two for an even count).
+double median_of(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n == 0 ? kNaN : n % 2 == 1 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+// "layer h0.mlp.fc, its input x (the activation)" for "h0.mlp.fc.input".
+std::string tensor_words(const std::string& name) {
+  const std::pair<std::string_view, std::string_view> roles[] = {
+      {".input", "its input x (the activation)"},
+      {".weight", "its weight w"},
+      {".grad_output", "its output gradient dy"}};
+  for (const auto& [suffix, words] : roles)
+    if (name.ends_with(suffix)) return cat("layer ", name.substr(0, name.size() - suffix.size()), ", ", words);
+  return cat("tensor ", name);
+}
+
+// What the run log holds of a tensor's blocks at this step, for a message.
+std::string blocks_words(const nn::Fp8TensorStats& t) {
+  if (!t.blocks) return {};
+  const lowp::BlockStats& b = *t.blocks;
+  return cat("; its ", num(b.blocks), " blocks' log2 multipliers spread with std ", fmt_g(b.log2_multiplier_std),
+             " binades (p01 ", fmt_g(b.log2_multiplier_quantiles.p01), ", p99 ", fmt_g(b.log2_multiplier_quantiles.p99),
+             "), ", percent(ratio(b.far_blocks, b.blocks)), " of them more than 2^", fmt_g(b.far_log2),
+             " below the tensor's amax, the largest block dynamic range ", fmt_g(b.max_block_dynamic_range),
+             " binades");
+}
+
+// The advice of the per-tensor rules: where the tensor's GEMM can go, and what the what-ifs measured.
+std::string tensor_advice(const nn::Fp8TensorStats& t, std::string_view base) {
+  const bool backward = t.role == lowp::Role::backward;
+  std::string layer = t.name.substr(0, t.name.rfind('.'));
+  std::string advice = cat(
+      base, "keep this layer's ", backward ? "backward" : "forward", " in bf16 (in the recipe-file entry of ",
+      squote(layer), ": ",
+      backward ? "\"backward_override\": \"high_precision\"" : "\"fprop\": \"bf16\"",
+      ") or move it to a finer-grained recipe (smaller scale blocks: nvfp4's 16 or mxfp8's 32 values rather than "
+      "fp8-block's 128, any of them rather than one scale per tensor)");
+  const double own = ratio(t.flushed, t.nonzero);
+  if (!t.what_if.empty()) {
+    advice += cat("; here ", t.recipe.empty() ? std::string("its recipe") : t.recipe, " flushes ", percent(own),
+                  " of its nonzero values to zero, and the what-if says");
+    for (std::size_t i = 0; i < t.what_if.size(); ++i) {
+      const nn::Fp8WhatIf& w = t.what_if[i];
+      advice += cat(i == 0 ? " " : i + 1 == t.what_if.size() ? " and " : ", ", w.recipe, " would flush ",
+                    percent(ratio(w.flushed, t.nonzero)), " (", num(w.far_blocks), " of ", num(w.blocks),
+                    " blocks far)");
+    }
+  }
+  return advice;
+}
+
+}  // namespace
+
+void AlertMonitor::observe_tensors(const train::StepRecord& r, std::vector<Alert>& raised) {
+  const std::string at = num(r.step);
+  const std::size_t n = t_.tensor_baseline;
+  for (const nn::Fp8TensorStats& t : r.fp8) {
+    if (!t.kurtosis && !t.blocks) continue;  // not a sampled step of this tensor
+    auto it = std::find_if(tensors_.begin(), tensors_.end(), [&](const TensorBaseline& b) { return b.name == t.name; });
+    if (it == tensors_.end()) it = tensors_.insert(tensors_.end(), TensorBaseline{t.name, {}, {}, {}});
+    TensorBaseline& b = *it;
+    const std::string what = cat(squote(t.name), " (", tensor_words(t.name), ")");
+    const std::string baseline_words = cat("the median of its first ", num(n), " sampled steps");
+
+    // ---- kurtosis rise: outlier values growing (FOG, arXiv 2505.20524: an early warning of FP8 divergence).
+    if (t.kurtosis) {
+      const double k = *t.kurtosis;
+      if (b.kurtosis.size() < n) {
+        b.kurtosis.push_back(k);
+      } else if (const double base = median_of(b.kurtosis); k >= t_.kurtosis_rise * base && k >= t_.kurtosis_min) {
+        if (find(AlertKind::kurtosis_rise, t.name) != nullptr) {
+          hold(AlertKind::kurtosis_rise, r.step, t.name);
+        } else {
+          std::string msg = cat("at step ", at, " the kurtosis of ", what, " rose to ", fmt_g(k), ", ",
+                                base > 0 ? fmt_g(k / base) + "x" : std::string("far above"), " its baseline ",
+                                fmt_g(base), " (", baseline_words, "): a few of its values grow far beyond the rest "
+                                "(outlier features), which a block's or a tensor's one scale cannot follow; a rising "
+                                "activation kurtosis is an early warning of FP8 divergence (FOG, arXiv 2505.20524)",
+                                blocks_words(t));
+          hold(AlertKind::kurtosis_rise, r.step, raised, std::move(msg),
+               tensor_advice(t, "watch the loss of the next steps; "), t.name);
+        }
+      }
+    }
+
+    // ---- block-spread rise: the blocks' scales spread out, or blocks fall far below the tensor's amax.
+    if (t.blocks) {
+      const lowp::BlockStats& bs = *t.blocks;
+      const double spread = bs.log2_multiplier_std, far = ratio(bs.far_blocks, bs.blocks);
+      if (b.spread.size() < n) {
+        b.spread.push_back(spread);
+        b.far.push_back(far);
+      } else {
+        const double base_spread = median_of(b.spread), base_far = median_of(b.far);
+        const bool wide = spread >= base_spread + t_.spread_rise_binades;
+        const bool distant = far >= base_far + t_.far_blocks_rise;
+        if (wide || distant) {
+          if (find(AlertKind::block_spread_rise, t.name) != nullptr) {
+            hold(AlertKind::block_spread_rise, r.step, t.name);
+          } else {
+            std::string msg = cat("at step ", at, " the scale blocks of ", what, " spread out: ");
+            if (wide)
+              msg += cat("the std of their log2 multipliers rose to ", fmt_g(spread), " binades from ",
+                         fmt_g(base_spread));
+            if (wide && distant) msg += ", and ";
+            if (distant)
+              msg += cat(percent(far), " of the blocks (", percent(base_far), " before) now sit more than 2^",
+                         fmt_g(bs.far_log2), " below the tensor's amax");
+            msg += cat(" (baselines: ", baseline_words, "): a few values outgrow the rest, so their blocks' "
+                       "scales move away from the others' and the quantization of the small values coarsens "
+                       "(MX training instabilities come from a few such activations and layer-norm parameters, "
+                       "arXiv 2506.20752)");
+            if (t.kurtosis) msg += cat("; its kurtosis is ", fmt_g(*t.kurtosis));
+            hold(AlertKind::block_spread_rise, r.step, raised, std::move(msg),
+                 tensor_advice(t, "check the layer norm feeding it and watch the loss; "), t.name);
+          }
+        }
+      }
+    }
+  }
 }
 
 std::vector<Alert> evaluate(std::span<const train::StepRecord> log, const RunContext& context,
@@ -605,6 +750,7 @@ std::string alert_json(const Alert& a) {
   j["steps"] = a.steps;
   j["message"] = a.message;
   j["advice"] = a.advice;
+  if (!a.tensor.empty()) j["tensor"] = a.tensor;
   return j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 

@@ -273,6 +273,15 @@ const Table& table() {
     k.push_back(text_row(
         choice("mx-rounding", "mxfp8: E8M0 block-scale rounding, te (round up) or ocp (floor)", {"te", "ocp"}),
         [](auto& c) -> auto& { return c.mx_rounding; }, {}, {.only_for = fp8_only(lowp::Recipe::mxfp8)}));
+    // The file may move (a resume may give it by another path): the checkpoint holds its
+    // recipes and a resume must read the same ones. `mixprec compare` runs presets only.
+    k.push_back(text_row(
+        text_spec("recipe-file", "FILE",
+                  "Quantized presets: a recipe file deciding each block Linear's recipe per GEMM operand and its "
+                  "schedule (docs/low_precision.md)"),
+        [](auto& c) -> auto& { return c.recipe_file; }, {},
+        {.resume_may_change = true, .compare_sets = true,
+         .only_for = fp8_only([](const nn::QuantizedGemms&) { return true; })}));
     // the model's shape
     k.push_back(int_row(integer("layers", "N", "gpt: transformer blocks", 1, kMaxLayers),
                                                           [](auto& c) -> auto& { return c.model.layers; }));
@@ -578,6 +587,17 @@ void validate(const TrainConfig& c) {
              std::string(nn::precision_name(c.precision)) + "; it applies to --precision " + join(names),
          keys::to_json<json>(k.spec, k.get(c)).dump());
   }
+  // A recipe file sets its recipes' options itself ("options" and each entry's): the preset's
+  // fp8 options would be ignored.
+  if (!c.recipe_file.empty()) {
+    for (const Key& k : table().keys()) {
+      if (k.extra.only_for == 0 || k.spec.name == "recipe-file" || k.get(c) == k.get(defaults)) continue;
+      fail(k.spec.name,
+           "the default (" + keys::to_json<json>(k.spec, k.get(defaults)).dump() +
+               ") with --recipe-file (the recipe file's \"options\" and entries set its recipes' options)",
+           keys::to_json<json>(k.spec, k.get(c)).dump());
+    }
+  }
   // Across keys.
   if (c.model.channels % c.model.heads != 0)
     fail("heads", "a divisor of channels (" + std::to_string(c.model.channels) + ")", std::to_string(c.model.heads));
@@ -631,6 +651,7 @@ void validate(const TrainConfig& c) {
     fail("grad-reduce", "fp32 with --zero 1 (its reduce-scatter sums in fp32)", squote(c.grad_reduce));
   if (c.inject_overflow_rank >= 0 && !c.distributed)
     fail("inject-overflow-rank", "-1 unless --distributed", std::to_string(c.inject_overflow_rank));
+  (void)recipe_assignment(c);  // read and checked before anything starts
   if (c.data.empty()) {
     const std::size_t need = nn::min_tokens_for(c.model.context, c.val_fraction);
     if (c.corpus_tokens < need)
@@ -669,6 +690,22 @@ std::string to_json(const TrainConfig& c, const std::vector<std::string_view>& n
     if (std::find(names.begin(), names.end(), k.spec.name) != names.end())
       j[k.spec.name] = keys::to_json<ordered_json>(k.spec, k.get(c));
   return j.dump(indent, ' ', false, ordered_json::error_handler_t::replace);
+}
+
+std::shared_ptr<const lowp::Assignment> recipe_assignment(const TrainConfig& c) {
+  if (c.recipe_file.empty()) return nullptr;
+  lowp::Assignment a;
+  try {
+    a = lowp::read_assignment(c.recipe_file);  // its messages name the file
+  } catch (const std::exception& e) {  // unreadable (std::runtime_error) or malformed: before anything starts
+    throw std::invalid_argument("recipe-file: " + std::string(e.what()));
+  }
+  try {
+    nn::check_recipes(a, c.model, c.steps);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument("recipe-file: " + c.recipe_file + ": " + e.what());
+  }
+  return std::make_shared<const lowp::Assignment>(std::move(a));
 }
 
 StateFormats state_formats(const TrainConfig& c) {

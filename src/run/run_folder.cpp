@@ -27,7 +27,7 @@ using ojson = nlohmann::ordered_json;
 
 namespace {
 constexpr std::string_view kSchemaKey = "run_folder_schema", kWriterKey = "writer",
-                           kLossScaleConfigKey = "loss-scale-config";
+                           kLossScaleConfigKey = "loss-scale-config", kRecipesKey = "recipes";
 }  // namespace
 
 // ---- writers ------------------------------------------------------------------------------
@@ -127,7 +127,7 @@ void prune_checkpoints(const fs::path& dir, std::size_t keep) {
 // ---- config.json --------------------------------------------------------------------------
 
 std::string run_config_text(const TrainConfig& c, RunWriter writer, const std::vector<std::string_view>& keys,
-                            const std::optional<LossScaleConfig>& loss_scale) {
+                            const std::optional<LossScaleConfig>& loss_scale, std::string_view recipes_json) {
   ojson j = ojson::object();
   j[std::string(kSchemaKey)] = kRunFolderSchema;
   j[std::string(kWriterKey)] = std::string(run_writer_name(writer));
@@ -135,6 +135,7 @@ std::string run_config_text(const TrainConfig& c, RunWriter writer, const std::v
   for (const auto& [k, v] : config.items()) j[k] = v;
   const std::optional<LossScaleConfig> ls = loss_scale ? loss_scale : loss_scale_config(c.loss_scale);
   if (ls) j[std::string(kLossScaleConfigKey)] = ojson::parse(loss_scale_config_json(*ls));
+  if (!recipes_json.empty()) j[std::string(kRecipesKey)] = ojson::parse(recipes_json);
   return j.dump(2, ' ', false, ojson::error_handler_t::replace) + "\n";
 }
 
@@ -176,6 +177,13 @@ RunConfig parse_run_config(std::string_view text, std::string_view where_) {
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(where + ": " + std::string(kLossScaleConfigKey) + "." + e.what());
     }
+    doc.erase(it);
+  }
+  if (const auto it = doc.find(kRecipesKey); it != doc.end()) {
+    if (!it->is_object())
+      throw std::invalid_argument(where + ": " + std::string(kRecipesKey) + ": expected the recipe file's object, found " +
+                                  std::string(it->type_name()));
+    rc.recipes = it->dump(2, ' ', false, ojson::error_handler_t::replace) + "\n";
     doc.erase(it);
   }
   rc.config = apply_json(TrainConfig{}, doc.dump(), where);

@@ -144,6 +144,67 @@ std::string_view element_dtype(lowp::Element e) noexcept {
   return "?";
 }
 
+// A sampled tensor's lowp::block_stats (docs/telemetry.md, "fp8 and low-precision tensors").
+std::string blocks_json(const lowp::BlockStats& b) {
+  std::string out;
+  ObjectWriter w(out);
+  w.field("blocks", b.blocks);
+  w.field("multiplier_blocks", b.multiplier_blocks);
+  w.field("multiplier_left_out", b.multiplier_left_out);
+  w.field("log2_multiplier_min", b.log2_multiplier_min);
+  w.field("log2_multiplier_max", b.log2_multiplier_max);
+  w.field("log2_multiplier_mean", b.log2_multiplier_mean);
+  w.field("log2_multiplier_std", b.log2_multiplier_std);
+  std::string q;
+  ObjectWriter wq(q);
+  const lowp::BlockQuantiles& p = b.log2_multiplier_quantiles;
+  wq.field("p01", p.p01);
+  wq.field("p05", p.p05);
+  wq.field("p25", p.p25);
+  wq.field("p50", p.p50);
+  wq.field("p75", p.p75);
+  wq.field("p95", p.p95);
+  wq.field("p99", p.p99);
+  wq.close();
+  w.raw("log2_multiplier_quantiles", q);
+  w.field("flushed", b.flushed);
+  w.field("saturated", b.saturated);
+  w.field("blocks_with_flush", b.blocks_with_flush);
+  w.field("blocks_with_saturation", b.blocks_with_saturation);
+  w.field("max_flushed_fraction", b.max_flushed_fraction);
+  w.field("max_saturated_fraction", b.max_saturated_fraction);
+  w.field("tensor_amax", b.tensor_amax);  // null: inf
+  w.field("far_log2", b.far_log2);
+  w.field("far_blocks", b.far_blocks);
+  w.field("zero_blocks", b.zero_blocks);
+  w.field("dynamic_range", b.dynamic_range);
+  w.field("max_block_dynamic_range", b.max_block_dynamic_range);
+  w.close();
+  return out;
+}
+
+std::string what_if_json(const std::vector<nn::Fp8WhatIf>& ws) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < ws.size(); ++i) {
+    if (i > 0) out += ',';
+    const nn::Fp8WhatIf& x = ws[i];
+    ObjectWriter w(out);
+    w.field("recipe", x.recipe);
+    w.field("dtype", element_dtype(x.element));
+    w.field("elements", x.elements);
+    w.field("saturated", x.saturated);
+    w.field("flushed", x.flushed);
+    if (x.rel_rms_error) w.field("rel_rms_error", *x.rel_rms_error);
+    w.field("blocks", x.blocks);
+    w.field("far_blocks", x.far_blocks);
+    w.field("log2_multiplier_std", x.log2_multiplier_std);
+    w.field("log2_multiplier_p01", x.log2_multiplier_p01);
+    w.field("log2_multiplier_p99", x.log2_multiplier_p99);
+    w.close();
+  }
+  return out + "]";
+}
+
 // fp8 tensors (fp8 presets, low-precision recipes): one compact object per tensor.
 std::string fp8_json(const std::vector<nn::Fp8TensorStats>& ts) {
   std::string out = "[";
@@ -165,6 +226,9 @@ std::string fp8_json(const std::vector<nn::Fp8TensorStats>& ts) {
     w.field("saturated", ts[i].saturated);
     w.field("flushed", ts[i].flushed);
     if (ts[i].rel_rms_error) w.field("rel_rms_error", *ts[i].rel_rms_error);
+    if (ts[i].kurtosis) w.field("kurtosis", *ts[i].kurtosis);
+    if (ts[i].blocks) w.raw("blocks", blocks_json(*ts[i].blocks));
+    if (!ts[i].what_if.empty()) w.raw("what_if", what_if_json(ts[i].what_if));
     w.close();
   }
   return out + "]";
@@ -248,6 +312,92 @@ std::string get_string(const json& obj, std::string_view key) {
   const json& v = require(obj, key);
   if (!v.is_string()) bad(key, "a string", v);
   return v.get<std::string>();
+}
+
+// f() with the errors of a nested object's keys prefixed by where the object is ("fp8[].blocks.").
+template <class F>
+auto within(std::string_view where, F&& f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(std::string(where).append(e.what()));
+  }
+}
+
+// A low-precision entry's "dtype": E4M3, E5M2 or E2M1.
+std::optional<lowp::Element> dtype_element(std::string_view dtype) {
+  for (const lowp::Element e : {lowp::Element::e4m3, lowp::Element::e5m2, lowp::Element::e2m1})
+    if (element_dtype(e) == dtype) return e;
+  return std::nullopt;
+}
+
+// A sampled tensor's "blocks" (blocks_json); the rules across fields are sampled_stats_problem's.
+lowp::BlockStats parse_blocks(const json& o) {
+  if (!o.is_object()) bad("fp8[].blocks", "an object", o);
+  return within("fp8[].blocks.", [&] {
+    lowp::BlockStats b;
+    b.blocks = get_uint(o, "blocks");
+    b.multiplier_blocks = get_uint(o, "multiplier_blocks");
+    b.multiplier_left_out = get_uint(o, "multiplier_left_out");
+    b.log2_multiplier_min = get_number(o, "log2_multiplier_min", false);
+    b.log2_multiplier_max = get_number(o, "log2_multiplier_max", false);
+    b.log2_multiplier_mean = get_number(o, "log2_multiplier_mean", false);
+    b.log2_multiplier_std = get_number(o, "log2_multiplier_std", false);
+    const json& q = require(o, "log2_multiplier_quantiles");
+    if (!q.is_object()) bad("log2_multiplier_quantiles", "an object", q);
+    within("log2_multiplier_quantiles.", [&] {
+      lowp::BlockQuantiles& p = b.log2_multiplier_quantiles;
+      p.p01 = get_number(q, "p01", false);
+      p.p05 = get_number(q, "p05", false);
+      p.p25 = get_number(q, "p25", false);
+      p.p50 = get_number(q, "p50", false);
+      p.p75 = get_number(q, "p75", false);
+      p.p95 = get_number(q, "p95", false);
+      p.p99 = get_number(q, "p99", false);
+    });
+    b.flushed = get_uint(o, "flushed");
+    b.saturated = get_uint(o, "saturated");
+    b.blocks_with_flush = get_uint(o, "blocks_with_flush");
+    b.blocks_with_saturation = get_uint(o, "blocks_with_saturation");
+    b.max_flushed_fraction = get_number(o, "max_flushed_fraction", false);
+    b.max_saturated_fraction = get_number(o, "max_saturated_fraction", false);
+    const float amax = get_float(o, "tensor_amax");  // null: an inf value
+    b.tensor_amax = std::isnan(amax) ? std::numeric_limits<float>::infinity() : amax;
+    b.far_log2 = get_number(o, "far_log2", false);
+    b.far_blocks = get_uint(o, "far_blocks");
+    b.zero_blocks = get_uint(o, "zero_blocks");
+    b.dynamic_range = get_number(o, "dynamic_range", false);
+    b.max_block_dynamic_range = get_number(o, "max_block_dynamic_range", false);
+    return b;
+  });
+}
+
+// A sampled tensor's "what_if" array (what_if_json).
+std::vector<nn::Fp8WhatIf> parse_what_if(const json& a) {
+  if (!a.is_array()) bad("fp8[].what_if", "an array", a);
+  std::vector<nn::Fp8WhatIf> out;
+  for (const json& o : a) {
+    if (!o.is_object()) bad("fp8[].what_if[]", "an object", o);
+    out.push_back(within("fp8[].what_if[].", [&] {
+      nn::Fp8WhatIf w;
+      w.recipe = get_string(o, "recipe");
+      if (!lowp::parse_recipe(w.recipe)) bad("recipe", "one of " + lowp::recipe_names(), o["recipe"]);
+      const std::optional<lowp::Element> e = dtype_element(get_string(o, "dtype"));
+      if (!e) bad("dtype", "E4M3, E5M2 or E2M1", o["dtype"]);
+      w.element = *e;
+      w.elements = get_uint(o, "elements");
+      w.saturated = get_uint(o, "saturated");
+      w.flushed = get_uint(o, "flushed");
+      if (o.contains("rel_rms_error")) w.rel_rms_error = get_number(o, "rel_rms_error", false);
+      w.blocks = get_uint(o, "blocks");
+      w.far_blocks = get_uint(o, "far_blocks");
+      w.log2_multiplier_std = get_number(o, "log2_multiplier_std", false);
+      w.log2_multiplier_p01 = get_number(o, "log2_multiplier_p01", false);
+      w.log2_multiplier_p99 = get_number(o, "log2_multiplier_p99", false);
+      return w;
+    }));
+  }
+  return out;
 }
 
 // Telemetry fields are optional (logs written before they existed stay readable);
@@ -361,6 +511,12 @@ void parse_telemetry(const json& j, StepRecord& r) {
         f.rel_rms_error = e;
       }
       if (!f.counts_consistent()) bad("fp8[].elements", nn::Fp8TensorStats::kElementsRule, t["elements"]);
+      // The sampled steps' statistics (absent at the others).
+      if (t.contains("kurtosis")) f.kurtosis = within("fp8[].", [&] { return get_number(t, "kurtosis", false); });
+      if (t.contains("blocks")) f.blocks = parse_blocks(t["blocks"]);
+      if (t.contains("what_if")) f.what_if = parse_what_if(t["what_if"]);
+      if (const std::optional<FieldProblem> p = sampled_stats_problem(f))
+        throw std::invalid_argument("fp8[]." + p->field + ": expected " + p->rule + ", found " + text::num(p->found));
       r.fp8.push_back(std::move(f));
     }
   }
@@ -423,6 +579,8 @@ std::string step_record_json(const StepRecord& r) {
   w.field("scaler_seconds", r.scaler_seconds);
   if (r.val_loss) w.field("val_loss", *r.val_loss);
   if (r.val_loss_ema) w.field("val_loss_ema", *r.val_loss_ema);
+  if (!r.recipe_phase.empty()) w.field("recipe_phase", r.recipe_phase);
+  
   // Telemetry (docs/telemetry.md); non-finite amax values are written as null.
   w.field("act_grad_amax", r.act_grad_amax);
   w.field("headroom_log2", r.headroom_log2);
@@ -499,6 +657,10 @@ StepRecord parse_step_record(std::string_view line) {
   r.scaler_seconds = get_number(j, "scaler_seconds", false);
   if (j.contains("val_loss")) r.val_loss = get_number(j, "val_loss", true);
   if (j.contains("val_loss_ema")) r.val_loss_ema = get_number(j, "val_loss_ema", true);
+  if (j.contains("recipe_phase")) {
+    r.recipe_phase = get_string(j, "recipe_phase");
+    if (r.recipe_phase.empty()) bad("recipe_phase", "a phase label (the field is left out on other steps)", j["recipe_phase"]);
+  }
   parse_telemetry(j, r);
   return r;
 }

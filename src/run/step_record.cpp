@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
+#include <string>
+#include <utility>
 
 namespace mixprec::train {
 
@@ -86,6 +89,77 @@ TrainSummary RunTotals::summary() const {
 
 double RunTotals::shown_final_loss() const noexcept {
   return steps > 0 && final_loss_finite ? final_loss : std::numeric_limits<double>::quiet_NaN();
+}
+
+std::optional<FieldProblem> sampled_stats_problem(const nn::Fp8TensorStats& t) {
+  auto problem = [](std::string field, std::string rule, double found) {
+    return std::optional<FieldProblem>(FieldProblem{std::move(field), std::move(rule), found});
+  };
+  auto d = [](std::uint64_t v) { return static_cast<double>(v); };
+  if (t.blocks) {
+    const lowp::BlockStats& b = *t.blocks;
+    const lowp::BlockQuantiles& q = b.log2_multiplier_quantiles;
+    if (b.multiplier_blocks > b.blocks)
+      return problem("blocks.multiplier_blocks", "at most blocks", d(b.multiplier_blocks));
+    if (b.multiplier_left_out != b.blocks - b.multiplier_blocks)
+      return problem("blocks.multiplier_left_out", "blocks - multiplier_blocks", d(b.multiplier_left_out));
+    if (b.blocks_with_flush > b.blocks || b.blocks_with_flush > b.flushed ||
+        (b.flushed > 0) != (b.blocks_with_flush > 0))
+      return problem("blocks.blocks_with_flush", "at most blocks and flushed, and > 0 exactly when flushed is",
+                     d(b.blocks_with_flush));
+    if (b.blocks_with_saturation > b.blocks || b.blocks_with_saturation > b.saturated ||
+        (b.saturated > 0) != (b.blocks_with_saturation > 0))
+      return problem("blocks.blocks_with_saturation", "at most blocks and saturated, and > 0 exactly when saturated is",
+                     d(b.blocks_with_saturation));
+    if (b.zero_blocks > b.blocks) return problem("blocks.zero_blocks", "at most blocks", d(b.zero_blocks));
+    if (b.far_blocks > b.blocks - b.zero_blocks)
+      return problem("blocks.far_blocks", "at most blocks - zero_blocks", d(b.far_blocks));
+    const std::pair<const char*, double> fractions[] = {{"blocks.max_flushed_fraction", b.max_flushed_fraction},
+                                                        {"blocks.max_saturated_fraction", b.max_saturated_fraction}};
+    for (const auto& [field, v] : fractions)
+      if (!(v >= 0 && v <= 1)) return problem(field, "a number in [0, 1]", v);
+    // The log2 multipliers: finite, the quantiles ascending between min and max.
+    const std::pair<const char*, double> order[] = {
+        {"blocks.log2_multiplier_min", b.log2_multiplier_min}, {"blocks.log2_multiplier_quantiles.p01", q.p01},
+        {"blocks.log2_multiplier_quantiles.p05", q.p05},        {"blocks.log2_multiplier_quantiles.p25", q.p25},
+        {"blocks.log2_multiplier_quantiles.p50", q.p50},        {"blocks.log2_multiplier_quantiles.p75", q.p75},
+        {"blocks.log2_multiplier_quantiles.p95", q.p95},        {"blocks.log2_multiplier_quantiles.p99", q.p99},
+        {"blocks.log2_multiplier_max", b.log2_multiplier_max}};
+    for (std::size_t i = 0; i < std::size(order); ++i) {
+      if (!std::isfinite(order[i].second)) return problem(order[i].first, "a finite number", order[i].second);
+      if (i > 0 && order[i].second < order[i - 1].second)
+        return problem(order[i].first, std::string("a number >= ").append(order[i - 1].first), order[i].second);
+    }
+    if (!std::isfinite(b.log2_multiplier_mean))
+      return problem("blocks.log2_multiplier_mean", "a finite number", b.log2_multiplier_mean);
+    const std::pair<const char*, double> nonnegative[] = {
+        {"blocks.log2_multiplier_std", b.log2_multiplier_std},
+        {"blocks.far_log2", b.far_log2},
+        {"blocks.dynamic_range", b.dynamic_range},
+        {"blocks.max_block_dynamic_range", b.max_block_dynamic_range}};
+    for (const auto& [field, v] : nonnegative)
+      if (!(v >= 0 && std::isfinite(v))) return problem(field, "a finite number >= 0", v);
+    if (!(b.tensor_amax >= 0))  // inf is a tensor that held inf
+      return problem("blocks.tensor_amax", "a number >= 0 (null: inf)", static_cast<double>(b.tensor_amax));
+  }
+  if (t.kurtosis && !(*t.kurtosis >= 0 && std::isfinite(*t.kurtosis)))
+    return problem("kurtosis", "a finite number >= 0", *t.kurtosis);
+  for (std::size_t i = 0; i < t.what_if.size(); ++i) {
+    const nn::Fp8WhatIf& w = t.what_if[i];
+    const std::string at = "what_if[" + std::to_string(i) + "].";
+    if (w.saturated + w.flushed > w.elements || w.saturated > w.elements)
+      return problem(at + "elements", "at least saturated + flushed", d(w.elements));
+    if (w.rel_rms_error && !(*w.rel_rms_error >= 0 && std::isfinite(*w.rel_rms_error)))
+      return problem(at + "rel_rms_error", "a finite number >= 0", *w.rel_rms_error);
+    if (w.far_blocks > w.blocks) return problem(at + "far_blocks", "at most blocks", d(w.far_blocks));
+    if (!(w.log2_multiplier_std >= 0 && std::isfinite(w.log2_multiplier_std)))
+      return problem(at + "log2_multiplier_std", "a finite number >= 0", w.log2_multiplier_std);
+    if (!std::isfinite(w.log2_multiplier_p01))
+      return problem(at + "log2_multiplier_p01", "a finite number", w.log2_multiplier_p01);
+    if (!(std::isfinite(w.log2_multiplier_p99) && w.log2_multiplier_p99 >= w.log2_multiplier_p01))
+      return problem(at + "log2_multiplier_p99", "a finite number >= log2_multiplier_p01", w.log2_multiplier_p99);
+  }
+  return std::nullopt;
 }
 
 bool histogram_step(std::uint64_t step, std::size_t every, std::uint64_t last_step) noexcept {

@@ -204,7 +204,8 @@ double total_field(const ckpt::SafetensorsFile& f, const json& j, const char* na
 json trajectory_settings(const TrainConfig& c) {
   json j = json::parse(to_json(c));
   // "data": the data fingerprint identifies the data, by whatever path it was given.
-  for (const char* k : {"steps", "data", "out", "resume", "checkpoint-every", "keep-checkpoints", "eval-every",
+  // "recipe-file": the recipes themselves are compared (metadata mixprec.recipes), wherever the file is.
+  for (const char* k : {"steps", "data", "recipe-file", "out", "resume", "checkpoint-every", "keep-checkpoints", "eval-every",
                         "eval-windows", "histogram-every", "threads", "inject-overflow-at", "inject-overflow-tensor",
                         // a run may resume on another number of ranks, or another reduction (docs/distributed.md)
                         "distributed", "zero", "grad-reduce", "dist-timeout", "inject-overflow-rank",
@@ -281,6 +282,8 @@ void Trainer::save_checkpoint(const std::string& path) const {
   };
   // fp8-delayed: the amax histories and scales (the only fp8 state that carries over steps).
   if (const lowp::DelayedScaling* d = m.model->fp8_delayed()) meta["mixprec.fp8"] = d->to_json();
+  // --recipe-file: the recipes the run trains with (the file as read, in lowp::to_json's form).
+  if (m.recipes) meta["mixprec.recipes"] = lowp::to_json(*m.recipes);
   ckpt::WriteOptions options;
   options.header_checksum = true;  // every metadata entry is covered (format version 2)
   ckpt::write_file(path, tensors, meta, options);
@@ -314,6 +317,25 @@ void Trainer::load_checkpoint(const std::string& path) {
   }
   if (f.require_metadata("mixprec.data_fingerprint") != std::to_string(m.data.fingerprint())) {
     bad(src, "data fingerprint differs: the checkpoint was written for other training data or vocabulary");
+  }
+  // The recipes of a recipe file: the run's own, by whatever path the file is given.
+  const std::optional<std::string_view> saved_recipes = f.metadata_value("mixprec.recipes");
+  if (m.recipes && !saved_recipes)
+    bad(src, "recipes: expected metadata 'mixprec.recipes' (this run has --recipe-file " +
+                 text::squote(m.config.recipe_file) + "), found none: the run was started without a recipe file");
+  if (!m.recipes && saved_recipes)
+    bad(src, "recipes: expected none (this run has no --recipe-file), found metadata 'mixprec.recipes': resume with "
+             "the run's recipe file");
+  if (m.recipes && *saved_recipes != lowp::to_json(*m.recipes))
+    bad(src, "recipes: the recipe file " + text::squote(m.config.recipe_file) + " differs from the recipes the run was "
+             "started with (metadata 'mixprec.recipes'); a resumed run keeps its recipes");
+  if (m.recipes && saved.steps != m.config.steps) {
+    // A fraction of the run's steps would move with them: the schedule would change under the run.
+    for (std::size_t i = 0; i < m.recipes->schedule.size(); ++i)
+      if (m.recipes->schedule[i].from_fraction)
+        bad(src, "steps: the recipe file places schedule[" + std::to_string(i) +
+                     "] at a fraction of the run's steps (from_fraction); expected the run's " +
+                     std::to_string(saved.steps) + " steps, found " + std::to_string(m.config.steps));
   }
   const ParamStore& s = m.model->params();
   const bool master = m.zero ? m.zero->store->has_master() : s.has_master();
@@ -593,6 +615,7 @@ void Trainer::load_checkpoint(const std::string& path) {
   m.schedule.set_position(position);
   m.sampler.restore(sampler);
   m.totals = t;  // the step times (the median) restart: this process's steps
+  m.model->set_recipe_step(m.totals.steps);  // the schedule where the run left it
 }
 
 }  // namespace mixprec::train

@@ -172,7 +172,16 @@ std::string stored_data_path(const std::string& data) {
 
 std::string run_config_json(TrainConfig c) {
   c.resume.clear();
-  return run_config_text(c, RunWriter::engine);
+  // The recipe file's content too, so that the folder says what the run ran; its path
+  // absolute, so that a resume from another folder finds it.
+  std::string recipes;
+  if (const std::shared_ptr<const lowp::Assignment> a = recipe_assignment(c)) {
+    recipes = lowp::to_json(*a);
+    std::error_code ec;
+    const fs::path abs = fs::absolute(c.recipe_file, ec);
+    if (!ec) c.recipe_file = abs.lexically_normal().string();
+  }
+  return run_config_text(c, RunWriter::engine, {}, std::nullopt, recipes);
 }
 
 std::unique_ptr<dist::Communicator> make_communicator(const TrainConfig& c, const MpiConnect& mpi) {

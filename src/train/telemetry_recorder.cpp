@@ -91,6 +91,13 @@ void check_step(const TelemetryStep& s) {
       bad_step(where + ": elements", nn::Fp8TensorStats::kElementsRule, static_cast<double>(t.elements));
     if (t.rel_rms_error && !(*t.rel_rms_error >= 0))
       bad_step(where + ": rel_rms_error", "a number >= 0", *t.rel_rms_error);
+    for (std::size_t i = 0; i < t.what_if.size(); ++i)
+      if (!lowp::parse_recipe(t.what_if[i].recipe))
+        throw std::invalid_argument("telemetry: record(): " + where + ": what_if[" + std::to_string(i) +
+                                    "].recipe: expected one of " + lowp::recipe_names() + ", found '" +
+                                    t.what_if[i].recipe + "'");
+    if (const std::optional<FieldProblem> p = sampled_stats_problem(t))
+      bad_step(where + ": " + p->field, p->rule, p->found);
   }
 }
 

@@ -266,17 +266,22 @@ void Trainer::init(const TrainConfig& config, dist::Communicator* comm) {
   Impl& m = *impl_;
   m.pool = std::make_unique<ThreadPool>(static_cast<unsigned>(std::max(1, omp_get_max_threads())));
   const OptimizerKind kind = *parse_optimizer(config.optimizer);
+  m.recipes = recipe_assignment(config);
+  if (m.recipes) m.phase_starts = m.recipes->phase_starts(config.steps);
   if (config.zero == 1) {
     // ZeRO-1: the model keeps its model copy and gradients, full size; master weights
     // and optimizer state live in this rank's slice only.
     const nn::ModelConfig mc = model_config(config, m.data);
-    m.model = nn::make_model(mc, config.precision, {.fp8 = fp8_config(config), .master_weights = false});
+    m.model = nn::make_model(mc, config.precision,
+                             {.fp8 = fp8_config(config), .master_weights = false, .recipes = m.recipes,
+                              .recipe_steps = config.steps});
     m.zero = make_zero_shard(config, mc, m.model->params(), nn::policy_of(config.precision).master, *comm);
     m.optimizer = make_optimizer(config, *m.zero->store);
   } else {
     m.model = nn::make_model(model_config(config, m.data), config.precision,
                              {.state_slots = optimizer_state_slots(kind), .fp8 = fp8_config(config),
-                              .formats = state_formats(config)});
+                              .formats = state_formats(config), .recipes = m.recipes,
+                              .recipe_steps = config.steps});
     m.optimizer = make_optimizer(config, m.model->params());
   }
   if (!config.inject_fault.empty()) {  // the name checked now, against the model built
@@ -460,6 +465,14 @@ StepRecord Trainer::Impl::begin_step() {
   model->params().zero_grads();
   model->set_histograms(histogram_step(r.step, config.histogram_every, config.steps));
   comm->set_step(r.step);
+  if (recipes) {
+    // The recipe file's schedule: the Linears switch plans where a phase begins, and the log
+    // marks the step with the phases' labels.
+    for (std::size_t i = 0; i < phase_starts.size(); ++i)
+      if (phase_starts[i] == totals.steps)
+        r.recipe_phase += (r.recipe_phase.empty() ? "" : ", ") + recipes->schedule[i].label;
+    if (!r.recipe_phase.empty()) model->set_recipe_step(totals.steps);
+  }
   return r;
 }
 
@@ -532,7 +545,12 @@ void Trainer::Impl::end_fp8_step(StepRecord& r) {
   // update (delayed scaling: new scales from the amax histories, the amaxes MAX-reduced
   // over the ranks first), skipped optimizer step or not.
   const std::span<const nn::Fp8TensorStats> fp8 = model->fp8_stats();
-  r.fp8.assign(fp8.begin(), fp8.end());
+  if (recipes) {  // the tensors the plans quantize (a tensor none of whose operands is quantized has no counts)
+    for (const nn::Fp8TensorStats& s : fp8)
+      if (s.elements > 0) r.fp8.push_back(s);
+  } else {
+    r.fp8.assign(fp8.begin(), fp8.end());
+  }
   if (config.distributed) model->fp8_step_done([this](std::span<float> amaxes) { comm->allreduce_max(amaxes); });
   else model->fp8_step_done();
 }
@@ -668,6 +686,12 @@ double Trainer::evaluate() {
                                                        : std::min(m.config.eval_windows, windows.window_count());
   double sum = 0;
   std::size_t count = 0, used = 0;
+  // A recipe file's evaluation plan for these forwards (none: the training plans).
+  struct Evaluating {
+    nn::Model& model;
+    explicit Evaluating(nn::Model& x) : model(x) { model.set_evaluation(true); }
+    ~Evaluating() { model.set_evaluation(false); }
+  } evaluating(*m.model);
   while (used < limit) {
     std::size_t rows = windows.next(mc.batch, m.inputs, m.targets);
     if (rows == 0) break;

@@ -60,6 +60,10 @@ struct Trainer::Impl {
   std::vector<std::byte> skipped_saved;
   // --ema: the fp32 average of the weights of record over applied steps (empty when off).
   std::vector<float> ema;
+  // --recipe-file: the recipes the model's Linears run, and the first step (0-based) of each
+  // phase of its schedule, in file order (the labels the log marks).
+  std::shared_ptr<const lowp::Assignment> recipes;
+  std::vector<std::uint64_t> phase_starts;
 
   Impl(const TrainConfig& c, nn::Dataset d);
 

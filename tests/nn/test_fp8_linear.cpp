@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <random>
 #include <string>
 #include <vector>
@@ -582,6 +583,217 @@ TEST(Fp8SavedCodes, SavedBytesAndCallerWork) {
   per_tensor.forward(g, 0, y, x, w, b, 20, enough);
   per_tensor.backward(g, 0, dx, dw, {}, dy, w, enough);
   EXPECT_GT(per_tensor.stats()[2].elements, 0u);
+}
+
+// ---- recipe files: each operand's plan against the GEMMs composed by hand -----------------
+
+// A recipe file whose default is `entry` (JSON), plus `rest` (more fields, with a leading comma).
+std::shared_ptr<const lowp::Assignment> recipes_of(const std::string& entry, const std::string& rest = "") {
+  return std::make_shared<const lowp::Assignment>(lowp::parse_assignment(
+      R"({"format":"mixprec.low_precision","version":1,"default":)" + entry + R"(,"modules":{})" + rest + "}"));
+}
+
+// D(Q(v)) with plan p's config of operand o (RHT dropped on a batch of rows not a multiple of
+// 16; stochastic rounding from the engine's stream at draw `draw`, counted up), or v itself
+// for a high-precision operand.
+std::vector<float> by_hand(const lowp::LinearPlan& p, lowp::Operand o, const std::vector<float>& v, std::size_t rows,
+                           std::size_t cols, std::size_t batch, std::uint64_t& draw) {
+  if (!p.at(o)) return v;
+  lowp::QuantizeConfig c = p.config(o);
+  if (batch % 16 != 0) c.rht = false;
+  std::vector<std::uint32_t> words;
+  if (c.stochastic_rounding) {
+    std::uint64_t state = 0x5EEDull * 0x100000001B3ull + draw++;
+    for (std::size_t i = 0; i < rows * cols; ++i) {
+      std::uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+      z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+      z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+      words.push_back(static_cast<std::uint32_t>((z ^ (z >> 31)) >> 32));
+    }
+  }
+  return lowp::dequantize(lowp::quantize(v, rows, cols, c, words));
+}
+
+// The GEMMs of a plan composed from lowp::quantize / dequantize and the engine's fp32 GEMM
+// (the header's formulas), against one Linear of a recipe file, bit for bit: the four zoo
+// entries and per-direction entries, on a batch of 64 rows (RHT on) and of 40 (RHT off on
+// both wgrad operands).
+TEST(Fp8Recipes, EachPlanIsItsGemmsComposedByHand) {
+  const std::string entries[] = {
+      R"("high_precision_fwd_mxfp8_bwd")",
+      R"("mxfp8_fwd_high_precision_bwd")",
+      R"("mxfp8_fwd_nvfp4_bwd")",
+      R"("nvfp4_1d_weight")",
+      R"({"recipe":"nvfp4","fprop":"bf16"})",
+      R"({"recipe":"mxfp8","backward_override":"high_precision"})",
+      R"({"recipe":"fp8-current","wgrad":"bf16","dgrad":{"w":"fp8-block"}})",
+      R"({"recipe":"bf16","dgrad":{"dy":"mxfp4"},"columnwise_source":{"x":"original"}})",
+      R"({"recipe":"mxfp8","wgrad":{"x":"fp8-block"},"columnwise_source":{"x":"dequantized"}})",
+  };
+  using lowp::Operand;
+  for (const std::size_t N : {std::size_t{64}, std::size_t{40}}) {
+    for (const std::string& entry : entries) {
+      SCOPED_TRACE(entry + ", " + std::to_string(N) + " rows");
+      LinearCase t;
+      t.x = normal(N * kC, 1, 1.0f);
+      t.dy = normal(N * kOC, 4, 1e-4f);
+      for (std::size_t n = 0; n < N; ++n)  // rows of different magnitudes: the layouts differ
+        for (std::size_t c = 0; c < kC; ++c) t.x[n * kC + c] *= std::ldexp(1.0f, static_cast<int>(n % 8) * 3 - 12);
+      const auto recipes = recipes_of(entry);
+      const lowp::LinearPlan p = lowp::plan(recipes->default_choice, recipes->options);
+      Fp8Linears f(recipes, 1);
+      f.add("l", N, kC, kOC);
+      f.finish();
+      EXPECT_TRUE(f.plan(0) == p);
+      Gemm g;
+      std::vector<float> y(N * kOC), dx(N * kC, 0.5f), dw(kOC * kC, -0.25f), db(kOC, 1.0f);
+      f.forward(g, 0, y, t.x, t.w, t.b, N);
+      f.backward(g, 0, dx, dw, db, t.dy, t.w);
+
+      std::uint64_t draw = 0;
+      std::vector<float> ry(N * kOC), rdx(N * kC, 0.5f), rdw(kOC * kC, -0.25f), rdb(kOC, 1.0f);
+      const std::vector<float> xf = by_hand(p, Operand::fprop_x, t.x, N, kC, N, draw);
+      const std::vector<float> wf = by_hand(p, Operand::fprop_w, t.w, kOC, kC, N, draw);
+      linear_forward(g, ry, xf, wf, t.b, N, kC, kOC);
+      const std::vector<float> dyd = by_hand(p, Operand::dgrad_dy, t.dy, N, kOC, N, draw);
+      const std::vector<float> wd = by_hand(p, Operand::dgrad_w, p.w_source == lowp::Source::dequantized ? wf : t.w,
+                                            kOC, kC, N, draw);
+      g.run(view(dyd.data(), N, kOC), view(wd.data(), kOC, kC), output(rdx.data(), N, kC),
+            {.trans_a = Trans::no, .trans_b = Trans::no, .alpha = 1.0f, .beta = 1.0f});
+      const std::vector<float> dyw = by_hand(p, Operand::wgrad_dy, t.dy, N, kOC, N, draw);
+      const std::vector<float> xw = by_hand(p, Operand::wgrad_x, p.x_source == lowp::Source::dequantized ? xf : t.x,
+                                            N, kC, N, draw);
+      g.run(view(dyw.data(), N, kOC), view(xw.data(), N, kC), output(rdw.data(), kOC, kC),
+            {.trans_a = Trans::yes, .trans_b = Trans::no, .alpha = 1.0f, .beta = 1.0f});
+      for (std::size_t n = 0; n < N; ++n)
+        for (std::size_t o = 0; o < kOC; ++o) rdb[o] += t.dy[n * kOC + o];
+      expect_same_bits(y, ry, "y");
+      expect_same_bits(dx, rdx, "dx");
+      expect_same_bits(dw, rdw, "dw");
+      expect_same_bits(db, rdb, "db");
+      // The plan quantizes something different from fp32 on every entry (else the test would not tell).
+      EXPECT_TRUE(xf != t.x || wf != t.w || dyd != t.dy || dyw != t.dy);
+      // Each tensor's counts are its first quantized operand's: X fprop.x else wgrad.x, W
+      // fprop.w else dgrad.w, dY dgrad.dy else wgrad.dy.
+      const Operand first[3][2] = {{Operand::fprop_x, Operand::wgrad_x},
+                                   {Operand::fprop_w, Operand::dgrad_w},
+                                   {Operand::dgrad_dy, Operand::wgrad_dy}};
+      for (std::size_t k = 0; k < 3; ++k) {
+        const Operand o = p.at(first[k][0]) ? first[k][0] : first[k][1];
+        const Fp8TensorStats& s = f.stats()[k];
+        if (!p.at(o)) {
+          EXPECT_EQ(s.elements, 0u) << s.name;
+          EXPECT_EQ(s.recipe, "") << s.name;
+          continue;
+        }
+        EXPECT_EQ(s.recipe, lowp::recipe_name(p.config(o).recipe)) << s.name;
+        EXPECT_EQ(s.element, p.config(o).element) << s.name;
+        EXPECT_EQ(s.elements, k == 1 ? kOC * kC : k == 0 ? N * kC : N * kOC) << s.name;
+      }
+    }
+  }
+}
+
+// A preset and the recipe file that names the same recipe per operand run the same numbers:
+// the preset is the uniform plan (fp8-current with HYBRID, the engine's default format).
+TEST(Fp8Recipes, UniformPlanOfAPresetEqualsItsRecipeFile) {
+  const LinearCase t;
+  Fp8Linears preset(kCurrent, {});
+  Fp8Linears file(recipes_of(R"({"recipe":"fp8-current","power_of_2_scales":false})"), 1);
+  for (Fp8Linears* f : {&preset, &file}) {
+    f->add("l", kN, kC, kOC);
+    f->finish();
+  }
+  EXPECT_TRUE(preset.plan(0) == file.plan(0));
+  Gemm g;
+  std::vector<float> y1(kN * kOC), y2(kN * kOC), dx1(kN * kC), dx2(kN * kC), dw1(kOC * kC), dw2(kOC * kC), db1(kOC),
+      db2(kOC);
+  preset.forward(g, 0, y1, t.x, t.w, t.b, kN);
+  preset.backward(g, 0, dx1, dw1, db1, t.dy, t.w);
+  file.forward(g, 0, y2, t.x, t.w, t.b, kN);
+  file.backward(g, 0, dx2, dw2, db2, t.dy, t.w);
+  expect_same_bits(y1, y2, "y");
+  expect_same_bits(dx1, dx2, "dx");
+  expect_same_bits(dw1, dw2, "dw");
+  EXPECT_EQ(preset.saved_bytes(), file.saved_bytes());
+  // The preset's per-tensor log entries name no recipe; the file's do.
+  EXPECT_EQ(preset.stats()[0].recipe, "");
+  EXPECT_EQ(file.stats()[0].recipe, "fp8-current");
+}
+
+// A schedule switches each Linear's plan at its phase starts (from_fraction placed in the
+// run's steps), the evaluation plan serves evaluation forwards of the quantized Linears only,
+// and the memory covers every plan: a high-precision wgrad.x keeps X in fp32.
+TEST(Fp8Recipes, ScheduleEvaluationAndMemory) {
+  const auto recipes = recipes_of(
+      R"("mxfp8")", R"(,"schedule":[{"from_step":3,"modules":["a"],"recipe":"nvfp4","label":"to nvfp4"},)"
+                    R"({"from_fraction":0.5,"wgrad":"bf16","label":"hp wgrad"}],"evaluation":"bf16")");
+  Fp8Linears f(recipes, 10);
+  f.add("a", 32, 48, 40);
+  f.add("b", 32, 48, 40);
+  f.finish(false);
+  const lowp::LinearPlan mx = lowp::plan(lowp::RecipeChoice::of(lowp::Recipe::mxfp8));
+  EXPECT_TRUE(f.plan(0) == mx);
+  EXPECT_FALSE(f.set_step(2));
+  EXPECT_TRUE(f.set_step(3));
+  EXPECT_TRUE(f.plan(0) == lowp::plan(lowp::RecipeChoice::of(lowp::Recipe::nvfp4)));
+  EXPECT_TRUE(f.plan(1) == mx);
+  EXPECT_EQ(f.stats()[0].recipe, "nvfp4");
+  EXPECT_EQ(f.stats()[0].element, lowp::Element::e2m1);
+  EXPECT_TRUE(f.set_step(5));  // ceil(0.5 * 10)
+  EXPECT_FALSE(f.plan(1).at(lowp::Operand::wgrad_x).has_value());
+  EXPECT_EQ(f.stats()[3].recipe, "mxfp8");  // b's X: fprop.x still mxfp8
+  EXPECT_TRUE(f.set_step(0));               // back (a resume's first step) is a switch too
+  EXPECT_TRUE(f.plan(1) == mx);
+  // The most a reachable plan keeps: from step 5 both keep X in fp32 (before: mxfp8 codes
+  // and scales, 48 * 32 + 48, and a's nvfp4 ones, 48 * 16 + 48 * 2).
+  EXPECT_EQ(f.saved_bytes(), 2u * 32 * 48 * 4);
+  // Evaluation: the plan of the evaluation entry ("bf16": y = x w^T + b in fp32).
+  const std::vector<float> x = normal(32 * 48, 1, 1.0f), w = normal(40 * 48, 2, 0.05f), b = normal(40, 3, 0.1f);
+  std::vector<float> y(32 * 40), ry(32 * 40), work(4 * 32 * 48);
+  const std::span<float> spans[] = {work};
+  Gemm g;
+  f.set_evaluation(true);
+  f.forward(g, 0, y, x, w, b, 32, spans);
+  linear_forward(g, ry, x, w, b, 32, 48, 40);
+  expect_same_bits(y, ry, "evaluation y");
+  EXPECT_EQ(f.stats()[0].elements, 0u);
+  std::vector<float> dx(32 * 48), dw(40 * 48), db(40), dy = normal(32 * 40, 4, 1e-3f);
+  EXPECT_THROW(f.backward(g, 0, dx, dw, db, dy, w, spans), std::logic_error);  // nothing kept
+  f.set_evaluation(false);
+  f.forward(g, 0, y, x, w, b, 32, spans);
+  EXPECT_NE(y, ry);  // mxfp8 again
+  f.backward(g, 0, dx, dw, db, dy, w, spans);
+  EXPECT_EQ(f.stats()[0].elements, 32u * 48);
+}
+
+// The evaluation plan serves the Linears that some plan of the run quantizes (q: bf16 until
+// its phase brings nvfp4), not those the file keeps in bf16 throughout (h).
+TEST(Fp8Recipes, EvaluationPlanOnTheLinearsTheRunQuantizes) {
+  const auto recipes = std::make_shared<const lowp::Assignment>(lowp::parse_assignment(
+      R"({"format":"mixprec.low_precision","version":1,"default":"bf16","modules":{},)"
+      R"("schedule":[{"from_step":5,"modules":["q"],"recipe":"nvfp4"}],"evaluation":"mxfp8"})"));
+  Fp8Linears f(recipes, 10);
+  f.add("q", 32, 48, 40);
+  f.add("h", 32, 48, 40);
+  f.finish();
+  EXPECT_FALSE(f.plan(0).any_quantized());
+  const std::vector<float> x = normal(32 * 48, 1, 1.0f), w = normal(40 * 48, 2, 0.05f), b = normal(40, 3, 0.1f);
+  Gemm g;
+  std::vector<float> y(32 * 40), plain(32 * 40), mx(32 * 40);
+  linear_forward(g, plain, x, w, b, 32, 48, 40);
+  const lowp::LinearPlan e = lowp::plan(lowp::RecipeChoice::of(lowp::Recipe::mxfp8));
+  std::uint64_t draw = 0;
+  linear_forward(g, mx, by_hand(e, lowp::Operand::fprop_x, x, 32, 48, 32, draw),
+                 by_hand(e, lowp::Operand::fprop_w, w, 40, 48, 32, draw), b, 32, 48, 40);
+  f.set_evaluation(true);
+  f.forward(g, 0, y, x, w, b, 32);
+  expect_same_bits(y, mx, "q evaluated in mxfp8");
+  f.forward(g, 1, y, x, w, b, 32);
+  expect_same_bits(y, plain, "h evaluated in fp32");
+  f.set_evaluation(false);
+  f.forward(g, 0, y, x, w, b, 32);
+  expect_same_bits(y, plain, "q trained in bf16 before step 5");
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <random>
 #include <stdexcept>
@@ -598,6 +599,67 @@ TEST(Model, ForwardAndBackwardAllocateNoBuffers) {
       EXPECT_LT(g_largest.load(), 1024u) << model_kind_name(cfg.kind) << " " << precision_name(p);
     }
   }
+}
+
+// A recipe file's switches allocate nothing: finish() planned and grew every buffer of every
+// plan the run can reach (nvfp4 to mxfp8, whose codes are twice as large; wgrad in bf16, which
+// keeps X in fp32; the evaluation plan), so the step of each switch allocates no buffer and as
+// often as the next step of its plan.
+TEST(Model, RecipeSwitchesAllocateNoBuffers) {
+  ModelConfig g = small_gpt();
+  g.batch = 8;
+  g.context = 32;
+  g.channels = 32;
+  ModelConfig m = small_mlp();
+  m.batch = 64;
+  m.hidden = 128;
+  for (const ModelConfig& cfg : {g, m}) {
+    const std::string first = cfg.kind == ModelKind::gpt ? "h0.attn.qkv" : "fc1";
+    const auto recipes = std::make_shared<const lowp::Assignment>(lowp::parse_assignment(
+        R"({"format":"mixprec.low_precision","version":1,"default":"nvfp4","modules":{")" + first +
+        R"(":{"recipe":"mxfp8","backward_override":"high_precision"}},"schedule":[{"from_step":2,"recipe":"mxfp8"},)"
+        R"({"from_step":4,"wgrad":"bf16"}],"evaluation":"fp8-block"})"));
+    auto model = make_model(cfg, Precision::mxfp8, {.state_slots = 2, .fp8 = {}, .recipes = recipes, .recipe_steps = 8});
+    const Batch b = random_batch(cfg, 1);
+    long counts[6] = {};
+    for (std::uint64_t step = 0; step < 6; ++step) {
+      g_largest = 0;
+      const long before = g_allocations.load();
+      EXPECT_EQ(model->set_recipe_step(step), step == 2 || step == 4) << model_kind_name(cfg.kind) << " " << step;
+      model->params().zero_grads();
+      model->forward(b.in, b.tgt);
+      model->backward(1.0f);
+      model->fp8_step_done();
+      model->reset_stats();
+      model->weights_updated();
+      model->set_evaluation(true);
+      model->forward(b.in, b.tgt, 1);
+      model->set_evaluation(false);
+      counts[step] = g_allocations.load() - before;
+      if (step > 0) {
+        EXPECT_LT(g_largest.load(), 1024u) << model_kind_name(cfg.kind) << " step " << step;
+      }
+    }
+    // The step of a switch allocates what the next step of the same plan does (small
+    // allocations of the GEMM library's calls, which differ between plans).
+    EXPECT_EQ(counts[2], counts[3]) << model_kind_name(cfg.kind);
+    EXPECT_EQ(counts[4], counts[5]) << model_kind_name(cfg.kind);
+  }
+}
+
+// The Linears a preset quantizes are quantized_linear_names, in their order: the names its
+// fp8 tensors carry.
+TEST(Model, QuantizedLinearNamesAreTheModelsFp8Tensors) {
+  for (const ModelConfig& cfg : {small_gpt(), small_mlp()}) {
+    const auto model = make_model(cfg, Precision::fp8_current, 0);
+    const std::vector<std::string> names = quantized_linear_names(cfg);
+    const std::span<const Fp8TensorStats> stats = model->fp8_stats();
+    ASSERT_EQ(stats.size(), 3 * names.size());
+    for (std::size_t i = 0; i < names.size(); ++i) EXPECT_EQ(stats[3 * i].name, names[i] + ".input");
+  }
+  EXPECT_THROW(make_model(small_gpt(), Precision::bf16,
+                          {.fp8 = {}, .recipes = std::make_shared<const lowp::Assignment>(), .recipe_steps = 1}),
+               std::invalid_argument);
 }
 
 // The GEMM counter over one forward and backward equals the FLOPs of the layers' products

@@ -71,6 +71,19 @@ def expected_from_log(lines) -> Dict[str, Dict[int, float]]:
         for t in r.get("act_grad_tensors", []):
             if t["nonzero"] > 0:
                 put("underflow/" + t["name"], s, t["underflow"] / t["nonzero"])
+        for t in r.get("fp8", []):  # quantized tensors at their sampled steps
+            tag = "lowp/" + t["name"] + "/"
+            put(tag + "kurtosis", s, t.get("kurtosis"))
+            b = t.get("blocks")
+            if b is not None:
+                put(tag + "log2_multiplier_std", s, b["log2_multiplier_std"])
+                if b["blocks"] > 0:
+                    put(tag + "far_block_fraction", s, b["far_blocks"] / b["blocks"])
+                put(tag + "max_block_dynamic_range", s, b["max_block_dynamic_range"])
+            for w in t.get("what_if", []):
+                if t["nonzero"] > 0:
+                    put(tag + "what_if/" + w["recipe"] + "/flushed", s, w["flushed"] / t["nonzero"])
+                put(tag + "what_if/" + w["recipe"] + "/rel_rms_error", s, w.get("rel_rms_error"))
         put("time/step_seconds", s, r["seconds"])
     return out
 
@@ -116,6 +129,41 @@ def test_telemetry_tensorboard_holds_every_scalar(tmp_path):
     assert sorted(per_layer) == ["underflow/0", "underflow/1", "underflow/2"]
     assert sorted(got["underflow/0"]) == [1, 3, 5, 7]              # the sampled steps
     assert max(got["act_grads/underflow_fraction"].values()) > 0  # the tiny loss does underflow
+
+
+def test_low_precision_scalars_per_tensor(tmp_path):
+    """A model with low-precision Linears and Telemetry(what_if=...): per quantized tensor, at the
+    sampled steps, its kurtosis, the blocks' log2-multiplier std, the far-block fraction, the
+    largest block dynamic range and each what-if's flushed fraction and error."""
+    import mixprec.torch as mt
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.GELU(), torch.nn.Linear(64, 64), torch.nn.GELU(),
+                                torch.nn.Linear(64, 8))
+    mt.low_precision(model, "mxfp8")  # the middle Linear
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    tel = Telemetry(model, out=str(tmp_path / "run"), precision="fp32", sample_every=2, histogram_every=0,
+                    tensorboard=str(tmp_path / "tb"), what_if=["nvfp4"])
+    for _ in range(5):
+        loss = model(torch.randn(32, 16)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        tel.record(None, loss=loss.item())
+    tel.close()
+    got, want = read_back(tmp_path / "tb"), expected_from_log(read_log(tmp_path / "run"))
+    assert got == want
+    for role in ("input", "weight", "grad_output"):
+        tag = f"lowp/2.{role}/"
+        assert sorted(got[tag + "kurtosis"]) == [1, 3, 5]  # the sampled steps
+        for what in ("log2_multiplier_std", "far_block_fraction", "max_block_dynamic_range",
+                     "what_if/nvfp4/flushed", "what_if/nvfp4/rel_rms_error"):
+            assert sorted(got[tag + what]) == [1, 3, 5], tag + what
+    assert got["lowp/2.input/what_if/nvfp4/rel_rms_error"][1] > 0
+    if CLI:  # the export of the same run: the same scalars
+        r = export(tmp_path / "run", "--out", str(tmp_path / "exported"))
+        assert r.returncode == 0, r.stderr
+        assert read_back(tmp_path / "exported") == got
 
 
 def test_export_of_a_python_run_equals_the_live_file(tmp_path):

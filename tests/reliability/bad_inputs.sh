@@ -34,6 +34,8 @@ cases=(
   resume_config_deleted resume_fewer_steps data_utf32 steps_hex
   config_fifo advise_config_fifo report_summary_fifo report_log_fifo inspect_fifo data_fifo report_summary_number
   ckpt_meta_negative advise_budget_empty
+  recipe_unknown_module recipe_pattern_none recipe_wrong_precision recipe_malformed recipe_missing recipe_fp8_option
+  recipe_fraction_trains recipe_resume_changed recipe_resume_more_steps
 )
 if [ "${1:-}" = "--list" ]; then
   printf '%s\n' "${cases[@]}"
@@ -130,6 +132,9 @@ npy() {
 }
 
 ckpt=run/ckpt-00000002.safetensors
+
+# recipes FIELDS: r.json, a recipe file of FIELDS (after its format and version).
+recipes() { printf '{"format": "mixprec.low_precision", "version": 1, %s}\n' "$1" > r.json; }
 
 # deep N: a complete JSON object whose "lr" is an array nested N levels deep
 # ({"lr":[[[...]]]}): a stack overflow (SIGSEGV) in the readers before issue 15.
@@ -581,6 +586,49 @@ case "$case_name" in
     make_run 2 16 run
     "$tool" set-meta "$ckpt" doctored.safetensors mixprec.sampler '{"seed": 1, "counter": -1}' && mv doctored.safetensors "$ckpt"
     resume_rejects 1 "checkpoint 'run/ckpt-00000002.safetensors': metadata 'mixprec.sampler': counter: expected an integer >= 0, found -1" ;;
+
+  # ---- recipe files (--recipe-file, docs/low_precision.md): read and checked before anything starts
+  recipe_unknown_module)
+    recipes '"modules": {"h1.attn.qkv": "nvfp4"}'
+    train_rejects 2 'recipe-file: r.json: recipe file: modules["h1.attn.qkv"]: expected a Linear of this model (h<L>.attn.qkv, h<L>.attn.proj, h<L>.mlp.fc or h<L>.mlp.proj with L from 0 to 0), found "h1.attn.qkv"' \
+      "${tiny[@]}" --precision mxfp8 --recipe-file r.json ;;
+  recipe_pattern_none)
+    recipes '"modules": {}, "schedule": [{"from_step": 1, "modules": ["h*.attn.qk"], "recipe": "nvfp4"}]'
+    train_rejects 2 'recipe-file: r.json: recipe file: schedule[0].modules[0]: expected a name or pattern matching a Linear of this model (h<L>.attn.qkv, h<L>.attn.proj, h<L>.mlp.fc or h<L>.mlp.proj with L from 0 to 0), found "h*.attn.qk", which matches none' \
+      "${tiny[@]}" --precision mxfp8 --recipe-file r.json ;;
+  recipe_wrong_precision)
+    recipes '"default": "mxfp8", "modules": {}'
+    train_rejects 2 "recipe-file: applies to --precision fp8-noscale, fp8-delayed, fp8-current, mxfp8, fp8-block, nvfp4, mxfp4 only, found --precision bf16" \
+      "${tiny[@]}" --precision bf16 --recipe-file r.json ;;
+  recipe_malformed)
+    printf '{"format": "mixprec.low_precision", "version": 1, "modules": {' > r.json
+    train_rejects 2 "recipe-file: r.json: recipe file: " "${tiny[@]}" --precision mxfp8 --recipe-file r.json ;;
+  recipe_missing)
+    train_rejects 2 "recipe-file: " "${tiny[@]}" --precision mxfp8 --recipe-file missing.json
+    also "missing.json" ;;
+  recipe_fp8_option)
+    recipes '"default": "mxfp8", "modules": {}'
+    train_rejects 2 'mx-rounding: expected the default ("te") with --recipe-file (the recipe file'"'"'s "options" and entries set its recipes'"'"' options), found "ocp"' \
+      "${tiny[@]}" --precision mxfp8 --mx-rounding ocp --recipe-file r.json ;;
+  recipe_fraction_trains)  # not an error: the engine knows the run's steps (ceil(0.5 * 4) = 2: the third step)
+    recipes '"default": "mxfp8", "modules": {}, "schedule": [{"from_fraction": 0.5, "recipe": "mxfp4", "label": "half"}]'
+    expect 0 "mixprec train: 4 steps" "$bin" train "${small[@]}" --steps 4 --channels 16 --precision mxfp8 \
+      --recipe-file r.json --out run
+    [ "$(grep -c '"recipe_phase"' run/log.jsonl)" = 1 ] || fail "expected one recipe_phase line"
+    sed -n 3p run/log.jsonl | grep -qF '"recipe_phase":"half"' || fail "step 3 lacks the phase's label"
+    grep -qF '"recipes": {' run/config.json || fail "config.json lacks the recipes" ;;
+  recipe_resume_changed)
+    recipes '"default": "mxfp8", "modules": {}'
+    "$bin" train "${small[@]}" --steps 2 --channels 16 --precision mxfp8 --recipe-file r.json --checkpoint-every 1 \
+      --out run > make_run.txt 2>&1 || { cat make_run.txt; fail "setup run failed"; }
+    recipes '"default": "nvfp4", "modules": {}'
+    resume_rejects 1 "recipes: the recipe file '$PWD/r.json' differs from the recipes the run was started with" --steps 3 ;;
+  recipe_resume_more_steps)
+    recipes '"default": "mxfp8", "modules": {}, "schedule": [{"from_fraction": 0.5, "recipe": "mxfp4"}]'
+    "$bin" train "${small[@]}" --steps 2 --channels 16 --precision mxfp8 --recipe-file r.json --checkpoint-every 1 \
+      --out run > make_run.txt 2>&1 || { cat make_run.txt; fail "setup run failed"; }
+    resume_rejects 1 "steps: the recipe file places schedule[0] at a fraction of the run's steps (from_fraction); expected the run's 2 steps, found 3" \
+      --steps 3 ;;
 
   *)
     echo "unknown case '$case_name'; cases: ${cases[*]}"

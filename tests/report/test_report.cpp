@@ -168,6 +168,33 @@ TEST(Report, TwoRunsHaveEveryChartWithTheirData) {
   EXPECT_NE(html.find("<code>runs/fp16-dynamic</code>"), std::string::npos);
 }
 
+// A recipe file's switch: a labelled vertical line on the loss chart at its step, named
+// by its run when the report has several; none without one.
+TEST(Report, RecipeSwitchesAreMarkedOnTheLossChart) {
+  ReportRun a = synthetic("a", 20, 0), b = synthetic("b", 20, 0);
+  EXPECT_EQ(chart(render_report({a}), "loss").find("class=\"vline\""), std::string::npos);
+  a.records[11].recipe_phase = "to <nvfp4>";
+  const std::string one = chart(render_report({a}), "loss");
+  EXPECT_EQ(count(one, "class=\"vline\""), 1u);
+  EXPECT_NE(one.find(R"(class="vline" data-x="12" data-label="to &lt;nvfp4&gt;")"), std::string::npos) << one;
+  EXPECT_NE(one.find(">to &lt;nvfp4&gt;</text>"), std::string::npos);
+  b.records[4].recipe_phase = "hp wgrad";
+  const std::string two = chart(render_report({a, b}), "loss");
+  EXPECT_EQ(count(two, "class=\"vline\""), 2u);
+  EXPECT_NE(two.find(R"(data-x="5" data-label="b: hp wgrad")"), std::string::npos) << two;
+  EXPECT_NE(two.find(R"(data-x="12" data-label="a: to &lt;nvfp4&gt;")"), std::string::npos);
+  // Outside the chart's x range: left out.
+  svg::LineChart c;
+  c.id = "v";
+  svg::Series s;
+  s.points = {{1, 1}, {2, 2}};
+  c.series.push_back(s);
+  c.vlines = {{1.5, "in"}, {7, "out"}};
+  const std::string svg = svg::render(c);
+  EXPECT_EQ(count(svg, "class=\"vline\""), 1u);
+  EXPECT_NE(svg.find("data-label=\"in\""), std::string::npos);
+}
+
 TEST(Report, EscapesEveryTextFromTheRun) {
   ReportRun run = synthetic("<script>alert(\"x\")</script> & 'q'", 4, 2);
   run.dir = "a\"><img src=x onerror=alert(1)>";
@@ -281,6 +308,68 @@ TEST(Report, PerLayerScalingSection) {
   EXPECT_EQ(points_of(c, "h0.mlp.fc"), 6);
   EXPECT_EQ(points_of(c, "h0.mlp.proj"), 6);
   EXPECT_TRUE(chart(html, "layers-0").empty());
+}
+
+// The per-block statistics: absent without sampled statistics; with them, the activation
+// kurtosis per layer, a row per tensor of its latest sampled step (what-if columns per recipe),
+// and per tensor a band of its log2 multipliers (p01-p99, median) and its kurtosis over the
+// sampled steps.
+TEST(Report, PerBlockStatisticsSection) {
+  ReportRun plain = synthetic("plain", 8, 0);
+  EXPECT_EQ(render_report({plain}).find("id=\"blocks\""), std::string::npos);
+  ReportRun q = synthetic("lowp", 8, 0);
+  for (StepRecord& r : q.records) {
+    for (const char* name : {"h0.mlp.fc.input", "h0.mlp.fc.weight", "h0.mlp.fc.grad_output", "h1.mlp.fc.input"}) {
+      nn::Fp8TensorStats t;
+      t.name = name;
+      t.recipe = "mxfp8";
+      t.elements = 6400;
+      t.nonzero = 6400;
+      t.flushed = 64;
+      if (r.step % 2 == 0) {  // sampled every 2nd step: 4 samples
+        lowp::BlockStats b;
+        b.blocks = b.multiplier_blocks = 200;
+        b.log2_multiplier_quantiles = {-3.0 - static_cast<double>(r.step), -2, -1, -0.5, 0, 1, 2};
+        b.log2_multiplier_std = 0.25 * static_cast<double>(r.step);
+        b.far_blocks = r.step;
+        b.max_block_dynamic_range = 7.5;
+        t.blocks = b;
+        t.kurtosis = 3.0 * static_cast<double>(r.step);
+        if (std::string_view(name) == "h0.mlp.fc.input")
+          t.what_if = {{"nvfp4", lowp::Element::e2m1, 6400, 0, 640, 0.1, 400, 2, 1.0, -1.0, 1.0}};
+      }
+      r.fp8.push_back(t);
+    }
+  }
+  const std::string html = render_report({plain, q});
+  const std::size_t at = html.find("id=\"blocks\"");
+  ASSERT_NE(at, std::string::npos);
+  const std::string sec = html.substr(at, html.find("</section>", at) - at);
+  // Activation kurtosis: one line per layer's input, a point per sampled step.
+  const std::string k = chart(sec, "blocks-kurtosis-1");
+  EXPECT_EQ(points_of(k, "h0.mlp.fc"), 4);
+  EXPECT_EQ(points_of(k, "h1.mlp.fc"), 4);
+  EXPECT_EQ(points_of(k, "h0.mlp.fc.weight"), -1);
+  EXPECT_TRUE(chart(sec, "blocks-kurtosis-0").empty());
+  // The table: the latest sampled step (8), every tensor, the what-if column.
+  EXPECT_NE(sec.find("<th class=\"num\">what-if nvfp4 flushed</th>"), std::string::npos);
+  EXPECT_NE(sec.find("<td class=\"name\">h0.mlp.fc.input</td><td>mxfp8</td><td class=\"num\">8</td>"
+                     "<td class=\"num\">200</td><td class=\"num\">8 (4.00%)</td><td class=\"num\">-11 / -0.5 / 2</td>"
+                     "<td class=\"num\">2</td><td class=\"num\">7.5 binades</td><td class=\"num\">24</td>"
+                     "<td class=\"num\">1.00%</td><td class=\"num\">10.00%</td></tr>"),
+            std::string::npos)
+      << sec;
+  EXPECT_NE(sec.find("<td class=\"name\">h0.mlp.fc.grad_output</td>"), std::string::npos);
+  EXPECT_NE(sec.find("<td class=\"num\">1.00%</td><td class=\"num\">\u2013</td></tr>"), std::string::npos);
+  // Small multiples: a band with its median, and the kurtosis, per tensor (4 tensors).
+  for (int t = 0; t < 4; ++t) {
+    const std::string band = chart(sec, "blocks-band-1-" + std::to_string(t));
+    EXPECT_EQ(points_of(band, "p01\u2013p99", "area"), 4) << t;
+    EXPECT_EQ(points_of(band, "median"), 4) << t;
+    EXPECT_EQ(count(band, "<polygon"), 1u) << t;
+    EXPECT_EQ(points_of(chart(sec, "blocks-k-1-" + std::to_string(t)), "kurtosis"), 4) << t;
+  }
+  EXPECT_TRUE(chart(sec, "blocks-band-1-4").empty());
 }
 
 TEST(Report, SkipRateIsARollingWindow) {

@@ -205,6 +205,43 @@ TEST(TensorBoardScalars, ActivationGradientsAndEvaluation) {
   for (const Scalar& x : v) EXPECT_NE(x.tag, "underflow/logits");
 }
 
+// Quantized tensors at a sampled step: kurtosis, the blocks' log2-multiplier std, the far-block
+// fraction, the largest block dynamic range and per what-if recipe the flushed fraction (of the
+// tensor's nonzero values) and the error; nothing at an unsampled step.
+TEST(TensorBoardScalars, QuantizedTensorsAtSampledSteps) {
+  StepScalars s;
+  StepRecord r = step(8);
+  nn::Fp8TensorStats t;
+  t.name = "h0.mlp.fc.input";
+  t.recipe = "mxfp8";
+  t.elements = 1000;
+  t.nonzero = 800;
+  nn::Fp8TensorStats plain = t;
+  plain.name = "h0.mlp.fc.weight";
+  lowp::BlockStats b;
+  b.blocks = 40;
+  b.far_blocks = 10;
+  b.log2_multiplier_std = 1.5;
+  b.max_block_dynamic_range = 9.25;
+  t.blocks = b;
+  t.kurtosis = 12.5;
+  t.what_if = {{"nvfp4", lowp::Element::e2m1, 1000, 0, 200, 0.125, 80, 4, 2.0, -1.0, 3.0},
+               {"fp8-current", lowp::Element::e4m3, 1000, 0, 8, std::nullopt, 1, 0, 0.0, 0.0, 0.0}};
+  r.fp8 = {t, plain};
+  const std::vector<Scalar> v = s.add(r);
+  EXPECT_EQ(value_of(v, "lowp/h0.mlp.fc.input/kurtosis"), 12.5f);
+  EXPECT_EQ(value_of(v, "lowp/h0.mlp.fc.input/log2_multiplier_std"), 1.5f);
+  EXPECT_EQ(value_of(v, "lowp/h0.mlp.fc.input/far_block_fraction"), 0.25f);
+  EXPECT_EQ(value_of(v, "lowp/h0.mlp.fc.input/max_block_dynamic_range"), 9.25f);
+  EXPECT_EQ(value_of(v, "lowp/h0.mlp.fc.input/what_if/nvfp4/flushed"), 0.25f);
+  EXPECT_EQ(value_of(v, "lowp/h0.mlp.fc.input/what_if/nvfp4/rel_rms_error"), 0.125f);
+  EXPECT_EQ(value_of(v, "lowp/h0.mlp.fc.input/what_if/fp8-current/flushed"), 0.01f);
+  for (const Scalar& x : v) {
+    EXPECT_NE(x.tag, "lowp/h0.mlp.fc.input/what_if/fp8-current/rel_rms_error");  // not finite: none
+    EXPECT_EQ(x.tag.find("lowp/h0.mlp.fc.weight/"), std::string::npos) << x.tag;  // not sampled
+  }
+}
+
 // A reader written from the format: frames, checks both CRCs, decodes the fields used.
 struct DecodedEvent {
   double wall_time = 0;

@@ -108,7 +108,7 @@ TEST(AlertThresholds, DefaultsAreValidAndDescribed) {
   const AlertThresholds t;
   EXPECT_NO_THROW(validate(t));
   const auto d = describe(t);
-  ASSERT_EQ(d.size(), 16u);
+  ASSERT_EQ(d.size(), 21u);
   EXPECT_EQ(d[0], (std::pair<std::string, std::string>{"warmup_steps", "20"}));
   EXPECT_EQ(d[2], (std::pair<std::string, std::string>{"overflow_skip_rate", "0.2"}));
   EXPECT_EQ(d[12], (std::pair<std::string, std::string>{"input_activations", "embedding"}));
@@ -150,6 +150,16 @@ TEST(AlertThresholds, InvalidValuesAreNamed) {
             "alerts: divergence_window: expected an integer >= 3, found 2");
   EXPECT_EQ(err([](AlertThresholds& t) { t.divergence_nats = -1; }),
             "alerts: divergence_nats: expected a finite number >= 0, found -1");
+  EXPECT_EQ(err([](AlertThresholds& t) { t.tensor_baseline = 0; }),
+            "alerts: tensor_baseline: expected an integer in [1, 1000000], found 0");
+  EXPECT_EQ(err([](AlertThresholds& t) { t.kurtosis_rise = 1; }),
+            "alerts: kurtosis_rise: expected a finite number > 1, found 1");
+  EXPECT_EQ(err([](AlertThresholds& t) { t.kurtosis_min = std::nan(""); }),
+            "alerts: kurtosis_min: expected a finite number >= 0, found nan");
+  EXPECT_EQ(err([](AlertThresholds& t) { t.spread_rise_binades = 0; }),
+            "alerts: spread_rise_binades: expected a finite number > 0, found 0");
+  EXPECT_EQ(err([](AlertThresholds& t) { t.far_blocks_rise = 1.5; }),
+            "alerts: far_blocks_rise: expected a number in (0, 1], found 1.5");
   EXPECT_TRUE(contains(error_of<std::invalid_argument>([] { AlertMonitor m({}, ctx("dynamic", "fp12")); }),
                        "alerts: precision: expected fp32, fp16, bf16, fp16-pure, bf16-pure, fp8-noscale, fp8-delayed, fp8-current, mxfp8, fp8-block, nvfp4 or mxfp4, found 'fp12'"));
   // The loss-scale spec is read by TrainConfig's one parser (train::loss_scale_config): its
@@ -194,7 +204,8 @@ TEST(AlertMonitor, AlertIdsAndJson) {
   for (AlertKind k : alert_kinds()) all.emplace_back(alert_id(k));
   EXPECT_EQ(all, (std::vector<std::string>{"persistent-overflow", "scale-collapse", "underflow-plateau",
                                            "forward-overflow", "scale-pinned", "nonfinite-input",
-                                           "loss-divergence", "guarded-skip"}));
+                                           "loss-divergence", "guarded-skip", "kurtosis-rise",
+                                           "block-spread-rise"}));
   Alert a;
   a.kind = AlertKind::forward_overflow;
   a.id = "forward-overflow";
@@ -695,6 +706,142 @@ TEST(Alerts, GuardedSkipNamesReasonWhereAndAdvice) {
   EXPECT_NE(g->message.find("'h1.mlp.fc.input' saturated 40 of 100"), std::string::npos) << g->message;
   EXPECT_NE(g->advice.find("bad batch"), std::string::npos) << g->advice;
   EXPECT_NE(g->advice.find("its recipe is too coarse"), std::string::npos) << g->advice;
+}
+
+// ---- per-tensor rules: kurtosis-rise and block-spread-rise --------------------------------
+
+// One sampled quantized tensor: its kurtosis and its blocks' log2-multiplier std and far blocks.
+nn::Fp8TensorStats sampled(const std::string& name, double kurtosis, double spread, std::uint64_t far,
+                           std::uint64_t blocks = 100) {
+  nn::Fp8TensorStats t;
+  t.name = name;
+  t.role = name.ends_with(".grad_output") ? lowp::Role::backward : lowp::Role::forward;
+  t.recipe = "mxfp8";
+  t.elements = blocks * 32;
+  t.nonzero = blocks * 32;
+  t.flushed = 10;
+  lowp::BlockStats b;
+  b.blocks = b.multiplier_blocks = blocks;
+  b.log2_multiplier_std = spread;
+  b.far_blocks = far;
+  t.blocks = b;
+  t.kurtosis = kurtosis;
+  return t;
+}
+
+// Three tensors sampled every 2nd step from step 2: "a.input" steady, "b.input" whose kurtosis
+// climbs from step `rise` on (x2 per sample), "b.weight" whose blocks spread from step `spread`.
+std::vector<StepRecord> tensor_run(std::uint64_t n, std::uint64_t rise, std::uint64_t spread) {
+  return run(n, [&](StepRecord& r) {
+    if (r.step % 2 != 0) return;  // an unsampled step: the entries carry no statistics
+    const double k = r.step >= rise ? 3.0 * std::pow(2.0, static_cast<double>((r.step - rise) / 2 + 1)) : 3.0;
+    const double s = r.step >= spread ? 0.5 + 0.5 * static_cast<double>((r.step - spread) / 2 + 1) : 0.5;
+    r.fp8 = {sampled("a.input", 3.1, 0.4, 0), sampled("b.input", k, 0.6, 0), sampled("b.weight", 3.0, s, 0)};
+    nn::Fp8TensorStats unsampled = sampled("c.input", 500, 9, 50);
+    unsampled.blocks.reset();
+    unsampled.kurtosis.reset();
+    r.fp8.push_back(unsampled);  // never counted
+  }, "mixprec");
+}
+
+TEST(AlertRules, KurtosisRiseIsPerTensorAgainstItsOwnBaseline) {
+  AlertThresholds t;  // baseline: the median of 3 samples; rise 4x and >= 10
+  // b.input: 3 at steps 2-8 (baseline 3), then 6, 12 (4x: step 12), 24, ...
+  const std::vector<StepRecord> log = tensor_run(30, 10, 1000);
+  AlertMonitor m(t, ctx());
+  std::vector<Alert> raised;
+  for (const StepRecord& r : log)
+    for (Alert& a : m.observe(r)) raised.push_back(std::move(a));
+  ASSERT_EQ(raised.size(), 1u) << ::testing::PrintToString(ids(raised));
+  const Alert& a = raised[0];
+  EXPECT_EQ(a.id, "kurtosis-rise");
+  EXPECT_EQ(a.tensor, "b.input");
+  EXPECT_EQ(a.step, 12u);
+  ASSERT_EQ(m.all().size(), 1u);
+  EXPECT_EQ(m.all()[0].last_step, 30u);  // held at every later sample, counted on the one alert
+  EXPECT_EQ(m.all()[0].steps, 10u);
+  EXPECT_TRUE(contains(a.message, "'b.input' (layer b, its input x (the activation)) rose to 12, 4x its baseline 3"))
+      << a.message;
+  EXPECT_TRUE(contains(a.message, "FOG, arXiv 2505.20524")) << a.message;
+  EXPECT_TRUE(contains(a.advice, "keep this layer's forward in bf16 (in the recipe-file entry of 'b': \"fprop\": \"bf16\")"))
+      << a.advice;
+  EXPECT_TRUE(contains(alert_json(a), R"("tensor":"b.input")")) << alert_json(a);
+  // One step below each threshold: nothing. 4x but under kurtosis_min: nothing.
+  AlertThresholds higher;
+  higher.kurtosis_rise = 4.01;
+  EXPECT_EQ(raised_at(log, ctx(), AlertKind::kurtosis_rise, higher), 14u);
+  AlertThresholds floor;
+  floor.kurtosis_min = 12.5;
+  EXPECT_EQ(raised_at(log, ctx(), AlertKind::kurtosis_rise, floor), 14u);
+  // A longer baseline takes later samples into it (steps 2-12: median 3), so step 12 only builds it.
+  AlertThresholds longer;
+  longer.tensor_baseline = 6;
+  EXPECT_EQ(raised_at(log, ctx(), AlertKind::kurtosis_rise, longer), 14u);
+}
+
+TEST(AlertRules, BlockSpreadRiseOnTheStdOrTheFarBlocks) {
+  // b.weight: std 0.5 to step 18, then 1.0, 1.5, 2.0, 2.5 (+2 binades: step 26).
+  const std::vector<StepRecord> log = tensor_run(30, 1000, 20);
+  EXPECT_EQ(raised_at(log, ctx(), AlertKind::kurtosis_rise), 0u);
+  AlertMonitor m({}, ctx());
+  std::vector<Alert> raised;
+  for (const StepRecord& r : log)
+    for (Alert& a : m.observe(r)) raised.push_back(std::move(a));
+  ASSERT_EQ(raised.size(), 1u) << ::testing::PrintToString(ids(raised));
+  EXPECT_EQ(raised[0].id, "block-spread-rise");
+  EXPECT_EQ(raised[0].tensor, "b.weight");
+  EXPECT_EQ(raised[0].step, 26u);
+  EXPECT_TRUE(contains(raised[0].message, "the std of their log2 multipliers rose to 2.5 binades from 0.5"))
+      << raised[0].message;
+  AlertThresholds wide;
+  wide.spread_rise_binades = 2.01;
+  EXPECT_EQ(raised_at(log, ctx(), AlertKind::block_spread_rise, wide), 28u);
+  // The far-blocks fraction alone: 0 for the baseline, then 4%, 5% (+0.05: raised).
+  const std::vector<StepRecord> far = run(20, [](StepRecord& r) {
+    const std::uint64_t f = r.step <= 6 ? 0 : r.step == 7 ? 4 : 5;
+    r.fp8 = {sampled("h0.mlp.proj.grad_output", 3, 0.5, f)};
+  });
+  AlertMonitor mf({}, ctx());
+  std::vector<Alert> by_far;
+  for (const StepRecord& r : far)
+    for (Alert& a : mf.observe(r)) by_far.push_back(std::move(a));
+  ASSERT_EQ(by_far.size(), 1u);
+  EXPECT_EQ(by_far[0].step, 8u);
+  EXPECT_TRUE(contains(by_far[0].message, "5.0% of the blocks (0.0% before) now sit more than 2^8 below")) << by_far[0].message;
+  EXPECT_TRUE(contains(by_far[0].advice, "keep this layer's backward in bf16 (in the recipe-file entry of 'h0.mlp.proj': "
+                                         "\"backward_override\": \"high_precision\")"))
+      << by_far[0].advice;
+}
+
+TEST(AlertRules, PerTensorAlertsAreRaisedOncePerTensorAndKind) {
+  // Two tensors whose kurtosis rises at different steps: one alert each; another kind on the
+  // same tensor is its own alert too; the run-wide kinds stay once per run.
+  const std::vector<StepRecord> log = run(30, [](StepRecord& r) {
+    const double k1 = r.step >= 10 ? 50 : 3, k2 = r.step >= 20 ? 50 : 3, s2 = r.step >= 24 ? 4 : 0.5;
+    r.fp8 = {sampled("h0.attn.qkv.input", k1, 0.5, 0), sampled("h1.attn.qkv.input", k2, s2, 0)};
+    if (r.step == 15 || r.step == 16) r.loss = 20;  // loss-divergence, once (twice held)
+  });
+  const std::vector<Alert> all = evaluate(log, ctx());
+  std::vector<std::string> got;
+  for (const Alert& a : all) got.push_back(a.id + "@" + std::to_string(a.step) + ":" + a.tensor);
+  EXPECT_EQ(got, (std::vector<std::string>{"kurtosis-rise@10:h0.attn.qkv.input", "loss-divergence@15:",
+                                           "kurtosis-rise@20:h1.attn.qkv.input", "block-spread-rise@24:h1.attn.qkv.input"}));
+  EXPECT_EQ(all[1].steps, 2u);
+  EXPECT_FALSE(contains(alert_json(all[1]), "tensor")) << alert_json(all[1]);
+  EXPECT_EQ(all[0].steps, 21u);  // steps 10-30
+  // What-ifs in the step name what the other recipes would flush.
+  std::vector<StepRecord> wi = run(6, [](StepRecord& r) {
+    nn::Fp8TensorStats t = sampled("fc1.input", r.step >= 5 ? 40 : 3, 0.5, 0);
+    t.what_if = {{"nvfp4", lowp::Element::e2m1, 3200, 0, 320, 0.1, 200, 3, 1.0, -2.0, 2.0},
+                 {"fp8-current", lowp::Element::e4m3, 3200, 0, 32, 0.05, 1, 0, 0.0, 0.0, 0.0}};
+    r.fp8 = {t};
+  });
+  const std::vector<Alert> w = evaluate(wi, ctx());
+  ASSERT_EQ(w.size(), 1u);
+  EXPECT_TRUE(contains(w[0].advice, "here mxfp8 flushes 0.3% of its nonzero values to zero, and the what-if says "
+                                    "nvfp4 would flush 10.0% (3 of 200 blocks far) and fp8-current would flush 1.0% "
+                                    "(0 of 1 blocks far)"))
+      << w[0].advice;
 }
 
 }  // namespace

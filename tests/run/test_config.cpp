@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <limits>
 #include <stdexcept>
@@ -292,7 +294,7 @@ TEST(TrainConfigJson, UnknownKeysListTheKnownOnes) {
   const std::string e = json_error(R"({"lr": 0.1, "learning_rate": 0.1})");
   EXPECT_EQ(e.rfind("config 'x.json': unknown key 'learning_rate'; known keys: model, precision, loss-scale, fp8-format, "
                     "fp8-amax-history, fp8-amax-algo, fp8-margin, fp8-power2-scales, fp8-amax-epsilon, mx-rounding, "
-                    "layers, "
+                    "recipe-file, layers, "
                     "heads, channels, context, batch, depth, hidden, data, vocab, corpus-tokens, val-fraction, "
                     "optimizer, lr, min-lr, warmup, weight-decay, beta1, beta2, eps, clip, master, moments, moment-block, "
                     "skip-loss-z, skip-grad-z, "
@@ -420,7 +422,7 @@ TEST(TrainConfigJson, KeysInFlagOrder) {
   const std::string j = to_json(TrainConfig{});
   EXPECT_EQ(j.rfind(R"({"model":"gpt","precision":"fp16","loss-scale":"dynamic","fp8-format":"hybrid",)"
                     R"("fp8-amax-history":1024,"fp8-amax-algo":"max","fp8-margin":0,"fp8-power2-scales":false,)"
-                    R"("fp8-amax-epsilon":0.0,"mx-rounding":"te","layers":2,)",
+                    R"("fp8-amax-epsilon":0.0,"mx-rounding":"te","recipe-file":"","layers":2,)",
                     0),
             0u)
       << j;
@@ -478,6 +480,7 @@ std::vector<KeyCase> key_cases() {
        R"("x")", "fp8-amax-epsilon: expected a finite number >= 0, found string \"x\""},
       {"mx-rounding", "ocp", "", "floor", "mx-rounding: expected te or ocp, found 'floor'", "", "false",
        "mx-rounding: expected te or ocp, found boolean false"},
+      {"recipe-file", "recipes/a b.json", "", "", "", "", "5", "recipe-file: expected a string, found 5"},
       {"layers", "64", "", "65", "layers: expected an integer in [1, 64], found 65", "x", R"("2")",
        "layers: expected an integer in [1, 64], found string \"2\""},
       {"heads", "8", "", "0", "heads: expected an integer in [1, 4096], found 0", "8.5", "8.5",
@@ -636,6 +639,108 @@ TEST(TrainConfigKeys, TextMessagesSayWhatTheGrammarRefused) {
   EXPECT_EQ(set_error("inject-overflow-at", "5,x"),
             "inject-overflow-at: expected integers >= 1 separated by commas (e.g. 5,17), found '5,x'");
   EXPECT_EQ(set_error("learning-rate", "1").rfind("unknown key 'learning-rate'; known keys: model, precision, ", 0), 0u);
+}
+
+// ---- recipe-file: read and checked before anything starts ----------------------------------
+
+class RecipeFile : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("mixprec-test-recipes-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  // A recipe file of `body` (the fields after format and version); its path.
+  std::string file(const std::string& body, const std::string& name = "r.json") {
+    const std::string path = (dir_ / name).string();
+    std::ofstream(path) << R"({"format":"mixprec.low_precision","version":1,)" << body << "}";
+    return path;
+  }
+  // The error of validating the default config (gpt of 2 layers) with precision mxfp8 and
+  // recipe-file `path`, after `change`.
+  std::string error(const std::string& path, const std::function<void(TrainConfig&)>& change = {}) {
+    return validate_error([&](TrainConfig& c) {
+      c.precision = nn::Precision::mxfp8;
+      c.recipe_file = path;
+      if (change) change(c);
+    });
+  }
+  std::filesystem::path dir_;
+};
+
+TEST_F(RecipeFile, AFileOfTheModelsLinearsIsTaken) {
+  const std::string gpt = file(R"("default":"mxfp8","modules":{"h1.mlp.fc":{"recipe":"nvfp4","fprop":"bf16"}},)"
+                               R"("schedule":[{"from_fraction":0.5,"modules":["h*.attn.*"],"recipe":"fp8-block"}],)"
+                               R"("evaluation":"bf16")");
+  EXPECT_EQ(error(gpt), "");
+  const auto a = recipe_assignment([&] {
+    TrainConfig c;
+    c.recipe_file = gpt;
+    c.steps = 8;
+    return c;
+  }());
+  ASSERT_NE(a, nullptr);
+  EXPECT_EQ(a->phase_starts(8), std::vector<std::uint64_t>{4});  // a fraction of the run's steps: ceil(0.5 * 8)
+  EXPECT_EQ(recipe_assignment(TrainConfig{}), nullptr);
+  // Every quantized preset gives the rest of the model's precision.
+  for (const nn::Precision p : nn::all_precisions()) {
+    if (nn::is_fp8(p)) {
+      EXPECT_EQ(error(gpt, [&](TrainConfig& c) { c.precision = p; }), "") << nn::precision_name(p);
+    }
+  }
+  // The mlp's Linears are fc<i>.
+  EXPECT_EQ(error(file(R"("modules":{"fc3":"mxfp4"})", "mlp.json"), [](TrainConfig& c) { c.model.kind = nn::ModelKind::mlp; }),
+            "");
+}
+
+TEST_F(RecipeFile, BadInputsAreRefusedNamingTheFieldAndWhatIsAllowed) {
+  const std::string gpt_names = "h<L>.attn.qkv, h<L>.attn.proj, h<L>.mlp.fc or h<L>.mlp.proj with L from 0 to 1";
+  const std::string unknown = file(R"("modules":{"h2.attn.qkv":"nvfp4"})", "unknown.json");
+  EXPECT_EQ(error(unknown), "recipe-file: " + unknown + ": recipe file: modules[\"h2.attn.qkv\"]: expected a Linear of "
+                            "this model (" + gpt_names + "), found \"h2.attn.qkv\"");
+  const std::string pattern = file(R"("modules":{},"schedule":[{"from_step":2,"modules":["h0.mlp.fc","h*.attn.qk"],)"
+                                   R"("recipe":"mxfp8"}])", "pattern.json");
+  EXPECT_EQ(error(pattern), "recipe-file: " + pattern + ": recipe file: schedule[0].modules[1]: expected a name or "
+                            "pattern matching a Linear of this model (" + gpt_names + "), found \"h*.attn.qk\", "
+                            "which matches none");
+  const std::string mlp = file(R"("modules":{"fc4":"mxfp4"})", "mlp.json");
+  EXPECT_EQ(error(mlp, [](TrainConfig& c) { c.model.kind = nn::ModelKind::mlp; }),
+            "recipe-file: " + mlp + ": recipe file: modules[\"fc4\"]: expected a Linear of this model (fc<I> with I "
+            "from 0 to 3), found \"fc4\"");
+  // A precision without quantized Linears: the key applies to the quantized presets only.
+  const std::string good = file(R"("default":"mxfp8","modules":{})", "good.json");
+  EXPECT_EQ(error(good, [](TrainConfig& c) { c.precision = nn::Precision::bf16; }),
+            "recipe-file: expected the default (\"\") with --precision bf16; it applies to --precision fp8-noscale, "
+            "fp8-delayed, fp8-current, mxfp8, fp8-block, nvfp4 or mxfp4, found \"" + good + "\"");
+  // The file sets its recipes' options: the preset's would be ignored.
+  EXPECT_EQ(error(good, [](TrainConfig& c) { c.mx_rounding = "ocp"; }),
+            "mx-rounding: expected the default (\"te\") with --recipe-file (the recipe file's \"options\" and entries "
+            "set its recipes' options), found \"ocp\"");
+  // Malformed, missing, or wrong in the file's own rules: lowp::read_assignment's message.
+  const std::string truncated = (dir_ / "truncated.json").string();
+  std::ofstream(truncated) << R"({"format":"mixprec.low_precision","version":1,"modules":{)";
+  const std::string e = error(truncated);
+  EXPECT_EQ(e.rfind("recipe-file: " + truncated + ": recipe file: ", 0), 0u) << e;
+  const std::string missing = (dir_ / "missing.json").string();
+  EXPECT_NE(error(missing).find("recipe-file: "), std::string::npos);
+  EXPECT_NE(error(missing).find(missing), std::string::npos) << error(missing);
+  const std::string version = file(R"("version":2)", "v.json");
+  EXPECT_NE(error(version).find("recipe-file: "), std::string::npos) << error(version);
+  // fp8-delayed: one amax-history config for the model; never in the evaluation entry.
+  const std::string delayed = file(R"("default":"fp8-delayed","modules":{"h0.attn.qkv":)"
+                                   R"({"recipe":"fp8-delayed","amax_history_len":16}})", "delayed.json");
+  EXPECT_EQ(error(delayed), "recipe-file: " + delayed + ": recipe file: fp8-delayed: expected one set of options for "
+                            "every fp8-delayed Linear (the engine keeps one amax-history config), found "
+                            "amax_history_len 16, amax_compute_algo max, margin 0, fp8_format hybrid (h0.attn.qkv from "
+                            "step 0) and amax_history_len 1024, amax_compute_algo max, margin 0, fp8_format hybrid "
+                            "(h0.attn.proj from step 0)");
+  const std::string evaluation = file(R"("default":"mxfp8","modules":{},"evaluation":"fp8-delayed")", "eval.json");
+  EXPECT_EQ(error(evaluation), "recipe-file: " + evaluation + ": recipe file: evaluation: expected a recipe other than "
+                               "fp8-delayed (its scales come from the amax histories of training steps, which an "
+                               "evaluation forward does not record), found fp8-delayed");
 }
 
 }  // namespace

@@ -123,6 +123,29 @@ TEST(RunLog, RoundTrip) {
   EXPECT_TRUE(std::isnan(*back.val_loss));
 }
 
+// A recipe file's switch: the phase labels on the step where they begin, absent on every
+// other step; an empty label is no label.
+TEST(RunLog, RecipePhaseRoundTrip) {
+  StepRecord r = sample();
+  EXPECT_EQ(step_record_json(r).find("recipe_phase"), std::string::npos);
+  r.val_loss = 3.5;
+  r.recipe_phase = "attention to \"fp8-block\", wgrad in bf16";
+  const std::string line = step_record_json(r);
+  EXPECT_NE(line.find(R"("val_loss":3.5,"recipe_phase":"attention to \"fp8-block\", wgrad in bf16",)"),
+            std::string::npos)
+      << line;
+  EXPECT_EQ(parse_step_record(line).recipe_phase, r.recipe_phase);
+  std::string empty = line;
+  const std::string label = R"("attention to \"fp8-block\", wgrad in bf16")";
+  empty.replace(empty.find(label), label.size(), R"("")");
+  EXPECT_EQ(error_of<std::invalid_argument>([&] { (void)parse_step_record(empty); }),
+            "recipe_phase: expected a phase label (the field is left out on other steps), found string \"\"");
+  std::string number = line;
+  number.replace(number.find(label), label.size(), "3");
+  EXPECT_EQ(error_of<std::invalid_argument>([&] { (void)parse_step_record(number); }),
+            "recipe_phase: expected a string, found 3");
+}
+
 // Telemetry: per-tensor statistics, per-parameter amax and histograms survive the
 // round trip exactly; non-finite amax and infinite headroom are written as null and
 // read back as inf.
@@ -167,10 +190,11 @@ TEST(RunLog, Fp8TensorsRoundTrip) {
   StepRecord r = sample();
   EXPECT_EQ(step_record_json(r).find("\"fp8\""), std::string::npos);  // absent for other presets
   nn::Fp8TensorStats in{"h0.attn.qkv.input", lowp::Role::forward, lowp::Element::e4m3, 106.19259f, 4.21875f,
-                        131072, 131000, 3, 111, "", lowp::Element::e4m3, std::nullopt};
+                        131072, 131000, 3, 111, "", lowp::Element::e4m3, std::nullopt, std::nullopt, std::nullopt,
+                        {}};
   nn::Fp8TensorStats dy{"h0.attn.qkv.grad_output", lowp::Role::backward, lowp::Element::e5m2, 3.6442147e8f,
                         std::numeric_limits<float>::infinity(), 393216, 391167, 0, 368644, "", lowp::Element::e5m2,
-                        std::nullopt};
+                        std::nullopt, std::nullopt, std::nullopt, {}};
   r.fp8 = {in, dy};
   const std::string line = step_record_json(r);
   EXPECT_NE(line.find(R"("fp8":[{"name":"h0.attn.qkv.input","role":"forward","dtype":"E4M3","scale":106.19259,)"
@@ -254,6 +278,165 @@ TEST(RunLog, LowPrecisionTensorsRoundTrip) {
     ASSERT_NE(bad.find(from), std::string::npos) << from;
     bad.replace(bad.find(from), from.size(), to);
     EXPECT_THROW((void)parse_step_record(bad), std::invalid_argument) << bad;
+  }
+}
+
+// A sampled step's statistics of a quantized tensor: the per-block statistics ("blocks", every
+// lowp::BlockStats field), the kurtosis and the what-ifs, written only when present and read back
+// exactly; a value that breaks a rule is refused with the field's name.
+TEST(RunLog, SampledBlockStatsRoundTrip) {
+  StepRecord r = sample();
+  nn::Fp8TensorStats x;
+  x.name = "h0.mlp.fc.input";
+  x.recipe = "mxfp8";
+  x.scale = 0.25f;
+  x.amax = 1000.5f;
+  x.elements = 8192;
+  x.nonzero = 8100;
+  x.saturated = 0;
+  x.flushed = 40;
+  x.rel_rms_error = 0.0123;
+  lowp::BlockStats b;
+  b.blocks = 256;
+  b.multiplier_blocks = 255;
+  b.multiplier_left_out = 1;
+  b.log2_multiplier_min = -9.0;
+  b.log2_multiplier_max = 3.0;
+  b.log2_multiplier_mean = -1.0390625;
+  b.log2_multiplier_std = 2.0625;
+  b.log2_multiplier_quantiles = {-8.0, -7.0, -2.0, -1.0, 0.0, 2.0, 3.0};
+  b.flushed = 40;
+  b.saturated = 0;
+  b.blocks_with_flush = 7;
+  b.blocks_with_saturation = 0;
+  b.max_flushed_fraction = 0.40625;
+  b.max_saturated_fraction = 0.0;
+  b.tensor_amax = 1000.5f;
+  b.far_log2 = 8.0;
+  b.far_blocks = 12;
+  b.zero_blocks = 1;
+  b.dynamic_range = 23.25;
+  b.max_block_dynamic_range = 11.5;
+  x.blocks = b;
+  x.kurtosis = 41.75;
+  nn::Fp8WhatIf w{"nvfp4", lowp::Element::e2m1, 8192, 3, 610, 0.171875, 512, 40, 2.5, -3.0, 6.0};
+  nn::Fp8WhatIf w2{"fp8-current", lowp::Element::e4m3, 8192, 0, 1200, std::nullopt, 1, 0, 0.0, 1.5, 1.5};
+  x.what_if = {w, w2};
+  nn::Fp8TensorStats plain = x;  // an unsampled step: none of them
+  plain.name = "h0.mlp.fc.weight";
+  plain.blocks.reset();
+  plain.kurtosis.reset();
+  plain.what_if.clear();
+  r.fp8 = {x, plain};
+  const std::string line = step_record_json(r);
+  EXPECT_NE(line.find(R"("rel_rms_error":0.0123,"kurtosis":41.75,"blocks":{"blocks":256,"multiplier_blocks":255,)"
+                      R"("multiplier_left_out":1,"log2_multiplier_min":-9,"log2_multiplier_max":3,)"
+                      R"("log2_multiplier_mean":-1.0390625,"log2_multiplier_std":2.0625,)"
+                      R"("log2_multiplier_quantiles":{"p01":-8,"p05":-7,"p25":-2,"p50":-1,"p75":0,"p95":2,"p99":3},)"
+                      R"("flushed":40,"saturated":0,"blocks_with_flush":7,"blocks_with_saturation":0,)"
+                      R"("max_flushed_fraction":0.40625,"max_saturated_fraction":0,"tensor_amax":1000.5,)"
+                      R"("far_log2":8,"far_blocks":12,"zero_blocks":1,"dynamic_range":23.25,)"
+                      R"("max_block_dynamic_range":11.5},"what_if":[{"recipe":"nvfp4","dtype":"E2M1",)"
+                      R"("elements":8192,"saturated":3,"flushed":610,"rel_rms_error":0.171875,"blocks":512,)"
+                      R"("far_blocks":40,"log2_multiplier_std":2.5,"log2_multiplier_p01":-3,)"
+                      R"("log2_multiplier_p99":6},{"recipe":"fp8-current","dtype":"E4M3","elements":8192,)"
+                      R"("saturated":0,"flushed":1200,"blocks":1,"far_blocks":0,"log2_multiplier_std":0,)"
+                      R"("log2_multiplier_p01":1.5,"log2_multiplier_p99":1.5}]})"),
+            std::string::npos)
+      << line;
+  EXPECT_NE(line.find(R"({"name":"h0.mlp.fc.weight","role":"forward","recipe":"mxfp8","dtype":"E4M3","scale":0.25,)"
+                      R"("amax":1000.5,"elements":8192,"nonzero":8100,"saturated":0,"flushed":40,)"
+                      R"("rel_rms_error":0.0123})"),
+            std::string::npos)
+      << line;
+  const StepRecord back = parse_step_record(line);
+  ASSERT_EQ(back.fp8.size(), 2u);
+  ASSERT_TRUE(back.fp8[0].blocks.has_value());
+  EXPECT_EQ(*back.fp8[0].blocks, b);  // every field
+  ASSERT_TRUE(back.fp8[0].kurtosis.has_value());
+  EXPECT_EQ(*back.fp8[0].kurtosis, 41.75);
+  ASSERT_EQ(back.fp8[0].what_if.size(), 2u);
+  for (std::size_t i = 0; i < 2; ++i) {
+    const nn::Fp8WhatIf& want = x.what_if[i];
+    const nn::Fp8WhatIf& got = back.fp8[0].what_if[i];
+    EXPECT_EQ(got.recipe, want.recipe);
+    EXPECT_EQ(got.element, want.element);
+    EXPECT_EQ(got.elements, want.elements);
+    EXPECT_EQ(got.saturated, want.saturated);
+    EXPECT_EQ(got.flushed, want.flushed);
+    EXPECT_EQ(got.rel_rms_error, want.rel_rms_error);
+    EXPECT_EQ(got.blocks, want.blocks);
+    EXPECT_EQ(got.far_blocks, want.far_blocks);
+    EXPECT_EQ(got.log2_multiplier_std, want.log2_multiplier_std);
+    EXPECT_EQ(got.log2_multiplier_p01, want.log2_multiplier_p01);
+    EXPECT_EQ(got.log2_multiplier_p99, want.log2_multiplier_p99);
+  }
+  EXPECT_FALSE(back.fp8[1].blocks.has_value());
+  EXPECT_FALSE(back.fp8[1].kurtosis.has_value());
+  EXPECT_TRUE(back.fp8[1].what_if.empty());
+  EXPECT_EQ(step_record_json(back), line);
+  // An inf value: the tensor's amax is written null and read back as inf.
+  r.fp8[0].blocks->tensor_amax = std::numeric_limits<float>::infinity();
+  const std::string inf_line = step_record_json(r);
+  EXPECT_NE(inf_line.find(R"("tensor_amax":null,)"), std::string::npos) << inf_line;
+  EXPECT_EQ(parse_step_record(inf_line).fp8[0].blocks->tensor_amax, std::numeric_limits<float>::infinity());
+  // Refused, naming the field: each edit breaks one rule.
+  const std::pair<std::string, std::string> edits[] = {
+      {R"("kurtosis":41.75)", R"("kurtosis":-1)"},
+      {R"("kurtosis":41.75)", R"("kurtosis":null)"},
+      {R"("blocks":{"blocks":256)", R"("blocks":{"blocks":-256)"},
+      {R"("multiplier_left_out":1)", R"("multiplier_left_out":2)"},
+      {R"("log2_multiplier_min":-9)", R"("log2_multiplier_min":-7.5)"},
+      {R"("p25":-2,"p50":-1)", R"("p25":-2,"p50":-3)"},
+      {R"("p99":3},)", R"("p99":"3"},)"},
+      {R"("log2_multiplier_std":2.0625)", R"("log2_multiplier_std":-2)"},
+      {R"("blocks_with_flush":7)", R"("blocks_with_flush":41)"},
+      {R"("blocks_with_saturation":0)", R"("blocks_with_saturation":1)"},
+      {R"("max_flushed_fraction":0.40625)", R"("max_flushed_fraction":1.5)"},
+      {R"("far_blocks":12)", R"("far_blocks":256)"},
+      {R"("zero_blocks":1)", R"("zero_blocks":300)"},
+      {R"("far_log2":8)", R"("far_log2":-1)"},
+      {R"("dynamic_range":23.25)", R"("dynamic_range":null)"},
+      {R"(,"max_block_dynamic_range":11.5})", R"(})"},
+      {R"("what_if":[{"recipe":"nvfp4")", R"("what_if":[{"recipe":"nvfp5")"},
+      {R"("recipe":"nvfp4","dtype":"E2M1")", R"("recipe":"nvfp4","dtype":"E3M2")"},
+      {R"("saturated":3,"flushed":610)", R"("saturated":3,"flushed":8190)"},
+      {R"("rel_rms_error":0.171875)", R"("rel_rms_error":-0.5)"},
+      {R"("far_blocks":40)", R"("far_blocks":513)"},
+      {R"("log2_multiplier_p99":6})", R"("log2_multiplier_p99":-4})"},
+      {R"("what_if":[)", R"("what_if":7,"x":[)"},
+  };
+  const char* fields[] = {"fp8[].kurtosis",
+                          "fp8[].kurtosis",
+                          "fp8[].blocks.blocks",
+                          "fp8[].blocks.multiplier_left_out",
+                          "fp8[].blocks.log2_multiplier_quantiles.p01",
+                          "fp8[].blocks.log2_multiplier_quantiles.p50",
+                          "fp8[].blocks.log2_multiplier_quantiles.p99",
+                          "fp8[].blocks.log2_multiplier_std",
+                          "fp8[].blocks.blocks_with_flush",
+                          "fp8[].blocks.blocks_with_saturation",
+                          "fp8[].blocks.max_flushed_fraction",
+                          "fp8[].blocks.far_blocks",
+                          "fp8[].blocks.zero_blocks",
+                          "fp8[].blocks.far_log2",
+                          "fp8[].blocks.dynamic_range",
+                          "fp8[].blocks.max_block_dynamic_range",
+                          "fp8[].what_if[].recipe",
+                          "fp8[].what_if[].dtype",
+                          "fp8[].what_if[0].elements",
+                          "fp8[].what_if[0].rel_rms_error",
+                          "fp8[].what_if[0].far_blocks",
+                          "fp8[].what_if[0].log2_multiplier_p99",
+                          "fp8[].what_if"};
+  static_assert(std::size(edits) == std::size(fields));
+  for (std::size_t i = 0; i < std::size(edits); ++i) {
+    const auto& [from, to] = edits[i];
+    std::string bad = line;
+    ASSERT_NE(bad.find(from), std::string::npos) << from;
+    bad.replace(bad.find(from), from.size(), to);
+    const std::string e = error_of<std::invalid_argument>([&] { (void)parse_step_record(bad); });
+    EXPECT_EQ(e.rfind(std::string(fields[i]) + ":", 0), 0u) << fields[i] << " <- " << e;
   }
 }
 

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mixprec/lowp/scaling.hpp"
+#include "mixprec/run/run_log.hpp"
 #include "mixprec/train/trainer.hpp"
 
 namespace mixprec::train {
@@ -340,6 +341,168 @@ TEST_F(TrainerResume, RejectsCheckpointsOfAnotherRunWithoutChangingState) {
   Trainer same(c);
   EXPECT_THROW(same.load_checkpoint(path), std::runtime_error);
   EXPECT_EQ(same.steps_done(), 0u);
+}
+
+// ---- recipe files (--recipe-file) -----------------------------------------------------------
+
+// A recipe file in `dir` of `body` (the fields after format and version); its path.
+std::string recipe_file(const std::filesystem::path& dir, const std::string& name, const std::string& body) {
+  const std::string path = (dir / name).string();
+  std::ofstream(path) << R"({"format":"mixprec.low_precision","version":1,)" << body << "}";
+  return path;
+}
+
+std::vector<StepRecord> train_all(Trainer& t) {
+  std::vector<StepRecord> r;
+  while (!t.done()) r.push_back(t.train_step());
+  return r;
+}
+
+bool same_bits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+// A schedule switches the Linears it names at its phase starts (from_step 4: the fifth step;
+// from_fraction 0.75 of 8 steps: the seventh): the loss curve is the entry plan's before and
+// differs from the switch on; the step's log line carries the phase's label, no other line
+// has the field. The evaluation entry serves the validation loss only.
+TEST_F(TrainerResume, RecipeScheduleSwitchesAtItsPhaseStartsAndTheLogMarksThem) {
+  const std::string entry = R"("default":"mxfp8","modules":{"h0.mlp.fc":{"recipe":"nvfp4","fprop":"bf16"}})";
+  TrainConfig c = tiny(nn::Precision::mxfp8, "none");
+  c.eval_every = 4;
+  c.recipe_file = recipe_file(dir_, "entry.json", entry);
+  Trainer plain(c);
+  const std::vector<StepRecord> a = train_all(plain);
+  c.recipe_file = recipe_file(dir_, "schedule.json",
+                              entry + R"(,"schedule":[{"from_step":4,"modules":["h0.attn.*"],"recipe":"mxfp4",)"
+                                      R"("label":"attention to mxfp4"},)"
+                                      R"({"from_fraction":0.75,"wgrad":"bf16","label":"wgrad in bf16"}])");
+  Trainer switched(c);
+  const std::vector<StepRecord> b = train_all(switched);
+  ASSERT_EQ(a.size(), 8u);
+  ASSERT_EQ(b.size(), 8u);
+  for (std::size_t i = 0; i < 8; ++i) {
+    SCOPED_TRACE("step " + std::to_string(i + 1));
+    EXPECT_EQ(same_bits(a[i].loss, b[i].loss), i < 4);
+    EXPECT_EQ(a[i].recipe_phase, "");
+    EXPECT_EQ(b[i].recipe_phase, i == 4 ? "attention to mxfp4" : i == 6 ? "wgrad in bf16" : "");
+    const std::string line = step_record_json(b[i]);
+    EXPECT_EQ(line.find("recipe_phase") != std::string::npos, i == 4 || i == 6) << line;
+    EXPECT_EQ(parse_step_record(line).recipe_phase, b[i].recipe_phase);
+  }
+  EXPECT_NE(step_record_json(b[4]).find(R"("recipe_phase":"attention to mxfp4")"), std::string::npos);
+  // The log names each tensor's recipe as its plan has it at that step; h0.mlp.fc's X is
+  // quantized by wgrad only (fprop bf16), its dY by both.
+  auto recipe_of = [](const StepRecord& r, const std::string& name) -> std::string {
+    for (const nn::Fp8TensorStats& s : r.fp8)
+      if (s.name == name) return s.recipe;
+    return "(absent)";
+  };
+  EXPECT_EQ(recipe_of(b[3], "h0.attn.qkv.input"), "mxfp8");
+  EXPECT_EQ(recipe_of(b[4], "h0.attn.qkv.input"), "mxfp4");
+  EXPECT_EQ(recipe_of(b[4], "h0.attn.proj.grad_output"), "mxfp4");
+  EXPECT_EQ(recipe_of(b[4], "h0.mlp.fc.input"), "nvfp4");
+  EXPECT_EQ(recipe_of(b[4], "h0.mlp.proj.weight"), "mxfp8");
+  // From step 7 h0.mlp.fc has no quantized X (fprop and wgrad in bf16): no entry.
+  EXPECT_EQ(recipe_of(b[6], "h0.mlp.fc.input"), "(absent)");
+  EXPECT_EQ(recipe_of(b[6], "h0.mlp.fc.grad_output"), "nvfp4");
+  // An evaluation entry changes the validation loss, not the training.
+  c.recipe_file = recipe_file(dir_, "evaluation.json", entry + R"(,"evaluation":"bf16")");
+  Trainer evaluated(c);
+  const std::vector<StepRecord> e = train_all(evaluated);
+  for (std::size_t i = 0; i < 8; ++i) EXPECT_TRUE(same_bits(a[i].loss, e[i].loss)) << "step " << i + 1;
+  ASSERT_TRUE(a[3].val_loss && e[3].val_loss);
+  EXPECT_FALSE(same_bits(*a[3].val_loss, *e[3].val_loss));
+}
+
+// A run resumed from a checkpoint before or after a recipe switch continues the schedule:
+// bitwise the uninterrupted run (mxfp8 to mxfp4; fp8-delayed with its amax histories,
+// then wgrad in bf16 keeping X in fp32).
+TEST_F(TrainerResume, ResumedAcrossARecipeSwitchIsBitwiseIdentical) {
+  const std::string bodies[] = {
+      R"("default":"mxfp8","modules":{},"schedule":[{"from_step":3,"recipe":"mxfp4","label":"fp4"}])",
+      R"("default":{"recipe":"fp8-delayed","amax_history_len":3},"modules":{},)"
+      R"("schedule":[{"from_fraction":0.5,"modules":["h0.mlp.*"],"wgrad":"bf16","label":"hp wgrad"}])",
+  };
+  for (const std::string& body : bodies) {
+    SCOPED_TRACE(body);
+    TrainConfig c = tiny(nn::Precision::fp8_current, "none");
+    c.recipe_file = recipe_file(dir_, "r.json", body);
+    c.inject_overflow_at = {2};
+    Trainer straight(c);
+    const std::vector<StepRecord> ref = train_all(straight);
+    for (const std::uint64_t at : {2u, 5u}) {
+      const std::string path = (dir_ / ("ckpt-" + std::to_string(at) + ".safetensors")).string();
+      {
+        Trainer first(c);
+        for (std::uint64_t i = 0; i < at; ++i) first.train_step();
+        first.save_checkpoint(path);
+      }
+      Trainer resumed(c);
+      resumed.load_checkpoint(path);
+      const std::vector<StepRecord> rest = train_all(resumed);
+      ASSERT_EQ(rest.size(), 8 - at);
+      for (std::size_t i = 0; i < rest.size(); ++i) {
+        const StepRecord& x = ref[at + i];
+        const StepRecord& y = rest[i];
+        EXPECT_TRUE(same_bits(x.loss, y.loss)) << "step " << x.step << " resumed at " << at;
+        EXPECT_EQ(x.recipe_phase, y.recipe_phase);
+        ASSERT_EQ(x.fp8.size(), y.fp8.size());
+        for (std::size_t k = 0; k < x.fp8.size(); ++k) {
+          EXPECT_EQ(x.fp8[k].recipe, y.fp8[k].recipe);
+          EXPECT_EQ(std::memcmp(&x.fp8[k].scale, &y.fp8[k].scale, sizeof(float)), 0) << x.fp8[k].name;
+          EXPECT_EQ(x.fp8[k].flushed, y.fp8[k].flushed);
+        }
+      }
+      EXPECT_TRUE(snapshot(straight) == snapshot(resumed)) << "resumed at " << at;
+    }
+    EXPECT_EQ(ref[3].recipe_phase + ref[4].recipe_phase, body == bodies[0] ? "fp4" : "hp wgrad");
+  }
+}
+
+// The checkpoint holds the recipes: a resume reads the same ones (the file may move), keeps
+// the steps its fractions are placed in, and has a recipe file exactly when the run had one.
+TEST_F(TrainerResume, RecipesOfTheCheckpointAreChecked) {
+  TrainConfig c = tiny(nn::Precision::mxfp8, "none");
+  c.recipe_file = recipe_file(dir_, "r.json", R"("default":"mxfp8","modules":{},)"
+                                             R"("schedule":[{"from_fraction":0.5,"recipe":"fp8-block"}])");
+  const std::string path = (dir_ / "ckpt.safetensors").string();
+  {
+    Trainer t(c);
+    t.train_step();
+    t.save_checkpoint(path);
+  }
+  auto error = [&](const TrainConfig& other) {
+    Trainer t(other);
+    const Snapshot before = snapshot(t);
+    try {
+      t.load_checkpoint(path);
+    } catch (const std::runtime_error& e) {
+      EXPECT_TRUE(snapshot(t) == before);
+      EXPECT_EQ(t.steps_done(), 0u);
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  TrainConfig moved = c;  // the same recipes by another path
+  moved.recipe_file = recipe_file(dir_, "moved.json", R"("default":"mxfp8","modules":{},)"
+                                                      R"("schedule":[{"from_fraction":0.5,"recipe":"fp8-block"}])");
+  EXPECT_EQ(error(moved), "");
+  TrainConfig edited = c;
+  edited.recipe_file = recipe_file(dir_, "edited.json", R"("default":"mxfp8","modules":{},)"
+                                                        R"("schedule":[{"from_fraction":0.5,"recipe":"nvfp4"}])");
+  EXPECT_NE(error(edited).find("recipes: the recipe file '" + edited.recipe_file + "' differs from the recipes the run "
+                               "was started with"),
+            std::string::npos)
+      << error(edited);
+  TrainConfig longer = c;
+  longer.steps = 12;
+  EXPECT_NE(error(longer).find("steps: the recipe file places schedule[0] at a fraction of the run's steps "
+                               "(from_fraction); expected the run's 8 steps, found 12"),
+            std::string::npos)
+      << error(longer);
+  TrainConfig none = c;
+  none.recipe_file.clear();
+  EXPECT_NE(error(none).find("recipes: expected none (this run has no --recipe-file)"), std::string::npos)
+      << error(none);
 }
 
 }  // namespace

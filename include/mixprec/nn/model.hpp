@@ -26,6 +26,8 @@
 #include <vector>
 
 #include "mixprec/formats/bulk.hpp"
+#include "mixprec/lowp/assignment.hpp"
+#include "mixprec/lowp/block_stats.hpp"
 #include "mixprec/lowp/scaling.hpp"
 #include "mixprec/lowp/quantize.hpp"
 #include "mixprec/nn/data.hpp"
@@ -116,6 +118,19 @@ struct ModelHistograms {
   Log2Histogram activation_grads;
 };
 
+// What another recipe would do to one quantized tensor at a sampled step (the what-if of
+// mixprec.torch.Telemetry(what_if=...)): the same values quantized with that recipe's config of
+// the same GEMM operand (docs/low_precision.md, "Per-block statistics").
+struct Fp8WhatIf {
+  std::string recipe;
+  lowp::Element element = lowp::Element::e4m3;
+  std::uint64_t elements = 0, saturated = 0, flushed = 0;  // lowp's counts of that quantization
+  std::optional<double> rel_rms_error;                      // nullopt: the values held inf/NaN
+  // Of lowp::block_stats of that quantization.
+  std::uint64_t blocks = 0, far_blocks = 0;
+  double log2_multiplier_std = 0, log2_multiplier_p01 = 0, log2_multiplier_p99 = 0;
+};
+
 // One fp8 tensor of a Linear layer under an fp8 preset, over one optimizer step (all
 // micro-batches; evaluation forwards are not counted). docs/telemetry.md.
 struct Fp8TensorStats {
@@ -136,6 +151,13 @@ struct Fp8TensorStats {
   // ||dequantize(quantize(x)) - x|| / ||x|| (0 for an all-zero x) at the steps that measure it
   // (mixprec.torch.Telemetry's sampled steps); nullopt: not measured, or x held inf/NaN.
   std::optional<double> rel_rms_error;
+  // At the sampled steps (mixprec.torch.Telemetry's; the engine's histogram steps), of the
+  // step's last quantization of this tensor: lowp::block_stats of it and the values it came
+  // from, and lowp::kurtosis of those values; nullopt at the other steps. what_if: the recipes
+  // Telemetry(what_if=...) names, in that order (empty otherwise).
+  std::optional<lowp::BlockStats> blocks;
+  std::optional<double> kurtosis;
+  std::vector<Fp8WhatIf> what_if;
 
   // What `elements` must be, checked wherever these counts come in (the log, a front door).
   static constexpr const char* kElementsRule = "at least saturated + flushed and at least nonzero";
@@ -215,8 +237,17 @@ class Model {
   virtual ModelMemory memory() const = 0;
 
   // fp8 presets (fp8-noscale, fp8-delayed, fp8-current, mxfp8): per fp8 tensor, this step's
-  // counts (reset by reset_stats); empty for the other presets.
+  // counts (reset by reset_stats); empty for the other presets. Under a recipe file, a tensor
+  // none of whose operands its Linear's plan quantizes has no recipe and no counts.
   std::span<const Fp8TensorStats> fp8_stats() const noexcept;
+  // Recipe files (ModelOptions::recipes): every quantized Linear's plan at optimizer step
+  // `step` (0-based), as the file's schedule gives it; the plans change at phase starts only.
+  // Returns whether some Linear's plan changed. No-op without a recipe file.
+  bool set_recipe_step(std::uint64_t step);
+  // Evaluation forwards (validation loss) between set_evaluation(true) and (false): the recipe
+  // file's evaluation plan on the Linears that some plan of the run quantizes; nothing is kept
+  // for a backward. The training plans otherwise, and without a recipe file.
+  void set_evaluation(bool on) noexcept;
   // Ends an optimizer step for the fp8 recipe: fp8-delayed rolls every amax history and
   // updates every scale (TE's once-per-step update). Call once per step after the last
   // backward, whether or not the optimizer step is applied. No-op for other recipes.
@@ -291,6 +322,18 @@ class Model {
   bool decide_ = false;
 };
 
+// The Linears a quantized preset or a recipe file quantizes, in the order the model adds
+// them: gpt "h<l>.attn.qkv", "h<l>.attn.proj", "h<l>.mlp.fc", "h<l>.mlp.proj" per block; mlp
+// the hidden Linears "fc<i>". The embedding and the head stay in the preset's bf16.
+std::vector<std::string> quantized_linear_names(const ModelConfig& c);
+// Checks a recipe file (lowp::Assignment) against a model of config `c` trained for
+// `total_steps` optimizer steps: every module it names is one of quantized_linear_names(c),
+// every schedule pattern matches one, its phases resolve to steps (from_fraction of
+// total_steps), every Linear's plan at every phase start is valid, fp8-delayed comes with one
+// set of options (one amax-history config per model) and not in the evaluation entry.
+// std::invalid_argument "recipe file: FIELD: expected ..., found ...".
+void check_recipes(const lowp::Assignment& a, const ModelConfig& c, std::uint64_t total_steps);
+
 // Builds the model with initialised weights (GPT-2 style: normal(0, 0.02), residual
 // projections scaled by 1/sqrt(2*layers), layer-norm weights 1, biases 0; deterministic
 // from config.seed). state_slots: optimizer state arrays to reserve in the store.
@@ -308,6 +351,12 @@ struct ModelOptions {
   // The optimizer state formats of the store (optim/state_format.hpp); remainder masters need a
   // preset with bf16 weights and master weights, compact moments 2 state slots.
   StateFormats formats{};
+  // A recipe file (docs/low_precision.md, "Recipe files in the engine"): each quantized Linear's
+  // plan and its schedule, in place of the precision's recipe (which must be a quantized
+  // preset: it gives the rest of the model's precision; fp8 is then ignored). recipe_steps: the
+  // run's optimizer steps (places from_fraction phases). null: the precision's own recipe.
+  std::shared_ptr<const lowp::Assignment> recipes{};
+  std::uint64_t recipe_steps = 0;
 };
 std::unique_ptr<Model> make_model(const ModelConfig& config, Precision precision, const ModelOptions& options);
 

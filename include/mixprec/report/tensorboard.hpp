@@ -40,6 +40,10 @@ struct Scalar {
 //   act_grads/underflow_fraction, act_grads/subnormal_fraction, act_grads/headroom_log2
 //     (steps that counted activation gradients),
 //   underflow/<tensor> (per activation-gradient tensor with nonzero values: underflow / nonzero),
+//   lowp/<tensor>/kurtosis, lowp/<tensor>/log2_multiplier_std, lowp/<tensor>/far_block_fraction
+//     (far_blocks / blocks), lowp/<tensor>/max_block_dynamic_range (quantized tensors at their
+//     sampled steps), lowp/<tensor>/what_if/<recipe>/flushed (flushed / the tensor's nonzero),
+//     lowp/<tensor>/what_if/<recipe>/rel_rms_error,
 //   time/step_seconds.
 // A value that is not finite (a skipped step's grad_norm, a non-finite loss, an inf scale)
 // is left out: TensorBoard draws no point there, and loss_scale/skipped says why.

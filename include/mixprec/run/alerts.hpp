@@ -10,7 +10,9 @@
 //   m.all();                                                           // for the summary
 //
 // Each kind is raised at most once per run, at the first step its rule holds; all() keeps
-// counting the steps on which it held afterwards (Alert::last_step, Alert::steps). Once the
+// counting the steps on which it held afterwards (Alert::last_step, Alert::steps). The
+// per-tensor kinds (kurtosis-rise, block-spread-rise) are raised at most once per tensor
+// (Alert::tensor), each counted on its own. Once the
 // run has shown a learning-rate or data problem (persistent-overflow, forward-overflow,
 // nonfinite-input, loss-divergence, guarded-skip), the rules that point at the scaler's settings
 // (underflow-plateau, scale-pinned) are no longer raised: the underflow then follows from
@@ -43,10 +45,14 @@ enum class AlertKind : std::uint8_t {
   nonfinite_input,      // inf/NaN already in the first tensor the data produce (the embedding)
   loss_divergence,      // the loss jumped well above its recent level: learning rate (or a bad batch)
   guarded_skip,         // a step guard refused a step (loss or gradient-norm spike, non-finite loss, skip_if)
+  // Per quantized tensor, at its sampled steps (the per-block statistics of the log's fp8 entries):
+  kurtosis_rise,        // its values' kurtosis rose far above its own baseline: a few values (outlier features) grow
+  block_spread_rise,    // the spread of its blocks' scales (or its far blocks) rose far above its baseline
 };
 
 // "persistent-overflow", "scale-collapse", "underflow-plateau", "forward-overflow",
-// "scale-pinned", "nonfinite-input", "loss-divergence", "guarded-skip".
+// "scale-pinned", "nonfinite-input", "loss-divergence", "guarded-skip", "kurtosis-rise",
+// "block-spread-rise".
 std::string_view alert_id(AlertKind k) noexcept;
 // Every kind, in the order above.
 const std::vector<AlertKind>& alert_kinds();
@@ -89,6 +95,16 @@ struct AlertThresholds {
   std::uint64_t divergence_window = 10;
   double divergence_rise = 0.2;
   double divergence_nats = 0.25;
+  // Per quantized tensor, over its sampled steps (fp8 entries with kurtosis / blocks): the
+  // baseline is the median of its first tensor_baseline samples. kurtosis rise: a kurtosis >=
+  // kurtosis_rise x the baseline and >= kurtosis_min. block-spread rise: the std of the log2
+  // block multipliers >= the baseline's + spread_rise_binades, or the far-blocks fraction
+  // (far_blocks / blocks) >= the baseline's + far_blocks_rise.
+  std::uint64_t tensor_baseline = 3;
+  double kurtosis_rise = 4;
+  double kurtosis_min = 10;
+  double spread_rise_binades = 2;
+  double far_blocks_rise = 0.05;
 
   friend bool operator==(const AlertThresholds&, const AlertThresholds&) = default;
 };
@@ -120,6 +136,7 @@ struct Alert {
   std::uint64_t steps = 0;       // steps on which it held so far
   std::string message;           // what it means, with the numbers at `step`
   std::string advice;            // what to try
+  std::string tensor;            // the per-tensor kinds: the tensor ("h0.mlp.fc.input"); empty otherwise
 };
 
 class AlertMonitor {
@@ -146,10 +163,17 @@ class AlertMonitor {
     std::uint64_t underflow, nonzero;
     double headroom;  // NaN without telemetry
   };
-  Alert* find(AlertKind k);
+  // A quantized tensor's sampled statistics so far: its baseline samples, then their medians.
+  struct TensorBaseline {
+    std::string name;
+    std::vector<double> kurtosis, spread, far;  // the first tensor_baseline samples of each
+  };
+  Alert* find(AlertKind k, std::string_view tensor = {});
   bool run_problem();  // a learning-rate or data alert has been raised
-  void hold(AlertKind k, std::uint64_t step, std::vector<Alert>& raised, std::string message, std::string advice);
-  void hold(AlertKind k, std::uint64_t step);
+  void hold(AlertKind k, std::uint64_t step, std::vector<Alert>& raised, std::string message, std::string advice,
+            std::string tensor = {});
+  void hold(AlertKind k, std::uint64_t step, std::string_view tensor = {});
+  void observe_tensors(const train::StepRecord& r, std::vector<Alert>& raised);
   // The advice's words for the run's writer: mixprec train's flag, or what a PyTorch loop does.
   std::string_view say(std::string_view engine, std::string_view torch) const noexcept;
 
@@ -174,13 +198,15 @@ class AlertMonitor {
   std::deque<double> losses_;        // the last divergence_window finite losses
   std::deque<Sample> pinned_run_;    // the last steps (at most pinned_window) of the current run of
                                      // steps with an unchanged scale and no skip
+  std::vector<TensorBaseline> tensors_;  // per quantized tensor with sampled statistics, in log order
 };
 
 // Runs an AlertMonitor over a whole log; returns all().
 std::vector<Alert> evaluate(std::span<const train::StepRecord> log, const RunContext& context,
                             const AlertThresholds& thresholds = {});
 
-// One alert as a compact JSON object: {"id","step","last_step","steps","message","advice"}.
+// One alert as a compact JSON object: {"id","step","last_step","steps","message","advice"}, and
+// "tensor" for the per-tensor kinds.
 std::string alert_json(const Alert& a);
 // A JSON array of alerts (compact).
 std::string alerts_json(std::span<const Alert> alerts);

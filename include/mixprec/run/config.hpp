@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <initializer_list>
+#include <memory>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -35,6 +36,10 @@ struct TrainConfig {
   bool fp8_power2_scales = false;              // fp8-current: scales rounded down to powers of two
   double fp8_amax_epsilon = 0;                 // fp8-current: amax floor (finite, >= 0)
   std::string mx_rounding = "te";              // mxfp8: te | ocp
+  // A recipe file (docs/low_precision.md, "Recipe files in the engine"): each block Linear's
+  // recipe per GEMM operand and its schedule; with a quantized precision only, whose other
+  // fp8 options then stay at their defaults ("" = the precision's own recipe).
+  std::string recipe_file;
 
   // data: the embedded corpus when `data` is empty
   std::string data;
@@ -116,8 +121,12 @@ std::vector<std::string> bad_batch_kinds(const std::string& text);
 StateFormats state_formats(const TrainConfig& c);
 // The fp8 recipe options of c (validated by validate()).
 nn::Fp8Config fp8_config(const TrainConfig& c);
-// The config keys of the fp8 recipe options ("fp8-format", ..., "mx-rounding"): those of
-// the key table that apply to some precisions only.
+// The recipe file of c (recipe-file) read (lowp::read_assignment) and checked against c's
+// model and steps (nn::check_recipes); null when c has none. std::invalid_argument
+// "recipe-file: ..." naming the file and the field.
+std::shared_ptr<const lowp::Assignment> recipe_assignment(const TrainConfig& c);
+// The config keys of the fp8 recipe options ("fp8-format", ..., "mx-rounding", "recipe-file"):
+// those of the key table that apply to some precisions only.
 const std::vector<std::string>& fp8_keys();
 // Whether fp8 option `key` is used by precision p (validate refuses it set otherwise).
 bool fp8_key_applies(std::string_view key, nn::Precision p);

@@ -66,10 +66,12 @@ void prune_checkpoints(const std::filesystem::path& dir, std::size_t keep);
 
 // config.json's text: {"run_folder_schema": 2, "writer": W, the TrainConfig keys `keys` (all
 // when empty), "loss-scale-config": the loss scale's whole config (loss_scale_config_json;
-// absent without loss scaling)}, indented by 2, with a final newline. `loss_scale`: the config
-// of the run's scaler, overrides included; nullopt: the one c.loss_scale names.
+// absent without loss scaling), "recipes": the recipe file the run read (recipes_json, its
+// lowp::to_json; absent without one)}, indented by 2, with a final newline. `loss_scale`: the
+// config of the run's scaler, overrides included; nullopt: the one c.loss_scale names.
 std::string run_config_text(const TrainConfig& c, RunWriter writer, const std::vector<std::string_view>& keys = {},
-                            const std::optional<LossScaleConfig>& loss_scale = std::nullopt);
+                            const std::optional<LossScaleConfig>& loss_scale = std::nullopt,
+                            std::string_view recipes_json = {});
 
 // What a run folder's config.json says, checked: the schema version first (1 or 2; anything
 // else is refused, naming what was found), then its writer, the loss-scale config and the
@@ -82,6 +84,7 @@ struct RunConfig {
   TrainConfig config;                       // the keys given, over TrainConfig's defaults
   std::optional<LossScaleConfig> loss_scale;  // "loss-scale-config", else what config.loss_scale names
   bool loss_scale_stored = false;           // loss_scale came from "loss-scale-config"
+  std::optional<std::string> recipes;       // "recipes": the recipe file the run read (JSON text)
 };
 RunConfig parse_run_config(std::string_view text, std::string_view where);
 // dir/config.json parsed; nullopt when it does not exist (a regular file only: see read_run_file).

@@ -4,7 +4,8 @@
 //
 // A step line holds every StepRecord field under its member name; act_grads is an
 // object {elements, nonzero, underflow, subnormal, overflow, nonfinite_input};
-// val_loss is present only on steps that evaluated. Numbers JSON cannot hold (inf,
+// val_loss is present only on steps that evaluated, recipe_phase only on steps where a
+// phase of the run's recipe file begins. Numbers JSON cannot hold (inf,
 // NaN) are written as null: grad_norm is null on a skipped step, loss on a step whose
 // forward pass was not finite. Floats (scale, next_scale, clip_coef) are written with
 // float32's shortest text and read back exactly.

@@ -51,6 +51,9 @@ struct StepRecord {
   double scaler_seconds = 0;     // of which check + unscale + clip + optimizer step + scale update
   std::optional<double> val_loss;  // when this step evaluated
   std::optional<double> val_loss_ema;  // ... and with --ema, the EMA weights' validation loss
+  // --recipe-file: the labels of the schedule's phases that begin at this step (", " between
+  // several); empty on every other step (the log writes it only when set).
+  std::string recipe_phase;
 
   // Telemetry (docs/telemetry.md).
   float act_grad_amax = 0;       // largest |activation gradient| before rounding, scaled domain (inf if non-finite)
@@ -184,6 +187,17 @@ struct RunTotals {
   // was not finite or there was no step.
   double shown_final_loss() const noexcept;
 };
+
+// What a quantized tensor's sampled statistics (nn::Fp8TensorStats::blocks, kurtosis and
+// what_if) must hold, checked wherever they come in (the run log's reader, the telemetry
+// recorder): the first field that does not, named within the tensor's entry
+// ("blocks.far_blocks", "what_if[1].flushed"), with its rule and the value found; nullopt
+// when all hold (or none is there).
+struct FieldProblem {
+  std::string field, rule;
+  double found = 0;
+};
+std::optional<FieldProblem> sampled_stats_problem(const nn::Fp8TensorStats& t);
 
 // Whether step (1-based) takes log2 histograms: step 1, every `every`-th, and the last
 // (`last_step`; 0 when the writer does not know it); never when every is 0.

@@ -27,6 +27,7 @@ backward copies of x and w may be quantized from the values fprop multiplied (co
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import warnings
@@ -221,7 +222,7 @@ class _Stats:
     """What the last quantization of each role did (telemetry of quantized tensors)."""
 
     __slots__ = ("amax", "scale", "elements", "saturated", "flushed", "nonfinite", "rel_rms_error", "nonzero",
-                 "measured", "recipe", "element")
+                 "measured", "recipe", "element", "blocks", "kurtosis", "what_if", "pending")
 
     def __init__(self):
         self.recipe = ""          # the recipe and element of the operand recorded (per-direction plans differ)
@@ -235,6 +236,15 @@ class _Stats:
         self.rel_rms_error: Optional[float] = None
         self.nonzero = 0          # nonzero (or NaN) inputs: counted when measured
         self.measured = False     # this quantization's error and nonzero count were measured
+        # At Telemetry's sampled steps: _core.block_stats of the quantization and its source, the
+        # source's kurtosis, and the what-ifs Telemetry(what_if=...) asked for (_what_if's dicts),
+        # computed by settle() from `pending` (q, a copy of the source, the operand, the what-if
+        # recipes, whether to take block statistics) once the step is recorded: only the step's
+        # last quantization of the role is paid for, not every micro-batch's.
+        self.blocks: Optional[Dict[str, Any]] = None
+        self.kurtosis: Optional[float] = None
+        self.what_if: List[Dict[str, Any]] = []
+        self.pending: Optional[Tuple[Any, torch.Tensor, str, Tuple[str, ...], bool]] = None
 
     def take(self, q: Any, scale: float, exact: Optional[torch.Tensor], approx: torch.Tensor) -> None:
         c = q.counts
@@ -245,18 +255,71 @@ class _Stats:
         self.flushed = int(c["flushed"])
         self.nonfinite = int(c["nonfinite"])
         self.measured = exact is not None
+        self.blocks, self.kurtosis, self.what_if, self.pending = None, None, [], None
         if exact is None:
             self.rel_rms_error = None
         else:
-            den = torch.linalg.vector_norm(exact.double())
-            num = torch.linalg.vector_norm((approx - exact).double())
-            self.rel_rms_error = float(num / den) if den > 0 else 0.0
+            self.rel_rms_error = _rel_rms_error(exact, approx)
             self.nonzero = int(torch.count_nonzero(exact))  # NaN != 0: counted, as the engine counts it
+
+    def settle(self) -> None:
+        """The sampled statistics of the pending quantization (see __init__)."""
+        if self.pending is None:
+            return
+        q, src, operand, what_if, blocks = self.pending
+        self.pending = None
+        values = src.numpy()
+        if blocks:
+            self.blocks = _core.block_stats(q, values)
+            self.kurtosis = _core.kurtosis(values)
+        self.what_if = [_what_if(r, operand, src, values) for r in what_if]
 
     def as_dict(self) -> Dict[str, Any]:
         n = max(self.elements, 1)
         return {"amax": self.amax, "scale": self.scale, "saturated": self.saturated / n,
                 "flushed": self.flushed / n, "rel_rms_error": self.rel_rms_error}
+
+
+def _rel_rms_error(exact: torch.Tensor, approx: torch.Tensor) -> float:
+    """||approx - exact|| / ||exact|| in double (0 for an all-zero exact; NaN when it held inf/NaN)."""
+    den = torch.linalg.vector_norm(exact.double())
+    num = torch.linalg.vector_norm((approx - exact).double())
+    return float(num / den) if den > 0 else 0.0
+
+
+_UNIFORM: Dict[str, Dict[str, Any]] = {}
+
+
+def _uniform_configs(recipe: str) -> Dict[str, Any]:
+    """Every operand's config of the uniform plan of `recipe` with TE's defaults (cached)."""
+    if recipe not in _UNIFORM:
+        _UNIFORM[recipe] = RecipeOptions(recipe).plan()["configs"]
+    return _UNIFORM[recipe]
+
+
+#: The recipes a what-if may name: fp8-delayed is left out, as its scale comes from an amax
+#: history of earlier steps that a what-if does not have (fp8-current is its scale of this step).
+WHAT_IF_RECIPES = tuple(r for r in RECIPES if r != "fp8-delayed")
+
+
+def _what_if(recipe: str, operand: str, src: torch.Tensor, values: np.ndarray) -> Dict[str, Any]:
+    """What quantizing `src` (the values of a recorded quantization; `values` its array) with
+    `recipe`'s config of the same operand would do (docs/low_precision.md, "Per-block
+    statistics"): lowp's counts, the relative RMS error and a few block statistics. RHT as the
+    door applies it (where the rows are a multiple of 16); rounding to nearest, as stochastic
+    rounding would make the counts one draw's."""
+    cfg = _uniform_configs(recipe)[operand]
+    rht = bool(cfg["rht"]) and src.shape[0] % 16 == 0
+    approx, q = _quantize_operand(src, cfg, rht=rht)
+    c = q.counts
+    b = _core.block_stats(q, values)
+    err = _rel_rms_error(src, approx)
+    return {"recipe": recipe, "element": cfg["element"], "elements": int(c["elements"]),
+            "saturated": int(c["saturated"]), "flushed": int(c["flushed"]),
+            "rel_rms_error": err if math.isfinite(err) else None, "blocks": b["blocks"],
+            "far_blocks": b["far_blocks"], "log2_multiplier_std": b["log2_multiplier_std"],
+            "log2_multiplier_p01": b["log2_multiplier_quantiles"]["p01"],
+            "log2_multiplier_p99": b["log2_multiplier_quantiles"]["p99"]}
 
 
 class _LowPrecisionLinearFn(torch.autograd.Function):
@@ -276,10 +339,10 @@ class _LowPrecisionLinearFn(torch.autograd.Function):
         xq, wq = x2, w
         if cx is not None:
             xq, qx = _quantize_operand(x2, cx, scale=sx)
-            mod._record("x", qx, sx, x2 if sample else None, xq, cx)
+            mod._record("x", qx, sx, x2 if sample else None, xq, cx, "fprop.x")
         if cw is not None:
             wq, qw = _quantize_operand(w, cw, scale=sw)
-            mod._record("w", qw, sw, w if sample else None, wq, cw)
+            mod._record("w", qw, sw, w if sample else None, wq, cw, "fprop.w")
         y = xq @ wq.t()
         if bias is not None:
             y = y + bias.detach().float()
@@ -294,7 +357,7 @@ class _LowPrecisionLinearFn(torch.autograd.Function):
         else:
             xc, qxc = _quantize_operand(src, cxc, scale=sx, rht=rht)
             if cx is None:
-                mod._record("x", qxc, sx, src if sample else None, xc, cxc)
+                mod._record("x", qxc, sx, src if sample else None, xc, cxc, "wgrad.x")
         ctx.save_for_backward(xc)
         ctx.mod = mod
         ctx.plan = plan
@@ -321,7 +384,7 @@ class _LowPrecisionLinearFn(torch.autograd.Function):
         if cdy is not None:
             random_row = mod._random(dy2.numel()) if cdy["stochastic_rounding"] else None
             dyq, qdy = _quantize_operand(dy2, cdy, scale=sdy, random=random_row)
-            mod._record("dy", qdy, sdy, dy2 if sample else None, dyq, cdy)
+            mod._record("dy", qdy, sdy, dy2 if sample else None, dyq, cdy, "dgrad.dy")
         # dgrad: w along its output dimension (W does not change between a forward and its
         # backward), from the original or from the values fprop multiplied (re-quantized here).
         wsrc = w if plan["w_source"] == "original" else _quantize_operand(w, cfg["fprop.w"], scale=sw)[0]
@@ -329,7 +392,7 @@ class _LowPrecisionLinearFn(torch.autograd.Function):
         if cwd is not None:
             wc, qwc = _quantize_operand(wsrc, cwd, scale=sw)
             if cfg["fprop.w"] is None:
-                mod._record("w", qwc, sw, wsrc if sample else None, wc, cwd)
+                mod._record("w", qwc, sw, wsrc if sample else None, wc, cwd, "dgrad.w")
         dx = (dyq @ wc).to(ctx.x_dtype).reshape(ctx.x_shape)
         # wgrad: both operands along the batch; RHT on both or on neither.
         if cdc is None:
@@ -340,7 +403,7 @@ class _LowPrecisionLinearFn(torch.autograd.Function):
             random_col = mod._random(dy2.numel()) if cdc["stochastic_rounding"] else None
             dyc, qdc = _quantize_operand(dy2, cdc, scale=sdy, rht=rht, random=random_col)
             if cdy is None:
-                mod._record("dy", qdc, sdy, dy2 if sample else None, dyc, cdc)
+                mod._record("dy", qdc, sdy, dy2 if sample else None, dyc, cdc, "wgrad.dy")
         dw = dyc.t() @ xc
         dw = (dw.t().contiguous() if mod.transposed else dw).to(ctx.w_dtype)
         db = dy2.sum(0).to(ctx.w_dtype) if ctx.has_bias else None
@@ -399,6 +462,8 @@ class LowPrecisionLinear(torch.nn.Module):
         self._seed = int(seed)
         self._sample_error = False  # measure the next forward and backward (sample_quantization_error)
         self._sample_step = False   # measure every call until cleared (Telemetry's sampled steps)
+        self._what_if: Tuple[str, ...] = ()  # at those steps: Telemetry(what_if=...)'s recipes
+        self._block_stats = False            # ... and the per-block statistics (Telemetry(block_stats=))
         self.stats = {r: _Stats() for r in _ROLES}
         if self._delayed is not None:
             self.register_buffer("amax_history", torch.zeros(3, self._delayed.amax_history_len, dtype=torch.float32))
@@ -427,11 +492,20 @@ class LowPrecisionLinear(torch.nn.Module):
         return float(self.scale[_ROLES.index(role)])
 
     def _record(self, role: str, q: Any, scale: float, exact: Optional[torch.Tensor], approx: torch.Tensor,
-                cfg: Dict[str, Any]) -> None:
+                cfg: Dict[str, Any], operand: str) -> None:
         delayed = cfg["recipe"] == "fp8-delayed"
         st = self.stats[role]
         st.take(q, scale if delayed else q.tensor_scale, exact, approx)
         st.recipe, st.element = cfg["recipe"], cfg["element"]
+        if exact is not None and (self._block_stats or self._what_if):
+            # The sampled statistics of this quantization, computed at record() (_Stats.settle),
+            # from its source as it is now: the weight is copied, as optimizer.step() changes it in
+            # place before record(); x stays as it is (a model cannot change an nn.Linear's input
+            # in place before its backward, and does not after it), and dy is autograd's, handed
+            # over once.
+            src = exact.detach()
+            src = src.clone(memory_format=torch.contiguous_format) if role == "w" else src.contiguous()
+            st.pending = (q, src, operand, self._what_if, self._block_stats)
         if delayed and self.training:
             # TE's delayed scaling: this step's amax enters the history; the next step's scale
             # comes from it (fold, roll, update: the core's fp8 rules).
@@ -723,25 +797,32 @@ def sample_quantization_error(model: torch.nn.Module) -> None:
 _ROLE_TENSOR = {"x": ("input", "forward"), "w": ("weight", "forward"), "dy": ("grad_output", "backward")}
 
 
-def _sample_step(modules: Iterable["LowPrecisionLinear"], on: bool) -> None:
-    """Telemetry's sampled steps: measure every quantization of the step (all micro-batches)."""
+def _sample_step(modules: Iterable["LowPrecisionLinear"], on: bool, what_if: Tuple[str, ...] = (),
+                 block_stats: bool = True) -> None:
+    """Telemetry's sampled steps: measure every quantization of the step (all micro-batches),
+    with its per-block statistics (block_stats) and the what-ifs of the recipes `what_if` names."""
     for m in modules:
         m._sample_step = on
+        m._what_if = tuple(what_if) if on else ()
+        m._block_stats = on and block_stats
 
 
 def _measured_tensors(modules: Mapping[str, "LowPrecisionLinear"]) -> List[tuple]:
     """The roles measured and not yet taken (_taken), as the telemetry recorder takes them: (name,
-    role, recipe, element, scale, amax, elements, nonzero, saturated, flushed, rel_rms_error or None)."""
+    role, recipe, element, scale, amax, elements, nonzero, saturated, flushed, rel_rms_error or None,
+    block_stats dict or None, kurtosis or None, what-ifs)."""
     out = []
     for name, m in modules.items():
         for role in _ROLES:
             st = m.stats[role]
             if not st.measured:
                 continue
+            st.settle()
             suffix, direction = _ROLE_TENSOR[role]
             err = st.rel_rms_error if st.rel_rms_error is not None and np.isfinite(st.rel_rms_error) else None
             out.append((f"{name}.{suffix}", direction, st.recipe, st.element, float(st.scale),
-                        float(st.amax), st.elements, st.nonzero, st.saturated, st.flushed, err))
+                        float(st.amax), st.elements, st.nonzero, st.saturated, st.flushed, err, st.blocks,
+                        st.kurtosis, st.what_if))
     return out
 
 

@@ -63,7 +63,7 @@ from . import _device_counts as dev
 from .grad_scaler import GradScaler, StepOutcome, _core_block, _local
 from .tensorboard import TensorBoardWriter, require_tensorboard
 from .advise import Sampler as _AdvisorSampler, write_samples as _write_advisor_samples
-from .low_precision import _measured_tensors, _sample_step, _taken, low_precision_modules
+from .low_precision import WHAT_IF_RECIPES, _measured_tensors, _sample_step, _taken, low_precision_modules
 from .optim import AdamW as _AdamW
 
 _CPU_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
@@ -132,6 +132,26 @@ def _reduced(t: torch.Tensor, full: bool) -> Optional[Tuple[torch.Tensor, ...]]:
         return torch.aminmax(d)
     lo, hi = torch.aminmax(d)
     return lo, hi, torch.isfinite(d).logical_not_().sum()
+
+
+def _what_if_names(v: Any) -> Tuple[str, ...]:
+    """Telemetry's what_if: distinct recipe names of WHAT_IF_RECIPES (a str alone is refused)."""
+    if isinstance(v, (str, bytes)):
+        raise TypeError(f"what_if: expected a list of recipe names, found the str {v!r} (one recipe: [{v!r}])")
+    try:
+        names = list(v)
+    except TypeError:
+        raise TypeError(f"what_if: expected a list of recipe names, found {type(v).__name__}") from None
+    seen = set()
+    for n in names:
+        if not isinstance(n, str) or n not in WHAT_IF_RECIPES:
+            why = (" (its scale comes from an amax history of earlier steps, which a what-if does not have: "
+                   "fp8-current is the scale of the step itself)" if n == "fp8-delayed" else "")
+            raise ValueError(f"what_if: expected recipe names among {', '.join(WHAT_IF_RECIPES)}, found {n!r}{why}")
+        if n in seen:
+            raise ValueError(f"what_if: {n!r} is given twice")
+        seen.add(n)
+    return tuple(names)
 
 
 def _finite(x: float) -> Optional[float]:
@@ -235,9 +255,19 @@ class Telemetry:
                     lost updates (OPTIMIZER_LOG, one line per sampled step); summary.json's
                     "optimizer_state" holds its formats, bytes per parameter and the totals
 
+    what_if         recipe names (mixprec.RECIPES but fp8-delayed): at the sampled steps each
+                    quantized tensor of the low-precision modules is also quantized with each of
+                    these recipes' config of the same GEMM operand, and the log's entry gets
+                    "what_if": counts, error and block statistics per recipe (docs/low_precision.md,
+                    "Per-block statistics")
+    block_stats     the per-block statistics and the kurtosis of each quantized tensor at the
+                    sampled steps (default True); False leaves them out of the log (and the
+                    alerts kurtosis-rise and block-spread-rise have nothing to read)
+
     Low-precision Linear modules (mixprec.torch.low_precision) are found by themselves: at each
     sampled step they measure their quantization (x, w, dy: amax, scale, counts, relative RMS
-    error), which the log line holds in its "fp8" array (docs/telemetry.md).
+    error, per-block statistics and kurtosis), which the log line holds in its "fp8" array
+    (docs/telemetry.md); the alerts kurtosis-rise and block-spread-rise read them.
     """
 
     def __init__(self, model: torch.nn.Module, out: str, *, precision: str = "fp16",
@@ -245,7 +275,8 @@ class Telemetry:
                  modules: Union[None, Iterable[str], Callable[[str, torch.nn.Module], bool]] = None,
                  sample_every: int = 4, histogram_every: int = 50, check_forward: bool = True,
                  tensorboard: Optional[str] = None, counting: str = "auto", advisor_every: int = 0,
-                 localise: str = "auto", optimizer: Optional[_AdamW] = None) -> None:
+                 localise: str = "auto", optimizer: Optional[_AdamW] = None, what_if: Sequence[str] = (),
+                 block_stats: bool = True) -> None:
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model: expected a torch.nn.Module, found {type(model).__name__}")
         if not isinstance(precision, str) or precision not in _PRECISIONS:
@@ -257,6 +288,8 @@ class Telemetry:
             raise ValueError(f"counting: expected one of {', '.join(_COUNTING)}, found {counting!r}")
         if not isinstance(localise, str) or localise not in _LOCALISE:
             raise ValueError(f"localise: expected one of {', '.join(_LOCALISE)}, found {localise!r}")
+        what_if = _what_if_names(what_if)
+        block_stats = _args.flag("block_stats", block_stats)
         if scaler is not None and not isinstance(scaler, GradScaler):
             raise TypeError("scaler: expected a mixprec.torch.GradScaler (torch.amp.GradScaler does not say "
                             f"what its update will do), found {type(scaler).__name__}")
@@ -285,6 +318,8 @@ class Telemetry:
         self._opt_totals: Dict[str, List[float]] = {}
         self._opt_fractions: List[float] = []
         self._precision = precision
+        self._what_if = what_if
+        self._block_stats = block_stats
         self._sample_every = sample_every
         self._check_forward = check_forward
         self._localise = {"off": 0, "auto": 1, "full": 2}[localise]
@@ -409,7 +444,7 @@ class Telemetry:
         # error at sampled steps only: looked up as such a step begins (a model converted after
         # the Telemetry was made is found too).
         self._lowp = low_precision_modules(self._model) if self._sample_next else {}
-        _sample_step(self._lowp.values(), True)
+        _sample_step(self._lowp.values(), True, self._what_if, self._block_stats)
         if self._optimizer is not None:
             # Its step measures only when asked (the sampled steps): last_stats is None until an
             # applied step measured, so a skipped step records nothing.
@@ -903,10 +938,13 @@ class Telemetry:
 
     def finish(self) -> List[Dict[str, Any]]:
         """Writes summary.json (totals and alerts, as mixprec train's); records may follow and a
-        later finish() rewrites it. Returns the alerts raised (id, step, message, advice)."""
+        later finish() rewrites it. Returns the alerts raised (id, step, message, advice, and
+        tensor for kurtosis-rise and block-spread-rise)."""
         if self._rec is None:
             raise RuntimeError(f"telemetry: the run folder '{self._dir}' is closed")
-        alerts = [dict(id=i, step=s, message=m, advice=a) for i, s, m, a in self._rec.finish()]
+        # The per-tensor kinds (kurtosis-rise, block-spread-rise) name their tensor too.
+        alerts = [dict(id=i, step=s, message=m, advice=a, **({"tensor": t} if t else {}))
+                  for i, s, m, a, t in self._rec.finish()]
         if self._optimizer is not None:
             self._write_optimizer_summary()
         return alerts
