@@ -261,7 +261,8 @@ class PyTelemetryRecorder {
                      std::string overflow_param, const std::vector<std::optional<float>>& unclipped_grad_amax,
                      const std::vector<std::optional<float>>& grad_amax, nb::list grads,
                      const std::vector<std::optional<float>>& weight_amax, nb::list layers, nb::list quantized,
-                     std::uint64_t step, std::string skip_reason, double loss_z, double grad_z) {
+                     std::uint64_t step, std::string skip_reason, double loss_z, double grad_z,
+                     std::string recipe_phase) {
     const std::size_t n = names_.size();
     auto sized = [n](std::size_t size, const char* what) {
       if (size != 0 && size != n)
@@ -301,6 +302,7 @@ class PyTelemetryRecorder {
     s.skip_reason = std::move(skip_reason);
     s.loss_z = loss_z;
     s.grad_z = grad_z;
+    s.recipe_phase = std::move(recipe_phase);
     for (nb::handle item : layers) {  // preset layerwise: (name, factor, chain, backoff, outcome)
       const auto [name, factor, chain, backoff, outcome] =
           nb::cast<std::tuple<std::string, double, double, std::int64_t, std::string>>(item);
@@ -402,7 +404,7 @@ void mixprec_python::register_telemetry(nb::module_& m) {
            nb::arg("overflow_param"), nb::arg("unclipped_grad_amax"), nb::arg("grad_amax"), nb::arg("grads"),
            nb::arg("weight_amax"), nb::arg("layers") = nb::list(), nb::arg("quantized") = nb::list(),
            nb::arg("step") = 0, nb::arg("skip_reason") = "", nb::arg("loss_z") = std::nan(""),
-           nb::arg("grad_z") = std::nan(""))
+           nb::arg("grad_z") = std::nan(""), nb::arg("recipe_phase") = "")
       .def("finish", &PyTelemetryRecorder::finish)
       .def("seconds", &PyTelemetryRecorder::seconds)
       .def("add_seconds", &PyTelemetryRecorder::add_seconds, nb::arg("seconds"))

@@ -255,6 +255,7 @@ StepRecord TelemetryRecorder::record(const TelemetryStep& step, std::span<const 
   r.overflow_param = step.overflow_param;
   r.layers = step.layers;
   r.fp8 = step.quantized;
+  r.recipe_phase = step.recipe_phase;
   r.tokens = step.tokens;
   r.seconds = step.seconds;
 

@@ -192,3 +192,28 @@ def test_schedule_reaching_a_high_precision_module_swaps_it(tmp_path):
         mt.low_precision(two_linears(), bad)
     with pytest.raises(ValueError, match=r"step: expected an integer"):
         mt.low_precision_step(model, -1)
+
+
+def test_telemetry_marks_the_switch_in_the_run_log_and_the_report(tmp_path):
+    import subprocess
+    import sys
+    model = mt.low_precision(two_linears(), schedule_file(tmp_path))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    run = tmp_path / "run"
+    tel = mt.Telemetry(model, out=str(run), precision="fp32", sample_every=4, histogram_every=0)
+    torch.manual_seed(0)
+    for step in range(6):
+        mt.low_precision_step(model, step)
+        loss = model(torch.randn(8, 16)).square().mean()
+        loss.backward()
+        opt.step()
+        tel.record(loss=loss.item())
+        opt.zero_grad()
+    tel.close()
+    lines = [json.loads(l) for l in (run / "log.jsonl").read_text().splitlines()]
+    # low_precision_step(model, 3) switched before the 4th optimizer step: log step 4.
+    assert [l.get("recipe_phase") for l in lines] == [None, None, None, "forward to bf16", None, None]
+    r = subprocess.run([sys.executable, "-m", "mixprec", "report", str(run), "--out", str(tmp_path / "r.html")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert "forward to bf16" in (tmp_path / "r.html").read_text()

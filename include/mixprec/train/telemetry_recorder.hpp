@@ -87,6 +87,9 @@ struct TelemetryStep {
   // name and a recipe; scale >= 0; saturated + flushed and nonzero at most elements;
   // rel_rms_error >= 0 when given.
   std::vector<nn::Fp8TensorStats> quantized = {};
+  // The label of a recipe-file phase that began at this step (mixprec.torch.low_precision_step
+  // switched Linears before it); "" on other steps. The log's "recipe_phase".
+  std::string recipe_phase = {};
   // This step's number: 0 numbers it after the previous record (1 first); a front end that
   // records a resumed run gives its global step, above the previous record's (a run folder of
   // steps 11-20 continues the one of steps 1-10).

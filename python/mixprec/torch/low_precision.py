@@ -778,6 +778,10 @@ def low_precision_step(model: torch.nn.Module, step: int) -> List[Dict[str, Any]
             switched.append({"module": name, "phase": m._file.label_at(m.name, step)})
             m.plan = new
         m._step = step
+    labels = list(dict.fromkeys(s["phase"] for s in switched if s["phase"]))
+    if labels:
+        # Telemetry's next record() marks the step in the run log ("recipe_phase").
+        model._mixprec_recipe_phase = ", ".join(labels)
     return switched
 
 

@@ -803,9 +803,17 @@ class Telemetry:
         layers = [] if self._scaler is None else [
             (d["name"], d["factor"], d["chain"], d["backoff"], d["outcome"]) for d in self._scaler._layer_record()]
         quantized = _measured_tensors(self._lowp)  # the step's last quantization of each role
+        # A recipe-file phase low_precision_step switched to before this step (on the model, or
+        # on the module a wrapper holds).
+        holder = next((m for m in (self._model, getattr(self._model, "module", None))
+                       if m is not None and getattr(m, "_mixprec_recipe_phase", "")), None)
+        phase = holder._mixprec_recipe_phase if holder is not None else ""
         line = self._rec.record(loss, lr, tokens, float(seconds), val_loss, float(scale), float(next_scale),
                                 bool(found_inf), bool(applied), float(grad_norm), clip_coef, first,
-                                unclipped, grad_amax, grads, weight_amax, layers, quantized, **numbered, **guard)
+                                unclipped, grad_amax, grads, weight_amax, layers, quantized, **numbered, **guard,
+                                recipe_phase=phase)
+        if holder is not None:
+            holder._mixprec_recipe_phase = ""  # recorded: the next line does not repeat it
         _taken(self._lowp.values())
         _sample_step(self._lowp.values(), False)
         measured = None
