@@ -625,7 +625,8 @@ RecipeChoice Assignment::choice_at(std::string_view module, std::uint64_t step, 
   // In order of their first step (file order among equals): a later switch is written last.
   std::vector<std::size_t> order(schedule.size());
   for (std::size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](std::size_t x, std::size_t y) { return starts[x] < starts[y]; });
+  std::sort(order.begin(), order.end(),
+            [&](std::size_t x, std::size_t y) { return starts[x] < starts[y] || (starts[x] == starts[y] && x < y); });
   for (const std::size_t i : order) {
     if (step < starts[i]) continue;
     bool hit = schedule[i].modules.empty();
