@@ -177,14 +177,6 @@ class LowPrecisionFn : public ::torch::autograd::Function<LowPrecisionFn> {
   }
 };
 
-// splitmix64: the caller-supplied random words of stochastic rounding, a fixed stream per module.
-std::uint64_t splitmix64(std::uint64_t& s) {
-  std::uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 }  // namespace
 
 at::Tensor fake_quantize(const at::Tensor& t, const lowp::QuantizeConfig& config, std::span<const std::uint32_t> random,
@@ -463,9 +455,9 @@ std::vector<std::uint32_t> LowPrecisionLinearImpl::random_words(std::size_t n) {
   } else {
     ++draws_;
   }
-  std::uint64_t state = seed_ * 0x100000001B3ull + draws;
+  // A fixed stream per module and draw: the core's splitmix64 words (lowp::random_words).
   std::vector<std::uint32_t> r(n);
-  for (auto& w : r) w = static_cast<std::uint32_t>(splitmix64(state) >> 32);
+  lowp::random_words(seed_ * 0x100000001B3ull + draws, r);
   return r;
 }
 
