@@ -43,30 +43,12 @@ import torch.nn.functional as F
 import mixprec
 import mixprec.torch as mt
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-
-
-def example_gpt(vocab: int, a: argparse.Namespace) -> torch.nn.Module:
-    spec = importlib.util.spec_from_file_location("train_gpt", REPO / "examples" / "pytorch" / "train_gpt.py")
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
-    return example.Gpt(vocab, a.context, a.layers, a.channels, 4)
-
-
-class Llama(torch.nn.Module):
-    """transformers' LlamaForCausalLM at random init (untied LM head), returning the logits."""
-
-    def __init__(self, vocab: int, a: argparse.Namespace) -> None:
-        super().__init__()
-        from transformers import LlamaConfig, LlamaForCausalLM
-        cfg = LlamaConfig(vocab_size=vocab, hidden_size=a.channels, intermediate_size=3 * a.channels,
-                          num_hidden_layers=a.layers, num_attention_heads=4, num_key_value_heads=4,
-                          max_position_embeddings=a.context, tie_word_embeddings=False)
-        cfg._attn_implementation = "sdpa"
-        self.m = LlamaForCausalLM(cfg)
-
-    def forward(self, idx: torch.Tensor) -> torch.Tensor:
-        return self.m(input_ids=idx, use_cache=False).logits
+def _advise_train():
+    """The two models of advise_train.py (the example GPT and a small transformers Llama)."""
+    spec = importlib.util.spec_from_file_location("advise_train", pathlib.Path(__file__).with_name("advise_train.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def recipe(switch: str | None, decay: float) -> dict:
@@ -100,7 +82,8 @@ def main() -> None:
     val = [(torch.from_numpy(data.validation[w:w + a.context].astype(np.int64))[None],
             torch.from_numpy(data.validation[w + 1:w + a.context + 1].astype(np.int64))[None])
            for w in range(0, a.val_windows * a.context, a.context)]
-    build = {"gpt": example_gpt, "llama": Llama}
+    models = _advise_train()
+    build = {"gpt": models.example_gpt, "llama": models.Llama}
     warm, stable_end = 20, int(round(a.steps * (1.0 - a.decay)))
 
     def lr_at(s: int) -> float:  # warm-up, stable, linear decay to 0 (WSD)
