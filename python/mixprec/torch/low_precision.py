@@ -447,6 +447,7 @@ class LowPrecisionLinear(torch.nn.Module):
             self._eval_plan = None
             reachable = [self.plan]
         self._step = 0
+        self._begun: Optional[tuple] = None  # the phases begun at the plan's step (low_precision_step)
         # The Linear's recipe as reported: the first quantized operand's over every plan it can
         # run (its entry, every phase, evaluation).
         self.options = next((RecipeOptions(**p["primary"]) for p in reachable if p["primary"] is not None), None)
@@ -773,6 +774,12 @@ def low_precision_step(model: torch.nn.Module, step: int) -> List[Dict[str, Any]
     for name, m in low_precision_modules(model).items():
         if m._file is None:
             continue
+        # A plan changes only where a phase begins: the same phases begun, the same plan.
+        begun = tuple(start <= step for start in m._file.starts)
+        if begun == m._begun:
+            m._step = step
+            continue
+        m._begun = begun
         new = m._file.plan_at(m.name, step)
         if new != m.plan:
             switched.append({"module": name, "phase": m._file.label_at(m.name, step)})
